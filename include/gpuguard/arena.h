@@ -1,0 +1,144 @@
+/* gpuguard/arena.h — arenas of device memory: scoped allocation, stream-safe reuse, trim, statistics. */
+#ifndef GPUGUARD_ARENA_H
+#define GPUGUARD_ARENA_H
+
+#include <stddef.h>
+
+#include "gpuguard/export.h"
+
+/** @defgroup gg_arena Arenas and scopes
+ *  An arena reserves one virtual range of device memory (its capacity) and maps physical memory into
+ *  it in chunks as it grows; pointers never move. Allocations carry host-side metadata only. Scopes
+ *  nest: gg_scope_end() releases every block allocated inside the scope that is still live.
+ *  gg_arena_trim() unmaps wholly free chunks and gives them back to the driver.
+ *
+ *  Every call is thread-safe. No call is async-signal-safe. An arena created before fork() refuses
+ *  every call in the child with GG_ESTATE.
+ *  @{ */
+
+/** An arena (opaque). */
+typedef struct gg_arena gg_arena_t;
+
+/** Do not track the arena's stream: released memory is reusable at once. For callers who
+ *  synchronise themselves. */
+#define GG_ARENA_NO_STREAM 0x1u
+/** Trim (keep 0 bytes) whenever the outermost scope ends. */
+#define GG_ARENA_TRIM_ON_SCOPE_EXIT 0x2u
+
+/** Options for gg_arena_create(). Fill with gg_arena_options_init() first; new fields are only ever
+ *  added at the end. */
+typedef struct gg_arena_options {
+  int device;          /**< device ordinal; default 0 */
+  const char *backend; /**< "auto", "cuda", "host" or NULL (then GPUGUARD_BACKEND, else auto) */
+  size_t capacity;     /**< bytes of address space to reserve; 0: the device's memory size */
+  size_t chunk_size;   /**< bytes mapped at a time as the arena grows, rounded up to the driver's
+                            granularity; 0: the library's default */
+  void *stream;        /**< the stream whose queued work may still use released memory (a CUstream,
+                            or a gg_host_stream on the host backend); NULL: the default stream */
+  unsigned flags;      /**< GG_ARENA_* flags */
+  const char *name;    /**< a name for reports (copied); NULL: "arena" */
+} gg_arena_options_t;
+
+/** Statistics of an arena, exact at the moment of the call. */
+typedef struct gg_arena_stats {
+  size_t bytes_in_use;       /**< bytes in live blocks (sizes as rounded to the alignment) */
+  size_t bytes_mapped;       /**< physical memory mapped now */
+  size_t bytes_reserved;     /**< address space reserved (the capacity) */
+  size_t peak_in_use;        /**< highest bytes_in_use since creation */
+  size_t peak_mapped;        /**< highest bytes_mapped since creation */
+  size_t largest_free_block; /**< largest block of mapped memory that is free */
+  unsigned long long n_live; /**< live blocks */
+  unsigned long long n_allocs, n_frees; /**< successful allocations; blocks released (gg_free or scope end) */
+  unsigned long long n_trims, bytes_trimmed; /**< trims that returned memory; bytes they returned in all */
+  int scope_depth;           /**< scopes open now */
+  double fragmentation;      /**< 1 - largest_free_block / (bytes_mapped - bytes_in_use); 0 when
+                                  nothing mapped is free */
+} gg_arena_stats_t;
+
+/** A scope of an arena. Plain data the caller owns (on its stack); filled by gg_scope_begin(). */
+typedef struct gg_scope {
+  gg_arena_t *arena;     /**< the arena the scope belongs to */
+  unsigned long long id; /**< identifies the scope within its arena */
+} gg_scope_t;
+
+/** One live block, as gg_arena_foreach_block() reports it. */
+typedef struct gg_block_info {
+  void *ptr;        /**< the block's device address */
+  size_t size;      /**< bytes requested */
+  const char *tag;  /**< the tag given at allocation, or "" */
+  int scope_depth;  /**< depth of the scope it was allocated in (0: outside any scope) */
+} gg_block_info_t;
+
+/** Called once per live block; return non-zero to stop early. Must not call into the arena. */
+typedef int (*gg_block_visitor_t)(const gg_block_info_t *block, void *user);
+
+GG_BEGIN_DECLS
+
+/** Fills @p opts with the defaults (device 0, backend from the environment, capacity 0 = device
+ *  memory size, default chunk size, default stream, no flags). NULL is a no-op. */
+GG_API void gg_arena_options_init(gg_arena_options_t *opts);
+
+/** Creates an arena: opens the device (retaining its primary context) and reserves the address range.
+ *  No physical memory is mapped until the first allocation.
+ *  @param[out] arena receives the handle.
+ *  @param opts options, or NULL for the defaults.
+ *  @return 0; GG_EINVAL for NULL arena or bad options/environment; GG_ENODEV when the device or driver
+ *  is missing; GG_ENOMEM when the range cannot be reserved; GG_EDRIVER for other driver failures. */
+GG_API int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts);
+
+/** Destroys an arena: waits for work on its stream, unmaps and releases every chunk and the range,
+ *  and frees the handle, whatever blocks were still live. NULL is a no-op returning 0.
+ *  @return 0, or the first error met while giving memory back (the handle is freed regardless). */
+GG_API int gg_arena_destroy(gg_arena_t *arena);
+
+/** Allocates @p size bytes aligned to 256 bytes. Same as gg_alloc_ex(arena, size, 0, NULL, ptr). */
+GG_API int gg_alloc(gg_arena_t *arena, size_t size, void **ptr);
+
+/** Allocates @p size bytes.
+ *  @param align a power of two (0: 256); alignments below 256 are raised to 256.
+ *  @param tag a short label kept for statistics and leak reports (copied; NULL: none).
+ *  @param[out] ptr receives the device address.
+ *  @return 0; GG_EINVAL for NULL arena or ptr, size 0, sizes that overflow, or a bad alignment;
+ *  GG_ENOMEM when the capacity or the device is exhausted, with a message giving the request, bytes in
+ *  use, mapped, the capacity and the largest free block; GG_ESTATE after fork. */
+GG_API int gg_alloc_ex(gg_arena_t *arena, size_t size, size_t align, const char *tag, void **ptr);
+
+/** Releases one block. Its memory is not handed out again until work queued on the arena's stream
+ *  before this call has completed.
+ *  @return 0; GG_EINVAL for NULL, a pointer this arena did not return, a pointer into the middle of a
+ *  block, or a block already freed (double free). */
+GG_API int gg_free(gg_arena_t *arena, void *ptr);
+
+/** Opens a scope. Scopes nest and end in LIFO order.
+ *  @return 0; GG_EINVAL for NULL arguments. */
+GG_API int gg_scope_begin(gg_arena_t *arena, gg_scope_t *scope);
+
+/** Ends a scope: releases every block allocated inside it (and inside scopes nested in it) that is
+ *  still live. O(blocks released).
+ *  @return 0; GG_ESTATE when a scope opened inside this one is still open, or the scope already ended
+ *  (nothing is changed then); GG_EINVAL for NULL. */
+GG_API int gg_scope_end(gg_scope_t *scope);
+
+/** Unmaps every mapped chunk that is entirely free, beyond @p keep_bytes of mapped memory, once the work
+ *  that last used it has completed, and gives it back to the driver.
+ *  @return 0; GG_EINVAL for NULL; a driver error (the arena stays consistent). */
+GG_API int gg_arena_trim(gg_arena_t *arena, size_t keep_bytes);
+
+/** Reads the arena's statistics.
+ *  @return 0; GG_EINVAL for NULL arguments. */
+GG_API int gg_arena_stats(gg_arena_t *arena, gg_arena_stats_t *stats);
+
+/** Calls @p visit for every live block, in address order, under the arena's lock.
+ *  @return 0, or GG_EINVAL for NULL arena or visitor. */
+GG_API int gg_arena_foreach_block(gg_arena_t *arena, gg_block_visitor_t visit, void *user);
+
+/** The arena's name (as given in its options, or "arena"); never NULL for a valid arena. */
+GG_API const char *gg_arena_name(const gg_arena_t *arena);
+
+/** The backend the arena runs on: "cuda" or "host"; NULL for a NULL arena. */
+GG_API const char *gg_arena_backend(const gg_arena_t *arena);
+
+GG_END_DECLS
+
+/** @} */
+#endif

@@ -1,0 +1,20 @@
+/* gpuguard/gpuguard.h — the umbrella header: errors, version, and every part of the public API. */
+#ifndef GPUGUARD_GPUGUARD_H
+#define GPUGUARD_GPUGUARD_H
+
+/** @mainpage gpuguard
+ *  gpuguard guards GPU resources so that device memory and processes never outlive the work that owned
+ *  them: scoped arenas of device memory, exit-path guards, process teardown, and queries of who holds
+ *  what. Include this header to get the whole API; every call returns 0 or a negative GG_E* code
+ *  (see @ref gg_errors) and gg_last_error() says what failed.
+ *
+ *  Parts: @ref gg_errors, @ref gg_arena, @ref gg_query, @ref gg_host. */
+
+#include "gpuguard/arena.h"
+#include "gpuguard/error.h"
+#include "gpuguard/export.h"
+#include "gpuguard/host.h"
+#include "gpuguard/query.h"
+#include "gpuguard/version.h"
+
+#endif

@@ -1,0 +1,64 @@
+/* gpuguard/host.h — the host backend: a simulated device in host memory, with fault injection. */
+#ifndef GPUGUARD_HOST_H
+#define GPUGUARD_HOST_H
+
+#include "gpuguard/export.h"
+
+/** @defgroup gg_host Host backend
+ *  A simulated device in host memory, selected with GPUGUARD_BACKEND=host (or automatically when no
+ *  CUDA device is usable). Device pointers are ordinary host addresses the CPU can read and write.
+ *
+ *  - A virtual range is reserved with mmap(PROT_NONE); mapping commits and populates pages, so the
+ *    process's resident memory really grows, and unmapping gives the pages back to the kernel.
+ *  - Capacity (the simulated device's memory size): GPUGUARD_HOST_CAPACITY, bytes with an optional
+ *    K/M/G/T suffix; default 1 GiB. Mapping beyond it fails with GG_ENOMEM.
+ *  - Granularity: GPUGUARD_HOST_GRANULARITY (a power of two, at least the page size); default 2 MiB,
+ *    as on NVIDIA datacenter GPUs.
+ *  - GPUGUARD_HOST_VMM=0 simulates a device without virtual memory management: every map returns a
+ *    separate region, as cuMemAlloc'd chunks would be.
+ *  - Faults: GPUGUARD_HOST_FAULT or gg_host_fault_set() (see there).
+ *
+ *  These values are read whenever the simulated device goes from no open handle to one.
+ *  @{ */
+
+GG_BEGIN_DECLS
+
+/** Arms deterministic fault injection in the host backend, replacing any earlier spec and resetting
+ *  every operation counter to zero.
+ *
+ *  @param spec a comma-separated list of `OP:N` (the N-th call of OP fails, once), `OP:N+` (the N-th
+ *  and every later call fails) or `OP:*` (every call fails), each optionally followed by `=nomem` to
+ *  fail with GG_ENOMEM instead of GG_EDRIVER. OP is one of: open, mem_info, reserve, release, map,
+ *  unmap, copy, set, event_create, event_record, event_query, event_sync, event_destroy, stream_sync,
+ *  ctx_reset. NULL or "" disarms every fault.
+ *  @return 0, or GG_EINVAL naming the bad part of the spec (the previous spec then stays armed).
+ *  Thread-safe. Example: `gg_host_fault_set("map:3,unmap:1+")`. */
+GG_API int gg_host_fault_set(const char *spec);
+
+/** How many times OP has been called since the last gg_host_fault_set() (or process start).
+ *  @return the count, or 0 for an unknown OP name. Thread-safe. */
+GG_API unsigned long long gg_host_op_count(const char *op);
+
+/** Creates a simulated stream for the host backend. Work on the host device completes at once, except
+ *  on a stream that is held: completion recorded on it stays pending until it is released, which is how
+ *  tests show that memory is not reused while queued work may still read it.
+ *  @param[out] stream receives the handle; pass it wherever a stream is accepted (arena options).
+ *  @return 0, GG_EINVAL for a NULL out-pointer, GG_ENOMEM when host memory runs out. */
+GG_API int gg_host_stream_create(void **stream);
+
+/** Holds a stream: completion recorded on it from now on stays pending.
+ *  @return 0, or GG_EINVAL for NULL. */
+GG_API int gg_host_stream_hold(void *stream);
+
+/** Releases a held stream: everything recorded on it so far completes.
+ *  @return 0, or GG_EINVAL for NULL. */
+GG_API int gg_host_stream_release(void *stream);
+
+/** Destroys a stream made by gg_host_stream_create(). NULL is a no-op.
+ *  @return 0. The caller must not use the stream afterwards (events recorded on it included). */
+GG_API int gg_host_stream_destroy(void *stream);
+
+GG_END_DECLS
+
+/** @} */
+#endif

@@ -1,0 +1,94 @@
+/* backend.h — the one interface between the library and a device; everything that touches the driver
+ * or device memory goes through it. Two implementations: cuda.c (driver loaded at run time) and host.c
+ * (a simulated device in host memory with fault injection). */
+#ifndef GG_BACKEND_H
+#define GG_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct gg__dev gg__dev_t;
+
+/* Physical memory mapped at ptr. With a contiguous backend, ptr is the address the caller chose inside
+ * its reservation; otherwise the backend chose it (cuMemAlloc'd chunks on devices without VMM). */
+typedef struct gg__chunk {
+  uintptr_t ptr;
+  size_t size;
+  uintptr_t handle; /* the backend's physical handle (a CUmemGenericAllocationHandle), or 0 */
+} gg__chunk_t;
+
+typedef struct gg__dev_props {
+  char name[256];
+  char uuid[48];        /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" as nvidia-smi prints it */
+  size_t total_mem;
+  int cc_major, cc_minor; /* compute capability; 0.0 on the host backend */
+  int driver_version;     /* e.g. 13000; 0 on the host backend */
+  bool vmm;               /* virtual memory management: reserve once, map into the range */
+} gg__dev_props_t;
+
+/* Every operation returns 0 or a negative GG_E* code with gg_last_error() set. All are thread-safe.
+ * None is async-signal-safe. */
+typedef struct gg__backend_ops {
+  const char *name;
+  int (*mem_info)(gg__dev_t *d, size_t *free_b, size_t *total_b);
+  /* Reserve / release a virtual range (size a multiple of d->granularity). Without VMM, reserve
+   * yields base 0 and only checks the size. */
+  int (*va_reserve)(gg__dev_t *d, size_t size, uintptr_t *base);
+  int (*va_release)(gg__dev_t *d, uintptr_t base, size_t size);
+  /* Create size bytes of physical memory and map them read-write at `at` (granularity-aligned, inside
+   * a reservation; pass 0 when !d->contiguous). */
+  int (*map)(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out);
+  /* Unmap and give the physical memory back to the driver. */
+  int (*unmap)(gg__dev_t *d, const gg__chunk_t *chunk);
+  /* Synchronous copies and fill, used by tests and examples to prove the memory is real. */
+  int (*copy_to_dev)(gg__dev_t *d, uintptr_t dst, const void *src, size_t n);
+  int (*copy_from_dev)(gg__dev_t *d, void *dst, uintptr_t src, size_t n);
+  int (*set_d8)(gg__dev_t *d, uintptr_t dst, unsigned char value, size_t n);
+  /* Completion of queued work. stream is a CUstream on cuda, a gg_host_stream on host; NULL is the
+   * default stream. event_query returns 1 when complete, 0 while pending, <0 on error. */
+  int (*event_create)(gg__dev_t *d, void **ev);
+  int (*event_record)(gg__dev_t *d, void *ev, void *stream);
+  int (*event_query)(gg__dev_t *d, void *ev);
+  int (*event_sync)(gg__dev_t *d, void *ev);
+  int (*event_destroy)(gg__dev_t *d, void *ev);
+  int (*stream_sync)(gg__dev_t *d, void *stream);
+  /* Destroy every resource of the device's primary context (opt-in, for processes owning the device). */
+  int (*ctx_reset)(gg__dev_t *d);
+  /* Release what open() took (the primary context retain) and free d. */
+  void (*close)(gg__dev_t *d);
+} gg__backend_ops_t;
+
+/* An opened device: the primary context is retained for as long as it is open. */
+struct gg__dev {
+  const gg__backend_ops_t *ops;
+  int index;
+  size_t granularity; /* map sizes and addresses are multiples of this (a power of two) */
+  bool contiguous;    /* map() places memory where the caller asks, inside one reservation */
+  unsigned fork_gen;  /* fork generation at open: a forked child must not use it */
+  gg__dev_props_t props;
+  void *impl;
+};
+
+/* Resolves the backend to use: `requested` (an option; NULL or "" means none) wins over the
+ * GPUGUARD_BACKEND environment variable; "auto" picks cuda when a usable device exists, else host.
+ * *chosen becomes "cuda" or "host". Garbage → GG_EINVAL naming the value and where it came from. */
+int gg__backend_resolve(const char *requested, int device, const char **chosen);
+
+/* Opens device `index` on backend `name` ("cuda", "host", "auto", or NULL for the environment). */
+int gg__dev_open(const char *name, int index, gg__dev_t **dev);
+/* NULL-tolerant. */
+void gg__dev_close(gg__dev_t *dev);
+int gg__dev_count(const char *name, int *count);
+int gg__dev_props(const char *name, int index, gg__dev_props_t *props);
+
+/* Per-backend entry points used by backend.c. */
+int gg__cuda_open(int index, gg__dev_t **dev);
+int gg__cuda_count(int *count);
+int gg__cuda_props(int index, gg__dev_props_t *props);
+/* 0 when the driver loads and has at least one device; else the reason (GG_ENODEV and a message). */
+int gg__cuda_probe(void);
+int gg__host_open(int index, gg__dev_t **dev);
+int gg__host_props(int index, gg__dev_props_t *props);
+
+#endif

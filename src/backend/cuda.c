@@ -1,0 +1,470 @@
+/* cuda.c — the CUDA backend: the driver API loaded at run time (dlopen + cuGetProcAddress), the
+ * device's primary context, and virtual memory management with a cuMemAlloc fallback. */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "internal.h"
+
+/* The driver entry points the library uses, each resolved for the CUDA 12.0 ABI (so cuMemAlloc gives
+ * the _v2 entry, and so on). Member names carry a prefix so cuda.h's versioning macros leave them alone. */
+#define GG__CU_FUNCS(X)                                                                         \
+  X(cuInit, (unsigned int))                                                                     \
+  X(cuDriverGetVersion, (int *))                                                                \
+  X(cuGetErrorName, (CUresult, const char **))                                                  \
+  X(cuGetErrorString, (CUresult, const char **))                                                \
+  X(cuDeviceGetCount, (int *))                                                                  \
+  X(cuDeviceGet, (CUdevice *, int))                                                             \
+  X(cuDeviceGetName, (char *, int, CUdevice))                                                   \
+  X(cuDeviceGetUuid, (CUuuid *, CUdevice))                                                      \
+  X(cuDeviceTotalMem, (size_t *, CUdevice))                                                     \
+  X(cuDeviceGetAttribute, (int *, CUdevice_attribute, CUdevice))                                \
+  X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                          \
+  X(cuDevicePrimaryCtxRelease, (CUdevice))                                                      \
+  X(cuDevicePrimaryCtxReset, (CUdevice))                                                        \
+  X(cuCtxGetCurrent, (CUcontext *))                                                             \
+  X(cuCtxPushCurrent, (CUcontext))                                                              \
+  X(cuCtxPopCurrent, (CUcontext *))                                                             \
+  X(cuCtxSynchronize, (void))                                                                   \
+  X(cuMemGetInfo, (size_t *, size_t *))                                                         \
+  X(cuMemGetAllocationGranularity,                                                              \
+    (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                  \
+  X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))      \
+  X(cuMemAddressFree, (CUdeviceptr, size_t))                                                    \
+  X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,          \
+                  unsigned long long))                                                          \
+  X(cuMemRelease, (CUmemGenericAllocationHandle))                                               \
+  X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))  \
+  X(cuMemUnmap, (CUdeviceptr, size_t))                                                          \
+  X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))                     \
+  X(cuMemAlloc, (CUdeviceptr *, size_t))                                                        \
+  X(cuMemFree, (CUdeviceptr))                                                                   \
+  X(cuMemcpyHtoD, (CUdeviceptr, const void *, size_t))                                          \
+  X(cuMemcpyDtoH, (void *, CUdeviceptr, size_t))                                                \
+  X(cuMemsetD8, (CUdeviceptr, unsigned char, size_t))                                           \
+  X(cuEventCreate, (CUevent *, unsigned int))                                                   \
+  X(cuEventRecord, (CUevent, CUstream))                                                         \
+  X(cuEventQuery, (CUevent))                                                                    \
+  X(cuEventSynchronize, (CUevent))                                                              \
+  X(cuEventDestroy, (CUevent))                                                                  \
+  X(cuStreamSynchronize, (CUstream))
+
+static struct {
+#define GG__CU_MEMBER(name, args) CUresult(CUDAAPI *fn_##name) args;
+  GG__CU_FUNCS(GG__CU_MEMBER)
+#undef GG__CU_MEMBER
+} gg__cu;
+
+/* Loading happens once per process; the outcome (and its message) is kept so every later caller
+ * gets the same clear answer. */
+static pthread_once_t gg__cu_once = PTHREAD_ONCE_INIT;
+static int gg__cu_status;           /* 0 or a GG_E* code */
+static char gg__cu_reason[512];     /* why the driver is unusable */
+static unsigned gg__cu_init_gen;    /* fork generation in which cuInit ran */
+
+typedef CUresult(CUDAAPI *gg__getproc2_t)(const char *, void **, int, cuuint64_t,
+                                          CUdriverProcAddressQueryResult *);
+typedef CUresult(CUDAAPI *gg__getproc1_t)(const char *, void **, int, cuuint64_t);
+
+static const char *gg__cu_errname(CUresult r) {
+  const char *s = NULL;
+  if (gg__cu.fn_cuGetErrorName && gg__cu.fn_cuGetErrorName(r, &s) == CUDA_SUCCESS && s) return s;
+  return "CUDA_ERROR_UNKNOWN";
+}
+
+static const char *gg__cu_errtext(CUresult r) {
+  const char *s = NULL;
+  if (gg__cu.fn_cuGetErrorString && gg__cu.fn_cuGetErrorString(r, &s) == CUDA_SUCCESS && s) return s;
+  return "unknown error";
+}
+
+static int gg__cu_code(CUresult r) {
+  switch (r) {
+    case CUDA_ERROR_OUT_OF_MEMORY: return GG_ENOMEM;
+    case CUDA_ERROR_NO_DEVICE:
+    case CUDA_ERROR_INVALID_DEVICE:
+    case CUDA_ERROR_DEVICE_UNAVAILABLE: return GG_ENODEV;
+    case CUDA_ERROR_NOT_SUPPORTED: return GG_ENOTSUP;
+    case CUDA_ERROR_INVALID_VALUE: return GG_EINVAL;
+    default: return GG_EDRIVER;
+  }
+}
+
+/* Records a failed driver call with its CUresult name and text. */
+static int gg__cu_fail(CUresult r, const char *call) {
+  return gg__err_driver(gg__cu_code(r), (int)r, "%s failed: %s (%s)", call, gg__cu_errname(r),
+                        gg__cu_errtext(r));
+}
+
+#define GG__CU(call, what)                                        \
+  do {                                                            \
+    CUresult gg__r = (call);                                      \
+    if (gg__r != CUDA_SUCCESS) return gg__cu_fail(gg__r, (what)); \
+  } while (0)
+
+static void gg__cu_load(void) {
+  gg__cu_status = GG_ENODEV;
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    snprintf(gg__cu_reason, sizeof gg__cu_reason, "the CUDA driver (libcuda.so.1) could not be loaded: %s",
+             dlerror());
+    return;
+  }
+  /* dlsym returns an object pointer; memcpy is the conversion ISO C allows. */
+  gg__getproc2_t gp2 = NULL;
+  gg__getproc1_t gp1 = NULL;
+  void *sym = dlsym(lib, "cuGetProcAddress_v2");
+  if (sym) memcpy(&gp2, &sym, sizeof sym);
+  else if ((sym = dlsym(lib, "cuGetProcAddress"))) memcpy(&gp1, &sym, sizeof sym);
+  if (!gp2 && !gp1) {
+    snprintf(gg__cu_reason, sizeof gg__cu_reason,
+             "the CUDA driver is too old: libcuda.so.1 has no cuGetProcAddress (CUDA 11.3 or newer needed)");
+    return;
+  }
+#define GG__CU_RESOLVE(name, args)                                                              \
+  {                                                                                             \
+    void *fp = NULL;                                                                            \
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;                            \
+    CUresult r = gp2 ? gp2(#name, &fp, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st)                 \
+                     : gp1(#name, &fp, 12000, CU_GET_PROC_ADDRESS_DEFAULT);                     \
+    if (r != CUDA_SUCCESS || !fp) {                                                             \
+      snprintf(gg__cu_reason, sizeof gg__cu_reason,                                             \
+               "the CUDA driver lacks %s (CUresult %d): a CUDA 12 driver or newer is needed",   \
+               #name, (int)r);                                                                  \
+      return;                                                                                   \
+    }                                                                                           \
+    memcpy(&gg__cu.fn_##name, &fp, sizeof fp);                                                  \
+  }
+  GG__CU_FUNCS(GG__CU_RESOLVE)
+#undef GG__CU_RESOLVE
+  CUresult r = gg__cu.fn_cuInit(0);
+  if (r != CUDA_SUCCESS) {
+    snprintf(gg__cu_reason, sizeof gg__cu_reason, "the CUDA driver loaded but cuInit failed: %s (%s)%s",
+             gg__cu_errname(r), gg__cu_errtext(r),
+             r == CUDA_ERROR_NO_DEVICE ? ": this machine has no CUDA device" : "");
+    return;
+  }
+  gg__cu_init_gen = gg__fork_generation();
+  gg__cu_status = 0;
+}
+
+/* Loads the driver on first use; fails with the reason when it is unusable in this process. */
+static int gg__cu_ready(const char *call) {
+  pthread_once(&gg__cu_once, gg__cu_load);
+  if (gg__cu_status < 0) return gg__err(gg__cu_status, "%s: %s", call, gg__cu_reason);
+  if (gg__fork_generation() != gg__cu_init_gen)
+    return gg__err(GG_ESTATE,
+                   "%s: CUDA was initialised in the parent before fork(); a forked child cannot use "
+                   "CUDA: exec a new process (or use the multiprocessing 'spawn' start method)",
+                   call);
+  return 0;
+}
+
+int gg__cuda_count(int *count) {
+  int rc = gg__cu_ready("cuda backend");
+  if (rc < 0) return rc;
+  GG__CU(gg__cu.fn_cuDeviceGetCount(count), "cuDeviceGetCount");
+  return 0;
+}
+
+int gg__cuda_probe(void) {
+  int n = 0, rc = gg__cuda_count(&n);
+  if (rc < 0) return rc;
+  return n > 0 ? 0 : gg__err(GG_ENODEV, "cuda backend: the driver reports no CUDA device");
+}
+
+static int gg__cu_device(int index, CUdevice *dev) {
+  int n = 0, rc = gg__cuda_count(&n);
+  if (rc < 0) return rc;
+  if (index < 0 || index >= n)
+    return gg__err(GG_ENODEV, "cuda backend: device %d does not exist (%d CUDA device%s)", index, n,
+                   n == 1 ? "" : "s");
+  GG__CU(gg__cu.fn_cuDeviceGet(dev, index), "cuDeviceGet");
+  return 0;
+}
+
+int gg__cuda_props(int index, gg__dev_props_t *p) {
+  CUdevice dev;
+  int rc = gg__cu_device(index, &dev);
+  if (rc < 0) return rc;
+  memset(p, 0, sizeof *p);
+  CUuuid u;
+  int vmm = 0;
+  GG__CU(gg__cu.fn_cuDeviceGetName(p->name, (int)sizeof p->name, dev), "cuDeviceGetName");
+  GG__CU(gg__cu.fn_cuDeviceGetUuid(&u, dev), "cuDeviceGetUuid");
+  GG__CU(gg__cu.fn_cuDeviceTotalMem(&p->total_mem, dev), "cuDeviceTotalMem");
+  GG__CU(gg__cu.fn_cuDeviceGetAttribute(&p->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+         "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)");
+  GG__CU(gg__cu.fn_cuDeviceGetAttribute(&p->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+         "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)");
+  GG__CU(gg__cu.fn_cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
+         "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
+  GG__CU(gg__cu.fn_cuDriverGetVersion(&p->driver_version), "cuDriverGetVersion");
+  p->vmm = vmm != 0;
+  const unsigned char *b = (const unsigned char *)u.bytes;
+  snprintf(p->uuid, sizeof p->uuid,
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+           b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return 0;
+}
+
+/* ---- an open device ----------------------------------------------------------------------------- */
+
+typedef struct gg__cudev {
+  CUdevice dev;
+  CUcontext ctx; /* the primary context, retained while open */
+  CUmemAllocationProp prop;
+} gg__cudev_t;
+
+/* Makes the primary context current for one operation, only when it is not already: the calling
+ * thread's own context choice is restored afterwards. */
+typedef struct {
+  bool pushed;
+} gg__ctx_scope_t;
+
+static int gg__ctx_enter(gg__dev_t *d, gg__ctx_scope_t *s) {
+  gg__cudev_t *c = d->impl;
+  CUcontext cur = NULL;
+  s->pushed = false;
+  int rc = gg__check_fork(d->fork_gen, "cuda backend");
+  if (rc < 0) return rc;
+  GG__CU(gg__cu.fn_cuCtxGetCurrent(&cur), "cuCtxGetCurrent");
+  if (cur != c->ctx) {
+    GG__CU(gg__cu.fn_cuCtxPushCurrent(c->ctx), "cuCtxPushCurrent");
+    s->pushed = true;
+  }
+  return 0;
+}
+
+static void gg__ctx_leave(gg__ctx_scope_t *s) {
+  CUcontext dummy;
+  if (s->pushed) gg__cu.fn_cuCtxPopCurrent(&dummy);
+}
+
+/* Leaves the context scope and turns the driver status into 0 or a recorded failure. */
+static int gg__ctx_done(gg__ctx_scope_t *s, CUresult r, const char *what) {
+  gg__ctx_leave(s);
+  return r == CUDA_SUCCESS ? 0 : gg__cu_fail(r, what);
+}
+
+/* Returns from the enclosing function with the outcome of one driver call made in the context. */
+#define GG__CU_IN_CTX(d, call, what)                  \
+  do {                                                \
+    gg__ctx_scope_t gg__s;                            \
+    int gg__rc = gg__ctx_enter((d), &gg__s);          \
+    if (gg__rc < 0) return gg__rc;                    \
+    return gg__ctx_done(&gg__s, (call), (what));      \
+  } while (0)
+
+static int gg__c_mem_info(gg__dev_t *d, size_t *free_b, size_t *total_b) {
+  GG__CU_IN_CTX(d, gg__cu.fn_cuMemGetInfo(free_b, total_b), "cuMemGetInfo");
+}
+
+static int gg__c_va_reserve(gg__dev_t *d, size_t size, uintptr_t *base) {
+  if (size == 0 || size % d->granularity)
+    return gg__err(GG_EINVAL, "cuda backend: reserve of %zu bytes is not a multiple of %zu", size,
+                   d->granularity);
+  if (!d->contiguous) return (*base = 0), 0;
+  CUdeviceptr p = 0;
+  gg__ctx_scope_t s;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) return rc;
+  rc = gg__ctx_done(&s, gg__cu.fn_cuMemAddressReserve(&p, size, d->granularity, 0, 0), "cuMemAddressReserve");
+  if (rc == 0) *base = (uintptr_t)p;
+  return rc;
+}
+
+static int gg__c_va_release(gg__dev_t *d, uintptr_t base, size_t size) {
+  if (!d->contiguous || !base) return 0;
+  GG__CU_IN_CTX(d, gg__cu.fn_cuMemAddressFree((CUdeviceptr)base, size), "cuMemAddressFree");
+}
+
+static int gg__c_map(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out) {
+  gg__cudev_t *c = d->impl;
+  gg__ctx_scope_t s;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) return rc;
+  CUresult r;
+  if (!d->contiguous) {
+    CUdeviceptr p = 0;
+    r = gg__cu.fn_cuMemAlloc(&p, size);
+    if (r != CUDA_SUCCESS) rc = gg__cu_fail(r, "cuMemAlloc");
+    else *out = (gg__chunk_t){.ptr = (uintptr_t)p, .size = size, .handle = 0};
+    gg__ctx_leave(&s);
+    return rc;
+  }
+  /* Create, map, grant access; each step undone if a later one fails. */
+  CUmemGenericAllocationHandle h = 0;
+  CUmemAccessDesc acc = {.location = c->prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  if ((r = gg__cu.fn_cuMemCreate(&h, size, &c->prop, 0)) != CUDA_SUCCESS) {
+    rc = gg__cu_fail(r, "cuMemCreate");
+  } else if ((r = gg__cu.fn_cuMemMap((CUdeviceptr)at, size, 0, h, 0)) != CUDA_SUCCESS) {
+    rc = gg__cu_fail(r, "cuMemMap");
+    gg__cu.fn_cuMemRelease(h);
+  } else if ((r = gg__cu.fn_cuMemSetAccess((CUdeviceptr)at, size, &acc, 1)) != CUDA_SUCCESS) {
+    rc = gg__cu_fail(r, "cuMemSetAccess");
+    gg__cu.fn_cuMemUnmap((CUdeviceptr)at, size);
+    gg__cu.fn_cuMemRelease(h);
+  } else {
+    *out = (gg__chunk_t){.ptr = at, .size = size, .handle = (uintptr_t)h};
+  }
+  gg__ctx_leave(&s);
+  return rc;
+}
+
+static int gg__c_unmap(gg__dev_t *d, const gg__chunk_t *ch) {
+  gg__ctx_scope_t s;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) return rc;
+  CUresult r;
+  if (!d->contiguous) {
+    if ((r = gg__cu.fn_cuMemFree((CUdeviceptr)ch->ptr)) != CUDA_SUCCESS) rc = gg__cu_fail(r, "cuMemFree");
+  } else {
+    if ((r = gg__cu.fn_cuMemUnmap((CUdeviceptr)ch->ptr, ch->size)) != CUDA_SUCCESS)
+      rc = gg__cu_fail(r, "cuMemUnmap");
+    /* The physical memory goes back to the driver once it is unmapped and released. */
+    else if ((r = gg__cu.fn_cuMemRelease((CUmemGenericAllocationHandle)ch->handle)) != CUDA_SUCCESS)
+      rc = gg__cu_fail(r, "cuMemRelease");
+  }
+  gg__ctx_leave(&s);
+  return rc;
+}
+
+static int gg__c_copy_to_dev(gg__dev_t *d, uintptr_t dst, const void *src, size_t n) {
+  GG__CU_IN_CTX(d, gg__cu.fn_cuMemcpyHtoD((CUdeviceptr)dst, src, n), "cuMemcpyHtoD");
+}
+
+static int gg__c_copy_from_dev(gg__dev_t *d, void *dst, uintptr_t src, size_t n) {
+  GG__CU_IN_CTX(d, gg__cu.fn_cuMemcpyDtoH(dst, (CUdeviceptr)src, n), "cuMemcpyDtoH");
+}
+
+static int gg__c_set_d8(gg__dev_t *d, uintptr_t dst, unsigned char v, size_t n) {
+  gg__ctx_scope_t s;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) return rc;
+  CUresult r = gg__cu.fn_cuMemsetD8((CUdeviceptr)dst, v, n);
+  /* cuMemsetD8 may return before the fill is done; callers expect it finished. */
+  if (r == CUDA_SUCCESS) return gg__ctx_done(&s, gg__cu.fn_cuCtxSynchronize(), "cuCtxSynchronize");
+  return gg__ctx_done(&s, r, "cuMemsetD8");
+}
+
+static int gg__c_event_create(gg__dev_t *d, void **ev) {
+  CUevent e = NULL;
+  gg__ctx_scope_t s;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) return rc;
+  rc = gg__ctx_done(&s, gg__cu.fn_cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  if (rc == 0) *ev = e;
+  return rc;
+}
+
+static int gg__c_event_record(gg__dev_t *d, void *ev, void *stream) {
+  GG__CU_IN_CTX(d, gg__cu.fn_cuEventRecord((CUevent)ev, (CUstream)stream), "cuEventRecord");
+}
+
+static int gg__c_event_query(gg__dev_t *d, void *ev) {
+  gg__ctx_scope_t s;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) return rc;
+  CUresult r = gg__cu.fn_cuEventQuery((CUevent)ev);
+  if (r == CUDA_ERROR_NOT_READY) return gg__ctx_done(&s, CUDA_SUCCESS, "cuEventQuery"), 0;
+  rc = gg__ctx_done(&s, r, "cuEventQuery");
+  return rc < 0 ? rc : 1;
+}
+
+static int gg__c_event_sync(gg__dev_t *d, void *ev) {
+  GG__CU_IN_CTX(d, gg__cu.fn_cuEventSynchronize((CUevent)ev), "cuEventSynchronize");
+}
+
+static int gg__c_event_destroy(gg__dev_t *d, void *ev) {
+  GG__CU_IN_CTX(d, gg__cu.fn_cuEventDestroy((CUevent)ev), "cuEventDestroy");
+}
+
+static int gg__c_stream_sync(gg__dev_t *d, void *stream) {
+  GG__CU_IN_CTX(d, gg__cu.fn_cuStreamSynchronize((CUstream)stream), "cuStreamSynchronize");
+}
+
+static int gg__c_ctx_reset(gg__dev_t *d) {
+  gg__cudev_t *c = d->impl;
+  int rc = gg__check_fork(d->fork_gen, "cuda backend");
+  if (rc < 0) return rc;
+  GG__CU(gg__cu.fn_cuDevicePrimaryCtxReset(c->dev), "cuDevicePrimaryCtxReset");
+  return 0;
+}
+
+static void gg__c_close(gg__dev_t *d) {
+  if (!d) return;
+  gg__cudev_t *c = d->impl;
+  /* In a forked child the driver state is the parent's: touching it is undefined, so only free. */
+  if (gg__fork_generation() == d->fork_gen) gg__cu.fn_cuDevicePrimaryCtxRelease(c->dev);
+  free(c);
+  free(d);
+}
+
+static const gg__backend_ops_t gg__cuda_ops = {
+    .name = "cuda",
+    .mem_info = gg__c_mem_info,
+    .va_reserve = gg__c_va_reserve,
+    .va_release = gg__c_va_release,
+    .map = gg__c_map,
+    .unmap = gg__c_unmap,
+    .copy_to_dev = gg__c_copy_to_dev,
+    .copy_from_dev = gg__c_copy_from_dev,
+    .set_d8 = gg__c_set_d8,
+    .event_create = gg__c_event_create,
+    .event_record = gg__c_event_record,
+    .event_query = gg__c_event_query,
+    .event_sync = gg__c_event_sync,
+    .event_destroy = gg__c_event_destroy,
+    .stream_sync = gg__c_stream_sync,
+    .ctx_reset = gg__c_ctx_reset,
+    .close = gg__c_close,
+};
+
+int gg__cuda_open(int index, gg__dev_t **out) {
+  gg__dev_props_t props;
+  int rc = gg__cuda_props(index, &props);
+  if (rc < 0) return rc;
+  bool vmm = props.vmm;
+  const char *v = gg__env("GPUGUARD_CUDA_VMM"); /* 0 forces the cuMemAlloc fallback */
+  if (v) {
+    bool want;
+    if ((rc = gg__parse_bool("GPUGUARD_CUDA_VMM", v, &want)) < 0) return rc;
+    vmm = vmm && want;
+  }
+  gg__dev_t *d = calloc(1, sizeof *d);
+  gg__cudev_t *c = calloc(1, sizeof *c);
+  if (!d || !c) {
+    free(d), free(c);
+    return gg__err(GG_ENOMEM, "cuda backend: open: out of host memory");
+  }
+  d->ops = &gg__cuda_ops, d->index = index, d->impl = c, d->props = props, d->contiguous = vmm;
+  d->fork_gen = gg__fork_generation();
+  CUresult r = gg__cu.fn_cuDeviceGet(&c->dev, index);
+  if (r == CUDA_SUCCESS) r = gg__cu.fn_cuDevicePrimaryCtxRetain(&c->ctx, c->dev);
+  if (r != CUDA_SUCCESS) {
+    free(c), free(d);
+    return gg__cu_fail(r, "cuDevicePrimaryCtxRetain");
+  }
+  c->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  c->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  c->prop.location.id = c->dev;
+  d->granularity = 2u << 20;
+  if (vmm) {
+    size_t g = 0;
+    r = gg__cu.fn_cuMemGetAllocationGranularity(&g, &c->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r != CUDA_SUCCESS || g == 0 || (g & (g - 1))) {
+      gg__cu.fn_cuDevicePrimaryCtxRelease(c->dev);
+      free(c), free(d);
+      return r != CUDA_SUCCESS ? gg__cu_fail(r, "cuMemGetAllocationGranularity")
+                               : gg__err(GG_EDRIVER, "cuda backend: odd allocation granularity %zu", g);
+    }
+    d->granularity = g;
+  }
+  *out = d;
+  return 0;
+}

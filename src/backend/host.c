@@ -1,0 +1,520 @@
+/* host.c — the host backend: a simulated device in host memory (mmap reserve, commit, decommit),
+ * with a capacity, simulated streams and deterministic fault injection of every operation. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "gpuguard/host.h"
+#include "internal.h"
+
+#define GG__HOST_DEFAULT_CAPACITY (1ull << 30)
+#define GG__HOST_DEFAULT_GRANULARITY (2ull << 20)
+
+/* ---- fault injection --------------------------------------------------------------------------- */
+
+#define GG__HOST_OPS(X)                                                                               \
+  X(open) X(mem_info) X(reserve) X(release) X(map) X(unmap) X(copy) X(set) X(event_create)           \
+  X(event_record) X(event_query) X(event_sync) X(event_destroy) X(stream_sync) X(ctx_reset)
+
+enum gg__host_op {
+#define GG__OP_ENUM(n) GG__OP_##n,
+  GG__HOST_OPS(GG__OP_ENUM)
+#undef GG__OP_ENUM
+  GG__OP_COUNT
+};
+
+static const char *const gg__op_names[GG__OP_COUNT] = {
+#define GG__OP_NAME(n) #n,
+    GG__HOST_OPS(GG__OP_NAME)
+#undef GG__OP_NAME
+};
+
+typedef struct gg__fault {
+  unsigned long long nth; /* 0: not armed */
+  bool sticky;            /* fail the nth call and every later one */
+  int code;
+} gg__fault_t;
+
+/* The simulated device is process-wide, like a real one. Everything here is reset when the device goes
+ * from no open handle to one (env re-read) or by gg_host_fault_set (faults and counters). */
+static struct {
+  pthread_mutex_t lock;
+  int opens;
+  size_t capacity, granularity, used;
+  bool vmm;
+  gg__fault_t faults[GG__OP_COUNT];
+  _Atomic unsigned long long calls[GG__OP_COUNT];
+} gg__host = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int gg__op_index(const char *name, size_t len) {
+  for (int i = 0; i < GG__OP_COUNT; i++)
+    if (strlen(gg__op_names[i]) == len && strncmp(gg__op_names[i], name, len) == 0) return i;
+  return -1;
+}
+
+/* Parses a fault spec into out[]; on error nothing is changed by the caller. */
+static int gg__fault_parse(const char *what, const char *spec, gg__fault_t out[GG__OP_COUNT]) {
+  memset(out, 0, sizeof(gg__fault_t) * GG__OP_COUNT);
+  const char *p = spec ? spec : "";
+  while (*p) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    char item[64];
+    if (len == 0 || len >= sizeof item)
+      return gg__err(GG_EINVAL, "%s='%s': empty or overlong item", what, spec);
+    memcpy(item, p, len);
+    item[len] = '\0';
+    char *colon = strchr(item, ':');
+    int op = colon ? gg__op_index(item, (size_t)(colon - item)) : -1;
+    if (op < 0)
+      return gg__err(GG_EINVAL, "%s='%s': '%s' does not start with a known operation and ':'", what,
+                     spec, item);
+    gg__fault_t f = {.code = GG_EDRIVER};
+    char *eq = strchr(colon, '=');
+    if (eq) {
+      if (strcmp(eq, "=nomem") != 0)
+        return gg__err(GG_EINVAL, "%s='%s': '%s' (only '=nomem' may follow the count)", what, spec, eq);
+      f.code = GG_ENOMEM;
+      *eq = '\0';
+    }
+    const char *n = colon + 1;
+    size_t nlen = strlen(n);
+    if (strcmp(n, "*") == 0) {
+      f.nth = 1, f.sticky = true;
+    } else {
+      if (nlen && n[nlen - 1] == '+') f.sticky = true, colon[nlen] = '\0';
+      long v;
+      if (gg__parse_int(what, n, 1, 1000000000L, &v) < 0)
+        return gg__err(GG_EINVAL, "%s='%s': '%s' needs a call number >= 1, 'N+' or '*'", what, spec,
+                       item);
+      f.nth = (unsigned long long)v;
+    }
+    out[op] = f;
+    p = end ? end + 1 : p + len;
+  }
+  return 0;
+}
+
+int gg_host_fault_set(const char *spec) {
+  gg__fault_t parsed[GG__OP_COUNT];
+  int rc = gg__fault_parse("gg_host_fault_set", spec, parsed);
+  if (rc < 0) return rc;
+  pthread_mutex_lock(&gg__host.lock);
+  memcpy(gg__host.faults, parsed, sizeof parsed);
+  for (int i = 0; i < GG__OP_COUNT; i++) atomic_store(&gg__host.calls[i], 0);
+  pthread_mutex_unlock(&gg__host.lock);
+  return 0;
+}
+
+unsigned long long gg_host_op_count(const char *op) {
+  int i = op ? gg__op_index(op, strlen(op)) : -1;
+  return i < 0 ? 0 : atomic_load(&gg__host.calls[i]);
+}
+
+/* Counts the call and fails it when a fault is armed for it. */
+static int gg__op(enum gg__host_op op) {
+  unsigned long long n = atomic_fetch_add(&gg__host.calls[op], 1) + 1;
+  pthread_mutex_lock(&gg__host.lock);
+  gg__fault_t f = gg__host.faults[op];
+  pthread_mutex_unlock(&gg__host.lock);
+  if (f.nth && (n == f.nth || (f.sticky && n > f.nth)))
+    return gg__err(f.code, "host backend: injected fault in '%s' (call %llu)", gg__op_names[op], n);
+  return 0;
+}
+
+/* ---- simulated streams and events --------------------------------------------------------------- */
+
+typedef struct gg__hstream {
+  atomic_int refs;
+  atomic_bool held;
+  _Atomic unsigned long long submitted, completed;
+} gg__hstream_t;
+
+typedef struct gg__hevent {
+  gg__hstream_t *stream; /* NULL: complete */
+  unsigned long long ticket;
+} gg__hevent_t;
+
+static void gg__hstream_unref(gg__hstream_t *s) {
+  if (s && atomic_fetch_sub(&s->refs, 1) == 1) free(s);
+}
+
+int gg_host_stream_create(void **stream) {
+  if (!stream) return gg__err(GG_EINVAL, "gg_host_stream_create: stream is NULL");
+  gg__hstream_t *s = calloc(1, sizeof *s);
+  if (!s) return gg__err(GG_ENOMEM, "gg_host_stream_create: out of host memory");
+  atomic_init(&s->refs, 1);
+  *stream = s;
+  return 0;
+}
+
+int gg_host_stream_hold(void *stream) {
+  if (!stream) return gg__err(GG_EINVAL, "gg_host_stream_hold: stream is NULL");
+  atomic_store(&((gg__hstream_t *)stream)->held, true);
+  return 0;
+}
+
+int gg_host_stream_release(void *stream) {
+  if (!stream) return gg__err(GG_EINVAL, "gg_host_stream_release: stream is NULL");
+  gg__hstream_t *s = stream;
+  atomic_store(&s->held, false);
+  atomic_store(&s->completed, atomic_load(&s->submitted));
+  return 0;
+}
+
+int gg_host_stream_destroy(void *stream) {
+  gg__hstream_unref(stream);
+  return 0;
+}
+
+static int gg__h_event_create(gg__dev_t *d, void **ev) {
+  (void)d;
+  int rc = gg__op(GG__OP_event_create);
+  if (rc < 0) return rc;
+  gg__hevent_t *e = calloc(1, sizeof *e);
+  if (!e) return gg__err(GG_ENOMEM, "host backend: event_create: out of host memory");
+  *ev = e;
+  return 0;
+}
+
+static int gg__h_event_record(gg__dev_t *d, void *ev, void *stream) {
+  (void)d;
+  int rc = gg__op(GG__OP_event_record);
+  if (rc < 0) return rc;
+  gg__hevent_t *e = ev;
+  gg__hstream_t *s = stream;
+  gg__hstream_unref(e->stream);
+  e->stream = NULL;
+  if (s && atomic_load(&s->held)) {
+    atomic_fetch_add(&s->refs, 1);
+    e->stream = s;
+    e->ticket = atomic_fetch_add(&s->submitted, 1) + 1;
+  }
+  return 0;
+}
+
+static int gg__h_event_query(gg__dev_t *d, void *ev) {
+  (void)d;
+  int rc = gg__op(GG__OP_event_query);
+  if (rc < 0) return rc;
+  gg__hevent_t *e = ev;
+  return !e->stream || atomic_load(&e->stream->completed) >= e->ticket;
+}
+
+static int gg__h_event_sync(gg__dev_t *d, void *ev) {
+  (void)d;
+  int rc = gg__op(GG__OP_event_sync);
+  if (rc < 0) return rc;
+  gg__hevent_t *e = ev;
+  if (e->stream && atomic_load(&e->stream->completed) < e->ticket)
+    return gg__err(GG_ETIMEDOUT,
+                   "host backend: waiting on an event of a held stream would never return; "
+                   "release the stream first");
+  return 0;
+}
+
+static int gg__h_event_destroy(gg__dev_t *d, void *ev) {
+  (void)d;
+  int rc = gg__op(GG__OP_event_destroy);
+  gg__hevent_t *e = ev;
+  if (e) gg__hstream_unref(e->stream);
+  free(e); /* freed even when a fault is injected: a real destroy failure does not leak the handle */
+  return rc;
+}
+
+static int gg__h_stream_sync(gg__dev_t *d, void *stream) {
+  (void)d;
+  int rc = gg__op(GG__OP_stream_sync);
+  if (rc < 0) return rc;
+  gg__hstream_t *s = stream;
+  if (s && atomic_load(&s->completed) < atomic_load(&s->submitted))
+    return gg__err(GG_ETIMEDOUT, "host backend: stream is held with pending work; release it first");
+  return 0;
+}
+
+/* ---- memory ------------------------------------------------------------------------------------ */
+
+/* Mapped chunks of one open device, so copies can be checked like a real device checks addresses. */
+typedef struct gg__hmap {
+  uintptr_t ptr;
+  size_t size;
+  struct gg__hmap *next;
+} gg__hmap_t;
+
+typedef struct gg__hdev {
+  pthread_mutex_t lock;
+  gg__hmap_t *maps;
+  size_t mapped;
+} gg__hdev_t;
+
+static int gg__h_mem_info(gg__dev_t *d, size_t *free_b, size_t *total_b) {
+  (void)d;
+  int rc = gg__op(GG__OP_mem_info);
+  if (rc < 0) return rc;
+  pthread_mutex_lock(&gg__host.lock);
+  *total_b = gg__host.capacity;
+  *free_b = gg__host.capacity - gg__host.used;
+  pthread_mutex_unlock(&gg__host.lock);
+  return 0;
+}
+
+static int gg__h_va_reserve(gg__dev_t *d, size_t size, uintptr_t *base) {
+  int rc = gg__op(GG__OP_reserve);
+  if (rc < 0) return rc;
+  if (size == 0 || size % d->granularity)
+    return gg__err(GG_EINVAL, "host backend: reserve of %zu bytes is not a multiple of %zu", size,
+                   d->granularity);
+  if (!d->contiguous) return (*base = 0), 0;
+  /* Over-reserve by one granule so the range can start on a granule boundary. */
+  size_t g = d->granularity;
+  if (size > SIZE_MAX - g) return gg__err(GG_ENOMEM, "host backend: reserve of %zu bytes overflows", size);
+  void *p = mmap(NULL, size + g, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    return gg__err(GG_ENOMEM, "host backend: reserving %zu bytes of address space: %s", size, strerror(errno));
+  uintptr_t a = (uintptr_t)p, aligned = (a + g - 1) & ~(uintptr_t)(g - 1);
+  if (aligned > a) munmap(p, aligned - a);
+  if (aligned + size < a + size + g) munmap((void *)(aligned + size), a + size + g - (aligned + size));
+  *base = aligned;
+  return 0;
+}
+
+static int gg__h_va_release(gg__dev_t *d, uintptr_t base, size_t size) {
+  int rc = gg__op(GG__OP_release);
+  if (rc < 0) return rc;
+  if (d->contiguous && base && munmap((void *)base, size) != 0)
+    return gg__err(GG_EDRIVER, "host backend: releasing range %#jx: %s", (uintmax_t)base, strerror(errno));
+  return 0;
+}
+
+static int gg__h_map(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out) {
+  int rc = gg__op(GG__OP_map);
+  if (rc < 0) return rc;
+  gg__hdev_t *h = d->impl;
+  size_t g = d->granularity;
+  if (size == 0 || size % g || (d->contiguous && (at == 0 || at % g)) || (!d->contiguous && at))
+    return gg__err(GG_EINVAL, "host backend: map of %zu bytes at %#jx is not granule-aligned (%zu)", size,
+                   (uintmax_t)at, g);
+  gg__hmap_t *m = malloc(sizeof *m);
+  if (!m) return gg__err(GG_ENOMEM, "host backend: map: out of host memory");
+  pthread_mutex_lock(&gg__host.lock);
+  bool fits = size <= gg__host.capacity - gg__host.used;
+  if (fits) gg__host.used += size;
+  size_t used = gg__host.used, cap = gg__host.capacity;
+  pthread_mutex_unlock(&gg__host.lock);
+  if (!fits) {
+    free(m);
+    return gg__err(GG_ENOMEM, "host backend: out of device memory mapping %zu bytes (%zu of %zu in use)",
+                   size, used, cap);
+  }
+  /* MAP_POPULATE commits the pages now, as cuMemCreate does: resident memory really grows. */
+  int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE | (d->contiguous ? MAP_FIXED : 0);
+  void *p = mmap(d->contiguous ? (void *)at : NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    pthread_mutex_lock(&gg__host.lock);
+    gg__host.used -= size;
+    pthread_mutex_unlock(&gg__host.lock);
+    free(m);
+    return gg__err(GG_ENOMEM, "host backend: committing %zu bytes: %s", size, strerror(e));
+  }
+  m->ptr = (uintptr_t)p, m->size = size;
+  pthread_mutex_lock(&h->lock);
+  m->next = h->maps, h->maps = m, h->mapped += size;
+  pthread_mutex_unlock(&h->lock);
+  *out = (gg__chunk_t){.ptr = (uintptr_t)p, .size = size, .handle = 0};
+  return 0;
+}
+
+static int gg__h_unmap(gg__dev_t *d, const gg__chunk_t *c) {
+  int rc = gg__op(GG__OP_unmap);
+  if (rc < 0) return rc;
+  gg__hdev_t *h = d->impl;
+  pthread_mutex_lock(&h->lock);
+  gg__hmap_t **pp = &h->maps;
+  while (*pp && !((*pp)->ptr == c->ptr && (*pp)->size == c->size)) pp = &(*pp)->next;
+  gg__hmap_t *m = *pp;
+  if (m) *pp = m->next, h->mapped -= m->size;
+  pthread_mutex_unlock(&h->lock);
+  if (!m)
+    return gg__err(GG_EINVAL, "host backend: unmap of %zu bytes at %#jx: no such mapping", c->size,
+                   (uintmax_t)c->ptr);
+  free(m);
+  /* Decommit: replace with an inaccessible, unbacked mapping (contiguous) or drop it (chunks). */
+  if (d->contiguous)
+    mmap((void *)c->ptr, c->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  else
+    munmap((void *)c->ptr, c->size);
+  pthread_mutex_lock(&gg__host.lock);
+  gg__host.used -= c->size;
+  pthread_mutex_unlock(&gg__host.lock);
+  return 0;
+}
+
+/* A real device rejects addresses that are not mapped; so does the simulation. */
+static int gg__h_check_range(gg__dev_t *d, uintptr_t p, size_t n, const char *op) {
+  gg__hdev_t *h = d->impl;
+  size_t covered = 0;
+  if (p > UINTPTR_MAX - n) return gg__err(GG_EINVAL, "host backend: %s: range wraps around", op);
+  pthread_mutex_lock(&h->lock);
+  for (gg__hmap_t *m = h->maps; m; m = m->next) {
+    uintptr_t lo = p > m->ptr ? p : m->ptr, hi = p + n < m->ptr + m->size ? p + n : m->ptr + m->size;
+    if (hi > lo) covered += hi - lo;
+  }
+  pthread_mutex_unlock(&h->lock);
+  if (covered != n)
+    return gg__err(GG_EINVAL, "host backend: %s of %zu bytes at %#jx touches unmapped device memory", op,
+                   n, (uintmax_t)p);
+  return 0;
+}
+
+static int gg__h_copy_to_dev(gg__dev_t *d, uintptr_t dst, const void *src, size_t n) {
+  int rc = gg__op(GG__OP_copy);
+  if (rc < 0) return rc;
+  if ((rc = gg__h_check_range(d, dst, n, "copy to device")) < 0) return rc;
+  if (n) memcpy((void *)dst, src, n);
+  return 0;
+}
+
+static int gg__h_copy_from_dev(gg__dev_t *d, void *dst, uintptr_t src, size_t n) {
+  int rc = gg__op(GG__OP_copy);
+  if (rc < 0) return rc;
+  if ((rc = gg__h_check_range(d, src, n, "copy from device")) < 0) return rc;
+  if (n) memcpy(dst, (const void *)src, n);
+  return 0;
+}
+
+static int gg__h_set_d8(gg__dev_t *d, uintptr_t dst, unsigned char v, size_t n) {
+  int rc = gg__op(GG__OP_set);
+  if (rc < 0) return rc;
+  if ((rc = gg__h_check_range(d, dst, n, "set")) < 0) return rc;
+  if (n) memset((void *)dst, v, n);
+  return 0;
+}
+
+static int gg__h_ctx_reset(gg__dev_t *d) {
+  (void)d;
+  return gg__op(GG__OP_ctx_reset);
+}
+
+static void gg__h_close(gg__dev_t *d) {
+  if (!d) return;
+  gg__hdev_t *h = d->impl;
+  /* Whatever the user left mapped is given back, as the driver does when a context goes away. */
+  size_t leaked = 0;
+  for (gg__hmap_t *m = h->maps, *next; m; m = next) {
+    next = m->next;
+    munmap((void *)m->ptr, m->size);
+    leaked += m->size;
+    free(m);
+  }
+  pthread_mutex_destroy(&h->lock);
+  free(h);
+  pthread_mutex_lock(&gg__host.lock);
+  gg__host.used -= leaked;
+  gg__host.opens--;
+  pthread_mutex_unlock(&gg__host.lock);
+  free(d);
+}
+
+static const gg__backend_ops_t gg__host_ops = {
+    .name = "host",
+    .mem_info = gg__h_mem_info,
+    .va_reserve = gg__h_va_reserve,
+    .va_release = gg__h_va_release,
+    .map = gg__h_map,
+    .unmap = gg__h_unmap,
+    .copy_to_dev = gg__h_copy_to_dev,
+    .copy_from_dev = gg__h_copy_from_dev,
+    .set_d8 = gg__h_set_d8,
+    .event_create = gg__h_event_create,
+    .event_record = gg__h_event_record,
+    .event_query = gg__h_event_query,
+    .event_sync = gg__h_event_sync,
+    .event_destroy = gg__h_event_destroy,
+    .stream_sync = gg__h_stream_sync,
+    .ctx_reset = gg__h_ctx_reset,
+    .close = gg__h_close,
+};
+
+/* Reads the environment into the device settings; called when the first handle opens. */
+static int gg__host_configure(void) {
+  size_t cap = GG__HOST_DEFAULT_CAPACITY, gran = GG__HOST_DEFAULT_GRANULARITY;
+  bool vmm = true;
+  const char *v;
+  int rc;
+  if ((v = gg__env("GPUGUARD_HOST_CAPACITY")) && (rc = gg__parse_size("GPUGUARD_HOST_CAPACITY", v, &cap)) < 0)
+    return rc;
+  if ((v = gg__env("GPUGUARD_HOST_GRANULARITY")) &&
+      (rc = gg__parse_size("GPUGUARD_HOST_GRANULARITY", v, &gran)) < 0)
+    return rc;
+  if ((v = gg__env("GPUGUARD_HOST_VMM")) && (rc = gg__parse_bool("GPUGUARD_HOST_VMM", v, &vmm)) < 0) return rc;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (gran < page || (gran & (gran - 1)))
+    return gg__err(GG_EINVAL, "GPUGUARD_HOST_GRANULARITY='%s': must be a power of two >= %zu", v, page);
+  if (cap == 0) return gg__err(GG_EINVAL, "GPUGUARD_HOST_CAPACITY: must be more than 0 bytes");
+  gg__fault_t faults[GG__OP_COUNT];
+  bool have_faults = (v = gg__env("GPUGUARD_HOST_FAULT")) != NULL;
+  if (have_faults && (rc = gg__fault_parse("GPUGUARD_HOST_FAULT", v, faults)) < 0) return rc;
+  gg__host.capacity = cap, gg__host.granularity = gran, gg__host.vmm = vmm, gg__host.used = 0;
+  if (have_faults) {
+    memcpy(gg__host.faults, faults, sizeof faults);
+    for (int i = 0; i < GG__OP_COUNT; i++) atomic_store(&gg__host.calls[i], 0);
+  }
+  return 0;
+}
+
+int gg__host_props(int index, gg__dev_props_t *p) {
+  if (index != 0)
+    return gg__err(GG_ENODEV, "host backend: device %d does not exist (the host backend has device 0 only)",
+                   index);
+  memset(p, 0, sizeof *p);
+  gg__strlcpy(p->name, "gpuguard host device", sizeof p->name);
+  gg__strlcpy(p->uuid, "GPU-00000000-0000-0000-0000-000000000000", sizeof p->uuid);
+  pthread_mutex_lock(&gg__host.lock);
+  int rc = gg__host.opens ? 0 : gg__host_configure();
+  p->total_mem = gg__host.capacity;
+  p->vmm = gg__host.vmm;
+  pthread_mutex_unlock(&gg__host.lock);
+  return rc;
+}
+
+int gg__host_open(int index, gg__dev_t **out) {
+  if (index != 0)
+    return gg__err(GG_ENODEV, "host backend: device %d does not exist (the host backend has device 0 only)",
+                   index);
+  gg__dev_t *d = calloc(1, sizeof *d);
+  gg__hdev_t *h = calloc(1, sizeof *h);
+  if (!d || !h) {
+    free(d), free(h);
+    return gg__err(GG_ENOMEM, "host backend: open: out of host memory");
+  }
+  pthread_mutex_lock(&gg__host.lock);
+  int rc = gg__host.opens ? 0 : gg__host_configure();
+  if (rc == 0) gg__host.opens++;
+  pthread_mutex_unlock(&gg__host.lock);
+  if (rc == 0 && (rc = gg__op(GG__OP_open)) < 0) {
+    pthread_mutex_lock(&gg__host.lock);
+    gg__host.opens--;
+    pthread_mutex_unlock(&gg__host.lock);
+  }
+  if (rc < 0) {
+    free(d), free(h);
+    return rc;
+  }
+  pthread_mutex_init(&h->lock, NULL);
+  d->ops = &gg__host_ops;
+  d->index = index;
+  d->impl = h;
+  d->granularity = gg__host.granularity;
+  d->contiguous = gg__host.vmm;
+  d->fork_gen = gg__fork_generation();
+  gg__host_props(index, &d->props);
+  *out = d;
+  return 0;
+}

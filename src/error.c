@@ -1,0 +1,86 @@
+/* error.c — status code texts and the thread-local detail of the last failed call. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define GG__DETAIL_MAX 768 /* the same as gg__err_saved_t's text */
+
+static _Thread_local char gg__detail[GG__DETAIL_MAX];
+static _Thread_local int gg__driver_status;
+
+const char *gg_strerror(int code) {
+  switch (code) {
+#define GG__ERR_TEXT(name, value, text) \
+  case (value):                         \
+    return text;
+    GG_ERRORS(GG__ERR_TEXT)
+#undef GG__ERR_TEXT
+  }
+  return "unknown error";
+}
+
+const char *gg_err_name(int code) {
+  switch (code) {
+#define GG__ERR_NAME(name, value, text) \
+  case (value):                         \
+    return "GG_" #name;
+    GG_ERRORS(GG__ERR_NAME)
+#undef GG__ERR_NAME
+  }
+  return "GG_UNKNOWN";
+}
+
+const char *gg_last_error(void) { return gg__detail; }
+int gg_last_driver_error(void) { return gg__driver_status; }
+
+void gg_clear_error(void) {
+  gg__detail[0] = '\0';
+  gg__driver_status = 0;
+}
+
+const char *gg_version(void) { return GG_VERSION_STRING; }
+
+/* The detail starts with the code's name so a message read on its own still says what kind of
+ * failure it was. */
+static void gg__vrecord(int code, const char *fmt, va_list ap) {
+  int n = snprintf(gg__detail, sizeof gg__detail, "%s: ", gg_err_name(code));
+  if (n < 0 || (size_t)n >= sizeof gg__detail) return;
+  vsnprintf(gg__detail + n, sizeof gg__detail - (size_t)n, fmt, ap);
+}
+
+int gg__err(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  gg__vrecord(code, fmt, ap);
+  va_end(ap);
+  gg__driver_status = 0;
+  return code;
+}
+
+int gg__err_driver(int code, int driver_status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  gg__vrecord(code, fmt, ap);
+  va_end(ap);
+  gg__driver_status = driver_status;
+  return code;
+}
+
+void gg__err_save(gg__err_saved_t *s) {
+  gg__strlcpy(s->text, gg__detail, sizeof s->text);
+  s->driver_status = gg__driver_status;
+}
+
+void gg__err_restore(const gg__err_saved_t *s) {
+  gg__strlcpy(gg__detail, s->text, sizeof gg__detail);
+  gg__driver_status = s->driver_status;
+}
+
+void gg__strlcpy(char *dst, const char *src, size_t cap) {
+  if (cap == 0) return;
+  size_t n = src ? strnlen(src, cap - 1) : 0;
+  if (n) memcpy(dst, src, n);
+  dst[n] = '\0';
+}

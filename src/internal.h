@@ -1,0 +1,58 @@
+/* internal.h — helpers shared by every source file: error recording, checks, options, fork generation. */
+#ifndef GG_INTERNAL_H
+#define GG_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpuguard/gpuguard.h"
+
+#define GG__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define GG__LIKELY(x) __builtin_expect(!!(x), 1)
+#define GG__UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* Records code and a formatted detail in this thread's error slot; returns code so callers can
+ * `return gg__err(GG_EINVAL, "...")`. */
+int gg__err(int code, const char *fmt, ...) GG__PRINTF(2, 3);
+/* The same for a failed driver call: keeps the raw driver status for gg_last_driver_error(). */
+int gg__err_driver(int code, int driver_status, const char *fmt, ...) GG__PRINTF(3, 4);
+
+/* Keeps this thread's error detail across a call whose failure is not the caller's error. */
+typedef struct gg__err_saved {
+  char text[768];
+  int driver_status;
+} gg__err_saved_t;
+void gg__err_save(gg__err_saved_t *s);
+void gg__err_restore(const gg__err_saved_t *s);
+
+/* Jump to a cleanup label on failure, keeping the status in rc. */
+#define GG_TRY(call, rc, label) \
+  do {                          \
+    (rc) = (call);              \
+    if ((rc) < 0) goto label;   \
+  } while (0)
+/* Run a cleanup step whatever happened before, keeping the first error. */
+#define GG_KEEP_FIRST(rc, call)      \
+  do {                               \
+    int gg__k = (call);              \
+    if ((rc) == 0 && gg__k < 0) (rc) = gg__k; \
+  } while (0)
+
+/* Environment and option values. Each returns 0, or GG_EINVAL with a message naming the variable
+ * and the bad value. `what` names the source in messages ("GPUGUARD_HOST_CAPACITY", "options.backend"). */
+int gg__parse_size(const char *what, const char *text, size_t *out);   /* bytes, K/M/G/T suffixes */
+int gg__parse_bool(const char *what, const char *text, bool *out);     /* 1/0/on/off/yes/no/true/false */
+int gg__parse_int(const char *what, const char *text, long lo, long hi, long *out);
+/* getenv that treats an empty value as unset. */
+const char *gg__env(const char *name);
+
+/* Fork generation: bumped in every forked child (pthread_atfork). Objects remember the generation
+ * they were made in and refuse use when it differs: the child must not touch the parent's CUDA state. */
+unsigned gg__fork_generation(void);
+int gg__check_fork(unsigned created_gen, const char *call);
+
+/* Bounded string copy that always terminates. */
+void gg__strlcpy(char *dst, const char *src, size_t cap);
+
+#endif
