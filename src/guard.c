@@ -1,0 +1,599 @@
+/* guard.c — guards: the registry of live guards, each guard's LIFO cleanups and attached objects, and the
+ * teardown (cleanups, leak report, context reset and release) on every path: destroy, exit(), signals. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "guard_internal.h"
+#include "internal.h"
+
+#define GG__DEFAULT_TIMEOUT_MS 10000
+
+typedef struct gg__entry {
+  unsigned long long id;
+  gg_cleanup_fn fn;            /* a user cleanup, or NULL for an attached object */
+  void *user;                  /* fn's argument, or the attached object */
+  const gg__attach_ops_t *ops; /* attached objects only */
+  char name[64];
+} gg__entry_t;
+
+enum gg__state { GG__LIVE, GG__TEARING, GG__DEAD };
+
+enum gg__dest { GG__TO_NONE, GG__TO_STDERR, GG__TO_STDOUT, GG__TO_FILE };
+
+typedef struct gg__report_opts {
+  enum gg__dest dest;
+  bool json;
+  bool asked; /* an explicit destination: report at every teardown, empty or not */
+  char path[1024];
+} gg__report_opts_t;
+
+struct gg_guard {
+  /* Registry lock: */
+  gg_guard_t *next;        /* newer to older */
+  int refs;                /* the registry's, plus callers working on it without the registry lock */
+  bool destroying;         /* gg_guard_destroy() has claimed it */
+  unsigned long long seen; /* teardown-all pass that visited it last */
+  /* Fixed at creation: */
+  unsigned fork_gen;
+  unsigned signals;
+  bool run_at_exit, reset_context;
+  int timeout_ms, device;
+  char name[64];
+  gg__report_opts_t report;
+  /* lock: */
+  pthread_mutex_t lock;
+  pthread_cond_t cond; /* state and running changes */
+  enum gg__state state;
+  pthread_t owner; /* the thread running the teardown (state GG__TEARING) */
+  unsigned long long running; /* id of the entry whose cleanup is running, 0 none */
+  gg__entry_t *entries;
+  size_t n, cap;
+  gg__dev_t *dev; /* released by the teardown */
+  const char *backend;
+};
+
+static struct {
+  pthread_mutex_t lock; /* lock order: this, then a guard's lock, then signal.c's */
+  gg_guard_t *head;     /* newest first */
+  unsigned long long next_id, pass;
+} gg__reg = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* For signal.c's fork handlers. */
+void gg__registry_lock(void);
+void gg__registry_unlock(void);
+void gg__registry_lock(void) { pthread_mutex_lock(&gg__reg.lock); }
+void gg__registry_unlock(void) { pthread_mutex_unlock(&gg__reg.lock); }
+
+static const char *gg__reason_name(enum gg__reason why) {
+  return why == GG__BY_DESTROY ? "gg_guard_destroy" : why == GG__BY_EXIT ? "exit" : "signal";
+}
+
+/* ---- options ------------------------------------------------------------------------------------ */
+
+void gg_guard_options_init(gg_guard_options_t *opts) {
+  if (!opts) return;
+  memset(opts, 0, sizeof *opts);
+  opts->signals = GG_GUARD_SIGNALS_ALL;
+  opts->run_at_exit = true;
+  opts->teardown_timeout_ms = GG__DEFAULT_TIMEOUT_MS;
+}
+
+/* "stderr", "stdout", "none", PATH, each optionally "json:" or "text:" first. */
+static int gg__parse_report(const char *what, const char *text, gg__report_opts_t *r) {
+  memset(r, 0, sizeof *r);
+  r->dest = GG__TO_STDERR;
+  if (!text) return 0;
+  r->asked = true;
+  const char *v = text;
+  if (strncmp(v, "json:", 5) == 0) r->json = true, v += 5;
+  else if (strncmp(v, "text:", 5) == 0) v += 5;
+  else if (strcmp(v, "json") == 0) return (r->json = true), 0;
+  if (!*v) return gg__err(GG_EINVAL, "%s='%s': nothing after the format prefix", what, text);
+  if (strcmp(v, "stderr") == 0) return 0;
+  if (strcmp(v, "stdout") == 0) return (r->dest = GG__TO_STDOUT), 0;
+  if (!strcmp(v, "none") || !strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "no"))
+    return (r->dest = GG__TO_NONE), 0;
+  if (strlen(v) >= sizeof r->path) return gg__err(GG_EINVAL, "%s: the path is too long", what);
+  r->dest = GG__TO_FILE;
+  gg__strlcpy(r->path, v, sizeof r->path);
+  return 0;
+}
+
+static int gg__check_options(const gg_guard_options_t *o, gg__report_opts_t *report) {
+  if (o->device < 0) return gg__err(GG_EINVAL, "gg_guard_create: options.device=%d is negative", o->device);
+  if (o->signals & ~(unsigned)GG_GUARD_SIGNALS_ALL)
+    return gg__err(GG_EINVAL, "gg_guard_create: options.signals=0x%x has bits that are not GG_GUARD_SIG*",
+                   o->signals);
+  if (o->teardown_timeout_ms < 0)
+    return gg__err(GG_EINVAL, "gg_guard_create: options.teardown_timeout_ms=%d is negative",
+                   o->teardown_timeout_ms);
+  if (o->leak_report) return gg__parse_report("options.leak_report", o->leak_report, report);
+  return gg__parse_report("GPUGUARD_LEAK_REPORT", gg__env("GPUGUARD_LEAK_REPORT"), report);
+}
+
+/* ---- the at-exit path ------------------------------------------------------------------------------ */
+
+static void gg__teardown_all(enum gg__reason why, int code);
+
+#ifdef __GLIBC__
+static void gg__at_exit(int status, void *arg) {
+  (void)arg;
+  gg__sig_set_exiting(true);
+  gg__teardown_all(GG__BY_EXIT, status);
+  gg__sig_set_exiting(false);
+}
+static void gg__register_exit(void) { on_exit(gg__at_exit, NULL); }
+#else
+/* Without on_exit() the status is unknown: a watchdog ending a hung teardown exits with 1. */
+static void gg__at_exit(void) {
+  gg__sig_set_exiting(true);
+  gg__teardown_all(GG__BY_EXIT, 1);
+  gg__sig_set_exiting(false);
+}
+static void gg__register_exit(void) { atexit(gg__at_exit); }
+#endif
+static pthread_once_t gg__exit_once = PTHREAD_ONCE_INIT;
+
+/* ---- registry ---------------------------------------------------------------------------------------- */
+
+static void gg__free(gg_guard_t *g) {
+  pthread_mutex_destroy(&g->lock);
+  pthread_cond_destroy(&g->cond);
+  free(g->entries);
+  free(g);
+}
+
+/* Drops a reference; call with the registry lock held. Returns the guard to free, or NULL. */
+static gg_guard_t *gg__unref_locked(gg_guard_t *g) { return --g->refs == 0 ? g : NULL; }
+
+static void gg__unref(gg_guard_t *g) {
+  pthread_mutex_lock(&gg__reg.lock);
+  gg_guard_t *dead = gg__unref_locked(g);
+  pthread_mutex_unlock(&gg__reg.lock);
+  if (dead) gg__free(dead);
+}
+
+/* Finds a handle among the live guards without touching it (a freed handle is never dereferenced). */
+static bool gg__known(const gg_guard_t *g) {
+  for (const gg_guard_t *p = gg__reg.head; p; p = p->next)
+    if (p == g) return true;
+  return false;
+}
+
+/* Checks a handle for a call; on success returns with the registry and guard locks held. */
+static int gg__enter(gg_guard_t *g, const char *call) {
+  if (!g) return gg__err(GG_EINVAL, "%s: guard is NULL", call);
+  pthread_mutex_lock(&gg__reg.lock);
+  if (!gg__known(g)) {
+    pthread_mutex_unlock(&gg__reg.lock);
+    return gg__err(GG_EINVAL, "%s: %p is not a live guard (destroyed already?)", call, (void *)g);
+  }
+  int rc = gg__check_fork(g->fork_gen, call);
+  if (rc < 0) {
+    pthread_mutex_unlock(&gg__reg.lock);
+    return rc;
+  }
+  pthread_mutex_lock(&g->lock);
+  if (g->state != GG__LIVE || g->destroying) {
+    pthread_mutex_unlock(&g->lock);
+    pthread_mutex_unlock(&gg__reg.lock);
+    return gg__err(GG_ESTATE, "%s: the guard '%s' is being torn down or was torn down", call, g->name);
+  }
+  return 0;
+}
+
+static void gg__leave(gg_guard_t *g) {
+  pthread_mutex_unlock(&g->lock);
+  pthread_mutex_unlock(&gg__reg.lock);
+}
+
+/* Appends an entry; call with the registry and guard locks held. */
+static int gg__push(gg_guard_t *g, gg_cleanup_fn fn, void *user, const gg__attach_ops_t *ops, const char *name,
+                    unsigned long long *id) {
+  if (g->n == g->cap) {
+    size_t cap = g->cap ? 2 * g->cap : 8;
+    gg__entry_t *e = realloc(g->entries, cap * sizeof *e);
+    if (!e) return gg__err(GG_ENOMEM, "gg_guard_on_teardown: out of host memory");
+    g->entries = e, g->cap = cap;
+  }
+  gg__entry_t *e = &g->entries[g->n++];
+  e->id = ++gg__reg.next_id, e->fn = fn, e->user = user, e->ops = ops;
+  gg__strlcpy(e->name, name ? name : "cleanup", sizeof e->name);
+  if (id) *id = e->id;
+  return 0;
+}
+
+int gg_guard_create(gg_guard_t **guard, const gg_guard_options_t *opts) {
+  if (!guard) return gg__err(GG_EINVAL, "gg_guard_create: guard is NULL");
+  gg_guard_options_t defaults;
+  if (!opts) gg_guard_options_init(&defaults), opts = &defaults;
+  gg__report_opts_t report;
+  int rc = gg__check_options(opts, &report);
+  if (rc < 0) return rc;
+  gg_guard_t *g = calloc(1, sizeof *g);
+  if (!g) return gg__err(GG_ENOMEM, "gg_guard_create: out of host memory");
+  g->fork_gen = gg__fork_generation();
+  g->signals = opts->signals, g->run_at_exit = opts->run_at_exit, g->reset_context = opts->reset_context;
+  g->timeout_ms = opts->teardown_timeout_ms, g->device = opts->device, g->report = report;
+  gg__strlcpy(g->name, opts->name ? opts->name : "guard", sizeof g->name);
+  g->refs = 1;
+  pthread_mutex_init(&g->lock, NULL);
+  pthread_cond_init(&g->cond, NULL);
+  if ((rc = gg__dev_open(opts->backend, opts->device, &g->dev)) < 0) {
+    gg__free(g);
+    return rc;
+  }
+  g->backend = g->dev->ops->name;
+  if (g->run_at_exit) pthread_once(&gg__exit_once, gg__register_exit);
+  pthread_mutex_lock(&gg__reg.lock);
+  rc = gg__sig_acquire(g->signals);
+  if (rc == 0) g->next = gg__reg.head, gg__reg.head = g;
+  pthread_mutex_unlock(&gg__reg.lock);
+  if (rc < 0) {
+    gg__dev_close(g->dev);
+    gg__free(g);
+    return rc;
+  }
+  *guard = g;
+  return 0;
+}
+
+int gg_guard_on_teardown_ex(gg_guard_t *guard, gg_cleanup_fn fn, void *user, const char *name,
+                            unsigned long long *id) {
+  if (!fn) return gg__err(GG_EINVAL, "gg_guard_on_teardown: fn is NULL");
+  int rc = gg__enter(guard, "gg_guard_on_teardown");
+  if (rc < 0) return rc;
+  rc = gg__push(guard, fn, user, NULL, name, id);
+  gg__leave(guard);
+  return rc;
+}
+
+int gg_guard_on_teardown(gg_guard_t *guard, gg_cleanup_fn fn, void *user, const char *name) {
+  return gg_guard_on_teardown_ex(guard, fn, user, name, NULL);
+}
+
+/* Removes entry id from g; call with g's lock held. */
+static bool gg__remove(gg_guard_t *g, unsigned long long id) {
+  for (size_t i = g->n; i-- > 0;) {
+    if (g->entries[i].id != id) continue;
+    memmove(&g->entries[i], &g->entries[i + 1], (g->n - i - 1) * sizeof *g->entries);
+    g->n--;
+    return true;
+  }
+  return false;
+}
+
+int gg_guard_cancel(gg_guard_t *guard, unsigned long long id) {
+  if (id == 0) return gg__err(GG_EINVAL, "gg_guard_cancel: id 0 is never a registration");
+  int rc = gg__enter(guard, "gg_guard_cancel");
+  if (rc < 0) return rc;
+  bool found = gg__remove(guard, id);
+  gg__leave(guard);
+  if (!found)
+    return gg__err(GG_ENOTFOUND, "gg_guard_cancel: guard '%s' holds no registration %llu (cancelled already?)",
+                   guard->name, id);
+  return 0;
+}
+
+/* ---- attached objects --------------------------------------------------------------------------------- */
+
+int gg__guard_attach(const char *backend, int device, const gg__attach_ops_t *ops, void *obj,
+                     unsigned long long *token) {
+  *token = 0;
+  unsigned gen = gg__fork_generation();
+  int rc = 0;
+  pthread_mutex_lock(&gg__reg.lock);
+  for (gg_guard_t *g = gg__reg.head; g; g = g->next) {
+    if (g->fork_gen != gen || g->destroying || g->device != device || strcmp(g->backend, backend) != 0)
+      continue;
+    pthread_mutex_lock(&g->lock);
+    bool live = g->state == GG__LIVE;
+    if (live) rc = gg__push(g, NULL, obj, ops, ops->kind, token);
+    pthread_mutex_unlock(&g->lock);
+    if (live) break;
+  }
+  pthread_mutex_unlock(&gg__reg.lock);
+  return rc;
+}
+
+int gg__guard_detach(unsigned long long token) {
+  if (token == 0) return 0;
+  pthread_mutex_lock(&gg__reg.lock);
+  for (gg_guard_t *g = gg__reg.head; g; g = g->next) {
+    pthread_mutex_lock(&g->lock);
+    if (gg__remove(g, token)) {
+      pthread_mutex_unlock(&g->lock);
+      pthread_mutex_unlock(&gg__reg.lock);
+      return 1;
+    }
+    if (g->running == token) {
+      /* The teardown is working on this object now: wait for that step, without the registry lock. */
+      g->refs++;
+      pthread_mutex_unlock(&gg__reg.lock);
+      while (g->running == token) pthread_cond_wait(&g->cond, &g->lock);
+      pthread_mutex_unlock(&g->lock);
+      gg__unref(g);
+      return 0;
+    }
+    pthread_mutex_unlock(&g->lock);
+  }
+  pthread_mutex_unlock(&gg__reg.lock);
+  return 0;
+}
+
+/* ---- the leak report ------------------------------------------------------------------------------------ */
+
+typedef struct gg__tag_row {
+  char tag[64];
+  unsigned long long count, bytes;
+} gg__tag_row_t;
+
+typedef struct gg__obj_row {
+  char name[64], backend[16];
+  unsigned long long count, bytes;
+  gg__tag_row_t *tags;
+  size_t n_tags;
+  bool truncated; /* out of host memory while grouping */
+} gg__obj_row_t;
+
+typedef struct gg__report {
+  gg__obj_row_t *objs;
+  size_t n_objs;
+  unsigned long long count, bytes;
+} gg__report_t;
+
+static int gg__visit_block(const gg_block_info_t *b, void *user) {
+  gg__obj_row_t *o = user;
+  const char *tag = b->tag ? b->tag : "";
+  o->count++, o->bytes += b->size;
+  for (size_t i = 0; i < o->n_tags; i++) {
+    if (strcmp(o->tags[i].tag, tag) == 0) {
+      o->tags[i].count++, o->tags[i].bytes += b->size;
+      return 0;
+    }
+  }
+  gg__tag_row_t *t = realloc(o->tags, (o->n_tags + 1) * sizeof *t);
+  if (!t) return (o->truncated = true), 0;
+  o->tags = t;
+  t = &o->tags[o->n_tags++];
+  gg__strlcpy(t->tag, tag, sizeof t->tag);
+  t->count = 1, t->bytes = b->size;
+  return 0;
+}
+
+/* Adds an attached object's live blocks (before its teardown releases them). */
+static void gg__report_add(gg__report_t *r, const gg__entry_t *e) {
+  if (!e->ops->foreach_block) return;
+  gg__obj_row_t *objs = realloc(r->objs, (r->n_objs + 1) * sizeof *objs);
+  if (!objs) return;
+  r->objs = objs;
+  gg__obj_row_t *o = &objs[r->n_objs];
+  memset(o, 0, sizeof *o);
+  gg__strlcpy(o->name, e->ops->name ? e->ops->name(e->user) : e->ops->kind, sizeof o->name);
+  gg__strlcpy(o->backend, e->ops->backend ? e->ops->backend(e->user) : "", sizeof o->backend);
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  e->ops->foreach_block(e->user, gg__visit_block, o);
+  gg__err_restore(&saved);
+  if (o->count == 0) {
+    free(o->tags);
+    return; /* nothing leaked: not listed */
+  }
+  r->n_objs++, r->count += o->count, r->bytes += o->bytes;
+}
+
+static void gg__json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+    else if (c < 0x20) fprintf(f, "\\u%04x", c);
+    else fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+static void gg__report_render(FILE *f, const gg_guard_t *g, const gg__report_t *r, enum gg__reason why, int code) {
+  char how[64];
+  if (why == GG__BY_SIGNAL) snprintf(how, sizeof how, "%s", gg__sig_name(code));
+  else snprintf(how, sizeof how, "%s", gg__reason_name(why));
+  if (g->report.json) {
+    fprintf(f, "{\"gpuguard\":\"leak_report\",\"pid\":%ld,\"guard\":", (long)getpid());
+    gg__json_str(f, g->name);
+    fprintf(f, ",\"teardown\":\"%s\",\"live_blocks\":%llu,\"live_bytes\":%llu,\"arenas\":[", how, r->count,
+            r->bytes);
+    for (size_t i = 0; i < r->n_objs; i++) {
+      const gg__obj_row_t *o = &r->objs[i];
+      fputs(i ? ",{\"name\":" : "{\"name\":", f);
+      gg__json_str(f, o->name);
+      fputs(",\"backend\":", f);
+      gg__json_str(f, o->backend);
+      fprintf(f, ",\"live_blocks\":%llu,\"live_bytes\":%llu,\"truncated\":%s,\"tags\":[", o->count, o->bytes,
+              o->truncated ? "true" : "false");
+      for (size_t k = 0; k < o->n_tags; k++) {
+        fputs(k ? ",{\"tag\":" : "{\"tag\":", f);
+        gg__json_str(f, o->tags[k].tag);
+        fprintf(f, ",\"count\":%llu,\"bytes\":%llu}", o->tags[k].count, o->tags[k].bytes);
+      }
+      fputs("]}", f);
+    }
+    fputs("]}\n", f);
+    return;
+  }
+  fprintf(f, "gpuguard: leak report of guard '%s' (pid %ld, teardown by %s): %llu live block%s, %llu bytes in %zu arena%s\n",
+          g->name, (long)getpid(), how, r->count, r->count == 1 ? "" : "s", r->bytes, r->n_objs,
+          r->n_objs == 1 ? "" : "s");
+  for (size_t i = 0; i < r->n_objs; i++) {
+    const gg__obj_row_t *o = &r->objs[i];
+    fprintf(f, "gpuguard:   arena '%s' (%s): %llu live block%s, %llu bytes%s\n", o->name, o->backend, o->count,
+            o->count == 1 ? "" : "s", o->bytes, o->truncated ? " (some tags left out: out of memory)" : "");
+    for (size_t k = 0; k < o->n_tags; k++)
+      fprintf(f, "gpuguard:     tag '%s': %llu block%s, %llu bytes\n", o->tags[k].tag[0] ? o->tags[k].tag : "(none)",
+              o->tags[k].count, o->tags[k].count == 1 ? "" : "s", o->tags[k].bytes);
+  }
+}
+
+/* Renders into memory first, so the report reaches its destination in one write. */
+static void gg__report_emit(const gg_guard_t *g, gg__report_t *r, enum gg__reason why, int code) {
+  if (g->report.dest == GG__TO_NONE || (!g->report.asked && r->count == 0)) return;
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&buf, &len);
+  if (!m) return;
+  gg__report_render(m, g, r, why, code);
+  fclose(m);
+  int fd = g->report.dest == GG__TO_STDOUT ? 1 : 2;
+  bool own = false;
+  if (g->report.dest == GG__TO_FILE) {
+    fd = open(g->report.path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0)
+      fprintf(stderr, "gpuguard: guard '%s': cannot open the leak report file '%s': %s\n", g->name,
+              g->report.path, strerror(errno));
+    own = fd >= 0;
+  }
+  if (g->report.dest == GG__TO_STDOUT) fflush(stdout);
+  for (size_t off = 0; fd >= 0 && off < len;) {
+    ssize_t w = write(fd, buf + off, len - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    off += (size_t)w;
+  }
+  if (own) close(fd);
+  free(buf);
+}
+
+static void gg__report_free(gg__report_t *r) {
+  for (size_t i = 0; i < r->n_objs; i++) free(r->objs[i].tags);
+  free(r->objs);
+}
+
+/* ---- the teardown ------------------------------------------------------------------------------------------ */
+
+/* Runs g's teardown once. code: the signal (GG__BY_SIGNAL) or the exit status (GG__BY_EXIT). */
+static int gg__teardown(gg_guard_t *g, enum gg__reason why, int code) {
+  pthread_mutex_lock(&g->lock);
+  if (g->state == GG__TEARING && pthread_equal(g->owner, pthread_self())) {
+    pthread_mutex_unlock(&g->lock);
+    return gg__err(GG_ESTATE, "guard '%s': teardown called from one of its own cleanups", g->name);
+  }
+  if (g->state != GG__LIVE) {
+    while (g->state != GG__DEAD) pthread_cond_wait(&g->cond, &g->lock); /* another thread's teardown */
+    pthread_mutex_unlock(&g->lock);
+    return 0;
+  }
+  g->state = GG__TEARING, g->owner = pthread_self();
+  bool watched = why != GG__BY_DESTROY && g->timeout_ms > 0;
+  if (watched) gg__watchdog_arm(why, code, g->timeout_ms, g->name);
+  gg__report_t report = {0};
+  while (g->n > 0) {
+    gg__entry_t e = g->entries[--g->n];
+    g->running = e.id;
+    pthread_mutex_unlock(&g->lock);
+    if (e.ops) {
+      gg__report_add(&report, &e);
+      e.ops->teardown(e.user);
+    } else {
+      e.fn(e.user);
+    }
+    pthread_mutex_lock(&g->lock);
+    g->running = 0;
+    pthread_cond_broadcast(&g->cond);
+  }
+  gg__dev_t *dev = g->dev;
+  g->dev = NULL;
+  pthread_mutex_unlock(&g->lock);
+
+  gg__report_emit(g, &report, why, code);
+  gg__report_free(&report);
+  int rc = 0;
+  if (g->reset_context && dev) {
+    rc = dev->ops->ctx_reset(dev);
+    if (rc < 0 && why != GG__BY_DESTROY)
+      fprintf(stderr, "gpuguard: guard '%s': context reset at teardown failed: %s\n", g->name, gg_last_error());
+  }
+  gg__dev_close(dev);
+  if (watched) gg__watchdog_disarm();
+
+  pthread_mutex_lock(&g->lock);
+  g->state = GG__DEAD;
+  pthread_cond_broadcast(&g->cond);
+  pthread_mutex_unlock(&g->lock);
+  return rc;
+}
+
+/* Tears down every guard of this process that the path covers, newest first, each at most once. */
+static void gg__teardown_all(enum gg__reason why, int code) {
+  unsigned gen = gg__fork_generation(), bit = why == GG__BY_SIGNAL ? gg__bit_of_sig(code) : 0;
+  pthread_mutex_lock(&gg__reg.lock);
+  unsigned long long pass = ++gg__reg.pass;
+  for (;;) {
+    gg_guard_t *pick = NULL;
+    for (gg_guard_t *g = gg__reg.head; g && !pick; g = g->next) {
+      if (g->seen == pass || g->fork_gen != gen) continue; /* a forked child never runs its parent's */
+      if (why == GG__BY_EXIT && !g->run_at_exit) continue;
+      if (why == GG__BY_SIGNAL && !(g->signals & bit)) continue;
+      g->seen = pass;
+      pthread_mutex_lock(&g->lock);
+      bool mine = g->state == GG__TEARING && pthread_equal(g->owner, pthread_self());
+      bool todo = g->state != GG__DEAD && !mine; /* a cleanup calling exit(): skip its own guard */
+      pthread_mutex_unlock(&g->lock);
+      if (todo) pick = g, g->refs++;
+    }
+    pthread_mutex_unlock(&gg__reg.lock);
+    if (!pick) return;
+    gg__teardown(pick, why, code);
+    pthread_mutex_lock(&gg__reg.lock);
+    gg_guard_t *dead = gg__unref_locked(pick);
+    if (dead) {
+      pthread_mutex_unlock(&gg__reg.lock);
+      gg__free(dead);
+      pthread_mutex_lock(&gg__reg.lock);
+    }
+  }
+}
+
+void gg__teardown_for_signal(int sig) { gg__teardown_all(GG__BY_SIGNAL, sig); }
+
+int gg_guard_destroy(gg_guard_t *guard) {
+  if (!guard) return 0;
+  pthread_mutex_lock(&gg__reg.lock);
+  if (!gg__known(guard) || guard->destroying) {
+    pthread_mutex_unlock(&gg__reg.lock);
+    return gg__err(GG_EINVAL, "gg_guard_destroy: %p is not a live guard (destroyed already?)", (void *)guard);
+  }
+  int rc = gg__check_fork(guard->fork_gen, "gg_guard_destroy");
+  if (rc == 0) {
+    pthread_mutex_lock(&guard->lock);
+    if (guard->state == GG__TEARING && pthread_equal(guard->owner, pthread_self()))
+      rc = gg__err(GG_ESTATE, "gg_guard_destroy: called from a cleanup of the guard '%s' itself", guard->name);
+    pthread_mutex_unlock(&guard->lock);
+  }
+  if (rc < 0) {
+    pthread_mutex_unlock(&gg__reg.lock);
+    return rc;
+  }
+  guard->destroying = true;
+  pthread_mutex_unlock(&gg__reg.lock);
+
+  rc = gg__teardown(guard, GG__BY_DESTROY, 0);
+
+  pthread_mutex_lock(&gg__reg.lock);
+  for (gg_guard_t **p = &gg__reg.head; *p; p = &(*p)->next) {
+    if (*p == guard) {
+      *p = guard->next;
+      break;
+    }
+  }
+  gg__sig_release(guard->signals);
+  gg_guard_t *dead = gg__unref_locked(guard);
+  pthread_mutex_unlock(&gg__reg.lock);
+  if (dead) gg__free(dead);
+  return rc;
+}

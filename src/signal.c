@@ -1,0 +1,560 @@
+/* signal.c — the guards' signal plumbing: handlers that only record and wake, the guard thread that
+ * tears down and then honours the previous disposition, the watchdog, the fatal-signal path with its
+ * async-signal-safe crash hooks, alternate signal stacks, and what a forked child gets. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "guard_internal.h"
+#include "internal.h"
+
+/* Bit i of a GG_GUARD_SIG* mask is gg__sigs[i]; the first four are the terminating signals. */
+static const int gg__sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+static const char *const gg__sig_names[] = {"SIGINT", "SIGTERM", "SIGHUP",  "SIGQUIT", "SIGSEGV",
+                                            "SIGBUS", "SIGFPE",  "SIGILL",  "SIGABRT"};
+#define GG__NSIGS ((int)(sizeof gg__sigs / sizeof gg__sigs[0]))
+#define GG__N_TERMINATING 4
+
+static int gg__sig_index(int sig) {
+  for (int i = 0; i < GG__NSIGS; i++)
+    if (gg__sigs[i] == sig) return i;
+  return -1;
+}
+
+int gg__sig_of_bit(unsigned bit) {
+  for (int i = 0; i < GG__NSIGS; i++)
+    if (bit == (1u << i)) return gg__sigs[i];
+  return 0;
+}
+
+unsigned gg__bit_of_sig(int sig) {
+  int i = gg__sig_index(sig);
+  return i < 0 ? 0 : 1u << i;
+}
+
+const char *gg__sig_name(int sig) {
+  int i = gg__sig_index(sig);
+  return i < 0 ? "signal" : gg__sig_names[i];
+}
+
+/* ---- async-signal-safe formatting --------------------------------------------------------------- */
+
+char *gg__fmt_str(char *p, char *end, const char *s) {
+  while (s && *s && p < end) *p++ = *s++;
+  return p;
+}
+
+static char *gg__fmt_base(char *p, char *end, unsigned long long v, unsigned base) {
+  char tmp[24];
+  int n = 0;
+  do tmp[n++] = "0123456789abcdef"[v % base], v /= base;
+  while (v && n < (int)sizeof tmp);
+  while (n && p < end) *p++ = tmp[--n];
+  return p;
+}
+
+char *gg__fmt_u(char *p, char *end, unsigned long long v) { return gg__fmt_base(p, end, v, 10); }
+char *gg__fmt_hex(char *p, char *end, unsigned long long v) {
+  return gg__fmt_base(gg__fmt_str(p, end, "0x"), end, v, 16);
+}
+
+static void gg__write_all(int fd, const char *p, size_t n) {
+  while (n) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    p += w, n -= (size_t)w;
+  }
+}
+
+/* ---- state --------------------------------------------------------------------------------------- */
+
+typedef struct gg__slot {
+  atomic_int busy; /* the handler filled info and the guard thread has not taken it yet */
+  siginfo_t info;
+} gg__slot_t;
+
+static struct {
+  pthread_mutex_t lock; /* everything but the atomics; lock order: guard registry, then this */
+  int users[GG__NSIGS];
+  bool installed[GG__NSIGS];
+  struct sigaction old[GG__NSIGS]; /* the action before ours: written before ours is installed */
+  gg__slot_t slot[GG__NSIGS];
+  atomic_int pipe_w;    /* wake-up pipe; -1 until started */
+  int pipe_r;
+  atomic_int pid;       /* the process whose guard thread reads the pipe */
+  atomic_int exiting;   /* a teardown on an exit path is running */
+  bool started;
+  unsigned gen;         /* fork generation the threads were started in */
+} gg__sig = {.lock = PTHREAD_MUTEX_INITIALIZER, .pipe_w = -1, .pipe_r = -1};
+
+pid_t gg__sig_pid(void) { return (pid_t)atomic_load(&gg__sig.pid); }
+void gg__sig_set_exiting(bool on) { atomic_store(&gg__sig.exiting, on ? 1 : 0); }
+
+/* Ends the process with sig's default action, from any thread (the caller may block it). */
+static _Noreturn void gg__die_by(int sig) {
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, NULL);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+  raise(sig);
+  _exit(128 + sig); /* every signal handled here terminates by default: not reached */
+}
+
+static bool gg__is_default(const struct sigaction *sa) {
+  return !(sa->sa_flags & SA_SIGINFO) && sa->sa_handler == SIG_DFL;
+}
+static bool gg__is_ignore(const struct sigaction *sa) {
+  return !(sa->sa_flags & SA_SIGINFO) && sa->sa_handler == SIG_IGN;
+}
+
+/* Calls a saved handler as the kernel would have. */
+static void gg__call_old(const struct sigaction *old, int sig, siginfo_t *info, void *ctx) {
+  if (old->sa_flags & SA_SIGINFO)
+    old->sa_sigaction(sig, info, ctx);
+  else
+    old->sa_handler(sig);
+}
+
+/* In a process our fork handlers did not see (a raw clone): behave as if we were not installed. */
+static void gg__foreign_process(int i, int sig, siginfo_t *info, void *ctx) {
+  const struct sigaction *old = &gg__sig.old[i];
+  if (gg__is_ignore(old)) return;
+  if (gg__is_default(old)) {
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(sig, &dfl, NULL);
+    raise(sig); /* blocked while we run: delivered with the default action as we return */
+    return;
+  }
+  gg__call_old(old, sig, info, ctx);
+}
+
+/* ---- the terminating-signal handler: record, wake, return ---------------------------------------- */
+
+static void gg__on_signal(int sig, siginfo_t *info, void *ctx) {
+  int saved_errno = errno;
+  int i = gg__sig_index(sig);
+  if (i < 0) {
+    /* not ours: cannot happen */
+  } else if (getpid() != atomic_load(&gg__sig.pid)) {
+    gg__foreign_process(i, sig, info, ctx);
+  } else if (sig == SIGINT && atomic_load(&gg__sig.exiting)) {
+    static const char msg[] = "gpuguard: second SIGINT during teardown: ending the process now\n";
+    gg__write_all(2, msg, sizeof msg - 1);
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGINT, &dfl, NULL);
+    raise(SIGINT); /* SIGINT is blocked inside this handler: it ends the process as the handler returns */
+  } else {
+    if (!atomic_exchange(&gg__sig.slot[i].busy, 1)) gg__sig.slot[i].info = *info;
+    unsigned char b = (unsigned char)sig;
+    ssize_t w = write(atomic_load(&gg__sig.pipe_w), &b, 1); /* non-blocking; a full pipe is awake anyway */
+    (void)w;
+  }
+  errno = saved_errno;
+}
+
+/* ---- crash hooks ---------------------------------------------------------------------------------- */
+
+typedef struct gg__hook {
+  _Atomic(gg__crash_hook_fn) fn;
+  void *_Atomic user;
+  atomic_int pid;
+  _Atomic unsigned long long seq;
+} gg__hook_t;
+
+static gg__hook_t gg__hooks[GG__CRASH_HOOKS_MAX];
+static pthread_mutex_t gg__hooks_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long long gg__hooks_seq;
+
+int gg__crash_hook_add(gg__crash_hook_fn fn, void *user, int *slot) {
+  if (!fn || !slot) return gg__err(GG_EINVAL, "gg__crash_hook_add: NULL fn or slot");
+  pthread_mutex_lock(&gg__hooks_lock);
+  for (int i = 0; i < GG__CRASH_HOOKS_MAX; i++) {
+    if (atomic_load(&gg__hooks[i].fn)) continue;
+    atomic_store(&gg__hooks[i].user, user);
+    atomic_store(&gg__hooks[i].pid, (int)getpid());
+    atomic_store(&gg__hooks[i].seq, ++gg__hooks_seq);
+    atomic_store(&gg__hooks[i].fn, fn); /* last: the handler reads fn first */
+    pthread_mutex_unlock(&gg__hooks_lock);
+    *slot = i;
+    return 0;
+  }
+  pthread_mutex_unlock(&gg__hooks_lock);
+  return gg__err(GG_ENOMEM, "gg__crash_hook_add: all %d crash-hook slots are taken", GG__CRASH_HOOKS_MAX);
+}
+
+void gg__crash_hook_remove(int slot) {
+  if (slot < 0 || slot >= GG__CRASH_HOOKS_MAX) return;
+  pthread_mutex_lock(&gg__hooks_lock);
+  atomic_store(&gg__hooks[slot].fn, NULL);
+  pthread_mutex_unlock(&gg__hooks_lock);
+}
+
+int gg__crash_hooks_run(int sig) {
+  int me = (int)getpid(), ran = 0;
+  unsigned long long below = ~0ull;
+  /* Newest first without allocating: pick the highest sequence number below the last one run. */
+  for (;;) {
+    int best = -1;
+    unsigned long long best_seq = 0;
+    for (int i = 0; i < GG__CRASH_HOOKS_MAX; i++) {
+      unsigned long long s = atomic_load(&gg__hooks[i].seq);
+      if (atomic_load(&gg__hooks[i].fn) && s < below && s >= best_seq) best = i, best_seq = s;
+    }
+    if (best < 0) return ran;
+    below = best_seq;
+    gg__crash_hook_fn fn = atomic_load(&gg__hooks[best].fn);
+    void *user = atomic_load(&gg__hooks[best].user);
+    if (fn && atomic_load(&gg__hooks[best].pid) == me) fn(sig, user), ran++;
+  }
+}
+
+/* ---- the fatal-signal handler --------------------------------------------------------------------- */
+
+static atomic_int gg__fatal_entered, gg__fatal_done;
+
+static void gg__on_fatal(int sig, siginfo_t *info, void *ctx) {
+  int saved_errno = errno;
+  int i = gg__sig_index(sig);
+  if (atomic_exchange(&gg__fatal_entered, 1) == 0) {
+    char buf[256], *p = buf, *end = buf + sizeof buf;
+    p = gg__fmt_str(p, end, "gpuguard: fatal signal ");
+    p = gg__fmt_str(p, end, gg__sig_name(sig));
+    if (info && info->si_code > 0 && sig != SIGABRT) {
+      p = gg__fmt_str(p, end, " (address ");
+      p = gg__fmt_hex(p, end, (unsigned long long)(uintptr_t)info->si_addr);
+      p = gg__fmt_str(p, end, ")");
+    }
+    p = gg__fmt_str(p, end, " in process ");
+    p = gg__fmt_u(p, end, (unsigned long long)getpid());
+    p = gg__fmt_str(p, end, ": running crash hooks; registered cleanups do not run on this path\n");
+    gg__write_all(2, buf, (size_t)(p - buf));
+    gg__crash_hooks_run(sig);
+    atomic_store(&gg__fatal_done, 1);
+  } else {
+    /* Another thread is already crashing: let it finish its hooks (bounded), then die the same way. */
+    struct timespec ten_ms = {0, 10 * 1000 * 1000};
+    for (int t = 0; t < 300 && !atomic_load(&gg__fatal_done); t++) nanosleep(&ten_ms, NULL);
+  }
+  if (i >= 0 && !gg__is_default(&gg__sig.old[i]) && !gg__is_ignore(&gg__sig.old[i]))
+    gg__call_old(&gg__sig.old[i], sig, info, ctx);
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigaction(sig, &dfl, NULL);
+  /* A sent signal is raised again; a real fault recurs when the instruction is re-executed. Either
+   * way the default action ends the process with the status it would have had. */
+  if (!info || info->si_code <= 0 || sig == SIGABRT) raise(sig);
+  errno = saved_errno;
+}
+
+/* ---- alternate signal stacks ---------------------------------------------------------------------- */
+
+typedef struct gg__altstack {
+  void *base;
+  size_t size;
+} gg__altstack_t;
+
+static pthread_key_t gg__altstack_key;
+static pthread_once_t gg__altstack_once = PTHREAD_ONCE_INIT;
+
+static void gg__altstack_free(void *p) {
+  gg__altstack_t *a = p;
+  stack_t off;
+  memset(&off, 0, sizeof off);
+  off.ss_flags = SS_DISABLE;
+  sigaltstack(&off, NULL);
+  munmap(a->base, a->size);
+  free(a);
+}
+
+static void gg__altstack_init(void) { pthread_key_create(&gg__altstack_key, gg__altstack_free); }
+
+int gg_guard_prepare_thread(void) {
+  pthread_once(&gg__altstack_once, gg__altstack_init);
+  stack_t cur;
+  if (sigaltstack(NULL, &cur) == 0 && !(cur.ss_flags & SS_DISABLE)) return 0; /* has one already */
+  long page = sysconf(_SC_PAGESIZE);
+  size_t size = 64u << 10;
+  if ((size_t)SIGSTKSZ > size) size = (size_t)SIGSTKSZ;
+  size = (size + (size_t)page - 1) & ~((size_t)page - 1);
+  gg__altstack_t *a = malloc(sizeof *a);
+  void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (!a || base == MAP_FAILED) {
+    free(a);
+    if (base != MAP_FAILED) munmap(base, size);
+    return gg__err(GG_ENOMEM, "gg_guard_prepare_thread: no memory for a %zu-byte signal stack", size);
+  }
+  stack_t st;
+  memset(&st, 0, sizeof st);
+  st.ss_sp = base, st.ss_size = size;
+  if (sigaltstack(&st, NULL) != 0) {
+    int e = errno;
+    munmap(base, size), free(a);
+    return gg__err(GG_EIO, "gg_guard_prepare_thread: sigaltstack: %s", strerror(e));
+  }
+  a->base = base, a->size = size;
+  pthread_setspecific(gg__altstack_key, a);
+  return 0;
+}
+
+/* ---- the watchdog ---------------------------------------------------------------------------------- */
+
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond; /* CLOCK_MONOTONIC */
+  bool armed;
+  unsigned long long seq;
+  struct timespec deadline;
+  enum gg__reason kind;
+  int code;
+  char msg[256];
+  size_t msg_len;
+} gg__wd;
+
+void gg__watchdog_arm(enum gg__reason kind, int code, int timeout_ms, const char *what) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  long long ns = (long long)now.tv_nsec + (long long)(timeout_ms % 1000) * 1000000LL;
+  char *p = gg__wd.msg, *end = gg__wd.msg + sizeof gg__wd.msg;
+  pthread_mutex_lock(&gg__wd.lock);
+  gg__wd.deadline.tv_sec = now.tv_sec + timeout_ms / 1000 + (time_t)(ns / 1000000000LL);
+  gg__wd.deadline.tv_nsec = (long)(ns % 1000000000LL);
+  gg__wd.kind = kind, gg__wd.code = code, gg__wd.armed = true, gg__wd.seq++;
+  p = gg__fmt_str(p, end, "gpuguard: the teardown of guard '");
+  p = gg__fmt_str(p, end, what);
+  p = gg__fmt_str(p, end, "' took more than ");
+  p = gg__fmt_u(p, end, (unsigned long long)timeout_ms);
+  p = gg__fmt_str(p, end, " ms; ending the process ");
+  if (kind == GG__BY_SIGNAL) {
+    p = gg__fmt_str(p, end, "with the default action of ");
+    p = gg__fmt_str(p, end, gg__sig_name(code));
+  } else {
+    p = gg__fmt_str(p, end, "with exit status ");
+    p = gg__fmt_u(p, end, (unsigned long long)(unsigned)code);
+  }
+  p = gg__fmt_str(p, end, "\n");
+  gg__wd.msg_len = (size_t)(p - gg__wd.msg);
+  pthread_cond_broadcast(&gg__wd.cond);
+  pthread_mutex_unlock(&gg__wd.lock);
+}
+
+void gg__watchdog_disarm(void) {
+  pthread_mutex_lock(&gg__wd.lock);
+  gg__wd.armed = false, gg__wd.seq++;
+  pthread_cond_broadcast(&gg__wd.cond);
+  pthread_mutex_unlock(&gg__wd.lock);
+}
+
+static void *gg__watchdog_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&gg__wd.lock);
+  for (;;) {
+    while (!gg__wd.armed) pthread_cond_wait(&gg__wd.cond, &gg__wd.lock);
+    unsigned long long seq = gg__wd.seq;
+    int r = 0;
+    while (gg__wd.armed && gg__wd.seq == seq && r != ETIMEDOUT)
+      r = pthread_cond_timedwait(&gg__wd.cond, &gg__wd.lock, &gg__wd.deadline);
+    if (r == ETIMEDOUT && gg__wd.armed && gg__wd.seq == seq) break;
+  }
+  enum gg__reason kind = gg__wd.kind;
+  int code = gg__wd.code;
+  gg__write_all(2, gg__wd.msg, gg__wd.msg_len);
+  pthread_mutex_unlock(&gg__wd.lock);
+  /* The teardown is stuck: do what the crash path does (children), then end as the exit path would. */
+  gg__crash_hooks_run(kind == GG__BY_SIGNAL ? code : 0);
+  if (kind == GG__BY_SIGNAL) gg__die_by(code);
+  _exit(code);
+}
+
+/* ---- the guard thread ------------------------------------------------------------------------------ */
+
+/* Honours the disposition sig had before ours, after the teardown. */
+static void gg__honour(int i, siginfo_t *info) {
+  int sig = gg__sigs[i];
+  pthread_mutex_lock(&gg__sig.lock);
+  struct sigaction old = gg__sig.old[i];
+  if (old.sa_flags & SA_RESETHAND) {
+    /* A one-shot handler: the kernel would have reset the disposition before calling it. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(sig, &dfl, NULL);
+    gg__sig.installed[i] = false;
+  }
+  pthread_mutex_unlock(&gg__sig.lock);
+  if (gg__is_ignore(&old)) return;
+  if (gg__is_default(&old)) gg__die_by(sig);
+  gg__call_old(&old, sig, info, NULL);
+}
+
+static void *gg__guard_main(void *arg) {
+  int fd = (int)(intptr_t)arg;
+  gg_guard_prepare_thread();
+  for (;;) {
+    unsigned char b;
+    ssize_t n = read(fd, &b, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return NULL;
+    int i = gg__sig_index(b);
+    if (i < 0 || i >= GG__N_TERMINATING) continue;
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    if (atomic_load(&gg__sig.slot[i].busy)) info = gg__sig.slot[i].info;
+    else info.si_signo = b;
+    atomic_store(&gg__sig.slot[i].busy, 0);
+    gg__sig_set_exiting(true);
+    gg__teardown_for_signal(b);
+    gg__sig_set_exiting(false);
+    gg__honour(i, &info);
+  }
+}
+
+/* Creates a thread with every signal blocked, so handlers run on the application's threads. */
+static int gg__spawn(pthread_t *t, void *(*fn)(void *), void *arg) {
+  sigset_t all, prev;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &prev);
+  int e = pthread_create(t, NULL, fn, arg);
+  pthread_sigmask(SIG_SETMASK, &prev, NULL);
+  if (e == 0) pthread_detach(*t);
+  return e;
+}
+
+static int gg__start(void) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0)
+    return gg__err(GG_EIO, "gg_guard_create: cannot create the signal pipe: %s", strerror(errno));
+  fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK);
+  /* Fresh in every fork generation: the parent's threads do not exist here. */
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&gg__wd.lock, NULL);
+  pthread_cond_init(&gg__wd.cond, &ca);
+  pthread_condattr_destroy(&ca);
+  gg__wd.armed = false;
+  pthread_t t;
+  int e = gg__spawn(&t, gg__watchdog_main, NULL);
+  if (e == 0) {
+    e = gg__spawn(&t, gg__guard_main, (void *)(intptr_t)fds[0]);
+    /* The watchdog waits unarmed forever: harmless if the guard thread could not start. */
+  }
+  if (e != 0) {
+    close(fds[0]), close(fds[1]);
+    return gg__err(GG_ENOMEM, "gg_guard_create: cannot start the guard threads: %s", strerror(e));
+  }
+  gg__sig.pipe_r = fds[0];
+  atomic_store(&gg__sig.pipe_w, fds[1]);
+  atomic_store(&gg__sig.pid, (int)getpid());
+  gg__sig.started = true;
+  gg__sig.gen = gg__fork_generation();
+  return 0;
+}
+
+/* ---- install and restore ---------------------------------------------------------------------------- */
+
+static void gg__install(int i) {
+  int sig = gg__sigs[i];
+  struct sigaction cur, ours;
+  sigaction(sig, NULL, &cur);
+  if (gg__is_ignore(&cur)) return; /* ignored (nohup, a shell's background job): left alone */
+  memset(&ours, 0, sizeof ours);
+  ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+  sigemptyset(&ours.sa_mask);
+  if (i < GG__N_TERMINATING) {
+    ours.sa_sigaction = gg__on_signal;
+  } else {
+    ours.sa_sigaction = gg__on_fatal;
+    for (int k = 0; k < GG__NSIGS; k++) sigaddset(&ours.sa_mask, gg__sigs[k]);
+  }
+  gg__sig.old[i] = cur;
+  if (sigaction(sig, &ours, NULL) == 0) gg__sig.installed[i] = true;
+}
+
+static bool gg__is_ours(const struct sigaction *sa) {
+  return (sa->sa_flags & SA_SIGINFO) && (sa->sa_sigaction == gg__on_signal || sa->sa_sigaction == gg__on_fatal);
+}
+
+static void gg__restore(int i) {
+  struct sigaction cur;
+  sigaction(gg__sigs[i], NULL, &cur);
+  if (gg__is_ours(&cur)) sigaction(gg__sigs[i], &gg__sig.old[i], NULL); /* else someone replaced ours */
+  gg__sig.installed[i] = false;
+}
+
+/* fork(): keep the locks consistent; the child gets the dispositions it had before gpuguard. */
+void gg__registry_lock(void);
+void gg__registry_unlock(void);
+
+static void gg__fork_prepare(void) {
+  gg__registry_lock();
+  pthread_mutex_lock(&gg__sig.lock);
+  pthread_mutex_lock(&gg__hooks_lock);
+}
+
+static void gg__fork_parent(void) {
+  pthread_mutex_unlock(&gg__hooks_lock);
+  pthread_mutex_unlock(&gg__sig.lock);
+  gg__registry_unlock();
+}
+
+static void gg__fork_child(void) {
+  pthread_mutex_unlock(&gg__hooks_lock);
+  for (int i = 0; i < GG__NSIGS; i++) {
+    if (gg__sig.installed[i]) gg__restore(i);
+    gg__sig.users[i] = 0;
+    atomic_store(&gg__sig.slot[i].busy, 0);
+  }
+  if (gg__sig.started) {
+    close(gg__sig.pipe_r);
+    close(atomic_load(&gg__sig.pipe_w));
+  }
+  gg__sig.pipe_r = -1;
+  atomic_store(&gg__sig.pipe_w, -1);
+  gg__sig.started = false;
+  atomic_store(&gg__sig.exiting, 0);
+  pthread_mutex_unlock(&gg__sig.lock);
+  gg__registry_unlock();
+}
+
+static pthread_once_t gg__fork_once = PTHREAD_ONCE_INIT;
+static void gg__fork_install(void) { pthread_atfork(gg__fork_prepare, gg__fork_parent, gg__fork_child); }
+
+int gg__sig_acquire(unsigned mask) {
+  pthread_once(&gg__fork_once, gg__fork_install);
+  int rc = 0;
+  pthread_mutex_lock(&gg__sig.lock);
+  if (!gg__sig.started || gg__sig.gen != gg__fork_generation()) rc = gg__start();
+  if (rc == 0) {
+    gg_guard_prepare_thread(); /* best effort: without it a stack overflow dies without the report */
+    for (int i = 0; i < GG__NSIGS; i++)
+      if ((mask & (1u << i)) && gg__sig.users[i]++ == 0) gg__install(i);
+  }
+  pthread_mutex_unlock(&gg__sig.lock);
+  return rc;
+}
+
+void gg__sig_release(unsigned mask) {
+  pthread_mutex_lock(&gg__sig.lock);
+  for (int i = 0; i < GG__NSIGS; i++)
+    if ((mask & (1u << i)) && gg__sig.users[i] > 0 && --gg__sig.users[i] == 0 && gg__sig.installed[i])
+      gg__restore(i);
+  pthread_mutex_unlock(&gg__sig.lock);
+}
