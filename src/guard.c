@@ -564,7 +564,7 @@ void gg__teardown_for_signal(int sig) { gg__teardown_all(GG__BY_SIGNAL, sig); }
 int gg_guard_destroy(gg_guard_t *guard) {
   if (!guard) return 0;
   pthread_mutex_lock(&gg__reg.lock);
-  if (!gg__known(guard) || guard->destroying) {
+  if (!gg__known(guard)) {
     pthread_mutex_unlock(&gg__reg.lock);
     return gg__err(GG_EINVAL, "gg_guard_destroy: %p is not a live guard (destroyed already?)", (void *)guard);
   }
@@ -575,6 +575,8 @@ int gg_guard_destroy(gg_guard_t *guard) {
       rc = gg__err(GG_ESTATE, "gg_guard_destroy: called from a cleanup of the guard '%s' itself", guard->name);
     pthread_mutex_unlock(&guard->lock);
   }
+  if (rc == 0 && guard->destroying)
+    rc = gg__err(GG_EINVAL, "gg_guard_destroy: guard '%s' is being destroyed by another call", guard->name);
   if (rc < 0) {
     pthread_mutex_unlock(&gg__reg.lock);
     return rc;
