@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "gpuguard/gpuguard.h"
 #include "guard_internal.h"
 
@@ -131,6 +132,46 @@ static void *create_destroy_loop(void *arg) {
   return NULL;
 }
 
+/* gpu-hold: device memory mapped through the backend in a context retained twice (like the CUDA
+ * runtime or PyTorch would), then an explicit teardown while the process lives on, for the parent to
+ * measure. GG_CHILD_GPU_LEAK=1: no cleanup unmaps it; GG_CHILD_EXTRA_RETAIN=1: the second retain stays. */
+static volatile sig_atomic_t go;
+static void on_usr1(int sig) { (void)sig, go = 1; }
+static gg__dev_t *extra;
+static gg__chunk_t chunk;
+static void unmap_chunk(void *user) {
+  (void)user;
+  if (extra->ops->unmap(extra, &chunk) == 0) note("cleanup unmap");
+}
+static void close_extra(void *user) {
+  (void)user;
+  gg__dev_close(extra);
+  note("cleanup close-extra");
+}
+
+static int gpu_hold(void) {
+  signal(SIGUSR1, on_usr1);
+  size_t bytes = (size_t)1 << 30;
+  int rc = gg__dev_open(NULL, 0, &extra);
+  uintptr_t base = 0;
+  if (rc == 0 && extra->contiguous) rc = extra->ops->va_reserve(extra, bytes, &base);
+  if (rc == 0) rc = extra->ops->map(extra, base, bytes, &chunk);
+  if (rc == 0) rc = extra->ops->set_d8(extra, chunk.ptr, 0x5a, bytes); /* touch it: really resident */
+  if (rc != 0) {
+    fprintf(stderr, "exit_child: gpu-hold: %s: %s\n", gg_err_name(rc), gg_last_error());
+    return 71;
+  }
+  if (guard) {
+    if (!getenv("GG_CHILD_EXTRA_RETAIN")) gg_guard_on_teardown(guard, close_extra, NULL, "close-extra");
+    if (!getenv("GG_CHILD_GPU_LEAK")) gg_guard_on_teardown(guard, unmap_chunk, NULL, "unmap");
+  }
+  ready();
+  while (!go) sleep_ms(2);
+  gg_guard_destroy(guard);
+  note("gpu torn down");
+  wait_for_signals();
+}
+
 static int do_fork(void) {
   pid_t a = fork();
   if (a == 0) {
@@ -178,6 +219,7 @@ int main(int argc, char **argv) {
     gg_guard_options_t o;
     gg_guard_options_init(&o);
     o.name = "child";
+    o.reset_context = getenv("GG_CHILD_RESET") != NULL;
     const char *t = getenv("GG_CHILD_TIMEOUT_MS");
     if (t) o.teardown_timeout_ms = atoi(t);
     int rc = gg_guard_create(&guard, &o);
@@ -208,6 +250,7 @@ int main(int argc, char **argv) {
     while (guard && atomic_load(&busy_iterations) < 2000) sleep_ms(1);
   }
 
+  if (!strcmp(mode, "gpu-hold")) return gpu_hold(); /* says ready itself, once the memory is held */
   ready();
   if (!strcmp(mode, "return") || !strcmp(mode, "leak")) return 0;
   if (!strcmp(mode, "exit3") || !strcmp(mode, "hang-exit")) exit(3);
