@@ -51,7 +51,7 @@ struct gg_guard {
   pthread_mutex_t lock;
   pthread_cond_t cond; /* state and running changes */
   enum gg__state state;
-  pthread_t owner; /* the thread running the teardown (state GG__TEARING) */
+  pthread_t owner;            /* the thread running the teardown (state GG__TEARING) */
   unsigned long long running; /* id of the entry whose cleanup is running, 0 none */
   gg__entry_t *entries;
   size_t n, cap;
@@ -92,9 +92,12 @@ static int gg__parse_report(const char *what, const char *text, gg__report_opts_
   if (!text) return 0;
   r->asked = true;
   const char *v = text;
-  if (strncmp(v, "json:", 5) == 0) r->json = true, v += 5;
-  else if (strncmp(v, "text:", 5) == 0) v += 5;
-  else if (strcmp(v, "json") == 0) return (r->json = true), 0;
+  if (strncmp(v, "json:", 5) == 0)
+    r->json = true, v += 5;
+  else if (strncmp(v, "text:", 5) == 0)
+    v += 5;
+  else if (strcmp(v, "json") == 0)
+    return (r->json = true), 0;
   if (!*v) return gg__err(GG_EINVAL, "%s='%s': nothing after the format prefix", what, text);
   if (strcmp(v, "stderr") == 0) return 0;
   if (strcmp(v, "stdout") == 0) return (r->dest = GG__TO_STDOUT), 0;
@@ -195,8 +198,8 @@ static void gg__leave(gg_guard_t *g) {
 }
 
 /* Appends an entry; call with the registry and guard locks held. */
-static int gg__push(gg_guard_t *g, gg_cleanup_fn fn, void *user, const gg__attach_ops_t *ops, const char *name,
-                    unsigned long long *id) {
+static int gg__push(gg_guard_t *g, gg_cleanup_fn fn, void *user, const gg__attach_ops_t *ops,
+                    const char *name, unsigned long long *id) {
   if (g->n == g->cap) {
     size_t cap = g->cap ? 2 * g->cap : 8;
     gg__entry_t *e = realloc(g->entries, cap * sizeof *e);
@@ -277,8 +280,9 @@ int gg_guard_cancel(gg_guard_t *guard, unsigned long long id) {
   bool found = gg__remove(guard, id);
   gg__leave(guard);
   if (!found)
-    return gg__err(GG_ENOTFOUND, "gg_guard_cancel: guard '%s' holds no registration %llu (cancelled already?)",
-                   guard->name, id);
+    return gg__err(GG_ENOTFOUND,
+                   "gg_guard_cancel: guard '%s' holds no registration %llu (cancelled already?)", guard->name,
+                   id);
   return 0;
 }
 
@@ -328,7 +332,8 @@ int gg__guard_detach(unsigned long long token) {
   return 0;
 }
 
-/* ---- the leak report ------------------------------------------------------------------------------------ */
+/* ---- the leak report ------------------------------------------------------------------------------------
+ */
 
 typedef struct gg__tag_row {
   char tag[64];
@@ -393,17 +398,23 @@ static void gg__json_str(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++) {
     unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 0x20) fprintf(f, "\\u%04x", c);
-    else fputc(c, f);
+    if (c == '"' || c == '\\')
+      fprintf(f, "\\%c", c);
+    else if (c < 0x20)
+      fprintf(f, "\\u%04x", c);
+    else
+      fputc(c, f);
   }
   fputc('"', f);
 }
 
-static void gg__report_render(FILE *f, const gg_guard_t *g, const gg__report_t *r, enum gg__reason why, int code) {
+static void gg__report_render(FILE *f, const gg_guard_t *g, const gg__report_t *r, enum gg__reason why,
+                              int code) {
   char how[64];
-  if (why == GG__BY_SIGNAL) snprintf(how, sizeof how, "%s", gg__sig_name(code));
-  else snprintf(how, sizeof how, "%s", gg__reason_name(why));
+  if (why == GG__BY_SIGNAL)
+    snprintf(how, sizeof how, "%s", gg__sig_name(code));
+  else
+    snprintf(how, sizeof how, "%s", gg__reason_name(why));
   if (g->report.json) {
     fprintf(f, "{\"gpuguard\":\"leak_report\",\"pid\":%ld,\"guard\":", (long)getpid());
     gg__json_str(f, g->name);
@@ -427,16 +438,20 @@ static void gg__report_render(FILE *f, const gg_guard_t *g, const gg__report_t *
     fputs("]}\n", f);
     return;
   }
-  fprintf(f, "gpuguard: leak report of guard '%s' (pid %ld, teardown by %s): %llu live block%s, %llu bytes in %zu arena%s\n",
+  fprintf(f,
+          "gpuguard: leak report of guard '%s' (pid %ld, teardown by %s): %llu live block%s, %llu bytes in "
+          "%zu arena%s\n",
           g->name, (long)getpid(), how, r->count, r->count == 1 ? "" : "s", r->bytes, r->n_objs,
           r->n_objs == 1 ? "" : "s");
   for (size_t i = 0; i < r->n_objs; i++) {
     const gg__obj_row_t *o = &r->objs[i];
-    fprintf(f, "gpuguard:   arena '%s' (%s): %llu live block%s, %llu bytes%s\n", o->name, o->backend, o->count,
-            o->count == 1 ? "" : "s", o->bytes, o->truncated ? " (some tags left out: out of memory)" : "");
+    fprintf(f, "gpuguard:   arena '%s' (%s): %llu live block%s, %llu bytes%s\n", o->name, o->backend,
+            o->count, o->count == 1 ? "" : "s", o->bytes,
+            o->truncated ? " (some tags left out: out of memory)" : "");
     for (size_t k = 0; k < o->n_tags; k++)
-      fprintf(f, "gpuguard:     tag '%s': %llu block%s, %llu bytes\n", o->tags[k].tag[0] ? o->tags[k].tag : "(none)",
-              o->tags[k].count, o->tags[k].count == 1 ? "" : "s", o->tags[k].bytes);
+      fprintf(f, "gpuguard:     tag '%s': %llu block%s, %llu bytes\n",
+              o->tags[k].tag[0] ? o->tags[k].tag : "(none)", o->tags[k].count,
+              o->tags[k].count == 1 ? "" : "s", o->tags[k].bytes);
   }
 }
 
@@ -474,7 +489,8 @@ static void gg__report_free(gg__report_t *r) {
   free(r->objs);
 }
 
-/* ---- the teardown ------------------------------------------------------------------------------------------ */
+/* ---- the teardown
+ * ------------------------------------------------------------------------------------------ */
 
 /* Runs g's teardown once. code: the signal (GG__BY_SIGNAL) or the exit status (GG__BY_EXIT). */
 static int gg__teardown(gg_guard_t *g, enum gg__reason why, int code) {
@@ -516,7 +532,8 @@ static int gg__teardown(gg_guard_t *g, enum gg__reason why, int code) {
   if (g->reset_context && dev) {
     rc = dev->ops->ctx_reset(dev);
     if (rc < 0 && why != GG__BY_DESTROY)
-      fprintf(stderr, "gpuguard: guard '%s': context reset at teardown failed: %s\n", g->name, gg_last_error());
+      fprintf(stderr, "gpuguard: guard '%s': context reset at teardown failed: %s\n", g->name,
+              gg_last_error());
   }
   gg__dev_close(dev);
   if (watched) gg__watchdog_disarm();
@@ -572,7 +589,8 @@ int gg_guard_destroy(gg_guard_t *guard) {
   if (rc == 0) {
     pthread_mutex_lock(&guard->lock);
     if (guard->state == GG__TEARING && pthread_equal(guard->owner, pthread_self()))
-      rc = gg__err(GG_ESTATE, "gg_guard_destroy: called from a cleanup of the guard '%s' itself", guard->name);
+      rc =
+          gg__err(GG_ESTATE, "gg_guard_destroy: called from a cleanup of the guard '%s' itself", guard->name);
     pthread_mutex_unlock(&guard->lock);
   }
   if (rc == 0 && guard->destroying)

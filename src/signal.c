@@ -17,9 +17,9 @@
 
 /* Bit i of a GG_GUARD_SIG* mask is gg__sigs[i]; the first four are the terminating signals. */
 static const int gg__sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
-static const char *const gg__sig_names[] = {"SIGINT", "SIGTERM", "SIGHUP",  "SIGQUIT", "SIGSEGV",
-                                            "SIGBUS", "SIGFPE",  "SIGILL",  "SIGABRT"};
-#define GG__NSIGS ((int)(sizeof gg__sigs / sizeof gg__sigs[0]))
+static const char *const gg__sig_names[] = {"SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGSEGV",
+                                            "SIGBUS", "SIGFPE",  "SIGILL", "SIGABRT"};
+#define GG__NSIGS         ((int)(sizeof gg__sigs / sizeof gg__sigs[0]))
 #define GG__N_TERMINATING 4
 
 static int gg__sig_index(int sig) {
@@ -87,12 +87,12 @@ static struct {
   bool installed[GG__NSIGS];
   struct sigaction old[GG__NSIGS]; /* the action before ours: written before ours is installed */
   gg__slot_t slot[GG__NSIGS];
-  atomic_int pipe_w;    /* wake-up pipe; -1 until started */
+  atomic_int pipe_w; /* wake-up pipe; -1 until started */
   int pipe_r;
-  atomic_int pid;       /* the process whose guard thread reads the pipe */
-  atomic_int exiting;   /* a teardown on an exit path is running */
+  atomic_int pid;     /* the process whose guard thread reads the pipe */
+  atomic_int exiting; /* a teardown on an exit path is running */
   bool started;
-  unsigned gen;         /* fork generation the threads were started in */
+  unsigned gen; /* fork generation the threads were started in */
 } gg__sig = {.lock = PTHREAD_MUTEX_INITIALIZER, .pipe_w = -1, .pipe_r = -1};
 
 pid_t gg__sig_pid(void) { return (pid_t)atomic_load(&gg__sig.pid); }
@@ -416,8 +416,10 @@ static void *gg__guard_main(void *arg) {
     if (i < 0 || i >= GG__N_TERMINATING) continue;
     siginfo_t info;
     memset(&info, 0, sizeof info);
-    if (atomic_load(&gg__sig.slot[i].busy)) info = gg__sig.slot[i].info;
-    else info.si_signo = b;
+    if (atomic_load(&gg__sig.slot[i].busy))
+      info = gg__sig.slot[i].info;
+    else
+      info.si_signo = b;
     atomic_store(&gg__sig.slot[i].busy, 0);
     gg__sig_set_exiting(true);
     gg__teardown_for_signal(b);
@@ -489,7 +491,8 @@ static void gg__install(int i) {
 }
 
 static bool gg__is_ours(const struct sigaction *sa) {
-  return (sa->sa_flags & SA_SIGINFO) && (sa->sa_sigaction == gg__on_signal || sa->sa_sigaction == gg__on_fatal);
+  return (sa->sa_flags & SA_SIGINFO) &&
+         (sa->sa_sigaction == gg__on_signal || sa->sa_sigaction == gg__on_fatal);
 }
 
 static void gg__restore(int i) {

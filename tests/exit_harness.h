@@ -44,7 +44,8 @@ static void gg_h_sleep_ms(int ms) {
 
 /* Starts `prog mode` with extra "NAME=value" environment entries (NULL-terminated list, may be NULL).
  * guarded=false sets GG_CHILD_NO_GUARD=1. The child's stderr goes to c->err. */
-static void gg_child_start(gg_child_t *c, const char *prog, const char *mode, bool guarded, const char *const *env) {
+static void gg_child_start(gg_child_t *c, const char *prog, const char *mode, bool guarded,
+                           const char *const *env) {
   memset(c, 0, sizeof *c);
   snprintf(c->dir, sizeof c->dir, "/tmp/gg_exit_XXXXXX");
   if (!mkdtemp(c->dir)) {
@@ -168,9 +169,12 @@ static const char *gg_child_stderr(const gg_child_t *c) {
 /* "exit 3", "signal SIGTERM": a status in words for messages. */
 static const char *gg_h_status(int st) {
   static char buf[64];
-  if (WIFEXITED(st)) snprintf(buf, sizeof buf, "exit %d", WEXITSTATUS(st));
-  else if (WIFSIGNALED(st)) snprintf(buf, sizeof buf, "signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
-  else snprintf(buf, sizeof buf, "status 0x%x", st);
+  if (WIFEXITED(st))
+    snprintf(buf, sizeof buf, "exit %d", WEXITSTATUS(st));
+  else if (WIFSIGNALED(st))
+    snprintf(buf, sizeof buf, "signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+  else
+    snprintf(buf, sizeof buf, "status 0x%x", st);
   return buf;
 }
 

@@ -4,11 +4,13 @@
 #include "exit_harness.h"
 #include "gg_test.h"
 
-#define CHILD GG_TEST_BINARY_DIR "/exit_child"
+#define CHILD     GG_TEST_BINARY_DIR "/exit_child"
 #define CHILD_CXX GG_TEST_BINARY_DIR "/exit_child_cxx"
 
 /* exit code, or minus the terminating signal */
-static int outcome(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? -WTERMSIG(st) : 1000; }
+static int outcome(int st) {
+  return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? -WTERMSIG(st) : 1000;
+}
 
 /* Runs a path without gpuguard and returns its outcome: what the guarded run must match. */
 static int baseline(const char *prog, const char *mode, const int *sigs, int nsigs, const char *const *env) {

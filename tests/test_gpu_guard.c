@@ -7,9 +7,11 @@
 #include "internal.h"
 
 #define CHILD GG_TEST_BINARY_DIR "/exit_child"
-#define MiB ((size_t)1 << 20)
+#define MiB   ((size_t)1 << 20)
 
-static int outcome(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? -WTERMSIG(st) : 1000; }
+static int outcome(int st) {
+  return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? -WTERMSIG(st) : 1000;
+}
 
 static int setup(void **state) {
   (void)state;
@@ -27,7 +29,8 @@ static void cuda_path(const char *mode, int sig, int want, bool fatal) {
   assert_true(gg_child_wait(&c, GG_H_DEADLINE_MS));
   printf("  cuda %-7s %-8s -> %s after %.1f ms\n", mode, sig ? strsignal(sig) : "", gg_h_status(c.status),
          gg_child_elapsed_ms(&c));
-  if (outcome(c.status) != want) fail_msg("%s: %s; stderr:\n%s", mode, gg_h_status(c.status), gg_child_stderr(&c));
+  if (outcome(c.status) != want)
+    fail_msg("%s: %s; stderr:\n%s", mode, gg_h_status(c.status), gg_child_stderr(&c));
   if (fatal) {
     assert_int_equal(gg_child_count(&c, "cleanup A"), 0);
     assert_non_null(strstr(gg_child_stderr(&c), "gpuguard: fatal signal"));
@@ -84,7 +87,8 @@ static size_t free_after_exit(gg__dev_t *d, size_t target) {
 
 /* A child maps 1 GiB in a context it retains twice (the second retain stands in for the CUDA runtime
  * or PyTorch), then tears its guard down and lives on; this parent measures. */
-static void memory_case(gg__dev_t *d, const char *label, const char *const *env, bool expect_back_at_teardown) {
+static void memory_case(gg__dev_t *d, const char *label, const char *const *env,
+                        bool expect_back_at_teardown) {
   size_t f0 = free_now(d);
   gg_child_t c;
   gg_child_start(&c, CHILD, "gpu-hold", true, env);
@@ -96,8 +100,8 @@ static void memory_case(gg__dev_t *d, const char *label, const char *const *env,
   gg_child_kill(&c, SIGKILL);
   assert_true(gg_child_wait(&c, GG_H_DEADLINE_MS));
   size_t f3 = free_after_exit(d, f0);
-  printf("  %-44s free MiB: before %zu, holding %zu (-%zu), after teardown %zu (+%zu), after exit %zu\n", label,
-         f0 / MiB, f1 / MiB, (f0 - f1) / MiB, f2 / MiB, (f2 > f1 ? f2 - f1 : 0) / MiB, f3 / MiB);
+  printf("  %-44s free MiB: before %zu, holding %zu (-%zu), after teardown %zu (+%zu), after exit %zu\n",
+         label, f0 / MiB, f1 / MiB, (f0 - f1) / MiB, f2 / MiB, (f2 > f1 ? f2 - f1 : 0) / MiB, f3 / MiB);
   assert_true(f0 - f1 >= 1024 * MiB); /* the child really held its 1 GiB (plus its context) */
   if (expect_back_at_teardown)
     assert_true(f2 >= f1 + 1024 * MiB - 64 * MiB);

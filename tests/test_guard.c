@@ -198,7 +198,7 @@ static void test_fault_on_open(void **state) {
   gg_assert_fails(gg_guard_create(&g, NULL), GG_EDRIVER, "injected fault in 'open'");
   assert_null(g);
   assert_true(current_handler(SIGINT) == before); /* nothing installed */
-  gg_assert_ok(gg_guard_create(&g, NULL));           /* the fault was one-shot */
+  gg_assert_ok(gg_guard_create(&g, NULL));        /* the fault was one-shot */
   gg_assert_ok(gg_guard_destroy(g));
   gg_host_fault_set(NULL);
 }

@@ -65,7 +65,8 @@ int main(int argc, char **argv) {
     struct sigaction cur;
     sigaction(SIGINT, NULL, &cur);
     if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_IGN)
-      printf("guard_demo: SIGINT is ignored here (a background job): the guard leaves it so; use kill -TERM\n");
+      printf(
+          "guard_demo: SIGINT is ignored here (a background job): the guard leaves it so; use kill -TERM\n");
     printf("guard_demo: press Ctrl-C, or run: kill -TERM %ld\n", (long)getpid());
     fflush(stdout);
     for (;;) {

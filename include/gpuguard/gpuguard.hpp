@@ -1,4 +1,5 @@
-/* gpuguard/gpuguard.hpp — a header-only C++17 layer over the C API: gg::Error, gg::Guard, gg::Arena, gg::Scope. */
+/* gpuguard/gpuguard.hpp — a header-only C++17 layer over the C API: gg::Error, gg::Guard, gg::Arena,
+ * gg::Scope. */
 #ifndef GPUGUARD_GPUGUARD_HPP
 #define GPUGUARD_GPUGUARD_HPP
 
@@ -34,7 +35,7 @@ namespace gg {
 
 /** A failed gpuguard call: the GG_E* code and the library's detail message. */
 class Error : public std::runtime_error {
- public:
+public:
   /** @param code a negative GG_E* code. @param what the message. */
   Error(int code, const std::string &what) : std::runtime_error(what), code_(code) {}
   /** The GG_E* code. */
@@ -42,7 +43,7 @@ class Error : public std::runtime_error {
   /** The code's symbolic name, e.g. "GG_ENOMEM". */
   const char *name() const noexcept { return gg_err_name(code_); }
 
- private:
+private:
   int code_;
 };
 
@@ -57,7 +58,7 @@ inline int check(int rc) {
 
 /** Owns a gg_guard_t: gg_guard_destroy() runs when it goes out of scope, including during unwinding. */
 class Guard {
- public:
+public:
   /** gg_guard_options_t filled with the defaults. */
   struct Options : gg_guard_options_t {
     Options() : gg_guard_options_t() { gg_guard_options_init(this); }
@@ -131,7 +132,7 @@ class Guard {
     owned_.clear();
   }
 
- private:
+private:
   static void trampoline(void *p) noexcept {
     std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()> *>(p));
     try {
@@ -150,7 +151,7 @@ class Scope;
 
 /** Owns a gg_arena_t: gg_arena_destroy() runs when it goes out of scope. */
 class Arena {
- public:
+public:
   /** gg_arena_options_t filled with the defaults. */
   struct Options : gg_arena_options_t {
     Options() : gg_arena_options_t() { gg_arena_options_init(this); }
@@ -188,8 +189,7 @@ class Arena {
     return p;
   }
   /** Allocates room for @p n objects of type T. @throws gg::Error */
-  template <class T>
-  T *alloc_n(std::size_t n, const char *tag = nullptr) {
+  template <class T> T *alloc_n(std::size_t n, const char *tag = nullptr) {
     if (n > std::numeric_limits<std::size_t>::max() / sizeof(T))
       throw Error(GG_EINVAL, "GG_EINVAL: gg::Arena::alloc_n: n * sizeof(T) overflows");
     return static_cast<T *>(alloc(n * sizeof(T), tag, alignof(T) > 256 ? alignof(T) : 0));
@@ -211,15 +211,18 @@ class Arena {
   /** Opens a scope of this arena. @throws gg::Error */
   inline Scope scope();
 
- private:
+private:
   gg_arena_t *a_ = nullptr;
 };
 
 /** Owns an open scope: gg_scope_end() runs when it goes out of scope, including during unwinding. */
 class Scope {
- public:
+public:
   /** Opens a scope of @p arena. @throws gg::Error */
-  explicit Scope(gg_arena_t *arena) { check(gg_scope_begin(arena, &s_)); open_ = true; }
+  explicit Scope(gg_arena_t *arena) {
+    check(gg_scope_begin(arena, &s_));
+    open_ = true;
+  }
   /** Opens a scope of @p arena. @throws gg::Error */
   explicit Scope(Arena &arena) : Scope(arena.get()) {}
   /** Ends the scope if still open (errors ignored). */
@@ -239,14 +242,14 @@ class Scope {
   /** The C scope. */
   const gg_scope_t &get() const noexcept { return s_; }
 
- private:
+private:
   gg_scope_t s_{};
   bool open_ = false;
 };
 
 inline Scope Arena::scope() { return Scope(*this); }
 
-}  // namespace gg
+} // namespace gg
 
 /** @} */
 #endif

@@ -1,4 +1,5 @@
-/* gpuguard/guard.h — guards: a device context's lifetime and cleanups that run exactly once on every exit path. */
+/* gpuguard/guard.h — guards: a device context's lifetime and cleanups that run exactly once on every exit
+ * path. */
 #ifndef GPUGUARD_GUARD_H
 #define GPUGUARD_GUARD_H
 
@@ -120,6 +121,7 @@ GG_API int gg_guard_destroy(gg_guard_t *guard);
 GG_API int gg_guard_on_teardown(gg_guard_t *guard, gg_cleanup_fn fn, void *user, const char *name);
 
 /** Registers a cleanup and returns its registration id.
+ *  @param guard the guard.
  *  @param fn called once at teardown with @p user.
  *  @param user passed to @p fn; may be NULL.
  *  @param name a short label for diagnostics (copied, truncated to 63 bytes); NULL: "cleanup".

@@ -3,7 +3,8 @@
 #define GPUGUARD_SCOPE_H
 
 #if !defined(__GNUC__) && !defined(__clang__)
-#error "gpuguard/scope.h needs __attribute__((cleanup)) (GCC or Clang). With other compilers call gg_scope_begin()/gg_scope_end(), gg_arena_destroy() and gg_guard_destroy() yourself."
+#error \
+    "gpuguard/scope.h needs __attribute__((cleanup)) (GCC or Clang). With other compilers call gg_scope_begin()/gg_scope_end(), gg_arena_destroy() and gg_guard_destroy() yourself."
 #endif
 
 #include <stddef.h>
@@ -45,17 +46,18 @@ static inline void gg_guard_destroyp(gg_guard_t **p) {
   }
 }
 
-/** Declares a variable destroyed by `destroy` (gg_arena_destroy or gg_guard_destroy: the macro calls
- *  `destroy`##p with the variable's address) when its block ends. Initialise it (to NULL at least). */
+/** Declares a variable destroyed by `destroy` (gg_arena_destroy or gg_guard_destroy; the macro calls
+ *  gg_arena_destroyp() or gg_guard_destroyp() with the variable's address) when its block ends.
+ *  Initialise the variable (to NULL at least). */
 #define gg_auto(destroy) __attribute__((cleanup(destroy##p)))
 
 /** Evaluates to the pointer held in variable @p p and sets the variable to NULL, so that a gg_auto
  *  cleanup does not destroy it: for handing ownership to the caller. */
-#define GG_TAKE_PTR(p)                 \
-  __extension__({                      \
-    __typeof__(p) gg__taken_ = (p);    \
-    (p) = NULL;                        \
-    gg__taken_;                        \
+#define GG_TAKE_PTR(p)              \
+  __extension__({                   \
+    __typeof__(p) gg__taken_ = (p); \
+    (p) = NULL;                     \
+    gg__taken_;                     \
   })
 
 /** State of one GG_SCOPE block (internal). */
@@ -81,7 +83,7 @@ static inline void gg__scope_block_end(gg__scope_block_t *b) {
 }
 
 #define GG__CAT_(a, b) a##b
-#define GG__CAT(a, b) GG__CAT_(a, b)
+#define GG__CAT(a, b)  GG__CAT_(a, b)
 
 /** Runs the following block inside a scope of @p arena, ended on every way out of the block. The block
  *  is a one-pass loop: `break` and `continue` leave it (not an enclosing loop). If the scope cannot
@@ -90,10 +92,10 @@ static inline void gg__scope_block_end(gg__scope_block_t *b) {
 #define GG_SCOPE(arena) GG__SCOPE_(arena, GG__CAT(gg__scope_, __COUNTER__), (void)0)
 
 /** As GG_SCOPE, and stores gg_scope_begin()'s status in the int lvalue @p rc first. */
-#define GG_SCOPE_RC(arena, rc) GG__SCOPE_RC_(arena, rc, GG__CAT(gg__scope_, __COUNTER__))
+#define GG_SCOPE_RC(arena, rc)      GG__SCOPE_RC_(arena, rc, GG__CAT(gg__scope_, __COUNTER__))
 #define GG__SCOPE_RC_(arena, rc, v) GG__SCOPE_(arena, v, (rc) = v.rc)
 
-#define GG__SCOPE_(arena, v, after_begin)                                                         \
+#define GG__SCOPE_(arena, v, after_begin)                                                                \
   for (gg__scope_block_t v __attribute__((cleanup(gg__scope_block_end))) = gg__scope_block_begin(arena); \
        (after_begin, v.pass); v.pass = 0)
 
