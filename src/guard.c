@@ -185,9 +185,11 @@ static int gg__enter(gg_guard_t *g, const char *call) {
   }
   pthread_mutex_lock(&g->lock);
   if (g->state != GG__LIVE || g->destroying) {
+    /* The message first: once unlocked, another thread may free g. */
+    rc = gg__err(GG_ESTATE, "%s: the guard '%s' is being torn down or was torn down", call, g->name);
     pthread_mutex_unlock(&g->lock);
     pthread_mutex_unlock(&gg__reg.lock);
-    return gg__err(GG_ESTATE, "%s: the guard '%s' is being torn down or was torn down", call, g->name);
+    return rc;
   }
   return 0;
 }
@@ -277,13 +279,11 @@ int gg_guard_cancel(gg_guard_t *guard, unsigned long long id) {
   if (id == 0) return gg__err(GG_EINVAL, "gg_guard_cancel: id 0 is never a registration");
   int rc = gg__enter(guard, "gg_guard_cancel");
   if (rc < 0) return rc;
-  bool found = gg__remove(guard, id);
+  if (!gg__remove(guard, id)) /* the message while locked: once unlocked, another thread may free it */
+    rc = gg__err(GG_ENOTFOUND, "gg_guard_cancel: guard '%s' holds no registration %llu (cancelled already?)",
+                 guard->name, id);
   gg__leave(guard);
-  if (!found)
-    return gg__err(GG_ENOTFOUND,
-                   "gg_guard_cancel: guard '%s' holds no registration %llu (cancelled already?)", guard->name,
-                   id);
-  return 0;
+  return rc;
 }
 
 /* ---- attached objects --------------------------------------------------------------------------------- */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -385,23 +386,31 @@ static void *gg__watchdog_main(void *arg) {
 
 /* ---- the guard thread ------------------------------------------------------------------------------ */
 
-/* Honours the disposition sig had before ours, after the teardown. */
+static bool gg__is_ours(const struct sigaction *sa);
+
+/* Honours the disposition sig had before ours, after the teardown. A previous handler must run as a real
+ * signal handler (it may set a volatile sig_atomic_t flag, or expect the interrupted thread's context):
+ * its action is restored and the original siginfo queued to the process again, so the kernel delivers
+ * it to an application thread, with the original sender. Our handler stays off that signal until a guard
+ * is created again. */
 static void gg__honour(int i, siginfo_t *info) {
   int sig = gg__sigs[i];
   pthread_mutex_lock(&gg__sig.lock);
   struct sigaction old = gg__sig.old[i];
-  if (old.sa_flags & SA_RESETHAND) {
-    /* A one-shot handler: the kernel would have reset the disposition before calling it. */
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigaction(sig, &dfl, NULL);
+  if (!gg__is_default(&old) && !gg__is_ignore(&old)) {
+    struct sigaction cur;
+    sigaction(sig, NULL, &cur);
+    if (gg__is_ours(&cur)) sigaction(sig, &old, NULL);
     gg__sig.installed[i] = false;
   }
   pthread_mutex_unlock(&gg__sig.lock);
   if (gg__is_ignore(&old)) return;
   if (gg__is_default(&old)) gg__die_by(sig);
-  gg__call_old(&old, sig, info, NULL);
+  /* Linux lets a thread other than the main one queue only negative codes: SI_QUEUE keeps the sender's
+   * pid and uid, which is what handlers look at. */
+  info->si_signo = sig;
+  if (info->si_code >= 0 || info->si_code == SI_TKILL) info->si_code = SI_QUEUE;
+  if (syscall(SYS_rt_sigqueueinfo, getpid(), sig, info) != 0) kill(getpid(), sig);
 }
 
 static void *gg__guard_main(void *arg) {
@@ -477,6 +486,10 @@ static void gg__install(int i) {
   struct sigaction cur, ours;
   sigaction(sig, NULL, &cur);
   if (gg__is_ignore(&cur)) return; /* ignored (nohup, a shell's background job): left alone */
+  if (gg__is_ours(&cur)) {
+    gg__sig.installed[i] = true; /* never save our own handler as the previous one */
+    return;
+  }
   memset(&ours, 0, sizeof ours);
   ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
   sigemptyset(&ours.sa_mask);
@@ -548,7 +561,7 @@ int gg__sig_acquire(unsigned mask) {
   if (rc == 0) {
     gg_guard_prepare_thread(); /* best effort: without it a stack overflow dies without the report */
     for (int i = 0; i < GG__NSIGS; i++)
-      if ((mask & (1u << i)) && gg__sig.users[i]++ == 0) gg__install(i);
+      if ((mask & (1u << i)) && (gg__sig.users[i]++ == 0 || !gg__sig.installed[i])) gg__install(i);
   }
   pthread_mutex_unlock(&gg__sig.lock);
   return rc;

@@ -73,6 +73,7 @@ static void gg_child_start(gg_child_t *c, const char *prog, const char *mode, bo
     /* ASan would take the fatal signals itself: leave them to the program, as without a sanitizer. */
     setenv("ASAN_OPTIONS",
            "handle_segv=0:handle_abort=0:handle_sigbus=0:handle_sigfpe=0:handle_sigill=0:detect_leaks=0", 1);
+    setenv("TSAN_OPTIONS", "handle_segv=0:handle_abort=0:handle_sigbus=0:handle_sigfpe=0:handle_sigill=0", 1);
     for (size_t i = 0; env && env[i]; i++) putenv((char *)env[i]);
     execl(prog, prog, mode, (char *)NULL);
     _exit(127);

@@ -302,12 +302,14 @@ static void test_fork_refuses(void **state) {
     bad |= (gg_guard_destroy(g) != GG_ESTATE) << 2;
     bad |= (strstr(gg_last_error(), "before fork()") == NULL) << 3;
     bad |= (order[0] != '\0') << 4;
-    /* A guard of its own works in the child. */
+    /* A guard of its own works in the child (TSan cannot start threads after a multi-threaded fork). */
+#ifndef __SANITIZE_THREAD__
     gg_guard_t *mine = NULL;
     bad |= (gg_guard_create(&mine, NULL) != 0) << 5;
     bad |= (gg_guard_on_teardown(mine, rec, "k", "kid") != 0) << 6;
     bad |= (gg_guard_destroy(mine) != 0) << 7;
     bad |= (strcmp(order, "k") != 0) << 8;
+#endif
     _exit(bad ? 100 + (bad & 0x1f) : 0);
   }
   int st = 0;

@@ -16,13 +16,16 @@
  *  - `exit()` or a return from `main()` (unless @ref gg_guard_options::run_at_exit is false);
  *  - SIGINT, SIGTERM, SIGHUP, SIGQUIT: the signal handler only records the signal and wakes the guard
  *    thread, which runs the teardown of every guard that handles the signal (newest guard first) and
- *    then honours the disposition the signal had before: a previous handler is called (on the guard
- *    thread, with the original `siginfo_t` when it was installed with SA_SIGINFO, and a NULL context),
- *    a default disposition is restored and the signal re-raised, so the process ends with the status it
- *    would have had without gpuguard. A signal that was ignored (SIG_IGN) when the first guard was
- *    created is left alone. A second SIGINT while a teardown is running ends the process at once.
- *    A teardown that takes longer than @ref gg_guard_options::teardown_timeout_ms ends the process
- *    with the signal's default action (or with the exit() status on the exit path).
+ *    then honours the disposition the signal had before: a default disposition is restored and the
+ *    signal re-raised, so the process ends with the status it would have had without gpuguard; a
+ *    previous handler is put back and the signal queued to the process again with its original
+ *    `siginfo_t` (sender pid and uid kept; `si_code` becomes SI_QUEUE), so that handler runs as a real signal
+ * handler on an application thread (Python's SIGINT handling keeps working; the program may go on, with its
+ * guards torn down). The guard's handler is installed again for that signal by the next gg_guard_create(). A
+ * signal that was ignored (SIG_IGN) when the first guard was created is left alone. A second SIGINT while a
+ * teardown is running ends the process at once. A teardown that takes longer than @ref
+ * gg_guard_options::teardown_timeout_ms ends the process with the signal's default action (or with the exit()
+ * status on the exit path).
  *  - SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT: only async-signal-safe work runs, on an alternate signal
  *    stack: a one-line report to stderr and the library's crash hooks (signalling child processes);
  *    registered cleanups do NOT run (they may take locks the crashed thread holds). Then a previous
