@@ -48,8 +48,10 @@ typedef struct gg_arena_stats {
   size_t peak_mapped;        /**< highest bytes_mapped since creation */
   size_t largest_free_block; /**< largest block of mapped memory that is free */
   unsigned long long n_live; /**< live blocks */
-  unsigned long long n_allocs, n_frees; /**< successful allocations; blocks released (gg_free or scope end) */
-  unsigned long long n_trims, bytes_trimmed; /**< trims that returned memory; bytes they returned in all */
+  unsigned long long n_allocs;      /**< successful allocations */
+  unsigned long long n_frees;       /**< blocks released (gg_free or scope end) */
+  unsigned long long n_trims;       /**< trims that returned memory */
+  unsigned long long bytes_trimmed; /**< bytes returned to the driver by trims, in all */
   int scope_depth;           /**< scopes open now */
   double fragmentation;      /**< 1 - largest_free_block / (bytes_mapped - bytes_in_use); 0 when
                                   nothing mapped is free */
@@ -95,6 +97,8 @@ GG_API int gg_arena_destroy(gg_arena_t *arena);
 GG_API int gg_alloc(gg_arena_t *arena, size_t size, void **ptr);
 
 /** Allocates @p size bytes.
+ *  @param arena the arena.
+ *  @param size bytes wanted (more than 0).
  *  @param align a power of two (0: 256); alignments below 256 are raised to 256.
  *  @param tag a short label kept for statistics and leak reports (copied; NULL: none).
  *  @param[out] ptr receives the device address.
