@@ -1,8 +1,15 @@
-/* query.c — device count and device information (name, UUID, memory) through the backend. */
+/* query.c — devices (count, name, UUID, memory) and who holds them (NVML, else device descriptors),
+ * joined with /proc. */
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "internal.h"
+#include "nvml.h"
+#include "procfs.h"
 
 int gg_device_count(int *count) {
   if (!count) return gg__err(GG_EINVAL, "gg_device_count: count is NULL");
@@ -32,4 +39,104 @@ int gg_device_info(int device, gg_device_info_t *info) {
   }
   gg__dev_close(d);
   return rc;
+}
+
+/* ---- who holds the device ----------------------------------------------------------------------- */
+
+const char *gg_process_class_name(gg_process_class_t cls) {
+  switch (cls) {
+    case GG_PROCESS_GUARDED: return "guarded";
+    case GG_PROCESS_ORPHAN: return "orphan";
+    case GG_PROCESS_FD_HOLDER: return "fd-holder";
+    case GG_PROCESS_FOREIGN: return "foreign";
+    case GG_PROCESS_UNKNOWN: break;
+  }
+  return "unknown";
+}
+
+/* Fills the /proc side of a row and a first classification (the session registry refines it). */
+static void gg__join_proc(gg_process_t *row, uid_t me) {
+  gg__procstat_t st;
+  if (gg__procfs_stat("/proc", row->pid, &st) == 0) {
+    row->ppid = st.ppid, row->uid = st.uid, row->state = st.state, row->start_time = st.start_time;
+    gg__procfs_cmdline("/proc", row->pid, row->command, sizeof row->command);
+    if (!row->command[0]) gg__strlcpy(row->command, st.comm, sizeof row->command);
+    struct passwd pw, *res = NULL;
+    char pwbuf[1024];
+    if (getpwuid_r(st.uid, &pw, pwbuf, sizeof pwbuf, &res) == 0 && res)
+      gg__strlcpy(row->user, pw.pw_name, sizeof row->user);
+    else
+      snprintf(row->user, sizeof row->user, "%u", (unsigned)st.uid);
+    if (st.uid != me) row->cls = GG_PROCESS_FOREIGN;
+  } else {
+    /* Another PID namespace (a container) or already gone: only the driver's figures are known. */
+    row->state = '?';
+    snprintf(row->user, sizeof row->user, "?");
+  }
+}
+
+int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
+  if (!count) return gg__err(GG_EINVAL, "gg_process_list: count is NULL");
+  if (!rows && cap) return gg__err(GG_EINVAL, "gg_process_list: rows is NULL but cap is %zu", cap);
+  if (device < 0) return gg__err(GG_ENODEV, "gg_process_list: device %d does not exist", device);
+  *count = 0;
+  /* Name the device by UUID when the CUDA driver is there, so NVML's order cannot mislead. */
+  gg__dev_props_t props;
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  bool have_uuid = gg__cuda_props(device, &props) == 0;
+  gg__err_restore(&saved);
+
+  gg__gpu_proc_t *gp = NULL;
+  size_t ngp = 0, want = 64;
+  int minor = -1, rc;
+  bool nvml = true;
+  for (;;) { /* grow until every process fits */
+    gg__gpu_proc_t *grown = realloc(gp, want * sizeof *gp);
+    if (!grown) {
+      free(gp);
+      return gg__err(GG_ENOMEM, "gg_process_list: out of host memory");
+    }
+    gp = grown;
+    rc = gg__nvml_processes(have_uuid ? props.uuid : NULL, device, gp, want, &ngp, &minor);
+    if (rc < 0 || ngp <= want) break;
+    want = ngp + 16;
+  }
+  if (rc == GG_ENOTSUP) { /* no NVML: descriptors are all there is to go on */
+    nvml = false, ngp = 0, rc = 0;
+    gg__err_restore(&saved);
+  }
+  if (rc < 0) {
+    free(gp);
+    return rc;
+  }
+  /* Descriptor holders: processes with the device node open that the driver does not list. */
+  char node[64];
+  snprintf(node, sizeof node, "/dev/nvidia%d", minor >= 0 ? minor : device);
+  int *fdp = NULL;
+  size_t nfd = 0;
+  if (gg__scan_fd_holders("/proc", node, &fdp, &nfd) < 0) nfd = 0, gg__err_restore(&saved);
+
+  uid_t me = getuid();
+  size_t total = 0;
+  for (size_t i = 0; i < ngp + nfd; i++) {
+    int pid = i < ngp ? (int)gp[i].pid : fdp[i - ngp];
+    bool listed = false;
+    for (size_t j = 0; i >= ngp && j < ngp && !listed; j++) listed = (int)gp[j].pid == pid;
+    if (listed) continue;
+    if (total < cap) {
+      gg_process_t *row = &rows[total];
+      memset(row, 0, sizeof *row);
+      row->pid = pid;
+      row->device = device;
+      row->used_bytes = i < ngp ? gp[i].used : -1;
+      row->cls = (i >= ngp && nvml) ? GG_PROCESS_FD_HOLDER : GG_PROCESS_UNKNOWN;
+      gg__join_proc(row, me);
+    }
+    total++;
+  }
+  free(gp);
+  free(fdp);
+  *count = total;
+  return 0;
 }
