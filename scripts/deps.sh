@@ -19,6 +19,13 @@ else
   echo "==> apt packages present: ${pkgs[*]}"
 fi
 
+# Python test tools: pytest, and prometheus_client's parser to check the Prometheus text.
+if [ $want_tests = 1 ] && ! python3 -c "import pytest, prometheus_client" 2>/dev/null; then
+  echo "==> installing with pip: pytest prometheus_client"
+  python3 -m pip install -q pytest prometheus_client 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages pytest prometheus_client
+fi
+
 # The CUDA toolkit provides cuda.h (types only; the driver is loaded at run time) and nvcc for the
 # .cu examples. It is not an apt package on Debian's main archive, so it is checked, not installed.
 if [ ! -f /usr/local/cuda/include/cuda.h ] && ! command -v nvcc >/dev/null && [ ! -f /usr/include/cuda.h ]; then

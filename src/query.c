@@ -102,7 +102,14 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
     if (rc < 0 || ngp <= want) break;
     want = ngp + 16;
   }
-  if (rc == GG_ENOTSUP) { /* no NVML: descriptors are all there is to go on */
+  if (rc == GG_ENOTSUP && !have_uuid) {
+    char why[512]; /* copied: the detail buffer is about to be rewritten */
+    gg__strlcpy(why, gg_last_error(), sizeof why);
+    free(gp);
+    return gg__err(GG_ENODEV, "gg_process_list: no NVIDIA GPU here: neither NVML nor the CUDA driver is usable (%s)",
+                   why);
+  }
+  if (rc == GG_ENOTSUP) { /* a GPU but no NVML: descriptors are all there is to go on */
     nvml = false, ngp = 0, rc = 0;
     gg__err_restore(&saved);
   }

@@ -152,11 +152,18 @@ static void test_without_nvml(void **state) {
   size_t n = 99;
   gg_process_t rows[4];
   setenv("FAKE_NVML_FAIL_INIT", "1", 1);
-  gg_clear_error();
-  gg_assert_ok(gg_process_list(0, rows, 4, &n)); /* falls back to descriptor scanning */
-  assert_string_equal(gg_last_error(), "");
-  setenv("GPUGUARD_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1", 1);
-  gg_assert_ok(gg_process_list(0, rows, 4, &n));
+  if (gg__cuda_probe() == 0) {
+    /* A GPU without NVML: falls back to descriptor scanning, which is not an error. */
+    gg_clear_error();
+    gg_assert_ok(gg_process_list(0, rows, 4, &n));
+    assert_string_equal(gg_last_error(), "");
+  } else {
+    /* No GPU at all: said clearly, with NVML's own reason. */
+    gg_assert_fails(gg_process_list(0, rows, 4, &n), GG_ENODEV, "no NVIDIA GPU here");
+    assert_non_null(strstr(gg_last_error(), "nvmlInit failed: Driver Not Loaded"));
+    setenv("GPUGUARD_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1", 1);
+    gg_assert_fails(gg_process_list(0, rows, 4, &n), GG_ENODEV, "NVML could not be loaded");
+  }
 }
 
 static void test_foreign_process(void **state) {

@@ -79,7 +79,8 @@ GG_API int gg_device_info(int device, gg_device_info_t *info);
  *  @param[out] count receives the number of processes found, which may exceed cap (only cap are
  *  written).
  *  @return 0; GG_EINVAL for a NULL count (or NULL rows with cap > 0); GG_ENODEV when the device does
- *  not exist; GG_EDRIVER when NVML fails. Thread-safe. */
+ *  not exist, or there is no NVIDIA GPU at all (neither NVML nor the CUDA driver loads); GG_EDRIVER when
+ *  NVML fails. Thread-safe. */
 GG_API int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count);
 
 GG_END_DECLS
