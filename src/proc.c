@@ -104,7 +104,8 @@ void gg__proc_fatal_kill(void) {
       if (pid <= 1) continue;
       int held = gg__kill_known(pid, atomic_load(&gg__snap[i].pidfd), atomic_load(&gg__snap[i].start));
       gg__pinfo_t info;
-      if (held && gg__proc_read_stat(pid, &info) == 0 && info.pgrp == pid && pid != group) kill(-pid, SIGKILL);
+      if (held && gg__proc_read_stat(pid, &info) == 0 && info.pgrp == pid && pid != group)
+        kill(-pid, SIGKILL);
     }
   }
   int sub = 0;
@@ -117,8 +118,8 @@ void gg__proc_fatal_kill(void) {
 
 typedef struct gg__set {
   const void *key;
-  unsigned gen;  /* fork generation it was made in */
-  pid_t owner;   /* the process it belongs to */
+  unsigned gen; /* fork generation it was made in */
+  pid_t owner;  /* the process it belongs to */
   gg__kid_t *kids;
   size_t n, cap;
   struct gg__set *next;
@@ -156,8 +157,10 @@ static int gg__set_find(const void *key, bool create, const char *call, gg__set_
     if (key != NULL) {
       int rc = gg__check_fork(s->gen, call);
       if (rc == 0) /* same generation by the counter but another pid: still inherited */
-        rc = gg__err(GG_ESTATE, "%s: this guard's process set was inherited through fork(); create a new "
-                                "guard in the child", call);
+        rc = gg__err(GG_ESTATE,
+                     "%s: this guard's process set was inherited through fork(); create a new "
+                     "guard in the child",
+                     call);
       return rc;
     }
     *pp = s->next;
@@ -193,8 +196,10 @@ int gg__proc_track(const void *key, pid_t pid, int pidfd, unsigned long long sta
   if (rc == 0 && s->n == s->cap) {
     size_t cap = s->cap ? 2 * s->cap : 8;
     gg__kid_t *k = realloc(s->kids, cap * sizeof *k);
-    if (!k) rc = gg__err(GG_ENOMEM, "gg_proc_track: out of host memory");
-    else s->kids = k, s->cap = cap;
+    if (!k)
+      rc = gg__err(GG_ENOMEM, "gg_proc_track: out of host memory");
+    else
+      s->kids = k, s->cap = cap;
   }
   if (rc == 0) {
     gg__kid_t *k = &s->kids[s->n++];
@@ -254,7 +259,7 @@ void gg__proc_forget_set(const void *guard_key) {
 
 /* ----------------------------------------------------- fork handling */
 
-static pid_t gg__forking_pid;   /* written by the parent just before fork() */
+static pid_t gg__forking_pid;    /* written by the parent just before fork() */
 static pid_t gg__parent_at_fork; /* in a forked image: who forked us (0 if this image was exec'd) */
 
 static pthread_mutex_t gg__sp_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -320,7 +325,8 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
   if (r->opts.death_signal) {
     if (r->arm_delay_ms > 0) {
       struct timespec ts = {r->arm_delay_ms / 1000, (r->arm_delay_ms % 1000) * 1000000L};
-      while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+      while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+      }
     }
     /* Trap: the parent may die between fork() and prctl(). The expected parent was fixed before the
      * fork; if getppid() differs after arming, the death signal was missed: deliver it ourselves. */
@@ -332,7 +338,8 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
   /* Move sources above 2 first, so swapped or overlapping descriptors all land right. */
   int src[3] = {r->opts.stdin_fd, r->opts.stdout_fd, r->opts.stderr_fd};
   for (int i = 0; i < 3; i++)
-    if (src[i] >= 0 && (src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3)) < 0) gg__child_fail(errfd, GG__STEP_STDIO);
+    if (src[i] >= 0 && (src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3)) < 0)
+      gg__child_fail(errfd, GG__STEP_STDIO);
   for (int i = 0; i < 3; i++)
     if (src[i] >= 0 && dup2(src[i], i) < 0) gg__child_fail(errfd, GG__STEP_STDIO);
   if (r->opts.close_device_fds) gg__close_fds_matching("/dev/nvidia");
@@ -373,7 +380,8 @@ static void gg__do_spawn(gg__spawn_req_t *r) {
   r->pidfd = gg__pidfd_open(pid);
   int msg[2];
   ssize_t got;
-  do got = read(p[0], msg, sizeof msg); while (got < 0 && errno == EINTR);
+  do got = read(p[0], msg, sizeof msg);
+  while (got < 0 && errno == EINTR);
   close(p[0]);
   if (got == (ssize_t)sizeof msg) { /* exec failed: the child wrote why and exits */
     r->step = msg[0], r->sys_errno = msg[1];
@@ -501,7 +509,10 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
   for (int i = 0; i < 3; i++)
     if (fds[i] < -1 || (fds[i] >= 0 && fcntl(fds[i], F_GETFD) < 0))
       return gg__err(GG_EINVAL, "gg_proc_spawn: %s descriptor %d is not open",
-                     i == 0 ? "stdin" : i == 1 ? "stdout" : "stderr", fds[i]);
+                     i == 0   ? "stdin"
+                     : i == 1 ? "stdout"
+                              : "stderr",
+                     fds[i]);
   /* Refuse an inherited set before starting anything. */
   pthread_mutex_lock(&gg__lock);
   gg__set_t *s = NULL;
@@ -536,7 +547,9 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
   if (r.pid < 0) {
     int e = r.sys_errno;
     if (r.step == GG__STEP_EXEC)
-      return gg__err(e == ENOENT || e == ENOTDIR ? GG_ENOTFOUND : e == EACCES || e == EPERM ? GG_EPERM : GG_EIO,
+      return gg__err(e == ENOENT || e == ENOTDIR ? GG_ENOTFOUND
+                     : e == EACCES || e == EPERM ? GG_EPERM
+                                                 : GG_EIO,
                      "gg_proc_spawn: cannot execute '%s': %s", path, strerror(e));
     static const char *const steps[] = {"fork", "arm the death signal", "make a process group",
                                         "change directory", "set up stdin/stdout/stderr"};
@@ -558,12 +571,14 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
 }
 
 int gg_proc_adopt(gg_guard_t *guard, pid_t pid) {
-  if (pid <= 0) return gg__err(GG_EINVAL, "gg_proc_adopt: pid %d is not a process (0 and -1 name groups)", (int)pid);
+  if (pid <= 0)
+    return gg__err(GG_EINVAL, "gg_proc_adopt: pid %d is not a process (0 and -1 name groups)", (int)pid);
   if (pid == 1) return gg__err(GG_EPERM, "gg_proc_adopt: pid 1 (init) is never adopted");
   if (pid == getpid()) return gg__err(GG_EINVAL, "gg_proc_adopt: pid %d is this process", (int)pid);
   uid_t uid;
   gg__pinfo_t info;
-  if (gg__proc_read_stat(pid, &info) != 0) return gg__err(GG_ENOTFOUND, "gg_proc_adopt: no process %d", (int)pid);
+  if (gg__proc_read_stat(pid, &info) != 0)
+    return gg__err(GG_ENOTFOUND, "gg_proc_adopt: no process %d", (int)pid);
   if (gg__proc_uid(pid, &uid) != 0) return gg__err(GG_ENOTFOUND, "gg_proc_adopt: no process %d", (int)pid);
   if (uid != getuid())
     return gg__err(GG_EPERM, "gg_proc_adopt: process %d belongs to uid %u, not to us (%u)", (int)pid,

@@ -13,8 +13,9 @@
 
 typedef struct gg__pinfo {
   pid_t pid, ppid, pgrp, sid;
-  char state;               /* R, S, D, T, t, Z, X, ... */
-  unsigned long long start; /* field 22 of /proc/PID/stat: clock ticks after boot; with the pid, an identity */
+  char state; /* R, S, D, T, t, Z, X, ... */
+  unsigned long long
+      start; /* field 22 of /proc/PID/stat: clock ticks after boot; with the pid, an identity */
 } gg__pinfo_t;
 
 /* [AS-safe] Reads /proc/PID/stat. 0, or -errno (-ENOENT: no such process). */
@@ -31,10 +32,13 @@ int gg__proc_walk(int (*fn)(const gg__pinfo_t *info, void *user), void *user);
 int gg__close_fds_matching(const char *prefix);
 
 /* ---- pidfd, through syscall() so old C libraries build too. ---- */
-int gg__pidfd_open(pid_t pid);                /* -1 with errno when the kernel lacks it or pid is gone */
-int gg__pidfd_signal(int pidfd, int sig);     /* [AS-safe] 0 or -1 with errno */
+int gg__pidfd_open(pid_t pid);            /* -1 with errno when the kernel lacks it or pid is gone */
+int gg__pidfd_signal(int pidfd, int sig); /* [AS-safe] 0 or -1 with errno */
 /* Tests turn pidfds off to exercise the pid + start time path the older kernels get. */
 void gg__proc_use_pidfd(bool on);
+/* Tests make teardown send nothing, to stand in for a process SIGKILL cannot end (uninterruptible
+ * sleep), which CI cannot make on demand. */
+void gg__proc_test_mute(bool on);
 
 /* ---- child sets (proc.c), keyed by guard pointer; NULL is the process's default set. ---- */
 

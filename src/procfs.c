@@ -17,7 +17,8 @@ static void gg__proc_path(char *buf, size_t cap, pid_t pid, const char *leaf) {
   char digits[24];
   size_t n = 0, at = 0;
   unsigned long v = (unsigned long)pid;
-  do digits[n++] = (char)('0' + v % 10); while ((v /= 10) && n < sizeof digits);
+  do digits[n++] = (char)('0' + v % 10);
+  while ((v /= 10) && n < sizeof digits);
   const char *pre = "/proc/";
   for (const char *p = pre; *p && at + 1 < cap; p++) buf[at++] = *p;
   while (n && at + 1 < cap) buf[at++] = digits[--n];

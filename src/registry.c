@@ -27,6 +27,13 @@ static char gg__role[16];
 static char gg__reg_path[PATH_MAX];
 static atomic_int gg__reg_owner;
 
+/* fork() while another thread holds the lock must not leave it held forever in the child. */
+static void gg__reg_prepare(void) { pthread_mutex_lock(&gg__reg_lock); }
+static void gg__reg_release(void) { pthread_mutex_unlock(&gg__reg_lock); }
+__attribute__((constructor)) static void gg__registry_init(void) {
+  pthread_atfork(gg__reg_prepare, gg__reg_release, gg__reg_release);
+}
+
 void gg__registry_fatal_unlink(void) {
   if (atomic_load(&gg__reg_owner) == (int)getpid()) unlink(gg__reg_path);
 }
@@ -37,11 +44,16 @@ static int gg__reg_path_of(char *buf, size_t cap) {
   const char *xdg = gg__env("XDG_RUNTIME_DIR");
   struct stat st;
   int n;
-  if (env) n = snprintf(buf, cap, "%s", env);
-  else if (xdg) n = snprintf(buf, cap, "%s/gpuguard", xdg);
-  else if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode)) n = snprintf(buf, cap, "/dev/shm/gpuguard-%u", (unsigned)geteuid());
-  else n = snprintf(buf, cap, "/tmp/gpuguard-%u", (unsigned)geteuid());
-  if (n < 0 || (size_t)n >= cap) return gg__err(GG_EINVAL, "gg_registry_dir: path does not fit in %zu bytes", cap);
+  if (env)
+    n = snprintf(buf, cap, "%s", env);
+  else if (xdg)
+    n = snprintf(buf, cap, "%s/gpuguard", xdg);
+  else if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode))
+    n = snprintf(buf, cap, "/dev/shm/gpuguard-%u", (unsigned)geteuid());
+  else
+    n = snprintf(buf, cap, "/tmp/gpuguard-%u", (unsigned)geteuid());
+  if (n < 0 || (size_t)n >= cap)
+    return gg__err(GG_EINVAL, "gg_registry_dir: path does not fit in %zu bytes", cap);
   return 0;
 }
 
@@ -56,7 +68,8 @@ static int gg__reg_open(char *path, size_t cap, int *dfd) {
   if (fd < 0) {
     int e = errno;
     if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
-      return gg__err(GG_EPERM, "gg_registry_dir: '%s' is a symlink; refusing it (someone may have planted it)", path);
+      return gg__err(GG_EPERM,
+                     "gg_registry_dir: '%s' is a symlink; refusing it (someone may have planted it)", path);
     if (e == ENOTDIR) return gg__err(GG_EPERM, "gg_registry_dir: '%s' is not a directory", path);
     return gg__err(GG_EIO, "gg_registry_dir: cannot open '%s': %s", path, strerror(e));
   }
@@ -71,8 +84,9 @@ static int gg__reg_open(char *path, size_t cap, int *dfd) {
   }
   if (st.st_mode & 077) {
     close(fd);
-    return gg__err(GG_EPERM, "gg_registry_dir: '%s' has mode %04o: group or others can reach it; it must be 0700",
-                   path, (unsigned)(st.st_mode & 07777));
+    return gg__err(GG_EPERM,
+                   "gg_registry_dir: '%s' has mode %04o: group or others can reach it; it must be 0700", path,
+                   (unsigned)(st.st_mode & 07777));
   }
   *dfd = fd;
   return 0;
@@ -84,7 +98,8 @@ int gg_registry_dir(char *buf, size_t cap) {
   int dfd, rc = gg__reg_open(path, sizeof path, &dfd);
   if (rc != 0) return rc;
   close(dfd);
-  if (strlen(path) >= cap) return gg__err(GG_EINVAL, "gg_registry_dir: '%s' does not fit in %zu bytes", path, cap);
+  if (strlen(path) >= cap)
+    return gg__err(GG_EINVAL, "gg_registry_dir: '%s' does not fit in %zu bytes", path, cap);
   gg__strlcpy(buf, path, cap);
   return 0;
 }
@@ -112,8 +127,10 @@ static void gg__session_init(void) {
   if (getrandom(raw, sizeof raw, GRND_NONBLOCK) != (ssize_t)sizeof raw) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    unsigned long long x = (unsigned long long)ts.tv_nsec ^ ((unsigned long long)ts.tv_sec << 20) ^ (unsigned)getpid();
-    for (size_t i = 0; i < sizeof raw; i++) raw[i] = (unsigned char)(x >> (8 * (i % 8))) ^ (unsigned char)(i * 37);
+    unsigned long long x =
+        (unsigned long long)ts.tv_nsec ^ ((unsigned long long)ts.tv_sec << 20) ^ (unsigned)getpid();
+    for (size_t i = 0; i < sizeof raw; i++)
+      raw[i] = (unsigned char)(x >> (8 * (i % 8))) ^ (unsigned char)(i * 37);
   }
   for (size_t i = 0; i < sizeof raw; i++) snprintf(gg__session + 2 * i, 3, "%02x", raw[i]);
   gg__strlcpy(gg__role, "leader", sizeof gg__role);
@@ -143,9 +160,10 @@ int gg_registry_register(const char *devices) {
   gg__clean(dev, devices, sizeof dev);
   gg__proc_cmdline(me, cmd, sizeof cmd);
   gg__clean(cmd, cmd, sizeof cmd);
-  int len = snprintf(text, sizeof text,
-                     "gpuguard-record 1\npid %d\nstart %llu\nppid %d\nsession %s\nrole %s\ndevices %s\ncmd %s\n",
-                     (int)me, start, (int)getppid(), gg__session, gg__role, dev, cmd);
+  int len =
+      snprintf(text, sizeof text,
+               "gpuguard-record 1\npid %d\nstart %llu\nppid %d\nsession %s\nrole %s\ndevices %s\ncmd %s\n",
+               (int)me, start, (int)getppid(), gg__session, gg__role, dev, cmd);
   snprintf(name, sizeof name, "%d.rec", (int)me);
   snprintf(tmp, sizeof tmp, ".%d.tmp", (int)me);
   /* Temporary file then rename: a reader sees the whole old record or the whole new one. */
@@ -221,15 +239,22 @@ static bool gg__parse_record(char *text, pid_t file_pid, gg_session_record_t *r)
     if (sp) *sp = '\0';
     char *end = NULL;
     errno = 0;
-    if (!strcmp(line, "pid")) r->pid = (pid_t)strtol(v, &end, 10), seen |= 1;
-    else if (!strcmp(line, "start")) r->start_time = strtoull(v, &end, 10), seen |= 2;
-    else if (!strcmp(line, "ppid")) r->ppid = (pid_t)strtol(v, &end, 10), seen |= 4;
-    else if (!strcmp(line, "session") && gg__session_ok(v)) gg__strlcpy(r->session, v, sizeof r->session), seen |= 8;
+    if (!strcmp(line, "pid"))
+      r->pid = (pid_t)strtol(v, &end, 10), seen |= 1;
+    else if (!strcmp(line, "start"))
+      r->start_time = strtoull(v, &end, 10), seen |= 2;
+    else if (!strcmp(line, "ppid"))
+      r->ppid = (pid_t)strtol(v, &end, 10), seen |= 4;
+    else if (!strcmp(line, "session") && gg__session_ok(v))
+      gg__strlcpy(r->session, v, sizeof r->session), seen |= 8;
     else if (!strcmp(line, "role") && (!strcmp(v, "leader") || !strcmp(v, "worker")))
       gg__strlcpy(r->role, v, sizeof r->role), seen |= 16;
-    else if (!strcmp(line, "devices")) gg__strlcpy(r->devices, v, sizeof r->devices);
-    else if (!strcmp(line, "cmd")) gg__strlcpy(r->command, v, sizeof r->command);
-    else return false;
+    else if (!strcmp(line, "devices"))
+      gg__strlcpy(r->devices, v, sizeof r->devices);
+    else if (!strcmp(line, "cmd"))
+      gg__strlcpy(r->command, v, sizeof r->command);
+    else
+      return false;
     if (end && (*end || errno || end == v)) return false;
   }
   return seen == 31 && r->pid == file_pid && r->pid > 0 && r->ppid >= 0;
@@ -262,17 +287,23 @@ static int gg__reg_each(const char *call, gg__rec_fn fn, void *user) {
     }
     int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
-      if (errno != ENOENT) gg__warn(name, "cannot open it (%s)", errno == ELOOP ? "a symlink" : strerror(errno));
+      if (errno != ENOENT)
+        gg__warn(name, "cannot open it (%s)", errno == ELOOP ? "a symlink" : strerror(errno));
       continue;
     }
     struct stat st;
     char text[GG__REC_MAX + 1];
     ssize_t len = -1;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) gg__warn(name, "not a regular file");
-    else if (st.st_uid != geteuid()) gg__warn(name, "owned by uid %u, not by us", (unsigned)st.st_uid);
-    else if (st.st_mode & 022) gg__warn(name, "writable by group or others");
-    else if (st.st_size > GG__REC_MAX) gg__warn(name, "larger than a record can be");
-    else len = read(fd, text, GG__REC_MAX);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+      gg__warn(name, "not a regular file");
+    else if (st.st_uid != geteuid())
+      gg__warn(name, "owned by uid %u, not by us", (unsigned)st.st_uid);
+    else if (st.st_mode & 022)
+      gg__warn(name, "writable by group or others");
+    else if (st.st_size > GG__REC_MAX)
+      gg__warn(name, "larger than a record can be");
+    else
+      len = read(fd, text, GG__REC_MAX);
     close(fd);
     if (len < 0) continue;
     text[len] = '\0';
@@ -306,7 +337,8 @@ static int gg__list_one(int dfd, const char *name, const gg_session_record_t *r,
 }
 
 int gg_registry_list(gg_session_record_t *rows, size_t cap, size_t *count) {
-  if (!count || (cap && !rows)) return gg__err(GG_EINVAL, "gg_registry_list: NULL %s", count ? "rows" : "count");
+  if (!count || (cap && !rows))
+    return gg__err(GG_EINVAL, "gg_registry_list: NULL %s", count ? "rows" : "count");
   gg__list_t l = {rows, cap, 0};
   *count = 0;
   int rc = gg__reg_each("gg_registry_list", gg__list_one, &l);

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,11 +24,11 @@
 #define GG__KILL_WAIT_MS 250
 
 typedef struct gg__target {
-  gg__kid_t kid;     /* pid, pidfd (owned), start, found; slot when it came from the set */
+  gg__kid_t kid; /* pid, pidfd (owned), start, found; slot when it came from the set */
   pid_t ppid, pgrp;
-  char state;        /* at discovery */
-  bool exited;       /* pidfd readable, or gone/zombie in /proc */
-  bool skipped;      /* identity did not match: never signalled */
+  char state;   /* at discovery */
+  bool exited;  /* pidfd readable, or gone/zombie in /proc */
+  bool skipped; /* identity did not match: never signalled */
   gg_proc_outcome_t out;
 } gg__target_t;
 
@@ -92,8 +93,11 @@ static bool gg__poll_exited(gg__target_t *t) {
   return t->exited;
 }
 
+static atomic_bool gg__mute;
+void gg__proc_test_mute(bool on) { atomic_store(&gg__mute, on); }
+
 static void gg__send(gg__td_t *td, gg__target_t *t, int sig, unsigned flag) {
-  if (t->skipped || t->exited) return;
+  if (t->skipped || t->exited || atomic_load(&gg__mute)) return;
   pid_t pid = t->kid.pid;
   if (pid <= 1 || pid == td->me) return; /* never pid 0, 1, -1 or ourselves, whatever a record says */
   int ok;
@@ -130,10 +134,13 @@ static int gg__consider(const gg__pinfo_t *p, void *user) {
   if (p->pid <= 1 || p->pid == td->me || gg__find(td, p->pid)) return 0;
   int found = -1;
   const gg__target_t *parent = gg__find(td, p->ppid);
-  if (parent && !parent->skipped) found = GG__FOUND_DESCENDANT;
-  else if (p->pgrp != p->pid && p->pgrp != getpgrp() && gg__find(td, p->pgrp) && !gg__find(td, p->pgrp)->skipped)
+  if (parent && !parent->skipped)
+    found = GG__FOUND_DESCENDANT;
+  else if (p->pgrp != p->pid && p->pgrp != getpgrp() && gg__find(td, p->pgrp) &&
+           !gg__find(td, p->pgrp)->skipped)
     found = GG__FOUND_GROUP;
-  else if (td->subreaper && p->ppid == td->me) found = GG__FOUND_ORPHAN;
+  else if (td->subreaper && p->ppid == td->me)
+    found = GG__FOUND_ORPHAN;
   if (found < 0) return 0;
   for (size_t i = 0; i < td->n_others; i++)
     if (td->others[i] == p->pid) return 0; /* another guard's child */
@@ -180,8 +187,10 @@ static void gg__wait(gg__td_t *td, double deadline) {
       gg__target_t *t = &td->t[i];
       if (gg__poll_exited(t)) continue;
       pending = true;
-      if (t->kid.pidfd < 0 || nf == 64) unpollable = true;
-      else fds[nf++] = (struct pollfd){.fd = t->kid.pidfd, .events = POLLIN};
+      if (t->kid.pidfd < 0 || nf == 64)
+        unpollable = true;
+      else
+        fds[nf++] = (struct pollfd){.fd = t->kid.pidfd, .events = POLLIN};
     }
     double left = deadline - gg__now_ms();
     if (!pending || left <= 0) return;
@@ -211,8 +220,10 @@ static void gg__conclude(gg__td_t *td, gg__target_t *t) {
   siginfo_t si;
   memset(&si, 0, sizeof si);
   int r = -1;
-  if (t->kid.pidfd >= 0) r = waitid((idtype_t)P_PIDFD, (id_t)t->kid.pidfd, &si, WEXITED | WNOHANG);
-  else if (t->ppid == td->me) r = waitid(P_PID, (id_t)t->kid.pid, &si, WEXITED | WNOHANG);
+  if (t->kid.pidfd >= 0)
+    r = waitid((idtype_t)P_PIDFD, (id_t)t->kid.pidfd, &si, WEXITED | WNOHANG);
+  else if (t->ppid == td->me)
+    r = waitid(P_PID, (id_t)t->kid.pid, &si, WEXITED | WNOHANG);
   if (r == 0 && si.si_pid == t->kid.pid) {
     o->end = si.si_code == CLD_EXITED ? GG_PROC_EXITED : GG_PROC_SIGNALED;
     o->code = si.si_status;
@@ -241,17 +252,21 @@ int gg__proc_teardown_set(const void *guard_key, int grace_ms, gg_proc_receipt_t
     gg__target_t *t = gg__add(&td);
     if (!t) {
       rc = gg__err(GG_ENOMEM, "gg_proc_teardown: out of host memory");
-      for (size_t j = i; j < nkids; j++) gg__proc_track(guard_key, kids[j].pid, kids[j].pidfd, kids[j].start, kids[j].found);
+      for (size_t j = i; j < nkids; j++)
+        gg__proc_track(guard_key, kids[j].pid, kids[j].pidfd, kids[j].start, kids[j].found);
       break;
     }
     t->kid = kids[i];
     gg__pinfo_t info;
-    if (gg__proc_read_stat(t->kid.pid, &info) == 0) t->ppid = info.ppid, t->pgrp = info.pgrp, t->state = info.state;
+    if (gg__proc_read_stat(t->kid.pid, &info) == 0)
+      t->ppid = info.ppid, t->pgrp = info.pgrp, t->state = info.state;
     /* Trap: persisted pids get reused. A record whose pid now names another process (other start
      * time) or another user's is reported and never signalled. */
     if (t->kid.pidfd < 0) {
-      if (gg__proc_read_stat(t->kid.pid, &info) != 0) t->exited = true; /* gone: nothing to signal */
-      else if (info.start != t->kid.start || !gg__mine(t->kid.pid)) t->skipped = true;
+      if (gg__proc_read_stat(t->kid.pid, &info) != 0)
+        t->exited = true; /* gone: nothing to signal */
+      else if (info.start != t->kid.start || !gg__mine(t->kid.pid))
+        t->skipped = true;
     }
   }
   free(kids);
@@ -271,7 +286,8 @@ int gg__proc_teardown_set(const void *guard_key, int grace_ms, gg_proc_receipt_t
   /* What was forked during the grace period, or orphaned by a parent that just exited, too. */
   size_t before = td.n;
   if (gg__discover(&td) != 0) td.err = 0;
-  for (size_t i = before; i < td.n; i++) gg__proc_cmdline(td.t[i].kid.pid, td.t[i].out.command, sizeof td.t[i].out.command);
+  for (size_t i = before; i < td.n; i++)
+    gg__proc_cmdline(td.t[i].kid.pid, td.t[i].out.command, sizeof td.t[i].out.command);
   for (size_t i = 0; i < td.n; i++)
     if (!gg__poll_exited(&td.t[i])) gg__send(&td, &td.t[i], SIGKILL, GG_PROC_SENT_KILL);
   gg__wait(&td, gg__now_ms() + GG__KILL_WAIT_MS);
@@ -311,8 +327,8 @@ int gg__proc_teardown_set(const void *guard_key, int grace_ms, gg_proc_receipt_t
     size_t at = 0;
     for (size_t i = 0; i < td.n && at + 12 < sizeof states; i++)
       if (td.t[i].out.end == GG_PROC_ALIVE)
-        at += (size_t)snprintf(states + at, sizeof states - at, "%s%d:%c", at ? " " : "", (int)td.t[i].kid.pid,
-                               td.t[i].out.state);
+        at += (size_t)snprintf(states + at, sizeof states - at, "%s%d:%c", at ? " " : "",
+                               (int)td.t[i].kid.pid, td.t[i].out.state);
     rc = gg__err(GG_ETIMEDOUT,
                  "gg_proc_teardown: %zu process(es) still alive %.0f ms after SIGKILL (pid:state %s); "
                  "kept for the next teardown",
@@ -413,7 +429,8 @@ int gg_proc_receipt_json(const gg_proc_receipt_t *receipt, char *buf, size_t cap
 }
 
 int gg_proc_receipt_write(const gg_proc_receipt_t *receipt, FILE *f) {
-  if (!receipt || !f) return gg__err(GG_EINVAL, "gg_proc_receipt_write: NULL %s", receipt ? "stream" : "receipt");
+  if (!receipt || !f)
+    return gg__err(GG_EINVAL, "gg_proc_receipt_write: NULL %s", receipt ? "stream" : "receipt");
   size_t len = 0;
   gg_proc_receipt_json(receipt, NULL, 0, &len);
   char *buf = malloc(len + 1);

@@ -87,7 +87,8 @@ static void write_pid(int fd, pid_t pid) { dprintf(fd, "%d\n", (int)pid); }
 
 /* Reaps whatever children of ours have ended (the test process is a subreaper in some tests). */
 static void reap_all(void) {
-  while (waitpid(-1, NULL, WNOHANG) > 0) {}
+  while (waitpid(-1, NULL, WNOHANG) > 0) {
+  }
 }
 
 static pid_t spawn_ok(gg_guard_t *g, const char *const argv[], const gg_spawn_options_t *o) {
@@ -359,8 +360,38 @@ static void test_teardown_stopped(void **state) {
   o = outcome(r, stubborn);
   assert_int_equal(o->sent, GG_PROC_SENT_TERM | GG_PROC_SENT_CONT | GG_PROC_SENT_KILL);
   assert_int_equal(o->code, SIGKILL);
-  printf("  teardown of a stopped child ignoring SIGTERM: %.1f ms (grace 200, bound 700 ms)\n", r->elapsed_ms);
+  printf("  teardown of a stopped child ignoring SIGTERM: %.1f ms (grace 200, bound 700 ms)\n",
+         r->elapsed_ms);
   assert_true(r->elapsed_ms < 700);
+  gg_proc_receipt_free(r);
+}
+
+/* A process that cannot be ended (muted signals stand in for uninterruptible sleep): teardown still
+ * returns within grace + 250 ms kill wait + margin (bound grace + 700 ms), says GG_ETIMEDOUT with the
+ * state, keeps it in the set, and the next teardown ends it. */
+static void test_teardown_bounded_when_unkillable(void **state) {
+  (void)state;
+  const char *sleeper[] = {"sleep", "30", NULL};
+  pid_t pid = spawn_ok(NULL, sleeper, NULL);
+  gg__proc_test_mute(true);
+  gg_proc_receipt_t *r = NULL;
+  double t0 = now_ms();
+  gg_assert_fails(gg_proc_teardown_ex(NULL, 200, &r), GG_ETIMEDOUT, "still alive");
+  double took = now_ms() - t0;
+  gg__proc_test_mute(false);
+  assert_non_null(r);
+  assert_int_equal(r->n_alive, 1);
+  const gg_proc_outcome_t *o = outcome(r, pid);
+  assert_int_equal(o->end, GG_PROC_ALIVE);
+  assert_true(o->state == 'S' || o->state == 'R');
+  char json[1024];
+  gg_assert_ok(gg_proc_receipt_json(r, json, sizeof json, NULL));
+  assert_non_null(strstr(json, "\"end\":\"alive\""));
+  gg_proc_receipt_free(r);
+  printf("  teardown with an unkillable child: %.1f ms (grace 200, bound 900 ms)\n", took);
+  assert_true(took < 900);
+  gg_assert_ok(gg_proc_teardown_ex(NULL, 1000, &r)); /* kept, and ended now */
+  assert_int_equal(outcome(r, pid)->code, SIGTERM);
   gg_proc_receipt_free(r);
 }
 
@@ -426,8 +457,8 @@ static void test_teardown_subreaper_orphan(void **state) {
   /* Wait until its shell has exited and it has been reparented to us. */
   gg__pinfo_t info;
   double t0 = now_ms();
-  while (now_ms() - t0 < 10000 && !(gg__proc_read_stat(orphan, &info) == 0 && info.ppid == getpid() &&
-                                    info.sid == orphan))
+  while (now_ms() - t0 < 10000 &&
+         !(gg__proc_read_stat(orphan, &info) == 0 && info.ppid == getpid() && info.sid == orphan))
     nap_ms(2);
   assert_int_equal(info.ppid, getpid());
   assert_int_equal(info.sid, orphan); /* its own session: killpg would not reach it */
@@ -523,9 +554,11 @@ static void test_spawn_errors(void **state) {
   const char *empty[] = {NULL};
   gg_assert_fails(gg_proc_spawn(NULL, empty, NULL, NULL), GG_EINVAL, "argv");
   const char *missing[] = {"/nonexistent/gg-prog", NULL};
-  gg_assert_fails(gg_proc_spawn(NULL, missing, NULL, NULL), GG_ENOTFOUND, "cannot execute '/nonexistent/gg-prog'");
+  gg_assert_fails(gg_proc_spawn(NULL, missing, NULL, NULL), GG_ENOTFOUND,
+                  "cannot execute '/nonexistent/gg-prog'");
   const char *unpathed[] = {"gg-no-such-program", NULL};
-  gg_assert_fails(gg_proc_spawn(NULL, unpathed, NULL, NULL), GG_ENOTFOUND, "'gg-no-such-program' not found in PATH");
+  gg_assert_fails(gg_proc_spawn(NULL, unpathed, NULL, NULL), GG_ENOTFOUND,
+                  "'gg-no-such-program' not found in PATH");
   char file[] = "/tmp/gg_noexec_XXXXXX";
   int fd = mkstemp(file);
   assert_true(fd >= 0);
@@ -578,17 +611,23 @@ static void test_spawn_options(void **state) {
 /* The receipt's JSON: escaping, and a buffer too small says how much is needed. */
 static void test_receipt_json(void **state) {
   (void)state;
-  gg_proc_outcome_t o = {.pid = 42, .ppid = 1, .start_time = 7, .found = "tracked", .sent = GG_PROC_SENT_TERM | GG_PROC_SENT_KILL,
-                         .end = GG_PROC_ALIVE, .state = 'D'};
+  gg_proc_outcome_t o = {.pid = 42,
+                         .ppid = 1,
+                         .start_time = 7,
+                         .found = "tracked",
+                         .sent = GG_PROC_SENT_TERM | GG_PROC_SENT_KILL,
+                         .end = GG_PROC_ALIVE,
+                         .state = 'D'};
   strcpy(o.command, "x \"q\" \\ \n");
   gg_proc_receipt_t r = {.count = 1, .n_alive = 1, .grace_ms = 100, .elapsed_ms = 350.25, .procs = &o};
   char buf[512];
   size_t len = 0;
   gg_assert_ok(gg_proc_receipt_json(&r, buf, sizeof buf, &len));
   assert_int_equal(len, strlen(buf));
-  assert_string_equal(buf, "{\"grace_ms\":100,\"elapsed_ms\":350.2,\"alive\":1,\"processes\":[{\"pid\":42,\"ppid\":1,"
-                           "\"start_time\":7,\"command\":\"x \\\"q\\\" \\\\ \\u000a\",\"found\":\"tracked\","
-                           "\"sent\":[\"TERM\",\"KILL\"],\"end\":\"alive\",\"code\":0,\"state\":\"D\"}]}");
+  assert_string_equal(
+      buf, "{\"grace_ms\":100,\"elapsed_ms\":350.2,\"alive\":1,\"processes\":[{\"pid\":42,\"ppid\":1,"
+           "\"start_time\":7,\"command\":\"x \\\"q\\\" \\\\ \\u000a\",\"found\":\"tracked\","
+           "\"sent\":[\"TERM\",\"KILL\"],\"end\":\"alive\",\"code\":0,\"state\":\"D\"}]}");
   char small[16];
   size_t need = 0;
   gg_assert_fails(gg_proc_receipt_json(&r, small, sizeof small, &need), GG_ENOMEM, "needs");
@@ -681,7 +720,9 @@ static void test_fatal_path(void **state) {
   assert_true(WIFSIGNALED(st));
   assert_int_equal(WTERMSIG(st), SIGSEGV);
   double took = wait_all_gone(kids, 3, 1000);
-  printf("  fatal path: adopted child, group leader and member gone %.1f ms after the crash (bound 1000 ms)\n", took);
+  printf(
+      "  fatal path: adopted child, group leader and member gone %.1f ms after the crash (bound 1000 ms)\n",
+      took);
   assert_true(took >= 0);
   char rec[512];
   snprintf(rec, sizeof rec, "%s/%d.rec", dir, (int)mid);
@@ -719,6 +760,7 @@ int main(void) {
       cmocka_unit_test(test_teardown_term),
       cmocka_unit_test(test_teardown_kills_after_grace),
       cmocka_unit_test(test_teardown_stopped),
+      cmocka_unit_test(test_teardown_bounded_when_unkillable),
       cmocka_unit_test(test_teardown_without_pidfd),
       cmocka_unit_test(test_teardown_group_and_descendants),
       cmocka_unit_test(test_teardown_subreaper_orphan),

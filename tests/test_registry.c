@@ -108,7 +108,8 @@ static void test_stale_by_start_time(void **state) {
   gg__pinfo_t me;
   assert_int_equal(gg__proc_read_stat(getpid(), &me), 0);
   char text[256], name[32];
-  snprintf(text, sizeof text, "gpuguard-record 1\npid %d\nstart %llu\nppid 1\nsession ab12\nrole leader\ndevices \ncmd x\n",
+  snprintf(text, sizeof text,
+           "gpuguard-record 1\npid %d\nstart %llu\nppid 1\nsession ab12\nrole leader\ndevices \ncmd x\n",
            (int)getpid(), me.start + 5);
   snprintf(name, sizeof name, "%d.rec", (int)getpid());
   write_file(name, text, 0600);
@@ -128,10 +129,13 @@ static void test_garbage_skipped(void **state) {
   gg_assert_ok(gg_registry_register(NULL));
   write_file("123.rec", "hello\n", 0600);
   write_file("notes.txt", "not a record\n", 0600);
-  write_file("124.rec", "gpuguard-record 1\npid 999\nstart 1\nppid 1\nsession ab\nrole leader\ndevices \ncmd x\n",
+  write_file("124.rec",
+             "gpuguard-record 1\npid 999\nstart 1\nppid 1\nsession ab\nrole leader\ndevices \ncmd x\n",
              0600); /* pid does not match the name */
-  write_file("125.rec", "gpuguard-record 1\npid 125\nstart 1\nppid 1\nsession ab\nrole king\ndevices \ncmd x\n", 0600);
-  write_file("126.rec", "gpuguard-record 1\npid 126\nstart 1\nppid 1\nsession ab\nrole leader\ndevices \ncmd x\n",
+  write_file("125.rec",
+             "gpuguard-record 1\npid 125\nstart 1\nppid 1\nsession ab\nrole king\ndevices \ncmd x\n", 0600);
+  write_file("126.rec",
+             "gpuguard-record 1\npid 126\nstart 1\nppid 1\nsession ab\nrole leader\ndevices \ncmd x\n",
              0666); /* others could have written it */
   char target[160], link[160];
   snprintf(target, sizeof target, "%s/%d.rec", dir, (int)getpid());

@@ -41,18 +41,18 @@ typedef struct gg_guard gg_guard_t;
 /** Options of gg_proc_spawn(). Fill with gg_spawn_options_init(), then change what you need; fields
  *  are only ever added at the end. */
 typedef struct gg_spawn_options {
-  size_t size;            /**< sizeof(gg_spawn_options_t), set by gg_spawn_options_init() */
-  int new_process_group;  /**< nonzero: the child leads its own process group, and teardown signals
-                               the whole group. Default 0 (the child shares ours, as posix_spawn does) */
-  char *const *env;       /**< environment of the child, NULL-terminated "K=V" strings; NULL inherits
-                               ours. GPUGUARD_SESSION is added when this process has registered */
-  int stdin_fd;           /**< descriptor to become the child's stdin, -1 (default) to inherit ours */
-  int stdout_fd;          /**< descriptor to become the child's stdout, -1 (default) to inherit */
-  int stderr_fd;          /**< descriptor to become the child's stderr, -1 (default) to inherit */
-  const char *cwd;        /**< working directory of the child; NULL (default) keeps ours */
-  int death_signal;       /**< nonzero (default): the child gets SIGKILL when this process dies */
-  int close_device_fds;   /**< nonzero: the child closes inherited /dev/nvidia* descriptors before
-                               exec. Default 0 */
+  size_t size;           /**< sizeof(gg_spawn_options_t), set by gg_spawn_options_init() */
+  int new_process_group; /**< nonzero: the child leads its own process group, and teardown signals
+                              the whole group. Default 0 (the child shares ours, as posix_spawn does) */
+  char *const *env;      /**< environment of the child, NULL-terminated "K=V" strings; NULL inherits
+                              ours. GPUGUARD_SESSION is added when this process has registered */
+  int stdin_fd;          /**< descriptor to become the child's stdin, -1 (default) to inherit ours */
+  int stdout_fd;         /**< descriptor to become the child's stdout, -1 (default) to inherit */
+  int stderr_fd;         /**< descriptor to become the child's stderr, -1 (default) to inherit */
+  const char *cwd;       /**< working directory of the child; NULL (default) keeps ours */
+  int death_signal;      /**< nonzero (default): the child gets SIGKILL when this process dies */
+  int close_device_fds;  /**< nonzero: the child closes inherited /dev/nvidia* descriptors before
+                              exec. Default 0 */
 } gg_spawn_options_t;
 
 /** Fills opts with the defaults described at each field.
@@ -146,11 +146,11 @@ typedef struct gg_proc_outcome {
 
 /** What a teardown did, process by process. Free with gg_proc_receipt_free(). */
 typedef struct gg_proc_receipt {
-  size_t count;              /**< entries in procs */
-  size_t n_alive;            /**< how many could not be ended */
-  int grace_ms;              /**< the grace period asked for */
-  double elapsed_ms;         /**< how long the teardown took */
-  gg_proc_outcome_t *procs;  /**< count entries */
+  size_t count;             /**< entries in procs */
+  size_t n_alive;           /**< how many could not be ended */
+  int grace_ms;             /**< the grace period asked for */
+  double elapsed_ms;        /**< how long the teardown took */
+  gg_proc_outcome_t *procs; /**< count entries */
 } gg_proc_receipt_t;
 
 /** Ends every process in guard's set, and their descendants: SIGTERM to each (and to the group it
