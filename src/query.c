@@ -9,7 +9,7 @@
 #include "backend/backend.h"
 #include "internal.h"
 #include "nvml.h"
-#include "procfs.h"
+#include "proc_internal.h"
 
 int gg_device_count(int *count) {
   if (!count) return gg__err(GG_EINVAL, "gg_device_count: count is NULL");
@@ -56,18 +56,18 @@ const char *gg_process_class_name(gg_process_class_t cls) {
 
 /* Fills the /proc side of a row and a first classification (the session registry refines it). */
 static void gg__join_proc(gg_process_t *row, uid_t me) {
-  gg__procstat_t st;
-  if (gg__procfs_stat("/proc", row->pid, &st) == 0) {
-    row->ppid = st.ppid, row->uid = st.uid, row->state = st.state, row->start_time = st.start_time;
-    gg__procfs_cmdline("/proc", row->pid, row->command, sizeof row->command);
-    if (!row->command[0]) gg__strlcpy(row->command, st.comm, sizeof row->command);
+  gg__pinfo_t st;
+  uid_t uid = 0;
+  if (gg__proc_read_stat(row->pid, &st) == 0 && gg__proc_uid(row->pid, &uid) == 0) {
+    row->ppid = st.ppid, row->uid = uid, row->state = st.state, row->start_time = st.start;
+    gg__proc_cmdline(row->pid, row->command, sizeof row->command);
     struct passwd pw, *res = NULL;
     char pwbuf[1024];
-    if (getpwuid_r(st.uid, &pw, pwbuf, sizeof pwbuf, &res) == 0 && res)
+    if (getpwuid_r(uid, &pw, pwbuf, sizeof pwbuf, &res) == 0 && res)
       gg__strlcpy(row->user, pw.pw_name, sizeof row->user);
     else
-      snprintf(row->user, sizeof row->user, "%u", (unsigned)st.uid);
-    if (st.uid != me) row->cls = GG_PROCESS_FOREIGN;
+      snprintf(row->user, sizeof row->user, "%u", (unsigned)uid);
+    if (uid != me) row->cls = GG_PROCESS_FOREIGN;
   } else {
     /* Another PID namespace (a container) or already gone: only the driver's figures are known. */
     row->state = '?';

@@ -1,14 +1,13 @@
 /* test_query.c — who holds a device: NVML's process records in all three layouts, unknown memory,
  * the /proc join and classification, descriptor scanning, the fallback without NVML. */
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "gg_test.h"
 #include "internal.h"
 #include "nvml.h"
-#include "procfs.h"
+#include "proc_internal.h"
 
 static char log_path[64];
 
@@ -98,9 +97,9 @@ static void list_with_stride(const char *stride) {
   assert_int_equal(rows[1].pid, child);
   assert_int_equal(rows[1].used_bytes, -1);
   assert_int_equal(rows[1].ppid, getpid());
-  gg__procstat_t st;
-  gg_assert_ok(gg__procfs_stat("/proc", child, &st));
-  assert_int_equal(rows[1].start_time, st.start_time);
+  gg__pinfo_t st;
+  assert_int_equal(gg__proc_read_stat(child, &st), 0);
+  assert_int_equal(rows[1].start_time, st.start);
   kill(child, SIGKILL);
   waitpid(child, NULL, 0);
 }
@@ -179,8 +178,8 @@ static void test_foreign_process(void **state) {
     _exit(0);
   }
   /* Wait until the child has changed its uid. */
-  gg__procstat_t st = {0};
-  for (int i = 0; i < 500 && !(gg__procfs_stat("/proc", child, &st) == 0 && st.uid == 65534); i++) usleep(2000);
+  uid_t uid = 0;
+  for (int i = 0; i < 500 && !(gg__proc_uid(child, &uid) == 0 && uid == 65534); i++) usleep(2000);
   char spec[64];
   snprintf(spec, sizeof spec, "%d:4096", (int)child);
   setenv("FAKE_NVML_PROCS", spec, 1);
@@ -228,59 +227,6 @@ static void test_fd_scan(void **state) {
   gg_assert_fails(gg__scan_fd_holders("/nonexistent-proc", path, &pids, &n), GG_EIO, "cannot open");
 }
 
-static void test_procfs_parsing(void **state) {
-  (void)state;
-  /* A fake /proc whose command name holds spaces and parentheses. */
-  char root[] = "/tmp/gg_fake_procXXXXXX";
-  assert_non_null(mkdtemp(root));
-  char dir[128], file[160];
-  snprintf(dir, sizeof dir, "%s/4242", root);
-  mkdir(dir, 0700);
-  snprintf(file, sizeof file, "%s/stat", dir);
-  FILE *f = fopen(file, "w");
-  fprintf(f, "4242 (we(ir) d) S 17 4242 4242 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 987654 0 0\n");
-  fclose(f);
-  snprintf(file, sizeof file, "%s/status", dir);
-  f = fopen(file, "w");
-  fprintf(f, "Name:\tx\nUid:\t1234\t1234\t1234\t1234\n");
-  fclose(f);
-  snprintf(file, sizeof file, "%s/cmdline", dir);
-  f = fopen(file, "w");
-  fwrite("python3\0train.py\0--fast\0", 1, 24, f);
-  fclose(f);
-  gg__procstat_t st;
-  gg_assert_ok(gg__procfs_stat(root, 4242, &st));
-  assert_string_equal(st.comm, "we(ir) d");
-  assert_int_equal(st.state, 'S');
-  assert_int_equal(st.ppid, 17);
-  assert_int_equal(st.start_time, 987654);
-  assert_int_equal(st.uid, 1234);
-  char cmd[64];
-  gg_assert_ok(gg__procfs_cmdline(root, 4242, cmd, sizeof cmd));
-  assert_string_equal(cmd, "python3 train.py --fast");
-  gg_assert_ok(gg__procfs_cmdline(root, 4242, cmd, 8)); /* cut, still terminated */
-  assert_string_equal(cmd, "python3");
-  gg_assert_fails(gg__procfs_stat(root, 4243, &st), GG_ENOTFOUND, "4243");
-  /* Garbage in the stat file is refused, not trusted. */
-  snprintf(file, sizeof file, "%s/stat", dir);
-  f = fopen(file, "w");
-  fprintf(f, "4242 (x) S 1 2\n");
-  fclose(f);
-  gg_assert_fails(gg__procfs_stat(root, 4242, &st), GG_EIO, "too few fields");
-  f = fopen(file, "w");
-  fprintf(f, "garbage");
-  fclose(f);
-  gg_assert_fails(gg__procfs_stat(root, 4242, &st), GG_EIO, "unreadable");
-  char rm[200];
-  snprintf(rm, sizeof rm, "rm -rf %s", root);
-  assert_int_equal(system(rm), 0);
-  /* gg__procfs_same: alive and the same start time only. */
-  gg_assert_ok(gg__procfs_stat("/proc", getpid(), &st));
-  assert_true(gg__procfs_same(getpid(), st.start_time));
-  assert_false(gg__procfs_same(getpid(), st.start_time + 1));
-  assert_false(gg__procfs_same(0, 0));
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stride_probe),
@@ -293,7 +239,6 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_foreign_process, setup, teardown),
       cmocka_unit_test_setup_teardown(test_gone_process_keeps_driver_figures, setup, teardown),
       cmocka_unit_test(test_fd_scan),
-      cmocka_unit_test(test_procfs_parsing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
