@@ -570,7 +570,9 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
   return 0;
 }
 
-int gg_proc_adopt(gg_guard_t *guard, pid_t pid) {
+int gg_proc_adopt(gg_guard_t *guard, pid_t pid) { return gg_proc_adopt_ex(guard, pid, 0); }
+
+int gg_proc_adopt_ex(gg_guard_t *guard, pid_t pid, unsigned long long start_time) {
   if (pid <= 0)
     return gg__err(GG_EINVAL, "gg_proc_adopt: pid %d is not a process (0 and -1 name groups)", (int)pid);
   if (pid == 1) return gg__err(GG_EPERM, "gg_proc_adopt: pid 1 (init) is never adopted");
@@ -585,6 +587,9 @@ int gg_proc_adopt(gg_guard_t *guard, pid_t pid) {
                    (unsigned)uid, (unsigned)getuid());
   if (info.state == 'Z' || info.state == 'X')
     return gg__err(GG_ENOTFOUND, "gg_proc_adopt: process %d has already exited", (int)pid);
+  if (start_time && info.start != start_time)
+    return gg__err(GG_ENOTFOUND, "gg_proc_adopt: pid %d now names another process (start time %llu, expected %llu)",
+                   (int)pid, info.start, start_time);
   int pidfd = gg__pidfd_open(pid);
   if (pidfd < 0 && errno == ESRCH) return gg__err(GG_ENOTFOUND, "gg_proc_adopt: no process %d", (int)pid);
   /* The pidfd names whatever held the pid when it was opened: confirm that is the process we read. */

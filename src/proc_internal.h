@@ -30,6 +30,9 @@ int gg__proc_walk(int (*fn)(const gg__pinfo_t *info, void *user), void *user);
 /* [AS-safe] Closes every descriptor of this process whose target path starts with prefix (readlink of
  * /proc/self/fd/N). Returns how many were closed, or -errno. Tests point it at a temporary file. */
 int gg__close_fds_matching(const char *prefix);
+/* Value of environment variable `name` in process pid (readable for our own processes, or as root).
+ * 0, -ENOENT when it is not set, or -errno. */
+int gg__proc_environ_get(pid_t pid, const char *name, char *buf, size_t cap);
 /* Pids under proc_root holding an open descriptor whose link target is exactly `target` (a device node
  * such as /dev/nvidia0). Returns 0 with a malloc'd array in *pids (free it), or an error. */
 int gg__scan_fd_holders(const char *proc_root, const char *target, int **pids, size_t *n);

@@ -230,3 +230,37 @@ int gg__scan_fd_holders(const char *proc_root, const char *target, int **pids, s
   if (rc < 0) free(*pids), *pids = NULL, *n = 0;
   return rc;
 }
+
+int gg__proc_environ_get(pid_t pid, const char *name, char *buf, size_t cap) {
+  char path[64];
+  gg__proc_path(path, sizeof path, pid, "environ");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -errno;
+  /* The environment is NUL-separated "K=V" strings; read it in pieces and match whole entries. */
+  size_t nlen = strlen(name), have = 0;
+  char chunk[8192];
+  int rc = -ENOENT;
+  for (;;) {
+    ssize_t r = read(fd, chunk + have, sizeof chunk - have);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    have += (size_t)r;
+    size_t start = 0;
+    for (size_t i = 0; i < have; i++) {
+      if (chunk[i] != '\0') continue;
+      const char *e = chunk + start;
+      if (i - start > nlen && strncmp(e, name, nlen) == 0 && e[nlen] == '=') {
+        gg__strlcpy(buf, e + nlen + 1, cap);
+        rc = 0;
+        break;
+      }
+      start = i + 1;
+    }
+    if (rc == 0) break;
+    memmove(chunk, chunk + start, have - start); /* keep the unfinished entry */
+    have -= start;
+    if (have == sizeof chunk) have = 0; /* an entry longer than the buffer: not one we want */
+  }
+  close(fd);
+  return rc;
+}

@@ -75,6 +75,67 @@ static void gg__join_proc(gg_process_t *row, uid_t me) {
   }
 }
 
+/* The session registry, read once per listing; an unreadable registry just means no sessions. */
+typedef struct gg__sessions {
+  gg_session_record_t *recs;
+  size_t n;
+} gg__sessions_t;
+
+static void gg__sessions_load(gg__sessions_t *s) {
+  s->recs = NULL, s->n = 0;
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  size_t want = 0;
+  for (int attempt = 0; attempt < 3 && gg_registry_list(s->recs, s->n, &want) == 0 && want > s->n; attempt++) {
+    gg_session_record_t *grown = realloc(s->recs, (want + 8) * sizeof *grown);
+    if (!grown) break;
+    s->recs = grown, s->n = want + 8;
+  }
+  if (want < s->n) s->n = want;
+  gg__err_restore(&saved);
+}
+
+/* Leader of a session: 1 alive, 0 dead (its record is stale), -1 unknown (no record). */
+static int gg__leader_alive(const gg__sessions_t *s, const char *session) {
+  int state = -1;
+  for (size_t i = 0; i < s->n; i++)
+    if (strcmp(s->recs[i].session, session) == 0 && strcmp(s->recs[i].role, "leader") == 0) {
+      if (!s->recs[i].stale) return 1;
+      state = 0;
+    }
+  return state;
+}
+
+/* Multiprocessing children started by spawn or forkserver say so on their command line. */
+static bool gg__looks_like_worker(const char *cmd) {
+  return strstr(cmd, "multiprocessing.spawn") || strstr(cmd, "multiprocessing.forkserver") ||
+         strstr(cmd, "spawn_main(");
+}
+
+/* guarded: part of a live session; orphan: its session's leader is dead, or its parent is gone and it
+ * was a worker. Only evidence moves a row out of "unknown". */
+static void gg__classify(gg_process_t *row, const gg__sessions_t *s) {
+  if (row->cls == GG_PROCESS_FOREIGN || row->state == '?') return;
+  const gg_session_record_t *rec = NULL;
+  for (size_t i = 0; i < s->n && !rec; i++)
+    if (s->recs[i].pid == row->pid && s->recs[i].start_time == row->start_time && !s->recs[i].stale) rec = &s->recs[i];
+  if (rec) gg__strlcpy(row->session, rec->session, sizeof row->session);
+  else if (gg__proc_environ_get(row->pid, "GPUGUARD_SESSION", row->session, sizeof row->session) != 0)
+    row->session[0] = '\0';
+  gg__pinfo_t parent;
+  bool parent_gone = row->ppid <= 1 || gg__proc_read_stat(row->ppid, &parent) != 0 ||
+                     (rec && rec->ppid != row->ppid);
+  if (row->session[0]) {
+    int leader = gg__leader_alive(s, row->session);
+    if (rec && strcmp(rec->role, "leader") == 0) leader = 1; /* it is the leader, alive */
+    if (leader == 1) row->cls = GG_PROCESS_GUARDED;
+    else if (leader == 0 || parent_gone) row->cls = GG_PROCESS_ORPHAN;
+    else row->cls = GG_PROCESS_GUARDED;
+  } else if (parent_gone && gg__looks_like_worker(row->command)) {
+    row->cls = GG_PROCESS_ORPHAN;
+  }
+}
+
 int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
   if (!count) return gg__err(GG_EINVAL, "gg_process_list: count is NULL");
   if (!rows && cap) return gg__err(GG_EINVAL, "gg_process_list: rows is NULL but cap is %zu", cap);
@@ -126,6 +187,8 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
 
   uid_t me = getuid();
   size_t total = 0;
+  gg__sessions_t sessions;
+  gg__sessions_load(&sessions);
   for (size_t i = 0; i < ngp + nfd; i++) {
     int pid = i < ngp ? (int)gp[i].pid : fdp[i - ngp];
     bool listed = false;
@@ -139,11 +202,13 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
       row->used_bytes = i < ngp ? gp[i].used : -1;
       row->cls = (i >= ngp && nvml) ? GG_PROCESS_FD_HOLDER : GG_PROCESS_UNKNOWN;
       gg__join_proc(row, me);
+      if (row->cls != GG_PROCESS_FD_HOLDER) gg__classify(row, &sessions);
     }
     total++;
   }
   free(gp);
   free(fdp);
+  free(sessions.recs);
   *count = total;
   return 0;
 }
