@@ -212,3 +212,70 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
   *count = total;
   return 0;
 }
+
+/* ---- orphans of dead sessions ------------------------------------------------------------------- */
+
+typedef struct gg__orphan_walk {
+  const gg__sessions_t *sessions;
+  uid_t me;
+  pid_t self;
+  gg_process_t *rows;
+  size_t cap, n;
+} gg__orphan_walk_t;
+
+static void gg__orphan_add(gg__orphan_walk_t *w, const gg_process_t *row) {
+  for (size_t i = 0; i < w->n && i < w->cap; i++)
+    if (w->rows[i].pid == row->pid) return; /* already listed (from another device) */
+  if (w->n < w->cap) w->rows[w->n] = *row;
+  w->n++;
+}
+
+/* Every process of ours that carries a session id is judged as a GPU process would be. */
+static int gg__orphan_visit(const gg__pinfo_t *info, void *user) {
+  gg__orphan_walk_t *w = user;
+  uid_t uid;
+  char session[40];
+  if (info->pid == w->self || gg__proc_uid(info->pid, &uid) != 0 || uid != w->me) return 0;
+  if (gg__proc_environ_get(info->pid, "GPUGUARD_SESSION", session, sizeof session) != 0) return 0;
+  gg_process_t row;
+  memset(&row, 0, sizeof row);
+  row.pid = info->pid;
+  row.device = -1;
+  row.used_bytes = -1;
+  gg__join_proc(&row, w->me);
+  gg__classify(&row, w->sessions);
+  if (row.cls == GG_PROCESS_ORPHAN && row.start_time == info->start) gg__orphan_add(w, &row);
+  return 0;
+}
+
+int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count) {
+  if (!count) return gg__err(GG_EINVAL, "gg_orphan_list: count is NULL");
+  if (!rows && cap) return gg__err(GG_EINVAL, "gg_orphan_list: rows is NULL but cap is %zu", cap);
+  gg__sessions_t sessions;
+  gg__sessions_load(&sessions);
+  gg__orphan_walk_t w = {.sessions = &sessions, .me = getuid(), .self = getpid(), .rows = rows, .cap = cap};
+  int rc = gg__proc_walk(gg__orphan_visit, &w);
+  free(sessions.recs);
+  if (rc < 0) return gg__err(GG_EIO, "gg_orphan_list: cannot read /proc: %s", strerror(-rc));
+  /* Orphans the driver lists (multiprocessing workers without a session) and their memory. */
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  int ndev = 0;
+  if (gg__cuda_count(&ndev) != 0) ndev = 0;
+  if (ndev == 0 && gg__env("GPUGUARD_NVML_LIBRARY")) ndev = 1; /* a stand-in NVML without a driver */
+  for (int d = 0; d < ndev; d++) {
+    gg_process_t got[64];
+    size_t n = 0;
+    if (gg_process_list(d, got, 64, &n) != 0) continue;
+    for (size_t i = 0; i < n && i < 64; i++) {
+      if (got[i].cls != GG_PROCESS_ORPHAN || got[i].uid != w.me) continue;
+      bool seen = false;
+      for (size_t j = 0; j < w.n && j < w.cap; j++)
+        if (rows[j].pid == got[i].pid) rows[j].used_bytes = got[i].used_bytes, rows[j].device = d, seen = true;
+      if (!seen) gg__orphan_add(&w, &got[i]);
+    }
+  }
+  gg__err_restore(&saved);
+  *count = w.n;
+  return 0;
+}
