@@ -91,6 +91,8 @@ GG_API int gg_proc_adopt(gg_guard_t *guard, pid_t pid);
 /** gg_proc_adopt(), but only if the process is still the one that started at @p start_time (clock
  *  ticks after boot, as /proc and gg_process_t report it): a pid read earlier may since have been
  *  reused by another process, which must never be adopted (and so never signalled).
+ *  @param guard the owning guard, or NULL for the default set.
+ *  @param pid the process.
  *  @param start_time the expected start time; 0 accepts any.
  *  @return as gg_proc_adopt(); GG_ENOTFOUND when the start time does not match. */
 GG_API int gg_proc_adopt_ex(gg_guard_t *guard, pid_t pid, unsigned long long start_time);
