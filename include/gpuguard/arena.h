@@ -41,7 +41,7 @@ typedef struct gg_arena_options {
 
 /** Statistics of an arena, exact at the moment of the call. */
 typedef struct gg_arena_stats {
-  size_t bytes_in_use;       /**< bytes in live blocks (sizes as rounded to the alignment) */
+  size_t bytes_in_use;       /**< bytes in live blocks (sizes rounded up to a multiple of 256) */
   size_t bytes_mapped;       /**< physical memory mapped now */
   size_t bytes_reserved;     /**< address space reserved (the capacity) */
   size_t peak_in_use;        /**< highest bytes_in_use since creation */
@@ -53,6 +53,9 @@ typedef struct gg_arena_stats {
   int scope_depth;           /**< scopes open now */
   double fragmentation;      /**< 1 - largest_free_block / (bytes_mapped - bytes_in_use); 0 when
                                   nothing mapped is free */
+  size_t bytes_pending;      /**< released bytes not reusable yet: waiting for work queued on the stream
+                                  before their release, or for the bump log to be compacted */
+  unsigned long long n_chunks; /**< chunks mapped now */
 } gg_arena_stats_t;
 
 /** A scope of an arena. Plain data the caller owns (on its stack); filled by gg_scope_begin(). */
@@ -137,6 +140,27 @@ GG_API const char *gg_arena_name(const gg_arena_t *arena);
 
 /** The backend the arena runs on: "cuda" or "host"; NULL for a NULL arena. */
 GG_API const char *gg_arena_backend(const gg_arena_t *arena);
+
+/** Copies @p n bytes from host memory to device memory of the arena, synchronously. Meant for tests,
+ *  examples and bindings that must show memory is real without calling the CUDA runtime.
+ *  @param dst a device address: [dst, dst+n) must lie inside one live block of @p arena.
+ *  @param src host memory.
+ *  @return 0 (also for n == 0); GG_EINVAL for NULL arguments or a range outside the arena's live blocks;
+ *  a driver error. Thread-safe. */
+GG_API int gg_arena_copy_to_device(gg_arena_t *arena, void *dst, const void *src, size_t n);
+
+/** Copies @p n bytes from device memory of the arena to host memory, synchronously.
+ *  @param dst host memory.
+ *  @param src a device address: [src, src+n) must lie inside one live block of @p arena.
+ *  @return 0 (also for n == 0); GG_EINVAL for NULL arguments or a range outside the arena's live blocks;
+ *  a driver error. Thread-safe. */
+GG_API int gg_arena_copy_from_device(gg_arena_t *arena, void *dst, const void *src, size_t n);
+
+/** Sets @p n bytes of device memory of the arena to @p value (its low 8 bits), synchronously.
+ *  @param dst a device address: [dst, dst+n) must lie inside one live block of @p arena.
+ *  @return 0 (also for n == 0); GG_EINVAL for a NULL or out-of-block range; a driver error.
+ *  Thread-safe. */
+GG_API int gg_arena_memset(gg_arena_t *arena, void *dst, int value, size_t n);
 
 GG_END_DECLS
 
