@@ -581,6 +581,8 @@ static void gg__reclaim(gg_arena_t *a) {
   gg__err_restore(&saved);
 }
 
+static int gg__trim_locked(gg_arena_t *a, size_t keep);
+
 static int gg__oom(gg_arena_t *a, size_t req, size_t al, const char *why) {
   gg_arena_stats_t s;
   gg__fill_stats(a, &s);
@@ -600,24 +602,27 @@ static int gg__alloc_locked(gg_arena_t *a, size_t n, size_t al, size_t req, cons
     if (round == 0) { /* memory released earlier may be reusable now */
       gg__reclaim(a);
       gg__promote(a);
-    } else if (round == 1) {
-      if ((rc = gg__grow_map(a, n, al, why, sizeof why)) == 0) continue;
-      if (rc != GG_ENOMEM) return rc;
-      /* Out of memory: wait for the stream so every pending release counts, then try once more. */
-      if (a->pending || a->bump_bytes > a->bump_live_bytes) {
-        gg__err_saved_t saved;
-        gg__err_save(&saved);
-        gg__reclaim(a);
-        int src = gg__settle(a);
-        if (src < 0) {
-          size_t l = strlen(why);
-          snprintf(why + l, sizeof why - l, " (and waiting for pending releases failed: %s)", gg_last_error());
-        }
-        gg__err_restore(&saved);
-        gg__promote(a);
+      continue;
+    }
+    if (round == 3) return gg__oom(a, req, al, why[0] ? why : "no block fits");
+    if (round == 2) {
+      /* Free memory that does not fit: give wholly free chunks back so the request can be mapped. */
+      if (!a->fl.bytes || gg__trim_locked(a, 0) < 0) return gg__oom(a, req, al, why);
+      why[0] = '\0';
+    }
+    if ((rc = gg__grow_map(a, n, al, why, sizeof why)) == 0) continue;
+    if (rc != GG_ENOMEM) return rc;
+    /* Out of memory: wait for the stream so every pending release counts, then try again. */
+    if (round == 1 && (a->pending || a->bump_bytes > a->bump_live_bytes)) {
+      gg__err_saved_t saved;
+      gg__err_save(&saved);
+      gg__reclaim(a);
+      if (gg__settle(a) < 0) {
+        size_t l = strlen(why);
+        snprintf(why + l, sizeof why - l, " (and waiting for pending releases failed: %s)", gg_last_error());
       }
-    } else {
-      return gg__oom(a, req, al, why[0] ? why : "no block fits");
+      gg__err_restore(&saved);
+      gg__promote(a);
     }
   }
   gg__count_alloc(a, n);
@@ -789,8 +794,6 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
   gg__leave(a);
   return rc;
 }
-
-static int gg__trim_locked(gg_arena_t *a, size_t keep);
 
 /* Map slots a scope end may need (merging releases can add one free block each). */
 static size_t gg__frame_count(const gg__frame_t *f) {
