@@ -321,14 +321,15 @@ static void gg__maybe_close(gg_arena_t *a) {
 static int gg__settle(gg_arena_t *a) {
   if (!a->track || (a->chead == a->cend && !a->open.count)) return 0;
   int rc = gg__batch_close(a);
-  if (rc == 0) {
-    rc = a->ops->event_sync(a->dev, a->closed[a->cend - 1].ev);
-  } else {
-    /* No event to wait on: the whole stream then, which covers the open batch too. */
-    rc = a->ops->stream_sync(a->dev, a->stream);
-    if (rc == 0 && a->open.count) rc = gg__batch_merge(a, &a->open);
+  if (rc == 0) rc = a->ops->event_sync(a->dev, a->closed[a->cend - 1].ev);
+  if (rc < 0) {
+    /* No event to wait on, or waiting on it failed: the whole stream covers every batch, open too. */
+    gg__err_saved_t first;
+    gg__err_save(&first);
+    if ((rc = a->ops->stream_sync(a->dev, a->stream)) < 0) return rc;
+    gg__err_restore(&first);
+    if (a->open.count && (rc = gg__batch_merge(a, &a->open)) < 0) return rc;
   }
-  if (rc < 0) return rc;
   gg__merge_closed(a, a->cend);
   return a->chead == a->cend ? 0 : gg__err(GG_ENOMEM, "arena: out of host memory merging released blocks");
 }
