@@ -717,7 +717,7 @@ int gg_alloc_ex(gg_arena_t *a, size_t size, size_t align, const char *tag, void 
     return gg__err(GG_EINVAL, "gg_alloc: size %zu with alignment %zu overflows when rounded", size, align);
   size_t n = gg__rsize(size);
   pthread_mutex_lock(&a->lock);
-  const char *itag;
+  const char *itag = "";
   uintptr_t p = 0;
   if (n > a->capacity) rc = gg__oom(a, size, align, "the request exceeds the capacity");
   else if ((rc = gg__intern(a, tag, &itag)) == 0) rc = gg__alloc_locked(a, n, align, size, itag, &p);
