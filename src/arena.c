@@ -761,7 +761,12 @@ int gg_free(gg_arena_t *a, void *ptr) {
       e->live = 0;
       gg__count_release(a, n, 1);
       a->bump_live_bytes -= n, a->frames[e->depth].bump_live--, a->frames[e->depth].bump_bytes -= n;
-      if (!a->track && (size_t)i == a->nbump - 1) gg__bump_pop_dead(a); /* LIFO: top moves back */
+      /* LIFO frees leave the log at once: without stream tracking top moves back over them; with it
+       * they join the open batch and, once it completes, merge into top the same way. */
+      if ((size_t)i == a->nbump - 1) {
+        gg__bump_pop_dead(a);
+        gg__maybe_close(a);
+      }
     }
   } else {
     gg__blk_t *b = gg__amap_del(&a->used, p);

@@ -528,7 +528,7 @@ static void test_stream_safe_reuse(void **state) {
   }
   unsigned long long rec = gg_host_op_count("event_record"), q = gg_host_op_count("event_query");
   printf("5000 alloc+free pairs: %llu events recorded, %llu queries\n", rec, q);
-  assert_true(rec <= 10 && q <= 20);
+  assert_true(rec <= 50 && q <= 100); /* at least ~100 frees per event, even in a 512 KiB arena */
   gg_assert_ok(gg__arena_check(a));
   gg_assert_ok(gg_arena_destroy(a));
   gg_host_stream_destroy(st);
