@@ -907,7 +907,12 @@ int gg_arena_stats(gg_arena_t *a, gg_arena_stats_t *stats) {
   if (!stats) {
     rc = gg__err(GG_EINVAL, "gg_arena_stats: stats is NULL");
   } else {
-    gg__reap(a); /* counts memory whose work is done as free: a query, never a wait */
+    /* Memory whose work is done counts as free: one event record and a query, never a wait. */
+    gg__err_saved_t saved;
+    gg__err_save(&saved);
+    if (a->track && a->open.count) gg__batch_close(a);
+    gg__reap(a);
+    gg__err_restore(&saved);
     gg__fill_stats(a, stats);
   }
   gg__leave(a);
