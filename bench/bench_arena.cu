@@ -34,12 +34,14 @@ static void die(const char *what, const char *why) {
   fprintf(stderr, "bench_arena: %s: %s\n", what, why);
   exit(1);
 }
-#define GG(call) \
-  do { if ((call) < 0) die(#call, gg_last_error()); } while (0)
-#define CU(call)                                                      \
-  do {                                                                \
-    cudaError_t e_ = (call);                                          \
-    if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_));        \
+#define GG(call)                                 \
+  do {                                           \
+    if ((call) < 0) die(#call, gg_last_error()); \
+  } while (0)
+#define CU(call)                                               \
+  do {                                                         \
+    cudaError_t e_ = (call);                                   \
+    if (e_ != cudaSuccess) die(#call, cudaGetErrorString(e_)); \
   } while (0)
 
 typedef struct result {
@@ -62,19 +64,19 @@ static gg_arena_t *arena[2];
 static void pair(alloc_kind_t k, size_t size) {
   void *p = NULL;
   switch (k) {
-    case A_GG:
-    case A_GG_NOSTREAM:
-      GG(gg_alloc(arena[k], size, &p));
-      GG(gg_free(arena[k], p));
-      break;
-    case A_MALLOC:
-      CU(cudaMalloc(&p, size));
-      CU(cudaFree(p));
-      break;
-    default:
-      CU(cudaMallocAsync(&p, size, stream));
-      CU(cudaFreeAsync(p, stream));
-      break;
+  case A_GG:
+  case A_GG_NOSTREAM:
+    GG(gg_alloc(arena[k], size, &p));
+    GG(gg_free(arena[k], p));
+    break;
+  case A_MALLOC:
+    CU(cudaMalloc(&p, size));
+    CU(cudaFree(p));
+    break;
+  default:
+    CU(cudaMallocAsync(&p, size, stream));
+    CU(cudaFreeAsync(p, stream));
+    break;
   }
 }
 
@@ -92,8 +94,10 @@ static result_t measure_pairs(alloc_kind_t k, const size_t *sizes, int nsizes, i
 }
 
 static void fmt_result(char *out, size_t cap, result_t r) {
-  if (!r.ran) snprintf(out, cap, "skipped");
-  else snprintf(out, cap, "%.0f / %.0f", r.median, r.p99);
+  if (!r.ran)
+    snprintf(out, cap, "skipped");
+  else
+    snprintf(out, cap, "%.0f / %.0f", r.median, r.p99);
 }
 
 static void bench_pairs(void) {
@@ -128,15 +132,17 @@ static void bench_pairs(void) {
     if (r[A_ASYNC].ran) snprintf(x2, sizeof x2, "%.1fx", r[A_ASYNC].median / g);
     printf("| %s | %s | %s | %s | %s | %s | %s |\n", labels[row], c[0], c[1], c[2], c[3], x1, x2);
   }
-  printf("\ngoals: gpuguard median <= 100 ns per pair, >= 15x faster than cudaMallocAsync, >= 50x faster than "
-         "cudaMalloc.\n'gpuguard' tracks the stream (a freed block waits for the work queued before its free); "
-         "'no-stream' reuses at once (GG_ARENA_NO_STREAM).\n");
+  printf(
+      "\ngoals: gpuguard median <= 100 ns per pair, >= 15x faster than cudaMallocAsync, >= 50x faster than "
+      "cudaMalloc.\n'gpuguard' tracks the stream (a freed block waits for the work queued before its free); "
+      "'no-stream' reuses at once (GG_ARENA_NO_STREAM).\n");
 }
 
 /* ---- scope ends --------------------------------------------------------------------------------- */
 
 static void bench_scopes(void) {
-  printf("\n## scope end\n\n| blocks released | kind | scope end total ns | ns per block |\n|---|---|---|---|\n");
+  printf("\n## scope end\n\n| blocks released | kind | scope end total ns | ns per block "
+         "|\n|---|---|---|---|\n");
   static const int counts[] = {16, 256, 4096, 65536};
   for (int c = 0; c < 4; c++) {
     int n = counts[c];
@@ -244,7 +250,8 @@ static void bench_fragmentation(void) {
   printf("\n## fragmentation on a training-like sequence (%d layers, hidden %zu, batch %zu, sequence length "
          "256..2048 varying per step, %d steps%s)\n\n",
          layers, hidden, batch, steps, gpu ? "" : "; host run: 16x smaller tensors and a 4 MiB chunk");
-  printf("| allocator | peak in use (MiB) | peak mapped / reserved (MiB) | ratio | time (ms) |\n|---|---|---|---|---|\n");
+  printf("| allocator | peak in use (MiB) | peak mapped / reserved (MiB) | ratio | time (ms) "
+         "|\n|---|---|---|---|---|\n");
   for (int mode = 0; mode < 2; mode++) {
     gg_arena_options_t o;
     gg_arena_options_init(&o);
@@ -258,8 +265,9 @@ static void bench_fragmentation(void) {
     double t = (now_ns() - t0) / 1e6;
     gg_arena_stats_t st;
     GG(gg_arena_stats(a, &st));
-    printf("| gpuguard%s | %.1f | %.1f | %.4f | %.1f |\n", mode ? " no-stream" : "", st.peak_in_use / (double)MiB,
-           st.peak_mapped / (double)MiB, (double)st.peak_mapped / (double)st.peak_in_use, t);
+    printf("| gpuguard%s | %.1f | %.1f | %.4f | %.1f |\n", mode ? " no-stream" : "",
+           st.peak_in_use / (double)MiB, st.peak_mapped / (double)MiB,
+           (double)st.peak_mapped / (double)st.peak_in_use, t);
     GG(gg_arena_destroy(a));
   }
   if (!gpu) {
@@ -301,8 +309,9 @@ static size_t driver_free(void) {
 static void bench_trim(void) {
   size_t total = gpu ? 16 * GiB : 512 * MiB;
   printf("\n## trim: giving %zu MiB back to the driver\n\n", total / MiB);
-  printf("| block size | driver free before alloc (MiB) | after alloc | after trim | trim time (ms) | GiB/s |\n"
-         "|---|---|---|---|---|---|\n");
+  printf(
+      "| block size | driver free before alloc (MiB) | after alloc | after trim | trim time (ms) | GiB/s |\n"
+      "|---|---|---|---|---|---|\n");
   static const size_t blocks[] = {64 * MiB, 2 * MiB};
   for (int b = 0; b < 2; b++) {
     gg_arena_options_t o;
@@ -343,7 +352,8 @@ int main(void) {
     CU(cudaDeviceGetDefaultMemPool(&pool, 0));
     uint64_t max = UINT64_MAX; /* warm pool: never give memory back between pairs */
     CU(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &max));
-    printf("# bench_arena on %s (%zu MiB), gpuguard %s\n", prop.name, prop.totalGlobalMem / MiB, gg_version());
+    printf("# bench_arena on %s (%zu MiB), gpuguard %s\n", prop.name, prop.totalGlobalMem / MiB,
+           gg_version());
   }
   double v[20001];
   for (int i = 0; i < 20001; i++) {

@@ -12,27 +12,27 @@
 
 #include "gpuguard/gpuguard.h"
 
-#define N 8192 /* samples */
-#define D 64   /* features */
+#define N  8192 /* samples */
+#define D  64   /* features */
 #define LR 0.5f
 
 static bool gpu;
 static cudaStream_t stream;
 
-#define GG(call)                                                        \
-  do {                                                                  \
-    if ((call) < 0) {                                                   \
-      fprintf(stderr, "train: %s: %s\n", #call, gg_last_error());       \
-      exit(1);                                                          \
-    }                                                                   \
+#define GG(call)                                                  \
+  do {                                                            \
+    if ((call) < 0) {                                             \
+      fprintf(stderr, "train: %s: %s\n", #call, gg_last_error()); \
+      exit(1);                                                    \
+    }                                                             \
   } while (0)
-#define CU(call)                                                                    \
-  do {                                                                              \
-    cudaError_t e_ = (call);                                                        \
-    if (e_ != cudaSuccess) {                                                        \
-      fprintf(stderr, "train: %s: %s\n", #call, cudaGetErrorString(e_));            \
-      exit(1);                                                                      \
-    }                                                                               \
+#define CU(call)                                                         \
+  do {                                                                   \
+    cudaError_t e_ = (call);                                             \
+    if (e_ != cudaSuccess) {                                             \
+      fprintf(stderr, "train: %s: %s\n", #call, cudaGetErrorString(e_)); \
+      exit(1);                                                           \
+    }                                                                    \
   } while (0)
 
 /* ---- the step, on the device ------------------------------------------------------------------- */
@@ -73,7 +73,8 @@ __global__ void update_kernel(float *w, float *b, const float *grad) {
 
 /* ---- the same step, on the host (host backend pointers are host memory) --------------------------- */
 
-static void host_step(const float *X, const float *y, float *w, float *b, float *err, float *grad, float *loss) {
+static void host_step(const float *X, const float *y, float *w, float *b, float *err, float *grad,
+                      float *loss) {
   *loss = 0.0f;
   for (int i = 0; i < N; i++) {
     float z = *b;
@@ -148,8 +149,10 @@ int main(int argc, char **argv) {
     s = s * 1664525u + 1013904223u;
     hy[i] = z + 0.3f * ((float)(s >> 8) / 8388608.0f - 1.0f) > 0.0f ? 1.0f : 0.0f;
   }
-  float *X = (float *)arena_alloc(a, sizeof(float) * N * D, "data"), *y = (float *)arena_alloc(a, sizeof(float) * N, "data");
-  float *w = (float *)arena_alloc(a, sizeof(float) * D, "weights"), *b = (float *)arena_alloc(a, sizeof(float), "weights");
+  float *X = (float *)arena_alloc(a, sizeof(float) * N * D, "data"),
+        *y = (float *)arena_alloc(a, sizeof(float) * N, "data");
+  float *w = (float *)arena_alloc(a, sizeof(float) * D, "weights"),
+        *b = (float *)arena_alloc(a, sizeof(float), "weights");
   GG(gg_arena_copy_to_device(a, X, hX, sizeof(float) * N * D));
   GG(gg_arena_copy_to_device(a, y, hy, sizeof(float) * N));
   GG(gg_arena_memset(a, w, 0, sizeof(float) * D));

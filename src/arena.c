@@ -16,13 +16,13 @@
 #include "internal.h"
 
 #define GG__MAGIC 0x67676172u /* "ggar" */
-#define GG__DEAD 0x64656164u  /* "dead" */
+#define GG__DEAD  0x64656164u /* "dead" */
 /* 64 MiB: large enough that growing to a full H200 takes ~2200 maps, each ~30x cheaper per byte than
  * 2 MiB pages; small enough that the memory mapped beyond the peak in use stays under 64 MiB. */
 #define GG__DEFAULT_CHUNK ((size_t)64 << 20)
-#define GG__BATCH_MAX 1024 /* releases per batch before its event is recorded anyway */
-#define GG__TAG_MAX 63     /* longer tags are cut */
-#define GG__QUARANTINE 64  /* destroyed handles kept readable so late calls fail cleanly */
+#define GG__BATCH_MAX     1024 /* releases per batch before its event is recorded anyway */
+#define GG__TAG_MAX       63   /* longer tags are cut */
+#define GG__QUARANTINE    64   /* destroyed handles kept readable so late calls fail cleanly */
 
 /* One allocation carved from top. The log is sorted by address; consecutive entries of a run tile
  * memory without gaps, so cutting the log's tail releases a whole run as one range. */
@@ -42,8 +42,8 @@ typedef struct gg__brun {
 /* A scope (frame 0 stands for "outside any scope" and never ends). */
 typedef struct gg__frame {
   unsigned long long id;
-  gg__blk_t *blocks;          /* its USED block records */
-  size_t bump_first;          /* its bump entries are [bump_first, next frame's bump_first) */
+  gg__blk_t *blocks;            /* its USED block records */
+  size_t bump_first;            /* its bump entries are [bump_first, next frame's bump_first) */
   unsigned long long bump_live; /* live entries among them, and their bytes */
   size_t bump_bytes;
 } gg__frame_t;
@@ -351,7 +351,8 @@ static uintptr_t gg__bump_push(gg_arena_t *a, size_t n, size_t align, size_t req
     a->newrun = false;
   }
   int d = a->nframes - 1;
-  a->bump[a->nbump++] = (gg__bent_t){.start = t->addr, .ptr = p, .req = req, .tag = tag, .depth = d, .live = 1};
+  a->bump[a->nbump++] =
+      (gg__bent_t){.start = t->addr, .ptr = p, .req = req, .tag = tag, .depth = d, .live = 1};
   t->addr += used, t->size -= used, a->fl.bytes -= used;
   a->bump_bytes += used, a->bump_live_bytes += n;
   a->frames[d].bump_live++, a->frames[d].bump_bytes += n;
@@ -417,7 +418,8 @@ static int gg__bump_flush(gg_arena_t *a) {
     if (holen) gg__release(a, hole, holen, seg, NULL);
   }
   a->nbump = a->nruns = a->bump_bytes = a->bump_live_bytes = 0;
-  for (int d = 0; d < a->nframes; d++) a->frames[d].bump_first = 0, a->frames[d].bump_live = 0, a->frames[d].bump_bytes = 0;
+  for (int d = 0; d < a->nframes; d++)
+    a->frames[d].bump_first = 0, a->frames[d].bump_live = 0, a->frames[d].bump_bytes = 0;
   a->probe.bump_flushes++;
   return 0;
 }
@@ -432,8 +434,10 @@ static long gg__bump_find(const gg_arena_t *a, uintptr_t p) {
   size_t lo = 0, hi = a->nbump - 1; /* the last entry with start <= p lies in [lo, hi) */
   while (hi - lo > 1) {
     size_t mid = lo + (hi - lo) / 2;
-    if (a->bump[mid].start <= p) lo = mid;
-    else hi = mid;
+    if (a->bump[mid].start <= p)
+      lo = mid;
+    else
+      hi = mid;
   }
   return p < gg__bend(&a->bump[lo]) ? (long)lo : -1;
 }
@@ -458,8 +462,10 @@ static size_t gg__chunk_index(const gg_arena_t *a, uintptr_t p) { /* first chunk
   size_t lo = 0, hi = a->nchunks;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    if (a->chunks[mid]->ptr < p) lo = mid + 1;
-    else hi = mid;
+    if (a->chunks[mid]->ptr < p)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -534,8 +540,10 @@ static void gg__frame_link(gg_arena_t *a, gg__blk_t *b) {
 }
 
 static void gg__frame_unlink(gg_arena_t *a, gg__blk_t *b) {
-  if (b->l) b->l->r = b->r;
-  else a->frames[b->depth].blocks = b->r;
+  if (b->l)
+    b->l->r = b->r;
+  else
+    a->frames[b->depth].blocks = b->r;
   if (b->r) b->r->l = b->l;
 }
 
@@ -693,7 +701,8 @@ int gg_arena_destroy(gg_arena_t *a) {
   GG_KEEP_FIRST(rc, a->ops->va_release(a->dev, a->base, a->capacity));
   gg__dev_close(a->dev); /* the backend reclaims anything a failed unmap left behind */
   for (size_t i = 0; i < a->captags; i++) free(a->tags[i]);
-  free(a->tags), free(a->chunks), free(a->evs), free(a->closed), free(a->bump), free(a->runs), free(a->frames);
+  free(a->tags), free(a->chunks), free(a->evs), free(a->closed), free(a->bump), free(a->runs),
+      free(a->frames);
   gg__fl_free(&a->fl);
   gg__amap_free(&a->used);
   pthread_mutex_unlock(&a->lock);
@@ -719,8 +728,10 @@ int gg_alloc_ex(gg_arena_t *a, size_t size, size_t align, const char *tag, void 
   pthread_mutex_lock(&a->lock);
   const char *itag = "";
   uintptr_t p = 0;
-  if (n > a->capacity) rc = gg__oom(a, size, align, "the request exceeds the capacity");
-  else if ((rc = gg__intern(a, tag, &itag)) == 0) rc = gg__alloc_locked(a, n, align, size, itag, &p);
+  if (n > a->capacity)
+    rc = gg__oom(a, size, align, "the request exceeds the capacity");
+  else if ((rc = gg__intern(a, tag, &itag)) == 0)
+    rc = gg__alloc_locked(a, n, align, size, itag, &p);
   gg__leave(a);
   if (rc == 0) *ptr = (void *)p;
   return rc;
@@ -776,7 +787,7 @@ int gg_free(gg_arena_t *a, void *ptr) {
       gg__frame_unlink(a, b);
       gg__count_release(a, b->size, 1);
       rc = gg__fl_reserve(&a->fl, 1); /* merging may need a map slot; the record is b's own */
-      if (rc < 0) { /* keep the block live: nothing changed */
+      if (rc < 0) {                   /* keep the block live: nothing changed */
         gg__frame_link(a, b), gg__amap_put(&a->used, p, b);
         a->in_use += b->size, a->n_live++, a->n_frees--;
       } else {
@@ -818,10 +829,11 @@ int gg_scope_end(gg_scope_t *scope) {
   if (d == 0) {
     rc = gg__err(GG_ESTATE, "gg_scope_end: scope %llu of arena '%s' has ended already", scope->id, a->name);
   } else if (d != a->nframes - 1) {
-    rc = gg__err(GG_ESTATE,
-                 "gg_scope_end: scope %llu (depth %d) of arena '%s' cannot end while the scope opened inside it "
-                 "(depth %d) is open; end scopes in reverse order",
-                 scope->id, d, a->name, a->nframes - 1);
+    rc = gg__err(
+        GG_ESTATE,
+        "gg_scope_end: scope %llu (depth %d) of arena '%s' cannot end while the scope opened inside it "
+        "(depth %d) is open; end scopes in reverse order",
+        scope->id, d, a->name, a->nframes - 1);
   } else if ((rc = gg__fl_reserve(&a->fl, a->nruns + 1 + gg__frame_count(&a->frames[d]))) == 0) {
     gg__frame_t *f = &a->frames[d];
     /* Records first (O(blocks)); then the log's tail, whatever its length, in O(runs cut). */
@@ -920,7 +932,8 @@ int gg_arena_stats(gg_arena_t *a, gg_arena_stats_t *stats) {
 }
 
 static int gg__info_cmp(const void *x, const void *y) {
-  uintptr_t a = (uintptr_t)((const gg_block_info_t *)x)->ptr, b = (uintptr_t)((const gg_block_info_t *)y)->ptr;
+  uintptr_t a = (uintptr_t)((const gg_block_info_t *)x)->ptr,
+            b = (uintptr_t)((const gg_block_info_t *)y)->ptr;
   return a < b ? -1 : a > b;
 }
 
@@ -954,9 +967,7 @@ int gg_arena_foreach_block(gg_arena_t *a, gg_block_visitor_t visit, void *user) 
 
 const char *gg_arena_name(const gg_arena_t *a) { return a && a->magic == GG__MAGIC ? a->name : NULL; }
 
-const char *gg_arena_backend(const gg_arena_t *a) {
-  return a && a->magic == GG__MAGIC ? a->ops->name : NULL;
-}
+const char *gg_arena_backend(const gg_arena_t *a) { return a && a->magic == GG__MAGIC ? a->ops->name : NULL; }
 
 /* ---- copies that prove memory is real ------------------------------------------------------------- */
 
@@ -983,8 +994,10 @@ static int gg__check_range(gg_arena_t *a, const char *call, uintptr_t p, size_t 
 int gg_arena_copy_to_device(gg_arena_t *a, void *dst, const void *src, size_t n) {
   int rc = gg__enter(a, "gg_arena_copy_to_device");
   if (rc < 0) return rc;
-  if (!src && n) rc = gg__err(GG_EINVAL, "gg_arena_copy_to_device: src is NULL");
-  else rc = gg__check_range(a, "gg_arena_copy_to_device", (uintptr_t)dst, n);
+  if (!src && n)
+    rc = gg__err(GG_EINVAL, "gg_arena_copy_to_device: src is NULL");
+  else
+    rc = gg__check_range(a, "gg_arena_copy_to_device", (uintptr_t)dst, n);
   gg__leave(a);
   return rc < 0 || !n ? rc : a->ops->copy_to_dev(a->dev, (uintptr_t)dst, src, n);
 }
@@ -992,8 +1005,10 @@ int gg_arena_copy_to_device(gg_arena_t *a, void *dst, const void *src, size_t n)
 int gg_arena_copy_from_device(gg_arena_t *a, void *dst, const void *src, size_t n) {
   int rc = gg__enter(a, "gg_arena_copy_from_device");
   if (rc < 0) return rc;
-  if (!dst && n) rc = gg__err(GG_EINVAL, "gg_arena_copy_from_device: dst is NULL");
-  else rc = gg__check_range(a, "gg_arena_copy_from_device", (uintptr_t)src, n);
+  if (!dst && n)
+    rc = gg__err(GG_EINVAL, "gg_arena_copy_from_device: dst is NULL");
+  else
+    rc = gg__check_range(a, "gg_arena_copy_from_device", (uintptr_t)src, n);
   gg__leave(a);
   return rc < 0 || !n ? rc : a->ops->copy_from_dev(a->dev, dst, (uintptr_t)src, n);
 }
@@ -1038,7 +1053,8 @@ static const char *gg__check_locked(gg_arena_t *a, gg__reg_t *r, size_t cap) {
   gg__blk_t **fs = malloc((a->fl.count + 1) * sizeof *fs);
   if (!fs) return "out of host memory";
   size_t nf = gg__fl_list(&a->fl, fs, a->fl.count);
-  for (size_t i = 0; i < nf && n < cap; i++) r[n++] = (gg__reg_t){fs[i]->addr, fs[i]->size, GG__R_FREE, fs[i]->seg};
+  for (size_t i = 0; i < nf && n < cap; i++)
+    r[n++] = (gg__reg_t){fs[i]->addr, fs[i]->size, GG__R_FREE, fs[i]->seg};
   free(fs);
   if (a->fl.top && a->fl.top->size && n < cap)
     r[n++] = (gg__reg_t){a->fl.top->addr, a->fl.top->size, GG__R_FREE, a->fl.top->seg};
@@ -1053,7 +1069,8 @@ static const char *gg__check_locked(gg_arena_t *a, gg__reg_t *r, size_t cap) {
   size_t in_frames = 0;
   for (int d = 0; d < a->nframes; d++)
     for (const gg__blk_t *b = a->frames[d].blocks; b; b = b->r) {
-      if (b->depth != d || gg__amap_get(&a->used, b->addr) != b) return "a scope lists a block it does not own";
+      if (b->depth != d || gg__amap_get(&a->used, b->addr) != b)
+        return "a scope lists a block it does not own";
       in_frames++;
     }
   if (in_frames != a->used.n) return "scope lists and the used map disagree";
@@ -1086,7 +1103,8 @@ static const char *gg__check_locked(gg_arena_t *a, gg__reg_t *r, size_t cap) {
     run_bytes += e - s;
   }
   if (a->nbump && !a->nruns) return "bump entries without runs";
-  if (run_bytes != a->bump_bytes || bump_live_bytes != a->bump_live_bytes) return "bump byte counts are wrong";
+  if (run_bytes != a->bump_bytes || bump_live_bytes != a->bump_live_bytes)
+    return "bump byte counts are wrong";
   unsigned long long fl = 0;
   size_t fb = 0;
   for (int d = 0; d < a->nframes; d++) {
@@ -1097,13 +1115,15 @@ static const char *gg__check_locked(gg_arena_t *a, gg__reg_t *r, size_t cap) {
       if (a->bump[i].depth != d) return "a bump entry lies in another scope's part of the log";
   }
   if (fl != bump_live || fb != bump_live_bytes) return "scope log counters are wrong";
-  if (live + bump_live != a->n_live || live_bytes + bump_live_bytes != a->in_use) return "in-use counters are wrong";
+  if (live + bump_live != a->n_live || live_bytes + bump_live_bytes != a->in_use)
+    return "in-use counters are wrong";
   if (n >= cap) return "too many regions";
   qsort(r, n, sizeof *r, gg__reg_cmp);
   size_t total = 0;
   for (size_t i = 0; i < n; i++) {
     total += r[i].size, sums[r[i].kind] += r[i].size;
-    if (!r[i].size || r[i].addr % GG__QUANTUM || r[i].size % GG__QUANTUM) return "a region is empty or misaligned";
+    if (!r[i].size || r[i].addr % GG__QUANTUM || r[i].size % GG__QUANTUM)
+      return "a region is empty or misaligned";
     if (i + 1 < n && r[i].addr + r[i].size > r[i + 1].addr) return "two regions overlap";
     if (i + 1 < n && r[i].kind == GG__R_FREE && r[i + 1].kind == GG__R_FREE && r[i].seg == r[i + 1].seg &&
         r[i].addr + r[i].size == r[i + 1].addr)
@@ -1122,12 +1142,14 @@ static const char *gg__check_locked(gg_arena_t *a, gg__reg_t *r, size_t cap) {
   for (size_t i = 0; i < a->nchunks; i++) {
     mapped += a->chunks[i]->size;
     if (i && a->chunks[i - 1]->ptr + a->chunks[i - 1]->size > a->chunks[i]->ptr) return "chunks overlap";
-    if (a->contiguous && (a->chunks[i]->ptr < a->base || a->chunks[i]->ptr + a->chunks[i]->size > a->base + a->capacity))
+    if (a->contiguous &&
+        (a->chunks[i]->ptr < a->base || a->chunks[i]->ptr + a->chunks[i]->size > a->base + a->capacity))
       return "a chunk lies outside the reservation";
   }
   if (mapped != a->mapped || total != a->mapped) return "regions do not tile mapped memory exactly";
   if (sums[GG__R_FREE] != a->fl.bytes) return "free bytes are wrong";
-  if (a->mapped > a->capacity || a->peak_mapped < a->mapped || a->peak_in_use < a->in_use) return "peaks are wrong";
+  if (a->mapped > a->capacity || a->peak_mapped < a->mapped || a->peak_in_use < a->in_use)
+    return "peaks are wrong";
   return NULL;
 }
 

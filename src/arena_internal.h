@@ -9,15 +9,15 @@
 
 /* Counters of internal work, for tests that prove complexity without timing. */
 typedef struct gg__arena_probe {
-  unsigned long long blocks_visited;   /* block records touched by scope ends (O(1) ends touch none) */
-  unsigned long long bump_flushes;     /* times the bump log was converted to block records */
-  unsigned long long events_recorded;  /* batch events recorded */
-  unsigned long long events_queried;   /* non-blocking completion checks */
-  unsigned long long batches_merged;   /* batches whose memory became reusable */
-  size_t bump_entries;                 /* entries in the bump log now */
-  size_t free_blocks;                  /* blocks in the best-fit tree now (top excluded) */
-  size_t top_bytes;                    /* bytes left in the bump block now */
-  size_t chunks;                       /* mapped chunks now */
+  unsigned long long blocks_visited;  /* block records touched by scope ends (O(1) ends touch none) */
+  unsigned long long bump_flushes;    /* times the bump log was converted to block records */
+  unsigned long long events_recorded; /* batch events recorded */
+  unsigned long long events_queried;  /* non-blocking completion checks */
+  unsigned long long batches_merged;  /* batches whose memory became reusable */
+  size_t bump_entries;                /* entries in the bump log now */
+  size_t free_blocks;                 /* blocks in the best-fit tree now (top excluded) */
+  size_t top_bytes;                   /* bytes left in the bump block now */
+  size_t chunks;                      /* mapped chunks now */
 } gg__arena_probe_t;
 
 int gg__arena_probe(gg_arena_t *arena, gg__arena_probe_t *out);

@@ -154,15 +154,19 @@ static gg__blk_t *gg__tins(gg__blk_t *t, gg__blk_t *n) {
     gg__split(t, n, &n->l, &n->r);
     return n;
   }
-  if (gg__less(n, t)) t->l = gg__tins(t->l, n);
-  else t->r = gg__tins(t->r, n);
+  if (gg__less(n, t))
+    t->l = gg__tins(t->l, n);
+  else
+    t->r = gg__tins(t->r, n);
   return t;
 }
 
 static gg__blk_t *gg__tdel(gg__blk_t *t, gg__blk_t *n) {
   if (t == n) return gg__merge(n->l, n->r);
-  if (gg__less(n, t)) t->l = gg__tdel(t->l, n);
-  else t->r = gg__tdel(t->r, n);
+  if (gg__less(n, t))
+    t->l = gg__tdel(t->l, n);
+  else
+    t->r = gg__tdel(t->r, n);
   return t;
 }
 
@@ -237,8 +241,10 @@ static bool gg__fits(const gg__blk_t *b, size_t n, size_t a) {
 static gg__blk_t *gg__succ(const gg__fl_t *fl, const gg__blk_t *b) {
   gg__blk_t *best = NULL;
   for (gg__blk_t *t = fl->root; t;) {
-    if (gg__less(b, t)) best = t, t = t->l;
-    else t = t->r;
+    if (gg__less(b, t))
+      best = t, t = t->l;
+    else
+      t = t->r;
   }
   return best;
 }
@@ -246,8 +252,10 @@ static gg__blk_t *gg__succ(const gg__fl_t *fl, const gg__blk_t *b) {
 static gg__blk_t *gg__lower_bound(const gg__fl_t *fl, size_t n) {
   gg__blk_t *best = NULL;
   for (gg__blk_t *t = fl->root; t;) {
-    if (t->size >= n) best = t, t = t->l;
-    else t = t->r;
+    if (t->size >= n)
+      best = t, t = t->l;
+    else
+      t = t->r;
   }
   return best;
 }
@@ -282,8 +290,10 @@ void gg__fl_untop(gg__fl_t *fl) {
   gg__blk_t *t = fl->top;
   if (!t) return;
   fl->top = NULL;
-  if (t->size) gg__fl_link(fl, t); /* top never touches a treap block: the two would have merged */
-  else gg__fl_give_rec(fl, t);
+  if (t->size)
+    gg__fl_link(fl, t); /* top never touches a treap block: the two would have merged */
+  else
+    gg__fl_give_rec(fl, t);
 }
 
 void gg__fl_set_top(gg__fl_t *fl, gg__blk_t *b) {
@@ -301,7 +311,9 @@ static size_t gg__walk(const gg__blk_t *t, gg__blk_t **out, size_t cap, size_t i
   return gg__walk(t->r, out, cap, i + 1);
 }
 
-size_t gg__fl_list(const gg__fl_t *fl, gg__blk_t **out, size_t cap) { return gg__walk(fl->root, out, cap, 0); }
+size_t gg__fl_list(const gg__fl_t *fl, gg__blk_t **out, size_t cap) {
+  return gg__walk(fl->root, out, cap, 0);
+}
 
 static const char *gg__tcheck(const gg__fl_t *fl, const gg__blk_t *t, size_t *n, size_t *bytes) {
   if (!t) return NULL;

@@ -31,7 +31,7 @@ typedef struct gg__amap {
   struct gg__aslot {
     uintptr_t key;
     gg__blk_t *val;
-  } *slots;
+  } * slots;
   size_t cap, n; /* cap is 0 or a power of two; n <= cap / 2 */
 } gg__amap_t;
 

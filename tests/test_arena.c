@@ -378,7 +378,8 @@ static void test_bad_input(void **state) {
   gg_assert_fails(gg_alloc(a, 0, &p), GG_EINVAL, "size is 0");
   gg_assert_fails(gg_alloc(a, SIZE_MAX, &p), GG_EINVAL, "overflows");
   gg_assert_fails(gg_alloc(a, SIZE_MAX - 255, &p), GG_EINVAL, "overflows");
-  gg_assert_fails(gg_alloc_ex(a, SIZE_MAX - ((size_t)1 << 62) + 1, (size_t)1 << 62, NULL, &p), GG_EINVAL, "overflows");
+  gg_assert_fails(gg_alloc_ex(a, SIZE_MAX - ((size_t)1 << 62) + 1, (size_t)1 << 62, NULL, &p), GG_EINVAL,
+                  "overflows");
   gg_assert_fails(gg_alloc(a, SIZE_MAX - 300, &p), GG_ENOMEM, "capacity");
   gg_assert_ok(gg_alloc(a, 1000, &p));
   gg_assert_ok(gg_alloc(b, 1000, &q));

@@ -10,8 +10,9 @@
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 
-static const char *const ops[] = {"reserve", "release", "map", "unmap", "event_create", "event_record",
-                                  "event_query", "event_sync", "event_destroy", "stream_sync", "copy", "set"};
+static const char *const ops[] = {"reserve",       "release",      "map",         "unmap",
+                                  "event_create",  "event_record", "event_query", "event_sync",
+                                  "event_destroy", "stream_sync",  "copy",        "set"};
 #define NOPS (sizeof ops / sizeof ops[0])
 
 static int failures_seen;
@@ -27,16 +28,16 @@ static size_t host_free(void) {
 
 /* A failed call must say why and leave the arena consistent; once the fault is past, the same call
  * works (faults here fail one call only). */
-#define TRY(a, call)                                                                               \
-  do {                                                                                             \
-    int try_rc = (call);                                                                           \
-    if (try_rc < 0) {                                                                              \
-      failures_seen++;                                                                             \
+#define TRY(a, call)                                                                                     \
+  do {                                                                                                   \
+    int try_rc = (call);                                                                                 \
+    if (try_rc < 0) {                                                                                    \
+      failures_seen++;                                                                                   \
       if (!gg_last_error()[0]) fail_msg("%s failed with %s and no message", #call, gg_err_name(try_rc)); \
-      if ((a)) gg_assert_ok(gg__arena_check((a)));                                                 \
-      if (!sticky) gg_assert_ok(call);                                                             \
-    }                                                                                              \
-    if ((a)) gg_assert_ok(gg__arena_check((a)));                                                   \
+      if ((a)) gg_assert_ok(gg__arena_check((a)));                                                       \
+      if (!sticky) gg_assert_ok(call);                                                                   \
+    }                                                                                                    \
+    if ((a)) gg_assert_ok(gg__arena_check((a)));                                                         \
   } while (0)
 
 /* A workload touching every path: growth, bump and best fit, scopes, batches, trim, copies, destroy. */
@@ -119,8 +120,8 @@ static void each_call_fails_once(bool vmm) {
       scenario(false);
       assert_int_equal(host_free(), free0); /* nothing leaked on the device */
     }
-    printf("%-13s %3llu calls in the workload, each failed once: %d failures surfaced, all recovered\n", ops[k],
-           calls[k], failures_seen - before);
+    printf("%-13s %3llu calls in the workload, each failed once: %d failures surfaced, all recovered\n",
+           ops[k], calls[k], failures_seen - before);
   }
   gg_host_fault_set(NULL);
 }

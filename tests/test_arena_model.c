@@ -7,9 +7,9 @@
 #include "arena_internal.h"
 #include "gg_test.h"
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
-#define MAX_LIVE 600
+#define KiB            ((size_t)1 << 10)
+#define MiB            ((size_t)1 << 20)
+#define MAX_LIVE       600
 #define LIVE_BYTES_MAX (6 * MiB)
 
 typedef struct mblock {
@@ -105,7 +105,8 @@ static void do_alloc(gg_arena_t *a, model_t *m, bool held) {
 static void run_model(const char *label, bool vmm, unsigned flags, unsigned long long seed, int ops) {
   setenv("GPUGUARD_HOST_VMM", vmm ? "1" : "0", 1);
   rng_state = seed ? seed : 1;
-  printf("model run '%s': seed %llu, %d operations (reproduce with GG_TEST_SEED=%llu)\n", label, seed, ops, seed);
+  printf("model run '%s': seed %llu, %d operations (reproduce with GG_TEST_SEED=%llu)\n", label, seed, ops,
+         seed);
   void *stream = NULL;
   gg_assert_ok(gg_host_stream_create(&stream));
   gg_arena_options_t o;

@@ -6,11 +6,11 @@
 #include "arena_internal.h"
 #include "gg_test.h"
 
-#define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
+#define KiB     ((size_t)1 << 10)
+#define MiB     ((size_t)1 << 20)
 #define THREADS 4
-#define OPS 30000
-#define SLOTS 64
+#define OPS     30000
+#define SLOTS   64
 
 static gg_arena_t *shared;
 
@@ -33,8 +33,11 @@ static int count_blocks(const gg_block_info_t *b, void *user) {
   return 0;
 }
 
-#define WFAIL(w, ...) \
-  do { snprintf((w)->error, sizeof (w)->error, __VA_ARGS__); return NULL; } while (0)
+#define WFAIL(w, ...)                                    \
+  do {                                                   \
+    snprintf((w)->error, sizeof(w)->error, __VA_ARGS__); \
+    return NULL;                                         \
+  } while (0)
 
 static void *work(void *arg) {
   worker_t *w = arg;
@@ -60,7 +63,8 @@ static void *work(void *arg) {
     } else if (r < 85) {
       if (!mine[slot]) continue;
       for (size_t i = 0; i < sizes[slot]; i += 61)
-        if (mine[slot][i] != tagbyte) WFAIL(w, "block %p byte %zu overwritten by another thread", (void *)mine[slot], i);
+        if (mine[slot][i] != tagbyte)
+          WFAIL(w, "block %p byte %zu overwritten by another thread", (void *)mine[slot], i);
       if (gg_free(shared, mine[slot]) < 0) WFAIL(w, "free: %s", gg_last_error());
       mine[slot] = NULL, w->frees++, w->live--;
     } else if (r < 92) {
@@ -74,7 +78,8 @@ static void *work(void *arg) {
     } else if (r < 96) {
       gg_arena_stats_t s;
       if (gg_arena_stats(shared, &s) < 0) WFAIL(w, "stats: %s", gg_last_error());
-      if (s.bytes_in_use > s.bytes_mapped) WFAIL(w, "in use %zu > mapped %zu", s.bytes_in_use, s.bytes_mapped);
+      if (s.bytes_in_use > s.bytes_mapped)
+        WFAIL(w, "in use %zu > mapped %zu", s.bytes_in_use, s.bytes_mapped);
     } else if (r < 98) {
       int n = 0;
       if (gg_arena_foreach_block(shared, count_blocks, &n) < 0) WFAIL(w, "foreach: %s", gg_last_error());
@@ -117,8 +122,8 @@ static void run(unsigned flags) {
   gg_arena_stats_t s;
   gg_assert_ok(gg_arena_stats(shared, &s));
   gg_assert_ok(gg__arena_check(shared));
-  printf("%d threads: %llu allocs, %llu frees, %d live; mapped %zu, peak in use %zu\n", THREADS, allocs, frees,
-         live, s.bytes_mapped, s.peak_in_use);
+  printf("%d threads: %llu allocs, %llu frees, %d live; mapped %zu, peak in use %zu\n", THREADS, allocs,
+         frees, live, s.bytes_mapped, s.peak_in_use);
   assert_int_equal(s.n_allocs, allocs);
   assert_int_equal(s.n_frees, frees);
   assert_int_equal(s.n_live, (unsigned long long)live);

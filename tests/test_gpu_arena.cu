@@ -22,10 +22,10 @@ int gg__cuda_probe(void);
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
 
-#define CUDA_OK(call)                                                                        \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
+#define CUDA_OK(call)                                                         \
+  do {                                                                        \
+    cudaError_t e_ = (call);                                                  \
+    if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_)); \
   } while (0)
 
 static double now_ms(void) {
@@ -75,7 +75,8 @@ static void kernel_roundtrip(const char *vmm) {
     unsigned *back = (unsigned *)malloc(n * sizeof(unsigned));
     gg_assert_ok(gg_arena_copy_from_device(a, back, p, n * sizeof(unsigned)));
     for (size_t i = 0; i < n; i += 1 + n / 4096)
-      if (back[i] != (unsigned)i * 2654435761u + (unsigned)k) fail_msg("block %d word %zu: %#x", k, i, back[i]);
+      if (back[i] != (unsigned)i * 2654435761u + (unsigned)k)
+        fail_msg("block %d word %zu: %#x", k, i, back[i]);
     gg_assert_ok(gg_arena_memset(a, p, 0xAB, 64));
     CUDA_OK(cudaMemcpy(back, p, 64, cudaMemcpyDeviceToHost));
     assert_int_equal(back[0], 0xABABABABu);
