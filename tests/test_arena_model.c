@@ -198,7 +198,7 @@ static unsigned long long seed_from_env(unsigned long long dflt) {
 
 static int ops_count(void) {
   const char *v = getenv("GG_TEST_OPS");
-  return v && *v ? atoi(v) : 4000;
+  return v && *v ? atoi(v) : 6000;
 }
 
 static int setup(void **state) {
