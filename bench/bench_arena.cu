@@ -80,8 +80,17 @@ static void pair(alloc_kind_t k, size_t size) {
   }
 }
 
+static double events_per_1000; /* batch events gpuguard recorded per 1000 pairs, last measurement */
+
+static unsigned long long arena_events(gg_arena_t *a) {
+  gg_arena_stats_t s;
+  GG(gg_arena_stats(a, &s));
+  return s.n_events;
+}
+
 static result_t measure_pairs(alloc_kind_t k, const size_t *sizes, int nsizes, int iters) {
   for (int i = 0; i < 50; i++) pair(k, sizes[i % nsizes]); /* warm: pools filled, chunks mapped */
+  unsigned long long ev0 = k == A_GG ? arena_events(arena[0]) : 0;
   double *v = (double *)malloc((size_t)iters * sizeof *v);
   for (int i = 0; i < iters; i++) {
     double t0 = now_ns();
@@ -89,6 +98,7 @@ static result_t measure_pairs(alloc_kind_t k, const size_t *sizes, int nsizes, i
     v[i] = now_ns() - t0;
   }
   result_t r = summarize(v, iters);
+  if (k == A_GG) events_per_1000 = 1000.0 * (double)(arena_events(arena[0]) - ev0) / iters;
   free(v);
   return r;
 }
@@ -114,7 +124,7 @@ static void bench_pairs(void) {
   }
   printf("\n## alloc+free pair latency, ns (median / p99), same sizes and order for every allocator\n\n");
   printf("| size | gpuguard | gpuguard no-stream | cudaMalloc | cudaMallocAsync | cudaMalloc / gpuguard | "
-         "async / gpuguard |\n|---|---|---|---|---|---|---|\n");
+         "async / gpuguard | gpuguard events per 1000 pairs |\n|---|---|---|---|---|---|---|---|\n");
   for (int row = 0; row < 5; row++) {
     const size_t *sz = row < 4 ? &fixed[row] : mix;
     int nsz = row < 4 ? 1 : NMIX;
@@ -130,7 +140,8 @@ static void bench_pairs(void) {
     double g = r[A_GG].median > 1 ? r[A_GG].median : 1;
     if (r[A_MALLOC].ran) snprintf(x1, sizeof x1, "%.0fx", r[A_MALLOC].median / g);
     if (r[A_ASYNC].ran) snprintf(x2, sizeof x2, "%.1fx", r[A_ASYNC].median / g);
-    printf("| %s | %s | %s | %s | %s | %s | %s |\n", labels[row], c[0], c[1], c[2], c[3], x1, x2);
+    printf("| %s | %s | %s | %s | %s | %s | %s | %.1f |\n", labels[row], c[0], c[1], c[2], c[3], x1, x2,
+           events_per_1000);
   }
   printf(
       "\ngoals: gpuguard median <= 100 ns per pair, >= 15x faster than cudaMallocAsync, >= 50x faster than "

@@ -67,6 +67,8 @@ typedef struct gg_arena_stats {
   size_t bytes_pending;      /**< released bytes not reusable yet: waiting for work queued on the stream
                                   before their release, or for the bump log to be compacted */
   unsigned long long n_chunks; /**< chunks mapped now */
+  unsigned long long n_events; /**< events recorded on the stream to track released memory (driver
+                                    calls that stream tracking cost; 0 with GG_ARENA_NO_STREAM) */
 } gg_arena_stats_t;
 
 /** A scope of an arena. Plain data the caller owns (on its stack); filled by gg_scope_begin(). */
