@@ -46,7 +46,7 @@ echo "run returned in $t ms"
 $g run --grace 300 --receipt "$tmp/r2.json" -- sh -c 'trap "" TERM; sleep 62.5 & setsid sh -c "sleep 62.5 &" ; wait' &
 runner=$!
 keep+=($runner)
-for i in $(seq 1 200); do [ "$(pids_of 'sleep 62.5' | wc -l)" -ge 2 ] && break; sleep 0.02; done
+for i in $(seq 1 500); do [ "$(pids_of 'sleep 62.5' | wc -l)" -ge 2 ] && break; sleep 0.02; done
 [ "$(pids_of 'sleep 62.5' | wc -l)" -ge 2 ] || fail "the job did not start"
 t0=$(ms)
 kill -TERM $runner
@@ -61,24 +61,24 @@ echo "SIGTERM: job ended in $t ms (grace 300)"
 $g run -- sh -c 'sleep 63.75 & wait' &
 runner=$!
 keep+=($runner)
-for i in $(seq 1 200); do [ -n "$(pids_of 'sleep 63.75')" ] && break; sleep 0.02; done
+for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 63.75')" ] && break; sleep 0.02; done
 orphan=$(pids_of 'sleep 63.75')
 [ -n "$orphan" ] || fail "the job did not start"
 keep+=($orphan)
 # Bystanders: a plain process with no session, and a worker of a live session.
 sleep 64.5 & plain=$!; keep+=($plain)
 $g run -- sleep 65.25 & live=$!; keep+=($live)
-for i in $(seq 1 200); do [ -n "$(pids_of 'sleep 65.25')" ] && break; sleep 0.02; done
+for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 65.25')" ] && break; sleep 0.02; done
 kill -9 $runner
 wait $runner 2>/dev/null || true
-for i in $(seq 1 200); do grep -q "^PPid:[[:space:]]*1$" /proc/$orphan/status 2>/dev/null && break; [ -d /proc/$orphan ] || break; sleep 0.02; done
+for i in $(seq 1 500); do grep -q "^PPid:[[:space:]]*1$" /proc/$orphan/status 2>/dev/null && break; [ -d /proc/$orphan ] || break; sleep 0.02; done
 [ -d /proc/$orphan ] || fail "the worker died with its runner: nothing left to reap"
 $g reap --dry-run > "$tmp/dry"
 grep -q "^orphan $orphan " "$tmp/dry" || { cat "$tmp/dry"; fail "reap --dry-run does not list $orphan"; }
 grep -q "^orphan $plain \|^orphan $(pids_of 'sleep 65.25') " "$tmp/dry" && fail "reap lists a process that is no orphan"
 [ -d /proc/$orphan ] || fail "--dry-run ended the orphan"
 $g reap --yes --grace 200 > "$tmp/yes"
-for i in $(seq 1 100); do [ -d /proc/$orphan ] || break; sleep 0.02; done
+for i in $(seq 1 500); do [ -d /proc/$orphan ] || break; sleep 0.02; done
 [ ! -d /proc/$orphan ] || { cat "$tmp/yes"; fail "reap --yes left $orphan alive"; }
 kill -0 $plain || fail "reap ended a process with no session"
 [ -n "$(pids_of 'sleep 65.25')" ] || fail "reap ended a worker of a live session"
