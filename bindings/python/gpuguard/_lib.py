@@ -61,7 +61,14 @@ class ArenaStats(Structure):
                 ("peak_in_use", c_size_t), ("peak_mapped", c_size_t), ("largest_free_block", c_size_t),
                 ("n_live", c_ulonglong), ("n_allocs", c_ulonglong), ("n_frees", c_ulonglong),
                 ("n_trims", c_ulonglong), ("bytes_trimmed", c_ulonglong), ("scope_depth", c_int),
-                ("fragmentation", c_double)]
+                ("fragmentation", c_double), ("bytes_pending", c_size_t), ("n_chunks", c_ulonglong),
+                ("n_events", c_ulonglong)]
+
+
+class StatsBuffer(Structure):
+    """Room for the stats struct plus a reserve: a newer library may append fields, and must never
+    write past what Python allocated."""
+    _fields_ = [("stats", ArenaStats), ("_reserve", c_char * 256)]
 
 
 class Scope(Structure):
@@ -108,7 +115,7 @@ FUNCTIONS: List[Tuple[str, list, Any, bool]] = [
     ("gg_scope_begin", [c_void_p, POINTER(Scope)], _STATUS, True),
     ("gg_scope_end", [POINTER(Scope)], _STATUS, True),
     ("gg_arena_trim", [c_void_p, c_size_t], _STATUS, True),
-    ("gg_arena_stats", [c_void_p, POINTER(ArenaStats)], _STATUS, True),
+    ("gg_arena_stats", [c_void_p, POINTER(StatsBuffer)], _STATUS, True),
     ("gg_arena_foreach_block", [c_void_p, BLOCK_VISITOR, c_void_p], _STATUS, True),
     ("gg_arena_name", [c_void_p], c_char_p, False),
     ("gg_arena_backend", [c_void_p], c_char_p, False),

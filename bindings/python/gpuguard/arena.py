@@ -9,7 +9,7 @@ from ctypes import byref, c_void_p
 from typing import Any, Dict, List, Optional, Union
 
 from . import _lib
-from ._lib import C, ArenaOptions, ArenaStats, BlockInfo, Scope as _CScope, enc
+from ._lib import C, ArenaOptions, ArenaStats, BlockInfo, Scope as _CScope, StatsBuffer, enc
 from .errors import StateError
 
 NO_STREAM = 0x1
@@ -157,9 +157,9 @@ class Arena:
 
     def stats(self) -> Dict[str, Any]:
         """The arena's statistics, with the C field names (bytes_in_use, bytes_mapped, ...)."""
-        s = ArenaStats()
-        C.gg_arena_stats(self._handle(), byref(s))
-        return {name: getattr(s, name) for name in _STATS_FIELDS}
+        buf = StatsBuffer()
+        C.gg_arena_stats(self._handle(), byref(buf))
+        return {name: getattr(buf.stats, name) for name in _STATS_FIELDS}
 
     def blocks(self) -> List[Dict[str, Any]]:
         """The live blocks in address order: ptr, size, tag, scope_depth."""
