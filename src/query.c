@@ -1,8 +1,15 @@
-/* query.c — device count and device information (name, UUID, memory) through the backend. */
+/* query.c — devices (count, name, UUID, memory) and who holds them (NVML, else device descriptors),
+ * joined with /proc. */
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "internal.h"
+#include "nvml.h"
+#include "proc_internal.h"
 
 int gg_device_count(int *count) {
   if (!count) return gg__err(GG_EINVAL, "gg_device_count: count is NULL");
@@ -32,4 +39,243 @@ int gg_device_info(int device, gg_device_info_t *info) {
   }
   gg__dev_close(d);
   return rc;
+}
+
+/* ---- who holds the device ----------------------------------------------------------------------- */
+
+const char *gg_process_class_name(gg_process_class_t cls) {
+  switch (cls) {
+    case GG_PROCESS_GUARDED: return "guarded";
+    case GG_PROCESS_ORPHAN: return "orphan";
+    case GG_PROCESS_FD_HOLDER: return "fd-holder";
+    case GG_PROCESS_FOREIGN: return "foreign";
+    case GG_PROCESS_UNKNOWN: break;
+  }
+  return "unknown";
+}
+
+/* Fills the /proc side of a row and a first classification (the session registry refines it). */
+static void gg__join_proc(gg_process_t *row, uid_t me) {
+  gg__pinfo_t st;
+  uid_t uid = 0;
+  if (gg__proc_read_stat(row->pid, &st) == 0 && gg__proc_uid(row->pid, &uid) == 0) {
+    row->ppid = st.ppid, row->uid = uid, row->state = st.state, row->start_time = st.start;
+    gg__proc_cmdline(row->pid, row->command, sizeof row->command);
+    struct passwd pw, *res = NULL;
+    char pwbuf[1024];
+    if (getpwuid_r(uid, &pw, pwbuf, sizeof pwbuf, &res) == 0 && res)
+      gg__strlcpy(row->user, pw.pw_name, sizeof row->user);
+    else
+      snprintf(row->user, sizeof row->user, "%u", (unsigned)uid);
+    if (uid != me) row->cls = GG_PROCESS_FOREIGN;
+  } else {
+    /* Another PID namespace (a container) or already gone: only the driver's figures are known. */
+    row->state = '?';
+    snprintf(row->user, sizeof row->user, "?");
+  }
+}
+
+/* The session registry, read once per listing; an unreadable registry just means no sessions. */
+typedef struct gg__sessions {
+  gg_session_record_t *recs;
+  size_t n;
+} gg__sessions_t;
+
+static void gg__sessions_load(gg__sessions_t *s) {
+  s->recs = NULL, s->n = 0;
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  size_t want = 0;
+  for (int attempt = 0; attempt < 3 && gg_registry_list(s->recs, s->n, &want) == 0 && want > s->n; attempt++) {
+    gg_session_record_t *grown = realloc(s->recs, (want + 8) * sizeof *grown);
+    if (!grown) break;
+    s->recs = grown, s->n = want + 8;
+  }
+  if (want < s->n) s->n = want;
+  gg__err_restore(&saved);
+}
+
+/* Leader of a session: 1 alive, 0 dead (its record is stale), -1 unknown (no record). */
+static int gg__leader_alive(const gg__sessions_t *s, const char *session) {
+  int state = -1;
+  for (size_t i = 0; i < s->n; i++)
+    if (strcmp(s->recs[i].session, session) == 0 && strcmp(s->recs[i].role, "leader") == 0) {
+      if (!s->recs[i].stale) return 1;
+      state = 0;
+    }
+  return state;
+}
+
+/* Multiprocessing children started by spawn or forkserver say so on their command line. */
+static bool gg__looks_like_worker(const char *cmd) {
+  return strstr(cmd, "multiprocessing.spawn") || strstr(cmd, "multiprocessing.forkserver") ||
+         strstr(cmd, "spawn_main(");
+}
+
+/* guarded: part of a live session; orphan: its session's leader is dead, or its parent is gone and it
+ * was a worker. Only evidence moves a row out of "unknown". */
+static void gg__classify(gg_process_t *row, const gg__sessions_t *s) {
+  if (row->cls == GG_PROCESS_FOREIGN || row->state == '?') return;
+  const gg_session_record_t *rec = NULL;
+  for (size_t i = 0; i < s->n && !rec; i++)
+    if (s->recs[i].pid == row->pid && s->recs[i].start_time == row->start_time && !s->recs[i].stale) rec = &s->recs[i];
+  if (rec) gg__strlcpy(row->session, rec->session, sizeof row->session);
+  else if (gg__proc_environ_get(row->pid, "GPUGUARD_SESSION", row->session, sizeof row->session) != 0)
+    row->session[0] = '\0';
+  gg__pinfo_t parent;
+  bool parent_gone = row->ppid <= 1 || gg__proc_read_stat(row->ppid, &parent) != 0 ||
+                     (rec && rec->ppid != row->ppid);
+  if (row->session[0]) {
+    int leader = gg__leader_alive(s, row->session);
+    if (rec && strcmp(rec->role, "leader") == 0) leader = 1; /* it is the leader, alive */
+    if (leader == 1) row->cls = GG_PROCESS_GUARDED;
+    else if (leader == 0 || parent_gone) row->cls = GG_PROCESS_ORPHAN;
+    else row->cls = GG_PROCESS_GUARDED;
+  } else if (parent_gone && gg__looks_like_worker(row->command)) {
+    row->cls = GG_PROCESS_ORPHAN;
+  }
+}
+
+int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
+  if (!count) return gg__err(GG_EINVAL, "gg_process_list: count is NULL");
+  if (!rows && cap) return gg__err(GG_EINVAL, "gg_process_list: rows is NULL but cap is %zu", cap);
+  if (device < 0) return gg__err(GG_ENODEV, "gg_process_list: device %d does not exist", device);
+  *count = 0;
+  /* Name the device by UUID when the CUDA driver is there, so NVML's order cannot mislead. */
+  gg__dev_props_t props;
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  bool have_uuid = gg__cuda_props(device, &props) == 0;
+  gg__err_restore(&saved);
+
+  gg__gpu_proc_t *gp = NULL;
+  size_t ngp = 0, want = 64;
+  int minor = -1, rc;
+  bool nvml = true;
+  for (;;) { /* grow until every process fits */
+    gg__gpu_proc_t *grown = realloc(gp, want * sizeof *gp);
+    if (!grown) {
+      free(gp);
+      return gg__err(GG_ENOMEM, "gg_process_list: out of host memory");
+    }
+    gp = grown;
+    rc = gg__nvml_processes(have_uuid ? props.uuid : NULL, device, gp, want, &ngp, &minor);
+    if (rc < 0 || ngp <= want) break;
+    want = ngp + 16;
+  }
+  if (rc == GG_ENOTSUP && !have_uuid) {
+    char why[512]; /* copied: the detail buffer is about to be rewritten */
+    gg__strlcpy(why, gg_last_error(), sizeof why);
+    free(gp);
+    return gg__err(GG_ENODEV, "gg_process_list: no NVIDIA GPU here: neither NVML nor the CUDA driver is usable (%s)",
+                   why);
+  }
+  if (rc == GG_ENOTSUP) { /* a GPU but no NVML: descriptors are all there is to go on */
+    nvml = false, ngp = 0, rc = 0;
+    gg__err_restore(&saved);
+  }
+  if (rc < 0) {
+    free(gp);
+    return rc;
+  }
+  /* Descriptor holders: processes with the device node open that the driver does not list. */
+  char node[64];
+  snprintf(node, sizeof node, "/dev/nvidia%d", minor >= 0 ? minor : device);
+  int *fdp = NULL;
+  size_t nfd = 0;
+  if (gg__scan_fd_holders("/proc", node, &fdp, &nfd) < 0) nfd = 0, gg__err_restore(&saved);
+
+  uid_t me = getuid();
+  size_t total = 0;
+  gg__sessions_t sessions;
+  gg__sessions_load(&sessions);
+  for (size_t i = 0; i < ngp + nfd; i++) {
+    int pid = i < ngp ? (int)gp[i].pid : fdp[i - ngp];
+    bool listed = false;
+    for (size_t j = 0; i >= ngp && j < ngp && !listed; j++) listed = (int)gp[j].pid == pid;
+    if (listed) continue;
+    if (total < cap) {
+      gg_process_t *row = &rows[total];
+      memset(row, 0, sizeof *row);
+      row->pid = pid;
+      row->device = device;
+      row->used_bytes = i < ngp ? gp[i].used : -1;
+      row->cls = (i >= ngp && nvml) ? GG_PROCESS_FD_HOLDER : GG_PROCESS_UNKNOWN;
+      gg__join_proc(row, me);
+      if (row->cls != GG_PROCESS_FD_HOLDER) gg__classify(row, &sessions);
+    }
+    total++;
+  }
+  free(gp);
+  free(fdp);
+  free(sessions.recs);
+  *count = total;
+  return 0;
+}
+
+/* ---- orphans of dead sessions ------------------------------------------------------------------- */
+
+typedef struct gg__orphan_walk {
+  const gg__sessions_t *sessions;
+  uid_t me;
+  pid_t self;
+  gg_process_t *rows;
+  size_t cap, n;
+} gg__orphan_walk_t;
+
+static void gg__orphan_add(gg__orphan_walk_t *w, const gg_process_t *row) {
+  for (size_t i = 0; i < w->n && i < w->cap; i++)
+    if (w->rows[i].pid == row->pid) return; /* already listed (from another device) */
+  if (w->n < w->cap) w->rows[w->n] = *row;
+  w->n++;
+}
+
+/* Every process of ours that carries a session id is judged as a GPU process would be. */
+static int gg__orphan_visit(const gg__pinfo_t *info, void *user) {
+  gg__orphan_walk_t *w = user;
+  uid_t uid;
+  char session[40];
+  if (info->pid == w->self || gg__proc_uid(info->pid, &uid) != 0 || uid != w->me) return 0;
+  if (gg__proc_environ_get(info->pid, "GPUGUARD_SESSION", session, sizeof session) != 0) return 0;
+  gg_process_t row;
+  memset(&row, 0, sizeof row);
+  row.pid = info->pid;
+  row.device = -1;
+  row.used_bytes = -1;
+  gg__join_proc(&row, w->me);
+  gg__classify(&row, w->sessions);
+  if (row.cls == GG_PROCESS_ORPHAN && row.start_time == info->start) gg__orphan_add(w, &row);
+  return 0;
+}
+
+int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count) {
+  if (!count) return gg__err(GG_EINVAL, "gg_orphan_list: count is NULL");
+  if (!rows && cap) return gg__err(GG_EINVAL, "gg_orphan_list: rows is NULL but cap is %zu", cap);
+  gg__sessions_t sessions;
+  gg__sessions_load(&sessions);
+  gg__orphan_walk_t w = {.sessions = &sessions, .me = getuid(), .self = getpid(), .rows = rows, .cap = cap};
+  int rc = gg__proc_walk(gg__orphan_visit, &w);
+  free(sessions.recs);
+  if (rc < 0) return gg__err(GG_EIO, "gg_orphan_list: cannot read /proc: %s", strerror(-rc));
+  /* Orphans the driver lists (multiprocessing workers without a session) and their memory. */
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  int ndev = 0;
+  if (gg__cuda_count(&ndev) != 0) ndev = 0;
+  if (ndev == 0 && gg__env("GPUGUARD_NVML_LIBRARY")) ndev = 1; /* a stand-in NVML without a driver */
+  for (int d = 0; d < ndev; d++) {
+    gg_process_t got[64];
+    size_t n = 0;
+    if (gg_process_list(d, got, 64, &n) != 0) continue;
+    for (size_t i = 0; i < n && i < 64; i++) {
+      if (got[i].cls != GG_PROCESS_ORPHAN || got[i].uid != w.me) continue;
+      bool seen = false;
+      for (size_t j = 0; j < w.n && j < w.cap; j++)
+        if (rows[j].pid == got[i].pid) rows[j].used_bytes = got[i].used_bytes, rows[j].device = d, seen = true;
+      if (!seen) gg__orphan_add(&w, &got[i]);
+    }
+  }
+  gg__err_restore(&saved);
+  *count = w.n;
+  return 0;
 }

@@ -14,6 +14,15 @@
  *
  *  Every call is thread-safe. No call is async-signal-safe. An arena created before fork() refuses
  *  every call in the child with GG_ESTATE.
+ *
+ *  Memory is mapped 64 MiB at a time by default (an allocation larger than that maps exactly what it
+ *  needs): few enough driver calls to grow to a whole device, and never more than one chunk mapped
+ *  beyond what the arena needs. Released memory joins a batch; one event per batch, recorded on the
+ *  arena's stream when the allocator would otherwise map more (or the batch grows large), tells when
+ *  the batch may be handed out again, so a free costs no driver call.
+ *
+ *  Use after destroy: a destroyed handle stays readable for the next 64 destroys, so a late call on it
+ *  fails with GG_EINVAL ("not a live arena"); after that it is a dangling pointer like any other.
  *  @{ */
 
 /** An arena (opaque). */
@@ -41,18 +50,25 @@ typedef struct gg_arena_options {
 
 /** Statistics of an arena, exact at the moment of the call. */
 typedef struct gg_arena_stats {
-  size_t bytes_in_use;       /**< bytes in live blocks (sizes as rounded to the alignment) */
+  size_t bytes_in_use;       /**< bytes in live blocks (sizes rounded up to a multiple of 256) */
   size_t bytes_mapped;       /**< physical memory mapped now */
   size_t bytes_reserved;     /**< address space reserved (the capacity) */
   size_t peak_in_use;        /**< highest bytes_in_use since creation */
   size_t peak_mapped;        /**< highest bytes_mapped since creation */
   size_t largest_free_block; /**< largest block of mapped memory that is free */
   unsigned long long n_live; /**< live blocks */
-  unsigned long long n_allocs, n_frees; /**< successful allocations; blocks released (gg_free or scope end) */
-  unsigned long long n_trims, bytes_trimmed; /**< trims that returned memory; bytes they returned in all */
+  unsigned long long n_allocs; /**< successful allocations */
+  unsigned long long n_frees;  /**< blocks released (gg_free or scope end) */
+  unsigned long long n_trims;  /**< trims that returned memory */
+  unsigned long long bytes_trimmed; /**< bytes trims returned, in all */
   int scope_depth;           /**< scopes open now */
   double fragmentation;      /**< 1 - largest_free_block / (bytes_mapped - bytes_in_use); 0 when
                                   nothing mapped is free */
+  size_t bytes_pending;      /**< released bytes not reusable yet: waiting for work queued on the stream
+                                  before their release, or for the bump log to be compacted */
+  unsigned long long n_chunks; /**< chunks mapped now */
+  unsigned long long n_events; /**< events recorded on the stream to track released memory (driver
+                                    calls that stream tracking cost; 0 with GG_ARENA_NO_STREAM) */
 } gg_arena_stats_t;
 
 /** A scope of an arena. Plain data the caller owns (on its stack); filled by gg_scope_begin(). */
@@ -87,14 +103,19 @@ GG_API void gg_arena_options_init(gg_arena_options_t *opts);
 GG_API int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts);
 
 /** Destroys an arena: waits for work on its stream, unmaps and releases every chunk and the range,
- *  and frees the handle, whatever blocks were still live. NULL is a no-op returning 0.
- *  @return 0, or the first error met while giving memory back (the handle is freed regardless). */
+ *  and frees the handle, whatever blocks were still live (read gg_arena_stats() or
+ *  gg_arena_foreach_block() first to report them). NULL is a no-op returning 0.
+ *  @return 0, or the first error met while giving memory back (the handle is freed regardless);
+ *  GG_EINVAL for a handle that is not a live arena; GG_ESTATE in a forked child (nothing is touched:
+ *  the child must not use its parent's device state). */
 GG_API int gg_arena_destroy(gg_arena_t *arena);
 
 /** Allocates @p size bytes aligned to 256 bytes. Same as gg_alloc_ex(arena, size, 0, NULL, ptr). */
 GG_API int gg_alloc(gg_arena_t *arena, size_t size, void **ptr);
 
 /** Allocates @p size bytes.
+ *  @param arena the arena.
+ *  @param size bytes wanted, more than 0 (rounded up to a multiple of 256 for accounting).
  *  @param align a power of two (0: 256); alignments below 256 are raised to 256.
  *  @param tag a short label kept for statistics and leak reports (copied; NULL: none).
  *  @param[out] ptr receives the device address.
@@ -104,7 +125,8 @@ GG_API int gg_alloc(gg_arena_t *arena, size_t size, void **ptr);
 GG_API int gg_alloc_ex(gg_arena_t *arena, size_t size, size_t align, const char *tag, void **ptr);
 
 /** Releases one block. Its memory is not handed out again until work queued on the arena's stream
- *  before this call has completed.
+ *  before this call has completed (at once with GG_ARENA_NO_STREAM). Makes no driver call, except
+ *  one event record for a batch that has grown large.
  *  @return 0; GG_EINVAL for NULL, a pointer this arena did not return, a pointer into the middle of a
  *  block, or a block already freed (double free). */
 GG_API int gg_free(gg_arena_t *arena, void *ptr);
@@ -114,17 +136,24 @@ GG_API int gg_free(gg_arena_t *arena, void *ptr);
 GG_API int gg_scope_begin(gg_arena_t *arena, gg_scope_t *scope);
 
 /** Ends a scope: releases every block allocated inside it (and inside scopes nested in it) that is
- *  still live. O(blocks released).
+ *  still live. O(blocks released); O(1) when every block of the scope was carved from the top of the
+ *  arena (the common case: a scope per step).
  *  @return 0; GG_ESTATE when a scope opened inside this one is still open, or the scope already ended
- *  (nothing is changed then); GG_EINVAL for NULL. */
+ *  (nothing is changed then); GG_EINVAL for NULL or a destroyed arena. With
+ *  GG_ARENA_TRIM_ON_SCOPE_EXIT, the error of the trim that follows the outermost scope (the scope has
+ *  ended regardless). */
 GG_API int gg_scope_end(gg_scope_t *scope);
 
 /** Unmaps every mapped chunk that is entirely free, beyond @p keep_bytes of mapped memory, once the work
- *  that last used it has completed, and gives it back to the driver.
- *  @return 0; GG_EINVAL for NULL; a driver error (the arena stays consistent). */
+ *  that last used it has completed, and gives it back to the driver. Chunks anywhere in the range
+ *  qualify, highest first; a chunk is only unmapped when at least @p keep_bytes stay mapped after it.
+ *  May block: it waits for the work queued on the arena's stream before released memory.
+ *  @return 0; GG_EINVAL for NULL; a driver error (the arena stays consistent, chunks not yet unmapped
+ *  stay mapped). */
 GG_API int gg_arena_trim(gg_arena_t *arena, size_t keep_bytes);
 
-/** Reads the arena's statistics.
+/** Reads the arena's statistics. Released memory whose work has completed is counted as free first
+ *  (an event record and a query on the stream, never a wait).
  *  @return 0; GG_EINVAL for NULL arguments. */
 GG_API int gg_arena_stats(gg_arena_t *arena, gg_arena_stats_t *stats);
 
@@ -137,6 +166,34 @@ GG_API const char *gg_arena_name(const gg_arena_t *arena);
 
 /** The backend the arena runs on: "cuda" or "host"; NULL for a NULL arena. */
 GG_API const char *gg_arena_backend(const gg_arena_t *arena);
+
+/** Copies @p n bytes from host memory to device memory of the arena, synchronously. Meant for tests,
+ *  examples and bindings that must show memory is real without calling the CUDA runtime.
+ *  @param arena the arena the block belongs to.
+ *  @param dst a device address: [dst, dst+n) must lie inside one live block of @p arena.
+ *  @param src host memory.
+ *  @param n bytes to copy.
+ *  @return 0 (also for n == 0); GG_EINVAL for NULL arguments or a range outside the arena's live blocks;
+ *  a driver error. Thread-safe. */
+GG_API int gg_arena_copy_to_device(gg_arena_t *arena, void *dst, const void *src, size_t n);
+
+/** Copies @p n bytes from device memory of the arena to host memory, synchronously.
+ *  @param arena the arena the block belongs to.
+ *  @param dst host memory.
+ *  @param src a device address: [src, src+n) must lie inside one live block of @p arena.
+ *  @param n bytes to copy.
+ *  @return 0 (also for n == 0); GG_EINVAL for NULL arguments or a range outside the arena's live blocks;
+ *  a driver error. Thread-safe. */
+GG_API int gg_arena_copy_from_device(gg_arena_t *arena, void *dst, const void *src, size_t n);
+
+/** Sets @p n bytes of device memory of the arena to @p value (its low 8 bits), synchronously.
+ *  @param arena the arena the block belongs to.
+ *  @param dst a device address: [dst, dst+n) must lie inside one live block of @p arena.
+ *  @param value the byte to write (its low 8 bits).
+ *  @param n bytes to set.
+ *  @return 0 (also for n == 0); GG_EINVAL for a NULL or out-of-block range; a driver error.
+ *  Thread-safe. */
+GG_API int gg_arena_memset(gg_arena_t *arena, void *dst, int value, size_t n);
 
 GG_END_DECLS
 

@@ -10,7 +10,7 @@
 /** Marks a public, exported declaration. */
 #define GG_API
 #else
-#define GG_API __attribute__((visibility("default")))
+#define GG_API __attribute__((visibility("default"))) /**< Exported from the shared library. */
 #endif
 
 #ifdef __cplusplus
@@ -19,8 +19,8 @@
 /** Closes C linkage in C++ translation units. */
 #define GG_END_DECLS }
 #else
-#define GG_BEGIN_DECLS
-#define GG_END_DECLS
+#define GG_BEGIN_DECLS /**< Nothing in C. */
+#define GG_END_DECLS   /**< Nothing in C. */
 #endif
 
 #endif

@@ -8,14 +8,17 @@
  *  what. Include this header to get the whole API; every call returns 0 or a negative GG_E* code
  *  (see @ref gg_errors) and gg_last_error() says what failed.
  *
- *  Parts: @ref gg_errors, @ref gg_arena, @ref gg_guard, @ref gg_query, @ref gg_host. */
+ *  Parts: @ref gg_errors, @ref gg_arena, @ref gg_guard, @ref gg_query, @ref gg_report, @ref gg_host,
+ *  @ref gg_proc, @ref gg_registry. */
 
 #include "gpuguard/arena.h"
 #include "gpuguard/error.h"
 #include "gpuguard/export.h"
 #include "gpuguard/guard.h"
 #include "gpuguard/host.h"
+#include "gpuguard/proc.h"
 #include "gpuguard/query.h"
+#include "gpuguard/report.h"
 #include "gpuguard/version.h"
 
 #endif

@@ -26,7 +26,34 @@ typedef struct gg_device_info {
   int vmm_supported;        /**< 1 when the device supports virtual memory management */
 } gg_device_info_t;
 
+/** How a process holding a device relates to gpuguard's sessions. */
+typedef enum gg_process_class {
+  GG_PROCESS_UNKNOWN = 0,   /**< holds device memory; nothing more is known */
+  GG_PROCESS_GUARDED = 1,   /**< part of a live gpuguard session */
+  GG_PROCESS_ORPHAN = 2,    /**< its session's leader is dead, or its parent is gone and it was a worker */
+  GG_PROCESS_FD_HOLDER = 3, /**< holds /dev/nvidia* descriptors but no context the driver lists */
+  GG_PROCESS_FOREIGN = 4    /**< belongs to another user */
+} gg_process_class_t;
+
+/** One process holding a device, as gg_process_list() reports it. */
+typedef struct gg_process {
+  int pid;                       /**< process id (as this machine's /proc numbers it) */
+  int ppid;                      /**< parent process id */
+  unsigned uid;                  /**< real user id */
+  char user[32];                 /**< user name, or the uid in decimal */
+  char state;                    /**< /proc state letter: R, S, D, Z, T, ... ('?' when unreadable) */
+  unsigned long long start_time; /**< clock ticks after boot; with pid, names the process */
+  long long used_bytes;          /**< device memory the driver accounts to it; -1 when unknown */
+  int device;                    /**< the device ordinal asked for */
+  gg_process_class_t cls;        /**< see gg_process_class_t */
+  char session[40];              /**< gpuguard session id, "" when none */
+  char command[256];             /**< command line, arguments separated by spaces (cut to fit) */
+} gg_process_t;
+
 GG_BEGIN_DECLS
+
+/** The name of a process class: "unknown", "guarded", "orphan", "fd-holder", "foreign". Never NULL. */
+GG_API const char *gg_process_class_name(gg_process_class_t cls);
 
 /** Number of devices on the selected backend (the host backend has one).
  *  @param[out] count receives the number.
@@ -41,6 +68,32 @@ GG_API int gg_device_count(int *count);
  *  @return 0; GG_EINVAL for NULL; GG_ENODEV for a device that does not exist or no driver;
  *  GG_EDRIVER when the driver fails (gg_last_error() names the call). Thread-safe. */
 GG_API int gg_device_info(int device, gg_device_info_t *info);
+
+/** Lists the processes holding device @p device: from NVML (libnvidia-ml.so.1, loaded for the call and
+ *  shut down after it; GPUGUARD_NVML_LIBRARY names another file), with the memory each holds; where
+ *  NVML is missing, from a scan of /proc/PID/fd for /dev/nvidia* (memory unknown). Each row is joined
+ *  with /proc (user, state, parent, start time, command) and classified.
+ *  @param device the device ordinal.
+ *  @param[out] rows array of @p cap rows (may be NULL when cap is 0, to ask for the count).
+ *  @param cap rows available.
+ *  @param[out] count receives the number of processes found, which may exceed cap (only cap are
+ *  written).
+ *  @return 0; GG_EINVAL for a NULL count (or NULL rows with cap > 0); GG_ENODEV when the device does
+ *  not exist, or there is no NVIDIA GPU at all (neither NVML nor the CUDA driver loads); GG_EDRIVER when
+ *  NVML fails. Thread-safe. */
+GG_API int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count);
+
+/** Lists the caller's own processes that are orphans: members of a gpuguard session whose leader is
+ *  dead (found through the session registry and each process's GPUGUARD_SESSION), and orphaned
+ *  multiprocessing workers holding device memory — whether they hold device memory or not (used_bytes
+ *  is -1 for those that do not, device -1). Each row carries the start time that names the process, so
+ *  that acting on it later can verify the pid still means the same process.
+ *  @param[out] rows array of @p cap rows (may be NULL when cap is 0).
+ *  @param cap rows available.
+ *  @param[out] count receives the number of orphans found (may exceed cap).
+ *  @return 0; GG_EINVAL for a NULL count (or NULL rows with cap > 0); GG_EIO when /proc cannot be read.
+ *  A machine without a GPU is not an error here. Thread-safe. */
+GG_API int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count);
 
 GG_END_DECLS
 

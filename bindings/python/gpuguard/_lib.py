@@ -1,0 +1,161 @@
+"""gpuguard._lib — finds libgpuguard.so, declares every C function the binding uses (one table), and
+turns negative status codes into exceptions carrying the library's detail message."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_longlong, c_size_t, c_uint,
+                    c_ulonglong, c_void_p)
+from typing import Any, Callable, List, Optional, Tuple
+
+from .errors import error_for
+
+
+def _load() -> Tuple[ctypes.CDLL, str]:
+    """GPUGUARD_LIBRARY, then a copy next to this package, then the system loader."""
+    tried: List[str] = []
+    candidates: List[str] = []
+    env = os.environ.get("GPUGUARD_LIBRARY")
+    if env:
+        candidates.append(env)
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(os.listdir(here)):
+        if name.startswith("libgpuguard.so"):
+            candidates.append(os.path.join(here, name))
+    found = ctypes.util.find_library("gpuguard")
+    candidates += [c for c in (found, "libgpuguard.so.0", "libgpuguard.so") if c]
+    for path in candidates:
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append(f"{path}: {e}")
+    raise ImportError("gpuguard: libgpuguard.so not found. Looked at: GPUGUARD_LIBRARY ("
+                      + (env or "unset") + "), next to the package (" + here + "), the system loader. "
+                      + ("Errors: " + "; ".join(tried) if tried else "")
+                      + " Build it (cmake) and set GPUGUARD_LIBRARY=/path/to/libgpuguard.so.")
+
+
+lib, path = _load()
+
+
+class DeviceInfo(Structure):
+    _fields_ = [("index", c_int), ("backend", c_char * 8), ("name", c_char * 256), ("uuid", c_char * 48),
+                ("total_bytes", c_size_t), ("free_bytes", c_size_t), ("used_bytes", c_size_t),
+                ("cc_major", c_int), ("cc_minor", c_int), ("driver_version", c_int), ("vmm_supported", c_int)]
+
+
+class Process(Structure):
+    _fields_ = [("pid", c_int), ("ppid", c_int), ("uid", c_uint), ("user", c_char * 32), ("state", c_char),
+                ("start_time", c_ulonglong), ("used_bytes", c_longlong), ("device", c_int), ("cls", c_int),
+                ("session", c_char * 40), ("command", c_char * 256)]
+
+
+class ArenaOptions(Structure):
+    _fields_ = [("device", c_int), ("backend", c_char_p), ("capacity", c_size_t), ("chunk_size", c_size_t),
+                ("stream", c_void_p), ("flags", c_uint), ("name", c_char_p)]
+
+
+class ArenaStats(Structure):
+    _fields_ = [("bytes_in_use", c_size_t), ("bytes_mapped", c_size_t), ("bytes_reserved", c_size_t),
+                ("peak_in_use", c_size_t), ("peak_mapped", c_size_t), ("largest_free_block", c_size_t),
+                ("n_live", c_ulonglong), ("n_allocs", c_ulonglong), ("n_frees", c_ulonglong),
+                ("n_trims", c_ulonglong), ("bytes_trimmed", c_ulonglong), ("scope_depth", c_int),
+                ("fragmentation", c_double), ("bytes_pending", c_size_t), ("n_chunks", c_ulonglong),
+                ("n_events", c_ulonglong)]
+
+
+class StatsBuffer(Structure):
+    """Room for the stats struct plus a reserve: a newer library may append fields, and must never
+    write past what Python allocated."""
+    _fields_ = [("stats", ArenaStats), ("_reserve", c_char * 256)]
+
+
+class Scope(Structure):
+    _fields_ = [("arena", c_void_p), ("id", c_ulonglong)]
+
+
+class BlockInfo(Structure):
+    _fields_ = [("ptr", c_void_p), ("size", c_size_t), ("tag", c_char_p), ("scope_depth", c_int)]
+
+
+BLOCK_VISITOR = ctypes.CFUNCTYPE(c_int, POINTER(BlockInfo), c_void_p)
+
+
+def _check(rc: int, func: Any, args: Any) -> int:
+    """errcheck for every status-returning call: negative codes become exceptions."""
+    if rc < 0:
+        raise error_for(rc, lib.gg_last_error().decode(errors="replace"), lib.gg_err_name(rc).decode())
+    return rc
+
+
+# (name, argtypes, restype, checked): every C function the binding uses, in one place.
+_STATUS = c_int
+FUNCTIONS: List[Tuple[str, list, Any, bool]] = [
+    ("gg_strerror", [c_int], c_char_p, False),
+    ("gg_err_name", [c_int], c_char_p, False),
+    ("gg_last_error", [], c_char_p, False),
+    ("gg_version", [], c_char_p, False),
+    ("gg_device_count", [POINTER(c_int)], _STATUS, True),
+    ("gg_device_info", [c_int, POINTER(DeviceInfo)], _STATUS, True),
+    ("gg_process_list", [c_int, POINTER(Process), c_size_t, POINTER(c_size_t)], _STATUS, True),
+    ("gg_process_class_name", [c_int], c_char_p, False),
+    ("gg_host_fault_set", [c_char_p], _STATUS, True),
+    ("gg_host_op_count", [c_char_p], c_ulonglong, False),
+    ("gg_host_stream_create", [POINTER(c_void_p)], _STATUS, True),
+    ("gg_host_stream_hold", [c_void_p], _STATUS, True),
+    ("gg_host_stream_release", [c_void_p], _STATUS, True),
+    ("gg_host_stream_destroy", [c_void_p], _STATUS, True),
+    ("gg_arena_options_init", [POINTER(ArenaOptions)], None, False),
+    ("gg_arena_create", [POINTER(c_void_p), POINTER(ArenaOptions)], _STATUS, True),
+    ("gg_arena_destroy", [c_void_p], _STATUS, True),
+    ("gg_alloc", [c_void_p, c_size_t, POINTER(c_void_p)], _STATUS, True),
+    ("gg_alloc_ex", [c_void_p, c_size_t, c_size_t, c_char_p, POINTER(c_void_p)], _STATUS, True),
+    ("gg_free", [c_void_p, c_void_p], _STATUS, True),
+    ("gg_scope_begin", [c_void_p, POINTER(Scope)], _STATUS, True),
+    ("gg_scope_end", [POINTER(Scope)], _STATUS, True),
+    ("gg_arena_trim", [c_void_p, c_size_t], _STATUS, True),
+    ("gg_arena_stats", [c_void_p, POINTER(StatsBuffer)], _STATUS, True),
+    ("gg_arena_foreach_block", [c_void_p, BLOCK_VISITOR, c_void_p], _STATUS, True),
+    ("gg_arena_name", [c_void_p], c_char_p, False),
+    ("gg_arena_backend", [c_void_p], c_char_p, False),
+    ("gg_arena_copy_to_device", [c_void_p, c_void_p, c_void_p, c_size_t], _STATUS, True),
+    ("gg_arena_copy_from_device", [c_void_p, c_void_p, c_void_p, c_size_t], _STATUS, True),
+    ("gg_arena_memset", [c_void_p, c_void_p, c_int, c_size_t], _STATUS, True),
+]
+
+
+def _missing(name: str) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        from .errors import NotSupportedError
+        raise NotSupportedError(f"{path} has no {name}(): the library is older than this binding", -9,
+                                "GG_ENOTSUP")
+    return call
+
+
+class _Functions:
+    """Attribute access to the declared functions; a symbol the library lacks raises when called."""
+
+
+C = _Functions()
+for _name, _args, _res, _checked in FUNCTIONS:
+    try:
+        _fn = getattr(lib, _name)
+    except AttributeError:
+        setattr(C, _name, _missing(_name))
+        continue
+    _fn.argtypes = _args
+    _fn.restype = _res
+    if _checked:
+        _fn.errcheck = _check
+    setattr(C, _name, _fn)
+
+
+def enc(s: Optional[str]) -> Optional[bytes]:
+    """str → bytes for char* arguments (None stays NULL)."""
+    return None if s is None else s.encode()
+
+
+def version() -> str:
+    """The C library's version, "MAJOR.MINOR.PATCH"."""
+    return lib.gg_version().decode()

@@ -1,0 +1,190 @@
+"""gpuguard.arena — arenas of device memory with scopes, trim and statistics, as context managers."""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import weakref
+from ctypes import byref, c_void_p
+from typing import Any, Dict, List, Optional, Union
+
+from . import _lib
+from ._lib import C, ArenaOptions, ArenaStats, BlockInfo, Scope as _CScope, StatsBuffer, enc
+from .errors import StateError
+
+NO_STREAM = 0x1
+"""Flag: do not track a stream; released memory is reusable at once."""
+TRIM_ON_SCOPE_EXIT = 0x2
+"""Flag: trim whenever the outermost scope ends."""
+
+_STATS_FIELDS = [name for name, _ in ArenaStats._fields_]
+
+
+def _destroy(handle: int, owner_pid: int) -> None:
+    # A forked child must not tear down its parent's arena; the library would refuse anyway.
+    if os.getpid() == owner_pid:
+        try:
+            C.gg_arena_destroy(handle)
+        except Exception:  # at interpreter exit nothing useful can be done with the error
+            pass
+
+
+class Allocation:
+    """One block of device memory. ``ptr`` is the device address as an int, ``size`` the bytes asked
+    for, ``tag`` the label given (or None). ``free()`` releases it; so does the end of the scope it was
+    allocated in."""
+
+    __slots__ = ("ptr", "size", "tag", "_arena")
+
+    def __init__(self, arena: "Arena", ptr: int, size: int, tag: Optional[str]) -> None:
+        self.ptr, self.size, self.tag, self._arena = ptr, size, tag, arena
+
+    def free(self) -> None:
+        """Releases the block (GG_EINVAL → InvalidArgumentError when it was released already)."""
+        self._arena.free(self)
+
+    def __int__(self) -> int:
+        return self.ptr
+
+    def __repr__(self) -> str:
+        return f"Allocation(ptr={self.ptr:#x}, size={self.size}, tag={self.tag!r})"
+
+
+class ArenaScope:
+    """A scope of an arena: every block allocated inside it and still live is released when it ends,
+    also when an exception (KeyboardInterrupt included) leaves the ``with`` block; the exception then
+    propagates unchanged."""
+
+    def __init__(self, arena: "Arena") -> None:
+        self._arena = arena
+        self._scope: Optional[_CScope] = None
+
+    def __enter__(self) -> "ArenaScope":
+        s = _CScope()
+        C.gg_scope_begin(self._arena._handle(), byref(s))
+        self._scope = s
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        s, self._scope = self._scope, None
+        if s is not None:
+            C.gg_scope_end(byref(s))
+
+
+class Arena:
+    """An arena of device memory: one reserved range (``capacity`` bytes; None: the device's memory
+    size), physical memory mapped as it grows, scopes that release what they allocated, and ``trim``
+    that gives wholly free memory back to the driver.
+
+    ``backend`` is "cuda", "host" or None (GPUGUARD_BACKEND, else auto). ``stream`` is an int handle
+    (a CUstream, e.g. ``torch.cuda.current_stream().cuda_stream``) whose queued work may still use
+    released memory. Use as a context manager, or call ``close()``; a forgotten arena is destroyed when
+    garbage-collected."""
+
+    def __init__(self, device: int = 0, capacity: Optional[int] = None, backend: Optional[str] = None,
+                 chunk_size: Optional[int] = None, stream: Optional[int] = None, flags: int = 0,
+                 name: Optional[str] = None) -> None:
+        opts = ArenaOptions()
+        C.gg_arena_options_init(byref(opts))
+        keep = (enc(backend), enc(name))  # the bytes must outlive the create call
+        opts.device, opts.backend, opts.name = device, keep[0], keep[1]
+        opts.capacity = capacity or 0
+        opts.chunk_size = chunk_size or 0
+        opts.stream = stream
+        opts.flags = flags
+        h = c_void_p()
+        C.gg_arena_create(byref(h), byref(opts))
+        self._h: Optional[int] = h.value
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _destroy, h.value, os.getpid())
+
+    def _handle(self) -> int:
+        h = self._h
+        if h is None:
+            raise StateError("gpuguard.Arena: the arena is closed", -5, "GG_ESTATE")
+        return h
+
+    def close(self) -> None:
+        """Destroys the arena: every block is released and all memory goes back to the driver. Safe to
+        call twice."""
+        with self._lock:
+            h, self._h = self._h, None
+        if h is not None:
+            self._finalizer.detach()
+            if os.getpid() == self._pid:
+                C.gg_arena_destroy(h)
+
+    def __enter__(self) -> "Arena":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once close() ran."""
+        return self._h is None
+
+    @property
+    def name(self) -> str:
+        """The arena's name."""
+        return C.gg_arena_name(self._handle()).decode()
+
+    @property
+    def backend(self) -> str:
+        """"cuda" or "host"."""
+        return C.gg_arena_backend(self._handle()).decode()
+
+    def alloc(self, size: int, tag: Optional[str] = None, align: int = 0) -> Allocation:
+        """Allocates ``size`` bytes (256-byte aligned, or ``align``, a power of two). Raises
+        OutOfMemoryError with the arena's figures when it does not fit."""
+        p = c_void_p()
+        C.gg_alloc_ex(self._handle(), size, align, enc(tag), byref(p))
+        return Allocation(self, p.value or 0, size, tag)
+
+    def free(self, block: Union[Allocation, int]) -> None:
+        """Releases a block (an Allocation or a device address)."""
+        C.gg_free(self._handle(), int(block))
+
+    def scope(self) -> ArenaScope:
+        """A scope, for ``with``: blocks allocated inside are released when it ends."""
+        return ArenaScope(self)
+
+    def trim(self, keep: int = 0) -> None:
+        """Unmaps wholly free memory beyond ``keep`` bytes and gives it back to the driver."""
+        C.gg_arena_trim(self._handle(), keep)
+
+    def stats(self) -> Dict[str, Any]:
+        """The arena's statistics, with the C field names (bytes_in_use, bytes_mapped, ...)."""
+        buf = StatsBuffer()
+        C.gg_arena_stats(self._handle(), byref(buf))
+        return {name: getattr(buf.stats, name) for name in _STATS_FIELDS}
+
+    def blocks(self) -> List[Dict[str, Any]]:
+        """The live blocks in address order: ptr, size, tag, scope_depth."""
+        out: List[Dict[str, Any]] = []
+
+        def visit(info: Any, user: Any) -> int:
+            b: BlockInfo = info.contents
+            out.append({"ptr": b.ptr or 0, "size": b.size, "tag": (b.tag or b"").decode(errors="replace"),
+                        "scope_depth": b.scope_depth})
+            return 0
+
+        C.gg_arena_foreach_block(self._handle(), _lib.BLOCK_VISITOR(visit), None)
+        return out
+
+    def write(self, dst: Union[Allocation, int], data: bytes) -> None:
+        """Copies host bytes into device memory of this arena (synchronous)."""
+        buf = ctypes.create_string_buffer(data, len(data))
+        C.gg_arena_copy_to_device(self._handle(), int(dst), buf, len(data))
+
+    def read(self, src: Union[Allocation, int], n: int) -> bytes:
+        """Copies n bytes of this arena's device memory to the host (synchronous)."""
+        buf = ctypes.create_string_buffer(n)
+        C.gg_arena_copy_from_device(self._handle(), buf, int(src), n)
+        return buf.raw
+
+    def fill(self, dst: Union[Allocation, int], value: int, n: int) -> None:
+        """Sets n bytes of this arena's device memory to value (synchronous)."""
+        C.gg_arena_memset(self._handle(), int(dst), value, n)

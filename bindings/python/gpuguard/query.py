@@ -1,0 +1,50 @@
+"""gpuguard.query — devices, their memory, and the processes holding them."""
+from __future__ import annotations
+
+from ctypes import byref, c_int, c_size_t
+from typing import Any, Dict, List
+
+from ._lib import C, DeviceInfo, Process
+
+
+def device_count() -> int:
+    """Number of devices on the selected backend (GPUGUARD_BACKEND; the host backend has one)."""
+    n = c_int(0)
+    C.gg_device_count(byref(n))
+    return n.value
+
+
+def device_info(device: int = 0) -> Dict[str, Any]:
+    """Name, UUID, backend, memory (total/free/used bytes), compute capability, driver version and VMM
+    support of one device, with its free memory as the driver reports it now."""
+    d = DeviceInfo()
+    C.gg_device_info(device, byref(d))
+    return {
+        "index": d.index, "backend": d.backend.decode(), "name": d.name.decode(errors="replace"),
+        "uuid": d.uuid.decode(), "total_bytes": d.total_bytes, "free_bytes": d.free_bytes,
+        "used_bytes": d.used_bytes, "compute_capability": (d.cc_major, d.cc_minor),
+        "driver_version": d.driver_version, "vmm_supported": bool(d.vmm_supported),
+    }
+
+
+def processes(device: int = 0) -> List[Dict[str, Any]]:
+    """The processes holding device memory (NVML, else /dev/nvidia* descriptors), each joined with /proc
+    and classified: "guarded", "orphan", "fd-holder", "foreign" or "unknown". ``used_bytes`` is None
+    when the driver does not say."""
+    count = c_size_t(0)
+    rows = (Process * 0)()
+    for _ in range(4):  # the list can grow between asking for its size and reading it
+        rows = (Process * (count.value + 8))()
+        C.gg_process_list(device, rows, len(rows), byref(count))
+        if count.value <= len(rows):
+            break
+    out = []
+    for p in rows[:min(count.value, len(rows))]:
+        out.append({
+            "pid": p.pid, "ppid": p.ppid, "uid": p.uid, "user": p.user.decode(errors="replace"),
+            "state": p.state.decode(errors="replace"), "start_time": p.start_time,
+            "used_bytes": None if p.used_bytes < 0 else p.used_bytes, "device": p.device,
+            "class": C.gg_process_class_name(p.cls).decode(), "session": p.session.decode(),
+            "command": p.command.decode(errors="replace"),
+        })
+    return out

@@ -1,0 +1,269 @@
+/* gpuguard/proc.h — child processes that never outlive the job, and the per-user session registry. */
+#ifndef GPUGUARD_PROC_H
+#define GPUGUARD_PROC_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "gpuguard/export.h"
+
+/** @defgroup gg_proc Processes
+ *  Children started through gpuguard (or adopted by pid) die with the process that owns them, however
+ *  it dies, and are torn down on every exit path: SIGTERM, a grace period, SIGKILL, reaped.
+ *
+ *  - **Sets.** Every child belongs to the set of one guard. Passing `guard == NULL` to any call here
+ *    means this process's default set, which no guard tears down: call gg_proc_teardown(NULL, ...)
+ *    yourself (its children still die with the process through the death signal).
+ *  - **Parent death is process-scoped.** Linux's death signal (PR_SET_PDEATHSIG) fires when the
+ *    creating *thread* exits, so children are forked by one long-lived helper thread of the library:
+ *    a child spawned from a short-lived thread keeps running until the process dies. Arming is
+ *    race-free: the child knows which pid must be its parent, arms, and then checks that the parent is
+ *    still that one, killing itself at once otherwise. The death signal survives exec, but not the exec
+ *    of a set-uid or set-gid program.
+ *  - **Identity.** Each process is held by a pidfd (pidfd_open) where the kernel has them, else by pid
+ *    plus start time (field 22 of /proc/PID/stat), so a reused pid is never signalled. Nothing here ever
+ *    signals pid 0, 1, -1, this process, or a process whose real uid is not ours.
+ *  - **Fork.** After fork(), sets inherited from the parent refuse use in the child (GG_ESTATE: create
+ *    a new guard there); the child never signals its parent's children, and the default set starts
+ *    empty in the child.
+ *  - **Environment.** GPUGUARD_SESSION carries the session id to children (see @ref gg_registry).
+ *  @{ */
+
+GG_BEGIN_DECLS
+
+#ifndef GG_GUARD_T_DEFINED
+#define GG_GUARD_T_DEFINED
+/** A guard (see guard.h); here only as the key of a set of children. */
+typedef struct gg_guard gg_guard_t;
+#endif
+
+/** Options of gg_proc_spawn(). Fill with gg_spawn_options_init(), then change what you need; fields
+ *  are only ever added at the end. */
+typedef struct gg_spawn_options {
+  size_t size;           /**< sizeof(gg_spawn_options_t), set by gg_spawn_options_init() */
+  int new_process_group; /**< nonzero: the child leads its own process group, and teardown signals
+                              the whole group. Default 0 (the child shares ours, as posix_spawn does) */
+  char *const *env;      /**< environment of the child, NULL-terminated "K=V" strings; NULL inherits
+                              ours. GPUGUARD_SESSION is added when this process has registered */
+  int stdin_fd;          /**< descriptor to become the child's stdin, -1 (default) to inherit ours */
+  int stdout_fd;         /**< descriptor to become the child's stdout, -1 (default) to inherit */
+  int stderr_fd;         /**< descriptor to become the child's stderr, -1 (default) to inherit */
+  const char *cwd;       /**< working directory of the child; NULL (default) keeps ours */
+  int death_signal;      /**< nonzero (default): the child gets SIGKILL when this process dies */
+  int close_device_fds;  /**< nonzero: the child closes inherited /dev/nvidia* descriptors before
+                              exec. Default 0 */
+} gg_spawn_options_t;
+
+/** Fills opts with the defaults described at each field.
+ *  @param opts the options to fill; NULL is ignored. Thread-safe. */
+GG_API void gg_spawn_options_init(gg_spawn_options_t *opts);
+
+/** Starts a child running argv and records it in guard's set.
+ *
+ *  The child is forked by the library's long-lived spawn thread, so its death signal is tied to the
+ *  process, not to the calling thread. In the child, signal dispositions are reset to the defaults and
+ *  the signal mask is emptied before exec. A program name without '/' is looked up in this process's
+ *  PATH (the `env` option does not change where it is found).
+ *  @param guard the owning guard, or NULL for the default set.
+ *  @param argv program and arguments, NULL-terminated; argv[0] is the program.
+ *  @param opts NULL for the defaults.
+ *  @param[out] pid receives the child's pid; may be NULL.
+ *  @return 0; GG_EINVAL for a NULL or empty argv or bad options; GG_ENOTFOUND when the program does
+ *  not exist (not in PATH, or exec said ENOENT); GG_EPERM when it may not be executed (EACCES, EPERM);
+ *  GG_EIO when the child failed before exec otherwise (working directory, descriptors), the message
+ *  naming the step; GG_ESTATE when guard's set was inherited through fork(). Thread-safe. */
+GG_API int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_options_t *opts,
+                         pid_t *pid);
+
+/** Records a process created elsewhere (Python's multiprocessing, a launcher) in guard's set, so that
+ *  teardown ends it. It must exist and belong to our user; it is held by pidfd (or pid + start time)
+ *  from now on. Adopted processes get no death signal: arm them with gg_proc_arm_child() in the child,
+ *  or make this process a subreaper.
+ *  @param guard the owning guard, or NULL for the default set.
+ *  @param pid the process.
+ *  @return 0 (also when the set already holds it); GG_EINVAL for pid <= 0 or this process;
+ *  GG_EPERM for pid 1 or a process of another user; GG_ENOTFOUND when no such process lives;
+ *  GG_EINVAL when another set holds it; GG_ESTATE when guard's set was inherited through fork().
+ *  Thread-safe. */
+GG_API int gg_proc_adopt(gg_guard_t *guard, pid_t pid);
+
+/** gg_proc_adopt(), but only if the process is still the one that started at @p start_time (clock
+ *  ticks after boot, as /proc and gg_process_t report it): a pid read earlier may since have been
+ *  reused by another process, which must never be adopted (and so never signalled).
+ *  @param guard the owning guard, or NULL for the default set.
+ *  @param pid the process.
+ *  @param start_time the expected start time; 0 accepts any.
+ *  @return as gg_proc_adopt(); GG_ENOTFOUND when the start time does not match. */
+GG_API int gg_proc_adopt_ex(gg_guard_t *guard, pid_t pid, unsigned long long start_time);
+
+/** Call in a child right after fork(): it gets SIGKILL when the parent that forked it dies.
+ *
+ *  The expected parent is the pid that called fork(), captured by a pthread_atfork handler before the
+ *  fork (so it is known even if the parent is already gone). In a program that was exec'd rather than
+ *  forked with gpuguard loaded, it is GPUGUARD_PARENT_PID when set, else getppid() at this call (then
+ *  not race-free: a parent that died before the call cannot be told from a reaper). If the parent is
+ *  already gone (we were reparented), this process kills itself with SIGKILL at once, as the death
+ *  signal would have. The death signal is tied to the parent's forking thread (Linux's rule): fork
+ *  from a thread that lives as long as the process.
+ *  @return 0; GG_EIO when prctl fails. Not async-signal-safe only because of getenv. */
+GG_API int gg_proc_arm_child(void);
+
+/** Makes this process a child subreaper (PR_SET_CHILD_SUBREAPER), or stops being one. Orphaned
+ *  descendants (double-forked, setsid'd) then become our children instead of init's, and teardown
+ *  ends them with the rest: with the subreaper on, a teardown also ends every child of this process
+ *  that no other set tracks (reparented grandchildren cannot be told apart from children forked
+ *  directly), and so does the fatal-signal path.
+ *  @param on nonzero to become a subreaper. @return 0 or GG_EIO. Thread-safe. */
+GG_API int gg_proc_set_subreaper(int on);
+
+/** Closes every inherited /dev/nvidia* descriptor of this process. For a forked child that will not
+ *  use CUDA: while it holds those descriptors, the parent's device memory is not freed when the parent
+ *  dies. Memory mappings of those files are left alone. Async-signal-safe.
+ *  @return how many descriptors were closed (>= 0), or GG_EIO when /proc/self/fd cannot be read. */
+GG_API int gg_proc_close_device_fds(void);
+
+/** What teardown sent to a process (bit flags in gg_proc_outcome_t::sent). */
+enum {
+  GG_PROC_SENT_TERM = 1, /**< SIGTERM (to the process, and to its group when it leads one) */
+  GG_PROC_SENT_CONT = 2, /**< SIGCONT, because it was stopped */
+  GG_PROC_SENT_KILL = 4  /**< SIGKILL */
+};
+
+/** How a process ended in a teardown (gg_proc_outcome_t::end). */
+typedef enum gg_proc_end {
+  GG_PROC_EXITED = 0,   /**< exited; `code` is its exit status */
+  GG_PROC_SIGNALED = 1, /**< killed by a signal; `code` is the signal number */
+  GG_PROC_ENDED = 2,    /**< gone, but not our child, so its status is not ours to read */
+  GG_PROC_ALIVE = 3,    /**< could not be ended in time; `state` says why (D: uninterruptible sleep) */
+  GG_PROC_SKIPPED = 4   /**< not signalled: its pid now names another process (start time differs)
+                             or another user's */
+} gg_proc_end_t;
+
+/** One process in a teardown receipt. */
+typedef struct gg_proc_outcome {
+  pid_t pid;                     /**< process id */
+  pid_t ppid;                    /**< its parent when teardown began */
+  unsigned long long start_time; /**< start time, clock ticks after boot (with pid, its identity) */
+  char command[256];             /**< command line, arguments separated by spaces (truncated) */
+  const char *found;             /**< "tracked", "descendant", "group" or "orphan" (static string) */
+  unsigned sent;                 /**< GG_PROC_SENT_* flags */
+  gg_proc_end_t end;             /**< how it ended */
+  int code;                      /**< exit status or signal number, per `end`; 0 otherwise */
+  char state;                    /**< /proc state letter when ALIVE, else 0 */
+} gg_proc_outcome_t;
+
+/** What a teardown did, process by process. Free with gg_proc_receipt_free(). */
+typedef struct gg_proc_receipt {
+  size_t count;             /**< entries in procs */
+  size_t n_alive;           /**< how many could not be ended */
+  int grace_ms;             /**< the grace period asked for */
+  double elapsed_ms;        /**< how long the teardown took */
+  gg_proc_outcome_t *procs; /**< count entries */
+} gg_proc_receipt_t;
+
+/** Ends every process in guard's set, and their descendants: SIGTERM to each (and to the group it
+ *  leads, if any; SIGCONT to stopped ones), up to grace_ms for them to exit, SIGKILL to those left
+ *  (and to processes that appeared meanwhile), then reaps our children. Bounded: it returns within
+ *  about grace_ms + 300 ms whatever the processes do; one in uninterruptible sleep is reported, kept
+ *  in the set, and tried again by the next teardown.
+ *  @param guard the guard, or NULL for the default set.
+ *  @param grace_ms 0..600000; 0 sends SIGKILL at once.
+ *  @return 0 when everything ended; GG_ETIMEDOUT when some could not be (the message counts them);
+ *  GG_EINVAL for a bad grace_ms; GG_ESTATE when the set was inherited through fork(). Thread-safe. */
+GG_API int gg_proc_teardown(gg_guard_t *guard, int grace_ms);
+
+/** gg_proc_teardown() that also hands back a receipt.
+ *  @param guard the guard, or NULL for the default set.
+ *  @param grace_ms as for gg_proc_teardown().
+ *  @param[out] receipt receives the receipt (also when the result is GG_ETIMEDOUT), or NULL when the
+ *  call failed before doing anything; the caller frees it with gg_proc_receipt_free().
+ *  @return as gg_proc_teardown(), or GG_ENOMEM. Thread-safe. */
+GG_API int gg_proc_teardown_ex(gg_guard_t *guard, int grace_ms, gg_proc_receipt_t **receipt);
+
+/** Frees a receipt. NULL is a no-op. @param receipt the receipt. */
+GG_API void gg_proc_receipt_free(gg_proc_receipt_t *receipt);
+
+/** Renders a receipt as one JSON object into buf:
+ *  `{"grace_ms":N,"elapsed_ms":X,"alive":N,"processes":[{"pid":..,"ppid":..,"start_time":..,
+ *  "command":"..","found":"..","sent":["TERM","KILL"],"end":"exited|signaled|ended|alive|skipped",
+ *  "code":N,"state":"D"}]}`.
+ *  @param receipt the receipt.
+ *  @param buf where to write; may be NULL when cap is 0.
+ *  @param cap its size.
+ *  @param[out] len receives the length the whole text needs (without the NUL); may be NULL.
+ *  @return 0; GG_EINVAL for a NULL receipt; GG_ENOMEM when buf is too small (it then holds a
+ *  truncated, NUL-terminated prefix and *len says how much to allocate). */
+GG_API int gg_proc_receipt_json(const gg_proc_receipt_t *receipt, char *buf, size_t cap, size_t *len);
+
+/** Writes the JSON of gg_proc_receipt_json() and a newline to f.
+ *  @param receipt the receipt. @param f the stream.
+ *  @return 0, GG_EINVAL for NULL arguments, GG_EIO when writing fails. */
+GG_API int gg_proc_receipt_write(const gg_proc_receipt_t *receipt, FILE *f);
+
+/** @} */
+
+/** @defgroup gg_registry Session registry
+ *  One small record per guarded process in a private per-user directory, so tools can tell a live
+ *  worker from an orphan: `$XDG_RUNTIME_DIR/gpuguard`, else `/dev/shm/gpuguard-UID`, else
+ *  `/tmp/gpuguard-UID`; GPUGUARD_REGISTRY_DIR overrides it. The directory is created with mode 0700
+ *  and refused (GG_EPERM) if it is a symlink, not a directory, owned by another user, or accessible
+ *  to group or others. Records (`PID.rec`, mode 0600) are written atomically (temporary file and
+ *  rename) and removed at teardown; the fatal-signal path unlinks them too. A record whose pid is gone
+ *  or names another process (start time differs) is stale. Records that are corrupt, not ours, or not
+ *  regular files are skipped with one warning each on stderr, never trusted.
+ *  @{ */
+
+/** One record of the registry. */
+typedef struct gg_session_record {
+  pid_t pid;                     /**< the guarded process */
+  pid_t ppid;                    /**< its parent when it registered */
+  unsigned long long start_time; /**< its start time (clock ticks after boot) */
+  char session[40];              /**< session id: a leader's random id, inherited by its workers */
+  char role[16];                 /**< "leader" or "worker" */
+  char devices[64];              /**< devices it uses, as given at registration ("0,1"; "" if none) */
+  char command[256];             /**< its command line (truncated) */
+  int stale;                     /**< nonzero: the process is gone (or its pid was reused) */
+  int parent_alive;              /**< nonzero: the recorded parent still runs */
+} gg_session_record_t;
+
+/** Writes the registry directory's path into buf, creating and checking the directory.
+ *  @param buf where to write. @param cap its size.
+ *  @return 0; GG_EINVAL for NULL or a buffer too small; GG_EPERM when the directory is unsafe (the
+ *  message says why); GG_EIO when it cannot be created. Thread-safe. */
+GG_API int gg_registry_dir(char *buf, size_t cap);
+
+/** Records this process in the registry (again: replaces its record). The role is "worker" with the
+ *  inherited session when GPUGUARD_SESSION is set, else "leader" with a new random session id, which
+ *  is then exported as GPUGUARD_SESSION (setenv: call before starting threads that read the
+ *  environment) so children inherit it.
+ *  @param devices the devices used, free text such as "0,1"; NULL for none.
+ *  @return 0, or the errors of gg_registry_dir(), GG_EIO when the record cannot be written.
+ *  Thread-safe with respect to other registry calls. */
+GG_API int gg_registry_register(const char *devices);
+
+/** Removes this process's record. No record (never registered, or a forked child of a registered
+ *  process) is not an error. @return 0, or GG_EIO. */
+GG_API int gg_registry_unregister(void);
+
+/** This process's session id ("" before registering or inheriting one).
+ *  @param buf where to write. @param cap its size (40 is enough). @return 0 or GG_EINVAL. */
+GG_API int gg_registry_session(char *buf, size_t cap);
+
+/** Lists the registry's records, stale ones flagged.
+ *  @param rows where to write up to cap records; may be NULL when cap is 0.
+ *  @param cap capacity of rows.
+ *  @param[out] count receives the number of valid records (may exceed cap: call again with more room).
+ *  @return 0, or the errors of gg_registry_dir(). Thread-safe. */
+GG_API int gg_registry_list(gg_session_record_t *rows, size_t cap, size_t *count);
+
+/** Removes stale records (their process is gone or their pid reused).
+ *  @param[out] removed receives how many were removed; may be NULL.
+ *  @return 0, or the errors of gg_registry_dir(). */
+GG_API int gg_registry_prune(size_t *removed);
+
+/** @} */
+
+GG_END_DECLS
+
+#endif

@@ -1,0 +1,44 @@
+/* gpuguard/report.h — devices, GPU processes and this process's arenas as JSON or Prometheus text. */
+#ifndef GPUGUARD_REPORT_H
+#define GPUGUARD_REPORT_H
+
+#include <stdio.h>
+
+#include "gpuguard/export.h"
+
+/** @defgroup gg_report Reports
+ *  The query results rendered for machines: JSON (one object), or the Prometheus text exposition
+ *  format 0.0.4 with metric names `gpuguard_*` carrying their unit, e.g.
+ *  `gpuguard_device_memory_used_bytes{device="0"}`.
+ *  @{ */
+
+/** Report devices: name, UUID, memory total/free/used. */
+#define GG_REPORT_DEVICES 0x1u
+/** Report the processes holding each device, with their class (an `orphan` label in Prometheus). */
+#define GG_REPORT_PROCESSES 0x2u
+/** Report this process's live arenas and their statistics. */
+#define GG_REPORT_ARENAS 0x4u
+/** Everything above. */
+#define GG_REPORT_ALL 0x7u
+
+/** Output formats of gg_report(). */
+typedef enum gg_format {
+  GG_FORMAT_JSON = 0,      /**< one JSON object: {"version", "devices", "processes", "arenas"} */
+  GG_FORMAT_PROMETHEUS = 1 /**< Prometheus text exposition format 0.0.4 */
+} gg_format_t;
+
+GG_BEGIN_DECLS
+
+/** Writes a report of @p what (GG_REPORT_* bits) to @p out.
+ *  @param out an open stream.
+ *  @param format GG_FORMAT_JSON or GG_FORMAT_PROMETHEUS.
+ *  @param what GG_REPORT_* bits; 0 gives an empty but valid report.
+ *  @return 0; GG_EINVAL for NULL out, an unknown format or unknown bits; GG_EIO when writing fails;
+ *  errors of the queries (a device that cannot be read is skipped, and reported in the output, not
+ *  failed). Thread-safe. */
+GG_API int gg_report(FILE *out, gg_format_t format, unsigned what);
+
+GG_END_DECLS
+
+/** @} */
+#endif

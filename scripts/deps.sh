@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# scripts/deps.sh — installs what building and testing gpuguard needs on a fresh Debian/Ubuntu machine.
+# Usage: scripts/deps.sh [--tests]   (--tests adds the test tools: CMocka, Doxygen, cppcheck, valgrind, pytest)
+set -euo pipefail
+want_tests=0
+[ "${1:-}" = "--tests" ] && want_tests=1
+
+pkgs=(cmake gcc g++ make pkg-config)
+[ $want_tests = 1 ] && pkgs+=(libcmocka-dev doxygen cppcheck valgrind python3-pip)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "==> installing with apt: ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "==> apt packages present: ${pkgs[*]}"
+fi
+
+# Python test tools: pytest, and prometheus_client's parser to check the Prometheus text.
+if [ $want_tests = 1 ] && ! python3 -c "import pytest, prometheus_client" 2>/dev/null; then
+  echo "==> installing with pip: pytest prometheus_client"
+  python3 -m pip install -q pytest prometheus_client 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages pytest prometheus_client
+fi
+
+# The CUDA toolkit provides cuda.h (types only; the driver is loaded at run time) and nvcc for the
+# .cu examples. It is not an apt package on Debian's main archive, so it is checked, not installed.
+if [ ! -f /usr/local/cuda/include/cuda.h ] && ! command -v nvcc >/dev/null && [ ! -f /usr/include/cuda.h ]; then
+  echo "error: the CUDA toolkit is missing (cuda.h); install it from NVIDIA (https://developer.nvidia.com/cuda-downloads)" >&2
+  exit 1
+fi
+if [ -d /usr/local/cuda/bin ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi

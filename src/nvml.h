@@ -1,0 +1,26 @@
+/* nvml.h — the few NVML calls gpuguard makes (NVML loaded at run time; the toolkit ships no nvml.h). */
+#ifndef GG_NVML_H
+#define GG_NVML_H
+
+#include <stddef.h>
+
+typedef struct gg__gpu_proc {
+  unsigned pid;
+  long long used; /* bytes; -1 when the driver does not say */
+} gg__gpu_proc_t;
+
+/* Lists the compute and graphics processes on one device, found by uuid (as CUDA names it) or, when
+ * uuid is NULL, by NVML index. Opens NVML for the call and shuts it down after. *minor receives the
+ * device's /dev/nvidia<minor> number (-1 when unknown). GG_ENOTSUP when NVML cannot be loaded (the
+ * caller falls back to scanning descriptors), GG_ENODEV for an unknown device, GG_EDRIVER otherwise. */
+int gg__nvml_processes(const char *uuid, int index, gg__gpu_proc_t *out, size_t cap, size_t *n, int *minor);
+
+/* The process-info struct grew twice without a new symbol (16, 24, then 32 bytes in R535, and back
+ * to 24 later). Given a buffer pre-filled with GG__NVML_SENTINEL and the count the driver reported,
+ * returns the stride the driver used (16, 24 or 32), or 0 when it cannot tell. */
+#define GG__NVML_SENTINEL 0xA5
+size_t gg__nvml_stride(const unsigned char *buf, size_t bufsize, unsigned count);
+/* Decodes count records of the given stride: pid at 0, memory at 8 (all three layouts agree). */
+void gg__nvml_decode(const unsigned char *buf, size_t stride, unsigned count, gg__gpu_proc_t *out);
+
+#endif

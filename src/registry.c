@@ -1,0 +1,359 @@
+/* registry.c — the per-user session registry: a private directory with one record per guarded process,
+ * written atomically, checked before it is trusted, and unlinked on every exit path. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proc_internal.h"
+
+#define GG__REC_MAX 4096 /* a record larger than this is not one of ours */
+
+static pthread_mutex_t gg__reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static char gg__session[40];
+static char gg__role[16];
+/* For the fatal path: the record's full path, written before gg__reg_owner publishes it. A forked
+ * child sees an owner that is not itself and leaves its parent's record alone. */
+static char gg__reg_path[PATH_MAX];
+static atomic_int gg__reg_owner;
+
+/* fork() while another thread holds the lock must not leave it held forever in the child. */
+static void gg__reg_prepare(void) { pthread_mutex_lock(&gg__reg_lock); }
+static void gg__reg_release(void) { pthread_mutex_unlock(&gg__reg_lock); }
+__attribute__((constructor)) static void gg__registry_init(void) {
+  pthread_atfork(gg__reg_prepare, gg__reg_release, gg__reg_release);
+}
+
+void gg__registry_fatal_unlink(void) {
+  if (atomic_load(&gg__reg_owner) == (int)getpid()) unlink(gg__reg_path);
+}
+
+/* Where the directory is; mkdir'ed when missing. */
+static int gg__reg_path_of(char *buf, size_t cap) {
+  const char *env = gg__env("GPUGUARD_REGISTRY_DIR");
+  const char *xdg = gg__env("XDG_RUNTIME_DIR");
+  struct stat st;
+  int n;
+  if (env)
+    n = snprintf(buf, cap, "%s", env);
+  else if (xdg)
+    n = snprintf(buf, cap, "%s/gpuguard", xdg);
+  else if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode))
+    n = snprintf(buf, cap, "/dev/shm/gpuguard-%u", (unsigned)geteuid());
+  else
+    n = snprintf(buf, cap, "/tmp/gpuguard-%u", (unsigned)geteuid());
+  if (n < 0 || (size_t)n >= cap)
+    return gg__err(GG_EINVAL, "gg_registry_dir: path does not fit in %zu bytes", cap);
+  return 0;
+}
+
+/* Opens the directory, refusing anything another user could have planted or can write into. */
+static int gg__reg_open(char *path, size_t cap, int *dfd) {
+  int rc = gg__reg_path_of(path, cap);
+  if (rc != 0) return rc;
+  if (mkdir(path, 0700) != 0 && errno != EEXIST)
+    return gg__err(GG_EIO, "gg_registry_dir: cannot create '%s': %s", path, strerror(errno));
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0) {
+    int e = errno;
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+      return gg__err(GG_EPERM,
+                     "gg_registry_dir: '%s' is a symlink; refusing it (someone may have planted it)", path);
+    if (e == ENOTDIR) return gg__err(GG_EPERM, "gg_registry_dir: '%s' is not a directory", path);
+    return gg__err(GG_EIO, "gg_registry_dir: cannot open '%s': %s", path, strerror(e));
+  }
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    return gg__err(GG_EIO, "gg_registry_dir: cannot stat '%s': %s", path, strerror(errno));
+  }
+  if (st.st_uid != geteuid()) {
+    close(fd);
+    return gg__err(GG_EPERM, "gg_registry_dir: '%s' is owned by uid %u, not by us (%u); refusing it", path,
+                   (unsigned)st.st_uid, (unsigned)geteuid());
+  }
+  if (st.st_mode & 077) {
+    close(fd);
+    return gg__err(GG_EPERM,
+                   "gg_registry_dir: '%s' has mode %04o: group or others can reach it; it must be 0700", path,
+                   (unsigned)(st.st_mode & 07777));
+  }
+  *dfd = fd;
+  return 0;
+}
+
+int gg_registry_dir(char *buf, size_t cap) {
+  if (!buf || cap == 0) return gg__err(GG_EINVAL, "gg_registry_dir: NULL or empty buffer");
+  char path[PATH_MAX];
+  int dfd, rc = gg__reg_open(path, sizeof path, &dfd);
+  if (rc != 0) return rc;
+  close(dfd);
+  if (strlen(path) >= cap)
+    return gg__err(GG_EINVAL, "gg_registry_dir: '%s' does not fit in %zu bytes", path, cap);
+  gg__strlcpy(buf, path, cap);
+  return 0;
+}
+
+static bool gg__session_ok(const char *s) {
+  size_t n = 0;
+  for (; s[n]; n++)
+    if (!((s[n] >= '0' && s[n] <= '9') || (s[n] >= 'a' && s[n] <= 'f'))) return false;
+  return n > 0 && n < 40;
+}
+
+/* Under gg__reg_lock: the session and role, decided once per process. A forked child (whose memory
+ * holds its parent's decision) decides again: it finds the session in its environment and works for it. */
+static pid_t gg__session_pid;
+static void gg__session_init(void) {
+  if (gg__session[0] && gg__session_pid == getpid()) return;
+  gg__session_pid = getpid();
+  const char *inherited = gg__env("GPUGUARD_SESSION");
+  if (inherited && gg__session_ok(inherited)) {
+    gg__strlcpy(gg__session, inherited, sizeof gg__session);
+    gg__strlcpy(gg__role, "worker", sizeof gg__role);
+    return;
+  }
+  unsigned char raw[16];
+  if (getrandom(raw, sizeof raw, GRND_NONBLOCK) != (ssize_t)sizeof raw) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    unsigned long long x =
+        (unsigned long long)ts.tv_nsec ^ ((unsigned long long)ts.tv_sec << 20) ^ (unsigned)getpid();
+    for (size_t i = 0; i < sizeof raw; i++)
+      raw[i] = (unsigned char)(x >> (8 * (i % 8))) ^ (unsigned char)(i * 37);
+  }
+  for (size_t i = 0; i < sizeof raw; i++) snprintf(gg__session + 2 * i, 3, "%02x", raw[i]);
+  gg__strlcpy(gg__role, "leader", sizeof gg__role);
+  setenv("GPUGUARD_SESSION", gg__session, 1); /* children spawned from now on inherit it */
+}
+
+/* Keeps a record one line per field: newlines and other control bytes in free text become '?'. */
+static void gg__clean(char *dst, const char *src, size_t cap) {
+  gg__strlcpy(dst, src ? src : "", cap);
+  for (char *p = dst; *p; p++)
+    if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
+}
+
+int gg_registry_register(const char *devices) {
+  pthread_mutex_lock(&gg__reg_lock);
+  char dir[PATH_MAX];
+  int dfd, rc = gg__reg_open(dir, sizeof dir, &dfd);
+  if (rc != 0) {
+    pthread_mutex_unlock(&gg__reg_lock);
+    return rc;
+  }
+  gg__session_init();
+  pid_t me = getpid();
+  gg__pinfo_t info;
+  unsigned long long start = gg__proc_read_stat(me, &info) == 0 ? info.start : 0;
+  char dev[64], cmd[256], text[GG__REC_MAX], name[32], tmp[48];
+  gg__clean(dev, devices, sizeof dev);
+  gg__proc_cmdline(me, cmd, sizeof cmd);
+  gg__clean(cmd, cmd, sizeof cmd);
+  int len =
+      snprintf(text, sizeof text,
+               "gpuguard-record 1\npid %d\nstart %llu\nppid %d\nsession %s\nrole %s\ndevices %s\ncmd %s\n",
+               (int)me, start, (int)getppid(), gg__session, gg__role, dev, cmd);
+  snprintf(name, sizeof name, "%d.rec", (int)me);
+  snprintf(tmp, sizeof tmp, ".%d.tmp", (int)me);
+  /* Temporary file then rename: a reader sees the whole old record or the whole new one. */
+  unlinkat(dfd, tmp, 0);
+  int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  bool ok = fd >= 0 && write(fd, text, (size_t)len) == len;
+  if (fd >= 0) ok = (close(fd) == 0) && ok;
+  ok = ok && renameat(dfd, tmp, dfd, name) == 0;
+  if (!ok) {
+    rc = gg__err(GG_EIO, "gg_registry_register: cannot write '%s/%s': %s", dir, name, strerror(errno));
+    unlinkat(dfd, tmp, 0);
+  } else {
+    atomic_store(&gg__reg_owner, 0);
+    size_t dl = strlen(dir), nl = strlen(name);
+    if (dl + 1 + nl < sizeof gg__reg_path) { /* the directory opened, so its path fits PATH_MAX */
+      memcpy(gg__reg_path, dir, dl);
+      gg__reg_path[dl] = '/';
+      memcpy(gg__reg_path + dl + 1, name, nl + 1);
+      atomic_store(&gg__reg_owner, (int)me);
+    }
+  }
+  close(dfd);
+  pthread_mutex_unlock(&gg__reg_lock);
+  return rc;
+}
+
+int gg_registry_unregister(void) {
+  pthread_mutex_lock(&gg__reg_lock);
+  int rc = 0;
+  if (atomic_load(&gg__reg_owner) == (int)getpid()) {
+    atomic_store(&gg__reg_owner, 0);
+    if (unlink(gg__reg_path) != 0 && errno != ENOENT)
+      rc = gg__err(GG_EIO, "gg_registry_unregister: cannot remove '%s': %s", gg__reg_path, strerror(errno));
+  }
+  pthread_mutex_unlock(&gg__reg_lock);
+  return rc;
+}
+
+int gg_registry_session(char *buf, size_t cap) {
+  if (!buf || cap == 0) return gg__err(GG_EINVAL, "gg_registry_session: NULL or empty buffer");
+  pthread_mutex_lock(&gg__reg_lock);
+  const char *s = gg__session[0] ? gg__session : gg__env("GPUGUARD_SESSION");
+  gg__strlcpy(buf, s && gg__session_ok(s) ? s : "", cap);
+  pthread_mutex_unlock(&gg__reg_lock);
+  return 0;
+}
+
+/* One warning per record name per process: a tool listing every second must not flood stderr. */
+static char gg__warned[64][64];
+static size_t gg__n_warned;
+
+static void GG__PRINTF(2, 3) gg__warn(const char *name, const char *fmt, ...) {
+  for (size_t i = 0; i < gg__n_warned; i++)
+    if (strcmp(gg__warned[i], name) == 0) return;
+  if (gg__n_warned < 64) gg__strlcpy(gg__warned[gg__n_warned++], name, sizeof gg__warned[0]);
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "gpuguard: registry: skipping '%s': %s\n", name, msg);
+}
+
+/* Parses a record; false when anything is off. */
+static bool gg__parse_record(char *text, pid_t file_pid, gg_session_record_t *r) {
+  memset(r, 0, sizeof *r);
+  char *save = NULL, *line = strtok_r(text, "\n", &save);
+  if (!line || strcmp(line, "gpuguard-record 1") != 0) return false;
+  unsigned seen = 0;
+  while ((line = strtok_r(NULL, "\n", &save))) {
+    char *sp = strchr(line, ' ');
+    const char *v = sp ? sp + 1 : "";
+    if (sp) *sp = '\0';
+    char *end = NULL;
+    errno = 0;
+    if (!strcmp(line, "pid"))
+      r->pid = (pid_t)strtol(v, &end, 10), seen |= 1;
+    else if (!strcmp(line, "start"))
+      r->start_time = strtoull(v, &end, 10), seen |= 2;
+    else if (!strcmp(line, "ppid"))
+      r->ppid = (pid_t)strtol(v, &end, 10), seen |= 4;
+    else if (!strcmp(line, "session") && gg__session_ok(v))
+      gg__strlcpy(r->session, v, sizeof r->session), seen |= 8;
+    else if (!strcmp(line, "role") && (!strcmp(v, "leader") || !strcmp(v, "worker")))
+      gg__strlcpy(r->role, v, sizeof r->role), seen |= 16;
+    else if (!strcmp(line, "devices"))
+      gg__strlcpy(r->devices, v, sizeof r->devices);
+    else if (!strcmp(line, "cmd"))
+      gg__strlcpy(r->command, v, sizeof r->command);
+    else
+      return false;
+    if (end && (*end || errno || end == v)) return false;
+  }
+  return seen == 31 && r->pid == file_pid && r->pid > 0 && r->ppid >= 0;
+}
+
+typedef int (*gg__rec_fn)(int dfd, const char *name, const gg_session_record_t *r, void *user);
+
+/* Reads every valid record; the rest is warned about and skipped. */
+static int gg__reg_each(const char *call, gg__rec_fn fn, void *user) {
+  char dir[PATH_MAX];
+  int dfd, rc = gg__reg_open(dir, sizeof dir, &dfd);
+  if (rc != 0) return rc;
+  int dfd2 = dup(dfd);
+  DIR *d = dfd2 >= 0 ? fdopendir(dfd2) : NULL;
+  if (!d) {
+    if (dfd2 >= 0) close(dfd2);
+    close(dfd);
+    return gg__err(GG_EIO, "%s: cannot list '%s': %s", call, dir, strerror(errno));
+  }
+  pthread_mutex_lock(&gg__reg_lock);
+  const struct dirent *e;
+  while ((e = readdir(d))) {
+    const char *name = e->d_name;
+    if (name[0] == '.') continue; /* ".", "..", and records being written */
+    char *end = NULL;
+    long pid = strtol(name, &end, 10);
+    if (pid <= 0 || end == name || strcmp(end, ".rec") != 0) {
+      gg__warn(name, "not a record name (PID.rec)");
+      continue;
+    }
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno != ENOENT)
+        gg__warn(name, "cannot open it (%s)", errno == ELOOP ? "a symlink" : strerror(errno));
+      continue;
+    }
+    struct stat st;
+    char text[GG__REC_MAX + 1];
+    ssize_t len = -1;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+      gg__warn(name, "not a regular file");
+    else if (st.st_uid != geteuid())
+      gg__warn(name, "owned by uid %u, not by us", (unsigned)st.st_uid);
+    else if (st.st_mode & 022)
+      gg__warn(name, "writable by group or others");
+    else if (st.st_size > GG__REC_MAX)
+      gg__warn(name, "larger than a record can be");
+    else
+      len = read(fd, text, GG__REC_MAX);
+    close(fd);
+    if (len < 0) continue;
+    text[len] = '\0';
+    gg_session_record_t r;
+    if (memchr(text, '\0', (size_t)len) || !gg__parse_record(text, (pid_t)pid, &r)) {
+      gg__warn(name, "corrupt record");
+      continue;
+    }
+    gg__pinfo_t info;
+    r.stale = gg__proc_read_stat(r.pid, &info) != 0 || info.start != r.start_time || info.state == 'Z';
+    r.parent_alive = r.ppid > 0 && gg__proc_read_stat(r.ppid, &info) == 0 && info.state != 'Z';
+    if ((rc = fn(dfd, name, &r, user)) != 0) break;
+  }
+  pthread_mutex_unlock(&gg__reg_lock);
+  closedir(d);
+  close(dfd);
+  return rc;
+}
+
+typedef struct gg__list {
+  gg_session_record_t *rows;
+  size_t cap, n;
+} gg__list_t;
+
+static int gg__list_one(int dfd, const char *name, const gg_session_record_t *r, void *user) {
+  (void)dfd, (void)name;
+  gg__list_t *l = user;
+  if (l->n < l->cap) l->rows[l->n] = *r;
+  l->n++;
+  return 0;
+}
+
+int gg_registry_list(gg_session_record_t *rows, size_t cap, size_t *count) {
+  if (!count || (cap && !rows))
+    return gg__err(GG_EINVAL, "gg_registry_list: NULL %s", count ? "rows" : "count");
+  gg__list_t l = {rows, cap, 0};
+  *count = 0;
+  int rc = gg__reg_each("gg_registry_list", gg__list_one, &l);
+  if (rc == 0) *count = l.n;
+  return rc;
+}
+
+static int gg__prune_one(int dfd, const char *name, const gg_session_record_t *r, void *user) {
+  if (r->stale && unlinkat(dfd, name, 0) == 0) ++*(size_t *)user;
+  return 0;
+}
+
+int gg_registry_prune(size_t *removed) {
+  size_t n = 0;
+  int rc = gg__reg_each("gg_registry_prune", gg__prune_one, &n);
+  if (removed) *removed = n;
+  return rc;
+}

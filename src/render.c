@@ -1,0 +1,208 @@
+/* render.c — JSON and Prometheus text (format 0.0.4) renderings of devices, GPU processes and this
+ * process's arenas. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpuguard/report.h"
+#include "internal.h"
+
+/* JSON string: quotes, backslashes and control characters escaped; other bytes pass through. */
+static void gg__json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+    else if (*p == '\n') fputs("\\n", f);
+    else if (*p == '\t') fputs("\\t", f);
+    else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+    else fputc(*p, f);
+  }
+  fputc('"', f);
+}
+
+/* Prometheus label value: backslash, double quote and newline escaped. */
+static void gg__prom_label(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const char *p = s; *p; p++) {
+    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+    else if (*p == '\n') fputs("\\n", f);
+    else fputc(*p, f);
+  }
+  fputc('"', f);
+}
+
+static void gg__prom_head(FILE *f, const char *name, const char *type, const char *help) {
+  fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* The devices, each with its info or the error that prevented reading it. */
+typedef struct gg__devrow {
+  int rc;
+  gg_device_info_t info;
+  char error[256];
+  gg_process_t *procs;
+  size_t nprocs;
+} gg__devrow_t;
+
+static int gg__collect(unsigned what, gg__devrow_t **rows, int *nrows) {
+  int n = 0, rc = gg_device_count(&n);
+  *rows = NULL, *nrows = 0;
+  if (rc < 0) return rc;
+  gg__devrow_t *r = calloc(n > 0 ? (size_t)n : 1, sizeof *r);
+  if (!r) return gg__err(GG_ENOMEM, "gg_report: out of host memory");
+  for (int i = 0; i < n; i++) {
+    r[i].rc = gg_device_info(i, &r[i].info);
+    if (r[i].rc < 0) {
+      gg__strlcpy(r[i].error, gg_last_error(), sizeof r[i].error);
+      continue;
+    }
+    if (!(what & GG_REPORT_PROCESSES)) continue;
+    size_t count = 0;
+    for (int attempt = 0; attempt < 3; attempt++) { /* the list may grow between the two calls */
+      if (gg_process_list(i, r[i].procs, r[i].nprocs, &count) < 0) { /* no GPU: no processes */
+        gg__strlcpy(r[i].error, gg_last_error(), sizeof r[i].error);
+        break;
+      }
+      if (count <= r[i].nprocs) {
+        r[i].nprocs = count;
+        break;
+      }
+      gg_process_t *grown = realloc(r[i].procs, (count + 8) * sizeof *grown);
+      if (!grown) break;
+      r[i].procs = grown, r[i].nprocs = count + 8;
+    }
+    if (count > r[i].nprocs) count = r[i].nprocs;
+    r[i].nprocs = count;
+  }
+  *rows = r, *nrows = n;
+  return 0;
+}
+
+static void gg__release(gg__devrow_t *rows, int n) {
+  for (int i = 0; i < n; i++) free(rows[i].procs);
+  free(rows);
+}
+
+static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n) {
+  fprintf(f, "{\"version\":");
+  gg__json_str(f, gg_version());
+  if (what & GG_REPORT_DEVICES) {
+    fputs(",\"devices\":[", f);
+    for (int i = 0; i < n; i++) {
+      const gg_device_info_t *d = &rows[i].info;
+      fprintf(f, "%s{\"index\":%d", i ? "," : "", i);
+      if (rows[i].rc < 0) {
+        fputs(",\"error\":", f);
+        gg__json_str(f, rows[i].error);
+        fputc('}', f);
+        continue;
+      }
+      fputs(",\"backend\":", f), gg__json_str(f, d->backend);
+      fputs(",\"name\":", f), gg__json_str(f, d->name);
+      fputs(",\"uuid\":", f), gg__json_str(f, d->uuid);
+      fprintf(f,
+              ",\"total_bytes\":%zu,\"free_bytes\":%zu,\"used_bytes\":%zu,\"compute_capability\":\"%d.%d\","
+              "\"driver_version\":%d,\"vmm_supported\":%s}",
+              d->total_bytes, d->free_bytes, d->used_bytes, d->cc_major, d->cc_minor, d->driver_version,
+              d->vmm_supported ? "true" : "false");
+    }
+    fputc(']', f);
+  }
+  if (what & GG_REPORT_PROCESSES) {
+    fputs(",\"processes\":[", f);
+    bool first = true;
+    for (int i = 0; i < n; i++)
+      for (size_t j = 0; j < rows[i].nprocs; j++, first = false) {
+        const gg_process_t *p = &rows[i].procs[j];
+        fprintf(f, "%s{\"device\":%d,\"pid\":%d,\"ppid\":%d,\"uid\":%u,\"user\":", first ? "" : ",", p->device,
+                p->pid, p->ppid, p->uid);
+        gg__json_str(f, p->user);
+        fprintf(f, ",\"state\":\"%c\",\"start_time\":%llu,\"used_bytes\":", p->state ? p->state : '?', p->start_time);
+        if (p->used_bytes < 0) fputs("null", f);
+        else fprintf(f, "%lld", p->used_bytes);
+        fputs(",\"class\":", f), gg__json_str(f, gg_process_class_name(p->cls));
+        fprintf(f, ",\"orphan\":%s,\"session\":", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
+        gg__json_str(f, p->session);
+        fputs(",\"command\":", f), gg__json_str(f, p->command);
+        fputc('}', f);
+      }
+    fputc(']', f);
+  }
+  fputs("}\n", f);
+}
+
+static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n) {
+  if (what & GG_REPORT_DEVICES) {
+    static const struct {
+      const char *name, *help;
+      size_t off;
+    } m[] = {
+        {"gpuguard_device_memory_total_bytes", "Device memory size.", offsetof(gg_device_info_t, total_bytes)},
+        {"gpuguard_device_memory_free_bytes", "Device memory free, as the driver reports it.",
+         offsetof(gg_device_info_t, free_bytes)},
+        {"gpuguard_device_memory_used_bytes", "Device memory in use (total minus free).",
+         offsetof(gg_device_info_t, used_bytes)},
+    };
+    gg__prom_head(f, "gpuguard_device_info", "gauge", "Device identity; the value is always 1.");
+    for (int i = 0; i < n; i++) {
+      if (rows[i].rc < 0) continue;
+      fprintf(f, "gpuguard_device_info{device=\"%d\",backend=", i);
+      gg__prom_label(f, rows[i].info.backend);
+      fputs(",name=", f), gg__prom_label(f, rows[i].info.name);
+      fputs(",uuid=", f), gg__prom_label(f, rows[i].info.uuid);
+      fputs("} 1\n", f);
+    }
+    for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
+      gg__prom_head(f, m[k].name, "gauge", m[k].help);
+      for (int i = 0; i < n; i++) {
+        if (rows[i].rc < 0) continue;
+        size_t v;
+        memcpy(&v, (const char *)&rows[i].info + m[k].off, sizeof v);
+        fprintf(f, "%s{device=\"%d\"} %zu\n", m[k].name, i, v);
+      }
+    }
+  }
+  if (what & GG_REPORT_PROCESSES) {
+    gg__prom_head(f, "gpuguard_process_memory_used_bytes", "gauge",
+                  "Device memory the driver accounts to a process (absent when unknown).");
+    for (int i = 0; i < n; i++)
+      for (size_t j = 0; j < rows[i].nprocs; j++) {
+        const gg_process_t *p = &rows[i].procs[j];
+        if (p->used_bytes < 0) continue;
+        fprintf(f, "gpuguard_process_memory_used_bytes{device=\"%d\",pid=\"%d\",user=", p->device, p->pid);
+        gg__prom_label(f, p->user);
+        fputs(",class=", f), gg__prom_label(f, gg_process_class_name(p->cls));
+        fprintf(f, ",orphan=\"%s\",command=", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
+        gg__prom_label(f, p->command);
+        fprintf(f, "} %lld\n", p->used_bytes);
+      }
+    gg__prom_head(f, "gpuguard_processes", "gauge", "Processes holding the device, by class.");
+    for (int i = 0; i < n; i++) {
+      if (rows[i].rc < 0) continue;
+      for (int c = GG_PROCESS_UNKNOWN; c <= GG_PROCESS_FOREIGN; c++) {
+        unsigned long count = 0;
+        for (size_t j = 0; j < rows[i].nprocs; j++) count += rows[i].procs[j].cls == (gg_process_class_t)c;
+        fprintf(f, "gpuguard_processes{device=\"%d\",class=\"%s\",orphan=\"%s\"} %lu\n", i,
+                gg_process_class_name((gg_process_class_t)c), c == GG_PROCESS_ORPHAN ? "true" : "false", count);
+      }
+    }
+  }
+}
+
+int gg_report(FILE *out, gg_format_t format, unsigned what) {
+  if (!out) return gg__err(GG_EINVAL, "gg_report: out is NULL");
+  if (format != GG_FORMAT_JSON && format != GG_FORMAT_PROMETHEUS)
+    return gg__err(GG_EINVAL, "gg_report: unknown format %d", (int)format);
+  if (what & ~GG_REPORT_ALL) return gg__err(GG_EINVAL, "gg_report: unknown report bits %#x", what & ~GG_REPORT_ALL);
+  gg__devrow_t *rows = NULL;
+  int n = 0, rc = 0;
+  if (what & (GG_REPORT_DEVICES | GG_REPORT_PROCESSES)) {
+    rc = gg__collect(what, &rows, &n);
+    if (rc < 0) return rc;
+  }
+  if (format == GG_FORMAT_JSON) gg__json(out, what, rows, n);
+  else gg__prom(out, what, rows, n);
+  gg__release(rows, n);
+  if (fflush(out) != 0 || ferror(out)) return gg__err(GG_EIO, "gg_report: writing the report failed");
+  return 0;
+}

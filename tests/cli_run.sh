@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# cli_run.sh — `gpuguard run` leaves nothing behind: CMD's status comes back at once with its
+# background children ended; SIGTERM to the runner ends the whole job (also children that ignore
+# TERM, and a setsid double-forked grandchild); the receipt is JSON naming every process; `reap`
+# ends an orphan of a SIGKILLed runner and touches nothing it cannot prove is one.
+# Arguments: build dir, source dir.
+set -euo pipefail
+build=$1
+g=$build/gpuguard
+tmp=$(mktemp -d)
+keep=()
+cleanup() { for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+export GPUGUARD_BACKEND=host GPUGUARD_REGISTRY_DIR=$tmp/registry
+unset GPUGUARD_SESSION
+# pids whose whole command line is exactly $1 (no pgrep needed)
+pids_of() {
+  for f in /proc/[0-9]*/cmdline; do
+    [ "$({ tr '\0' ' ' <"$f"; } 2>/dev/null)" = "$1 " ] && { p=${f#/proc/}; echo "${p%/cmdline}"; }
+  done
+  true
+}
+ms() { date +%s%3N; }
+
+# 1. CMD's exit status, within a second, and no sleep left behind.
+t0=$(ms)
+set +e; $g run --receipt "$tmp/r1.json" -- sh -c 'sleep 61.25 & sleep 61.25 & exit 3'; rc=$?; set -e
+t=$(( $(ms) - t0 ))
+[ $rc = 3 ] || fail "run exited $rc, wanted 3"
+[ $t -lt 1000 ] || fail "run took $t ms"
+[ -z "$(pids_of 'sleep 61.25')" ] || fail "sleeps left behind: $(pids_of 'sleep 61.25')"
+python3 - "$tmp/r1.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["exit"] == {"status": 3, "signal": None} and d["exit_code"] == 3, d
+cmds = [p["command"] for p in d["teardown"]["processes"]]
+assert sum(c == "sleep 61.25" for c in cmds) == 2, cmds
+assert all(p["end"] != "alive" for p in d["teardown"]["processes"]), d
+assert d["device"]["free_bytes_after"] >= d["device"]["free_bytes_before"], d["device"]
+print("run: exit 3, both sleeps ended and in the receipt")
+PY
+echo "run returned in $t ms"
+
+# 2. SIGTERM to the runner ends the job: a TERM-ignoring shell, its children, a setsid double-fork.
+$g run --grace 300 --receipt "$tmp/r2.json" -- sh -c 'trap "" TERM; sleep 62.5 & setsid sh -c "sleep 62.5 &" ; wait' &
+runner=$!
+keep+=($runner)
+for i in $(seq 1 500); do [ "$(pids_of 'sleep 62.5' | wc -l)" -ge 2 ] && break; sleep 0.02; done
+[ "$(pids_of 'sleep 62.5' | wc -l)" -ge 2 ] || fail "the job did not start"
+t0=$(ms)
+kill -TERM $runner
+set +e; wait $runner; rc=$?; set -e
+t=$(( $(ms) - t0 ))
+[ $rc = 143 ] || fail "runner exited $rc after SIGTERM, wanted 143"
+[ -z "$(pids_of 'sleep 62.5')" ] || fail "left behind after SIGTERM: $(pids_of 'sleep 62.5')"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["runner_signal"]==15 and d["exit_code"]==143, d' "$tmp/r2.json"
+echo "SIGTERM: job ended in $t ms (grace 300)"
+
+# 3. reap: the runner is SIGKILLed; its grandchild survives, holding the dead session.
+$g run -- sh -c 'sleep 63.75 & wait' &
+runner=$!
+keep+=($runner)
+for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 63.75')" ] && break; sleep 0.02; done
+orphan=$(pids_of 'sleep 63.75')
+[ -n "$orphan" ] || fail "the job did not start"
+keep+=($orphan)
+# Bystanders: a plain process with no session, and a worker of a live session.
+sleep 64.5 & plain=$!; keep+=($plain)
+$g run -- sleep 65.25 & live=$!; keep+=($live)
+for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 65.25')" ] && break; sleep 0.02; done
+kill -9 $runner
+wait $runner 2>/dev/null || true
+for i in $(seq 1 500); do grep -q "^PPid:[[:space:]]*1$" /proc/$orphan/status 2>/dev/null && break; [ -d /proc/$orphan ] || break; sleep 0.02; done
+[ -d /proc/$orphan ] || fail "the worker died with its runner: nothing left to reap"
+$g reap --dry-run > "$tmp/dry"
+grep -q "^orphan $orphan " "$tmp/dry" || { cat "$tmp/dry"; fail "reap --dry-run does not list $orphan"; }
+grep -q "^orphan $plain \|^orphan $(pids_of 'sleep 65.25') " "$tmp/dry" && fail "reap lists a process that is no orphan"
+[ -d /proc/$orphan ] || fail "--dry-run ended the orphan"
+$g reap --yes --grace 200 > "$tmp/yes"
+for i in $(seq 1 500); do [ -d /proc/$orphan ] || break; sleep 0.02; done
+[ ! -d /proc/$orphan ] || { cat "$tmp/yes"; fail "reap --yes left $orphan alive"; }
+kill -0 $plain || fail "reap ended a process with no session"
+[ -n "$(pids_of 'sleep 65.25')" ] || fail "reap ended a worker of a live session"
+$g reap --dry-run | grep -q "no orphans" || fail "orphans remain"
+kill -TERM $live; wait $live 2>/dev/null || true
+echo "reap: listed and ended the orphan, left the bystanders alone"
+echo "cli_run: ok"

@@ -1,0 +1,93 @@
+/* fake_nvml.c — a stand-in libnvidia-ml for tests on machines without a GPU: reports the processes
+ * named in FAKE_NVML_PROCS ("pid:bytes,pid:na,...") with the record size in FAKE_NVML_STRIDE (16, 24 or
+ * 32, the three layouts drivers have used), and logs init/shutdown to FAKE_NVML_LOG. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+static void fake_log(const char *what) {
+  const char *path = getenv("FAKE_NVML_LOG");
+  FILE *f = path ? fopen(path, "a") : NULL;
+  if (f) fprintf(f, "%s\n", what), fclose(f);
+}
+
+EXPORT int nvmlInit_v2(void);
+EXPORT int nvmlShutdown(void);
+EXPORT const char *nvmlErrorString(int r);
+EXPORT int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **dev);
+EXPORT int nvmlDeviceGetHandleByUUID(const char *uuid, void **dev);
+EXPORT int nvmlDeviceGetMinorNumber(void *dev, unsigned *minor);
+EXPORT int nvmlDeviceGetComputeRunningProcesses_v3(void *dev, unsigned *count, void *infos);
+EXPORT int nvmlDeviceGetGraphicsRunningProcesses_v3(void *dev, unsigned *count, void *infos);
+
+int nvmlInit_v2(void) {
+  if (getenv("FAKE_NVML_FAIL_INIT")) return 9; /* NVML_ERROR_DRIVER_NOT_LOADED */
+  fake_log("init");
+  return 0;
+}
+int nvmlShutdown(void) {
+  fake_log("shutdown");
+  return 0;
+}
+const char *nvmlErrorString(int r) { return r == 9 ? "Driver Not Loaded" : "fake error"; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **dev) {
+  if (i != 0) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
+  *dev = (void *)0x1;
+  return 0;
+}
+int nvmlDeviceGetHandleByUUID(const char *uuid, void **dev) {
+  (void)uuid;
+  *dev = (void *)0x1;
+  return 0;
+}
+int nvmlDeviceGetMinorNumber(void *dev, unsigned *minor) {
+  (void)dev;
+  *minor = 0;
+  return 0;
+}
+
+static int fake_list(const char *env, unsigned *count, void *infos) {
+  const char *spec = getenv(env);
+  unsigned pids[64];
+  unsigned long long mem[64];
+  unsigned n = 0;
+  for (const char *p = spec ? spec : ""; *p && n < 64;) {
+    char *end;
+    pids[n] = (unsigned)strtoul(p, &end, 10);
+    p = end + (*end == ':');
+    if (strncmp(p, "na", 2) == 0) mem[n] = ~0ull, p += 2;
+    else mem[n] = strtoull(p, &end, 10), p = end;
+    n++;
+    if (*p == ',') p++;
+  }
+  if (*count < n || !infos) {
+    *count = n;
+    return n ? 7 : 0; /* NVML_ERROR_INSUFFICIENT_SIZE */
+  }
+  const char *s = getenv("FAKE_NVML_STRIDE");
+  size_t stride = s ? strtoul(s, NULL, 10) : 24;
+  unsigned char *b = infos;
+  for (unsigned i = 0; i < n; i++) {
+    unsigned char *r = b + i * stride;
+    unsigned none = ~0u;
+    unsigned long long zero = 0;
+    memset(r, 0, 8);
+    memcpy(r, &pids[i], 4);
+    memcpy(r + 8, &mem[i], 8);
+    if (stride >= 24) memcpy(r + 16, &none, 4), memcpy(r + 20, &none, 4);
+    if (stride >= 32) memcpy(r + 24, &zero, 8);
+  }
+  *count = n;
+  return 0;
+}
+
+int nvmlDeviceGetComputeRunningProcesses_v3(void *dev, unsigned *count, void *infos) {
+  (void)dev;
+  return fake_list("FAKE_NVML_PROCS", count, infos);
+}
+int nvmlDeviceGetGraphicsRunningProcesses_v3(void *dev, unsigned *count, void *infos) {
+  (void)dev;
+  return fake_list("FAKE_NVML_GRAPHICS", count, infos);
+}

@@ -1,0 +1,244 @@
+/* test_query.c — who holds a device: NVML's process records in all three layouts, unknown memory,
+ * the /proc join and classification, descriptor scanning, the fallback without NVML. */
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gg_test.h"
+#include "internal.h"
+#include "nvml.h"
+#include "proc_internal.h"
+
+static char log_path[64];
+
+static int setup(void **state) {
+  (void)state;
+  setenv("GPUGUARD_NVML_LIBRARY", GG_FAKE_NVML, 1);
+  snprintf(log_path, sizeof log_path, "/tmp/gg_fake_nvml_%d.log", (int)getpid());
+  unlink(log_path);
+  setenv("FAKE_NVML_LOG", log_path, 1);
+  unsetenv("FAKE_NVML_FAIL_INIT");
+  unsetenv("FAKE_NVML_GRAPHICS");
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  unlink(log_path);
+  return 0;
+}
+
+static void test_stride_probe(void **state) {
+  (void)state;
+  unsigned char buf[10 * 32];
+  for (size_t stride = 16; stride <= 32; stride += 8) {
+    memset(buf, GG__NVML_SENTINEL, sizeof buf);
+    for (unsigned i = 0; i < 3; i++) {
+      unsigned pid = 100 + i;
+      unsigned long long mem = (i + 1) << 20;
+      memset(buf + i * stride, 0, stride);
+      memcpy(buf + i * stride, &pid, 4);
+      memcpy(buf + i * stride + 8, &mem, 8);
+    }
+    assert_int_equal(gg__nvml_stride(buf, sizeof buf, 3), stride);
+    gg__gpu_proc_t out[3];
+    gg__nvml_decode(buf, stride, 3, out);
+    for (unsigned i = 0; i < 3; i++) {
+      assert_int_equal(out[i].pid, 100 + i);
+      assert_int_equal(out[i].used, (long long)(i + 1) << 20);
+    }
+  }
+  /* A last record whose final bytes happen to equal the sentinel still resolves to its layout. */
+  memset(buf, GG__NVML_SENTINEL, sizeof buf);
+  memset(buf, 0, 24 + 20);
+  assert_int_equal(gg__nvml_stride(buf, sizeof buf, 2), 24);
+  assert_int_equal(gg__nvml_stride(buf, sizeof buf, 0), 0);
+  /* Nothing written where records were promised: unknown, never guessed. */
+  memset(buf, GG__NVML_SENTINEL, sizeof buf);
+  assert_int_equal(gg__nvml_stride(buf, sizeof buf, 2), 0);
+  /* Not-available memory reads as unknown (-1). */
+  unsigned long long na = ~0ull;
+  memcpy(buf + 8, &na, 8);
+  gg__gpu_proc_t one;
+  gg__nvml_decode(buf, 24, 1, &one);
+  assert_int_equal(one.used, -1);
+}
+
+static int count_lines(const char *path, const char *word) {
+  FILE *f = fopen(path, "r");
+  char line[64];
+  int n = 0;
+  while (f && fgets(line, sizeof line, f)) n += strncmp(line, word, strlen(word)) == 0;
+  if (f) fclose(f);
+  return n;
+}
+
+static void list_with_stride(const char *stride) {
+  pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  char spec[128];
+  snprintf(spec, sizeof spec, "%d:%llu,%d:na", (int)getpid(), 123ull << 20, (int)child);
+  setenv("FAKE_NVML_PROCS", spec, 1);
+  setenv("FAKE_NVML_STRIDE", stride, 1);
+  gg_process_t rows[8];
+  size_t n = 0;
+  gg_assert_ok(gg_process_list(0, rows, 8, &n));
+  assert_int_equal(n, 2);
+  assert_int_equal(rows[0].pid, getpid());
+  assert_int_equal(rows[0].used_bytes, 123ll << 20);
+  assert_int_equal(rows[0].ppid, getppid());
+  assert_int_equal(rows[0].uid, getuid());
+  assert_int_equal(rows[0].cls, GG_PROCESS_UNKNOWN);
+  assert_true(rows[0].state == 'R' || rows[0].state == 'S');
+  assert_non_null(strstr(rows[0].command, "test_query"));
+  assert_int_equal(rows[1].pid, child);
+  assert_int_equal(rows[1].used_bytes, -1);
+  assert_int_equal(rows[1].ppid, getpid());
+  gg__pinfo_t st;
+  assert_int_equal(gg__proc_read_stat(child, &st), 0);
+  assert_int_equal(rows[1].start_time, st.start);
+  kill(child, SIGKILL);
+  waitpid(child, NULL, 0);
+}
+
+static void test_list_stride_16(void **state) {
+  (void)state;
+  list_with_stride("16");
+}
+static void test_list_stride_24(void **state) {
+  (void)state;
+  list_with_stride("24");
+}
+static void test_list_stride_32(void **state) {
+  (void)state;
+  list_with_stride("32");
+}
+
+static void test_count_only_and_truncation(void **state) {
+  (void)state;
+  setenv("FAKE_NVML_STRIDE", "24", 1);
+  setenv("FAKE_NVML_PROCS", "1:10,1:20,1:30", 1); /* duplicates collapse to one row */
+  setenv("FAKE_NVML_GRAPHICS", "2:5", 1);
+  size_t n = 99;
+  gg_assert_ok(gg_process_list(0, NULL, 0, &n));
+  assert_int_equal(n, 2);
+  gg_process_t one;
+  gg_assert_ok(gg_process_list(0, &one, 1, &n));
+  assert_int_equal(n, 2);
+  assert_int_equal(one.pid, 1);
+  assert_int_equal(one.used_bytes, 10);
+  /* Every query opened NVML and shut it down again. */
+  assert_int_equal(count_lines(log_path, "init"), 2);
+  assert_int_equal(count_lines(log_path, "shutdown"), 2);
+}
+
+static void test_bad_arguments(void **state) {
+  (void)state;
+  gg_process_t rows[2];
+  size_t n;
+  gg_assert_fails(gg_process_list(0, rows, 2, NULL), GG_EINVAL, "count is NULL");
+  gg_assert_fails(gg_process_list(0, NULL, 2, &n), GG_EINVAL, "rows is NULL");
+  gg_assert_fails(gg_process_list(-1, rows, 2, &n), GG_ENODEV, "device -1");
+  setenv("FAKE_NVML_PROCS", "", 1);
+  gg_assert_fails(gg_process_list(3, rows, 2, &n), GG_ENODEV, "NVML has no device");
+}
+
+static void test_without_nvml(void **state) {
+  (void)state;
+  size_t n = 99;
+  gg_process_t rows[4];
+  setenv("FAKE_NVML_FAIL_INIT", "1", 1);
+  if (gg__cuda_probe() == 0) {
+    /* A GPU without NVML: falls back to descriptor scanning, which is not an error. */
+    gg_clear_error();
+    gg_assert_ok(gg_process_list(0, rows, 4, &n));
+    assert_string_equal(gg_last_error(), "");
+  } else {
+    /* No GPU at all: said clearly, with NVML's own reason. */
+    gg_assert_fails(gg_process_list(0, rows, 4, &n), GG_ENODEV, "no NVIDIA GPU here");
+    assert_non_null(strstr(gg_last_error(), "nvmlInit failed: Driver Not Loaded"));
+    setenv("GPUGUARD_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1", 1);
+    gg_assert_fails(gg_process_list(0, rows, 4, &n), GG_ENODEV, "NVML could not be loaded");
+  }
+}
+
+static void test_foreign_process(void **state) {
+  (void)state;
+  if (getuid() != 0) {
+    printf("note: not root, cannot start a process of another user\n");
+    skip();
+  }
+  pid_t child = fork();
+  if (child == 0) {
+    if (setuid(65534) != 0) _exit(1);
+    pause();
+    _exit(0);
+  }
+  /* Wait until the child has changed its uid. */
+  uid_t uid = 0;
+  for (int i = 0; i < 500 && !(gg__proc_uid(child, &uid) == 0 && uid == 65534); i++) usleep(2000);
+  char spec[64];
+  snprintf(spec, sizeof spec, "%d:4096", (int)child);
+  setenv("FAKE_NVML_PROCS", spec, 1);
+  gg_process_t row;
+  size_t n;
+  gg_assert_ok(gg_process_list(0, &row, 1, &n));
+  assert_int_equal(n, 1);
+  assert_int_equal(row.uid, 65534);
+  assert_int_equal(row.cls, GG_PROCESS_FOREIGN);
+  assert_string_equal(gg_process_class_name(row.cls), "foreign");
+  kill(child, SIGKILL);
+  waitpid(child, NULL, 0);
+}
+
+static void test_gone_process_keeps_driver_figures(void **state) {
+  (void)state;
+  /* A pid /proc does not show (another namespace, or just exited) still gets a row. */
+  setenv("FAKE_NVML_PROCS", "2147483000:777", 1);
+  gg_process_t row;
+  size_t n;
+  gg_assert_ok(gg_process_list(0, &row, 1, &n));
+  assert_int_equal(n, 1);
+  assert_int_equal(row.used_bytes, 777);
+  assert_int_equal(row.state, '?');
+  assert_string_equal(row.user, "?");
+}
+
+static void test_fd_scan(void **state) {
+  (void)state;
+  char path[] = "/tmp/gg_fake_nvidiaXXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  int *pids = NULL;
+  size_t n = 0;
+  gg_assert_ok(gg__scan_fd_holders("/proc", path, &pids, &n));
+  bool found = false;
+  for (size_t i = 0; i < n; i++) found |= pids[i] == getpid();
+  assert_true(found);
+  free(pids);
+  close(fd);
+  gg_assert_ok(gg__scan_fd_holders("/proc", path, &pids, &n));
+  for (size_t i = 0; i < n; i++) assert_int_not_equal(pids[i], getpid());
+  free(pids);
+  unlink(path);
+  gg_assert_fails(gg__scan_fd_holders("/nonexistent-proc", path, &pids, &n), GG_EIO, "cannot open");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_stride_probe),
+      cmocka_unit_test_setup_teardown(test_list_stride_16, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_list_stride_24, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_list_stride_32, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_count_only_and_truncation, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_bad_arguments, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_without_nvml, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_foreign_process, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_gone_process_keeps_driver_figures, setup, teardown),
+      cmocka_unit_test(test_fd_scan),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

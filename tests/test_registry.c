@@ -1,0 +1,213 @@
+/* test_registry.c — the session registry: records appear and disappear, workers inherit the session,
+ * stale records are flagged and pruned, unsafe directories are refused, garbage is skipped. Each test
+ * uses its own directory through GPUGUARD_REGISTRY_DIR. */
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gg_test.h"
+#include "proc_internal.h"
+
+static char dir[64];
+
+static int setup(void **state) {
+  (void)state;
+  strcpy(dir, "/tmp/gg_registry_XXXXXX");
+  if (!mkdtemp(dir)) return -1;
+  setenv("GPUGUARD_REGISTRY_DIR", dir, 1);
+  unsetenv("GPUGUARD_SESSION");
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.link'", dir, dir);
+  gg_registry_unregister();
+  unsetenv("GPUGUARD_REGISTRY_DIR");
+  unsetenv("GPUGUARD_SESSION");
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+static void write_file(const char *name, const char *text, mode_t mode) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+  close(fd);
+  chmod(path, mode);
+}
+
+static const gg_session_record_t *find(const gg_session_record_t *rows, size_t n, pid_t pid) {
+  for (size_t i = 0; i < n; i++)
+    if (rows[i].pid == pid) return &rows[i];
+  return NULL;
+}
+
+static void test_register_list_unregister(void **state) {
+  (void)state;
+  char got[256];
+  gg_assert_ok(gg_registry_dir(got, sizeof got));
+  assert_string_equal(got, dir);
+  gg_assert_ok(gg_registry_register("0,1"));
+  char path[256];
+  snprintf(path, sizeof path, "%s/%d.rec", dir, (int)getpid());
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  assert_int_equal(st.st_mode & 0777, 0600);
+
+  gg_session_record_t rows[8];
+  size_t n = 0;
+  gg_assert_ok(gg_registry_list(rows, 8, &n));
+  assert_int_equal(n, 1);
+  assert_int_equal(rows[0].pid, getpid());
+  assert_int_equal(rows[0].ppid, getppid());
+  assert_string_equal(rows[0].role, "leader");
+  assert_string_equal(rows[0].devices, "0,1");
+  assert_int_equal(strlen(rows[0].session), 32);
+  assert_false(rows[0].stale);
+  assert_true(rows[0].parent_alive);
+  assert_non_null(strstr(rows[0].command, "test_registry"));
+  char session[40];
+  gg_assert_ok(gg_registry_session(session, sizeof session));
+  assert_string_equal(session, rows[0].session);
+  assert_string_equal(getenv("GPUGUARD_SESSION"), session); /* exported for children */
+
+  /* A forked worker inherits the session; after it dies without unregistering, its record is stale. */
+  pid_t kid = fork();
+  if (kid == 0) _exit(gg_registry_register(NULL) == 0 ? 0 : 1);
+  int wst = 0;
+  assert_int_equal(waitpid(kid, &wst, 0), kid);
+  assert_int_equal(WEXITSTATUS(wst), 0);
+  gg_assert_ok(gg_registry_list(rows, 8, &n));
+  assert_int_equal(n, 2);
+  const gg_session_record_t *w = find(rows, n, kid);
+  assert_non_null(w);
+  assert_string_equal(w->role, "worker");
+  assert_string_equal(w->session, session);
+  assert_int_equal(w->ppid, getpid());
+  assert_true(w->stale);
+  assert_false(find(rows, n, getpid())->stale);
+
+  size_t removed = 0;
+  gg_assert_ok(gg_registry_prune(&removed));
+  assert_int_equal(removed, 1);
+  gg_assert_ok(gg_registry_unregister());
+  assert_int_equal(access(path, F_OK), -1);
+  gg_assert_ok(gg_registry_list(rows, 8, &n));
+  assert_int_equal(n, 0);
+  gg_assert_ok(gg_registry_unregister()); /* twice is fine */
+}
+
+/* A record whose pid now names another process (different start time) is stale too. */
+static void test_stale_by_start_time(void **state) {
+  (void)state;
+  gg__pinfo_t me;
+  assert_int_equal(gg__proc_read_stat(getpid(), &me), 0);
+  char text[256], name[32];
+  snprintf(text, sizeof text,
+           "gpuguard-record 1\npid %d\nstart %llu\nppid 1\nsession ab12\nrole leader\ndevices \ncmd x\n",
+           (int)getpid(), me.start + 5);
+  snprintf(name, sizeof name, "%d.rec", (int)getpid());
+  write_file(name, text, 0600);
+  gg_session_record_t row;
+  size_t n = 0;
+  gg_assert_ok(gg_registry_list(&row, 1, &n));
+  assert_int_equal(n, 1);
+  assert_true(row.stale);
+  size_t removed = 0;
+  gg_assert_ok(gg_registry_prune(&removed));
+  assert_int_equal(removed, 1);
+}
+
+/* Garbage, foreign-looking and symlinked records are skipped (with a warning), never listed. */
+static void test_garbage_skipped(void **state) {
+  (void)state;
+  gg_assert_ok(gg_registry_register(NULL));
+  write_file("123.rec", "hello\n", 0600);
+  write_file("notes.txt", "not a record\n", 0600);
+  write_file("124.rec",
+             "gpuguard-record 1\npid 999\nstart 1\nppid 1\nsession ab\nrole leader\ndevices \ncmd x\n",
+             0600); /* pid does not match the name */
+  write_file("125.rec",
+             "gpuguard-record 1\npid 125\nstart 1\nppid 1\nsession ab\nrole king\ndevices \ncmd x\n", 0600);
+  write_file("126.rec",
+             "gpuguard-record 1\npid 126\nstart 1\nppid 1\nsession ab\nrole leader\ndevices \ncmd x\n",
+             0666); /* others could have written it */
+  char target[160], link[160];
+  snprintf(target, sizeof target, "%s/%d.rec", dir, (int)getpid());
+  snprintf(link, sizeof link, "%s/127.rec", dir);
+  assert_int_equal(symlink(target, link), 0);
+  gg_session_record_t rows[8];
+  size_t n = 0;
+  gg_assert_ok(gg_registry_list(rows, 8, &n));
+  assert_int_equal(n, 1);
+  assert_int_equal(rows[0].pid, getpid());
+  /* Asking with no room still counts. */
+  gg_assert_ok(gg_registry_list(NULL, 0, &n));
+  assert_int_equal(n, 1);
+  gg_assert_fails(gg_registry_list(NULL, 4, &n), GG_EINVAL, "rows");
+  gg_assert_ok(gg_registry_unregister());
+}
+
+/* Unsafe directories are refused: a symlink, group/world access, a file, another user's (as root). */
+static void test_unsafe_dir_refused(void **state) {
+  (void)state;
+  char got[256], link[96];
+  snprintf(link, sizeof link, "%s.link", dir);
+  assert_int_equal(symlink(dir, link), 0);
+  setenv("GPUGUARD_REGISTRY_DIR", link, 1);
+  gg_assert_fails(gg_registry_dir(got, sizeof got), GG_EPERM, "symlink");
+  gg_assert_fails(gg_registry_register(NULL), GG_EPERM, "symlink");
+  unlink(link);
+
+  setenv("GPUGUARD_REGISTRY_DIR", dir, 1);
+  chmod(dir, 0755);
+  gg_assert_fails(gg_registry_dir(got, sizeof got), GG_EPERM, "mode 0755");
+  chmod(dir, 0700);
+  gg_assert_ok(gg_registry_dir(got, sizeof got));
+
+  char file[160];
+  snprintf(file, sizeof file, "%s/plain", dir);
+  write_file("plain", "x", 0600);
+  setenv("GPUGUARD_REGISTRY_DIR", file, 1);
+  gg_assert_fails(gg_registry_dir(got, sizeof got), GG_EPERM, "not a directory");
+
+  if (geteuid() == 0) {
+    setenv("GPUGUARD_REGISTRY_DIR", dir, 1);
+    assert_int_equal(chown(dir, 65534, 65534), 0);
+    gg_assert_fails(gg_registry_dir(got, sizeof got), GG_EPERM, "owned by uid 65534");
+    assert_int_equal(chown(dir, 0, 0), 0);
+  }
+  setenv("GPUGUARD_REGISTRY_DIR", dir, 1);
+  gg_assert_fails(gg_registry_dir(got, 4), GG_EINVAL, "does not fit");
+}
+
+/* Without the override: a private directory named for the user is created, mode 0700. */
+static void test_default_location(void **state) {
+  (void)state;
+  unsetenv("GPUGUARD_REGISTRY_DIR");
+  setenv("XDG_RUNTIME_DIR", dir, 1);
+  char got[256], want[256];
+  gg_assert_ok(gg_registry_dir(got, sizeof got));
+  snprintf(want, sizeof want, "%s/gpuguard", dir);
+  assert_string_equal(got, want);
+  struct stat st;
+  assert_int_equal(stat(got, &st), 0);
+  assert_int_equal(st.st_mode & 0777, 0700);
+  unsetenv("XDG_RUNTIME_DIR");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_register_list_unregister, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_stale_by_start_time, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_garbage_skipped, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unsafe_dir_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_default_location, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

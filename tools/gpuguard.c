@@ -1,0 +1,571 @@
+/* gpuguard.c — the `gpuguard` command line: who holds GPU memory (ps), devices (info, watch), built on
+ * the public API only. */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpuguard/gpuguard.h"
+
+#define EXIT_USAGE 2
+
+typedef struct command {
+  const char *name, *args, *summary;
+  int (*run)(int argc, char **argv);
+  const char *help; /* options, one per line */
+} command_t;
+
+static const command_t *current;
+
+static void usage(FILE *f, const command_t *c) {
+  fprintf(f, "usage: gpuguard %s %s\n  %s\n%s", c->name, c->args, c->summary, c->help);
+}
+
+/* A bad flag: say what was wrong, print the usage to stderr, exit 2. */
+static int bad_usage(const char *fmt, const char *what) {
+  fprintf(stderr, "gpuguard %s: ", current->name);
+  fprintf(stderr, fmt, what);
+  fputc('\n', stderr);
+  usage(stderr, current);
+  return EXIT_USAGE;
+}
+
+static const char *human(double bytes, char *buf, size_t cap) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, u++;
+  snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
+  return buf;
+}
+
+/* Parses the common short options shared by every command; returns -1 when done, the option, or '?'. */
+static int next_opt(int argc, char **argv, const struct option *longs) {
+  opterr = 0;
+  return getopt_long(argc, argv, "+h", longs, NULL);
+}
+
+/* ---- info -------------------------------------------------------------------------------------- */
+
+static int print_devices(FILE *f) {
+  int n = 0;
+  if (gg_device_count(&n) < 0) {
+    fprintf(stderr, "gpuguard: %s\n", gg_last_error());
+    return 1;
+  }
+  char a[32], b[32], c[32];
+  fprintf(f, "%-3s %-28s %-8s %12s %12s %12s  %s\n", "GPU", "NAME", "BACKEND", "TOTAL", "USED", "FREE", "UUID");
+  for (int i = 0; i < n; i++) {
+    gg_device_info_t d;
+    if (gg_device_info(i, &d) < 0) {
+      fprintf(f, "%-3d (unreadable: %s)\n", i, gg_last_error());
+      continue;
+    }
+    fprintf(f, "%-3d %-28.28s %-8s %12s %12s %12s  %s\n", i, d.name, d.backend, human((double)d.total_bytes, a, sizeof a),
+            human((double)d.used_bytes, b, sizeof b), human((double)d.free_bytes, c, sizeof c), d.uuid);
+    if (strcmp(d.backend, "host") == 0)
+      fprintf(f, "    (no usable CUDA device: this is gpuguard's simulated host device)\n");
+  }
+  return 0;
+}
+
+static int cmd_info(int argc, char **argv) {
+  static const struct option longs[] = {{"json", no_argument, 0, 'j'}, {"prom", no_argument, 0, 'p'},
+                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  int format = -1, o;
+  while ((o = next_opt(argc, argv, longs)) != -1) {
+    if (o == 'h') return usage(stdout, current), 0;
+    if (o == 'j' || o == 'p') {
+      if (format != -1) return bad_usage("%s", "--json and --prom are exclusive");
+      format = o == 'j' ? GG_FORMAT_JSON : GG_FORMAT_PROMETHEUS;
+      continue;
+    }
+    return bad_usage("unknown option '%s'", argv[optind - 1]);
+  }
+  if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+  if (format < 0) return print_devices(stdout);
+  if (gg_report(stdout, (gg_format_t)format, GG_REPORT_DEVICES) < 0) {
+    fprintf(stderr, "gpuguard info: %s\n", gg_last_error());
+    return 1;
+  }
+  return 0;
+}
+
+/* ---- ps ---------------------------------------------------------------------------------------- */
+
+/* Every process holding any device, gathered before printing so a failure prints no half table. */
+static int gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu) {
+  int n = 0;
+  *out = NULL, *nout = 0, *no_gpu = false;
+  if (gg_device_count(&n) < 0) return fprintf(stderr, "gpuguard: %s\n", gg_last_error()), 1;
+  for (int dev = 0; dev < n; dev++) {
+    size_t count = 0, cap = 8;
+    for (int attempt = 0; attempt < 4; attempt++) {
+      gg_process_t *grown = realloc(*out, (*nout + cap) * sizeof **out);
+      if (!grown) return fprintf(stderr, "gpuguard: out of memory\n"), 1;
+      *out = grown;
+      if (gg_process_list(dev, *out + *nout, cap, &count) < 0) {
+        if (strstr(gg_last_error(), "no NVIDIA GPU")) return *no_gpu = true, 1;
+        fprintf(stderr, "gpuguard: device %d: %s\n", dev, gg_last_error());
+        count = 0;
+        break;
+      }
+      if (count <= cap) break;
+      cap = count + 8; /* more appeared than there was room for: ask again */
+    }
+    *nout += count < cap ? count : cap;
+  }
+  return 0;
+}
+
+static int print_processes(FILE *f, bool all_users, bool *no_gpu) {
+  gg_process_t *rows;
+  size_t n;
+  if (gather_processes(&rows, &n, no_gpu) != 0) return free(rows), 1;
+  bool tty = isatty(fileno(f));
+  fprintf(f, "%-3s %8s %8s %-10s %12s %-5s %-10s %s\n", "GPU", "PID", "PPID", "USER", "GPU-MEMORY", "STATE",
+          "CLASS", "COMMAND");
+  unsigned shown = 0, orphans = 0, hidden = 0;
+  for (size_t i = 0; i < n; i++) {
+    const gg_process_t *p = &rows[i];
+    if (!all_users && p->cls == GG_PROCESS_FOREIGN) {
+      hidden++;
+      continue;
+    }
+    char mem[32] = "?";
+    if (p->used_bytes >= 0) human((double)p->used_bytes, mem, sizeof mem);
+    bool orphan = p->cls == GG_PROCESS_ORPHAN;
+    orphans += orphan;
+    fprintf(f, "%s%-3d %8d %8d %-10.10s %12s %-5c %-10s %s%s\n", orphan && tty ? "\033[1;31m" : "", p->device, p->pid,
+            p->ppid, p->user, mem, p->state, orphan ? "ORPHAN" : gg_process_class_name(p->cls), p->command,
+            orphan && tty ? "\033[0m" : "");
+    shown++;
+  }
+  free(rows);
+  fprintf(f, "%u process%s", shown, shown == 1 ? "" : "es");
+  if (orphans) fprintf(f, ", %u ORPHAN%s (end them with: gpuguard reap)", orphans, orphans == 1 ? "" : "S");
+  if (hidden) fprintf(f, ", %u of other users hidden (--all-users shows them)", hidden);
+  fputc('\n', f);
+  return 0;
+}
+
+static int cmd_ps(int argc, char **argv) {
+  static const struct option longs[] = {{"json", no_argument, 0, 'j'}, {"all-users", no_argument, 0, 'a'},
+                                        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  bool json = false, all = false;
+  int o;
+  while ((o = next_opt(argc, argv, longs)) != -1) {
+    if (o == 'h') return usage(stdout, current), 0;
+    if (o == 'j') json = true;
+    else if (o == 'a') all = true;
+    else return bad_usage("unknown option '%s'", argv[optind - 1]);
+  }
+  if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+  if (json) {
+    if (gg_report(stdout, GG_FORMAT_JSON, GG_REPORT_DEVICES | GG_REPORT_PROCESSES) < 0)
+      return fprintf(stderr, "gpuguard ps: %s\n", gg_last_error()), 1;
+    return 0;
+  }
+  bool no_gpu = false;
+  int rc = print_processes(stdout, all, &no_gpu);
+  if (no_gpu)
+    fprintf(stderr, "gpuguard ps: no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads); "
+                    "nothing holds GPU memory here\n");
+  return rc;
+}
+
+/* ---- watch ------------------------------------------------------------------------------------- */
+
+/* Writes the Prometheus report next to path and renames it over path, so a textfile collector never
+ * reads half a file. */
+static int write_prom_file(const char *path) {
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+    return fprintf(stderr, "gpuguard watch: --prom-file path too long\n"), 1;
+  FILE *f = fopen(tmp, "w");
+  if (!f) return fprintf(stderr, "gpuguard watch: cannot write %s: %s\n", tmp, strerror(errno)), 1;
+  int rc = gg_report(f, GG_FORMAT_PROMETHEUS, GG_REPORT_ALL);
+  if (fclose(f) != 0 && rc == 0) rc = -1;
+  if (rc < 0 || rename(tmp, path) != 0) {
+    fprintf(stderr, "gpuguard watch: writing %s failed: %s\n", path, rc < 0 ? gg_last_error() : strerror(errno));
+    unlink(tmp);
+    return 1;
+  }
+  return 0;
+}
+
+static int cmd_watch(int argc, char **argv) {
+  static const struct option longs[] = {{"interval", required_argument, 0, 'i'},
+                                        {"prom-file", required_argument, 0, 'p'},
+                                        {"count", required_argument, 0, 'c'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+  double interval = 2.0;
+  long count = -1;
+  const char *prom = NULL;
+  int o;
+  while ((o = next_opt(argc, argv, longs)) != -1) {
+    char *end = NULL;
+    if (o == 'h') return usage(stdout, current), 0;
+    if (o == 'i') {
+      errno = 0;
+      interval = strtod(optarg, &end);
+      if (errno || end == optarg || *end || !(interval >= 0.05 && interval <= 86400) || !isfinite(interval))
+        return bad_usage("--interval '%s': seconds between 0.05 and 86400 expected", optarg);
+    } else if (o == 'c') {
+      errno = 0;
+      count = strtol(optarg, &end, 10);
+      if (errno || end == optarg || *end || count < 1) return bad_usage("--count '%s': a positive integer expected", optarg);
+    } else if (o == 'p') {
+      if (!*optarg) return bad_usage("%s", "--prom-file needs a path");
+      prom = optarg;
+    } else {
+      return bad_usage("unknown option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+  bool tty = isatty(STDOUT_FILENO) && !prom;
+  for (long i = 0; count < 0 || i < count; i++) {
+    if (i) {
+      struct timespec ts = {(time_t)interval, (long)((interval - (double)(time_t)interval) * 1e9)};
+      while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+    }
+    if (prom) {
+      if (write_prom_file(prom) != 0) return 1;
+      continue;
+    }
+    if (tty) fputs("\033[H\033[2J", stdout); /* refresh in place */
+    time_t now = time(NULL);
+    char stamp[64];
+    strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", localtime(&now));
+    printf("gpuguard watch — %s (every %.2g s)\n", stamp, interval);
+    if (print_devices(stdout) != 0) return 1;
+    bool no_gpu;
+    print_processes(stdout, false, &no_gpu);
+    if (no_gpu) puts("(no NVIDIA GPU: no processes to show)");
+    fflush(stdout);
+  }
+  return 0;
+}
+
+
+/* ---- run --------------------------------------------------------------------------------------- */
+
+static long parse_ms(const char *flag, const char *text, bool *ok) {
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  *ok = !errno && end != text && !*end && v >= 0 && v <= 3600000;
+  if (!*ok) bad_usage(flag, text);
+  return v;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Free memory of the device after the job: the driver frees a dead process's memory shortly after it
+ * dies (~100 ms on an H200), so wait up to limit_ms for it to come back to `before`. */
+static bool free_after(int device, size_t before, double limit_ms, size_t *after, double *waited_ms) {
+  double t0 = now_ms();
+  gg_device_info_t d;
+  for (;;) {
+    if (gg_device_info(device, &d) != 0) return false;
+    *after = d.free_bytes, *waited_ms = now_ms() - t0;
+    if (d.free_bytes >= before || *waited_ms >= limit_ms) return true;
+    struct timespec ts = {0, 20 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static void json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+    else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+    else fputc(*p, f);
+  }
+  fputc('"', f);
+}
+
+typedef struct job_result {
+  pid_t pid;
+  int status;     /* wait status of CMD, valid when reaped */
+  bool reaped;
+  int runner_sig; /* the signal that ended the runner's wait, 0 if none */
+  int exit_code;
+} job_result_t;
+
+static int write_receipt(const char *path, char **cmd, const job_result_t *r, const gg_proc_receipt_t *rc,
+                         const char *session, const gg_device_info_t *dev, bool have_dev, size_t after,
+                         double waited_ms) {
+  FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
+  if (!f) return fprintf(stderr, "gpuguard run: cannot write the receipt %s: %s\n", path, strerror(errno)), 1;
+  fputs("{\"command\":[", f);
+  for (int i = 0; cmd[i]; i++) fputs(i ? "," : "", f), json_string(f, cmd[i]);
+  fprintf(f, "],\"pid\":%d,\"session\":", (int)r->pid);
+  json_string(f, session);
+  if (r->reaped && WIFEXITED(r->status)) fprintf(f, ",\"exit\":{\"status\":%d,\"signal\":null}", WEXITSTATUS(r->status));
+  else if (r->reaped) fprintf(f, ",\"exit\":{\"status\":null,\"signal\":%d}", WTERMSIG(r->status));
+  else fputs(",\"exit\":null", f);
+  if (r->runner_sig) fprintf(f, ",\"runner_signal\":%d", r->runner_sig);
+  else fputs(",\"runner_signal\":null", f);
+  fprintf(f, ",\"exit_code\":%d,\"device\":", r->exit_code);
+  if (have_dev) {
+    fprintf(f, "{\"index\":%d,\"backend\":", dev->index);
+    json_string(f, dev->backend);
+    fprintf(f, ",\"free_bytes_before\":%zu,\"free_bytes_after\":%zu,\"free_after_wait_ms\":%.0f}", dev->free_bytes,
+            after, waited_ms);
+  } else {
+    fputs("null", f);
+  }
+  fputs(",\"teardown\":", f);
+  if (rc) gg_proc_receipt_write(rc, f); /* ends with a newline */
+  else fputs("null\n", f);
+  fputs("}\n", f);
+  bool ok = !ferror(f);
+  if (f != stdout) ok = fclose(f) == 0 && ok;
+  return ok ? 0 : (fprintf(stderr, "gpuguard run: writing the receipt %s failed\n", path), 1);
+}
+
+static int cmd_run(int argc, char **argv) {
+  static const struct option longs[] = {{"grace", required_argument, 0, 'g'},
+                                        {"receipt", required_argument, 0, 'r'},
+                                        {"device", required_argument, 0, 'd'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+  long grace = 2000, device = 0;
+  const char *receipt_path = NULL;
+  bool ok = true;
+  int o;
+  while ((o = next_opt(argc, argv, longs)) != -1) {
+    if (o == 'h') return usage(stdout, current), 0;
+    if (o == 'g') {
+      grace = parse_ms("--grace '%s': milliseconds from 0 to 3600000 expected", optarg, &ok);
+      if (!ok) return EXIT_USAGE;
+    } else if (o == 'd') {
+      char *end;
+      errno = 0;
+      device = strtol(optarg, &end, 10);
+      if (errno || end == optarg || *end || device < 0 || device > 1024)
+        return bad_usage("--device '%s': a device ordinal expected", optarg);
+    } else if (o == 'r') {
+      if (!*optarg) return bad_usage("%s", "--receipt needs a path (or - for stdout)");
+      receipt_path = optarg;
+    } else {
+      return bad_usage("unknown option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind >= argc) return bad_usage("%s", "no command given (gpuguard run [OPTIONS] -- CMD ARGS...)");
+  char **cmd = argv + optind;
+
+  /* Signals are taken synchronously: blocked here (the library's threads block them too) and read
+   * with sigtimedwait, so nothing runs in a signal handler. */
+  sigset_t set;
+  sigemptyset(&set);
+  int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  for (size_t i = 0; i < 4; i++) sigaddset(&set, forwarded[i]);
+  sigaddset(&set, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &set, NULL);
+
+  if (gg_proc_set_subreaper(1) != 0)
+    fprintf(stderr, "gpuguard run: warning: %s (double-forked descendants may escape)\n", gg_last_error());
+  char devs[16], session[40] = "";
+  snprintf(devs, sizeof devs, "%ld", device);
+  if (gg_registry_register(devs) != 0) fprintf(stderr, "gpuguard run: warning: no session record: %s\n", gg_last_error());
+  gg_registry_session(session, sizeof session);
+  gg_device_info_t dev;
+  bool have_dev = gg_device_info((int)device, &dev) == 0;
+
+  job_result_t r = {0};
+  gg_spawn_options_t so;
+  gg_spawn_options_init(&so);
+  if (gg_proc_spawn(NULL, (const char *const *)cmd, &so, &r.pid) != 0) {
+    fprintf(stderr, "gpuguard run: %s\n", gg_last_error());
+    gg_registry_unregister();
+    return errno == ENOENT || strstr(gg_last_error(), "not found") ? 127 : 126;
+  }
+
+  /* Wait for CMD; a signal to the runner goes on to CMD (unless the terminal already sent it to the
+   * whole foreground group), and CMD then has the grace period to finish. */
+  double deadline = -1;
+  while (!r.reaped) {
+    siginfo_t si;
+    int sig;
+    if (deadline < 0) {
+      sig = sigwaitinfo(&set, &si);
+    } else {
+      double left = deadline - now_ms();
+      if (left <= 0) break;
+      struct timespec ts = {(time_t)(left / 1e3), (long)(fmod(left, 1e3) * 1e6)};
+      sig = sigtimedwait(&set, &si, &ts);
+      if (sig < 0 && errno == EAGAIN) break;
+    }
+    if (sig < 0) continue; /* EINTR */
+    if (sig == SIGCHLD) {
+      int st;
+      pid_t p;
+      while ((p = waitpid(-1, &st, WNOHANG)) > 0) /* as subreaper, orphaned descendants come here too */
+        if (p == r.pid) r.status = st, r.reaped = true;
+      continue;
+    }
+    if (r.runner_sig) break; /* a second signal: tear down now */
+    r.runner_sig = sig;
+    if (si.si_code != SI_KERNEL) kill(r.pid, sig);
+    deadline = now_ms() + (double)grace;
+  }
+
+  gg_proc_receipt_t *receipt = NULL;
+  int trc = gg_proc_teardown_ex(NULL, (int)grace, &receipt);
+  if (!r.reaped && waitpid(r.pid, &r.status, WNOHANG) == r.pid) r.reaped = true;
+  if (r.runner_sig) r.exit_code = 128 + r.runner_sig;
+  else if (WIFEXITED(r.status)) r.exit_code = WEXITSTATUS(r.status);
+  else r.exit_code = 128 + WTERMSIG(r.status);
+
+  size_t after = 0;
+  double waited = 0;
+  if (have_dev && !free_after((int)device, dev.free_bytes, 3000, &after, &waited)) have_dev = false;
+  gg_registry_unregister();
+
+  char a[32], b[32];
+  fprintf(stderr, "gpuguard run: %s %s %d; teardown: %zu process%s ended, %zu left", cmd[0],
+          r.runner_sig ? "stopped by signal" : (WIFEXITED(r.status) ? "exited" : "killed by signal"),
+          r.runner_sig ? r.runner_sig : (WIFEXITED(r.status) ? WEXITSTATUS(r.status) : WTERMSIG(r.status)),
+          receipt ? receipt->count - receipt->n_alive : 0, receipt && receipt->count - receipt->n_alive == 1 ? "" : "es",
+          receipt ? receipt->n_alive : 0);
+  if (have_dev)
+    fprintf(stderr, "; device %ld free %s -> %s", device, human((double)dev.free_bytes, a, sizeof a),
+            human((double)after, b, sizeof b));
+  fputc('\n', stderr);
+  if (trc != 0) fprintf(stderr, "gpuguard run: teardown: %s\n", gg_last_error());
+  int wrc = receipt_path ? write_receipt(receipt_path, cmd, &r, receipt, session, &dev, have_dev, after, waited) : 0;
+  gg_proc_receipt_free(receipt);
+  return wrc ? wrc : r.exit_code;
+}
+
+/* ---- reap -------------------------------------------------------------------------------------- */
+
+static int cmd_reap(int argc, char **argv) {
+  static const struct option longs[] = {{"dry-run", no_argument, 0, 'n'}, {"yes", no_argument, 0, 'y'},
+                                        {"grace", required_argument, 0, 'g'}, {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+  bool dry = false, yes = false, ok = true;
+  long grace = 2000;
+  int o;
+  while ((o = next_opt(argc, argv, longs)) != -1) {
+    if (o == 'h') return usage(stdout, current), 0;
+    if (o == 'n') dry = true;
+    else if (o == 'y') yes = true;
+    else if (o == 'g') {
+      grace = parse_ms("--grace '%s': milliseconds from 0 to 3600000 expected", optarg, &ok);
+      if (!ok) return EXIT_USAGE;
+    } else return bad_usage("unknown option '%s'", argv[optind - 1]);
+  }
+  if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+  if (dry && yes) return bad_usage("%s", "--dry-run and --yes are exclusive");
+
+  gg_process_t rows[256];
+  size_t n = 0;
+  if (gg_orphan_list(rows, 256, &n) != 0) return fprintf(stderr, "gpuguard reap: %s\n", gg_last_error()), 1;
+  if (n > 256) n = 256;
+  if (n == 0) return puts("gpuguard reap: no orphans of dead sessions"), 0;
+  for (size_t i = 0; i < n; i++) {
+    char mem[32] = "-";
+    if (rows[i].used_bytes >= 0) human((double)rows[i].used_bytes, mem, sizeof mem);
+    printf("orphan %d (session %.8s, start %llu, GPU memory %s): %s\n", rows[i].pid,
+           rows[i].session[0] ? rows[i].session : "none", rows[i].start_time, mem, rows[i].command);
+  }
+  if (dry) return printf("%zu orphan%s; --dry-run: nothing was done\n", n, n == 1 ? "" : "s"), 0;
+  if (!yes) {
+    if (!isatty(STDIN_FILENO))
+      return printf("%zu orphan%s; run with --yes to end them\n", n, n == 1 ? "" : "s"), 0;
+    printf("end %s? [y/N] ", n == 1 ? "it" : "them");
+    fflush(stdout);
+    int c = getchar();
+    if (c != 'y' && c != 'Y') return puts("nothing was done"), 0;
+  }
+  /* Each pid is taken only if it is still the process listed (start time), and ours. */
+  size_t taken = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (gg_proc_adopt_ex(NULL, rows[i].pid, rows[i].start_time) == 0) taken++;
+    else printf("skipped %d: %s\n", rows[i].pid, gg_last_error());
+  }
+  gg_proc_receipt_t *receipt = NULL;
+  int rc = gg_proc_teardown_ex(NULL, (int)grace, &receipt);
+  for (size_t i = 0; receipt && i < receipt->count; i++) {
+    const gg_proc_outcome_t *p = &receipt->procs[i];
+    printf("%d: sent%s%s -> %s\n", (int)p->pid, p->sent & GG_PROC_SENT_TERM ? " TERM" : "",
+           p->sent & GG_PROC_SENT_KILL ? " KILL" : "", p->end == GG_PROC_ALIVE ? "STILL ALIVE" : "ended");
+  }
+  printf("%zu orphan%s ended, %zu could not be\n", receipt ? receipt->count - receipt->n_alive : 0,
+         taken == 1 ? "" : "s", receipt ? receipt->n_alive : 0);
+  gg_proc_receipt_free(receipt);
+  return rc == 0 ? 0 : 1;
+}
+
+/* ---- dispatch ---------------------------------------------------------------------------------- */
+
+static const command_t commands[] = {
+    {"ps", "[--json] [--all-users]", "Lists the processes holding GPU memory; orphans stand out.", cmd_ps,
+     "  --json        devices and processes as JSON\n"
+     "  --all-users   include processes of other users (hidden by default)\n"
+     "  -h, --help    this help\n"
+     "Classes: guarded (in a live gpuguard session), orphan (its session leader or parent is gone),\n"
+     "fd-holder (holds /dev/nvidia* but no context), foreign (another user), unknown.\n"},
+    {"run", "[--grace MS] [--receipt PATH] [--device N] -- CMD ARGS...",
+     "Runs CMD as a guarded job; when it ends or the runner is signalled, nothing of it is left.", cmd_run,
+     "  --grace MS      how long the job has to end after SIGTERM before SIGKILL (default 2000)\n"
+     "  --receipt PATH  write a JSON receipt: what was sent to whom, how each ended, device free memory\n"
+     "                  before and after ('-' for stdout)\n"
+     "  --device N      the device whose free memory the receipt records (default 0)\n"
+     "  -h, --help      this help\n"
+     "The runner is a child subreaper, records a session leader in the registry (children inherit\n"
+     "GPUGUARD_SESSION), forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to CMD, and exits with CMD's status\n"
+     "(128+N for a signal).\n"},
+    {"reap", "[--dry-run] [--yes] [--grace MS]",
+     "Ends your orphans: workers of dead gpuguard sessions, orphaned workers holding GPU memory.", cmd_reap,
+     "  --dry-run   list them, do nothing\n"
+     "  --yes       end them without asking (otherwise asks on a terminal, lists elsewhere)\n"
+     "  --grace MS  time between SIGTERM and SIGKILL (default 2000)\n"
+     "  -h, --help  this help\n"
+     "Only your own processes; each is verified by its start time before it is signalled.\n"},
+    {"info", "[--json|--prom]", "Shows the devices and their memory.", cmd_info,
+     "  --json        as JSON\n"
+     "  --prom        as Prometheus text exposition (format 0.0.4)\n"
+     "  -h, --help    this help\n"},
+    {"watch", "[--interval S] [--prom-file PATH] [--count N]",
+     "Refreshes devices and processes in place; or writes Prometheus text for node_exporter.", cmd_watch,
+     "  --interval S      seconds between refreshes (default 2)\n"
+     "  --prom-file PATH  write Prometheus text to PATH atomically (node_exporter textfile collector)\n"
+     "  --count N         stop after N refreshes\n"
+     "  -h, --help        this help\n"},
+};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static void main_usage(FILE *f) {
+  fprintf(f, "usage: gpuguard COMMAND [OPTIONS]   (gpuguard %s)\n\ncommands:\n", gg_version());
+  for (size_t i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-6s %s\n", commands[i].name, commands[i].summary);
+  fprintf(f, "\n'gpuguard COMMAND --help' describes each command.\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) return main_usage(stderr), EXIT_USAGE;
+  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) return main_usage(stdout), 0;
+  if (!strcmp(argv[1], "--version")) return printf("gpuguard %s\n", gg_version()), 0;
+  for (size_t i = 0; i < NCOMMANDS; i++)
+    if (!strcmp(argv[1], commands[i].name)) {
+      current = &commands[i];
+      return commands[i].run(argc - 1, argv + 1);
+    }
+  fprintf(stderr, "gpuguard: unknown command '%s'\n", argv[1]);
+  main_usage(stderr);
+  return EXIT_USAGE;
+}
