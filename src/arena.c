@@ -13,10 +13,12 @@
 #include "arena_internal.h"
 #include "backend/backend.h"
 #include "freelist.h"
+#include "guard_internal.h"
 #include "internal.h"
 
 #define GG__MAGIC 0x67676172u /* "ggar" */
 #define GG__DEAD  0x64656164u /* "dead" */
+#define GG__TORN  0x746f726eu /* "torn": its guard gave the device memory back; the handle waits for destroy */
 /* 64 MiB: large enough that growing to a full H200 takes ~2200 maps, each ~30x cheaper per byte than
  * 2 MiB pages; small enough that the memory mapped beyond the peak in use stays under 64 MiB. */
 #define GG__DEFAULT_CHUNK ((size_t)64 << 20)
@@ -102,6 +104,7 @@ struct gg_arena {
   size_t in_use, mapped, peak_in_use, peak_mapped;
   unsigned long long n_live, n_allocs, n_frees, n_trims, bytes_trimmed;
   gg__arena_probe_t probe;
+  unsigned long long guard_token; /* registration with the live guard of its device, 0 if none */
 };
 
 static size_t gg__rsize(size_t req) { return (req + GG__QUANTUM - 1) & ~(GG__QUANTUM - 1); }
@@ -138,15 +141,28 @@ static void gg__quarantine(gg_arena_t *a) {
 
 static int gg__valid(const gg_arena_t *a, const char *call) {
   if (!a) return gg__err(GG_EINVAL, "%s: arena is NULL", call);
+  if (a->magic == GG__TORN)
+    return gg__err(GG_ESTATE,
+                   "%s: arena '%s' was torn down by its guard (its device memory is gone); only "
+                   "gg_arena_destroy() is still valid on it",
+                   call, a->name);
   if (a->magic != GG__MAGIC)
     return gg__err(GG_EINVAL, "%s: %p is not a live arena (destroyed already, or not an arena)", call,
                    (const void *)a);
   return gg__check_fork(a->fork_gen, call);
 }
 
+/* Locks a valid arena, checking again under the lock: a guard's teardown may have run meanwhile. */
+static int gg__lock_live(gg_arena_t *a, const char *call) {
+  pthread_mutex_lock(&a->lock);
+  if (GG__LIKELY(a->magic == GG__MAGIC)) return 0;
+  pthread_mutex_unlock(&a->lock);
+  return gg__valid(a, call);
+}
+
 static int gg__enter(gg_arena_t *a, const char *call) {
   int rc = gg__valid(a, call);
-  if (rc == 0) pthread_mutex_lock(&a->lock);
+  if (rc == 0) rc = gg__lock_live(a, call);
   return rc;
 }
 
@@ -652,6 +668,8 @@ void gg_arena_options_init(gg_arena_options_t *opts) {
   if (opts) memset(opts, 0, sizeof *opts);
 }
 
+static const gg__attach_ops_t gg__arena_attach_ops; /* how a guard tears an attached arena down */
+
 int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
   if (!arena) return gg__err(GG_EINVAL, "gg_arena_create: arena (the out-pointer) is NULL");
   *arena = NULL;
@@ -684,6 +702,11 @@ int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
   gg__strlcpy(a->name, o.name ? o.name : "arena", sizeof a->name);
   pthread_mutex_init(&a->lock, NULL);
   a->fork_gen = a->dev->fork_gen, a->magic = GG__MAGIC;
+  /* A live guard of this device tears the arena down with its other cleanups, LIFO. */
+  if ((rc = gg__guard_attach(a->ops->name, o.device, &gg__arena_attach_ops, a, &a->guard_token)) < 0) {
+    gg_arena_destroy(a);
+    return rc;
+  }
   *arena = a;
   return 0;
 fail:
@@ -692,22 +715,67 @@ fail:
   return rc;
 }
 
-int gg_arena_destroy(gg_arena_t *a) {
-  if (!a) return 0;
-  int rc = gg__valid(a, "gg_arena_destroy");
-  if (rc < 0) return rc;
-  pthread_mutex_lock(&a->lock);
-  a->magic = GG__DEAD;
+/* Gives every device resource back: events, chunks, the range, the device. Lock held. */
+static int gg__release_device(gg_arena_t *a) {
+  int rc = 0;
   /* Live blocks may still be in use by queued work: wait for the stream before unmapping. */
   if (a->track && a->mapped) GG_KEEP_FIRST(rc, a->ops->stream_sync(a->dev, a->stream));
   for (size_t i = a->chead; i < a->cend; i++) a->evs[a->nevs++] = a->closed[i].ev;
+  a->chead = a->cend = 0;
   for (size_t i = 0; i < a->nevs; i++) GG_KEEP_FIRST(rc, a->ops->event_destroy(a->dev, a->evs[i]));
+  a->nevs = 0;
   for (size_t i = 0; i < a->nchunks; i++) {
     GG_KEEP_FIRST(rc, a->ops->unmap(a->dev, a->chunks[i]));
     free(a->chunks[i]);
   }
+  a->nchunks = 0, a->mapped = 0;
   GG_KEEP_FIRST(rc, a->ops->va_release(a->dev, a->base, a->capacity));
   gg__dev_close(a->dev); /* the backend reclaims anything a failed unmap left behind */
+  a->dev = NULL;
+  return rc;
+}
+
+/* The guard's teardown step for an attached arena: device memory back now, the handle kept (calls on it
+ * fail with GG_ESTATE) until its owner calls gg_arena_destroy(). */
+static void gg__arena_guard_teardown(void *obj) {
+  gg_arena_t *a = obj;
+  pthread_mutex_lock(&a->lock);
+  if (a->magic == GG__MAGIC) {
+    gg__err_saved_t saved;
+    gg__err_save(&saved);
+    a->magic = GG__TORN;
+    if (gg__release_device(a) < 0)
+      fprintf(stderr, "gpuguard: arena '%s': giving its memory back at the guard's teardown: %s\n", a->name,
+              gg_last_error());
+    gg__err_restore(&saved);
+  }
+  pthread_mutex_unlock(&a->lock);
+}
+
+static const char *gg__arena_attached_name(void *obj) { return ((gg_arena_t *)obj)->name; }
+static const char *gg__arena_attached_backend(void *obj) { return ((gg_arena_t *)obj)->ops->name; }
+static int gg__arena_attached_foreach(void *obj, gg_block_visitor_t visit, void *user) {
+  return gg_arena_foreach_block(obj, visit, user);
+}
+
+static const gg__attach_ops_t gg__arena_attach_ops = {"arena", gg__arena_guard_teardown, gg__arena_attached_name,
+                                                      gg__arena_attached_backend, gg__arena_attached_foreach};
+
+int gg_arena_destroy(gg_arena_t *a) {
+  if (!a) return 0;
+  int rc = gg__valid(a, "gg_arena_destroy");
+  if (rc == GG_ESTATE && a->magic == GG__TORN) rc = 0; /* torn down by its guard: free the handle */
+  if (rc < 0) return rc;
+  /* Before our lock: if the guard is tearing this arena down right now, this waits for that step. */
+  gg__guard_detach(a->guard_token);
+  pthread_mutex_lock(&a->lock);
+  if (a->magic == GG__DEAD) { /* a concurrent destroy won */
+    pthread_mutex_unlock(&a->lock);
+    return gg__err(GG_EINVAL, "gg_arena_destroy: %p is not a live arena (destroyed already)", (void *)a);
+  }
+  bool torn = a->magic == GG__TORN;
+  a->magic = GG__DEAD;
+  if (!torn) rc = gg__release_device(a);
   for (size_t i = 0; i < a->captags; i++) free(a->tags[i]);
   free(a->tags), free(a->chunks), free(a->evs), free(a->closed), free(a->bump), free(a->runs),
       free(a->frames);
@@ -733,7 +801,7 @@ int gg_alloc_ex(gg_arena_t *a, size_t size, size_t align, const char *tag, void 
   if (size > SIZE_MAX - align)
     return gg__err(GG_EINVAL, "gg_alloc: size %zu with alignment %zu overflows when rounded", size, align);
   size_t n = gg__rsize(size);
-  pthread_mutex_lock(&a->lock);
+  if ((rc = gg__lock_live(a, "gg_alloc")) < 0) return rc;
   const char *itag = "";
   uintptr_t p = 0;
   if (n > a->capacity)
@@ -973,9 +1041,13 @@ int gg_arena_foreach_block(gg_arena_t *a, gg_block_visitor_t visit, void *user) 
   return rc;
 }
 
-const char *gg_arena_name(const gg_arena_t *a) { return a && a->magic == GG__MAGIC ? a->name : NULL; }
+const char *gg_arena_name(const gg_arena_t *a) {
+  return a && (a->magic == GG__MAGIC || a->magic == GG__TORN) ? a->name : NULL;
+}
 
-const char *gg_arena_backend(const gg_arena_t *a) { return a && a->magic == GG__MAGIC ? a->ops->name : NULL; }
+const char *gg_arena_backend(const gg_arena_t *a) {
+  return a && (a->magic == GG__MAGIC || a->magic == GG__TORN) ? a->ops->name : NULL;
+}
 
 /* ---- copies that prove memory is real ------------------------------------------------------------- */
 

@@ -12,8 +12,10 @@
 #include "backend/backend.h"
 #include "guard_internal.h"
 #include "internal.h"
+#include "proc_internal.h"
 
 #define GG__DEFAULT_TIMEOUT_MS 10000
+#define GG__DEFAULT_GRACE_MS   2000
 
 typedef struct gg__entry {
   unsigned long long id;
@@ -44,7 +46,7 @@ struct gg_guard {
   unsigned fork_gen;
   unsigned signals;
   bool run_at_exit, reset_context;
-  int timeout_ms, device;
+  int timeout_ms, device, grace_ms;
   char name[64];
   gg__report_opts_t report;
   /* lock: */
@@ -83,6 +85,7 @@ void gg_guard_options_init(gg_guard_options_t *opts) {
   opts->signals = GG_GUARD_SIGNALS_ALL;
   opts->run_at_exit = true;
   opts->teardown_timeout_ms = GG__DEFAULT_TIMEOUT_MS;
+  opts->child_grace_ms = GG__DEFAULT_GRACE_MS;
 }
 
 /* "stderr", "stdout", "none", PATH, each optionally "json:" or "text:" first. */
@@ -117,6 +120,9 @@ static int gg__check_options(const gg_guard_options_t *o, gg__report_opts_t *rep
   if (o->teardown_timeout_ms < 0)
     return gg__err(GG_EINVAL, "gg_guard_create: options.teardown_timeout_ms=%d is negative",
                    o->teardown_timeout_ms);
+  if (o->child_grace_ms < 0 || o->child_grace_ms > 600000)
+    return gg__err(GG_EINVAL, "gg_guard_create: options.child_grace_ms=%d is not in 0..600000",
+                   o->child_grace_ms);
   if (o->leak_report) return gg__parse_report("options.leak_report", o->leak_report, report);
   return gg__parse_report("GPUGUARD_LEAK_REPORT", gg__env("GPUGUARD_LEAK_REPORT"), report);
 }
@@ -147,6 +153,7 @@ static pthread_once_t gg__exit_once = PTHREAD_ONCE_INIT;
 /* ---- registry ---------------------------------------------------------------------------------------- */
 
 static void gg__free(gg_guard_t *g) {
+  if (g->fork_gen == gg__fork_generation()) gg__proc_forget_set(g); /* the key may be reused */
   pthread_mutex_destroy(&g->lock);
   pthread_cond_destroy(&g->cond);
   free(g->entries);
@@ -227,6 +234,7 @@ int gg_guard_create(gg_guard_t **guard, const gg_guard_options_t *opts) {
   g->fork_gen = gg__fork_generation();
   g->signals = opts->signals, g->run_at_exit = opts->run_at_exit, g->reset_context = opts->reset_context;
   g->timeout_ms = opts->teardown_timeout_ms, g->device = opts->device, g->report = report;
+  g->grace_ms = opts->child_grace_ms;
   gg__strlcpy(g->name, opts->name ? opts->name : "guard", sizeof g->name);
   g->refs = 1;
   pthread_mutex_init(&g->lock, NULL);
@@ -526,12 +534,16 @@ static int gg__teardown(gg_guard_t *g, enum gg__reason why, int code) {
   g->dev = NULL;
   pthread_mutex_unlock(&g->lock);
 
+  /* Children next: bounded (grace + about 300 ms), so the watchdog limit should allow for it. */
+  int rc = gg__proc_teardown_set(g, g->grace_ms, NULL);
+  if (rc < 0 && why != GG__BY_DESTROY)
+    fprintf(stderr, "gpuguard: guard '%s': ending its child processes: %s\n", g->name, gg_last_error());
   gg__report_emit(g, &report, why, code);
   gg__report_free(&report);
-  int rc = 0;
   if (g->reset_context && dev) {
-    rc = dev->ops->ctx_reset(dev);
-    if (rc < 0 && why != GG__BY_DESTROY)
+    int r = dev->ops->ctx_reset(dev);
+    if (rc == 0) rc = r;
+    if (r < 0 && why != GG__BY_DESTROY)
       fprintf(stderr, "gpuguard: guard '%s': context reset at teardown failed: %s\n", g->name,
               gg_last_error());
   }

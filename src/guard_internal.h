@@ -26,7 +26,9 @@ typedef void (*gg__crash_hook_fn)(int sig, void *user);
 int gg__crash_hook_add(gg__crash_hook_fn fn, void *user, int *slot);
 /* Removes a hook; a negative or free slot is ignored. A crash in progress may still call it once. */
 void gg__crash_hook_remove(int slot);
-/* Runs every hook of this process for sig, newest first; returns how many ran. Async-signal-safe. */
+/* Kills the tracked child processes and unlinks this process's registry record (the process part's
+ * gg__proc_fatal_kill), then runs every hook of this process for sig, newest first; returns how many
+ * hooks ran. Async-signal-safe. */
 int gg__crash_hooks_run(int sig);
 
 /* ---- attaching objects to the live guard (arenas) ------------------------------------------------ */

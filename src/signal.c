@@ -15,6 +15,7 @@
 
 #include "guard_internal.h"
 #include "internal.h"
+#include "proc_internal.h"
 
 /* Bit i of a GG_GUARD_SIG* mask is gg__sigs[i]; the first four are the terminating signals. */
 static const int gg__sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
@@ -208,6 +209,8 @@ void gg__crash_hook_remove(int slot) {
 }
 
 int gg__crash_hooks_run(int sig) {
+  /* Built in: SIGKILL to the tracked child processes, unlink of this process's registry record. */
+  gg__proc_fatal_kill();
   int me = (int)getpid(), ran = 0;
   unsigned long long below = ~0ull;
   /* Newest first without allocating: pick the highest sequence number below the last one run. */

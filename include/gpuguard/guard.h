@@ -88,6 +88,9 @@ typedef struct gg_guard_options {
                                 else text on stderr written only when something leaked; an explicit
                                 destination gets a report at every teardown, empty or not. */
   const char *name;        /**< a name for reports (copied); NULL: "guard" */
+  int child_grace_ms;      /**< at teardown, the processes in the guard's set (gg_proc_spawn(),
+                                gg_proc_adopt()) get SIGTERM, this long to exit, then SIGKILL;
+                                0..600000, default 2000; 0: SIGKILL at once */
 } gg_guard_options_t;
 
 /** A cleanup: called once with the pointer given at registration. It must not throw (C++) or longjmp. */
@@ -96,7 +99,8 @@ typedef void (*gg_cleanup_fn)(void *user);
 GG_BEGIN_DECLS
 
 /** Fills @p opts with the defaults (device 0, backend from the environment, every signal, teardown at
- *  exit(), no context reset, 10 s teardown limit, leak report from the environment). NULL is a no-op. */
+ *  exit(), no context reset, 10 s teardown limit, leak report from the environment, 2 s grace for
+ *  child processes). NULL is a no-op. */
 GG_API void gg_guard_options_init(gg_guard_options_t *opts);
 
 /** Creates a guard: opens the device (retaining its primary context), installs the signal handlers the
@@ -110,12 +114,20 @@ GG_API void gg_guard_options_init(gg_guard_options_t *opts);
 GG_API int gg_guard_create(gg_guard_t **guard, const gg_guard_options_t *opts);
 
 /** The teardown: runs the registered cleanups LIFO (each exactly once, on the calling thread, with no
- *  library lock held), writes the leak report, resets the context when asked, releases the device, and
- *  frees the handle. If a signal or exit() teardown of this guard already ran, only frees the handle;
- *  if one is running on another thread, waits for it first. NULL is a no-op returning 0.
+ *  library lock held; arenas attached to the guard are among them: see below), ends the guard's child
+ *  processes (gg_proc_teardown() with @ref gg_guard_options::child_grace_ms), writes the leak report,
+ *  resets the context when asked, releases the device, and frees the handle.
+ *
+ *  Arenas created while a guard of the same backend and device lives attach themselves to the newest
+ *  such guard. The teardown gives their device memory back (after listing their live blocks in the leak
+ *  report) but keeps the handles valid: later calls on them fail with GG_ESTATE, and gg_arena_destroy()
+ *  still frees them. An arena destroyed first detaches itself. If a signal or exit() teardown of this guard
+ * already ran, only frees the handle; if one is running on another thread, waits for it first. NULL is a
+ * no-op returning 0.
  *  @return 0; GG_EINVAL for a handle that is not a live guard (destroyed already); GG_ESTATE when called
- *  from one of the guard's own cleanups, or in a forked child (nothing is done then); the first driver
- *  error of the context reset (the handle is freed regardless). */
+ *  from one of the guard's own cleanups, or in a forked child (nothing is done then); GG_ETIMEDOUT when
+ *  a child process could not be ended; the first driver error of the context reset (the handle is freed
+ *  regardless). */
 GG_API int gg_guard_destroy(gg_guard_t *guard);
 
 /** Registers a cleanup, run LIFO at teardown. Same as gg_guard_on_teardown_ex() without the id.
