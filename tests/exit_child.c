@@ -174,6 +174,30 @@ static int gpu_hold(void) {
   wait_for_signals();
 }
 
+/* Threads busy inside arena calls while a signal arrives. */
+static void *arena_loop(void *arg) {
+  gg_arena_t *a = arg;
+  while (!atomic_load(&stop_threads)) {
+    void *p;
+    if (gg_alloc_ex(a, 8192, 0, "loop", &p) != 0) break; /* torn down */
+    if (gg_free(a, p) != 0) break;
+    atomic_fetch_add(&busy_iterations, 1);
+  }
+  return NULL;
+}
+
+/* A child process in the guard's set: a sleeper that only the guard's teardown (or crash path) ends. */
+static void spawn_sleeper(void) {
+  const char *const argv[] = {"/bin/sleep", "300", NULL};
+  pid_t pid = 0;
+  int rc = gg_proc_spawn(guard, argv, NULL, &pid);
+  char line[64], *p = line, *end = line + sizeof line - 1;
+  p = gg__fmt_str(p, end, rc == 0 ? "sleeper " : "sleeper FAILED ");
+  p = gg__fmt_u(p, end, rc == 0 ? (unsigned long long)pid : (unsigned long long)-rc);
+  *p = '\0';
+  note(line);
+}
+
 static int do_fork(void) {
   pid_t a = fork();
   if (a == 0) {
@@ -245,6 +269,26 @@ int main(int argc, char **argv) {
     }
   }
 
+  gg_arena_t *arena = NULL;
+  if (guard && (!strcmp(mode, "arena-leak") || !strcmp(mode, "thread-arena"))) {
+    gg_arena_options_t ao;
+    gg_arena_options_init(&ao);
+    ao.name = "child-arena", ao.capacity = 64u << 20;
+    if (gg_arena_create(&arena, &ao) != 0) note("arena FAILED");
+    void *p;
+    if (!strcmp(mode, "arena-leak")) {
+      gg_alloc_ex(arena, 4096, 0, "activations", &p);
+      gg_alloc_ex(arena, 8192, 0, "activations", &p);
+      gg_alloc_ex(arena, 1000, 0, "optimizer", &p);
+    }
+  }
+  if (guard && (!strcmp(mode, "children") || !strcmp(mode, "children-segv"))) spawn_sleeper();
+  if (!strcmp(mode, "thread-arena") && arena) {
+    pthread_t t1, t2;
+    pthread_create(&t1, NULL, arena_loop, arena);
+    pthread_create(&t2, NULL, arena_loop, arena);
+    while (atomic_load(&busy_iterations) < 2000) sleep_ms(1);
+  }
   if (!strcmp(mode, "thread")) {
     pthread_t t1, t2;
     pthread_create(&t1, NULL, register_cancel_loop, NULL);
@@ -254,17 +298,17 @@ int main(int argc, char **argv) {
 
   if (!strcmp(mode, "gpu-hold")) return gpu_hold(); /* says ready itself, once the memory is held */
   ready();
-  if (!strcmp(mode, "return") || !strcmp(mode, "leak")) return 0;
+  if (!strcmp(mode, "return") || !strcmp(mode, "leak") || !strcmp(mode, "arena-leak")) return 0;
   if (!strcmp(mode, "exit3") || !strcmp(mode, "hang-exit")) exit(3);
   if (!strcmp(mode, "abort")) abort();
-  if (!strcmp(mode, "segv")) null_write();
+  if (!strcmp(mode, "segv") || !strcmp(mode, "children-segv")) null_write();
   if (!strcmp(mode, "fork")) return do_fork();
   if (!strcmp(mode, "handler")) {
     while (!user_handler_ran) sleep_ms(5);
     return 5;
   }
   if (!strcmp(mode, "wait") || !strcmp(mode, "ignore") || !strcmp(mode, "hang") || !strcmp(mode, "sigint2") ||
-      !strcmp(mode, "thread"))
+      !strcmp(mode, "thread") || !strcmp(mode, "thread-arena") || !strcmp(mode, "children"))
     wait_for_signals();
   fprintf(stderr, "exit_child: unknown mode '%s'\n", mode);
   return 2;

@@ -33,17 +33,34 @@ static void ready() {
   close(std::atoi(fd));
 }
 
-// Frames with their own RAII state between the guard and the throw.
+// Frames with their own RAII state between the guard and the throw: a scope of the guarded arena each.
+static gg::Arena *arena;
+
 struct Frame {
   int depth;
-  explicit Frame(int d) : depth(d) {}
-  ~Frame() { note("frame " + std::to_string(depth) + " unwound"); }
+  std::optional<gg::Scope> scope;
+  explicit Frame(int d) : depth(d) {
+    if (arena) {
+      scope.emplace(*arena);
+      arena->alloc(4096, "frame");
+    }
+  }
+  ~Frame() {
+    note("frame " + std::to_string(depth) + " unwound");
+    if (arena && !scope) note("frame without scope");
+  }
 };
 
 [[noreturn]] static void nested(int depth) {
   Frame f(depth);
   if (depth == 0) throw std::runtime_error("boom");
   nested(depth - 1);
+}
+
+// After the unwinding, every frame's scope has ended: nothing allocated in them is live.
+static void check_arena_empty() {
+  if (arena)
+    note(arena->stats().n_live == 0 && arena->stats().scope_depth == 0 ? "arena empty" : "arena NOT empty");
 }
 
 static std::optional<gg::Guard> make_guard() {
@@ -64,8 +81,21 @@ int main(int argc, char **argv) {
   if (mode == "throw") {
     try {
       auto g = make_guard();
+      std::optional<gg::Arena> a;
+      if (g) {
+        gg::Arena::Options ao;
+        ao.capacity = 64u << 20;
+        a.emplace(ao);
+        arena = &*a;
+      }
       ready();
-      nested(3);
+      try {
+        nested(3);
+      } catch (...) {
+        check_arena_empty();
+        arena = nullptr;
+        throw;
+      }
     } catch (const std::exception &e) {
       note(std::string("caught: ") + e.what());
       return 4;

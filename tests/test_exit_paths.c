@@ -295,6 +295,8 @@ static void test_cxx_exception(void **state) {
   expect_status(&c, 4);
   expect_lifo_once(&c);
   assert_int_equal(gg_child_count(&c, "caught: boom"), 1);
+  assert_int_equal(gg_child_count(&c, "arena empty"), 1); /* every frame's gg::Scope ended */
+  assert_int_equal(gg_child_count(&c, "frame 0 unwound"), 1);
   gg_child_cleanup(&c);
 }
 
@@ -308,6 +310,92 @@ static void test_cxx_uncaught(void **state) {
   expect_status(&c, -SIGABRT);
   assert_int_equal(gg_child_count(&c, "cleanup A"), 0);
   assert_non_null(strstr(gg_child_stderr(&c), "gpuguard: fatal signal SIGABRT"));
+  gg_child_cleanup(&c);
+}
+
+/* An arena of the guard's device, with live blocks at exit: torn down once, reported by tag. */
+static void test_arena_leak_report_at_exit(void **state) {
+  (void)state;
+  gg_child_t c;
+  gg_child_start(&c, CHILD, "arena-leak", true, NULL);
+  assert_true(gg_child_ready(&c));
+  assert_true(gg_child_wait(&c, GG_H_DEADLINE_MS));
+  expect_status(&c, 0);
+  expect_lifo_once(&c);
+  const char *err = gg_child_stderr(&c);
+  printf("%s", err);
+  assert_non_null(strstr(err, "teardown by exit): 3 live blocks, 13288 bytes in 1 arena"));
+  assert_non_null(strstr(err, "arena 'child-arena' (host): 3 live blocks, 13288 bytes"));
+  assert_non_null(strstr(err, "tag 'activations': 2 blocks, 12288 bytes"));
+  assert_non_null(strstr(err, "tag 'optimizer': 1 block, 1000 bytes"));
+  gg_child_cleanup(&c);
+}
+
+/* A signal while threads are inside arena calls: the teardown takes the arena from under them without
+ * deadlock; they see GG_ESTATE. */
+static void test_signal_during_arena_calls(void **state) {
+  (void)state;
+  for (int round = 0; round < 5; round++) {
+    gg_child_t c;
+    gg_child_start(&c, CHILD, "thread-arena", true, NULL);
+    assert_true(gg_child_ready(&c));
+    gg_child_kill(&c, SIGTERM);
+    if (!gg_child_wait(&c, 20000)) fail_msg("round %d: no exit within 20 s: deadlock?", round);
+    expect_status(&c, -SIGTERM);
+    expect_lifo_once(&c);
+    gg_child_cleanup(&c);
+  }
+}
+
+/* The pid of the sleeper the child spawned through gg_proc_spawn(), from its counter file. */
+static pid_t sleeper_pid(const gg_child_t *c) {
+  char buf[4096];
+  gg_h_slurp(c->counter, buf, sizeof buf);
+  const char *p = strstr(buf, "sleeper ");
+  return p ? (pid_t)atol(p + 8) : 0;
+}
+
+/* Gone, or a zombie waiting for init: either way no longer running. Polls against a deadline. */
+static bool gone(pid_t pid) {
+  double end = gg_h_now_ms() + 10000;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  while (gg_h_now_ms() < end) {
+    gg_h_slurp(path, buf, sizeof buf);
+    const char *paren = strrchr(buf, ')');
+    if (!buf[0] || (paren && (paren[2] == 'Z' || paren[2] == 'X'))) return true;
+    gg_h_sleep_ms(5);
+  }
+  return false;
+}
+
+static void test_children_end_with_the_guard(void **state) {
+  (void)state;
+  gg_child_t c;
+  gg_child_start(&c, CHILD, "children", true, NULL);
+  assert_true(gg_child_ready(&c));
+  pid_t kid = sleeper_pid(&c);
+  assert_true(kid > 0);
+  gg_child_kill(&c, SIGTERM);
+  assert_true(gg_child_wait(&c, GG_H_DEADLINE_MS));
+  expect_status(&c, -SIGTERM);
+  expect_lifo_once(&c);
+  assert_true(gone(kid));
+  printf("  SIGTERM: the guarded process and its child %d ended %.1f ms after the signal\n", (int)kid,
+         gg_child_elapsed_ms(&c));
+  gg_child_cleanup(&c);
+}
+
+static void test_children_killed_on_crash(void **state) {
+  (void)state;
+  gg_child_t c;
+  gg_child_start(&c, CHILD, "children-segv", true, NULL);
+  assert_true(gg_child_ready(&c));
+  assert_true(gg_child_wait(&c, GG_H_DEADLINE_MS));
+  expect_status(&c, -SIGSEGV);
+  pid_t kid = sleeper_pid(&c);
+  assert_true(kid > 0);
+  assert_true(gone(kid)); /* SIGKILLed from the fatal-signal handler */
   gg_child_cleanup(&c);
 }
 
@@ -332,6 +420,10 @@ int main(void) {
       cmocka_unit_test(test_leak_report_text_and_none),
       cmocka_unit_test(test_cxx_exception),
       cmocka_unit_test(test_cxx_uncaught),
+      cmocka_unit_test(test_arena_leak_report_at_exit),
+      cmocka_unit_test(test_signal_during_arena_calls),
+      cmocka_unit_test(test_children_end_with_the_guard),
+      cmocka_unit_test(test_children_killed_on_crash),
   };
   return cmocka_run_group_tests_name("exit_paths", tests, NULL, NULL);
 }

@@ -50,6 +50,9 @@ static void test_cuda_exit_paths(void **state) {
   cuda_path("wait", SIGINT, -SIGINT, false);
   cuda_path("segv", 0, -SIGSEGV, true);
   cuda_path("abort", 0, -SIGABRT, true);
+  cuda_path("thread-arena", SIGTERM, -SIGTERM, false); /* threads inside cuda arena calls */
+  cuda_path("arena-leak", 0, 0, false);
+  cuda_path("children", SIGTERM, -SIGTERM, false);
 }
 
 static void test_cuda_hanging_cleanup(void **state) {
@@ -126,12 +129,42 @@ static void test_cuda_memory_with_and_without_reset(void **state) {
   gg__dev_close(d);
 }
 
+/* In one process: an arena of the guard's device gives its memory back to the driver at the guard's
+ * teardown, while the process lives on. */
+static void test_cuda_arena_released_by_teardown(void **state) {
+  (void)state;
+  gg__dev_t *d = NULL;
+  gg_assert_ok(gg__dev_open("cuda", 0, &d));
+  size_t f0 = free_now(d);
+  gg_guard_options_t go;
+  gg_guard_options_init(&go);
+  go.signals = 0, go.run_at_exit = false, go.leak_report = "stderr", go.name = "gpu-test";
+  gg_guard_t *g = NULL;
+  gg_assert_ok(gg_guard_create(&g, &go));
+  gg_arena_t *a = NULL;
+  gg_assert_ok(gg_arena_create(&a, NULL));
+  void *p = NULL;
+  gg_assert_ok(gg_alloc_ex(a, 2048 * MiB, 0, "big", &p));
+  gg_assert_ok(gg_alloc_ex(a, 64 * MiB, 0, "small", &p));
+  size_t f1 = free_now(d);
+  gg_assert_ok(gg_guard_destroy(g));
+  size_t f2 = free_now(d);
+  printf("  arena under a guard: free MiB %zu before, %zu with 2112 MiB allocated, %zu after the teardown\n",
+         f0 / MiB, f1 / MiB, f2 / MiB);
+  assert_true(f0 - f1 >= 2112 * MiB);
+  assert_true(f2 + 64 * MiB >= f0);
+  gg_assert_fails(gg_alloc(a, 256, &p), GG_ESTATE, "torn down by its guard");
+  gg_assert_ok(gg_arena_destroy(a));
+  gg__dev_close(d);
+}
+
 int main(void) {
   gg_test_require_cuda();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_cuda_exit_paths, setup),
       cmocka_unit_test_setup(test_cuda_hanging_cleanup, setup),
       cmocka_unit_test_setup(test_cuda_memory_with_and_without_reset, setup),
+      cmocka_unit_test_setup(test_cuda_arena_released_by_teardown, setup),
   };
   return cmocka_run_group_tests_name("gpu_guard", tests, NULL, NULL);
 }

@@ -1,5 +1,6 @@
 // test_hpp.cpp — the C++17 layer (gpuguard.hpp) with g++: gg::Guard owns the teardown (also during
 // unwinding), lambdas as cleanups, cancel, moves, and gg::Error carrying the code and the message.
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -88,6 +89,87 @@ static void test_moves(void **) {
   c.reset(); /* empty: nothing */
 }
 
+static gg::Arena::Options small_arena() {
+  gg::Arena::Options o;
+  o.capacity = 32u << 20;
+  o.name = "cxx";
+  return o;
+}
+
+static unsigned long long live(const gg::Arena &a) { return a.stats().n_live; }
+
+static void test_arena_and_scopes(void **) {
+  gg::Arena a(small_arena());
+  assert_string_equal(a.name(), "cxx");
+  assert_string_equal(a.backend(), "host");
+  void *keep = a.alloc(1000, "keep");
+  float *f = a.alloc_n<float>(256, "floats");
+  assert_true(reinterpret_cast<uintptr_t>(f) % 256 == 0);
+  f[0] = 1.5f; /* host backend: ordinary memory */
+  a.free(f);
+  try {
+    gg::Scope outer(a);
+    a.alloc(4096, "tmp");
+    {
+      auto inner = a.scope();
+      a.alloc(4096, "tmp");
+      assert_int_equal(a.stats().scope_depth, 2);
+    }
+    assert_int_equal(a.stats().scope_depth, 1);
+    throw std::runtime_error("unwind");
+  } catch (const std::runtime_error &) {
+  }
+  assert_int_equal(a.stats().scope_depth, 0);
+  assert_int_equal(live(a), 1); /* only keep */
+  gg::Scope s(a);
+  gg::Scope moved(std::move(s));
+  moved.end();
+  moved.end(); /* once only */
+  try {
+    a.alloc(64u << 20);
+    fail_msg("an allocation beyond the capacity did not throw");
+  } catch (const gg::Error &e) {
+    assert_int_equal(e.code(), GG_ENOMEM);
+  }
+  try {
+    a.alloc_n<double>(SIZE_MAX / 4);
+    fail_msg("overflowing alloc_n did not throw");
+  } catch (const gg::Error &e) {
+    assert_int_equal(e.code(), GG_EINVAL);
+  }
+  a.free(keep);
+  a.trim();
+  gg::Arena b(std::move(a));
+  assert_null(a.get());
+  gg_arena_t *raw = b.release();
+  assert_int_equal(gg_arena_destroy(raw), 0);
+}
+
+static void test_arena_under_guard(void **) {
+  gg::Arena a(small_arena());
+  {
+    gg::Guard g(quiet());
+    gg::Arena attached(small_arena());
+    attached.alloc(1 << 20, "x");
+    /* attached is destroyed first (declared later): it detaches, the guard has nothing left of it */
+  }
+  gg::Arena survivor(small_arena());
+  {
+    gg::Guard g(quiet());
+    gg::Arena attached(small_arena());
+    void *p = attached.alloc(1 << 20);
+    (void)p;
+    g.destroy(); /* tears the arena down: its handle refuses calls, and ~Arena still frees it */
+    try {
+      attached.alloc(16);
+      fail_msg("alloc on a torn-down arena did not throw");
+    } catch (const gg::Error &e) {
+      assert_int_equal(e.code(), GG_ESTATE);
+    }
+  }
+  survivor.alloc(16); /* created with no guard alive: unaffected */
+}
+
 int main() {
   setenv("GPUGUARD_BACKEND", "host", 1);
   const struct CMUnitTest tests[] = {
@@ -95,6 +177,8 @@ int main() {
       cmocka_unit_test(test_unwinding),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_moves),
+      cmocka_unit_test(test_arena_and_scopes),
+      cmocka_unit_test(test_arena_under_guard),
   };
   return cmocka_run_group_tests_name("hpp", tests, nullptr, nullptr);
 }
