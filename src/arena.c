@@ -18,7 +18,8 @@
 
 #define GG__MAGIC 0x67676172u /* "ggar" */
 #define GG__DEAD  0x64656164u /* "dead" */
-#define GG__TORN  0x746f726eu /* "torn": its guard gave the device memory back; the handle waits for destroy */
+/* "torn": its guard gave the device memory back; the handle waits for gg_arena_destroy() */
+#define GG__TORN 0x746f726eu
 /* 64 MiB: large enough that growing to a full H200 takes ~2200 maps, each ~30x cheaper per byte than
  * 2 MiB pages; small enough that the memory mapped beyond the peak in use stays under 64 MiB. */
 #define GG__DEFAULT_CHUNK ((size_t)64 << 20)
@@ -758,8 +759,9 @@ static int gg__arena_attached_foreach(void *obj, gg_block_visitor_t visit, void 
   return gg_arena_foreach_block(obj, visit, user);
 }
 
-static const gg__attach_ops_t gg__arena_attach_ops = {"arena", gg__arena_guard_teardown, gg__arena_attached_name,
-                                                      gg__arena_attached_backend, gg__arena_attached_foreach};
+static const gg__attach_ops_t gg__arena_attach_ops = {"arena", gg__arena_guard_teardown,
+                                                      gg__arena_attached_name, gg__arena_attached_backend,
+                                                      gg__arena_attached_foreach};
 
 int gg_arena_destroy(gg_arena_t *a) {
   if (!a) return 0;

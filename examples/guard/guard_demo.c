@@ -9,6 +9,7 @@
  *   guard_demo --hang     Ctrl-C with a cleanup that never returns: the guard ends the process after 2 s
  *
  * GPUGUARD_BACKEND=host runs it without a GPU; GPUGUARD_LEAK_REPORT=stderr asks for the leak report. */
+#define _POSIX_C_SOURCE 200809L /* sigaction */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

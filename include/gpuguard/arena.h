@@ -21,6 +21,12 @@
  *  arena's stream when the allocator would otherwise map more (or the batch grows large), tells when
  *  the batch may be handed out again, so a free costs no driver call.
  *
+ *  Under a guard: an arena created while a guard (see @ref gg_guard) of the same backend and device
+ *  lives attaches itself to the newest such guard. The guard's teardown (explicit, at exit() or on a
+ *  signal) gives the arena's device memory back, LIFO with the guard's other cleanups, after listing its
+ *  live blocks in the leak report; the handle stays valid, every call on it but gg_arena_destroy() then
+ *  fails with GG_ESTATE, and gg_arena_destroy() frees it. An arena destroyed first detaches itself.
+ *
  *  Use after destroy: a destroyed handle stays readable for the next 64 destroys, so a late call on it
  *  fails with GG_EINVAL ("not a live arena"); after that it is a dangling pointer like any other.
  *  @{ */

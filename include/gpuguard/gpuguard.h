@@ -8,8 +8,8 @@
  *  what. Include this header to get the whole API; every call returns 0 or a negative GG_E* code
  *  (see @ref gg_errors) and gg_last_error() says what failed.
  *
- *  Parts: @ref gg_errors, @ref gg_arena, @ref gg_guard, @ref gg_query, @ref gg_report, @ref gg_host,
- *  @ref gg_proc, @ref gg_registry. */
+ *  Parts: @ref gg_errors, @ref gg_arena, @ref gg_guard (guide: @ref guards), @ref gg_query,
+ *  @ref gg_report, @ref gg_host, @ref gg_proc, @ref gg_registry. */
 
 #include "gpuguard/arena.h"
 #include "gpuguard/error.h"
