@@ -6,6 +6,7 @@
  * (allocations served by best fit, or flushed from the bump log), PENDING records (released, waiting
  * for the stream), and runs of the bump log (allocations carved from top, live or freed). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,7 +61,8 @@ typedef struct gg__batch {
 } gg__batch_t;
 
 struct gg_arena {
-  unsigned magic, fork_gen;
+  _Atomic unsigned magic; /* read without the lock: the guard may tear the arena down meanwhile */
+  unsigned fork_gen;
   pthread_mutex_t lock;
   gg__dev_t *dev;
   const gg__backend_ops_t *ops;
