@@ -328,6 +328,20 @@ static void gg__reap(gg_arena_t *a) {
   gg__err_restore(&saved);
 }
 
+/* When the stream has nothing queued, every release so far is safe to reuse: one stream query settles
+ * the open batch and all recorded ones, with no event. Otherwise the open batch gets its event and
+ * finished batches are merged. Never blocks; failures only delay reuse. */
+static void gg__close_or_settle_idle(gg_arena_t *a) {
+  if (a->open.count || a->chead != a->cend) {
+    a->probe.stream_queries++;
+    if (a->ops->stream_query(a->dev, a->stream) == 1) {
+      if (!a->open.count || gg__batch_merge(a, &a->open) == 0) gg__merge_closed(a, a->cend);
+      return;
+    }
+  }
+  if (gg__batch_close(a) == 0) gg__reap(a);
+}
+
 /* After releases: a batch is closed (its event recorded) once it holds GG__BATCH_MAX releases, or two
  * or more worth max(1/256 of the mapped memory, half a chunk). Large frees thus come back at the
  * addresses they were freed from before later allocations land above them (training-like sequence:
@@ -340,7 +354,7 @@ static void gg__maybe_close(gg_arena_t *a) {
   if (c < GG__BATCH_MAX && (c < GG__CLOSE_MIN || b < share)) return;
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  if (gg__batch_close(a) == 0) gg__reap(a);
+  gg__close_or_settle_idle(a);
   gg__err_restore(&saved);
 }
 
@@ -610,10 +624,7 @@ static void gg__reclaim(gg_arena_t *a) {
   gg__err_save(&saved);
   gg__bump_pop_dead(a);
   if (a->bump_bytes > a->bump_live_bytes) gg__bump_flush(a);
-  if (a->track) {
-    gg__batch_close(a);
-    gg__reap(a);
-  }
+  if (a->track) gg__close_or_settle_idle(a);
   gg__err_restore(&saved);
 }
 
@@ -1002,8 +1013,7 @@ int gg_arena_stats(gg_arena_t *a, gg_arena_stats_t *stats) {
     /* Memory whose work is done counts as free: one event record and a query, never a wait. */
     gg__err_saved_t saved;
     gg__err_save(&saved);
-    if (a->track && a->open.count) gg__batch_close(a);
-    gg__reap(a);
+    if (a->track) gg__close_or_settle_idle(a);
     gg__err_restore(&saved);
     gg__fill_stats(a, stats);
   }

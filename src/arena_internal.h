@@ -13,6 +13,7 @@ typedef struct gg__arena_probe {
   unsigned long long bump_flushes;    /* times the bump log was converted to block records */
   unsigned long long events_recorded; /* batch events recorded */
   unsigned long long events_queried;  /* non-blocking completion checks */
+  unsigned long long stream_queries;  /* stream idle checks (settle everything without an event) */
   unsigned long long batches_merged;  /* batches whose memory became reusable */
   size_t bump_entries;                /* entries in the bump log now */
   size_t free_blocks;                 /* blocks in the best-fit tree now (top excluded) */

@@ -25,6 +25,7 @@ typedef struct gg__nvml {
   nvmlReturn_t (*minor)(nvmlDevice_t, unsigned *);
   nvmlReturn_t (*compute)(nvmlDevice_t, unsigned *, void *);
   nvmlReturn_t (*graphics)(nvmlDevice_t, unsigned *, void *);
+  nvmlReturn_t (*memory)(nvmlDevice_t, void *);
 } gg__nvml_t;
 
 /* dlsym gives an object pointer; memcpy is ISO C's way to turn it into a function pointer. */
@@ -57,6 +58,7 @@ static int gg__nvml_open(gg__nvml_t *n) {
   gg__sym(n->lib, "nvmlDeviceGetHandleByIndex_v2", &n->by_index);
   gg__sym(n->lib, "nvmlDeviceGetHandleByUUID", &n->by_uuid);
   gg__sym(n->lib, "nvmlDeviceGetMinorNumber", &n->minor);
+  gg__sym(n->lib, "nvmlDeviceGetMemoryInfo", &n->memory); /* v1: {total, free, used}, 64-bit each */
   gg__sym_versioned(n->lib, "nvmlDeviceGetComputeRunningProcesses", &n->compute);
   gg__sym_versioned(n->lib, "nvmlDeviceGetGraphicsRunningProcesses", &n->graphics);
   if (!n->init || !n->shutdown || !n->by_index || !n->by_uuid || !n->compute) {
@@ -171,5 +173,21 @@ int gg__nvml_processes(const char *uuid, int index, gg__gpu_proc_t *out, size_t 
   }
   free(acc);
   *count = w;
+  return rc;
+}
+
+int gg__nvml_memory(const char *uuid, int index, size_t *total, size_t *free_b) {
+  gg__nvml_t n;
+  int rc = gg__nvml_open(&n);
+  if (rc < 0) return rc;
+  nvmlDevice_t dev = NULL;
+  unsigned long long m[3] = {0, 0, 0};
+  nvmlReturn_t r = uuid ? n.by_uuid(uuid, &dev) : n.by_index((unsigned)index, &dev);
+  if (r == NVML_SUCCESS && n.memory) r = n.memory(dev, m);
+  if (r != NVML_SUCCESS || !n.memory)
+    rc = gg__err(GG_ENOTSUP, "NVML memory query failed: %s", n.error_string ? n.error_string(r) : "?");
+  else
+    *total = (size_t)m[0], *free_b = (size_t)m[1];
+  gg__nvml_close(&n);
   return rc;
 }

@@ -15,6 +15,10 @@ typedef struct gg__gpu_proc {
  * caller falls back to scanning descriptors), GG_ENODEV for an unknown device, GG_EDRIVER otherwise. */
 int gg__nvml_processes(const char *uuid, int index, gg__gpu_proc_t *out, size_t cap, size_t *n, int *minor);
 
+/* The device's memory as NVML sees it, without creating a CUDA context (which would itself take
+ * ~500 MiB of the memory being measured, and ~100 ms). GG_ENOTSUP without NVML. */
+int gg__nvml_memory(const char *uuid, int index, size_t *total, size_t *free_b);
+
 /* The process-info struct grew twice without a new symbol (16, 24, then 32 bytes in R535, and back
  * to 24 later). Given a buffer pre-filled with GG__NVML_SENTINEL and the count the driver reported,
  * returns the stride the driver used (16, 24 or 32), or 0 when it cannot tell. */

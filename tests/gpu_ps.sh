@@ -12,7 +12,7 @@ if ! python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; th
 fi
 python3 -c "import torch, time; x = torch.empty(2 << 30, dtype=torch.uint8, device='cuda'); x.fill_(1); torch.cuda.synchronize(); time.sleep(60)" &
 holder=$!
-trap 'kill $holder 2>/dev/null; wait $holder 2>/dev/null; true' EXIT
+trap 'kill $holder 2>/dev/null || true; wait $holder 2>/dev/null || true' EXIT
 smi=""
 for i in $(seq 1 300); do   # up to 30 s for CUDA to start
   smi=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', ' -v p=$holder '$1==p {print $2}')

@@ -30,7 +30,7 @@ GG_BEGIN_DECLS
  *  and every later call fails) or `OP:*` (every call fails), each optionally followed by `=nomem` to
  *  fail with GG_ENOMEM instead of GG_EDRIVER. OP is one of: open, mem_info, reserve, release, map,
  *  unmap, copy, set, event_create, event_record, event_query, event_sync, event_destroy, stream_sync,
- *  ctx_reset. NULL or "" disarms every fault.
+ *  stream_query, ctx_reset. NULL or "" disarms every fault.
  *  @return 0, or GG_EINVAL naming the bad part of the spec (the previous spec then stays armed).
  *  Thread-safe. Example: `gg_host_fault_set("map:3,unmap:1+")`. */
 GG_API int gg_host_fault_set(const char *spec);

@@ -53,6 +53,9 @@ typedef struct gg__backend_ops {
   int (*event_sync)(gg__dev_t *d, void *ev);
   int (*event_destroy)(gg__dev_t *d, void *ev);
   int (*stream_sync)(gg__dev_t *d, void *stream);
+  /* Non-blocking: 1 when every piece of work queued on the stream so far is done, 0 while some is
+   * pending, <0 on error. One call instead of an event record and a query when the stream is idle. */
+  int (*stream_query)(gg__dev_t *d, void *stream);
   /* Destroy every resource of the device's primary context (opt-in, for processes owning the device). */
   int (*ctx_reset)(gg__dev_t *d);
   /* Release what open() took (the primary context retain) and free d. */

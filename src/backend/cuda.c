@@ -51,7 +51,8 @@
   X(cuEventQuery, (CUevent))                                                                    \
   X(cuEventSynchronize, (CUevent))                                                              \
   X(cuEventDestroy, (CUevent))                                                                  \
-  X(cuStreamSynchronize, (CUstream))
+  X(cuStreamSynchronize, (CUstream))                                                            \
+  X(cuStreamQuery, (CUstream))
 
 static struct {
 #define GG__CU_MEMBER(name, args) CUresult(CUDAAPI *fn_##name) args;
@@ -388,6 +389,16 @@ static int gg__c_stream_sync(gg__dev_t *d, void *stream) {
   GG__CU_IN_CTX(d, gg__cu.fn_cuStreamSynchronize((CUstream)stream), "cuStreamSynchronize");
 }
 
+static int gg__c_stream_query(gg__dev_t *d, void *stream) {
+  gg__ctx_scope_t s;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) return rc;
+  CUresult r = gg__cu.fn_cuStreamQuery((CUstream)stream);
+  if (r == CUDA_ERROR_NOT_READY) return gg__ctx_done(&s, CUDA_SUCCESS, "cuStreamQuery"), 0;
+  rc = gg__ctx_done(&s, r, "cuStreamQuery");
+  return rc < 0 ? rc : 1;
+}
+
 static int gg__c_ctx_reset(gg__dev_t *d) {
   gg__cudev_t *c = d->impl;
   int rc = gg__check_fork(d->fork_gen, "cuda backend");
@@ -421,6 +432,7 @@ static const gg__backend_ops_t gg__cuda_ops = {
     .event_sync = gg__c_event_sync,
     .event_destroy = gg__c_event_destroy,
     .stream_sync = gg__c_stream_sync,
+    .stream_query = gg__c_stream_query,
     .ctx_reset = gg__c_ctx_reset,
     .close = gg__c_close,
 };

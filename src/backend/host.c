@@ -20,7 +20,7 @@
 
 #define GG__HOST_OPS(X)                                                                               \
   X(open) X(mem_info) X(reserve) X(release) X(map) X(unmap) X(copy) X(set) X(event_create)           \
-  X(event_record) X(event_query) X(event_sync) X(event_destroy) X(stream_sync) X(ctx_reset)
+  X(event_record) X(event_query) X(event_sync) X(event_destroy) X(stream_sync) X(stream_query) X(ctx_reset)
 
 enum gg__host_op {
 #define GG__OP_ENUM(n) GG__OP_##n,
@@ -238,6 +238,15 @@ static int gg__h_stream_sync(gg__dev_t *d, void *stream) {
   return 0;
 }
 
+static int gg__h_stream_query(gg__dev_t *d, void *stream) {
+  (void)d;
+  int rc = gg__op(GG__OP_stream_query);
+  if (rc < 0) return rc;
+  gg__hstream_t *s = stream;
+  /* A held stream stands for one with a kernel still running: it is busy whatever was recorded. */
+  return !s || (!atomic_load(&s->held) && atomic_load(&s->completed) >= atomic_load(&s->submitted));
+}
+
 /* ---- memory ------------------------------------------------------------------------------------ */
 
 /* Mapped chunks of one open device, so copies can be checked like a real device checks addresses. */
@@ -438,6 +447,7 @@ static const gg__backend_ops_t gg__host_ops = {
     .event_sync = gg__h_event_sync,
     .event_destroy = gg__h_event_destroy,
     .stream_sync = gg__h_stream_sync,
+    .stream_query = gg__h_stream_query,
     .ctx_reset = gg__h_ctx_reset,
     .close = gg__h_close,
 };
