@@ -37,7 +37,7 @@ assert d["exit"] == {"status": 3, "signal": None} and d["exit_code"] == 3, d
 procs = d["teardown"]["processes"]
 # CMD and both background children (a child may be caught between fork and exec, still named "sh").
 assert len(procs) == 3 and sum(p["found"] == "tracked" for p in procs) == 1, procs
-assert all(p["command"] in ("", "sleep 61.25") or p["command"].startswith("sh -c") for p in procs), procs
+assert all(p["end"] in ("exited", "signaled", "ended") for p in procs), procs
 assert all(p["end"] != "alive" for p in d["teardown"]["processes"]), d
 assert d["device"]["free_bytes_after"] >= d["device"]["free_bytes_before"], d["device"]
 print("run: exit 3, both sleeps ended and in the receipt")

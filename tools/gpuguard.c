@@ -425,6 +425,16 @@ static int cmd_run(int argc, char **argv) {
 
   gg_proc_receipt_t *receipt = NULL;
   int trc = gg_proc_teardown_ex(NULL, (int)grace, &receipt);
+  /* A descendant forked by a dying process after the teardown's last look is reparented to us (the
+   * subreaper): look again until nothing is left, a few times at most. */
+  for (int round = 0; round < 3; round++) {
+    gg_proc_receipt_t *more = NULL;
+    gg_proc_teardown_ex(NULL, 0, &more);
+    size_t found = more ? more->count : 0;
+    if (found) fprintf(stderr, "gpuguard run: %zu late descendant%s ended\n", found, found == 1 ? "" : "s");
+    gg_proc_receipt_free(more);
+    if (!found) break;
+  }
   if (!r.reaped && waitpid(r.pid, &r.status, WNOHANG) == r.pid) r.reaped = true;
   if (r.runner_sig) r.exit_code = 128 + r.runner_sig;
   else if (WIFEXITED(r.status)) r.exit_code = WEXITSTATUS(r.status);
