@@ -92,7 +92,7 @@ static unsigned long long arena_events(gg_arena_t *a) {
  * and batches of pairs timed together (for the median: the clock's own cost and jitter, ~50 ns per
  * read on the VM, would otherwise dominate a 100 ns figure). */
 static result_t measure_pairs(alloc_kind_t k, const size_t *sizes, int nsizes, int iters) {
-  for (int i = 0; i < 50; i++) pair(k, sizes[i % nsizes]); /* warm: pools filled, chunks mapped */
+  for (int i = 0; i < 2000; i++) pair(k, sizes[i % nsizes]); /* warm: pools filled, chunks mapped, caches hot */
   unsigned long long ev0 = k == A_GG ? arena_events(arena[0]) : 0;
   double *v = (double *)malloc((size_t)iters * sizeof *v);
   for (int i = 0; i < iters; i++) {
