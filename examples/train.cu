@@ -3,7 +3,7 @@
  * live in a scope that ends with the step, so nothing the step allocated outlives it. Without a CUDA
  * device it runs on the host backend, doing the same math in C on the arena's (host) pointers.
  *
- * usage: train [steps]   (default 300) */
+ * usage: train [steps] [print_every]   (defaults 300 and 50) */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -116,7 +116,9 @@ static int print_block(const gg_block_info_t *b, void *user) {
 }
 
 int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows at once, also through a pipe */
   int steps = argc > 1 ? atoi(argv[1]) : 300;
+  int every = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : 50;
   int n = 0;
   gpu = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
   if (!gpu) {
@@ -172,7 +174,7 @@ int main(int argc, char **argv) {
       grad_kernel<<<D + 1, 256, 0, stream>>>(X, err, grad);
       update_kernel<<<1, D + 1, 0, stream>>>(w, b, grad);
       CU(cudaGetLastError());
-      if (step % 50 == 0 || step == steps) {
+      if (step % every == 0 || step == steps) {
         CU(cudaStreamSynchronize(stream));
         GG(gg_arena_copy_from_device(a, &loss, dloss, sizeof loss));
       }
@@ -180,7 +182,7 @@ int main(int argc, char **argv) {
       host_step(X, y, w, b, err, grad, dloss);
       loss = *dloss;
     }
-    if (step % 50 == 0 || step == steps) {
+    if (step % every == 0 || step == steps) {
       printf("step %4d  loss %.4f\n", step, loss);
       char when[32];
       snprintf(when, sizeof when, "inside step %d", step);
