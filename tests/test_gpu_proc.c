@@ -57,7 +57,7 @@ static void test_sigkilled_parent_four_children(void **state) {
   (void)state;
   size_t base = free_mib();
   char line[256];
-  char *args[] = {"gpu_hold", "spawn4", "2048", NULL};
+  char *args[] = {HOLDER, "spawn4", "2048", NULL}; /* argv[0] is what the children are spawned from */
   pid_t parent = start(args, line, sizeof line);
   int kids[4];
   assert_int_equal(sscanf(line, "ready %d %d %d %d", &kids[0], &kids[1], &kids[2], &kids[3]), 4);
@@ -85,7 +85,7 @@ static void test_sigkilled_parent_four_children(void **state) {
 static void forked_child_case(const char *mode) {
   size_t base = free_mib();
   char line[256];
-  char *args[] = {"gpu_hold", "fork", "2048", (char *)mode, NULL};
+  char *args[] = {HOLDER, "fork", "2048", (char *)mode, NULL};
   pid_t parent = start(args, line, sizeof line);
   int child = 0;
   assert_int_equal(sscanf(line, "ready %d", &child), 1);
