@@ -108,6 +108,8 @@ struct gg_arena {
   unsigned long long n_live, n_allocs, n_frees, n_trims, bytes_trimmed;
   gg__arena_probe_t probe;
   unsigned long long guard_token; /* registration with the live guard of its device, 0 if none */
+  struct gg_arena *live_prev, *live_next; /* the process's live arenas, for reports */
+  bool on_live;
 };
 
 static size_t gg__rsize(size_t req) { return (req + GG__QUANTUM - 1) & ~(GG__QUANTUM - 1); }
@@ -170,6 +172,39 @@ static int gg__enter(gg_arena_t *a, const char *call) {
 }
 
 static void gg__leave(gg_arena_t *a) { pthread_mutex_unlock(&a->lock); }
+
+/* ---- the process's live arenas ------------------------------------------------------------------ */
+
+/* Reports list this process's arenas. Lock order: this list's lock, then an arena's lock. */
+static pthread_mutex_t gg__live_lock = PTHREAD_MUTEX_INITIALIZER;
+static gg_arena_t *gg__live_head;
+
+static void gg__live_add(gg_arena_t *a) {
+  pthread_mutex_lock(&gg__live_lock);
+  a->live_prev = NULL, a->live_next = gg__live_head;
+  if (gg__live_head) gg__live_head->live_prev = a;
+  gg__live_head = a, a->on_live = true;
+  pthread_mutex_unlock(&gg__live_lock);
+}
+
+static void gg__live_remove(gg_arena_t *a) {
+  pthread_mutex_lock(&gg__live_lock);
+  if (a->on_live) {
+    if (a->live_prev) a->live_prev->live_next = a->live_next;
+    else gg__live_head = a->live_next;
+    if (a->live_next) a->live_next->live_prev = a->live_prev;
+    a->on_live = false;
+  }
+  pthread_mutex_unlock(&gg__live_lock);
+}
+
+int gg__arena_foreach_live(int (*fn)(gg_arena_t *arena, void *user), void *user) {
+  int rc = 0;
+  pthread_mutex_lock(&gg__live_lock);
+  for (gg_arena_t *a = gg__live_head; a && rc == 0; a = a->live_next) rc = fn(a, user);
+  pthread_mutex_unlock(&gg__live_lock);
+  return rc;
+}
 
 /* ---- tags ---------------------------------------------------------------------------------------- */
 
@@ -721,6 +756,7 @@ int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
     gg_arena_destroy(a);
     return rc;
   }
+  gg__live_add(a);
   *arena = a;
   return 0;
 fail:
@@ -781,6 +817,7 @@ int gg_arena_destroy(gg_arena_t *a) {
   int rc = gg__valid(a, "gg_arena_destroy");
   if (rc == GG_ESTATE && a->magic == GG__TORN) rc = 0; /* torn down by its guard: free the handle */
   if (rc < 0) return rc;
+  gg__live_remove(a);
   /* Before our lock: if the guard is tearing this arena down right now, this waits for that step. */
   gg__guard_detach(a->guard_token);
   pthread_mutex_lock(&a->lock);

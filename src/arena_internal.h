@@ -1,5 +1,5 @@
-/* arena_internal.h — what tests may see of an arena beyond the public header: a full consistency check
- * and counters that show how much work scope ends and reclaims did. */
+/* arena_internal.h — what tests and reports may see of arenas beyond the public header: a full
+ * consistency check, counters that show how much work scope ends and reclaims did, the live list. */
 #ifndef GG_ARENA_INTERNAL_H
 #define GG_ARENA_INTERNAL_H
 
@@ -22,6 +22,11 @@ typedef struct gg__arena_probe {
 } gg__arena_probe_t;
 
 int gg__arena_probe(gg_arena_t *arena, gg__arena_probe_t *out);
+
+/* Calls fn for every live arena of this process (for reports), under the list's lock: fn may call the
+ * public arena functions on it but must not create or destroy arenas. Stops at fn's first nonzero
+ * return and returns it. */
+int gg__arena_foreach_live(int (*fn)(gg_arena_t *arena, void *user), void *user);
 
 /* Walks every structure of the arena and checks it against the counters: blocks tile the mapped
  * chunks exactly, nothing overlaps, free neighbours are merged, statistics match. 0 when consistent;

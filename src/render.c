@@ -4,6 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
+#include "arena_internal.h"
 #include "gpuguard/report.h"
 #include "internal.h"
 
@@ -83,7 +86,38 @@ static void gg__release(gg__devrow_t *rows, int n) {
   free(rows);
 }
 
-static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n) {
+/* This process's arenas: name, backend and statistics, read one at a time. */
+typedef struct gg__arow {
+  char name[64], backend[8];
+  gg_arena_stats_t st;
+} gg__arow_t;
+
+typedef struct gg__arows {
+  gg__arow_t *rows;
+  size_t n, cap;
+} gg__arows_t;
+
+static int gg__arena_row(gg_arena_t *a, void *user) {
+  gg__arows_t *l = user;
+  gg__arow_t r;
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  int ok = gg_arena_stats(a, &r.st) == 0; /* an arena torn down by its guard is skipped */
+  gg__err_restore(&saved);
+  if (!ok) return 0;
+  gg__strlcpy(r.name, gg_arena_name(a), sizeof r.name);
+  gg__strlcpy(r.backend, gg_arena_backend(a), sizeof r.backend);
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 8;
+    gg__arow_t *grown = realloc(l->rows, cap * sizeof *grown);
+    if (!grown) return 0; /* the report lists fewer arenas rather than failing */
+    l->rows = grown, l->cap = cap;
+  }
+  l->rows[l->n++] = r;
+  return 0;
+}
+
+static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n, const gg__arows_t *ar) {
   fprintf(f, "{\"version\":");
   gg__json_str(f, gg_version());
   if (what & GG_REPORT_DEVICES) {
@@ -128,10 +162,71 @@ static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n) {
       }
     fputc(']', f);
   }
+  if (what & GG_REPORT_ARENAS) {
+    fputs(",\"arenas\":[", f);
+    for (size_t i = 0; i < ar->n; i++) {
+      const gg_arena_stats_t *s = &ar->rows[i].st;
+      fprintf(f, "%s{\"pid\":%d,\"name\":", i ? "," : "", (int)getpid());
+      gg__json_str(f, ar->rows[i].name);
+      fputs(",\"backend\":", f), gg__json_str(f, ar->rows[i].backend);
+      fprintf(f,
+              ",\"bytes_in_use\":%zu,\"bytes_mapped\":%zu,\"bytes_reserved\":%zu,\"peak_in_use\":%zu,"
+              "\"peak_mapped\":%zu,\"largest_free_block\":%zu,\"n_live\":%llu,\"n_allocs\":%llu,"
+              "\"n_frees\":%llu,\"n_trims\":%llu,\"bytes_trimmed\":%llu,\"scope_depth\":%d,"
+              "\"fragmentation\":%.6f,\"bytes_pending\":%zu}",
+              s->bytes_in_use, s->bytes_mapped, s->bytes_reserved, s->peak_in_use, s->peak_mapped,
+              s->largest_free_block, s->n_live, s->n_allocs, s->n_frees, s->n_trims, s->bytes_trimmed,
+              s->scope_depth, s->fragmentation, s->bytes_pending);
+    }
+    fputc(']', f);
+  }
   fputs("}\n", f);
 }
 
-static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n) {
+/* One gauge per arena statistic, labelled with the arena's name, backend and this process's pid. */
+static void gg__prom_arenas(FILE *f, const gg__arows_t *ar) {
+  static const struct {
+    const char *name, *help;
+    size_t off;
+  } m[] = {
+      {"gpuguard_arena_in_use_bytes", "Bytes in live blocks of the arena.", offsetof(gg_arena_stats_t, bytes_in_use)},
+      {"gpuguard_arena_mapped_bytes", "Physical device memory the arena has mapped.",
+       offsetof(gg_arena_stats_t, bytes_mapped)},
+      {"gpuguard_arena_reserved_bytes", "Address space the arena reserved.", offsetof(gg_arena_stats_t, bytes_reserved)},
+      {"gpuguard_arena_peak_in_use_bytes", "Highest bytes in use since the arena was created.",
+       offsetof(gg_arena_stats_t, peak_in_use)},
+      {"gpuguard_arena_peak_mapped_bytes", "Highest bytes mapped since the arena was created.",
+       offsetof(gg_arena_stats_t, peak_mapped)},
+      {"gpuguard_arena_largest_free_block_bytes", "Largest free block of mapped memory.",
+       offsetof(gg_arena_stats_t, largest_free_block)},
+  };
+  for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
+    gg__prom_head(f, m[k].name, "gauge", m[k].help);
+    for (size_t i = 0; i < ar->n; i++) {
+      size_t v;
+      memcpy(&v, (const char *)&ar->rows[i].st + m[k].off, sizeof v);
+      fprintf(f, "%s{pid=\"%d\",arena=", m[k].name, (int)getpid());
+      gg__prom_label(f, ar->rows[i].name);
+      fputs(",backend=", f), gg__prom_label(f, ar->rows[i].backend);
+      fprintf(f, "} %zu\n", v);
+    }
+  }
+  gg__prom_head(f, "gpuguard_arena_live_blocks", "gauge", "Live blocks in the arena.");
+  for (size_t i = 0; i < ar->n; i++) {
+    fprintf(f, "gpuguard_arena_live_blocks{pid=\"%d\",arena=", (int)getpid());
+    gg__prom_label(f, ar->rows[i].name);
+    fprintf(f, "} %llu\n", ar->rows[i].st.n_live);
+  }
+  gg__prom_head(f, "gpuguard_arena_fragmentation_ratio", "gauge",
+                "1 - largest free block / (mapped - in use); 0 when nothing mapped is free.");
+  for (size_t i = 0; i < ar->n; i++) {
+    fprintf(f, "gpuguard_arena_fragmentation_ratio{pid=\"%d\",arena=", (int)getpid());
+    gg__prom_label(f, ar->rows[i].name);
+    fprintf(f, "} %.6f\n", ar->rows[i].st.fragmentation);
+  }
+}
+
+static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, const gg__arows_t *ar) {
   if (what & GG_REPORT_DEVICES) {
     static const struct {
       const char *name, *help;
@@ -187,6 +282,7 @@ static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n) {
       }
     }
   }
+  if (what & GG_REPORT_ARENAS) gg__prom_arenas(f, ar);
 }
 
 int gg_report(FILE *out, gg_format_t format, unsigned what) {
@@ -200,9 +296,12 @@ int gg_report(FILE *out, gg_format_t format, unsigned what) {
     rc = gg__collect(what, &rows, &n);
     if (rc < 0) return rc;
   }
-  if (format == GG_FORMAT_JSON) gg__json(out, what, rows, n);
-  else gg__prom(out, what, rows, n);
+  gg__arows_t ar = {0};
+  if (what & GG_REPORT_ARENAS) gg__arena_foreach_live(gg__arena_row, &ar);
+  if (format == GG_FORMAT_JSON) gg__json(out, what, rows, n, &ar);
+  else gg__prom(out, what, rows, n, &ar);
   gg__release(rows, n);
+  free(ar.rows);
   if (fflush(out) != 0 || ferror(out)) return gg__err(GG_EIO, "gg_report: writing the report failed");
   return 0;
 }
