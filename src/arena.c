@@ -780,7 +780,9 @@ static int gg__release_device(gg_arena_t *a) {
   }
   a->nchunks = 0, a->mapped = 0;
   GG_KEEP_FIRST(rc, a->ops->va_release(a->dev, a->base, a->capacity));
-  gg__dev_close(a->dev); /* the backend reclaims anything a failed unmap left behind */
+  /* A chunk whose unmap failed stays mapped until the process ends (the driver frees everything then;
+   * cuMemCreate memory does not go with the context). The error is returned to the caller. */
+  gg__dev_close(a->dev);
   a->dev = NULL;
   return rc;
 }
@@ -1129,8 +1131,10 @@ int gg_arena_copy_to_device(gg_arena_t *a, void *dst, const void *src, size_t n)
     rc = gg__err(GG_EINVAL, "gg_arena_copy_to_device: src is NULL");
   else
     rc = gg__check_range(a, "gg_arena_copy_to_device", (uintptr_t)dst, n);
+  /* The copy runs under the lock: a guard's teardown must not unmap the block while it runs. */
+  if (rc == 0 && n) rc = a->ops->copy_to_dev(a->dev, (uintptr_t)dst, src, n);
   gg__leave(a);
-  return rc < 0 || !n ? rc : a->ops->copy_to_dev(a->dev, (uintptr_t)dst, src, n);
+  return rc;
 }
 
 int gg_arena_copy_from_device(gg_arena_t *a, void *dst, const void *src, size_t n) {
@@ -1140,16 +1144,18 @@ int gg_arena_copy_from_device(gg_arena_t *a, void *dst, const void *src, size_t 
     rc = gg__err(GG_EINVAL, "gg_arena_copy_from_device: dst is NULL");
   else
     rc = gg__check_range(a, "gg_arena_copy_from_device", (uintptr_t)src, n);
+  if (rc == 0 && n) rc = a->ops->copy_from_dev(a->dev, dst, (uintptr_t)src, n);
   gg__leave(a);
-  return rc < 0 || !n ? rc : a->ops->copy_from_dev(a->dev, dst, (uintptr_t)src, n);
+  return rc;
 }
 
 int gg_arena_memset(gg_arena_t *a, void *dst, int value, size_t n) {
   int rc = gg__enter(a, "gg_arena_memset");
   if (rc < 0) return rc;
   rc = gg__check_range(a, "gg_arena_memset", (uintptr_t)dst, n);
+  if (rc == 0 && n) rc = a->ops->set_d8(a->dev, (uintptr_t)dst, (unsigned char)value, n);
   gg__leave(a);
-  return rc < 0 || !n ? rc : a->ops->set_d8(a->dev, (uintptr_t)dst, (unsigned char)value, n);
+  return rc;
 }
 
 /* ---- for tests ------------------------------------------------------------------------------------ */

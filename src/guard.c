@@ -153,7 +153,15 @@ static pthread_once_t gg__exit_once = PTHREAD_ONCE_INIT;
 /* ---- registry ---------------------------------------------------------------------------------------- */
 
 static void gg__free(gg_guard_t *g) {
-  if (g->fork_gen == gg__fork_generation()) gg__proc_forget_set(g); /* the key may be reused */
+  /* A child recorded after the teardown's look at the set (a spawn racing the teardown) is ended now,
+   * not forgotten; then the set goes, since the key may be reused. */
+  if (g->fork_gen == gg__fork_generation()) {
+    gg__err_saved_t saved;
+    gg__err_save(&saved);
+    gg__proc_teardown_set(g, 0, NULL);
+    gg__err_restore(&saved);
+    gg__proc_forget_set(g);
+  }
   pthread_mutex_destroy(&g->lock);
   pthread_cond_destroy(&g->cond);
   free(g->entries);
@@ -204,6 +212,12 @@ static int gg__enter(gg_guard_t *g, const char *call) {
 static void gg__leave(gg_guard_t *g) {
   pthread_mutex_unlock(&g->lock);
   pthread_mutex_unlock(&gg__reg.lock);
+}
+
+int gg__guard_check_live(gg_guard_t *g, const char *call) {
+  int rc = gg__enter(g, call);
+  if (rc == 0) gg__leave(g);
+  return rc;
 }
 
 /* Appends an entry; call with the registry and guard locks held. */
@@ -318,7 +332,9 @@ int gg__guard_attach(const char *backend, int device, const gg__attach_ops_t *op
 int gg__guard_detach(unsigned long long token) {
   if (token == 0) return 0;
   pthread_mutex_lock(&gg__reg.lock);
+  unsigned gen = gg__fork_generation();
   for (gg_guard_t *g = gg__reg.head; g; g = g->next) {
+    if (g->fork_gen != gen) continue; /* a parent's guard: its lock may have been held at fork() */
     pthread_mutex_lock(&g->lock);
     if (gg__remove(g, token)) {
       pthread_mutex_unlock(&g->lock);
@@ -514,7 +530,7 @@ static int gg__teardown(gg_guard_t *g, enum gg__reason why, int code) {
   }
   g->state = GG__TEARING, g->owner = pthread_self();
   bool watched = why != GG__BY_DESTROY && g->timeout_ms > 0;
-  if (watched) gg__watchdog_arm(why, code, g->timeout_ms, g->name);
+  int wd = watched ? gg__watchdog_arm(why, code, g->timeout_ms, g->name) : 0;
   gg__report_t report = {0};
   while (g->n > 0) {
     gg__entry_t e = g->entries[--g->n];
@@ -548,7 +564,7 @@ static int gg__teardown(gg_guard_t *g, enum gg__reason why, int code) {
               gg_last_error());
   }
   gg__dev_close(dev);
-  if (watched) gg__watchdog_disarm();
+  gg__watchdog_disarm(wd);
 
   pthread_mutex_lock(&g->lock);
   g->state = GG__DEAD;

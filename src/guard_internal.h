@@ -55,6 +55,10 @@ int gg__guard_attach(const char *backend, int device, const gg__attach_ops_t *op
  * waits until that teardown step has finished, so obj may be freed afterwards). */
 int gg__guard_detach(unsigned long long token);
 
+/* 0 when g is a live guard that is not being torn down: the processes part checks it before it records
+ * a child for g (a child recorded later still ends when the guard is freed). GG_EINVAL / GG_ESTATE. */
+int gg__guard_check_live(gg_guard_t *g, const char *call);
+
 /* ---- between guard.c and signal.c ---------------------------------------------------------------- */
 
 /* Why a teardown runs. */
@@ -82,8 +86,8 @@ void gg__sig_set_exiting(bool on);
 /* The watchdog: ends the process if a teardown on an exit path is not finished by the deadline.
  * kind GG__BY_SIGNAL: with the default action of signal `code`; GG__BY_EXIT: _exit(code). `what` names
  * the guard (copied). Arming again replaces the deadline. */
-void gg__watchdog_arm(enum gg__reason kind, int code, int timeout_ms, const char *what);
-void gg__watchdog_disarm(void);
+int gg__watchdog_arm(enum gg__reason kind, int code, int timeout_ms, const char *what); /* token, 0: none */
+void gg__watchdog_disarm(int token);
 
 /* The pid the library's signal machinery runs in (the handlers compare it to getpid()). */
 pid_t gg__sig_pid(void);

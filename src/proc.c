@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "guard_internal.h"
 #include "proc_internal.h"
 
 extern char **environ;
@@ -516,7 +517,8 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
   /* Refuse an inherited set before starting anything. */
   pthread_mutex_lock(&gg__lock);
   gg__set_t *s = NULL;
-  int rc = gg__set_find(guard, true, "gg_proc_spawn", &s);
+  int rc = guard ? gg__guard_check_live(guard, "gg_proc_spawn") : 0;
+  if (rc == 0) rc = gg__set_find(guard, true, "gg_proc_spawn", &s);
   pthread_mutex_unlock(&gg__lock);
   if (rc != 0) return rc;
 
@@ -577,6 +579,10 @@ int gg_proc_adopt_ex(gg_guard_t *guard, pid_t pid, unsigned long long start_time
     return gg__err(GG_EINVAL, "gg_proc_adopt: pid %d is not a process (0 and -1 name groups)", (int)pid);
   if (pid == 1) return gg__err(GG_EPERM, "gg_proc_adopt: pid 1 (init) is never adopted");
   if (pid == getpid()) return gg__err(GG_EINVAL, "gg_proc_adopt: pid %d is this process", (int)pid);
+  if (guard) {
+    int live = gg__guard_check_live(guard, "gg_proc_adopt");
+    if (live < 0) return live;
+  }
   uid_t uid;
   gg__pinfo_t info;
   if (gg__proc_read_stat(pid, &info) != 0)

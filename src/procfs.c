@@ -259,7 +259,14 @@ int gg__proc_environ_get(pid_t pid, const char *name, char *buf, size_t cap) {
     if (rc == 0) break;
     memmove(chunk, chunk + start, have - start); /* keep the unfinished entry */
     have -= start;
-    if (have == sizeof chunk) have = 0; /* an entry longer than the buffer: not one we want */
+    if (have == sizeof chunk) { /* an entry longer than the buffer: not one we want; skip to its end */
+      have = 0;
+      for (char c = 1; c != '\0';) {
+        ssize_t k = read(fd, &c, 1);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+      }
+    }
   }
   close(fd);
   return rc;

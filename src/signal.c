@@ -115,12 +115,10 @@ static _Noreturn void gg__die_by(int sig) {
   _exit(128 + sig); /* every signal handled here terminates by default: not reached */
 }
 
-static bool gg__is_default(const struct sigaction *sa) {
-  return !(sa->sa_flags & SA_SIGINFO) && sa->sa_handler == SIG_DFL;
-}
-static bool gg__is_ignore(const struct sigaction *sa) {
-  return !(sa->sa_flags & SA_SIGINFO) && sa->sa_handler == SIG_IGN;
-}
+/* SIG_DFL and SIG_IGN are recognised whatever the flags say: a disposition set with SA_SIGINFO and
+ * SIG_IGN is still "ignored" (sa_handler and sa_sigaction share storage). */
+static bool gg__is_default(const struct sigaction *sa) { return sa->sa_handler == SIG_DFL; }
+static bool gg__is_ignore(const struct sigaction *sa) { return sa->sa_handler == SIG_IGN; }
 
 /* Calls a saved handler as the kernel would have. */
 static void gg__call_old(const struct sigaction *old, int sig, siginfo_t *info, void *ctx) {
@@ -157,6 +155,7 @@ static void gg__on_signal(int sig, siginfo_t *info, void *ctx) {
   } else if (sig == SIGINT && atomic_load(&gg__sig.exiting)) {
     static const char msg[] = "gpuguard: second SIGINT during teardown: ending the process now\n";
     gg__write_all(2, msg, sizeof msg - 1);
+    gg__crash_hooks_run(SIGINT); /* children and the registry record still go, as on the crash path */
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
@@ -256,8 +255,15 @@ static void gg__on_fatal(int sig, siginfo_t *info, void *ctx) {
     struct timespec ten_ms = {0, 10 * 1000 * 1000};
     for (int t = 0; t < 300 && !atomic_load(&gg__fatal_done); t++) nanosleep(&ten_ms, NULL);
   }
-  if (i >= 0 && !gg__is_default(&gg__sig.old[i]) && !gg__is_ignore(&gg__sig.old[i]))
+  if (i >= 0 && !gg__is_default(&gg__sig.old[i]) && !gg__is_ignore(&gg__sig.old[i])) {
+    /* The application had its own handler: it takes the signal from now on (a handler that repairs
+     * faults keeps working for later ones), and gets this one with errno as it was. */
+    sigaction(sig, &gg__sig.old[i], NULL);
+    errno = saved_errno;
     gg__call_old(&gg__sig.old[i], sig, info, ctx);
+    errno = saved_errno;
+    return;
+  }
   struct sigaction dfl;
   memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
@@ -320,27 +326,43 @@ int gg_guard_prepare_thread(void) {
 
 /* ---- the watchdog ---------------------------------------------------------------------------------- */
 
-static struct {
-  pthread_mutex_t lock;
-  pthread_cond_t cond; /* CLOCK_MONOTONIC */
+/* One slot per teardown in progress: teardowns of different guards may overlap (exit() on one thread, a
+ * signal on the guard thread), and each keeps its own limit. The thread sleeps until the earliest. */
+#define GG__WD_SLOTS 16
+
+typedef struct gg__wd_slot {
   bool armed;
-  unsigned long long seq;
   struct timespec deadline;
   enum gg__reason kind;
   int code;
   char msg[256];
   size_t msg_len;
+} gg__wd_slot_t;
+
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t cond; /* CLOCK_MONOTONIC */
+  unsigned long long seq; /* bumped at every arm and disarm: the thread then looks again */
+  gg__wd_slot_t slot[GG__WD_SLOTS];
 } gg__wd;
 
-void gg__watchdog_arm(enum gg__reason kind, int code, int timeout_ms, const char *what) {
+int gg__watchdog_arm(enum gg__reason kind, int code, int timeout_ms, const char *what) {
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
   long long ns = (long long)now.tv_nsec + (long long)(timeout_ms % 1000) * 1000000LL;
-  char *p = gg__wd.msg, *end = gg__wd.msg + sizeof gg__wd.msg;
   pthread_mutex_lock(&gg__wd.lock);
-  gg__wd.deadline.tv_sec = now.tv_sec + timeout_ms / 1000 + (time_t)(ns / 1000000000LL);
-  gg__wd.deadline.tv_nsec = (long)(ns % 1000000000LL);
-  gg__wd.kind = kind, gg__wd.code = code, gg__wd.armed = true, gg__wd.seq++;
+  int i = 0;
+  while (i < GG__WD_SLOTS && gg__wd.slot[i].armed) i++;
+  if (i == GG__WD_SLOTS) { /* more overlapping teardowns than slots: the oldest limits still hold */
+    pthread_mutex_unlock(&gg__wd.lock);
+    return 0;
+  }
+  gg__wd_slot_t *w = &gg__wd.slot[i];
+  char *p = w->msg, *end = w->msg + sizeof w->msg;
+  w->deadline.tv_sec = now.tv_sec + timeout_ms / 1000 + (time_t)(ns / 1000000000LL);
+  w->deadline.tv_nsec = (long)(ns % 1000000000LL);
+  w->kind = kind, w->code = code, w->armed = true;
+  gg__wd.seq++;
   p = gg__fmt_str(p, end, "gpuguard: the teardown of guard '");
   p = gg__fmt_str(p, end, what);
   p = gg__fmt_str(p, end, "' took more than ");
@@ -354,32 +376,46 @@ void gg__watchdog_arm(enum gg__reason kind, int code, int timeout_ms, const char
     p = gg__fmt_u(p, end, (unsigned long long)(unsigned)code);
   }
   p = gg__fmt_str(p, end, "\n");
-  gg__wd.msg_len = (size_t)(p - gg__wd.msg);
+  w->msg_len = (size_t)(p - w->msg);
+  pthread_cond_broadcast(&gg__wd.cond);
+  pthread_mutex_unlock(&gg__wd.lock);
+  return i + 1;
+}
+
+void gg__watchdog_disarm(int token) {
+  if (token <= 0 || token > GG__WD_SLOTS) return;
+  pthread_mutex_lock(&gg__wd.lock);
+  gg__wd.slot[token - 1].armed = false, gg__wd.seq++;
   pthread_cond_broadcast(&gg__wd.cond);
   pthread_mutex_unlock(&gg__wd.lock);
 }
 
-void gg__watchdog_disarm(void) {
-  pthread_mutex_lock(&gg__wd.lock);
-  gg__wd.armed = false, gg__wd.seq++;
-  pthread_cond_broadcast(&gg__wd.cond);
-  pthread_mutex_unlock(&gg__wd.lock);
+static bool gg__ts_before(const struct timespec *a, const struct timespec *b) {
+  return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
 }
 
 static void *gg__watchdog_main(void *arg) {
   (void)arg;
   pthread_mutex_lock(&gg__wd.lock);
-  for (;;) {
-    while (!gg__wd.armed) pthread_cond_wait(&gg__wd.cond, &gg__wd.lock);
+  gg__wd_slot_t *due = NULL;
+  while (!due) {
+    gg__wd_slot_t *first = NULL;
+    for (int i = 0; i < GG__WD_SLOTS; i++)
+      if (gg__wd.slot[i].armed && (!first || gg__ts_before(&gg__wd.slot[i].deadline, &first->deadline)))
+        first = &gg__wd.slot[i];
+    if (!first) {
+      pthread_cond_wait(&gg__wd.cond, &gg__wd.lock);
+      continue;
+    }
     unsigned long long seq = gg__wd.seq;
     int r = 0;
-    while (gg__wd.armed && gg__wd.seq == seq && r != ETIMEDOUT)
-      r = pthread_cond_timedwait(&gg__wd.cond, &gg__wd.lock, &gg__wd.deadline);
-    if (r == ETIMEDOUT && gg__wd.armed && gg__wd.seq == seq) break;
+    while (gg__wd.seq == seq && r != ETIMEDOUT)
+      r = pthread_cond_timedwait(&gg__wd.cond, &gg__wd.lock, &first->deadline);
+    if (r == ETIMEDOUT && gg__wd.seq == seq && first->armed) due = first;
   }
-  enum gg__reason kind = gg__wd.kind;
-  int code = gg__wd.code;
-  gg__write_all(2, gg__wd.msg, gg__wd.msg_len);
+  enum gg__reason kind = due->kind;
+  int code = due->code;
+  gg__write_all(2, due->msg, due->msg_len);
   pthread_mutex_unlock(&gg__wd.lock);
   /* The teardown is stuck: do what the crash path does (children), then end as the exit path would. */
   gg__crash_hooks_run(kind == GG__BY_SIGNAL ? code : 0);
@@ -455,6 +491,11 @@ static int gg__start(void) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0)
     return gg__err(GG_EIO, "gg_guard_create: cannot create the signal pipe: %s", strerror(errno));
+  /* Out of the way of code that closes or reuses low descriptors (daemonising, closerange(3, ...)). */
+  for (int k = 0; k < 2; k++) {
+    int high = fcntl(fds[k], F_DUPFD_CLOEXEC, 512);
+    if (high >= 0) close(fds[k]), fds[k] = high;
+  }
   fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK);
   /* Fresh in every fork generation: the parent's threads do not exist here. */
   pthread_condattr_t ca;
@@ -463,7 +504,7 @@ static int gg__start(void) {
   pthread_mutex_init(&gg__wd.lock, NULL);
   pthread_cond_init(&gg__wd.cond, &ca);
   pthread_condattr_destroy(&ca);
-  gg__wd.armed = false;
+  for (int i = 0; i < GG__WD_SLOTS; i++) gg__wd.slot[i].armed = false;
   pthread_t t;
   int e = gg__spawn(&t, gg__watchdog_main, NULL);
   if (e == 0) {

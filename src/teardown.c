@@ -245,7 +245,9 @@ int gg__proc_teardown_set(const void *guard_key, int grace_ms, gg_proc_receipt_t
   if (rc != 0) return rc;
   td.others = others;
   int sub = 0;
-  td.subreaper = prctl(PR_GET_CHILD_SUBREAPER, &sub) == 0 && sub;
+  /* The orphan sweep belongs to the process's own set, or to a set that had children of its own: a
+   * guard that never spawned anything must not end the application's other children. */
+  td.subreaper = prctl(PR_GET_CHILD_SUBREAPER, &sub) == 0 && sub && (nkids > 0 || guard_key == NULL);
 
   /* Tracked first: check each is still the process we recorded. */
   for (size_t i = 0; i < nkids; i++) {

@@ -54,9 +54,19 @@ t0=$(ms)
 kill -TERM $runner
 set +e; wait $runner; rc=$?; set -e
 t=$(( $(ms) - t0 ))
-[ $rc = 143 ] || fail "runner exited $rc after SIGTERM, wanted 143"
+# The shell ignores TERM, so the teardown's SIGKILL ends it: CMD's status is 128+9.
+[ $rc = 137 ] || fail "runner exited $rc after SIGTERM, wanted 137 (CMD killed)"
 [ -z "$(pids_of 'sleep 62.5')" ] || fail "left behind after SIGTERM: $(pids_of 'sleep 62.5')"
-python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["runner_signal"]==15 and d["exit_code"]==143, d' "$tmp/r2.json"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["runner_signal"]==15 and d["exit_code"]==137 and d["exit"]["signal"]==9, d' "$tmp/r2.json"
+# A job that catches SIGTERM and exits 0 makes the runner exit 0.
+$g run --grace 2000 -- sh -c 'trap "exit 0" TERM; sleep 66 & wait' &
+runner=$!
+keep+=($runner)
+for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 66')" ] && break; sleep 0.02; done
+kill -TERM $runner
+set +e; wait $runner; rc=$?; set -e
+[ $rc = 0 ] || fail "a job that exits 0 on SIGTERM made the runner exit $rc"
+[ -z "$(pids_of 'sleep 66')" ] || fail "its background sleep was left behind"
 echo "SIGTERM: job ended in $t ms (grace 300)"
 
 # 3. reap: the runner is SIGKILLed; its grandchild survives, holding the dead session.

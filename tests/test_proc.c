@@ -91,6 +91,16 @@ static void reap_all(void) {
   }
 }
 
+/* A real guard that takes no signals and no exit() teardown: only its child set matters here. */
+static gg_guard_t *quiet_guard(void) {
+  gg_guard_options_t o;
+  gg_guard_options_init(&o);
+  o.backend = "host", o.signals = 0, o.run_at_exit = false;
+  gg_guard_t *g = NULL;
+  gg_assert_ok(gg_guard_create(&g, &o));
+  return g;
+}
+
 static pid_t spawn_ok(gg_guard_t *g, const char *const argv[], const gg_spawn_options_t *o) {
   pid_t pid = -1;
   gg_assert_ok(gg_proc_spawn(g, argv, o, &pid));
@@ -537,15 +547,15 @@ static void test_adopt(void **state) {
   }
   gg_assert_ok(gg_proc_adopt(NULL, kid));
   gg_assert_ok(gg_proc_adopt(NULL, kid)); /* again: already ours */
-  static int other_guard;
-  gg_assert_fails(gg_proc_adopt((gg_guard_t *)&other_guard, kid), GG_EINVAL, "another guard");
+  gg_guard_t *other_guard = quiet_guard();
+  gg_assert_fails(gg_proc_adopt(other_guard, kid), GG_EINVAL, "another guard");
   gg_proc_receipt_t *r = NULL;
   gg_assert_ok(gg_proc_teardown_ex(NULL, 2000, &r));
   assert_int_equal(outcome(r, kid)->end, GG_PROC_SIGNALED);
   assert_int_equal(outcome(r, kid)->code, SIGTERM);
   gg_proc_receipt_free(r);
   assert_int_equal(waitpid(kid, NULL, WNOHANG), -1); /* reaped by the teardown */
-  gg__proc_forget_set(&other_guard);
+  gg_assert_ok(gg_guard_destroy(other_guard));
 }
 
 static void test_spawn_errors(void **state) {
@@ -642,15 +652,14 @@ static void test_receipt_json(void **state) {
  * teardown nor the fatal path touches the parent's children. */
 static void test_fork_inherited_set(void **state) {
   (void)state;
-  static int guard_key;
-  gg_guard_t *g = (gg_guard_t *)&guard_key;
+  gg_guard_t *g = quiet_guard();
   const char *sleeper[] = {"sleep", "30", NULL};
   pid_t a = spawn_ok(g, sleeper, NULL), b = spawn_ok(NULL, sleeper, NULL);
   pid_t kid = fork();
   if (kid == 0) {
     int bad = 0;
     if (gg_proc_teardown(g, 0) != GG_ESTATE || !strstr(gg_last_error(), "fork()")) bad |= 1;
-    if (gg_proc_spawn(g, sleeper, NULL, NULL) != GG_ESTATE) bad |= 2;
+    if (gg_proc_spawn(g, sleeper, NULL, NULL) != GG_ESTATE) bad |= 2; /* the guard refuses too */
     gg_proc_receipt_t *r = NULL;
     if (gg_proc_teardown_ex(NULL, 0, &r) != 0 || r->count != 0) bad |= 4;
     gg_proc_receipt_free(r);
@@ -658,7 +667,6 @@ static void test_fork_inherited_set(void **state) {
     /* The child can still have children of its own. */
     const char *t[] = {"true", NULL};
     if (gg_proc_spawn(NULL, t, NULL, NULL) != 0 || gg_proc_teardown(NULL, 1000) != 0) bad |= 8;
-    gg__proc_forget_set(g);
     _exit(bad);
   }
   int st = 0;
@@ -669,7 +677,21 @@ static void test_fork_inherited_set(void **state) {
   assert_false(gone(b));
   gg_assert_ok(gg_proc_teardown(g, 1000));
   gg_assert_ok(gg_proc_teardown(NULL, 1000));
-  gg__proc_forget_set(g);
+  gg_assert_ok(gg_guard_destroy(g));
+}
+
+/* A guard torn down refuses new children: none could outlive it unnoticed. */
+static void test_spawn_on_torn_down_guard(void **state) {
+  (void)state;
+  gg_guard_t *g = quiet_guard();
+  const char *sleeper[] = {"sleep", "30", NULL};
+  pid_t a = spawn_ok(g, sleeper, NULL);
+  gg_assert_ok(gg_guard_destroy(g)); /* ends a */
+  reap_all();
+  assert_true(gone(a));
+  pid_t pid = -1;
+  gg_assert_fails(gg_proc_spawn(g, sleeper, NULL, &pid), GG_EINVAL, "not a live guard");
+  assert_int_equal(pid, -1);
 }
 
 static void on_segv(int sig) {
@@ -770,6 +792,7 @@ int main(void) {
       cmocka_unit_test(test_spawn_options),
       cmocka_unit_test(test_receipt_json),
       cmocka_unit_test(test_fork_inherited_set),
+      cmocka_unit_test(test_spawn_on_torn_down_guard),
       cmocka_unit_test(test_fatal_path),
       cmocka_unit_test(test_close_fds_matching),
   };

@@ -423,8 +423,11 @@ static int cmd_run(int argc, char **argv) {
     deadline = now_ms() + (double)grace;
   }
 
+  /* After a signal the job has had its grace period already: the rest get what is left of it. */
+  long left = grace;
+  if (deadline >= 0) left = (long)(deadline - now_ms()), left = left < 100 ? 100 : left > grace ? grace : left;
   gg_proc_receipt_t *receipt = NULL;
-  int trc = gg_proc_teardown_ex(NULL, (int)grace, &receipt);
+  int trc = gg_proc_teardown_ex(NULL, (int)left, &receipt);
   /* A descendant forked by a dying process after the teardown's last look is reparented to us (the
    * subreaper): look again until nothing is left, a few times at most. */
   for (int round = 0; round < 3; round++) {
@@ -436,9 +439,15 @@ static int cmd_run(int argc, char **argv) {
     if (!found) break;
   }
   if (!r.reaped && waitpid(r.pid, &r.status, WNOHANG) == r.pid) r.reaped = true;
-  if (r.runner_sig) r.exit_code = 128 + r.runner_sig;
-  else if (WIFEXITED(r.status)) r.exit_code = WEXITSTATUS(r.status);
-  else r.exit_code = 128 + WTERMSIG(r.status);
+  /* CMD's own status whenever it is known, even after a forwarded signal (a job that catches SIGTERM
+   * and exits 0 exits 0); else how the teardown ended it, as the receipt says. */
+  const gg_proc_outcome_t *mine = NULL;
+  for (size_t i = 0; receipt && !r.reaped && i < receipt->count; i++)
+    if (receipt->procs[i].pid == r.pid) mine = &receipt->procs[i];
+  if (r.reaped) r.exit_code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : 128 + WTERMSIG(r.status);
+  else if (mine && mine->end == GG_PROC_EXITED) r.exit_code = mine->code, r.status = mine->code << 8, r.reaped = true;
+  else if (mine && mine->end == GG_PROC_SIGNALED) r.exit_code = 128 + mine->code, r.status = mine->code, r.reaped = true;
+  else r.exit_code = 128 + (r.runner_sig ? r.runner_sig : SIGKILL);
 
   size_t after = 0;
   double waited = 0;
@@ -446,9 +455,10 @@ static int cmd_run(int argc, char **argv) {
   gg_registry_unregister();
 
   char a[32], b[32];
-  fprintf(stderr, "gpuguard run: %s %s %d; teardown: %zu process%s ended, %zu left", cmd[0],
-          r.runner_sig ? "stopped by signal" : (WIFEXITED(r.status) ? "exited" : "killed by signal"),
-          r.runner_sig ? r.runner_sig : (WIFEXITED(r.status) ? WEXITSTATUS(r.status) : WTERMSIG(r.status)),
+  fprintf(stderr, "gpuguard run: %s %s %d%s; teardown: %zu process%s ended, %zu left", cmd[0],
+          WIFEXITED(r.status) ? "exited" : "ended by signal",
+          WIFEXITED(r.status) ? WEXITSTATUS(r.status) : WTERMSIG(r.status),
+          r.runner_sig ? " (after the runner got a signal)" : "",
           receipt ? receipt->count - receipt->n_alive : 0, receipt && receipt->count - receipt->n_alive == 1 ? "" : "es",
           receipt ? receipt->n_alive : 0);
   if (have_dev)
@@ -539,7 +549,7 @@ static const command_t commands[] = {
      "  -h, --help      this help\n"
      "The runner is a child subreaper, records a session leader in the registry (children inherit\n"
      "GPUGUARD_SESSION), forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to CMD, and exits with CMD's status\n"
-     "(128+N for a signal).\n"},
+     "(128+N when CMD was ended by signal N); the runner's own signal is in the receipt.\n"},
     {"reap", "[--dry-run] [--yes] [--grace MS]",
      "Ends your orphans: workers of dead gpuguard sessions, orphaned workers holding GPU memory.", cmd_reap,
      "  --dry-run   list them, do nothing\n"

@@ -174,7 +174,9 @@ GG_API const char *gg_arena_name(const gg_arena_t *arena);
 GG_API const char *gg_arena_backend(const gg_arena_t *arena);
 
 /** Copies @p n bytes from host memory to device memory of the arena, synchronously. Meant for tests,
- *  examples and bindings that must show memory is real without calling the CUDA runtime.
+ *  examples and bindings that must show memory is real without calling the CUDA runtime. The arena's
+ *  lock is held for the copy (and so are the other two copy helpers'), so that a guard's teardown
+ *  cannot unmap the block under it; other calls on the arena wait meanwhile.
  *  @param arena the arena the block belongs to.
  *  @param dst a device address: [dst, dst+n) must lie inside one live block of @p arena.
  *  @param src host memory.

@@ -111,9 +111,10 @@ GG_API int gg_proc_arm_child(void);
 
 /** Makes this process a child subreaper (PR_SET_CHILD_SUBREAPER), or stops being one. Orphaned
  *  descendants (double-forked, setsid'd) then become our children instead of init's, and teardown
- *  ends them with the rest: with the subreaper on, a teardown also ends every child of this process
- *  that no other set tracks (reparented grandchildren cannot be told apart from children forked
- *  directly), and so does the fatal-signal path.
+ *  ends them with the rest: with the subreaper on, a teardown of the default set (guard NULL), or of a
+ *  guard's set that tracked at least one process, also ends every child of this process that no other
+ *  set tracks (reparented grandchildren cannot be told apart from children forked directly), and so
+ *  does the fatal-signal path. A guard that never tracked a process leaves other children alone.
  *  @param on nonzero to become a subreaper. @return 0 or GG_EIO. Thread-safe. */
 GG_API int gg_proc_set_subreaper(int on);
 

@@ -39,7 +39,9 @@ typedef struct gg__backend_ops {
   /* Create size bytes of physical memory and map them read-write at `at` (granularity-aligned, inside
    * a reservation; pass 0 when !d->contiguous). */
   int (*map)(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out);
-  /* Unmap and give the physical memory back to the driver. */
+  /* Unmap and give the physical memory back to the driver. 0 means the range is no longer mapped (if
+   * only the release of its physical memory failed, that is counted and recorded in the detail, and the
+   * memory stays with the driver until the process ends); an error means nothing changed. */
   int (*unmap)(gg__dev_t *d, const gg__chunk_t *chunk);
   /* Synchronous copies and fill, used by tests and examples to prove the memory is real. */
   int (*copy_to_dev)(gg__dev_t *d, uintptr_t dst, const void *src, size_t n);
