@@ -177,13 +177,23 @@ static void test_leak_report_real_arena(void **state) {
 
 /* A thread keeps allocating and freeing while the guard is torn down: it gets GG_ESTATE and stops. */
 static atomic_long worker_ops;
+static char worker_msg[2][512]; /* each worker's last error, for the failure message */
+
+typedef struct worker_arg {
+  gg_arena_t *arena;
+  int index;
+} worker_arg_t;
+
 static void *alloc_loop(void *arg) {
-  gg_arena_t *a = arg;
+  const worker_arg_t *w = arg;
   for (;;) {
     void *p;
-    int rc = gg_alloc_ex(a, 4096, 0, "loop", &p);
-    if (rc == 0) rc = gg_free(a, p);
-    if (rc != 0) return (void *)(intptr_t)rc;
+    int rc = gg_alloc_ex(w->arena, 4096, 0, "loop", &p);
+    if (rc == 0) rc = gg_free(w->arena, p);
+    if (rc != 0) {
+      snprintf(worker_msg[w->index], sizeof worker_msg[w->index], "%s", gg_last_error());
+      return (void *)(intptr_t)rc;
+    }
     atomic_fetch_add(&worker_ops, 1);
   }
 }
@@ -195,13 +205,15 @@ static void test_teardown_while_thread_in_arena(void **state) {
     gg_arena_t *a = arena("busy");
     atomic_store(&worker_ops, 0);
     pthread_t t[2];
-    for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, alloc_loop, a);
+    worker_arg_t args[2] = {{a, 0}, {a, 1}};
+    for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, alloc_loop, &args[i]);
     while (atomic_load(&worker_ops) < 1000) usleep(100);
     gg_assert_ok(gg_guard_destroy(g));
     for (int i = 0; i < 2; i++) {
       void *rc = NULL;
       pthread_join(t[i], &rc);
-      assert_int_equal((int)(intptr_t)rc, GG_ESTATE);
+      if ((int)(intptr_t)rc != GG_ESTATE)
+        fail_msg("round %d, worker %d ended with %s: %s", round, i, gg_err_name((int)(intptr_t)rc), worker_msg[i]);
     }
     gg_assert_ok(gg_arena_destroy(a));
   }
