@@ -898,6 +898,8 @@ int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *synced) {
   *synced = 0;
   int rc = gg__valid(a, "gg_torch_free");
   if (rc < 0) return rc;
+  /* CU_STREAM_LEGACY (0x1) names the same stream as NULL, the legacy default stream. */
+  if (stream == (void *)0x1) stream = NULL;
   /* stream and track never change after creation: the common path reads them without the lock. */
   if (a->track && stream != a->stream) {
     /* The arena's batch events cover its own stream only: wait for this one, so that nothing queued on
