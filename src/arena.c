@@ -16,6 +16,7 @@
 #include "freelist.h"
 #include "guard_internal.h"
 #include "internal.h"
+#include "plugin_internal.h"
 
 #define GG__MAGIC 0x67676172u /* "ggar" */
 #define GG__DEAD  0x64656164u /* "dead" */
@@ -820,6 +821,8 @@ int gg_arena_destroy(gg_arena_t *a) {
   if (rc == GG_ESTATE && a->magic == GG__TORN) rc = 0; /* torn down by its guard: free the handle */
   if (rc < 0) return rc;
   gg__live_remove(a);
+  /* Before our lock: PyTorch's plugin calls that are using the arena finish, and no new one starts. */
+  gg__plugin_forget(a);
   /* Before our lock: if the guard is tearing this arena down right now, this waits for that step. */
   gg__guard_detach(a->guard_token);
   pthread_mutex_lock(&a->lock);
@@ -928,6 +931,26 @@ int gg_free(gg_arena_t *a, void *ptr) {
   }
   gg__leave(a);
   return rc;
+}
+
+int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *synced) {
+  *synced = 0;
+  int rc = gg__valid(a, "gg_torch_free");
+  if (rc < 0) return rc;
+  /* CU_STREAM_LEGACY (0x1) names the same stream as NULL, the legacy default stream. */
+  if (stream == (void *)0x1) stream = NULL;
+  /* stream and track never change after creation: the common path reads them without the lock. */
+  if (a->track && stream != a->stream) {
+    /* The arena's batch events cover its own stream only: wait for this one, so that nothing queued on
+     * it before the free can still touch the block once it is handed out again. Under the lock, so a
+     * guard's teardown cannot close the device meanwhile. */
+    if ((rc = gg__lock_live(a, "gg_torch_free")) < 0) return rc;
+    rc = a->ops->stream_sync(a->dev, stream);
+    gg__leave(a);
+    *synced = 1;
+    if (rc < 0) return rc;
+  }
+  return gg_free(a, ptr);
 }
 
 int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_longlong, c_size_t, c_uint,
+from ctypes import (POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_int, c_longlong, c_size_t, c_uint,
                     c_ulonglong, c_void_p)
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -82,6 +82,32 @@ class BlockInfo(Structure):
 BLOCK_VISITOR = ctypes.CFUNCTYPE(c_int, POINTER(BlockInfo), c_void_p)
 
 
+class GuardOptions(Structure):
+    _fields_ = [("device", c_int), ("backend", c_char_p), ("signals", c_uint), ("run_at_exit", c_bool),
+                ("reset_context", c_bool), ("teardown_timeout_ms", c_int), ("leak_report", c_char_p),
+                ("name", c_char_p), ("child_grace_ms", c_int)]
+
+
+CLEANUP_FN = ctypes.CFUNCTYPE(None, c_void_p)
+
+
+class SpawnOptions(Structure):
+    _fields_ = [("size", c_size_t), ("new_process_group", c_int), ("env", POINTER(c_char_p)),
+                ("stdin_fd", c_int), ("stdout_fd", c_int), ("stderr_fd", c_int), ("cwd", c_char_p),
+                ("death_signal", c_int), ("close_device_fds", c_int)]
+
+
+class SessionRecord(Structure):
+    _fields_ = [("pid", c_int), ("ppid", c_int), ("start_time", c_ulonglong), ("session", c_char * 40),
+                ("role", c_char * 16), ("devices", c_char * 64), ("command", c_char * 256),
+                ("stale", c_int), ("parent_alive", c_int)]
+
+
+class PluginStats(Structure):
+    _fields_ = [("n_allocs", c_ulonglong), ("n_frees", c_ulonglong), ("n_failed_allocs", c_ulonglong),
+                ("n_failed_frees", c_ulonglong), ("n_stream_syncs", c_ulonglong), ("arena", c_void_p)]
+
+
 def _check(rc: int, func: Any, args: Any) -> int:
     """errcheck for every status-returning call: negative codes become exceptions."""
     if rc < 0:
@@ -122,6 +148,33 @@ FUNCTIONS: List[Tuple[str, list, Any, bool]] = [
     ("gg_arena_copy_to_device", [c_void_p, c_void_p, c_void_p, c_size_t], _STATUS, True),
     ("gg_arena_copy_from_device", [c_void_p, c_void_p, c_void_p, c_size_t], _STATUS, True),
     ("gg_arena_memset", [c_void_p, c_void_p, c_int, c_size_t], _STATUS, True),
+    # guards
+    ("gg_guard_options_init", [POINTER(GuardOptions)], None, False),
+    ("gg_guard_create", [POINTER(c_void_p), POINTER(GuardOptions)], _STATUS, True),
+    ("gg_guard_destroy", [c_void_p], _STATUS, True),
+    ("gg_guard_on_teardown_ex", [c_void_p, CLEANUP_FN, c_void_p, c_char_p, POINTER(c_ulonglong)], _STATUS,
+     True),
+    ("gg_guard_cancel", [c_void_p, c_ulonglong], _STATUS, True),
+    # processes (teardown_ex is checked by hand: its receipt comes back with GG_ETIMEDOUT too)
+    ("gg_spawn_options_init", [POINTER(SpawnOptions)], None, False),
+    ("gg_proc_spawn", [c_void_p, POINTER(c_char_p), POINTER(SpawnOptions), POINTER(c_int)], _STATUS, True),
+    ("gg_proc_adopt_ex", [c_void_p, c_int, c_ulonglong], _STATUS, True),
+    ("gg_proc_arm_child", [], _STATUS, True),
+    ("gg_proc_set_subreaper", [c_int], _STATUS, True),
+    ("gg_proc_close_device_fds", [], _STATUS, True),
+    ("gg_proc_teardown_ex", [c_void_p, c_int, POINTER(c_void_p)], _STATUS, False),
+    ("gg_proc_receipt_json", [c_void_p, c_char_p, c_size_t, POINTER(c_size_t)], _STATUS, False),
+    ("gg_proc_receipt_free", [c_void_p], None, False),
+    ("gg_registry_list", [POINTER(SessionRecord), c_size_t, POINTER(c_size_t)], _STATUS, True),
+    ("gg_registry_register", [c_char_p], _STATUS, True),
+    ("gg_registry_unregister", [], _STATUS, True),
+    ("gg_orphan_list", [POINTER(Process), c_size_t, POINTER(c_size_t)], _STATUS, True),
+    # the allocator plugin (PyTorch calls gg_torch_alloc/gg_torch_free itself; tests call them here)
+    ("gg_plugin_set_arena", [c_int, c_void_p], _STATUS, True),
+    ("gg_plugin_get_arena", [c_int, POINTER(c_void_p)], _STATUS, True),
+    ("gg_plugin_stats", [c_int, POINTER(PluginStats)], _STATUS, True),
+    ("gg_torch_alloc", [ctypes.c_ssize_t, c_int, c_void_p], c_void_p, False),
+    ("gg_torch_free", [c_void_p, ctypes.c_ssize_t, c_int, c_void_p], None, False),
 ]
 
 

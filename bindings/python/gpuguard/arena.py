@@ -95,6 +95,12 @@ class Arena:
         h = c_void_p()
         C.gg_arena_create(byref(h), byref(opts))
         self._h: Optional[int] = h.value
+        self.device = device
+        """The device ordinal."""
+        self.stream = stream or 0
+        """The stream the arena tracks, as an int (0: the default stream)."""
+        self.flags = flags
+        """The GG_ARENA_* flags it was created with."""
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._finalizer = weakref.finalize(self, _destroy, h.value, os.getpid())

@@ -38,13 +38,15 @@ def processes(device: int = 0) -> List[Dict[str, Any]]:
         C.gg_process_list(device, rows, len(rows), byref(count))
         if count.value <= len(rows):
             break
-    out = []
-    for p in rows[:min(count.value, len(rows))]:
-        out.append({
-            "pid": p.pid, "ppid": p.ppid, "uid": p.uid, "user": p.user.decode(errors="replace"),
-            "state": p.state.decode(errors="replace"), "start_time": p.start_time,
-            "used_bytes": None if p.used_bytes < 0 else p.used_bytes, "device": p.device,
-            "class": C.gg_process_class_name(p.cls).decode(), "session": p.session.decode(),
-            "command": p.command.decode(errors="replace"),
-        })
-    return out
+    return [_process_row(p) for p in rows[:min(count.value, len(rows))]]
+
+
+def _process_row(p: Process) -> Dict[str, Any]:
+    """One gg_process_t as a dict (``used_bytes`` None when the driver does not say)."""
+    return {
+        "pid": p.pid, "ppid": p.ppid, "uid": p.uid, "user": p.user.decode(errors="replace"),
+        "state": p.state.decode(errors="replace"), "start_time": p.start_time,
+        "used_bytes": None if p.used_bytes < 0 else p.used_bytes, "device": p.device,
+        "class": C.gg_process_class_name(p.cls).decode(), "session": p.session.decode(),
+        "command": p.command.decode(errors="replace"),
+    }

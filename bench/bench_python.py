@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""bench_python.py — the Python binding's costs and PyTorch through a gpuguard arena, as tables.
+
+  GPUGUARD_LIBRARY=build/libgpuguard.so python3 bench/bench_python.py [--quick] [--parts a,b,c]
+
+(a) Python overhead per call: scope enter+exit and alloc+free through the binding (goal <= 2 us each);
+    runs on any backend (the host backend without a GPU).
+(b) torch.empty + del through the gpuguard allocator (MemPool form; and the global use_arena form, in its
+    own process) against PyTorch's caching allocator in the same run, 256 B .. 64 MiB.
+(c) a transformer training loop (nn.TransformerEncoder, 8 layers, d_model 1024, AdamW, 120 steps, sequence
+    length drawn from 64..2048 and batch from 4..16 with one seed), each allocator in its own process:
+    peak reserved / peak allocated, and what the allocator and the driver still hold after the model is
+    deleted, gc'd and the cache emptied / the arena trimmed.
+(b) and (c) need torch and a CUDA device; without them they print a skip line and the run fails (exit 1)
+unless only (a) was asked for."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG = os.path.join(HERE, "..", "bindings", "python")
+sys.path.insert(0, PKG)
+MiB = 1 << 20
+
+
+def table(title: str, header: list, rows: list) -> None:
+    print(f"\n## {title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
+
+
+# ---- (a) ------------------------------------------------------------------------------------------
+
+
+def part_a(quick: bool) -> None:
+    import gpuguard
+    n = 20000 if quick else 200000
+    with gpuguard.Arena(capacity=256 * MiB, name="bench") as arena:
+        arena.free(arena.alloc(256))  # map the first chunk
+        rows = []
+
+        def timed(label: str, fn) -> None:
+            fn(1000)
+            best = min(_time(fn, n) for _ in range(3))
+            rows.append([label, f"{best * 1e6:.2f}", "yes" if best <= 2e-6 else "no"])
+
+        def scope(k: int) -> None:
+            s = arena.scope
+            for _ in range(k):
+                with s():
+                    pass
+
+        def alloc_free(k: int) -> None:
+            a = arena.alloc
+            for _ in range(k):
+                a(256).free()
+
+        def alloc_free_in_scope(k: int) -> None:
+            a = arena.alloc
+            for _ in range(k):
+                with arena.scope():
+                    a(256)
+
+        timed("scope enter + exit (`with arena.scope()`)", scope)
+        timed("alloc(256) + free() (Allocation object)", alloc_free)
+        timed("scope + alloc(256) released by the scope", alloc_free_in_scope)
+        backend = arena.backend
+    table(f"(a) Python overhead per call ({backend} backend, best of 3 x {n})", ["operation", "us / pair",
+                                                                                 "<= 2 us"], rows)
+
+
+def _time(fn, n: int) -> float:
+    t = time.perf_counter()
+    fn(n)
+    return (time.perf_counter() - t) / n
+
+
+# ---- helpers for torch subprocesses -----------------------------------------------------------------
+
+
+def have_cuda_torch() -> str:
+    """'' when torch and a CUDA device are usable, else why not."""
+    try:
+        import importlib.util
+        if importlib.util.find_spec("torch") is None:
+            return "torch is not installed"
+        r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True, timeout=120)
+        return "" if r.stdout.strip() == "True" else "torch.cuda.is_available() is False (no CUDA device)"
+    except Exception as e:
+        return str(e)
+
+
+def child(mode: str, args: argparse.Namespace, env_extra: dict) -> dict:
+    env = dict(os.environ, GPUGUARD_BACKEND="cuda", **env_extra)
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", mode] + (["--quick"] if args.quick else [])
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise SystemExit(f"bench child {mode} failed (rc {r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return json.loads(lines[-1])
+
+
+SIZES = [256, 4096, 65536, MiB, 16 * MiB, 64 * MiB]
+
+
+def _empty_loop(torch, sizes, n: int) -> dict:
+    out = {}
+    for size in sizes:
+        k = max(50, n // (1 + size // MiB))
+        for _ in range(50):
+            t = torch.empty(size, dtype=torch.uint8, device="cuda")
+            del t
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(k):
+                t = torch.empty(size, dtype=torch.uint8, device="cuda")
+                del t
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / k)
+        out[str(size)] = best * 1e6
+    return out
+
+
+def child_b(mode: str, quick: bool) -> dict:
+    import torch
+    import gpuguard
+    import gpuguard.torch as ggt
+    n = 2000 if quick else 20000
+    if mode == "b-global":
+        arena = gpuguard.Arena(capacity=32 << 30, name="bench-global")
+        ggt.use_arena(arena)
+        return {"gpuguard global": _empty_loop(torch, SIZES, n)}
+    torch.zeros(1, device="cuda")
+    res = {"pytorch caching": _empty_loop(torch, SIZES, n)}
+    arena = gpuguard.Arena(capacity=32 << 30, name="bench-pool")
+    with ggt.mem_pool(arena):
+        res["gpuguard MemPool"] = _empty_loop(torch, SIZES, n)
+    return res
+
+
+def part_b(args: argparse.Namespace) -> None:
+    res = child("b-pool", args, {})
+    res.update(child("b-global", args, {}))
+    base = res["pytorch caching"]
+    rows = []
+    for size in SIZES:
+        s = str(size)
+        rows.append([_fmt_size(size), f"{base[s]:.2f}"] + [
+            f"{res[k][s]:.2f} ({res[k][s] / base[s]:.2f}x)" for k in ("gpuguard MemPool", "gpuguard global")])
+    table("(b) torch.empty + del, us per pair (ratio to PyTorch's caching allocator)",
+          ["size", "PyTorch caching", "gpuguard MemPool", "gpuguard global use_arena"], rows)
+
+
+def _fmt_size(n: int) -> str:
+    return f"{n // MiB} MiB" if n >= MiB else (f"{n // 1024} KiB" if n >= 1024 else f"{n} B")
+
+
+# ---- (c) ------------------------------------------------------------------------------------------
+
+
+def child_c(mode: str, quick: bool) -> dict:
+    import gc
+    import random
+    import torch
+    from torch import nn
+    arena = None
+    if mode == "c-gpuguard":
+        import gpuguard
+        import gpuguard.torch as ggt
+        arena = gpuguard.Arena(capacity=None, name="bench-train")  # the device's memory size
+        ggt.use_arena(arena)  # before CUDA is initialised
+    steps = 20 if quick else 120
+    torch.backends.cuda.matmul.allow_tf32 = True  # same math in every configuration; keeps the run short
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    layer = nn.TransformerEncoderLayer(d_model=1024, nhead=16, dim_feedforward=4096, batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=8, enable_nested_tensor=False).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        seq, batch = rng.randint(64, 2048), rng.randint(4, 16)
+        x = torch.randn(batch, seq, 1024, device="cuda")
+        loss = model(x).float().pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del x, loss
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    if arena is not None:
+        s = arena.stats()
+        peak_reserved, peak_alloc = s["peak_mapped"], s["peak_in_use"]
+    else:
+        peak_reserved, peak_alloc = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
+    del model, opt, layer
+    gc.collect()
+    torch.cuda.synchronize()
+    if arena is not None:
+        arena.trim()
+        held = arena.stats()["bytes_mapped"]
+    else:
+        torch.cuda.empty_cache()
+        held = torch.cuda.memory_reserved()
+    free, total = torch.cuda.mem_get_info()
+    return {"peak_reserved": peak_reserved, "peak_allocated": peak_alloc, "held_after": held,
+            "driver_used_after": total - free, "seconds": elapsed, "steps": steps}
+
+
+def part_c(args: argparse.Namespace) -> None:
+    configs = [("PyTorch default", "c-torch", {}),
+               ("expandable_segments:True", "c-torch", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+               ("backend:cudaMallocAsync", "c-torch", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
+               ("gpuguard use_arena", "c-gpuguard", {})]
+    rows = []
+    for label, mode, env in configs:
+        r = child(mode, args, env)
+        rows.append([label, f"{r['peak_reserved'] / MiB:.0f}", f"{r['peak_allocated'] / MiB:.0f}",
+                     f"{r['peak_reserved'] / r['peak_allocated']:.3f}", f"{r['held_after'] / MiB:.1f}",
+                     f"{r['driver_used_after'] / MiB:.0f}", f"{r['seconds']:.1f}"])
+    table(f"(c) TransformerEncoder 8 x 1024, AdamW, {r['steps']} steps, seq 64..2048, batch 4..16 (seed 0)",
+          ["allocator", "peak reserved MiB", "peak allocated MiB", "ratio", "allocator holds after MiB",
+           "driver used after MiB", "train s"], rows)
+    print("\n(gpuguard: reserved = the arena's peak_mapped, allocated = its peak_in_use; 'holds after' is "
+          "after del + gc + empty_cache / arena trim.)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="gpuguard Python binding benchmarks")
+    ap.add_argument("--quick", action="store_true", help="short run (fewer iterations, 20 training steps)")
+    ap.add_argument("--parts", default="a,b,c", help="comma-separated subset of a,b,c")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        fn = child_b if args.child.startswith("b-") else child_c
+        print(json.dumps(fn(args.child, args.quick)))
+        return 0
+    parts = set(args.parts.split(","))
+    print(f"gpuguard bench_python: parts {','.join(sorted(parts))}{' (quick)' if args.quick else ''}")
+    if "a" in parts:
+        part_a(args.quick)
+    if parts & {"b", "c"}:
+        why = have_cuda_torch()
+        if why:
+            print(f"\nskip: parts (b) and (c) need PyTorch and a CUDA device: {why}")
+            return 0 if parts <= {"a"} else 1
+        if "b" in parts:
+            part_b(args)
+        if "c" in parts:
+            part_c(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

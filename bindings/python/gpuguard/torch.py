@@ -1,0 +1,131 @@
+"""gpuguard.torch — PyTorch's CUDA memory drawn from a gpuguard arena, through
+``torch.cuda.memory.CUDAPluggableAllocator`` over the library's ``gg_torch_alloc``/``gg_torch_free``.
+
+Two forms:
+
+- ``use_arena(arena)``: the global allocator. Every CUDA tensor comes from the arena, with no cache on
+  top. PyTorch refuses to swap its allocator once CUDA is initialised, so call it before the first CUDA
+  allocation (StateError otherwise). ``torch.cuda.memory_allocated()`` then raises in PyTorch ("does not
+  yet support getDeviceStats"): use ``memory_stats(arena)``.
+- ``mem_pool(arena)``: a region, usable after CUDA is initialised: a ``torch.cuda.MemPool`` whose segments
+  come from the arena, with PyTorch's caching allocator on top. Allocations inside the ``with`` block go to
+  the pool; at its end the pool is deleted and the cache emptied, so its segments go back to the arena
+  (segments still holding live tensors stay until those die and the cache is emptied again).
+
+Arena scopes must not end under memory PyTorch still holds (a tensor would point at memory handed out
+again): with PyTorch, the pool of ``mem_pool`` is the scope. Importing this module does not import torch
+(that happens at the first call); it raises ImportError at once when torch is not installed."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+from typing import Any, Dict, Iterator, Optional
+
+from . import _lib
+from ._lib import C
+from ._torchstats import plugin_counters, torch_style_stats
+from .arena import Arena
+from .errors import StateError
+
+if importlib.util.find_spec("torch") is None:
+    raise ImportError("gpuguard.torch needs PyTorch, which is not installed in this interpreter "
+                      "(pip install torch); the rest of gpuguard works without it")
+
+__all__ = ["use_arena", "mem_pool", "memory_stats", "trim", "pluggable_allocator", "plugin_counters"]
+
+_allocator: Any = None  # one CUDAPluggableAllocator per process: PyTorch keeps the library loaded
+_global_arenas: Dict[int, Arena] = {}  # kept alive while PyTorch's global allocator uses them
+
+
+def _torch() -> Any:
+    import torch  # the real one: this module's own name does not shadow it (absolute import)
+    return torch
+
+
+def pluggable_allocator() -> Any:
+    """The ``torch.cuda.memory.CUDAPluggableAllocator`` over this process's libgpuguard (created once)."""
+    global _allocator
+    if _allocator is None:
+        torch = _torch()
+        _allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib.path, "gg_torch_alloc", "gg_torch_free")
+    return _allocator
+
+
+def _register(arena: Arena) -> None:
+    """Makes ``arena`` the plugin's arena for its device; another live arena there is an error."""
+    from ctypes import byref, c_void_p
+    current = c_void_p()
+    C.gg_plugin_get_arena(arena.device, byref(current))
+    if current.value not in (None, arena._handle()):
+        raise StateError(f"gpuguard.torch: another arena already serves PyTorch on device {arena.device}; "
+                         "one arena per device at a time (close the other one first)", -5, "GG_ESTATE")
+    C.gg_plugin_set_arena(arena.device, arena._handle())
+
+
+def use_arena(arena: Arena) -> Any:
+    """Makes every PyTorch CUDA allocation on ``arena.device`` come from ``arena`` (the global pluggable
+    allocator; it cannot be undone in this process). Must run before PyTorch's first CUDA allocation:
+    raises StateError otherwise (use ``mem_pool(arena)`` then). Keep the arena open for as long as PyTorch
+    runs; closing it makes later allocations fail. Returns the CUDAPluggableAllocator."""
+    torch = _torch()
+    hint = ("call gpuguard.torch.use_arena() before any CUDA tensor is created (PyTorch cannot swap an "
+            "initialised allocator), or use `with gpuguard.torch.mem_pool(arena):`, which works after")
+    if torch.cuda.is_initialized():
+        raise StateError("gpuguard.torch.use_arena: PyTorch's CUDA allocator is already initialised; " + hint,
+                         -5, "GG_ESTATE")
+    alloc = pluggable_allocator()
+    _register(arena)
+    try:
+        torch.cuda.memory.change_current_allocator(alloc)
+    except RuntimeError as e:
+        if "already initialized" in str(e):
+            raise StateError(f"gpuguard.torch.use_arena: {e}; " + hint, -5, "GG_ESTATE") from e
+        raise
+    _global_arenas[arena.device] = arena
+    return alloc
+
+
+@contextlib.contextmanager
+def mem_pool(arena: Arena, empty_cache: bool = True) -> Iterator[Arena]:
+    """``with mem_pool(arena):`` — CUDA allocations on ``arena.device`` inside the block come from a
+    ``torch.cuda.MemPool`` whose segments the arena provides. Works after CUDA is initialised. At the end,
+    the pool is deleted and (``empty_cache``) ``torch.cuda.empty_cache()`` runs, which is when PyTorch
+    frees the pool's segments back into the arena; the arena keeps the memory mapped for the next pool
+    until ``trim``. Tensors that outlive the block keep their segment until they die."""
+    torch = _torch()
+    _register(arena)
+    pool = torch.cuda.MemPool(pluggable_allocator().allocator())
+    try:
+        with torch.cuda.use_mem_pool(pool, device=torch.device("cuda", arena.device)):
+            yield arena
+    finally:
+        del pool
+        gc.collect()
+        if empty_cache:
+            torch.cuda.empty_cache()
+
+
+def memory_stats(arena: Arena) -> Dict[str, Any]:
+    """The arena's statistics under ``torch.cuda.memory_stats()`` key names (``allocated_bytes.all.current``,
+    ``.peak``, ``reserved_bytes.all.current``, ``.peak``, ``active.all.current``, ``num_alloc_retries``,
+    ``num_ooms``, ...), for code that reads those: under the global pluggable allocator PyTorch's own
+    ``memory_allocated()``/``memory_stats()`` raise."""
+    return torch_style_stats(arena)
+
+
+def trim(arena: Arena, keep: int = 0, empty_cache: Optional[bool] = None) -> int:
+    """Gives the arena's wholly free memory back to the driver, beyond ``keep`` bytes, while tensors
+    elsewhere in the arena stay alive. First lets PyTorch release what it caches from dead pools
+    (``torch.cuda.empty_cache()``, when CUDA is initialised; ``empty_cache=False`` skips it). Returns the
+    bytes given back."""
+    torch = _torch()
+    if empty_cache is None:
+        empty_cache = torch.cuda.is_initialized()
+    if empty_cache:
+        gc.collect()
+        torch.cuda.synchronize(arena.device)
+        torch.cuda.empty_cache()
+    before = arena.stats()["bytes_mapped"]
+    arena.trim(keep)
+    return before - arena.stats()["bytes_mapped"]

@@ -1,0 +1,106 @@
+/* gpuguard/plugin.h — allocator entry points for frameworks that load an allocator from a shared library
+ * (PyTorch's CUDAPluggableAllocator), drawing from one registered arena per device. */
+#ifndef GPUGUARD_PLUGIN_H
+#define GPUGUARD_PLUGIN_H
+
+#include <sys/types.h>
+
+#include "gpuguard/arena.h"
+#include "gpuguard/export.h"
+
+/** @defgroup gg_plugin Allocator plugin (PyTorch)
+ *  Two functions with the C signatures PyTorch's `torch.cuda.memory.CUDAPluggableAllocator(path,
+ *  alloc_name, free_name)` looks up in a shared library, so that PyTorch's device memory comes from a
+ *  gpuguard arena: `CUDAPluggableAllocator(path_of_libgpuguard, "gg_torch_alloc", "gg_torch_free")`.
+ *  The Python package wraps this as `gpuguard.torch.use_arena()` and `gpuguard.torch.mem_pool()`.
+ *
+ *  - **Registration.** gg_plugin_set_arena() names the arena that serves each device. The table is
+ *    read under a reader-writer lock: once gg_plugin_set_arena() returns, no allocation or free is
+ *    still using the arena it replaced, so that arena may be destroyed. Destroying a registered arena
+ *    unregisters it first (the same guarantee). After fork(), the child starts with an empty table.
+ *  - **Streams.** PyTorch passes the stream each block was allocated for (its current stream), and
+ *    gives the same stream back at the free. The arena tracks one stream (its `stream` option; PyTorch's
+ *    default stream is the NULL stream, the arena's default): a free on that stream, or into an arena
+ *    created with GG_ARENA_NO_STREAM, goes straight to gg_free(), whose batch event keeps the memory
+ *    from being handed out before the work queued before the free has run. A free on any other stream
+ *    first waits for that stream (a stream synchronisation, under the arena's lock), then frees: simple
+ *    and correct, at the price of a host-side wait per such free. Code that allocates on side streams
+ *    all the time should give the arena that stream, or use `torch.cuda.MemPool`, whose caching
+ *    allocator handles streams itself and calls the plugin only for whole segments. If the wait
+ *    fails, the block is not freed (it stays in the arena until its scope ends or the arena is
+ *    destroyed): memory that work may still read is never handed out again.
+ *  - **Failures.** The functions cannot return an error code: gg_torch_alloc() returns NULL and writes
+ *    one line with gg_last_error()'s detail to stderr; gg_torch_free() writes one line. Both are counted
+ *    in gg_plugin_stats(). Under `torch.cuda.MemPool`, a NULL makes PyTorch free its cached blocks, retry
+ *    and then raise `torch.OutOfMemoryError`. PyTorch's global pluggable allocator (2.x) does not check
+ *    the pointer: a failed allocation gives a tensor at address 0, which fails at its first use.
+ *  - **Size 0.** PyTorch asks for 0 bytes for empty tensors. gg_torch_alloc() returns NULL for them
+ *    without any error (PyTorch's own allocator does the same) and gg_torch_free(NULL, ...) is a no-op.
+ *
+ *  All functions are thread-safe; none is async-signal-safe.
+ *  @{ */
+
+GG_BEGIN_DECLS
+
+/** Devices the plugin table has room for (ordinals 0 .. GG_PLUGIN_MAX_DEVICES-1). */
+#define GG_PLUGIN_MAX_DEVICES 64
+
+/** Counters of one device's plugin traffic since the process started (not reset by registration). */
+typedef struct gg_plugin_stats {
+  unsigned long long n_allocs;        /**< successful gg_torch_alloc() calls (size > 0) */
+  unsigned long long n_frees;         /**< blocks gg_torch_free() gave back to the arena */
+  unsigned long long n_failed_allocs; /**< gg_torch_alloc() calls that returned NULL for size > 0
+                                           (out of memory, no arena registered, a torn-down arena) */
+  unsigned long long n_failed_frees;  /**< gg_torch_free() calls that could not free (no arena, a
+                                           pointer the arena does not know, a failed stream wait) */
+  unsigned long long n_stream_syncs;  /**< frees on a stream other than the arena's that waited for
+                                           that stream first */
+  const gg_arena_t *arena;            /**< the arena registered now, or NULL */
+} gg_plugin_stats_t;
+
+/** Registers @p arena as the one that serves allocations for @p device, replacing any earlier one.
+ *  Blocks an earlier arena handed out stay its own: PyTorch's later frees of them go to the arena
+ *  registered at that time (and fail, counted, if it is another one); the earlier arena still gives
+ *  them back when its scope ends or it is destroyed.
+ *  @param device the device ordinal as PyTorch numbers it (0 .. GG_PLUGIN_MAX_DEVICES-1).
+ *  @param arena the arena, or NULL to unregister.
+ *  @return 0; GG_EINVAL for a device out of range or an arena that is not live. Thread-safe: returns
+ *  only once no call of this table is using the arena it replaced. */
+GG_API int gg_plugin_set_arena(int device, gg_arena_t *arena);
+
+/** The arena registered for @p device.
+ *  @param device the device ordinal.
+ *  @param[out] arena receives the arena, or NULL when none is registered.
+ *  @return 0; GG_EINVAL for a NULL @p arena or a device out of range. Thread-safe. */
+GG_API int gg_plugin_get_arena(int device, gg_arena_t **arena);
+
+/** Reads the plugin counters of @p device.
+ *  @param device the device ordinal.
+ *  @param[out] stats filled on success.
+ *  @return 0; GG_EINVAL for NULL @p stats or a device out of range. Thread-safe. */
+GG_API int gg_plugin_stats(int device, gg_plugin_stats_t *stats);
+
+/** PyTorch's allocation entry point: @p size bytes from the arena registered for @p device, tagged
+ *  "torch", 256-byte aligned.
+ *  @param size bytes wanted; 0 gives NULL (no memory, no error); negative is an error.
+ *  @param device the device ordinal PyTorch allocates on.
+ *  @param stream the stream the block will be used on (a `cudaStream_t`, i.e. a CUstream; NULL for
+ *  the default stream). The arena hands out only memory whose earlier work has completed, so a block
+ *  is safe for any stream.
+ *  @return the device address, or NULL on failure (one line on stderr, counted in n_failed_allocs).
+ *  Thread-safe. */
+GG_API void *gg_torch_alloc(ssize_t size, int device, void *stream);
+
+/** PyTorch's free entry point: gives @p ptr back to the arena registered for @p device, after waiting
+ *  for @p stream when it is not the arena's stream (see the group's description).
+ *  @param ptr the block; NULL is a no-op.
+ *  @param size the size given at allocation (not needed: the arena knows it).
+ *  @param device the device ordinal given at allocation.
+ *  @param stream the stream given at allocation.
+ *  Failures write one line to stderr and are counted in n_failed_frees. Thread-safe. */
+GG_API void gg_torch_free(void *ptr, ssize_t size, int device, void *stream);
+
+GG_END_DECLS
+
+/** @} */
+#endif
