@@ -48,5 +48,23 @@ for bench in $b/bench/bench_*; do
   note "$(basename "$bench"): exit ${PIPESTATUS[0]}"
 done
 
+# Python: the binding's tests with torch/cupy on the GPU, the examples, the Python benchmark.
+if command -v python3 >/dev/null; then
+  export GPUGUARD_LIBRARY=$PWD/$b/libgpuguard.so PYTHONUNBUFFERED=1
+  echo "== pytest (bindings/python/tests)" | tee "$out/pytest.log"
+  timeout 400 python3 -m pytest -q -rs -p no:cacheprovider bindings/python/tests 2>&1 | tee -a "$out/pytest.log" | tail -30
+  note "pytest: $(grep -E '[0-9]+ (passed|failed)' "$out/pytest.log" | tail -1)"
+  for ex in examples/torch_train.py examples/cupy_example.py; do
+    echo "== $ex" | tee -a "$out/examples.log"
+    timeout 300 python3 "$ex" 2>&1 | tee -a "$out/examples.log" | tail -40
+    note "$ex: exit ${PIPESTATUS[0]}"
+  done
+  if [ -f bench/bench_python.py ]; then
+    echo "== bench_python.py ${GG_BENCH_PY_ARGS:-}" | tee -a "$out/bench.log"
+    timeout "${GG_BENCH_PY_TIMEOUT:-420}" python3 bench/bench_python.py ${GG_BENCH_PY_ARGS:-} 2>&1 | tee -a "$out/bench.log"
+    note "bench_python.py: exit ${PIPESTATUS[0]}"
+  fi
+fi
+
 echo; echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
