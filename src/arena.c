@@ -111,6 +111,7 @@ struct gg_arena {
   unsigned long long guard_token; /* registration with the live guard of its device, 0 if none */
   struct gg_arena *live_prev, *live_next; /* the process's live arenas, for reports */
   bool on_live;
+  bool ordered_now; /* under the lock: the release in progress is stream-ordered (reusable at once) */
 };
 
 static size_t gg__rsize(size_t req) { return (req + GG__QUANTUM - 1) & ~(GG__QUANTUM - 1); }
@@ -284,7 +285,7 @@ static void gg__fill_stats(const gg_arena_t *a, gg_arena_stats_t *s) {
 /* Released memory: reusable at once without stream tracking, else once the open batch's event says
  * the work queued before now is done. `rec` is a record to reuse, or NULL (reserved by the caller). */
 static void gg__release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__blk_t *rec) {
-  if (!a->track) {
+  if (!a->track || a->ordered_now) {
     gg__fl_put(&a->fl, addr, size, seg, rec);
     return;
   }
@@ -885,9 +886,8 @@ static int gg__bad_free(gg_arena_t *a, uintptr_t p) {
   return gg__err(GG_EINVAL, "gg_free: %#jx was not allocated by arena '%s'", (uintmax_t)p, a->name);
 }
 
-int gg_free(gg_arena_t *a, void *ptr) {
-  int rc = gg__enter(a, "gg_free");
-  if (rc < 0) return rc;
+static int gg__free_locked(gg_arena_t *a, void *ptr) {
+  int rc = 0;
   uintptr_t p = (uintptr_t)ptr;
   long i = ptr ? gg__bump_find(a, p) : -1;
   if (!ptr) {
@@ -929,28 +929,55 @@ int gg_free(gg_arena_t *a, void *ptr) {
       }
     }
   }
+  return rc;
+}
+
+int gg_free(gg_arena_t *a, void *ptr) {
+  int rc = gg__enter(a, "gg_free");
+  if (rc < 0) return rc;
+  rc = gg__free_locked(a, ptr);
   gg__leave(a);
   return rc;
 }
 
+/* CU_STREAM_LEGACY (0x1) names the same stream as NULL, the legacy default stream. */
+static void *gg__norm_stream(void *stream) { return stream == (void *)0x1 ? NULL : stream; }
+
 int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *synced) {
   *synced = 0;
-  int rc = gg__valid(a, "gg_torch_free");
+  int rc = gg__enter(a, "gg_torch_free");
   if (rc < 0) return rc;
-  /* CU_STREAM_LEGACY (0x1) names the same stream as NULL, the legacy default stream. */
-  if (stream == (void *)0x1) stream = NULL;
-  /* stream and track never change after creation: the common path reads them without the lock. */
+  stream = gg__norm_stream(stream);
+  /* Stream-ordered, as PyTorch's own allocator: a block freed on the arena's stream is reusable at once
+   * by later work on that stream, which the stream runs after the work before the free; an allocation
+   * for another stream waits for the arena's stream first (gg__arena_alloc_on). A block freed on
+   * another stream waits for that stream here, under the lock (a guard's teardown cannot close the
+   * device meanwhile). */
   if (a->track && stream != a->stream) {
-    /* The arena's batch events cover its own stream only: wait for this one, so that nothing queued on
-     * it before the free can still touch the block once it is handed out again. Under the lock, so a
-     * guard's teardown cannot close the device meanwhile. */
-    if ((rc = gg__lock_live(a, "gg_torch_free")) < 0) return rc;
     rc = a->ops->stream_sync(a->dev, stream);
+    *synced = 1;
+  }
+  if (rc == 0) {
+    a->ordered_now = true;
+    rc = gg__free_locked(a, ptr);
+    a->ordered_now = false;
+  }
+  gg__leave(a);
+  return rc;
+}
+
+int gg__arena_alloc_on(gg_arena_t *a, size_t size, void *stream, void **ptr, int *synced) {
+  *synced = 0;
+  int rc = gg_alloc_ex(a, size, 0, "torch", ptr);
+  if (rc < 0 || !a->track || gg__norm_stream(stream) == a->stream) return rc;
+  /* For another stream: what the arena's stream still runs may touch a block released onto it. */
+  if ((rc = gg__enter(a, "gg_torch_alloc")) == 0) {
+    rc = a->ops->stream_sync(a->dev, a->stream);
     gg__leave(a);
     *synced = 1;
-    if (rc < 0) return rc;
   }
-  return gg_free(a, ptr);
+  if (rc < 0) gg_free(a, *ptr), *ptr = NULL;
+  return rc;
 }
 
 int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {

@@ -91,8 +91,8 @@ void gg__plugin_forget(const gg_arena_t *arena) {
 }
 
 void *gg_torch_alloc(ssize_t size, int device, void *stream) {
-  (void)stream; /* memory the arena hands out has no pending work on any stream: see plugin.h */
   if (size == 0) return NULL;
+  int synced = 0;
   int rc = gg__plug_device(device, "gg_torch_alloc");
   void *p = NULL;
   if (rc == 0 && size < 0) rc = gg__err(GG_EINVAL, "gg_torch_alloc: size %zd is negative", size);
@@ -103,7 +103,7 @@ void *gg_torch_alloc(ssize_t size, int device, void *stream) {
       rc = gg__err(GG_ESTATE, "gg_torch_alloc: no arena is registered for device %d (gg_plugin_set_arena)",
                    device);
     else
-      rc = gg_alloc_ex(a, (size_t)size, 0, "torch", &p);
+      rc = gg__arena_alloc_on(a, (size_t)size, stream, &p, &synced);
     pthread_rwlock_unlock(&gg__plug_lock);
   }
   if (rc < 0) {
@@ -113,6 +113,7 @@ void *gg_torch_alloc(ssize_t size, int device, void *stream) {
             gg_last_error());
     return NULL;
   }
+  if (synced) atomic_fetch_add_explicit(&gg__plug_count[device].syncs, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&gg__plug_count[device].allocs, 1, memory_order_relaxed);
   return p;
 }

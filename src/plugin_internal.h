@@ -11,5 +11,8 @@ void gg__plugin_forget(const gg_arena_t *arena);
 /* gg_free() for a block used on `stream`: when the arena tracks a stream and `stream` is another one,
  * waits for `stream` first (under the arena's lock) and sets *synced. A failed wait frees nothing. */
 int gg__arena_free_on(gg_arena_t *arena, void *ptr, void *stream, int *synced);
+/* gg_alloc for work on `stream`: when that is not the arena's stream, waits for the arena's stream
+ * (blocks released onto it in stream order may still be in use there). *synced says whether it waited. */
+int gg__arena_alloc_on(gg_arena_t *arena, size_t size, void *stream, void **ptr, int *synced);
 
 #endif

@@ -19,16 +19,18 @@
  *    still using the arena it replaced, so that arena may be destroyed. Destroying a registered arena
  *    unregisters it first (the same guarantee). After fork(), the child starts with an empty table.
  *  - **Streams.** PyTorch passes the stream each block was allocated for (its current stream), and
- *    gives the same stream back at the free. The arena tracks one stream (its `stream` option; PyTorch's
- *    default stream is the NULL stream, the arena's default): a free on that stream, or into an arena
- *    created with GG_ARENA_NO_STREAM, goes straight to gg_free(), whose batch event keeps the memory
- *    from being handed out before the work queued before the free has run. A free on any other stream
- *    first waits for that stream (a stream synchronisation, under the arena's lock), then frees: simple
- *    and correct, at the price of a host-side wait per such free. Code that allocates on side streams
- *    all the time should give the arena that stream, or use `torch.cuda.MemPool`, whose caching
- *    allocator handles streams itself and calls the plugin only for whole segments. If the wait
+ *    gives the same stream back at the free. The plugin is stream-ordered, as PyTorch's own allocator
+ *    is. The arena tracks one stream (its `stream` option; PyTorch's default stream is the NULL stream,
+ *    the arena's default). A block freed on that stream is reusable at once by later allocations for
+ *    that stream: the stream runs their work after the work queued before the free. An allocation for
+ *    any other stream first waits for the arena's stream (a block released onto it may still be in use
+ *    there), and a free on any other stream first waits for that stream; both are host-side waits,
+ *    under the arena's lock, counted in n_stream_syncs. Training on one stream therefore never waits;
+ *    code that allocates on side streams all the time should give the arena that stream, or use
+ *    `torch.cuda.MemPool`, whose caching allocator handles streams itself and calls the plugin only for
+ *    whole segments. With GG_ARENA_NO_STREAM the caller synchronises and nothing waits. If a wait
  *    fails, the block is not freed (it stays in the arena until its scope ends or the arena is
- *    destroyed): memory that work may still read is never handed out again.
+ *    destroyed), and an allocation fails: memory that work may still read is never handed out.
  *  - **Failures.** The functions cannot return an error code: gg_torch_alloc() returns NULL and writes
  *    one line with gg_last_error()'s detail to stderr; gg_torch_free() writes one line. Both are counted
  *    in gg_plugin_stats(). Under `torch.cuda.MemPool`, a NULL makes PyTorch free its cached blocks, retry
@@ -53,8 +55,8 @@ typedef struct gg_plugin_stats {
                                            (out of memory, no arena registered, a torn-down arena) */
   unsigned long long n_failed_frees;  /**< gg_torch_free() calls that could not free (no arena, a
                                            pointer the arena does not know, a failed stream wait) */
-  unsigned long long n_stream_syncs;  /**< frees on a stream other than the arena's that waited for
-                                           that stream first */
+  unsigned long long n_stream_syncs;  /**< allocations and frees on a stream other than the arena's
+                                           that waited for a stream first */
   const gg_arena_t *arena;            /**< the arena registered now, or NULL */
 } gg_plugin_stats_t;
 
@@ -85,8 +87,8 @@ GG_API int gg_plugin_stats(int device, gg_plugin_stats_t *stats);
  *  @param size bytes wanted; 0 gives NULL (no memory, no error); negative is an error.
  *  @param device the device ordinal PyTorch allocates on.
  *  @param stream the stream the block will be used on (a `cudaStream_t`, i.e. a CUstream; NULL for
- *  the default stream). The arena hands out only memory whose earlier work has completed, so a block
- *  is safe for any stream.
+ *  the default stream). For a stream other than the arena's, the arena's stream is waited for first
+ *  (see the group's description), so the block is safe for it.
  *  @return the device address, or NULL on failure (one line on stderr, counted in n_failed_allocs).
  *  Thread-safe. */
 GG_API void *gg_torch_alloc(ssize_t size, int device, void *stream);

@@ -82,13 +82,15 @@ def test_failures_return_null_say_why_and_are_counted(arena, capfd):
 
 def test_free_on_a_foreign_stream_waits_for_it_first(arena, host_stream):
     C.gg_host_fault_set(None)  # resets the backend's operation counters
-    p = C.gg_torch_alloc(4096, 0, host_stream)
-    q = C.gg_torch_alloc(4096, 0, None)
-    syncs = plugin_stats().n_stream_syncs
-    C.gg_torch_free(q, 4096, 0, None)  # the arena's own stream (the default one): no wait
+    q = C.gg_torch_alloc(4096, 0, None)  # the arena's own stream (the default one): no wait
     assert C.gg_host_op_count(b"stream_sync") == 0
-    C.gg_torch_free(p, 4096, 0, host_stream)  # another stream: synchronised before the free
+    p = C.gg_torch_alloc(4096, 0, host_stream)  # another stream: waits for the arena's stream first
     assert C.gg_host_op_count(b"stream_sync") == 1
+    syncs = plugin_stats().n_stream_syncs
+    C.gg_torch_free(q, 4096, 0, None)  # own stream: stream-ordered, reusable at once, no wait
+    assert C.gg_host_op_count(b"stream_sync") == 1
+    C.gg_torch_free(p, 4096, 0, host_stream)  # another stream: synchronised before the free
+    assert C.gg_host_op_count(b"stream_sync") == 2
     assert plugin_stats().n_stream_syncs == syncs + 1
     assert arena.stats()["n_live"] == 0
 
@@ -100,9 +102,9 @@ def test_arena_with_its_own_stream_and_no_stream_flag(host_stream):
         p = C.gg_torch_alloc(256, 0, host_stream)
         C.gg_torch_free(p, 256, 0, host_stream)  # its own stream: straight to gg_free
         assert C.gg_host_op_count(b"stream_sync") == 0
-        p = C.gg_torch_alloc(256, 0, None)
-        C.gg_torch_free(p, 256, 0, None)  # the default stream is a foreign one here
-        assert C.gg_host_op_count(b"stream_sync") == 1
+        p = C.gg_torch_alloc(256, 0, None)  # the default stream is a foreign one here: a wait
+        C.gg_torch_free(p, 256, 0, None)  # and another before the free
+        assert C.gg_host_op_count(b"stream_sync") == 2
     with gpuguard.Arena(capacity=16 * MiB, flags=gpuguard.NO_STREAM) as a:
         C.gg_plugin_set_arena(0, a._handle())
         C.gg_host_fault_set(None)
