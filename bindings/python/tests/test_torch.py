@@ -86,20 +86,21 @@ def test_global_allocator_refused_after_cuda_init(cuda_torch):
     """)
 
 
-def test_side_stream_free_waits_for_that_stream(cuda_torch):
+def test_side_stream_alloc_and_free_wait(cuda_torch):
     run("""
         arena = gpuguard.Arena(capacity=4 << 30)
         ggt.use_arena(arena)
         before = ggt.plugin_counters(0)["n_stream_syncs"]
         s = torch.cuda.Stream()
         with torch.cuda.stream(s):
-            x = torch.ones(16 << 20, device="cuda")
+            x = torch.ones(16 << 20, device="cuda")            # for stream s: waits for the arena's first
             x.mul_(2)
-        del x                                                  # freed with stream s: waited for first
-        after = ggt.plugin_counters(0)
-        assert after["n_stream_syncs"] == before + 1, after
-        y = torch.ones(1 << 20, device="cuda"); del y          # default stream: no wait
         assert ggt.plugin_counters(0)["n_stream_syncs"] == before + 1
+        del x                                                  # freed with stream s: waits for s first
+        after = ggt.plugin_counters(0)
+        assert after["n_stream_syncs"] == before + 2, after
+        y = torch.ones(1 << 20, device="cuda"); del y          # default stream: stream-ordered, no wait
+        assert ggt.plugin_counters(0)["n_stream_syncs"] == before + 2
         print("OK")
     """)
 
