@@ -694,6 +694,17 @@ static int gg__alloc_locked(gg_arena_t *a, size_t n, size_t al, size_t req, cons
       if (!a->fl.bytes || gg__trim_locked(a, 0) < 0) return gg__oom(a, req, al, why);
       why[0] = '\0';
     }
+    /* Before growing: wholly free chunks that nothing waits on go back first (trim never blocks then),
+     * so free memory in the wrong place is not kept mapped beside the new mapping. This is what keeps
+     * peak mapped close to peak in use when request sizes vary from step to step. */
+    if (round == 1 && a->contiguous && a->fl.bytes >= a->chunk_size && !a->pending && a->chead == a->cend &&
+        !a->open.count && a->bump_bytes == a->bump_live_bytes) {
+      gg__err_saved_t saved;
+      gg__err_save(&saved);
+      gg__trim_locked(a, 0); /* a failure only means the growth below maps more */
+      gg__err_restore(&saved);
+      if (gg__try_alloc(a, n, al, req, tag, out)) break;
+    }
     if ((rc = gg__grow_map(a, n, al, why, sizeof why)) == 0) continue;
     if (rc != GG_ENOMEM) return rc;
     /* Out of memory: wait for the stream so every pending release counts, then try again. */
