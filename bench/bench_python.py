@@ -174,10 +174,11 @@ def child_c(mode: str, quick: bool) -> dict:
     import torch
     from torch import nn
     arena = None
-    if mode == "c-gpuguard":
+    if mode.startswith("c-gpuguard"):
         import gpuguard
         import gpuguard.torch as ggt
-        arena = gpuguard.Arena(capacity=None, name="bench-train")  # the device's memory size
+        chunk = (2 << 20) if mode == "c-gpuguard-2m" else None  # None: the library's default (64 MiB)
+        arena = gpuguard.Arena(capacity=None, chunk_size=chunk, name="bench-train")  # capacity: device size
         ggt.use_arena(arena)  # before CUDA is initialised
     steps = 20 if quick else 120
     torch.backends.cuda.matmul.allow_tf32 = True  # same math in every configuration; keeps the run short
@@ -221,7 +222,8 @@ def part_c(args: argparse.Namespace) -> None:
     configs = [("PyTorch default", "c-torch", {}),
                ("expandable_segments:True", "c-torch", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
                ("backend:cudaMallocAsync", "c-torch", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
-               ("gpuguard use_arena", "c-gpuguard", {})]
+               ("gpuguard use_arena", "c-gpuguard", {}),
+               ("gpuguard use_arena, 2 MiB chunks", "c-gpuguard-2m", {})]
     rows = []
     for label, mode, env in configs:
         r = child(mode, args, env)
