@@ -589,21 +589,50 @@ static int gg__grow_map(gg_arena_t *a, size_t n, size_t al, char *why, size_t wh
     if (a->mapped > a->capacity || m > a->capacity - a->mapped)
       return snprintf(why, whycap, "the arena's capacity is exhausted"), GG_ENOMEM;
   }
-  int rc = gg__grow(&a->chunks, &a->capchunks, a->nchunks + 1, sizeof *a->chunks);
+  /* With VMM a large request is mapped as chunk-sized pieces at consecutive addresses: one block to the
+   * allocator, but trim can later give back each piece that no live block touches, so a big mapping
+   * that small blocks reuse does not stay pinned whole (and a growth finds whole pieces to reuse). */
+  size_t piece = a->contiguous && m > a->chunk_size ? a->chunk_size : m;
+  size_t pieces = (m + piece - 1) / piece;
+  int rc = gg__grow(&a->chunks, &a->capchunks, a->nchunks + pieces, sizeof *a->chunks);
   if (rc == 0) rc = gg__fl_reserve(&a->fl, 2);
-  gg__chunk_t *c = rc == 0 ? malloc(sizeof *c) : NULL;
-  if (rc < 0 || !c) return rc < 0 ? rc : gg__err(GG_ENOMEM, "arena: out of host memory for a chunk record");
-  if ((rc = a->ops->map(a->dev, at, m, c)) < 0) {
-    free(c);
-    snprintf(why, whycap, "mapping %zu bytes failed: %s", m, gg_last_error());
+  if (rc < 0) return rc;
+  gg__chunk_t **made = malloc(pieces * sizeof *made);
+  if (!made) return gg__err(GG_ENOMEM, "arena: out of host memory for chunk records");
+  size_t done = 0, k = 0;
+  for (; k < pieces; k++) {
+    size_t sz = m - done < piece ? m - done : piece;
+    made[k] = malloc(sizeof **made);
+    if (!made[k]) {
+      rc = gg__err(GG_ENOMEM, "arena: out of host memory for a chunk record");
+      break;
+    }
+    if ((rc = a->ops->map(a->dev, a->contiguous ? at + done : 0, sz, made[k])) < 0) {
+      snprintf(why, whycap, "mapping %zu bytes failed: %s", sz, gg_last_error());
+      free(made[k]);
+      break;
+    }
+    done += sz;
+  }
+  if (rc < 0) { /* undo the pieces already mapped: all or nothing */
+    gg__err_saved_t saved;
+    gg__err_save(&saved);
+    while (k-- > 0) {
+      a->ops->unmap(a->dev, made[k]);
+      free(made[k]);
+    }
+    gg__err_restore(&saved);
+    free(made);
     return rc;
   }
-  size_t i = gg__chunk_index(a, c->ptr);
-  memmove(a->chunks + i + 1, a->chunks + i, (a->nchunks - i) * sizeof *a->chunks);
-  a->chunks[i] = c, a->nchunks++;
+  size_t i = gg__chunk_index(a, made[0]->ptr);
+  memmove(a->chunks + i + pieces, a->chunks + i, (a->nchunks - i) * sizeof *a->chunks);
+  for (k = 0; k < pieces; k++) a->chunks[i + k] = made[k];
+  a->nchunks += pieces;
   a->mapped += m;
   if (a->mapped > a->peak_mapped) a->peak_mapped = a->mapped;
-  gg__fl_put(&a->fl, c->ptr, m, a->contiguous ? NULL : c, NULL);
+  gg__fl_put(&a->fl, made[0]->ptr, m, a->contiguous ? NULL : made[0], NULL);
+  free(made);
   gg__promote(a);
   return 0;
 }
