@@ -112,6 +112,7 @@ struct gg_arena {
   struct gg_arena *live_prev, *live_next; /* the process's live arenas, for reports */
   bool on_live;
   bool ordered_now; /* under the lock: the release in progress is stream-ordered (reusable at once) */
+  bool ordered_released; /* stream-ordered releases since the last trim: unmapping must wait for the stream */
 };
 
 static size_t gg__rsize(size_t req) { return (req + GG__QUANTUM - 1) & ~(GG__QUANTUM - 1); }
@@ -727,7 +728,8 @@ static int gg__alloc_locked(gg_arena_t *a, size_t n, size_t al, size_t req, cons
      * so free memory in the wrong place is not kept mapped beside the new mapping. This is what keeps
      * peak mapped close to peak in use when request sizes vary from step to step. */
     if (round == 1 && a->contiguous && a->fl.bytes >= a->chunk_size && !a->pending && a->chead == a->cend &&
-        !a->open.count && a->bump_bytes == a->bump_live_bytes) {
+        !a->open.count && a->bump_bytes == a->bump_live_bytes &&
+        (!a->track || !a->ordered_released || a->ops->stream_query(a->dev, a->stream) == 1)) {
       gg__err_saved_t saved;
       gg__err_save(&saved);
       gg__trim_locked(a, 0); /* a failure only means the growth below maps more */
@@ -998,7 +1000,7 @@ int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *synced) {
     *synced = 1;
   }
   if (rc == 0) {
-    a->ordered_now = true;
+    a->ordered_now = true, a->ordered_released = true;
     rc = gg__free_locked(a, ptr);
     a->ordered_now = false;
   }
@@ -1086,6 +1088,10 @@ static int gg__trim_locked(gg_arena_t *a, size_t keep) {
   int rc;
   if ((rc = gg__bump_flush(a)) < 0 || (rc = gg__settle(a)) < 0) return rc;
   if (!a->nchunks) return 0;
+  /* Releases made in stream order (the framework plugin) are free at once but may still be read by
+   * work queued before them: memory is unmapped only once the stream has run all of it. */
+  if (a->track && a->ordered_released && (rc = a->ops->stream_sync(a->dev, a->stream)) < 0) return rc;
+  a->ordered_released = false;
   size_t nf = a->fl.count + 1;
   gg__blk_t **fs = malloc(nf * sizeof *fs);
   if (!fs || (rc = gg__fl_reserve(&a->fl, a->nchunks + nf + 2)) < 0) {

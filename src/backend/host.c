@@ -233,7 +233,8 @@ static int gg__h_stream_sync(gg__dev_t *d, void *stream) {
   int rc = gg__op(GG__OP_stream_sync);
   if (rc < 0) return rc;
   gg__hstream_t *s = stream;
-  if (s && atomic_load(&s->completed) < atomic_load(&s->submitted))
+  /* A held stream stands for one with a kernel still running: waiting for it would never return. */
+  if (s && (atomic_load(&s->held) || atomic_load(&s->completed) < atomic_load(&s->submitted)))
     return gg__err(GG_ETIMEDOUT, "host backend: stream is held with pending work; release it first");
   return 0;
 }

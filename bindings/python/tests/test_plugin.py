@@ -151,3 +151,24 @@ def test_torch_style_stats_without_torch(arena):
     arena.trim()
     assert torch_style_stats(arena)["reserved_bytes.all.current"] == 0
     assert _lib.path  # the library path CUDAPluggableAllocator is given
+
+
+def test_trim_waits_for_the_stream_after_stream_ordered_frees(host_stream):
+    """A block freed in stream order is reusable at once, but its memory is unmapped only once the
+    work queued before the free has run (found on the H200: unmapping under a running cuBLAS call
+    made it fail)."""
+    with gpuguard.Arena(capacity=16 * MiB, chunk_size=2 * MiB, stream=host_stream) as a:
+        C.gg_plugin_set_arena(0, a._handle())
+        p = C.gg_torch_alloc(4 * MiB, 0, host_stream)
+        mapped = a.stats()["bytes_mapped"]
+        C.gg_host_stream_hold(host_stream)  # "a kernel still reads the block"
+        C.gg_torch_free(p, 4 * MiB, 0, host_stream)
+        with pytest.raises(gpuguard.TimeoutError_):
+            a.trim()  # must wait for the stream; a held host stream cannot be waited for
+        assert a.stats()["bytes_mapped"] == mapped
+        q = C.gg_torch_alloc(4 * MiB, 0, host_stream)  # growth does not trim under running work either
+        assert a.stats()["bytes_mapped"] >= mapped
+        C.gg_torch_free(q, 4 * MiB, 0, host_stream)
+        C.gg_host_stream_release(host_stream)
+        a.trim()
+        assert a.stats()["bytes_mapped"] == 0
