@@ -188,8 +188,7 @@ int gg__close_fds_matching(const char *prefix) {
 }
 
 /* Pids holding an open descriptor whose link target is exactly `target` (not async-signal-safe: it
- * allocates). */
-/* Only processes this user may inspect are seen (all of them for root). */
+ * allocates). Only processes this user may inspect are seen (all of them for root). */
 int gg__scan_fd_holders(const char *proc_root, const char *target, int **pids, size_t *n) {
   *pids = NULL, *n = 0;
   DIR *d = opendir(proc_root);

@@ -264,7 +264,10 @@ static int gg__orphan_visit(const gg__pinfo_t *info, void *user) {
   row.used_bytes = -1;
   gg__join_proc(&row, w->me);
   gg__classify(&row, w->sessions);
-  if (row.cls == GG_PROCESS_ORPHAN && row.start_time == info->start) gg__orphan_add(w, &row);
+  /* Only proof counts here: the session's leader left a record and it is stale. A session whose
+   * leader this registry never saw (another registry directory, another tool) is not ours to judge. */
+  if (row.cls == GG_PROCESS_ORPHAN && row.start_time == info->start && gg__leader_alive(w->sessions, row.session) == 0)
+    gg__orphan_add(w, &row);
   return 0;
 }
 
@@ -277,23 +280,19 @@ int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count) {
   int rc = gg__proc_walk(gg__orphan_visit, &w);
   free(sessions.recs);
   if (rc < 0) return gg__err(GG_EIO, "gg_orphan_list: cannot read /proc: %s", strerror(-rc));
-  /* Orphans the driver lists (multiprocessing workers without a session) and their memory. */
+  /* The device memory each holds, where the driver says. */
   gg__err_saved_t saved;
   gg__err_save(&saved);
   int ndev = 0;
-  if (gg__cuda_count(&ndev) != 0) ndev = 0;
-  if (ndev == 0 && gg__env("GPUGUARD_NVML_LIBRARY")) ndev = 1; /* a stand-in NVML without a driver */
+  if (w.n && gg__cuda_count(&ndev) != 0) ndev = 0;
   for (int d = 0; d < ndev; d++) {
     gg_process_t got[64];
     size_t n = 0;
     if (gg_process_list(d, got, 64, &n) != 0) continue;
-    for (size_t i = 0; i < n && i < 64; i++) {
-      if (got[i].cls != GG_PROCESS_ORPHAN || got[i].uid != w.me) continue;
-      bool seen = false;
+    for (size_t i = 0; i < n && i < 64; i++)
       for (size_t j = 0; j < w.n && j < w.cap; j++)
-        if (rows[j].pid == got[i].pid) rows[j].used_bytes = got[i].used_bytes, rows[j].device = d, seen = true;
-      if (!seen) gg__orphan_add(&w, &got[i]);
-    }
+        if (rows[j].pid == got[i].pid && rows[j].start_time == got[i].start_time)
+          rows[j].used_bytes = got[i].used_bytes, rows[j].device = d;
   }
   gg__err_restore(&saved);
   *count = w.n;

@@ -551,12 +551,13 @@ static const command_t commands[] = {
      "GPUGUARD_SESSION), forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to CMD, and exits with CMD's status\n"
      "(128+N when CMD was ended by signal N); the runner's own signal is in the receipt.\n"},
     {"reap", "[--dry-run] [--yes] [--grace MS]",
-     "Ends your orphans: workers of dead gpuguard sessions, orphaned workers holding GPU memory.", cmd_reap,
+     "Ends your orphans of dead gpuguard sessions (their leader's registry record is stale).", cmd_reap,
      "  --dry-run   list them, do nothing\n"
      "  --yes       end them without asking (otherwise asks on a terminal, lists elsewhere)\n"
      "  --grace MS  time between SIGTERM and SIGKILL (default 2000)\n"
      "  -h, --help  this help\n"
-     "Only your own processes; each is verified by its start time before it is signalled.\n"},
+     "Only your own processes, only with that proof; each is verified by its start time before it is\n"
+     "signalled.\n"},
     {"info", "[--json|--prom]", "Shows the devices and their memory.", cmd_info,
      "  --json        as JSON\n"
      "  --prom        as Prometheus text exposition (format 0.0.4)\n"

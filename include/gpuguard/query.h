@@ -83,11 +83,12 @@ GG_API int gg_device_info(int device, gg_device_info_t *info);
  *  NVML fails. Thread-safe. */
 GG_API int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count);
 
-/** Lists the caller's own processes that are orphans: members of a gpuguard session whose leader is
- *  dead (found through the session registry and each process's GPUGUARD_SESSION), and orphaned
- *  multiprocessing workers holding device memory — whether they hold device memory or not (used_bytes
- *  is -1 for those that do not, device -1). Each row carries the start time that names the process, so
- *  that acting on it later can verify the pid still means the same process.
+/** Lists the caller's own processes that are orphans of dead gpuguard sessions: processes carrying a
+ *  session id (GPUGUARD_SESSION, or a registry record) whose leader's registry record is stale (the
+ *  leader died without tearing down) — whether they hold device memory or not (used_bytes is -1 and
+ *  device -1 for those that do not). Only that proof counts: a session whose leader the registry never
+ *  recorded is left alone. Each row carries the start time that names the process, so that acting on it
+ *  later can verify the pid still means the same process.
  *  @param[out] rows array of @p cap rows (may be NULL when cap is 0).
  *  @param cap rows available.
  *  @param[out] count receives the number of orphans found (may exceed cap).
