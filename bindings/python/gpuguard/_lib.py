@@ -204,6 +204,33 @@ for _name, _args, _res, _checked in FUNCTIONS:
     setattr(C, _name, _fn)
 
 
+# The calls on the per-allocation path, without errcheck: the caller tests the status itself, which
+# saves a Python-level call per C call (the binding's overhead per alloc+free and per scope is the cost
+# users see). Separate function objects (lib[name]), so the checked ones above stay as they are.
+_HOT = ("gg_alloc_ex", "gg_free", "gg_scope_begin", "gg_scope_end")
+
+
+class _Raw:
+    """Unchecked hot-path functions: each returns the raw status; use raise_for() on a negative one."""
+
+
+RAW = _Raw()
+for _name, _args, _res, _checked in FUNCTIONS:
+    if _name in _HOT:
+        try:
+            _fn = lib[_name]
+        except AttributeError:
+            setattr(RAW, _name, _missing(_name))
+            continue
+        _fn.argtypes, _fn.restype = _args, _res
+        setattr(RAW, _name, _fn)
+
+
+def raise_for(rc: int) -> None:
+    """Raises the exception for a negative status, with this thread's detail message."""
+    raise error_for(rc, lib.gg_last_error().decode(errors="replace"), lib.gg_err_name(rc).decode())
+
+
 def enc(s: Optional[str]) -> Optional[bytes]:
     """str → bytes for char* arguments (None stays NULL)."""
     return None if s is None else s.encode()

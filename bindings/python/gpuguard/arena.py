@@ -9,7 +9,7 @@ from ctypes import byref, c_void_p
 from typing import Any, Dict, List, Optional, Union
 
 from . import _lib
-from ._lib import C, ArenaOptions, ArenaStats, BlockInfo, Scope as _CScope, StatsBuffer, enc
+from ._lib import C, RAW, ArenaOptions, ArenaStats, BlockInfo, Scope as _CScope, StatsBuffer, enc, raise_for
 from .errors import StateError
 
 NO_STREAM = 0x1
@@ -55,20 +55,26 @@ class ArenaScope:
     also when an exception (KeyboardInterrupt included) leaves the ``with`` block; the exception then
     propagates unchanged."""
 
+    __slots__ = ("_arena", "_scope", "_open")
+
     def __init__(self, arena: "Arena") -> None:
         self._arena = arena
-        self._scope: Optional[_CScope] = None
+        self._scope = _CScope()
+        self._open = False
 
     def __enter__(self) -> "ArenaScope":
-        s = _CScope()
-        C.gg_scope_begin(self._arena._handle(), byref(s))
-        self._scope = s
+        rc = RAW.gg_scope_begin(self._arena._handle(), self._scope)
+        if rc < 0:
+            raise_for(rc)
+        self._open = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        s, self._scope = self._scope, None
-        if s is not None:
-            C.gg_scope_end(byref(s))
+        if self._open:
+            self._open = False
+            rc = RAW.gg_scope_end(self._scope)
+            if rc < 0:
+                raise_for(rc)
 
 
 class Arena:
@@ -146,12 +152,22 @@ class Arena:
         """Allocates ``size`` bytes (256-byte aligned, or ``align``, a power of two). Raises
         OutOfMemoryError with the arena's figures when it does not fit."""
         p = c_void_p()
-        C.gg_alloc_ex(self._handle(), size, align, enc(tag), byref(p))
+        h = self._h
+        if h is None:
+            self._handle()  # raises StateError
+        rc = RAW.gg_alloc_ex(h, size, align, None if tag is None else tag.encode(), byref(p))
+        if rc < 0:
+            raise_for(rc)
         return Allocation(self, p.value or 0, size, tag)
 
     def free(self, block: Union[Allocation, int]) -> None:
         """Releases a block (an Allocation or a device address)."""
-        C.gg_free(self._handle(), int(block))
+        h = self._h
+        if h is None:
+            self._handle()  # raises StateError
+        rc = RAW.gg_free(h, block.ptr if type(block) is Allocation else int(block))
+        if rc < 0:
+            raise_for(rc)
 
     def scope(self) -> ArenaScope:
         """A scope, for ``with``: blocks allocated inside are released when it ends."""
