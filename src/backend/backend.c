@@ -39,10 +39,3 @@ int gg__dev_count(const char *name, int *count) {
   if (b[0] == 'h') return (*count = 1), 0;
   return gg__cuda_count(count);
 }
-
-int gg__dev_props(const char *name, int index, gg__dev_props_t *props) {
-  const char *b;
-  int rc = gg__backend_resolve(name, index, &b);
-  if (rc < 0) return rc;
-  return b[0] == 'c' ? gg__cuda_props(index, props) : gg__host_props(index, props);
-}

@@ -85,7 +85,6 @@ int gg__dev_open(const char *name, int index, gg__dev_t **dev);
 /* NULL-tolerant. */
 void gg__dev_close(gg__dev_t *dev);
 int gg__dev_count(const char *name, int *count);
-int gg__dev_props(const char *name, int index, gg__dev_props_t *props);
 
 /* Per-backend entry points used by backend.c. */
 int gg__cuda_open(int index, gg__dev_t **dev);
