@@ -37,7 +37,8 @@ typedef struct gg__bent {
   size_t req;
   const char *tag;
   int depth;
-  int live;
+  bool live;
+  bool ordered; /* freed in stream order (the plugin): its memory is reusable at once */
 } gg__bent_t;
 
 typedef struct gg__brun {
@@ -279,6 +280,7 @@ static void gg__fill_stats(const gg_arena_t *a, gg_arena_stats_t *s) {
   s->bytes_pending = a->pending + (a->bump_bytes - a->bump_live_bytes);
   s->n_chunks = a->nchunks;
   s->n_events = a->probe.events_recorded;
+  s->n_stream_waits = a->probe.stream_waits;
 }
 
 /* ---- releasing memory and stream batches --------------------------------------------------------- */
@@ -400,11 +402,15 @@ static void gg__maybe_close(gg_arena_t *a) {
 static int gg__settle(gg_arena_t *a) {
   if (!a->track || (a->chead == a->cend && !a->open.count)) return 0;
   int rc = gg__batch_close(a);
-  if (rc == 0) rc = a->ops->event_sync(a->dev, a->closed[a->cend - 1].ev);
+  if (rc == 0) {
+    a->probe.stream_waits++;
+    rc = a->ops->event_sync(a->dev, a->closed[a->cend - 1].ev);
+  }
   if (rc < 0) {
     /* No event to wait on, or waiting on it failed: the whole stream covers every batch, open too. */
     gg__err_saved_t first;
     gg__err_save(&first);
+    a->probe.stream_waits++;
     if ((rc = a->ops->stream_sync(a->dev, a->stream)) < 0) return rc;
     gg__err_restore(&first);
     if (a->open.count && (rc = gg__batch_merge(a, &a->open)) < 0) return rc;
@@ -431,7 +437,7 @@ static uintptr_t gg__bump_push(gg_arena_t *a, size_t n, size_t align, size_t req
   }
   int d = a->nframes - 1;
   a->bump[a->nbump++] =
-      (gg__bent_t){.start = t->addr, .ptr = p, .req = req, .tag = tag, .depth = d, .live = 1};
+      (gg__bent_t){.start = t->addr, .ptr = p, .req = req, .tag = tag, .depth = d, .live = true};
   t->addr += used, t->size -= used, a->fl.bytes -= used;
   a->bump_bytes += used, a->bump_live_bytes += n;
   a->frames[d].bump_live++, a->frames[d].bump_bytes += n;
@@ -454,11 +460,28 @@ static void gg__bump_cut(gg_arena_t *a, size_t k) {
   for (int d = a->nframes - 1; d >= 0 && a->frames[d].bump_first > k; d--) a->frames[d].bump_first = k;
 }
 
-/* Cuts freed entries off the end of the log. */
+/* Cuts freed entries off the end of the log: those freed in stream order are reusable at once, the
+ * others join the open batch (a group at a time, so neither kind is released the other's way). */
 static void gg__bump_pop_dead(gg_arena_t *a) {
-  size_t k = a->nbump;
-  while (k && !a->bump[k - 1].live) k--;
-  if (k < a->nbump && gg__fl_reserve(&a->fl, a->nruns + 1) == 0) gg__bump_cut(a, k);
+  bool was = a->ordered_now;
+  while (a->nbump && !a->bump[a->nbump - 1].live) {
+    bool ordered = a->bump[a->nbump - 1].ordered;
+    size_t k = a->nbump;
+    while (k && !a->bump[k - 1].live && a->bump[k - 1].ordered == ordered) k--;
+    if (gg__fl_reserve(&a->fl, a->nruns + 1) < 0) break;
+    a->ordered_now = ordered;
+    gg__bump_cut(a, k);
+  }
+  a->ordered_now = was;
+}
+
+/* Releases padding and freed entries found by a flush: at once unless an entry was freed outside
+ * stream order (padding was never handed out). */
+static void gg__flush_hole(gg_arena_t *a, uintptr_t hole, size_t holen, void *seg, bool tracked) {
+  bool was = a->ordered_now;
+  a->ordered_now = !tracked;
+  gg__release(a, hole, holen, seg, NULL);
+  a->ordered_now = was;
 }
 
 /* Turns the log into block records: live entries become USED records of their scopes, padding and
@@ -475,6 +498,7 @@ static int gg__bump_flush(gg_arena_t *a) {
     size_t last = ri + 1 < a->nruns ? a->runs[ri + 1].first : a->nbump;
     uintptr_t hole = 0;
     size_t holen = 0;
+    bool tracked = false; /* the hole holds an entry freed outside stream order: it waits for the stream */
     for (size_t i = a->runs[ri].first; i < last; i++) {
       gg__bent_t *e = &a->bump[i];
       uintptr_t upto = e->live ? e->ptr : gg__bend(e);
@@ -482,8 +506,11 @@ static int gg__bump_flush(gg_arena_t *a) {
         if (!holen) hole = e->start;
         holen = upto - hole;
       }
-      if (!e->live) continue;
-      if (holen) gg__release(a, hole, holen, seg, NULL), holen = 0;
+      if (!e->live) {
+        tracked |= !e->ordered;
+        continue;
+      }
+      if (holen) gg__flush_hole(a, hole, holen, seg, tracked), holen = 0, tracked = false;
       gg__blk_t *b = gg__fl_take_rec(&a->fl);
       b->addr = e->ptr, b->size = gg__rsize(e->req), b->seg = seg, b->state = GG__BLK_USED;
       b->req = e->req, b->tag = e->tag, b->depth = e->depth;
@@ -494,7 +521,7 @@ static int gg__bump_flush(gg_arena_t *a) {
       gg__amap_put(&a->used, b->addr, b);
       a->probe.blocks_visited++;
     }
-    if (holen) gg__release(a, hole, holen, seg, NULL);
+    if (holen) gg__flush_hole(a, hole, holen, seg, tracked);
   }
   a->nbump = a->nruns = a->bump_bytes = a->bump_live_bytes = 0;
   for (int d = 0; d < a->nframes; d++)
@@ -697,6 +724,22 @@ static void gg__reclaim(gg_arena_t *a) {
 
 static int gg__trim_locked(gg_arena_t *a, size_t keep);
 
+/* Whether to give wholly free chunks back before mapping n more bytes. Only when the growth would
+ * raise peak mapped: free memory in the wrong place is then not kept mapped beside the new mapping,
+ * which keeps peak mapped close to peak in use when request sizes vary from step to step. Below the
+ * peak the arena keeps what it has (no map/unmap churn; trim() gives it back). The trim may wait for
+ * the stream, so it runs only when a free block is large enough to hold a whole chunk. */
+static bool gg__trim_before_growth(const gg_arena_t *a, size_t n) {
+  if (!a->contiguous || a->fl.bytes < 2 * a->chunk_size) return false;
+  size_t grow = (size_t)gg__align_up(n, a->gran);
+  if (grow < a->chunk_size) grow = a->chunk_size;
+  if (a->mapped + grow <= a->peak_mapped) return false;
+  const gg__blk_t *b = gg__fl_largest(&a->fl), *t = a->fl.top;
+  size_t largest = b ? b->size : 0;
+  if (t && t->size > largest) largest = t->size;
+  return largest >= 2 * a->chunk_size || a->bump_bytes > a->bump_live_bytes || a->pending;
+}
+
 static int gg__oom(gg_arena_t *a, size_t req, size_t al, const char *why) {
   gg_arena_stats_t s;
   gg__fill_stats(a, &s);
@@ -724,12 +767,7 @@ static int gg__alloc_locked(gg_arena_t *a, size_t n, size_t al, size_t req, cons
       if (!a->fl.bytes || gg__trim_locked(a, 0) < 0) return gg__oom(a, req, al, why);
       why[0] = '\0';
     }
-    /* Before growing: wholly free chunks that nothing waits on go back first (trim never blocks then),
-     * so free memory in the wrong place is not kept mapped beside the new mapping. This is what keeps
-     * peak mapped close to peak in use when request sizes vary from step to step. */
-    if (round == 1 && a->contiguous && a->fl.bytes >= a->chunk_size && !a->pending && a->chead == a->cend &&
-        !a->open.count && a->bump_bytes == a->bump_live_bytes &&
-        (!a->track || !a->ordered_released || a->ops->stream_query(a->dev, a->stream) == 1)) {
+    if (round == 1 && gg__trim_before_growth(a, n)) {
       gg__err_saved_t saved;
       gg__err_save(&saved);
       gg__trim_locked(a, 0); /* a failure only means the growth below maps more */
@@ -944,7 +982,7 @@ static int gg__free_locked(gg_arena_t *a, void *ptr) {
     } else {
       /* The entry stays in the log as freed; its memory returns when the log is cut or compacted. */
       size_t n = gg__rsize(e->req);
-      e->live = 0;
+      e->live = false, e->ordered = a->ordered_now;
       gg__count_release(a, n, 1);
       a->bump_live_bytes -= n, a->frames[e->depth].bump_live--, a->frames[e->depth].bump_bytes -= n;
       /* LIFO frees leave the log at once: without stream tracking top moves back over them; with it
@@ -997,7 +1035,7 @@ int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *synced) {
    * device meanwhile). */
   if (a->track && stream != a->stream) {
     rc = a->ops->stream_sync(a->dev, stream);
-    *synced = 1;
+    *synced = 1, a->probe.stream_waits++;
   }
   if (rc == 0) {
     a->ordered_now = true, a->ordered_released = true;
@@ -1015,6 +1053,7 @@ int gg__arena_alloc_on(gg_arena_t *a, size_t size, void *stream, void **ptr, int
   /* For another stream: what the arena's stream still runs may touch a block released onto it. */
   if ((rc = gg__enter(a, "gg_torch_alloc")) == 0) {
     rc = a->ops->stream_sync(a->dev, a->stream);
+    a->probe.stream_waits++;
     gg__leave(a);
     *synced = 1;
   }
@@ -1090,7 +1129,10 @@ static int gg__trim_locked(gg_arena_t *a, size_t keep) {
   if (!a->nchunks) return 0;
   /* Releases made in stream order (the framework plugin) are free at once but may still be read by
    * work queued before them: memory is unmapped only once the stream has run all of it. */
-  if (a->track && a->ordered_released && (rc = a->ops->stream_sync(a->dev, a->stream)) < 0) return rc;
+  if (a->track && a->ordered_released) {
+    a->probe.stream_waits++;
+    if ((rc = a->ops->stream_sync(a->dev, a->stream)) < 0) return rc;
+  }
   a->ordered_released = false;
   size_t nf = a->fl.count + 1;
   gg__blk_t **fs = malloc(nf * sizeof *fs);

@@ -12,6 +12,7 @@ typedef struct gg__arena_probe {
   unsigned long long blocks_visited;  /* block records touched by scope ends (O(1) ends touch none) */
   unsigned long long bump_flushes;    /* times the bump log was converted to block records */
   unsigned long long events_recorded; /* batch events recorded */
+  unsigned long long stream_waits;    /* host-side waits for the stream or an event on it */
   unsigned long long events_queried;  /* non-blocking completion checks */
   unsigned long long stream_queries;  /* stream idle checks (settle everything without an event) */
   unsigned long long batches_merged;  /* batches whose memory became reusable */

@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpuguard/plugin.h"
 #include "internal.h"
@@ -19,6 +20,33 @@ static pthread_rwlock_t gg__plug_lock = PTHREAD_RWLOCK_INITIALIZER;
 static gg_arena_t *gg__plug[GG_PLUGIN_MAX_DEVICES];
 static gg__plug_counters_t gg__plug_count[GG_PLUGIN_MAX_DEVICES];
 static pthread_once_t gg__plug_once = PTHREAD_ONCE_INIT;
+
+/* GPUGUARD_PLUGIN_TRACE=FILE records every call, for bench_replay: `a PTR SIZE STREAM`, `f PTR STREAM`.
+ * Opened at the first call; a name that cannot be opened is reported once and tracing stays off. */
+static pthread_once_t gg__trace_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t gg__trace_lock = PTHREAD_MUTEX_INITIALIZER;
+static FILE *gg__trace;
+
+static void gg__trace_open(void) {
+  const char *path = gg__env("GPUGUARD_PLUGIN_TRACE");
+  if (!path) return;
+  if (!(gg__trace = fopen(path, "w")))
+    fprintf(stderr, "gpuguard: GPUGUARD_PLUGIN_TRACE='%s' cannot be opened; not tracing\n", path);
+  else
+    fprintf(gg__trace, "# gpuguard plugin trace, pid %ld\n", (long)getpid());
+}
+
+static void gg__trace_line(char op, const void *ptr, ssize_t size, const void *stream) {
+  pthread_once(&gg__trace_once, gg__trace_open);
+  if (!gg__trace) return;
+  pthread_mutex_lock(&gg__trace_lock);
+  if (op == 'a')
+    fprintf(gg__trace, "a %p %zd %p\n", ptr, size, stream);
+  else
+    fprintf(gg__trace, "f %p %p\n", ptr, stream);
+  fflush(gg__trace); /* the process may end without exit handlers (PyTorch's global allocator) */
+  pthread_mutex_unlock(&gg__trace_lock);
+}
 
 /* fork() while another thread holds the lock would leave it held forever in the child: take it around
  * the fork. The child's table starts empty (the parent's arenas refuse use there anyway). */
@@ -115,12 +143,14 @@ void *gg_torch_alloc(ssize_t size, int device, void *stream) {
   }
   if (synced) atomic_fetch_add_explicit(&gg__plug_count[device].syncs, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&gg__plug_count[device].allocs, 1, memory_order_relaxed);
+  gg__trace_line('a', p, size, stream);
   return p;
 }
 
 void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   (void)size; /* the arena knows every block's size */
   if (!ptr) return;
+  gg__trace_line('f', ptr, 0, stream);
   int synced = 0;
   int rc = gg__plug_device(device, "gg_torch_free");
   if (rc == 0) {

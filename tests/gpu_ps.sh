@@ -10,15 +10,20 @@ fi
 if ! python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
   echo "SKIP: needs PyTorch with CUDA"; exit 77
 fi
-python3 -c "import torch, time; x = torch.empty(2 << 30, dtype=torch.uint8, device='cuda'); x.fill_(1); torch.cuda.synchronize(); time.sleep(60)" &
+ready=$(mktemp)
+trap 'rm -f "$ready"' EXIT
+# The holder says when it is done allocating: its memory is stable from then on (cuBLAS and the
+# context grow it for a while after the first tensor).
+python3 -c "import torch, time, sys; x = torch.empty(2 << 30, dtype=torch.uint8, device='cuda'); x.fill_(1); torch.cuda.synchronize(); open(sys.argv[1], 'w').write('ready'); time.sleep(60)" "$ready" &
 holder=$!
-trap 'kill $holder 2>/dev/null || true; wait $holder 2>/dev/null || true' EXIT
-smi=""
-for i in $(seq 1 300); do   # up to 30 s for CUDA to start
-  smi=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', ' -v p=$holder '$1==p {print $2}')
-  [ -n "$smi" ] && [ "$smi" -ge 2048 ] && break
+trap 'kill $holder 2>/dev/null || true; wait $holder 2>/dev/null || true; rm -f "$ready"' EXIT
+for i in $(seq 1 600); do   # up to 60 s for CUDA to start
+  [ -s "$ready" ] && break
   sleep 0.1
 done
+[ -s "$ready" ] || { echo "FAIL: the holder never got ready"; exit 1; }
+sleep 0.5
+smi=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', ' -v p=$holder '$1==p {print $2}')
 [ -n "$smi" ] || { echo "FAIL: nvidia-smi never listed pid $holder"; exit 1; }
 GPUGUARD_BACKEND=cuda $g ps
 GPUGUARD_BACKEND=cuda $g ps --json > /tmp/gg_ps.json

@@ -50,6 +50,81 @@ static void test_register_alloc_free_destroy(void **state) {
   gg_assert_fails(gg_plugin_stats(0, NULL), GG_EINVAL, "NULL");
 }
 
+static gg_arena_t *make_arena_on(size_t capacity, size_t chunk, void *stream) {
+  gg_arena_options_t o;
+  gg_arena_options_init(&o);
+  o.backend = "host", o.capacity = capacity, o.chunk_size = chunk, o.stream = stream;
+  gg_arena_t *a = NULL;
+  gg_assert_ok(gg_arena_create(&a, &o));
+  return a;
+}
+
+/* Frees in stream order are reusable at once also when the block was bump-allocated in the middle of
+ * the log and its memory comes back later, at a compaction: the stream may never catch up (held), yet
+ * nothing waits and nothing new is mapped. A gg_free of the same kind of block, not in stream order,
+ * does wait. */
+static void test_ordered_free_in_log_is_reused_at_once(void **state) {
+  (void)state;
+  void *hs = NULL;
+  gg_assert_ok(gg_host_stream_create(&hs));
+  gg_arena_t *a = make_arena_on(64u << 20, 4u << 20, hs);
+  gg_assert_ok(gg_plugin_set_arena(2, a));
+  gg_assert_ok(gg_host_stream_hold(hs)); /* work on the stream never completes by itself */
+  void *p[4];
+  for (int i = 0; i < 4; i++) assert_non_null(p[i] = gg_torch_alloc(1u << 20, 2, hs)); /* fills the chunk */
+  gg_torch_free(p[1], 1u << 20, 2, hs); /* in the middle of the log */
+  void *q = gg_torch_alloc(1u << 20, 2, hs);
+  assert_ptr_equal(q, p[1]);
+  gg_arena_stats_t s;
+  gg_assert_ok(gg_arena_stats(a, &s));
+  assert_int_equal(s.bytes_mapped, 4u << 20);
+  assert_int_equal(s.bytes_pending, 0);
+  /* Not in stream order: the block waits for the held stream, so the next one comes from new memory. */
+  gg_assert_ok(gg_free(a, p[2]));
+  void *r = gg_torch_alloc(1u << 20, 2, hs);
+  assert_non_null(r);
+  assert_ptr_not_equal(r, p[2]);
+  gg_assert_ok(gg_arena_stats(a, &s));
+  assert_int_equal(s.bytes_pending, 1u << 20);
+  assert_int_equal(s.bytes_mapped, 8u << 20);
+  gg_assert_ok(gg_host_stream_release(hs));
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_ok(gg_host_stream_destroy(hs));
+}
+
+/* An allocation that would raise peak mapped first waits for the stream and gives back the wholly free
+ * chunks (the device is always busy here: GPUGUARD_HOST_BUSY); one that stays under the peak maps
+ * without waiting. */
+static void test_growth_past_the_peak_trims_first(void **state) {
+  (void)state;
+  setenv("GPUGUARD_HOST_BUSY", "1", 1);
+  const size_t M = 1u << 20;
+  gg_arena_t *a = make_arena_on(256 * M, 2 * M, NULL);
+  gg_assert_ok(gg_plugin_set_arena(4, a));
+  void *x = gg_torch_alloc((ssize_t)(16 * M), 4, NULL), *y = gg_torch_alloc(256, 4, NULL);
+  assert_non_null(x), assert_non_null(y);
+  gg_torch_free(x, (ssize_t)(16 * M), 4, NULL); /* 16 MiB free below y; 18 MiB mapped */
+  gg_arena_stats_t s0, s1, s2;
+  gg_assert_ok(gg_arena_stats(a, &s0));
+  assert_int_equal(s0.bytes_mapped, 18 * M);
+  void *z = gg_torch_alloc((ssize_t)(20 * M), 4, NULL); /* does not fit the hole: grows past the peak */
+  assert_non_null(z);
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  assert_int_equal(s1.n_trims, s0.n_trims + 1);
+  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits + 1);
+  assert_true(s1.peak_mapped <= 24 * M); /* 38 MiB had the hole stayed mapped */
+  /* Below the peak: a growth maps without waiting (nothing else is free to give back anyway). */
+  gg_torch_free(z, (ssize_t)(20 * M), 4, NULL);
+  gg_assert_ok(gg_arena_trim(a, 0));
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  assert_non_null(z = gg_torch_alloc((ssize_t)(12 * M), 4, NULL));
+  gg_assert_ok(gg_arena_stats(a, &s2));
+  assert_int_equal(s2.n_stream_waits, s1.n_stream_waits);
+  assert_true(s2.bytes_mapped > s1.bytes_mapped);
+  gg_assert_ok(gg_arena_destroy(a));
+  unsetenv("GPUGUARD_HOST_BUSY");
+}
+
 typedef struct race {
   atomic_bool stop;
   atomic_ulong done;
@@ -93,6 +168,8 @@ int main(void) {
   setenv("GPUGUARD_HOST_CAPACITY", "1G", 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_register_alloc_free_destroy),
+      cmocka_unit_test(test_ordered_free_in_log_is_reused_at_once),
+      cmocka_unit_test(test_growth_past_the_peak_trims_first),
       cmocka_unit_test(test_allocations_race_registration_and_destroy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

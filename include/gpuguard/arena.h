@@ -75,6 +75,10 @@ typedef struct gg_arena_stats {
   unsigned long long n_chunks; /**< chunks mapped now */
   unsigned long long n_events; /**< events recorded on the stream to track released memory (driver
                                     calls that stream tracking cost; 0 with GG_ARENA_NO_STREAM) */
+  unsigned long long n_stream_waits; /**< host-side waits for the stream (or one of its events) the
+                                          arena made: to trim or grow over memory released in stream
+                                          order, to reuse pending releases when memory ran out, and for
+                                          plugin calls on another stream */
 } gg_arena_stats_t;
 
 /** A scope of an arena. Plain data the caller owns (on its stack); filled by gg_scope_begin(). */

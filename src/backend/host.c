@@ -48,6 +48,8 @@ static struct {
   int opens;
   size_t capacity, granularity, used;
   bool vmm;
+  bool populate; /* commit pages at map time (resident memory grows), as cuMemCreate does */
+  bool busy;     /* every stream always has work queued: queries say busy, waits return at once */
   gg__fault_t faults[GG__OP_COUNT];
   _Atomic unsigned long long calls[GG__OP_COUNT];
 } gg__host = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -136,10 +138,17 @@ typedef struct gg__hstream {
   _Atomic unsigned long long submitted, completed;
 } gg__hstream_t;
 
+/* GPUGUARD_HOST_BUSY: the device never catches up by itself; work recorded so far completes only
+ * when somebody waits (a stream or event sync). */
+static _Atomic unsigned long long gg__busy_submitted, gg__busy_completed;
+
 typedef struct gg__hevent {
   gg__hstream_t *stream; /* NULL: complete */
   unsigned long long ticket;
+  unsigned long long busy_ticket; /* GPUGUARD_HOST_BUSY: complete once gg__busy_completed reaches it */
 } gg__hevent_t;
+
+static void gg__busy_catch_up(void) { atomic_store(&gg__busy_completed, atomic_load(&gg__busy_submitted)); }
 
 static void gg__hstream_unref(gg__hstream_t *s) {
   if (s && atomic_fetch_sub(&s->refs, 1) == 1) free(s);
@@ -191,6 +200,7 @@ static int gg__h_event_record(gg__dev_t *d, void *ev, void *stream) {
   gg__hstream_t *s = stream;
   gg__hstream_unref(e->stream);
   e->stream = NULL;
+  e->busy_ticket = gg__host.busy ? atomic_fetch_add(&gg__busy_submitted, 1) + 1 : 0;
   if (s && atomic_load(&s->held)) {
     atomic_fetch_add(&s->refs, 1);
     e->stream = s;
@@ -204,6 +214,7 @@ static int gg__h_event_query(gg__dev_t *d, void *ev) {
   int rc = gg__op(GG__OP_event_query);
   if (rc < 0) return rc;
   gg__hevent_t *e = ev;
+  if (e->busy_ticket > atomic_load(&gg__busy_completed)) return 0;
   return !e->stream || atomic_load(&e->stream->completed) >= e->ticket;
 }
 
@@ -216,6 +227,7 @@ static int gg__h_event_sync(gg__dev_t *d, void *ev) {
     return gg__err(GG_ETIMEDOUT,
                    "host backend: waiting on an event of a held stream would never return; "
                    "release the stream first");
+  gg__busy_catch_up();
   return 0;
 }
 
@@ -236,6 +248,7 @@ static int gg__h_stream_sync(gg__dev_t *d, void *stream) {
   /* A held stream stands for one with a kernel still running: waiting for it would never return. */
   if (s && (atomic_load(&s->held) || atomic_load(&s->completed) < atomic_load(&s->submitted)))
     return gg__err(GG_ETIMEDOUT, "host backend: stream is held with pending work; release it first");
+  gg__busy_catch_up(); /* GPUGUARD_HOST_BUSY: the queued work is done once waited for */
   return 0;
 }
 
@@ -245,6 +258,7 @@ static int gg__h_stream_query(gg__dev_t *d, void *stream) {
   if (rc < 0) return rc;
   gg__hstream_t *s = stream;
   /* A held stream stands for one with a kernel still running: it is busy whatever was recorded. */
+  if (gg__host.busy) return 0;
   return !s || (!atomic_load(&s->held) && atomic_load(&s->completed) >= atomic_load(&s->submitted));
 }
 
@@ -323,7 +337,8 @@ static int gg__h_map(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out) 
                    size, used, cap);
   }
   /* MAP_POPULATE commits the pages now, as cuMemCreate does: resident memory really grows. */
-  int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE | (d->contiguous ? MAP_FIXED : 0);
+  int flags = MAP_PRIVATE | MAP_ANONYMOUS | (gg__host.populate ? MAP_POPULATE : MAP_NORESERVE) |
+              (d->contiguous ? MAP_FIXED : 0);
   void *p = mmap(d->contiguous ? (void *)at : NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (p == MAP_FAILED) {
     int e = errno;
@@ -456,7 +471,7 @@ static const gg__backend_ops_t gg__host_ops = {
 /* Reads the environment into the device settings; called when the first handle opens. */
 static int gg__host_configure(void) {
   size_t cap = GG__HOST_DEFAULT_CAPACITY, gran = GG__HOST_DEFAULT_GRANULARITY;
-  bool vmm = true;
+  bool vmm = true, populate = true, busy = false;
   const char *v;
   int rc;
   if ((v = gg__env("GPUGUARD_HOST_CAPACITY")) && (rc = gg__parse_size("GPUGUARD_HOST_CAPACITY", v, &cap)) < 0)
@@ -465,6 +480,9 @@ static int gg__host_configure(void) {
       (rc = gg__parse_size("GPUGUARD_HOST_GRANULARITY", v, &gran)) < 0)
     return rc;
   if ((v = gg__env("GPUGUARD_HOST_VMM")) && (rc = gg__parse_bool("GPUGUARD_HOST_VMM", v, &vmm)) < 0) return rc;
+  if ((v = gg__env("GPUGUARD_HOST_POPULATE")) && (rc = gg__parse_bool("GPUGUARD_HOST_POPULATE", v, &populate)) < 0)
+    return rc;
+  if ((v = gg__env("GPUGUARD_HOST_BUSY")) && (rc = gg__parse_bool("GPUGUARD_HOST_BUSY", v, &busy)) < 0) return rc;
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   if (gran < page || (gran & (gran - 1)))
     return gg__err(GG_EINVAL, "GPUGUARD_HOST_GRANULARITY='%s': must be a power of two >= %zu", v, page);
@@ -473,6 +491,7 @@ static int gg__host_configure(void) {
   bool have_faults = (v = gg__env("GPUGUARD_HOST_FAULT")) != NULL;
   if (have_faults && (rc = gg__fault_parse("GPUGUARD_HOST_FAULT", v, faults)) < 0) return rc;
   gg__host.capacity = cap, gg__host.granularity = gran, gg__host.vmm = vmm, gg__host.used = 0;
+  gg__host.populate = populate, gg__host.busy = busy;
   if (have_faults) {
     memcpy(gg__host.faults, faults, sizeof faults);
     for (int i = 0; i < GG__OP_COUNT; i++) atomic_store(&gg__host.calls[i], 0);

@@ -19,6 +19,12 @@ TRIM_ON_SCOPE_EXIT = 0x2
 
 _STATS_FIELDS = [name for name, _ in ArenaStats._fields_]
 
+# The per-allocation path, bound once. Out-pointers for gg_alloc_ex are pooled: list.pop and append are
+# atomic under the GIL, so each call, in any thread, has one of its own while the C call runs.
+_gg_alloc_ex, _gg_free = RAW.gg_alloc_ex, RAW.gg_free
+_outs: List[Any] = []
+_new_allocation = object.__new__
+
 
 def _destroy(handle: int, owner_pid: int) -> None:
     # A forked child must not tear down its parent's arena; the library would refuse anyway.
@@ -41,7 +47,12 @@ class Allocation:
 
     def free(self) -> None:
         """Releases the block (GG_EINVAL → InvalidArgumentError when it was released already)."""
-        self._arena.free(self)
+        h = self._arena._h
+        if h is None:
+            self._arena._handle()  # raises StateError
+        rc = _gg_free(h, self.ptr)
+        if rc < 0:
+            raise_for(rc)
 
     def __int__(self) -> int:
         return self.ptr
@@ -151,21 +162,29 @@ class Arena:
     def alloc(self, size: int, tag: Optional[str] = None, align: int = 0) -> Allocation:
         """Allocates ``size`` bytes (256-byte aligned, or ``align``, a power of two). Raises
         OutOfMemoryError with the arena's figures when it does not fit."""
-        p = c_void_p()
         h = self._h
         if h is None:
             self._handle()  # raises StateError
-        rc = RAW.gg_alloc_ex(h, size, align, None if tag is None else tag.encode(), byref(p))
+        try:  # a reusable out-pointer: making one per call costs more than the C call it serves
+            out = _outs.pop()
+        except IndexError:
+            p = c_void_p()
+            out = (p, byref(p))
+        rc = _gg_alloc_ex(h, size, align, None if tag is None else tag.encode(), out[1])
+        ptr = out[0].value or 0
+        _outs.append(out)
         if rc < 0:
             raise_for(rc)
-        return Allocation(self, p.value or 0, size, tag)
+        a = _new_allocation(Allocation)
+        a.ptr, a.size, a.tag, a._arena = ptr, size, tag, self
+        return a
 
     def free(self, block: Union[Allocation, int]) -> None:
         """Releases a block (an Allocation or a device address)."""
         h = self._h
         if h is None:
             self._handle()  # raises StateError
-        rc = RAW.gg_free(h, block.ptr if type(block) is Allocation else int(block))
+        rc = _gg_free(h, block.ptr if type(block) is Allocation else int(block))
         if rc < 0:
             raise_for(rc)
 

@@ -116,15 +116,20 @@ def memory_stats(arena: Arena) -> Dict[str, Any]:
 
 def trim(arena: Arena, keep: int = 0, empty_cache: Optional[bool] = None) -> int:
     """Gives the arena's wholly free memory back to the driver, beyond ``keep`` bytes, while tensors
-    elsewhere in the arena stay alive. First lets PyTorch release what it caches from dead pools
-    (``torch.cuda.empty_cache()``, when CUDA is initialised; ``empty_cache=False`` skips it). Returns the
-    bytes given back."""
+    elsewhere in the arena stay alive. First lets PyTorch release what it keeps for itself (when CUDA is
+    initialised; ``empty_cache=False`` skips this): garbage is collected, the device synchronised, the
+    cuBLAS workspaces PyTorch caches per handle and stream are dropped (they come back at the next
+    matmul) and ``torch.cuda.empty_cache()`` releases what dead pools cached. Returns the bytes given
+    back."""
     torch = _torch()
     if empty_cache is None:
         empty_cache = torch.cuda.is_initialized()
     if empty_cache:
         gc.collect()
         torch.cuda.synchronize(arena.device)
+        clear = getattr(getattr(torch, "_C", None), "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
         torch.cuda.empty_cache()
     before = arena.stats()["bytes_mapped"]
     arena.trim(keep)

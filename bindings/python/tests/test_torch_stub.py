@@ -44,6 +44,7 @@ class use_mem_pool:
         self.pool.blocks.append(self.pool.alloc.lib.gg_torch_alloc(2 << 20, 0, None))  # one segment
     def __exit__(self, *e): pass
 CALLS, FREEABLE = [], []
+_C = types.SimpleNamespace(_cuda_clearCublasWorkspaces=lambda: CALLS.append("clear_cublas_workspaces"))
 cuda = _Cuda()
 cuda.memory = types.SimpleNamespace(CUDAPluggableAllocator=CUDAPluggableAllocator,
                                     change_current_allocator=change_current_allocator)

@@ -1,0 +1,206 @@
+/* bench_replay.c — plays a recorded allocation trace (bench/torch_trace.py writes one from a real
+ * PyTorch training run) through a gpuguard arena the way PyTorch's pluggable allocator calls it
+ * (gg_torch_alloc / gg_torch_free on the arena's stream), once per chunk size, and prints a table:
+ * peak mapped / peak in use, what trim leaves mapped, waits, and the time per call.
+ *
+ *   bench_replay TRACE[.gz] [CHUNK ...]        CHUNK: sizes such as 2M 64M (default: 2M 64M)
+ *
+ * On the host backend set GPUGUARD_HOST_CAPACITY above the trace's peak, GPUGUARD_HOST_POPULATE=0 (no
+ * resident memory is needed: nothing is written) and GPUGUARD_HOST_BUSY=1 (streams always have work
+ * queued, as a training stream does); on a GPU it maps real memory. */
+#define _POSIX_C_SOURCE 200809L
+#include <gpuguard/gpuguard.h>
+#include <gpuguard/plugin.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+  char op;   /* 'a' or 'f' */
+  size_t id; /* block number */
+  size_t size;
+} ev_t;
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Address -> block number of the live blocks while loading (open addressing, linear probing). */
+typedef struct {
+  unsigned long long *key; /* 0: empty */
+  size_t *val, cap;
+} addrmap_t;
+
+static size_t *am_slot(addrmap_t *m, unsigned long long k, bool *found) {
+  size_t i = (size_t)(k * 0x9E3779B97F4A7C15ull) & (m->cap - 1);
+  while (m->key[i] && m->key[i] != k) i = (i + 1) & (m->cap - 1);
+  *found = m->key[i] == k;
+  m->key[i] = k;
+  return &m->val[i];
+}
+
+static void am_del(addrmap_t *m, unsigned long long k) { /* backward-shift deletion keeps probes valid */
+  size_t i = (size_t)(k * 0x9E3779B97F4A7C15ull) & (m->cap - 1);
+  while (m->key[i] != k) i = (i + 1) & (m->cap - 1);
+  for (size_t j = i;;) {
+    j = (j + 1) & (m->cap - 1);
+    if (!m->key[j]) break;
+    size_t h = (size_t)(m->key[j] * 0x9E3779B97F4A7C15ull) & (m->cap - 1);
+    if (((j - h) & (m->cap - 1)) >= ((j - i) & (m->cap - 1))) {
+      m->key[i] = m->key[j], m->val[i] = m->val[j];
+      i = j;
+    }
+  }
+  m->key[i] = 0;
+}
+
+/* Reads the trace (through gzip -dc for a .gz name): lines `a ADDR SIZE [STREAM]` and `f ADDR [STREAM]`,
+ * ADDR in any base strtoull reads (0x... from the plugin). Numbers the blocks densely; counts events
+ * on a stream other than the default one. Returns the events, or NULL. */
+static ev_t *load(const char *path, size_t *n_out, size_t *ids_out, size_t *other_stream) {
+  size_t len = strlen(path);
+  bool gz = len > 3 && strcmp(path + len - 3, ".gz") == 0;
+  FILE *f;
+  if (gz) {
+    char cmd[4200];
+    if (snprintf(cmd, sizeof cmd, "gzip -dc '%s'", path) >= (int)sizeof cmd) return NULL;
+    f = popen(cmd, "r");
+  } else {
+    f = fopen(path, "r");
+  }
+  if (!f) return NULL;
+  size_t n = 0, cap = 1 << 16, ids = 0;
+  addrmap_t m = {.cap = 1 << 22};
+  m.key = calloc(m.cap, sizeof *m.key), m.val = calloc(m.cap, sizeof *m.val);
+  ev_t *ev = m.key && m.val ? malloc(cap * sizeof *ev) : NULL;
+  char line[256], op, sa[64], sb[64], sc[64];
+  *other_stream = 0;
+  while (ev && fgets(line, sizeof line, f)) {
+    if (line[0] == '#' || line[0] == '\n') continue;
+    int k = sscanf(line, " %c %63s %63s %63s", &op, sa, sb, sc);
+    unsigned long long addr = strtoull(sa, NULL, 0);
+    bool found;
+    ev_t e = {.op = op};
+    const char *stream = NULL;
+    if (op == 'a' && k >= 3 && addr) {
+      e.size = (size_t)strtoull(sb, NULL, 0), e.id = ids++;
+      *am_slot(&m, addr, &found) = e.id;
+      stream = k == 4 ? sc : NULL;
+    } else if (op == 'f' && k >= 2 && addr) {
+      size_t *v = am_slot(&m, addr, &found);
+      if (!found) { /* a block allocated before the trace began */
+        am_del(&m, addr);
+        continue;
+      }
+      e.id = *v;
+      am_del(&m, addr);
+      stream = k == 3 ? sb : NULL;
+    } else {
+      fprintf(stderr, "bench_replay: %s: bad line: %s", path, line);
+      free(ev), ev = NULL;
+      break;
+    }
+    if (stream && strtoull(stream, NULL, 0) != 0) ++*other_stream;
+    if (n == cap) {
+      ev_t *g = realloc(ev, (cap *= 2) * sizeof *ev);
+      if (!g) free(ev);
+      if (!(ev = g)) break;
+    }
+    ev[n++] = e;
+  }
+  free(m.key), free(m.val);
+  if (gz)
+    pclose(f);
+  else
+    fclose(f);
+  *n_out = n, *ids_out = ids;
+  return ev;
+}
+
+static int parse_size(const char *s, size_t *out) {
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  int shift = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+  if (end == s || (shift && end[1]) || (!shift && *end) || v == 0) return -1;
+  *out = (size_t)v << shift;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: bench_replay TRACE[.gz] [CHUNK ...]   (CHUNK like 2M, 64M)\n");
+    return 2;
+  }
+  size_t n, ids, other;
+  ev_t *ev = load(argv[1], &n, &ids, &other);
+  if (!ev) {
+    fprintf(stderr, "bench_replay: cannot read %s\n", argv[1]);
+    return 1;
+  }
+  void **ptr = calloc(ids ? ids : 1, sizeof *ptr);
+  size_t *sz = calloc(ids ? ids : 1, sizeof *sz);
+  const char *defaults[] = {"2M", "64M"};
+  int nchunks = argc > 2 ? argc - 2 : 2;
+  int rc = 0;
+  printf("# bench_replay: %s, %zu events (%zu on a stream other than the default one, replayed on it), "
+         "gpuguard %s\n", argv[1], n, other, GG_VERSION_STRING);
+  printf("\n| chunk | backend | peak in use MiB | peak mapped MiB | ratio | mapped after trim MiB (in use) | trims | "
+         "stream waits | ns per call |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (int c = 0; c < nchunks && rc == 0; c++) {
+    const char *arg = argc > 2 ? argv[2 + c] : defaults[c];
+    gg_arena_options_t o;
+    gg_arena_options_init(&o);
+    if (parse_size(arg, &o.chunk_size) < 0) {
+      fprintf(stderr, "bench_replay: bad chunk size '%s' (a size such as 2M)\n", arg);
+      rc = 2;
+      break;
+    }
+    o.name = "replay";
+    gg_arena_t *a;
+    if ((rc = gg_arena_create(&a, &o)) < 0 || (rc = gg_plugin_set_arena(0, a)) < 0) {
+      fprintf(stderr, "bench_replay: %s: %s\n", gg_strerror(rc), gg_last_error());
+      break;
+    }
+    gg_plugin_stats_t p0, p1;
+    gg_plugin_stats(0, &p0);
+    memset(ptr, 0, ids * sizeof *ptr);
+    double t0 = now_s();
+    for (size_t i = 0; i < n; i++) {
+      if (ev[i].op == 'a') {
+        ptr[ev[i].id] = gg_torch_alloc((ssize_t)ev[i].size, 0, NULL);
+        sz[ev[i].id] = ev[i].size;
+        if (!ptr[ev[i].id]) {
+          fprintf(stderr, "bench_replay: event %zu: allocation of %zu bytes failed\n", i, ev[i].size);
+          rc = -1;
+          break;
+        }
+      } else if (ptr[ev[i].id]) {
+        gg_torch_free(ptr[ev[i].id], (ssize_t)sz[ev[i].id], 0, NULL);
+        ptr[ev[i].id] = NULL;
+      }
+    }
+    double dt = now_s() - t0;
+    gg_plugin_stats(0, &p1);
+    gg_arena_stats_t s;
+    gg_arena_trim(a, 0);
+    gg_arena_stats(a, &s);
+    printf("| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %llu | %.0f |\n", arg, gg_arena_backend(a),
+           s.peak_in_use / 1048576.0, s.peak_mapped / 1048576.0, (double)s.peak_mapped / (double)s.peak_in_use,
+           s.bytes_mapped / 1048576.0, s.bytes_in_use / 1048576.0, s.n_trims, s.n_stream_waits,
+           dt * 1e9 / (double)n);
+    for (size_t i = 0; i < ids; i++)
+      if (ptr[i]) gg_torch_free(ptr[i], (ssize_t)sz[i], 0, NULL);
+    (void)p0, (void)p1;
+    gg_plugin_set_arena(0, NULL);
+    gg_arena_destroy(a);
+  }
+  printf("\n(ratio: peak mapped / peak in use, the arena's own figures; trims: trims that returned memory, the "
+         "final one included; stream waits: host-side waits the arena made for its stream)\n");
+  free(ptr), free(sz), free(ev);
+  return rc < 0 ? 1 : rc;
+}
