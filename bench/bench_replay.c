@@ -189,9 +189,10 @@ int main(int argc, char **argv) {
     gg_arena_stats_t s;
     gg_arena_trim(a, 0);
     gg_arena_stats(a, &s);
-    printf("| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %llu | %.0f |\n", arg, gg_arena_backend(a),
+    printf("| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %.1f | %llu | %.0f |\n", arg, gg_arena_backend(a),
            s.peak_in_use / 1048576.0, s.peak_mapped / 1048576.0, (double)s.peak_mapped / (double)s.peak_in_use,
-           s.bytes_mapped / 1048576.0, s.bytes_in_use / 1048576.0, s.n_trims, s.n_stream_waits,
+           s.bytes_mapped / 1048576.0, s.bytes_in_use / 1048576.0, s.n_trims, s.bytes_trimmed / 1073741824.0,
+           s.n_stream_waits,
            dt * 1e9 / (double)n);
     for (size_t i = 0; i < ids; i++)
       if (ptr[i]) gg_torch_free(ptr[i], (ssize_t)sz[i], 0, NULL);

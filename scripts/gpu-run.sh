@@ -43,8 +43,11 @@ for ex in devices train; do
 done
 for bench in $b/bench/bench_*; do
   [ -x "$bench" ] || continue
-  echo "== $(basename "$bench")" | tee -a "$out/bench.log"
-  timeout 300 "$bench" 2>&1 | tee -a "$out/bench.log"
+  args=()
+  # bench_replay plays the recorded PyTorch training trace through the arena, per chunk size.
+  [ "$(basename "$bench")" = bench_replay ] && args=(bench/traces/transformer.trace.gz 2M 8M 64M)
+  echo "== $(basename "$bench") ${args[*]}" | tee -a "$out/bench.log"
+  timeout 300 "$bench" "${args[@]}" 2>&1 | tee -a "$out/bench.log"
   note "$(basename "$bench"): exit ${PIPESTATUS[0]}"
 done
 

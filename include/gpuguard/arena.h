@@ -15,9 +15,11 @@
  *  Every call is thread-safe. No call is async-signal-safe. An arena created before fork() refuses
  *  every call in the child with GG_ESTATE.
  *
- *  Memory is mapped 64 MiB at a time by default (an allocation larger than that maps exactly what it
- *  needs): few enough driver calls to grow to a whole device, and never more than one chunk mapped
- *  beyond what the arena needs. Released memory joins a batch; one event per batch, recorded on the
+ *  Memory is mapped 8 MiB at a time by default (an allocation larger than that is mapped as 8 MiB
+ *  pieces, so trim can return each piece no live block touches): few enough driver calls to grow to a
+ *  whole device, and never more than one chunk mapped beyond what the arena needs. Before a growth
+ *  that would raise the peak of mapped memory, wholly free chunks are given back first (waiting for
+ *  the stream if memory was released in stream order), so peak mapped stays close to peak in use. Released memory joins a batch; one event per batch, recorded on the
  *  arena's stream when the allocator would otherwise map more (or the batch grows large), tells when
  *  the batch may be handed out again, so a free costs no driver call.
  *
