@@ -3,7 +3,7 @@
  * (gg_torch_alloc / gg_torch_free on the arena's stream), once per chunk size, and prints a table:
  * peak mapped / peak in use, what trim leaves mapped, waits, and the time per call.
  *
- *   bench_replay TRACE[.gz] [CHUNK ...]        CHUNK: sizes such as 2M 64M (default: 2M 64M)
+ *   bench_replay TRACE[.gz] [CHUNK ...]        CHUNK: sizes such as 2M 64M (default: 2M 8M 64M)
  *
  * On the host backend set GPUGUARD_HOST_CAPACITY above the trace's peak, GPUGUARD_HOST_POPULATE=0 (no
  * resident memory is needed: nothing is written) and GPUGUARD_HOST_BUSY=1 (streams always have work
@@ -144,13 +144,13 @@ int main(int argc, char **argv) {
   }
   void **ptr = calloc(ids ? ids : 1, sizeof *ptr);
   size_t *sz = calloc(ids ? ids : 1, sizeof *sz);
-  const char *defaults[] = {"2M", "64M"};
-  int nchunks = argc > 2 ? argc - 2 : 2;
+  const char *defaults[] = {"2M", "8M", "64M"};
+  int nchunks = argc > 2 ? argc - 2 : 3;
   int rc = 0;
   printf("# bench_replay: %s, %zu events (%zu on a stream other than the default one, replayed on it), "
          "gpuguard %s\n", argv[1], n, other, GG_VERSION_STRING);
   printf("\n| chunk | backend | peak in use MiB | peak mapped MiB | ratio | mapped after trim MiB (in use) | trims | "
-         "stream waits | ns per call |\n|---|---|---|---|---|---|---|---|---|\n");
+         "GiB trimmed | stream waits | ns per call |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (int c = 0; c < nchunks && rc == 0; c++) {
     const char *arg = argc > 2 ? argv[2 + c] : defaults[c];
     gg_arena_options_t o;
@@ -166,8 +166,6 @@ int main(int argc, char **argv) {
       fprintf(stderr, "bench_replay: %s: %s\n", gg_strerror(rc), gg_last_error());
       break;
     }
-    gg_plugin_stats_t p0, p1;
-    gg_plugin_stats(0, &p0);
     memset(ptr, 0, ids * sizeof *ptr);
     double t0 = now_s();
     for (size_t i = 0; i < n; i++) {
@@ -185,7 +183,6 @@ int main(int argc, char **argv) {
       }
     }
     double dt = now_s() - t0;
-    gg_plugin_stats(0, &p1);
     gg_arena_stats_t s;
     gg_arena_trim(a, 0);
     gg_arena_stats(a, &s);
@@ -196,12 +193,20 @@ int main(int argc, char **argv) {
            dt * 1e9 / (double)n);
     for (size_t i = 0; i < ids; i++)
       if (ptr[i]) gg_torch_free(ptr[i], (ssize_t)sz[i], 0, NULL);
-    (void)p0, (void)p1;
+    gg_plugin_stats_t ps;
+    gg_arena_stats(a, &s);
+    gg_plugin_stats(0, &ps);
+    if (s.bytes_in_use || s.n_live || ps.n_failed_frees || ps.n_failed_allocs) {
+      fprintf(stderr, "bench_replay: after the replay %zu bytes in %llu blocks are still live; %llu frees and "
+              "%llu allocations failed\n", s.bytes_in_use, s.n_live, ps.n_failed_frees, ps.n_failed_allocs);
+      rc = -1;
+    }
     gg_plugin_set_arena(0, NULL);
     gg_arena_destroy(a);
   }
   printf("\n(ratio: peak mapped / peak in use, the arena's own figures; trims: trims that returned memory, the "
-         "final one included; stream waits: host-side waits the arena made for its stream)\n");
+         "final one included, and the bytes they returned; stream waits: host-side waits the arena made for its "
+         "stream)\n");
   free(ptr), free(sz), free(ev);
   return rc < 0 ? 1 : rc;
 }

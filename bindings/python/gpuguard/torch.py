@@ -83,6 +83,9 @@ def use_arena(arena: Arena) -> Any:
             raise StateError(f"gpuguard.torch.use_arena: {e}; " + hint, -5, "GG_ESTATE") from e
         raise
     _global_arenas[arena.device] = arena
+    # PyTorch frees its last tensors (cuBLAS workspaces, module globals) after atexit handlers run: the
+    # arena must not be destroyed at exit then; the process's end gives its memory back.
+    arena._finalizer.atexit = False
     return alloc
 
 

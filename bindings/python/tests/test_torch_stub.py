@@ -60,7 +60,7 @@ def stub_path(tmp_path):
     return tmp_path
 
 
-def run(stub_path, body):
+def run(stub_path, body, stderr_clean=False):
     src = textwrap.dedent(f"""
         import sys
         sys.path[:0] = [{str(stub_path)!r}, {PKG!r}]
@@ -70,6 +70,8 @@ def run(stub_path, body):
     r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ))
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+    if stderr_clean:
+        assert "gpuguard" not in r.stderr, r.stderr
 
 
 def test_use_arena_installs_the_plugin_and_refuses_after_init(stub_path):
@@ -95,6 +97,23 @@ def test_use_arena_installs_the_plugin_and_refuses_after_init(stub_path):
             pass
         print("OK")
     """)
+
+
+def test_global_arena_outlives_the_tensors_freed_at_interpreter_exit(stub_path):
+    # PyTorch frees its last tensors (cuBLAS workspaces, module globals) after atexit handlers have run:
+    # the arena behind the global allocator must still be there then, not destroyed by its finalizer.
+    run(stub_path, """
+        arena = gpuguard.Arena(capacity=64 << 20)
+        ggt.use_arena(arena)
+        lib = ggt.pluggable_allocator().lib
+        class Tensor:
+            def __init__(self): self.p = lib.gg_torch_alloc(1 << 20, 0, None)
+            def __del__(self): lib.gg_torch_free(self.p, 1 << 20, 0, None)
+        import builtins
+        builtins._kept_tensor = Tensor()   # freed at interpreter teardown, after atexit
+        del arena
+        print("OK")
+    """, stderr_clean=True)
 
 
 def test_mem_pool_region_returns_its_segments_and_trim(stub_path):
