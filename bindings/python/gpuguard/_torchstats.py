@@ -48,6 +48,7 @@ def torch_style_stats(arena: Arena) -> Dict[str, Any]:
         "gpuguard.largest_free_block": s["largest_free_block"],
         "gpuguard.fragmentation": s["fragmentation"],
         "gpuguard.scope_depth": s["scope_depth"],
+        "gpuguard.n_stream_waits": s["n_stream_waits"],
     }
     for k, v in p.items():
         out["gpuguard.plugin." + k] = v

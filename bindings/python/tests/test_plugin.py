@@ -172,3 +172,17 @@ def test_trim_waits_for_the_stream_after_stream_ordered_frees(host_stream):
         C.gg_host_stream_release(host_stream)
         a.trim()
         assert a.stats()["bytes_mapped"] == 0
+
+
+def test_trim_after_stream_ordered_frees_waits_for_the_stream_once(arena):
+    # Memory freed in stream order may still be read by queued work: trim waits for the stream first,
+    # counted in the arena's n_stream_waits and in the torch-style gpuguard.n_stream_waits key.
+    p = C.gg_torch_alloc(8 * MiB, 0, None)
+    C.gg_torch_free(p, 8 * MiB, 0, None)
+    assert arena.stats()["n_stream_waits"] == 0
+    arena.trim()
+    s = arena.stats()
+    assert s["n_stream_waits"] == 1 and s["bytes_mapped"] == 0
+    assert torch_style_stats(arena)["gpuguard.n_stream_waits"] == 1
+    arena.trim()  # nothing released since: no second wait
+    assert arena.stats()["n_stream_waits"] == 1
