@@ -729,7 +729,7 @@ static int gg__trim_locked(gg_arena_t *a, size_t keep);
  * raise peak mapped: free memory in the wrong place is then not kept mapped beside the new mapping,
  * which keeps peak mapped close to peak in use when request sizes vary from step to step. Below the
  * peak the arena keeps what it has (no map/unmap churn; trim() gives it back). The trim may wait for
- * the stream, so it runs only when a free block is large enough to hold a whole chunk. */
+ * the stream, so it runs only when a free block, or what waits to become free, could hold a whole chunk. */
 static bool gg__trim_before_growth(const gg_arena_t *a, size_t n) {
   if (!a->contiguous || a->fl.bytes < 2 * a->chunk_size) return false;
   size_t grow = (size_t)gg__align_up(n, a->gran);
@@ -738,7 +738,8 @@ static bool gg__trim_before_growth(const gg_arena_t *a, size_t n) {
   const gg__blk_t *b = gg__fl_largest(&a->fl), *t = a->fl.top;
   size_t largest = b ? b->size : 0;
   if (t && t->size > largest) largest = t->size;
-  return largest >= 2 * a->chunk_size || a->bump_bytes > a->bump_live_bytes || a->pending;
+  size_t waiting = a->pending + (a->bump_bytes - a->bump_live_bytes); /* free once settled or compacted */
+  return largest >= 2 * a->chunk_size || waiting >= 2 * a->chunk_size;
 }
 
 static int gg__oom(gg_arena_t *a, size_t req, size_t al, const char *why) {
