@@ -34,8 +34,10 @@ static gg_arena_t *mk(size_t cap, size_t chunk, unsigned flags, void *stream) {
 
 static gg_arena_stats_t stats(gg_arena_t *a) {
   gg_arena_stats_t s;
+  memset(&s, 0xa5, sizeof s); /* every byte, the reserve included, must be written */
   gg_assert_ok(gg_arena_stats(a, &s));
   gg_assert_ok(gg__arena_check(a));
+  for (size_t i = 0; i < sizeof s.reserved_ / sizeof s.reserved_[0]; i++) assert_int_equal(s.reserved_[i], 0);
   return s;
 }
 

@@ -56,7 +56,9 @@ typedef struct gg_arena_options {
   const char *name;    /**< a name for reports (copied); NULL: "arena" */
 } gg_arena_options_t;
 
-/** Statistics of an arena, exact at the moment of the call. */
+/** Statistics of an arena, exact at the moment of the call. The struct's size is fixed: fields later
+ *  versions add take the place of `reserved_`, so a program built against this header is never written
+ *  past by a newer library. */
 typedef struct gg_arena_stats {
   size_t bytes_in_use;       /**< bytes in live blocks (sizes rounded up to a multiple of 256) */
   size_t bytes_mapped;       /**< physical memory mapped now */
@@ -81,6 +83,7 @@ typedef struct gg_arena_stats {
                                           arena made: to trim or grow over memory released in stream
                                           order, to reuse pending releases when memory ran out, and for
                                           plugin calls on another stream */
+  unsigned long long reserved_[16];  /**< room for fields later versions add; zero */
 } gg_arena_stats_t;
 
 /** A scope of an arena. Plain data the caller owns (on its stack); filled by gg_scope_begin(). */

@@ -17,7 +17,7 @@ NO_STREAM = 0x1
 TRIM_ON_SCOPE_EXIT = 0x2
 """Flag: trim whenever the outermost scope ends."""
 
-_STATS_FIELDS = [name for name, _ in ArenaStats._fields_]
+_STATS_FIELDS = [name for name, _ in ArenaStats._fields_ if name != "reserved_"]
 
 # The per-allocation path, bound once. Out-pointers for gg_alloc_ex are pooled: list.pop and append are
 # atomic under the GIL, so each call, in any thread, has one of its own while the C call runs.
