@@ -74,7 +74,7 @@ static ev_t *load(const char *path, size_t *n_out, size_t *ids_out, size_t *othe
     f = fopen(path, "r");
   }
   if (!f) return NULL;
-  size_t n = 0, cap = 1 << 16, ids = 0;
+  size_t n = 0, cap = 1 << 16, ids = 0, live = 0;
   addrmap_t m = {.cap = 1 << 22};
   m.key = calloc(m.cap, sizeof *m.key), m.val = calloc(m.cap, sizeof *m.val);
   ev_t *ev = m.key && m.val ? malloc(cap * sizeof *ev) : NULL;
@@ -87,6 +87,11 @@ static ev_t *load(const char *path, size_t *n_out, size_t *ids_out, size_t *othe
     bool found;
     ev_t e = {.op = op};
     const char *stream = NULL;
+    if (op == 'a' && ++live > m.cap / 2) {
+      fprintf(stderr, "bench_replay: %s: more than %zu blocks live at once\n", path, m.cap / 2);
+      free(ev), ev = NULL;
+      break;
+    }
     if (op == 'a' && k >= 3 && addr) {
       e.size = (size_t)strtoull(sb, NULL, 0), e.id = ids++;
       *am_slot(&m, addr, &found) = e.id;
@@ -99,6 +104,7 @@ static ev_t *load(const char *path, size_t *n_out, size_t *ids_out, size_t *othe
       }
       e.id = *v;
       am_del(&m, addr);
+      live--;
       stream = k == 3 ? sb : NULL;
     } else {
       fprintf(stderr, "bench_replay: %s: bad line: %s", path, line);

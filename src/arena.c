@@ -113,7 +113,6 @@ struct gg_arena {
   unsigned long long guard_token; /* registration with the live guard of its device, 0 if none */
   struct gg_arena *live_prev, *live_next; /* the process's live arenas, for reports */
   bool on_live;
-  bool ordered_now; /* under the lock: the release in progress is stream-ordered (reusable at once) */
   bool ordered_released; /* stream-ordered releases since the last trim: unmapping must wait for the stream */
 };
 
@@ -286,10 +285,11 @@ static void gg__fill_stats(const gg_arena_t *a, gg_arena_stats_t *s) {
 
 /* ---- releasing memory and stream batches --------------------------------------------------------- */
 
-/* Released memory: reusable at once without stream tracking, else once the open batch's event says
- * the work queued before now is done. `rec` is a record to reuse, or NULL (reserved by the caller). */
-static void gg__release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__blk_t *rec) {
-  if (!a->track || a->ordered_now) {
+/* Released memory: reusable at once without stream tracking or when released in stream order
+ * (`ordered`), else once the open batch's event says the work queued before now is done. `rec` is a
+ * record to reuse, or NULL (reserved by the caller). */
+static void gg__release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__blk_t *rec, bool ordered) {
+  if (!a->track || ordered) {
     gg__fl_put(&a->fl, addr, size, seg, rec);
     return;
   }
@@ -447,7 +447,7 @@ static uintptr_t gg__bump_push(gg_arena_t *a, size_t n, size_t align, size_t req
 
 /* Releases log entries [k, nbump) one run at a time: O(1 + runs cut), whatever the number of entries.
  * Live entries among them must already be counted as released by the caller. Needs nruns records. */
-static void gg__bump_cut(gg_arena_t *a, size_t k) {
+static void gg__bump_cut(gg_arena_t *a, size_t k, bool ordered) {
   while (a->nbump > k) {
     gg__brun_t *r = &a->runs[a->nruns - 1];
     size_t f = r->first > k ? r->first : k;
@@ -456,7 +456,7 @@ static void gg__bump_cut(gg_arena_t *a, size_t k) {
     a->bump_bytes -= e - s;
     a->nbump = f;
     if (f == r->first) a->nruns--;
-    gg__release(a, s, e - s, seg, NULL);
+    gg__release(a, s, e - s, seg, NULL, ordered);
   }
   for (int d = a->nframes - 1; d >= 0 && a->frames[d].bump_first > k; d--) a->frames[d].bump_first = k;
 }
@@ -464,25 +464,13 @@ static void gg__bump_cut(gg_arena_t *a, size_t k) {
 /* Cuts freed entries off the end of the log: those freed in stream order are reusable at once, the
  * others join the open batch (a group at a time, so neither kind is released the other's way). */
 static void gg__bump_pop_dead(gg_arena_t *a) {
-  bool was = a->ordered_now;
   while (a->nbump && !a->bump[a->nbump - 1].live) {
     bool ordered = a->bump[a->nbump - 1].ordered;
     size_t k = a->nbump;
     while (k && !a->bump[k - 1].live && a->bump[k - 1].ordered == ordered) k--;
-    if (gg__fl_reserve(&a->fl, a->nruns + 1) < 0) break;
-    a->ordered_now = ordered;
-    gg__bump_cut(a, k);
+    if (gg__fl_reserve(&a->fl, a->nruns + 1) < 0) return;
+    gg__bump_cut(a, k, ordered);
   }
-  a->ordered_now = was;
-}
-
-/* Releases padding and freed entries found by a flush: at once unless an entry was freed outside
- * stream order (padding was never handed out). */
-static void gg__flush_hole(gg_arena_t *a, uintptr_t hole, size_t holen, void *seg, bool tracked) {
-  bool was = a->ordered_now;
-  a->ordered_now = !tracked;
-  gg__release(a, hole, holen, seg, NULL);
-  a->ordered_now = was;
 }
 
 /* Turns the log into block records: live entries become USED records of their scopes, padding and
@@ -499,7 +487,9 @@ static int gg__bump_flush(gg_arena_t *a) {
     size_t last = ri + 1 < a->nruns ? a->runs[ri + 1].first : a->nbump;
     uintptr_t hole = 0;
     size_t holen = 0;
-    bool tracked = false; /* the hole holds an entry freed outside stream order: it waits for the stream */
+    /* A hole (padding, never handed out, and freed entries) is reusable at once unless it holds an
+     * entry freed outside stream order: then it waits for the stream. */
+    bool tracked = false;
     for (size_t i = a->runs[ri].first; i < last; i++) {
       gg__bent_t *e = &a->bump[i];
       uintptr_t upto = e->live ? e->ptr : gg__bend(e);
@@ -511,7 +501,7 @@ static int gg__bump_flush(gg_arena_t *a) {
         tracked |= !e->ordered;
         continue;
       }
-      if (holen) gg__flush_hole(a, hole, holen, seg, tracked), holen = 0, tracked = false;
+      if (holen) gg__release(a, hole, holen, seg, NULL, !tracked), holen = 0, tracked = false;
       gg__blk_t *b = gg__fl_take_rec(&a->fl);
       b->addr = e->ptr, b->size = gg__rsize(e->req), b->seg = seg, b->state = GG__BLK_USED;
       b->req = e->req, b->tag = e->tag, b->depth = e->depth;
@@ -522,7 +512,7 @@ static int gg__bump_flush(gg_arena_t *a) {
       gg__amap_put(&a->used, b->addr, b);
       a->probe.blocks_visited++;
     }
-    if (holen) gg__flush_hole(a, hole, holen, seg, tracked);
+    if (holen) gg__release(a, hole, holen, seg, NULL, !tracked);
   }
   a->nbump = a->nruns = a->bump_bytes = a->bump_live_bytes = 0;
   for (int d = 0; d < a->nframes; d++)
@@ -968,7 +958,8 @@ static int gg__bad_free(gg_arena_t *a, uintptr_t p) {
   return gg__err(GG_EINVAL, "gg_free: %#jx was not allocated by arena '%s'", (uintmax_t)p, a->name);
 }
 
-static int gg__free_locked(gg_arena_t *a, void *ptr) {
+/* Frees ptr; `ordered`: released in stream order (the plugin), reusable at once. */
+static int gg__free_locked(gg_arena_t *a, void *ptr, bool ordered) {
   int rc = 0;
   uintptr_t p = (uintptr_t)ptr;
   long i = ptr ? gg__bump_find(a, p) : -1;
@@ -984,7 +975,7 @@ static int gg__free_locked(gg_arena_t *a, void *ptr) {
     } else {
       /* The entry stays in the log as freed; its memory returns when the log is cut or compacted. */
       size_t n = gg__rsize(e->req);
-      e->live = false, e->ordered = a->ordered_now;
+      e->live = false, e->ordered = ordered;
       gg__count_release(a, n, 1);
       a->bump_live_bytes -= n, a->frames[e->depth].bump_live--, a->frames[e->depth].bump_bytes -= n;
       /* LIFO frees leave the log at once: without stream tracking top moves back over them; with it
@@ -1006,7 +997,7 @@ static int gg__free_locked(gg_arena_t *a, void *ptr) {
         gg__frame_link(a, b), gg__amap_put(&a->used, p, b);
         a->in_use += b->size, a->n_live++, a->n_frees--;
       } else {
-        gg__release(a, b->addr, b->size, b->seg, b);
+        gg__release(a, b->addr, b->size, b->seg, b, ordered);
         gg__maybe_close(a);
       }
     }
@@ -1017,7 +1008,7 @@ static int gg__free_locked(gg_arena_t *a, void *ptr) {
 int gg_free(gg_arena_t *a, void *ptr) {
   int rc = gg__enter(a, "gg_free");
   if (rc < 0) return rc;
-  rc = gg__free_locked(a, ptr);
+  rc = gg__free_locked(a, ptr, false);
   gg__leave(a);
   return rc;
 }
@@ -1040,9 +1031,8 @@ int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *synced) {
     *synced = 1, a->probe.stream_waits++;
   }
   if (rc == 0) {
-    a->ordered_now = true, a->ordered_released = true;
-    rc = gg__free_locked(a, ptr);
-    a->ordered_now = false;
+    a->ordered_released = true;
+    rc = gg__free_locked(a, ptr, true);
   }
   gg__leave(a);
   return rc;
@@ -1104,12 +1094,12 @@ int gg_scope_end(gg_scope_t *scope) {
       next = b->r;
       gg__amap_del(&a->used, b->addr);
       gg__count_release(a, b->size, 1);
-      gg__release(a, b->addr, b->size, b->seg, b);
+      gg__release(a, b->addr, b->size, b->seg, b, false);
       a->probe.blocks_visited++;
     }
     gg__count_release(a, f->bump_bytes, f->bump_live);
     a->bump_live_bytes -= f->bump_bytes;
-    gg__bump_cut(a, f->bump_first);
+    gg__bump_cut(a, f->bump_first, false);
     a->nframes--;
     gg__maybe_close(a);
     if (a->nframes == 1 && (a->flags & GG_ARENA_TRIM_ON_SCOPE_EXIT)) rc = gg__trim_locked(a, 0);

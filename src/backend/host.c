@@ -492,6 +492,7 @@ static int gg__host_configure(void) {
   if (have_faults && (rc = gg__fault_parse("GPUGUARD_HOST_FAULT", v, faults)) < 0) return rc;
   gg__host.capacity = cap, gg__host.granularity = gran, gg__host.vmm = vmm, gg__host.used = 0;
   gg__host.populate = populate, gg__host.busy = busy;
+  atomic_store(&gg__busy_submitted, 0), atomic_store(&gg__busy_completed, 0); /* no event is outstanding */
   if (have_faults) {
     memcpy(gg__host.faults, faults, sizeof faults);
     for (int i = 0; i < GG__OP_COUNT; i++) atomic_store(&gg__host.calls[i], 0);
