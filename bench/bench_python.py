@@ -11,7 +11,11 @@
     length drawn from 64..2048 and batch from 4..16 with one seed), each allocator in its own process:
     peak reserved / peak allocated, and what the allocator and the driver still hold after the model is
     deleted, gc'd and the cache emptied / the arena trimmed.
-(b) and (c) need torch and a CUDA device; without them they print a skip line and the run fails (exit 1)
+(d) a decoder-only transformer of the kind people train (12 layers, d_model 1024, causal attention, bf16
+    autocast, fused AdamW, a step of tens of ms, sequence length drawn per step from 128..2048), each
+    allocator in its own process: median step time (and its ratio to PyTorch's default allocator), peak
+    reserved / peak allocated, what is held after trim, and the arena's host waits, trims and maps.
+(b), (c) and (d) need torch and a CUDA device; without them they print a skip line and the run fails (exit 1)
 unless only (a) was asked for."""
 from __future__ import annotations
 
@@ -226,6 +230,133 @@ def child_c(mode: str, quick: bool) -> dict:
             "driver_used_after": total - free, "seconds": elapsed, "steps": steps, "stream_waits": waits}
 
 
+# ---- (d) ------------------------------------------------------------------------------------------
+
+
+def decoder_model(torch, nn, layers: int = 12, d: int = 1024, heads: int = 16, vocab: int = 32768):
+    """A GPT-style decoder (pre-norm blocks, causal scaled-dot-product attention, GELU MLP)."""
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, heads, d // heads).transpose(1, 3).unbind(2)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+            x = x + self.proj(a)
+            return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+        def forward(self, idx):
+            x = self.emb(idx)
+            for blk in self.blocks:
+                x = blk(x)
+            return self.head(self.ln(x))
+
+    return Decoder()
+
+
+def train_decoder(torch, nn, steps: int, batch: int = 8, vocab: int = 32768):
+    """bf16 autocast, fused AdamW, sequence length drawn per step; loss.item() every step (as a training
+    loop that logs does). Returns (per-step seconds, model, opt)."""
+    import random
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    model = decoder_model(torch, nn, vocab=vocab).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    times = []
+    torch.cuda.synchronize()
+    last = time.perf_counter()
+    for _ in range(steps):
+        seq = rng.randint(128, 2048)
+        idx = torch.randint(0, vocab, (batch, seq + 1), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(idx[:, :-1])
+            loss = nn.functional.cross_entropy(logits.float().view(-1, vocab), idx[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+        del idx, logits, loss
+    return times, model, opt
+
+
+def child_d(mode: str, quick: bool) -> dict:
+    import gc
+    import statistics
+    import torch
+    from torch import nn
+    arena = None
+    if mode.startswith("d-gpuguard"):
+        import gpuguard
+        import gpuguard.torch as ggt
+        chunk = {"d-gpuguard-64m": 64 << 20}.get(mode)
+        arena = gpuguard.Arena(capacity=None, chunk_size=chunk, name="bench-decoder")
+        ggt.use_arena(arena)
+    steps = 30 if quick else 80
+    times, model, opt = train_decoder(torch, nn, steps)
+    warm = times[5:]  # the first steps compile kernels and grow the pool
+    out = {"median_ms": statistics.median(warm) * 1e3, "mean_ms": statistics.mean(warm) * 1e3,
+           "steps": steps}
+    if arena is not None:
+        s = arena.stats()
+        out.update(peak_reserved=s["peak_mapped"], peak_allocated=s["peak_in_use"],
+                   waits=s["n_stream_waits"], trims=s["n_trims"], maps=s.get("n_maps", -1))
+    else:
+        out.update(peak_reserved=torch.cuda.max_memory_reserved(), peak_allocated=torch.cuda.max_memory_allocated(),
+                   waits=0, trims=0, maps=-1)
+    del model, opt
+    gc.collect()
+    if arena is not None:
+        ggt.trim(arena)
+        out["held_after"] = arena.stats()["bytes_mapped"] - arena.stats()["bytes_in_use"]
+    else:
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
+        out["held_after"] = torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    return out
+
+
+def part_d(args: argparse.Namespace) -> None:
+    configs = [("PyTorch default", "d-torch", {}),
+               ("expandable_segments:True", "d-torch", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+               ("backend:cudaMallocAsync", "d-torch", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
+               ("gpuguard use_arena (defaults)", "d-gpuguard", {}),
+               ("gpuguard use_arena, 64 MiB chunks", "d-gpuguard-64m", {})]
+    rounds = 1 if args.quick else 2
+    res: dict = {}
+    for rnd in range(rounds):  # alternate the configurations, so a drift of the machine hits all of them
+        for label, mode, env in configs:
+            res.setdefault(label, []).append(child(mode, args, env))
+    base = min(r["median_ms"] for r in res["PyTorch default"])
+    rows = []
+    for label, _, _ in configs:
+        rs = res[label]
+        med = min(r["median_ms"] for r in rs)
+        r = rs[-1]
+        rows.append([label, " / ".join(f"{x['median_ms']:.2f}" for x in rs), f"{med / base:.3f}x",
+                     f"{r['peak_reserved'] / MiB:.0f}", f"{r['peak_allocated'] / MiB:.0f}",
+                     f"{r['peak_reserved'] / r['peak_allocated']:.3f}", f"{r['held_after'] / MiB:.1f}",
+                     r["waits"], r["trims"]])
+    table(f"(d) decoder 12 x 1024, bf16 autocast, fused AdamW, batch 8, seq 128..2048, {rs[-1]['steps']} steps",
+          ["allocator", "median step ms (per run)", "vs default (best run)", "peak reserved MiB", "peak allocated MiB",
+           "ratio", "held after trim beyond live MiB", "arena host waits", "arena trims"], rows)
+
+
 def part_c(args: argparse.Namespace) -> None:
     configs = [("PyTorch default", "c-torch", {}),
                ("expandable_segments:True", "c-torch", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
@@ -250,26 +381,28 @@ def part_c(args: argparse.Namespace) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description="gpuguard Python binding benchmarks")
     ap.add_argument("--quick", action="store_true", help="short run (fewer iterations, 20 training steps)")
-    ap.add_argument("--parts", default="a,b,c", help="comma-separated subset of a,b,c")
+    ap.add_argument("--parts", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        fn = child_b if args.child.startswith("b-") else child_c
+        fn = {"b": child_b, "c": child_c, "d": child_d}[args.child[0]]
         print(json.dumps(fn(args.child, args.quick)))
         return 0
     parts = set(args.parts.split(","))
     print(f"gpuguard bench_python: parts {','.join(sorted(parts))}{' (quick)' if args.quick else ''}")
     if "a" in parts:
         part_a(args.quick)
-    if parts & {"b", "c"}:
+    if parts & {"b", "c", "d"}:
         why = have_cuda_torch()
         if why:
-            print(f"\nskip: parts (b) and (c) need PyTorch and a CUDA device: {why}")
+            print(f"\nskip: parts (b), (c) and (d) need PyTorch and a CUDA device: {why}")
             return 0 if parts <= {"a"} else 1
         if "b" in parts:
             part_b(args)
         if "c" in parts:
             part_c(args)
+        if "d" in parts:
+            part_d(args)
     return 0
 
 

@@ -1432,3 +1432,11 @@ int gg__arena_check(gg_arena_t *a) {
   gg__leave(a);
   return rc;
 }
+
+int gg_arena_reset_peak(gg_arena_t *a) {
+  int rc = gg__enter(a, "gg_arena_reset_peak");
+  if (rc < 0) return rc;
+  a->peak_in_use = a->in_use, a->peak_mapped = a->mapped;
+  gg__leave(a);
+  return 0;
+}

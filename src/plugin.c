@@ -6,13 +6,22 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "freelist.h"
 #include "gpuguard/plugin.h"
 #include "internal.h"
 #include "plugin_internal.h"
 
+/* One gg_plugin_stat_t, kept with atomics: the plugin is called from many threads at once. */
+typedef struct gg__plug_stat {
+  atomic_ullong current, peak, allocated, freed;
+} gg__plug_stat_t;
+
 typedef struct gg__plug_counters {
-  atomic_ullong allocs, frees, failed_allocs, failed_frees, syncs;
+  atomic_ullong allocs, frees, failed_allocs, failed_frees, waits;
+  gg__plug_stat_t bytes[3], requested[3], blocks[3]; /* GG_PLUGIN_ALL, _SMALL, _LARGE */
 } gg__plug_counters_t;
+
+#define GG__SMALL_MAX ((size_t)1 << 20) /* PyTorch's small pool: blocks of at most 1 MiB */
 
 /* The table is read on every allocation and written only at registration: a reader-writer lock lets
  * allocations run in parallel and lets a writer know that nobody still uses the arena it replaces. */
@@ -89,6 +98,62 @@ int gg_plugin_get_arena(int device, gg_arena_t **arena) {
   return 0;
 }
 
+static void gg__stat_add(gg__plug_stat_t *st, unsigned long long n) {
+  unsigned long long now = atomic_fetch_add_explicit(&st->current, n, memory_order_relaxed) + n;
+  atomic_fetch_add_explicit(&st->allocated, n, memory_order_relaxed);
+  unsigned long long peak = atomic_load_explicit(&st->peak, memory_order_relaxed);
+  while (now > peak && !atomic_compare_exchange_weak_explicit(&st->peak, &peak, now, memory_order_relaxed,
+                                                              memory_order_relaxed)) {
+  }
+}
+
+static void gg__stat_sub(gg__plug_stat_t *st, unsigned long long n) {
+  atomic_fetch_sub_explicit(&st->current, n, memory_order_relaxed);
+  atomic_fetch_add_explicit(&st->freed, n, memory_order_relaxed);
+}
+
+/* What PyTorch's statistics count for one block: its bytes (rounded as the arena rounds), the bytes
+ * asked for and the block itself, in "all" and in its size class. */
+static void gg__count_block(gg__plug_counters_t *c, size_t size, bool add) {
+  unsigned long long rounded = (size + GG__QUANTUM - 1) & ~(unsigned long long)(GG__QUANTUM - 1);
+  int cls = size <= GG__SMALL_MAX ? GG_PLUGIN_SMALL : GG_PLUGIN_LARGE;
+  void (*op)(gg__plug_stat_t *, unsigned long long) = add ? gg__stat_add : gg__stat_sub;
+  for (int i = 0; i < 2; i++) {
+    int k = i ? cls : GG_PLUGIN_ALL;
+    op(&c->bytes[k], rounded), op(&c->requested[k], size), op(&c->blocks[k], 1);
+  }
+}
+
+static void gg__stat_read(gg__plug_stat_t *st, gg_plugin_stat_t *out) {
+  out->current = atomic_load(&st->current);
+  out->peak = atomic_load(&st->peak);
+  out->allocated = atomic_load(&st->allocated);
+  out->freed = atomic_load(&st->freed);
+}
+
+/* Applies fn to every figure of a device's counters. */
+static void gg__stats_each(gg__plug_counters_t *c, void (*fn)(gg__plug_stat_t *)) {
+  for (int k = 0; k < 3; k++) fn(&c->bytes[k]), fn(&c->requested[k]), fn(&c->blocks[k]);
+}
+
+static void gg__stat_peak_reset(gg__plug_stat_t *st) { atomic_store(&st->peak, atomic_load(&st->current)); }
+static void gg__stat_totals_reset(gg__plug_stat_t *st) {
+  atomic_store(&st->allocated, 0);
+  atomic_store(&st->freed, 0);
+}
+
+int gg_plugin_reset_peak(int device) {
+  int rc = gg__plug_device(device, "gg_plugin_reset_peak");
+  if (rc == 0) gg__stats_each(&gg__plug_count[device], gg__stat_peak_reset);
+  return rc;
+}
+
+int gg_plugin_reset_totals(int device) {
+  int rc = gg__plug_device(device, "gg_plugin_reset_totals");
+  if (rc == 0) gg__stats_each(&gg__plug_count[device], gg__stat_totals_reset);
+  return rc;
+}
+
 int gg_plugin_stats(int device, gg_plugin_stats_t *stats) {
   if (!stats) return gg__err(GG_EINVAL, "gg_plugin_stats: stats is NULL");
   int rc = gg__plug_device(device, "gg_plugin_stats");
@@ -98,7 +163,13 @@ int gg_plugin_stats(int device, gg_plugin_stats_t *stats) {
   stats->n_frees = atomic_load(&c->frees);
   stats->n_failed_allocs = atomic_load(&c->failed_allocs);
   stats->n_failed_frees = atomic_load(&c->failed_frees);
-  stats->n_stream_syncs = atomic_load(&c->syncs);
+  stats->n_stream_waits = atomic_load(&c->waits);
+  for (int k = 0; k < 3; k++) {
+    gg__stat_read(&c->bytes[k], &stats->bytes[k]);
+    gg__stat_read(&c->requested[k], &stats->requested[k]);
+    gg__stat_read(&c->blocks[k], &stats->blocks[k]);
+  }
+  memset(stats->reserved_, 0, sizeof stats->reserved_);
   pthread_rwlock_rdlock(&gg__plug_lock);
   stats->arena = gg__plug[device];
   pthread_rwlock_unlock(&gg__plug_lock);
@@ -118,11 +189,12 @@ void gg__plugin_forget(const gg_arena_t *arena) {
   pthread_rwlock_unlock(&gg__plug_lock);
 }
 
-void *gg_torch_alloc(ssize_t size, int device, void *stream) {
-  if (size == 0) return NULL;
+int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
+  if (!ptr) return gg__err(GG_EINVAL, "gg_torch_alloc_status: ptr (the out-pointer) is NULL");
+  *ptr = NULL;
+  if (size == 0) return 0;
   int synced = 0;
   int rc = gg__plug_device(device, "gg_torch_alloc");
-  void *p = NULL;
   if (rc == 0 && size < 0) rc = gg__err(GG_EINVAL, "gg_torch_alloc: size %zd is negative", size);
   if (rc == 0) {
     pthread_rwlock_rdlock(&gg__plug_lock);
@@ -131,25 +203,32 @@ void *gg_torch_alloc(ssize_t size, int device, void *stream) {
       rc = gg__err(GG_ESTATE, "gg_torch_alloc: no arena is registered for device %d (gg_plugin_set_arena)",
                    device);
     else
-      rc = gg__arena_alloc_on(a, (size_t)size, stream, &p, &synced);
+      rc = gg__arena_alloc_on(a, (size_t)size, stream, ptr, &synced);
     pthread_rwlock_unlock(&gg__plug_lock);
   }
   if (rc < 0) {
     if (device >= 0 && device < GG_PLUGIN_MAX_DEVICES)
       atomic_fetch_add(&gg__plug_count[device].failed_allocs, 1);
+    return rc;
+  }
+  gg__plug_counters_t *c = &gg__plug_count[device];
+  if (synced) atomic_fetch_add_explicit(&c->waits, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->allocs, 1, memory_order_relaxed);
+  gg__count_block(c, (size_t)size, true);
+  gg__trace_line('a', *ptr, size, stream);
+  return 0;
+}
+
+void *gg_torch_alloc(ssize_t size, int device, void *stream) {
+  void *p = NULL;
+  if (gg_torch_alloc_status(size, device, stream, &p) < 0)
     fprintf(stderr, "gpuguard: gg_torch_alloc(%zd bytes, device %d) failed: %s\n", size, device,
             gg_last_error());
-    return NULL;
-  }
-  if (synced) atomic_fetch_add_explicit(&gg__plug_count[device].syncs, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&gg__plug_count[device].allocs, 1, memory_order_relaxed);
-  gg__trace_line('a', p, size, stream);
   return p;
 }
 
 void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
-  (void)size; /* the arena knows every block's size */
-  if (!ptr) return;
+  if (!ptr) return; /* the arena knows every block's size; `size` feeds PyTorch-style statistics */
   gg__trace_line('f', ptr, 0, stream);
   int synced = 0;
   int rc = gg__plug_device(device, "gg_torch_free");
@@ -171,6 +250,8 @@ void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     fprintf(stderr, "gpuguard: gg_torch_free(%p, device %d) failed: %s\n", ptr, device, gg_last_error());
     return;
   }
-  if (synced) atomic_fetch_add_explicit(&gg__plug_count[device].syncs, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&gg__plug_count[device].frees, 1, memory_order_relaxed);
+  gg__plug_counters_t *c = &gg__plug_count[device];
+  if (synced) atomic_fetch_add_explicit(&c->waits, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&c->frees, 1, memory_order_relaxed);
+  if (size > 0) gg__count_block(c, (size_t)size, false);
 }

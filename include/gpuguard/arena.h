@@ -167,6 +167,14 @@ GG_API int gg_scope_end(gg_scope_t *scope);
  *  stay mapped). */
 GG_API int gg_arena_trim(gg_arena_t *arena, size_t keep_bytes);
 
+/** Sets the arena's peaks (`peak_in_use`, `peak_mapped`) to their current values, so a later
+ *  gg_arena_stats() reports the highest values since this call (`torch.cuda.reset_peak_memory_stats`
+ *  under `gpuguard.torch.use_arena` calls it).
+ *  @param arena the arena.
+ *  @return 0; GG_EINVAL for a NULL, destroyed or foreign handle; GG_ESTATE after fork or teardown.
+ *  Thread-safe. */
+GG_API int gg_arena_reset_peak(gg_arena_t *arena);
+
 /** Reads the arena's statistics. Released memory whose work has completed is counted as free first
  *  (an event record and a query on the stream, never a wait).
  *  @return 0; GG_EINVAL for NULL arguments. */

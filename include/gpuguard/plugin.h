@@ -25,17 +25,20 @@
  *    that stream: the stream runs their work after the work queued before the free. An allocation for
  *    any other stream first waits for the arena's stream (a block released onto it may still be in use
  *    there), and a free on any other stream first waits for that stream; both are host-side waits,
- *    under the arena's lock, counted in n_stream_syncs. Training on one stream therefore never waits;
+ *    under the arena's lock, counted in n_stream_waits. Training on one stream therefore never waits;
  *    code that allocates on side streams all the time should give the arena that stream, or use
  *    `torch.cuda.MemPool`, whose caching allocator handles streams itself and calls the plugin only for
  *    whole segments. With GG_ARENA_NO_STREAM the caller synchronises and nothing waits. If a wait
  *    fails, the block is not freed (it stays in the arena until its scope ends or the arena is
  *    destroyed), and an allocation fails: memory that work may still read is never handed out.
- *  - **Failures.** The functions cannot return an error code: gg_torch_alloc() returns NULL and writes
- *    one line with gg_last_error()'s detail to stderr; gg_torch_free() writes one line. Both are counted
- *    in gg_plugin_stats(). Under `torch.cuda.MemPool`, a NULL makes PyTorch free its cached blocks, retry
- *    and then raise `torch.OutOfMemoryError`. PyTorch's global pluggable allocator (2.x) does not check
- *    the pointer: a failed allocation gives a tensor at address 0, which fails at its first use.
+ *  - **Failures.** gg_torch_alloc() cannot return an error code: it returns NULL and writes one line
+ *    with gg_last_error()'s detail to stderr; gg_torch_free() writes one line. Both are counted in
+ *    gg_plugin_stats(). PyTorch's global pluggable allocator (2.x) does not check the pointer, so a
+ *    NULL would become a tensor at address 0: `gpuguard.torch` therefore installs `gg_torch_malloc`
+ *    of the small C++ library libgpuguard_torch instead, which calls gg_torch_alloc_status() and
+ *    throws, so PyTorch raises `torch.OutOfMemoryError` (or a RuntimeError starting "CUDA out of
+ *    memory.") carrying the arena's detail. Under `torch.cuda.MemPool`, a NULL makes PyTorch free
+ *    its cached blocks, retry and then raise `torch.OutOfMemoryError`.
  *  - **Size 0.** PyTorch asks for 0 bytes for empty tensors. gg_torch_alloc() returns NULL for them
  *    without any error (PyTorch's own allocator does the same) and gg_torch_free(NULL, ...) is a no-op.
  *
@@ -47,6 +50,19 @@ GG_BEGIN_DECLS
 /** Devices the plugin table has room for (ordinals 0 .. GG_PLUGIN_MAX_DEVICES-1). */
 #define GG_PLUGIN_MAX_DEVICES 64
 
+/** One figure as PyTorch's allocator statistics report it: its value now, its peak since the last
+ *  gg_plugin_reset_peak(), and what was added and taken away since the last gg_plugin_reset_totals(). */
+typedef struct gg_plugin_stat {
+  unsigned long long current;   /**< now */
+  unsigned long long peak;      /**< highest value since the last peak reset */
+  unsigned long long allocated; /**< total added since the last totals reset */
+  unsigned long long freed;     /**< total taken away since the last totals reset */
+} gg_plugin_stat_t;
+
+/** Index of the size classes in gg_plugin_stats_t's arrays, as PyTorch splits its pools: blocks of at
+ *  most 1 MiB are "small". */
+enum { GG_PLUGIN_ALL = 0, GG_PLUGIN_SMALL = 1, GG_PLUGIN_LARGE = 2 };
+
 /** Counters of one device's plugin traffic since the process started (not reset by registration). */
 typedef struct gg_plugin_stats {
   unsigned long long n_allocs;        /**< successful gg_torch_alloc() calls (size > 0) */
@@ -55,10 +71,28 @@ typedef struct gg_plugin_stats {
                                            (out of memory, no arena registered, a torn-down arena) */
   unsigned long long n_failed_frees;  /**< gg_torch_free() calls that could not free (no arena, a
                                            pointer the arena does not know, a failed stream wait) */
-  unsigned long long n_stream_syncs;  /**< allocations and frees on a stream other than the arena's
-                                           that waited for a stream first */
+  unsigned long long n_stream_waits;  /**< allocations and frees on a stream other than the arena's
+                                           that waited for a stream first (the arena's n_stream_waits
+                                           counts these and its own waits together) */
   const gg_arena_t *arena;            /**< the arena registered now, or NULL */
+  gg_plugin_stat_t bytes[3];     /**< bytes of live blocks handed to PyTorch, each rounded up to the
+                                      arena's 256-byte quantum; [GG_PLUGIN_ALL], [..SMALL], [..LARGE] */
+  gg_plugin_stat_t requested[3]; /**< the same in the bytes PyTorch asked for */
+  gg_plugin_stat_t blocks[3];    /**< live blocks handed to PyTorch */
+  unsigned long long reserved_[16]; /**< zero; later fields take these, so the size stays fixed */
 } gg_plugin_stats_t;
+
+/** Sets every peak in gg_plugin_stats_t of @p device to its current value
+ *  (`torch.cuda.reset_peak_memory_stats`).
+ *  @param device the device ordinal.
+ *  @return 0; GG_EINVAL for a device out of range. Thread-safe. */
+GG_API int gg_plugin_reset_peak(int device);
+
+/** Sets the `allocated` and `freed` totals in gg_plugin_stats_t of @p device to zero
+ *  (`torch.cuda.reset_accumulated_memory_stats`).
+ *  @param device the device ordinal.
+ *  @return 0; GG_EINVAL for a device out of range. Thread-safe. */
+GG_API int gg_plugin_reset_totals(int device);
 
 /** Registers @p arena as the one that serves allocations for @p device, replacing any earlier one.
  *  Blocks an earlier arena handed out stay its own: PyTorch's later frees of them go to the arena
@@ -92,6 +126,18 @@ GG_API int gg_plugin_stats(int device, gg_plugin_stats_t *stats);
  *  @return the device address, or NULL on failure (one line on stderr, counted in n_failed_allocs).
  *  Thread-safe. */
 GG_API void *gg_torch_alloc(ssize_t size, int device, void *stream);
+
+/** gg_torch_alloc() with a status: what a caller that reports failures itself uses (the C++ entry
+ *  point that raises a Python exception through PyTorch does). Writes nothing to stderr.
+ *  @param size bytes wanted; 0 gives *ptr = NULL and 0.
+ *  @param device the device ordinal PyTorch allocates on.
+ *  @param stream the stream the block will be used on (see gg_torch_alloc()).
+ *  @param[out] ptr the device address, or NULL on failure.
+ *  @return 0; GG_ENOMEM when the arena cannot hold it (gg_last_error() has the arena's full detail:
+ *  request, in use, mapped, capacity, largest free block); GG_ESTATE when no arena is registered for
+ *  @p device or it was torn down; GG_EINVAL for a negative size, a device out of range or a NULL
+ *  @p ptr. Counted like gg_torch_alloc(). Thread-safe. */
+GG_API int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr);
 
 /** PyTorch's free entry point: gives @p ptr back to the arena registered for @p device, after waiting
  *  for @p stream when it is not the arena's stream (see the group's description).

@@ -104,9 +104,15 @@ class SessionRecord(Structure):
                 ("stale", c_int), ("parent_alive", c_int)]
 
 
+class PluginStat(Structure):
+    _fields_ = [("current", c_ulonglong), ("peak", c_ulonglong), ("allocated", c_ulonglong), ("freed", c_ulonglong)]
+
+
 class PluginStats(Structure):
     _fields_ = [("n_allocs", c_ulonglong), ("n_frees", c_ulonglong), ("n_failed_allocs", c_ulonglong),
-                ("n_failed_frees", c_ulonglong), ("n_stream_syncs", c_ulonglong), ("arena", c_void_p)]
+                ("n_failed_frees", c_ulonglong), ("n_stream_waits", c_ulonglong), ("arena", c_void_p),
+                ("bytes", PluginStat * 3), ("requested", PluginStat * 3), ("blocks", PluginStat * 3),
+                ("reserved_", c_ulonglong * 16)]
 
 
 def _check(rc: int, func: Any, args: Any) -> int:
@@ -174,7 +180,11 @@ FUNCTIONS: List[Tuple[str, list, Any, bool]] = [
     ("gg_plugin_set_arena", [c_int, c_void_p], _STATUS, True),
     ("gg_plugin_get_arena", [c_int, POINTER(c_void_p)], _STATUS, True),
     ("gg_plugin_stats", [c_int, POINTER(PluginStats)], _STATUS, True),
+    ("gg_plugin_reset_peak", [c_int], _STATUS, True),
+    ("gg_arena_reset_peak", [c_void_p], _STATUS, True),
+    ("gg_plugin_reset_totals", [c_int], _STATUS, True),
     ("gg_torch_alloc", [ctypes.c_ssize_t, c_int, c_void_p], c_void_p, False),
+    ("gg_torch_alloc_status", [ctypes.c_ssize_t, c_int, c_void_p, POINTER(c_void_p)], _STATUS, False),
     ("gg_torch_free", [c_void_p, ctypes.c_ssize_t, c_int, c_void_p], None, False),
 ]
 

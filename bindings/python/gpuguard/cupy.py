@@ -3,7 +3,8 @@
 ``use_arena(arena)`` installs the allocator at once and returns a handle that also works as a context
 manager: ``with gpuguard.cupy.use_arena(arena): ...`` restores the previous allocator at the end. Each
 allocation is an ``UnownedMemory`` whose owner frees the block back into the arena when CuPy drops it
-(after waiting for the stream it was allocated on, when that is not the arena's stream). Importing this
+(after waiting for the stream it was allocated on, when that is not the arena's stream). An allocation
+that does not fit raises ``cupy.cuda.memory.OutOfMemoryError`` with the arena's detail. Importing this
 module does not import cupy; it raises ImportError at once when cupy is not installed."""
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 from typing import Any, Callable, Optional
 
 from .arena import Arena
+from .errors import OutOfMemoryError
 
 if importlib.util.find_spec("cupy") is None:
     raise ImportError("gpuguard.cupy needs CuPy, which is not installed in this interpreter "
@@ -54,7 +56,12 @@ def allocator(arena: Arena) -> Callable[[int], Any]:
         if size == 0:
             return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, arena.device), 0)
         stream = cupy.cuda.get_current_stream()
-        block = arena.alloc(size, tag="cupy")  # OutOfMemoryError (a MemoryError) when it does not fit
+        try:
+            block = arena.alloc(size, tag="cupy")
+        except OutOfMemoryError as e:  # CuPy's own type, as its pool raises, with the arena's detail
+            err = cupy.cuda.memory.OutOfMemoryError(size, arena.stats()["bytes_in_use"])
+            err.args = (f"{err.args[0] if err.args else ''} [gpuguard arena: {e}]",)
+            raise err from e
         owner = _Block(arena, block.ptr, stream)
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(block.ptr, size, owner, arena.device), 0)
 

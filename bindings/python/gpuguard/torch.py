@@ -5,8 +5,14 @@ Two forms:
 
 - ``use_arena(arena)``: the global allocator. Every CUDA tensor comes from the arena, with no cache on
   top. PyTorch refuses to swap its allocator once CUDA is initialised, so call it before the first CUDA
-  allocation (StateError otherwise). ``torch.cuda.memory_allocated()`` then raises in PyTorch ("does not
-  yet support getDeviceStats"): use ``memory_stats(arena)``.
+  allocation (StateError otherwise). A drop-in: an allocation that does not fit raises
+  ``torch.OutOfMemoryError`` (a RuntimeError starting "CUDA out of memory." where no C++ compiler could
+  build the typed entry point) with the arena's detail; ``torch.cuda.memory_allocated()``,
+  ``memory_reserved()``, ``max_memory_*``, ``reset_peak_memory_stats()``, ``memory_stats()`` and
+  ``memory_summary()`` report the arena's figures; ``torch.cuda.empty_cache()`` trims the arena, so the
+  memory goes back to the driver; CUDA graphs capture and replay (``torch.cuda.graph``,
+  ``torch.compile(mode="reduce-overhead")``). Sending a CUDA tensor to another process
+  (``torch.multiprocessing``) raises at once in the sender: the arena's memory has no CUDA IPC handle.
 - ``mem_pool(arena)``: a region, usable after CUDA is initialised: a ``torch.cuda.MemPool`` whose segments
   come from the arena, with PyTorch's caching allocator on top. Allocations inside the ``with`` block go to
   the pool; at its end the pool is deleted and the cache emptied, so its segments go back to the arena
@@ -24,17 +30,21 @@ from typing import Any, Dict, Iterator, Optional
 
 from . import _lib
 from ._lib import C
-from ._torchstats import plugin_counters, torch_style_stats
+from ._torchstats import plugin_counters, torch_nested_stats, torch_style_stats
 from .arena import Arena
-from .errors import StateError
+from .errors import InvalidArgumentError, StateError
 
 if importlib.util.find_spec("torch") is None:
     raise ImportError("gpuguard.torch needs PyTorch, which is not installed in this interpreter "
                       "(pip install torch); the rest of gpuguard works without it")
 
-__all__ = ["use_arena", "mem_pool", "memory_stats", "trim", "pluggable_allocator", "plugin_counters"]
+__all__ = ["use_arena", "mem_pool", "memory_stats", "trim", "pluggable_allocator", "plugin_counters",
+           "shim_kind"]
 
-_allocator: Any = None  # one CUDAPluggableAllocator per process: PyTorch keeps the library loaded
+GG_ARENA_NO_STREAM = 0x1
+
+_allocator: Any = None  # the global one (raises on failure); PyTorch keeps the library loaded
+_pool_allocator: Any = None  # for MemPools: NULL on failure, so the caching allocator frees and retries
 _global_arenas: Dict[int, Arena] = {}  # kept alive while PyTorch's global allocator uses them
 
 
@@ -43,18 +53,45 @@ def _torch() -> Any:
     return torch
 
 
+def _shim_path() -> "tuple[str, str, str]":
+    """(library path, alloc symbol, free symbol) for PyTorch: the entry point that raises on failure —
+    typed (torch.OutOfMemoryError) when it can be built against this PyTorch, else the generic one built
+    with the library — or, when neither exists, the plain C entry points (NULL on failure)."""
+    from . import _torchshim
+    path = _torchshim.find(_torch())
+    if path:
+        return path, "gg_torch_malloc", "gg_torch_mfree"
+    import warnings
+    warnings.warn("gpuguard.torch: libgpuguard_torch.so was not found beside the library and could not be "
+                  "built; an allocation that does not fit will give a tensor at address 0 instead of raising",
+                  RuntimeWarning, stacklevel=3)
+    return _lib.path, "gg_torch_alloc", "gg_torch_free"
+
+
+def shim_kind() -> str:
+    """Which allocation entry point PyTorch uses: "torch.OutOfMemoryError" (built against this PyTorch),
+    "RuntimeError" (the generic one) or "NULL" (none could be loaded); "" before the first use."""
+    from . import _torchshim
+    return _torchshim.kind()
+
+
 def pluggable_allocator() -> Any:
     """The ``torch.cuda.memory.CUDAPluggableAllocator`` over this process's libgpuguard (created once)."""
     global _allocator
     if _allocator is None:
         torch = _torch()
-        _allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib.path, "gg_torch_alloc", "gg_torch_free")
+        _allocator = torch.cuda.memory.CUDAPluggableAllocator(*_shim_path())
     return _allocator
 
 
 def _register(arena: Arena) -> None:
     """Makes ``arena`` the plugin's arena for its device; another live arena there is an error."""
     from ctypes import byref, c_void_p
+    if arena.flags & GG_ARENA_NO_STREAM:
+        raise InvalidArgumentError(
+            "gpuguard.torch: this arena was made with GG_ARENA_NO_STREAM: it hands a freed block out again at "
+            "once, while PyTorch's kernels may still use it (an illegal memory access); give PyTorch an arena "
+            "with stream tracking (the default flags)", -1, "GG_EINVAL")
     current = c_void_p()
     C.gg_plugin_get_arena(arena.device, byref(current))
     if current.value not in (None, arena._handle()):
@@ -63,19 +100,22 @@ def _register(arena: Arena) -> None:
     C.gg_plugin_set_arena(arena.device, arena._handle())
 
 
-def use_arena(arena: Arena) -> Any:
+def use_arena(arena: Arena, memory_api: bool = True) -> Any:
     """Makes every PyTorch CUDA allocation on ``arena.device`` come from ``arena`` (the global pluggable
     allocator; it cannot be undone in this process). Must run before PyTorch's first CUDA allocation:
     raises StateError otherwise (use ``mem_pool(arena)`` then). Keep the arena open for as long as PyTorch
-    runs; closing it makes later allocations fail. Returns the CUDAPluggableAllocator."""
+    runs; closing it makes later allocations fail. An arena made with GG_ARENA_NO_STREAM is refused
+    (InvalidArgumentError). ``memory_api`` (default on) makes PyTorch's memory functions
+    (``torch.cuda.memory_allocated`` and the rest, ``empty_cache``) work on the arena's figures; see
+    ``_torchapi``. Returns the CUDAPluggableAllocator."""
     torch = _torch()
     hint = ("call gpuguard.torch.use_arena() before any CUDA tensor is created (PyTorch cannot swap an "
             "initialised allocator), or use `with gpuguard.torch.mem_pool(arena):`, which works after")
     if torch.cuda.is_initialized():
         raise StateError("gpuguard.torch.use_arena: PyTorch's CUDA allocator is already initialised; " + hint,
                          -5, "GG_ESTATE")
-    alloc = pluggable_allocator()
     _register(arena)
+    alloc = pluggable_allocator()
     try:
         torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
@@ -83,6 +123,10 @@ def use_arena(arena: Arena) -> Any:
             raise StateError(f"gpuguard.torch.use_arena: {e}; " + hint, -5, "GG_ESTATE") from e
         raise
     _global_arenas[arena.device] = arena
+    from . import _torchapi
+    if memory_api:
+        _torchapi.install(torch, _global_arenas)
+    _torchapi.install_ipc_guard(torch)
     # PyTorch frees its last tensors (cuBLAS workspaces, module globals) after atexit handlers run: the
     # arena must not be destroyed at exit then; the process's end gives its memory back.
     arena._finalizer.atexit = False
@@ -98,7 +142,12 @@ def mem_pool(arena: Arena, empty_cache: bool = True) -> Iterator[Arena]:
     until ``trim``. Tensors that outlive the block keep their segment until they die."""
     torch = _torch()
     _register(arena)
-    pool = torch.cuda.MemPool(pluggable_allocator().allocator())
+    # PyTorch frees cached segments of dead pools as late as its own exit: the arena stays until then.
+    arena._finalizer.atexit = False
+    global _pool_allocator
+    if _pool_allocator is None:
+        _pool_allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib.path, "gg_torch_alloc", "gg_torch_free")
+    pool = torch.cuda.MemPool(_pool_allocator.allocator())
     try:
         with torch.cuda.use_mem_pool(pool, device=torch.device("cuda", arena.device)):
             yield arena

@@ -52,7 +52,7 @@ def test_alloc_and_free_draw_from_the_registered_arena(arena):
     assert arena.stats()["n_live"] == 0
     after = plugin_stats()
     assert after.n_allocs == before.n_allocs + 1 and after.n_frees == before.n_frees + 1
-    assert after.n_stream_syncs == before.n_stream_syncs and after.arena == arena._handle()
+    assert after.n_stream_waits == before.n_stream_waits and after.arena == arena._handle()
 
 
 def test_size_zero_and_null_free_are_quiet(arena, capfd):
@@ -86,12 +86,12 @@ def test_free_on_a_foreign_stream_waits_for_it_first(arena, host_stream):
     assert C.gg_host_op_count(b"stream_sync") == 0
     p = C.gg_torch_alloc(4096, 0, host_stream)  # another stream: waits for the arena's stream first
     assert C.gg_host_op_count(b"stream_sync") == 1
-    syncs = plugin_stats().n_stream_syncs
+    syncs = plugin_stats().n_stream_waits
     C.gg_torch_free(q, 4096, 0, None)  # own stream: stream-ordered, reusable at once, no wait
     assert C.gg_host_op_count(b"stream_sync") == 1
     C.gg_torch_free(p, 4096, 0, host_stream)  # another stream: synchronised before the free
     assert C.gg_host_op_count(b"stream_sync") == 2
-    assert plugin_stats().n_stream_syncs == syncs + 1
+    assert plugin_stats().n_stream_waits == syncs + 1
     assert arena.stats()["n_live"] == 0
 
 

@@ -90,17 +90,17 @@ def test_side_stream_alloc_and_free_wait(cuda_torch):
     run("""
         arena = gpuguard.Arena(capacity=4 << 30)
         ggt.use_arena(arena)
-        before = ggt.plugin_counters(0)["n_stream_syncs"]
+        before = ggt.plugin_counters(0)["n_stream_waits"]
         s = torch.cuda.Stream()
         with torch.cuda.stream(s):
             x = torch.ones(16 << 20, device="cuda")            # for stream s: waits for the arena's first
             x.mul_(2)
-        assert ggt.plugin_counters(0)["n_stream_syncs"] == before + 1
+        assert ggt.plugin_counters(0)["n_stream_waits"] == before + 1
         del x                                                  # freed with stream s: waits for s first
         after = ggt.plugin_counters(0)
-        assert after["n_stream_syncs"] == before + 2, after
+        assert after["n_stream_waits"] == before + 2, after
         y = torch.ones(1 << 20, device="cuda"); del y          # default stream: stream-ordered, no wait
-        assert ggt.plugin_counters(0)["n_stream_syncs"] == before + 2
+        assert ggt.plugin_counters(0)["n_stream_waits"] == before + 2
         print("OK")
     """)
 

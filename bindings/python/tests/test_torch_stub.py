@@ -26,9 +26,11 @@ class CUDAPluggableAllocator:
     def __init__(self, path, alloc_name, free_name):
         CALLS.append(("CUDAPluggableAllocator", alloc_name, free_name))
         self.lib = ctypes.CDLL(path)
-        self.lib.gg_torch_alloc.restype = ctypes.c_void_p
-        self.lib.gg_torch_alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-        self.lib.gg_torch_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        self.alloc, self.free = getattr(self.lib, alloc_name), getattr(self.lib, free_name)
+        self.alloc.restype = ctypes.c_void_p
+        self.alloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        self.free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        self.lib.gg_torch_alloc, self.lib.gg_torch_free = self.alloc, self.free
     def allocator(self): return self
 def change_current_allocator(a):
     if cuda.initialized: raise RuntimeError("Can't swap an already initialized allocator")
@@ -44,7 +46,27 @@ class use_mem_pool:
         self.pool.blocks.append(self.pool.alloc.lib.gg_torch_alloc(2 << 20, 0, None))  # one segment
     def __exit__(self, *e): pass
 CALLS, FREEABLE = [], []
-_C = types.SimpleNamespace(_cuda_clearCublasWorkspaces=lambda: CALLS.append("clear_cublas_workspaces"))
+def _unsupported(*a): raise RuntimeError("CUDAPluggableAllocator does not yet support getDeviceStats")
+_C = types.SimpleNamespace(_cuda_clearCublasWorkspaces=lambda: CALLS.append("clear_cublas_workspaces"),
+                           _cuda_memoryStats=_unsupported, _cuda_resetPeakMemoryStats=_unsupported,
+                           _cuda_resetAccumulatedMemoryStats=_unsupported, _cuda_emptyCache=lambda: None,
+                           _cuda_checkPoolLiveAllocations=_unsupported)
+class _Device:
+    def __init__(self, kind): self.type = kind
+class Tensor:
+    """A stand-in tensor: picklable on the CPU; PyTorch's reducer (below) shares it."""
+    def __init__(self, kind="cpu", data=b"x"): self.device, self.data = _Device(kind), data
+    @property
+    def is_cuda(self): return self.device.type == "cuda"
+class UntypedStorage(Tensor): pass
+class TypedStorage(Tensor): pass
+import sys as _sys
+multiprocessing = types.ModuleType("torch.multiprocessing")
+def _reduce_tensor(t): return (Tensor, (t.device.type, t.data))
+_reduce_tensor.__module__ = "torch.multiprocessing.reductions"
+from multiprocessing.reduction import ForkingPickler as _FP
+_FP.register(Tensor, _reduce_tensor)
+_sys.modules["torch.multiprocessing"] = multiprocessing
 cuda = _Cuda()
 cuda.memory = types.SimpleNamespace(CUDAPluggableAllocator=CUDAPluggableAllocator,
                                     change_current_allocator=change_current_allocator)
@@ -78,8 +100,10 @@ def test_use_arena_installs_the_plugin_and_refuses_after_init(stub_path):
     run(stub_path, """
         arena = gpuguard.Arena(capacity=64 << 20)
         ggt.use_arena(arena)
-        assert torch.CALLS == [("CUDAPluggableAllocator", "gg_torch_alloc", "gg_torch_free"),
+        # the generic C++ entry point beside the library (no PyTorch headers in the stand-in)
+        assert torch.CALLS == [("CUDAPluggableAllocator", "gg_torch_malloc", "gg_torch_mfree"),
                                "change_current_allocator"], torch.CALLS
+        assert ggt.shim_kind() == "RuntimeError"
         p = ggt.pluggable_allocator().lib.gg_torch_alloc(1 << 20, 0, None)
         assert arena.stats()["bytes_in_use"] == 1 << 20
         ggt.pluggable_allocator().lib.gg_torch_free(p, 1 << 20, 0, None)
@@ -136,5 +160,80 @@ def test_mem_pool_region_returns_its_segments_and_trim(stub_path):
         arena.close()
         with ggt.mem_pool(other):       # the closed arena unregistered itself
             pass
+        print("OK")
+    """)
+
+
+def test_memory_api_answers_from_the_arena(stub_path):
+    # torch.cuda.memory_allocated() & co. reach the allocator through torch._C functions that raise under a
+    # pluggable allocator: use_arena replaces them with the arena's and the plugin's figures.
+    run(stub_path, """
+        arena = gpuguard.Arena(capacity=64 << 20, chunk_size=2 << 20)
+        ggt.use_arena(arena)
+        lib = ggt.pluggable_allocator().lib
+        a = lib.gg_torch_alloc(3 << 20, 0, None)
+        b = lib.gg_torch_alloc(1000, 0, None)
+        s = torch._C._cuda_memoryStats(0)
+        assert s["allocated_bytes"]["all"]["current"] == (3 << 20) + 1024, s["allocated_bytes"]
+        assert s["requested_bytes"]["all"]["current"] == (3 << 20) + 1000
+        assert s["allocated_bytes"]["small_pool"]["current"] == 1024
+        assert s["allocation"]["all"]["current"] == 2 and s["active"]["large_pool"]["current"] == 1
+        assert s["reserved_bytes"]["all"]["current"] == arena.stats()["bytes_mapped"] == 4 << 20
+        lib.gg_torch_free(a, 3 << 20, 0, None)
+        s = torch._C._cuda_memoryStats(0)
+        assert s["allocated_bytes"]["all"]["current"] == 1024
+        assert s["allocated_bytes"]["all"]["peak"] == (3 << 20) + 1024
+        assert s["allocated_bytes"]["all"]["freed"] == 3 << 20
+        torch._C._cuda_resetPeakMemoryStats(0)
+        s = torch._C._cuda_memoryStats(0)
+        assert s["allocated_bytes"]["all"]["peak"] == 1024, s["allocated_bytes"]["all"]
+        assert s["reserved_bytes"]["all"]["peak"] == arena.stats()["bytes_mapped"]
+        torch._C._cuda_resetAccumulatedMemoryStats(0)
+        assert torch._C._cuda_memoryStats(0)["allocated_bytes"]["all"]["allocated"] == 0
+        torch._C._cuda_emptyCache()          # torch.cuda.empty_cache(): the arena gives free chunks back
+        assert arena.stats()["bytes_mapped"] == 2 << 20, arena.stats()["bytes_mapped"]
+        lib.gg_torch_free(b, 1000, 0, None)
+        torch._C._cuda_emptyCache()
+        assert arena.stats()["bytes_mapped"] == 0
+        assert torch._C._cuda_checkPoolLiveAllocations(0, (0, 1), set()) is True
+        print("OK")
+    """)
+
+
+def test_use_arena_refuses_an_arena_without_stream_tracking(stub_path):
+    run(stub_path, """
+        arena = gpuguard.Arena(capacity=64 << 20, flags=0x1)   # GG_ARENA_NO_STREAM
+        try:
+            ggt.use_arena(arena)
+            raise SystemExit("accepted")
+        except gpuguard.InvalidArgumentError as e:
+            assert "NO_STREAM" in str(e) and "illegal memory access" in str(e)
+        assert torch.CALLS == [], torch.CALLS      # nothing installed
+        print("OK")
+    """)
+
+
+def test_sending_a_cuda_tensor_fails_at_once_in_the_sender(stub_path):
+    # A queue pickles in a feeder thread: an error there is printed while the receiver waits forever. Under
+    # use_arena, put() itself raises for a CUDA tensor; CPU tensors still go through PyTorch's reducer.
+    run(stub_path, """
+        import multiprocessing as mp
+        arena = gpuguard.Arena(capacity=64 << 20)
+        ggt.use_arena(arena)
+        q = mp.get_context("spawn").Queue()
+        try:
+            q.put({"batch": [torch.Tensor("cuda")]})
+            raise SystemExit("accepted")
+        except RuntimeError as e:
+            assert "no CUDA IPC handle" in str(e) and "t.cpu()" in str(e), e
+        q.put([torch.Tensor("cpu", b"abc")])
+        got = q.get(timeout=10)
+        assert got[0].data == b"abc" and got[0].device.type == "cpu"
+        from multiprocessing.reduction import ForkingPickler
+        try:
+            ForkingPickler.dumps(torch.Tensor("cuda"))   # a pipe or SimpleQueue pickles in the caller
+            raise SystemExit("pickled")
+        except RuntimeError as e:
+            assert "no CUDA IPC handle" in str(e)
         print("OK")
     """)
