@@ -12,7 +12,7 @@
     peak reserved / peak allocated, and what the allocator and the driver still hold after the model is
     deleted, gc'd and the cache emptied / the arena trimmed.
 (d) a decoder-only transformer of the kind people train (12 layers, d_model 1024, causal attention, bf16
-    autocast, fused AdamW, a step of tens of ms, sequence length drawn per step from 128..2048), each
+    autocast, fused AdamW, batch 4, a step of tens of ms, sequence length drawn per step from 128..1024), each
     allocator in its own process: median step time (and its ratio to PyTorch's default allocator), peak
     reserved / peak allocated, what is held after trim, and the arena's host waits, trims and maps.
 (b), (c) and (d) need torch and a CUDA device; without them they print a skip line and the run fails (exit 1)
@@ -267,7 +267,7 @@ def decoder_model(torch, nn, layers: int = 12, d: int = 1024, heads: int = 16, v
     return Decoder()
 
 
-def train_decoder(torch, nn, steps: int, batch: int = 8, vocab: int = 32768):
+def train_decoder(torch, nn, steps: int, batch: int = 4, vocab: int = 32768):
     """bf16 autocast, fused AdamW, sequence length drawn per step; loss.item() every step (as a training
     loop that logs does). Returns (per-step seconds, model, opt)."""
     import random
@@ -279,7 +279,7 @@ def train_decoder(torch, nn, steps: int, batch: int = 8, vocab: int = 32768):
     torch.cuda.synchronize()
     last = time.perf_counter()
     for _ in range(steps):
-        seq = rng.randint(128, 2048)
+        seq = rng.randint(128, 1024)
         idx = torch.randint(0, vocab, (batch, seq + 1), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(idx[:, :-1])
@@ -307,7 +307,7 @@ def child_d(mode: str, quick: bool) -> dict:
         chunk = {"d-gpuguard-64m": 64 << 20}.get(mode)
         arena = gpuguard.Arena(capacity=None, chunk_size=chunk, name="bench-decoder")
         ggt.use_arena(arena)
-    steps = 30 if quick else 80
+    steps = 30 if quick else 100
     times, model, opt = train_decoder(torch, nn, steps)
     warm = times[5:]  # the first steps compile kernels and grow the pool
     out = {"median_ms": statistics.median(warm) * 1e3, "mean_ms": statistics.mean(warm) * 1e3,
@@ -352,7 +352,7 @@ def part_d(args: argparse.Namespace) -> None:
                      f"{r['peak_reserved'] / MiB:.0f}", f"{r['peak_allocated'] / MiB:.0f}",
                      f"{r['peak_reserved'] / r['peak_allocated']:.3f}", f"{r['held_after'] / MiB:.1f}",
                      r["waits"], r["trims"]])
-    table(f"(d) decoder 12 x 1024, bf16 autocast, fused AdamW, batch 8, seq 128..2048, {rs[-1]['steps']} steps",
+    table(f"(d) decoder 12 x 1024, bf16 autocast, fused AdamW, batch 4, seq 128..1024, {rs[-1]['steps']} steps",
           ["allocator", "median step ms (per run)", "vs default (best run)", "peak reserved MiB", "peak allocated MiB",
            "ratio", "held after trim beyond live MiB", "arena host waits", "arena trims"], rows)
 

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -72,6 +73,52 @@ static int gg__plug_device(int device, const char *call) {
     return gg__err(GG_EINVAL, "%s: device %d is out of range (0..%d)", call, device,
                    GG_PLUGIN_MAX_DEVICES - 1);
   return 0;
+}
+
+/* Streams PyTorch recorded blocks on (Tensor.record_stream): ptr → streams, waited for at the free. Rare
+ * (side-stream communication), so a small list under a mutex, checked at a free only when not empty. */
+typedef struct gg__recorded {
+  void *ptr, *stream;
+  int device;
+} gg__recorded_t;
+static pthread_mutex_t gg__rec_lock = PTHREAD_MUTEX_INITIALIZER;
+static gg__recorded_t *gg__rec;
+static size_t gg__nrec, gg__caprec;
+static atomic_size_t gg__nrec_any; /* gg__nrec, readable without the lock */
+
+int gg_plugin_record_stream(int device, void *ptr, void *stream) {
+  int rc = gg__plug_device(device, "gg_plugin_record_stream");
+  if (rc < 0) return rc;
+  if (!ptr) return gg__err(GG_EINVAL, "gg_plugin_record_stream: ptr is NULL");
+  pthread_mutex_lock(&gg__rec_lock);
+  bool known = false;
+  for (size_t i = 0; i < gg__nrec && !known; i++)
+    known = gg__rec[i].ptr == ptr && gg__rec[i].stream == stream && gg__rec[i].device == device;
+  if (!known && gg__nrec == gg__caprec) {
+    size_t cap = gg__caprec ? 2 * gg__caprec : 16;
+    gg__recorded_t *n = realloc(gg__rec, cap * sizeof *n);
+    if (!n)
+      rc = gg__err(GG_ENOMEM, "gg_plugin_record_stream: out of host memory");
+    else
+      gg__rec = n, gg__caprec = cap;
+  }
+  if (!known && rc == 0) gg__rec[gg__nrec++] = (gg__recorded_t){ptr, stream, device};
+  atomic_store(&gg__nrec_any, gg__nrec);
+  pthread_mutex_unlock(&gg__rec_lock);
+  return rc;
+}
+
+/* Takes the next stream recorded for ptr out of the list; false when none is left. */
+static bool gg__recorded_take(int device, void *ptr, void **stream) {
+  if (GG__LIKELY(atomic_load_explicit(&gg__nrec_any, memory_order_relaxed) == 0)) return false;
+  bool found = false;
+  pthread_mutex_lock(&gg__rec_lock);
+  for (size_t i = 0; i < gg__nrec && !found; i++)
+    if (gg__rec[i].ptr == ptr && gg__rec[i].device == device)
+      *stream = gg__rec[i].stream, gg__rec[i] = gg__rec[--gg__nrec], found = true;
+  atomic_store(&gg__nrec_any, gg__nrec);
+  pthread_mutex_unlock(&gg__rec_lock);
+  return found;
 }
 
 int gg_plugin_set_arena(int device, gg_arena_t *arena) {
@@ -240,8 +287,14 @@ void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
                    "gg_torch_free: no arena is registered for device %d any more; the block stays with the "
                    "arena that handed it out",
                    device);
-    else
-      rc = gg__arena_free_on(a, ptr, stream, &synced);
+    else {
+      void *other;
+      int waited = 0;
+      while (rc == 0 && gg__recorded_take(device, ptr, &other)) /* Tensor.record_stream: wait first */
+        if ((rc = gg__arena_wait_stream(a, other)) == 0) waited = 1;
+      if (rc == 0) rc = gg__arena_free_on(a, ptr, stream, &synced);
+      synced |= waited;
+    }
     pthread_rwlock_unlock(&gg__plug_lock);
   }
   if (rc < 0) {

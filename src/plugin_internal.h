@@ -15,4 +15,8 @@ int gg__arena_free_on(gg_arena_t *arena, void *ptr, void *stream, int *synced);
  * (blocks released onto it in stream order may still be in use there). *synced says whether it waited. */
 int gg__arena_alloc_on(gg_arena_t *arena, size_t size, void *stream, void **ptr, int *synced);
 
+/* Waits for `stream` when the arena tracks a stream and it is another one (under the arena's lock, so a
+ * teardown cannot close the device meanwhile): a block PyTorch recorded on `stream` is freed after. */
+int gg__arena_wait_stream(gg_arena_t *arena, void *stream);
+
 #endif

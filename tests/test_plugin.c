@@ -125,6 +125,41 @@ static void test_growth_past_the_peak_trims_first(void **state) {
   unsetenv("GPUGUARD_HOST_BUSY");
 }
 
+/* Tensor.record_stream: a block recorded on another stream is freed only after a wait for that stream
+ * (PyTorch's pluggable allocator drops the call; gpuguard.torch forwards it here). */
+static void test_record_stream_makes_the_free_wait(void **state) {
+  (void)state;
+  gg_arena_t *a = make_arena_on(64u << 20, 2u << 20, NULL);
+  gg_assert_ok(gg_plugin_set_arena(5, a));
+  void *side = NULL;
+  gg_assert_ok(gg_host_stream_create(&side));
+  void *p = gg_torch_alloc(1 << 20, 5, NULL);
+  assert_non_null(p);
+  gg_plugin_stats_t s0, s1;
+  gg_assert_ok(gg_plugin_stats(5, &s0));
+  gg_assert_ok(gg_plugin_record_stream(5, p, side));
+  gg_assert_ok(gg_plugin_record_stream(5, p, side)); /* twice: one record */
+  gg_torch_free(p, 1 << 20, 5, NULL);
+  gg_assert_ok(gg_plugin_stats(5, &s1));
+  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits + 1);
+  assert_int_equal(s1.n_frees, s0.n_frees + 1);
+  /* Recorded on a stream whose work never ends (held): the free cannot wait, so it does not free. */
+  void *q = gg_torch_alloc(1 << 20, 5, NULL);
+  gg_assert_ok(gg_host_stream_hold(side));
+  gg_assert_ok(gg_plugin_record_stream(5, q, side));
+  gg_torch_free(q, 1 << 20, 5, NULL);
+  gg_plugin_stats_t s2;
+  gg_assert_ok(gg_plugin_stats(5, &s2));
+  assert_int_equal(s2.n_failed_frees, s1.n_failed_frees + 1);
+  gg_arena_stats_t as;
+  gg_assert_ok(gg_arena_stats(a, &as));
+  assert_int_equal(as.bytes_in_use, 1 << 20); /* still the arena's: never handed out while in use */
+  assert_int_equal(gg_plugin_record_stream(5, NULL, side), GG_EINVAL);
+  gg_assert_ok(gg_host_stream_release(side));
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_ok(gg_host_stream_destroy(side));
+}
+
 typedef struct race {
   atomic_bool stop;
   atomic_ulong done;
@@ -169,6 +204,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_register_alloc_free_destroy),
       cmocka_unit_test(test_ordered_free_in_log_is_reused_at_once),
+      cmocka_unit_test(test_record_stream_makes_the_free_wait),
       cmocka_unit_test(test_growth_past_the_peak_trims_first),
       cmocka_unit_test(test_allocations_race_registration_and_destroy),
   };

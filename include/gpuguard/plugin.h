@@ -127,6 +127,16 @@ GG_API int gg_plugin_stats(int device, gg_plugin_stats_t *stats);
  *  Thread-safe. */
 GG_API void *gg_torch_alloc(ssize_t size, int device, void *stream);
 
+/** Records that the block at @p ptr is used on @p stream too (`Tensor.record_stream`): when PyTorch
+ *  frees the block, gg_torch_free() first waits for @p stream (a host-side wait, counted in
+ *  n_stream_waits), so work queued there before the free never sees the block handed out again.
+ *  @param device the device ordinal the block was allocated on.
+ *  @param ptr the block, as gg_torch_alloc() returned it.
+ *  @param stream the other stream (a CUstream; NULL is the default stream).
+ *  @return 0; GG_EINVAL for a device out of range or a NULL @p ptr; GG_ENOMEM when the record cannot be
+ *  kept (then the caller must synchronise @p stream itself). Thread-safe. */
+GG_API int gg_plugin_record_stream(int device, void *ptr, void *stream);
+
 /** gg_torch_alloc() with a status: what a caller that reports failures itself uses (the C++ entry
  *  point that raises a Python exception through PyTorch does). Writes nothing to stderr.
  *  @param size bytes wanted; 0 gives *ptr = NULL and 0.

@@ -181,6 +181,7 @@ FUNCTIONS: List[Tuple[str, list, Any, bool]] = [
     ("gg_plugin_get_arena", [c_int, POINTER(c_void_p)], _STATUS, True),
     ("gg_plugin_stats", [c_int, POINTER(PluginStats)], _STATUS, True),
     ("gg_plugin_reset_peak", [c_int], _STATUS, True),
+    ("gg_plugin_record_stream", [c_int, c_void_p, c_void_p], _STATUS, True),
     ("gg_arena_reset_peak", [c_void_p], _STATUS, True),
     ("gg_plugin_reset_totals", [c_int], _STATUS, True),
     ("gg_torch_alloc", [ctypes.c_ssize_t, c_int, c_void_p], c_void_p, False),

@@ -74,6 +74,25 @@ def _is_cuda(obj: Any) -> bool:
     return getattr(dev, "type", None) == "cuda" or bool(getattr(obj, "is_cuda", False))
 
 
+def install_record_stream(torch: Any) -> None:
+    """``Tensor.record_stream(s)`` tells the plugin too (PyTorch's pluggable allocator drops the call): the
+    block's free then waits for ``s`` first, so work queued there never sees it handed out again."""
+    if "record_stream" in _installed:
+        return
+    original = torch.Tensor.record_stream
+
+    def record_stream(self: Any, stream: Any) -> None:
+        original(self, stream)
+        if self.is_cuda:
+            ptr = self.untyped_storage().data_ptr()
+            if ptr:
+                C.gg_plugin_record_stream(self.device.index or 0, ptr, int(stream.cuda_stream) or None)
+
+    record_stream.__doc__ = original.__doc__
+    torch.Tensor.record_stream = record_stream
+    _installed["record_stream"] = original
+
+
 def install_ipc_guard(torch: Any) -> None:
     """Makes sending a CUDA tensor or storage to another process fail at once, in the sender, with
     ``IPC_MESSAGE`` — instead of an error printed by a queue's feeder thread while the receiver waits

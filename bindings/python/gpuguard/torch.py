@@ -127,6 +127,7 @@ def use_arena(arena: Arena, memory_api: bool = True) -> Any:
     if memory_api:
         _torchapi.install(torch, _global_arenas)
     _torchapi.install_ipc_guard(torch)
+    _torchapi.install_record_stream(torch)
     # PyTorch frees its last tensors (cuBLAS workspaces, module globals) after atexit handlers run: the
     # arena must not be destroyed at exit then; the process's end gives its memory back.
     arena._finalizer.atexit = False

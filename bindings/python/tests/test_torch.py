@@ -54,11 +54,7 @@ def test_global_allocator_draws_from_the_arena(cuda_torch):
         assert y == 6.0 * (1 << 20)
         s = ggt.memory_stats(arena)
         assert s["allocated_bytes.all.current"] >= 4 * MiB and s["num_alloc_retries"] == 0
-        try:
-            torch.cuda.memory_allocated()
-            print("memory_allocated works under the pluggable allocator")
-        except RuntimeError as e:
-            assert "getDeviceStats" in str(e)
+        assert torch.cuda.memory_allocated() >= 4 * MiB          # PyTorch's own API, the arena's figures
         e = torch.empty(0, device="cuda")                     # size 0: no block, no error
         assert e.numel() == 0
         in_use = arena.stats()["bytes_in_use"]
@@ -186,3 +182,110 @@ def test_guard_tears_down_a_torch_run_on_sigterm(cuda_torch, tmp_path):
                        env=dict(os.environ, GPUGUARD_BACKEND="cuda"))
     assert r.returncode == -15, r.stderr
     assert log.read_text().splitlines() == ["cleanup"]
+
+
+def test_out_of_memory_raises_and_training_goes_on(cuda_torch):
+    # Before: a tensor at data_ptr() == 0, and the first kernel on it killed the CUDA context.
+    out = run("""
+        arena = gpuguard.Arena(capacity=1 << 30, name="small")
+        ggt.use_arena(arena)
+        x = torch.ones(64 << 20, device="cuda")                  # 256 MiB
+        try:
+            y = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+            raise SystemExit(f"no exception: data_ptr {y.data_ptr()}")
+        except RuntimeError as e:                                 # torch.OutOfMemoryError is one
+            msg = str(e)
+            kind = ggt.shim_kind()
+            if kind == "torch.OutOfMemoryError":
+                assert isinstance(e, torch.OutOfMemoryError), type(e)
+            assert "CUDA out of memory." in msg and "2147483648 bytes" in msg and "capacity" in msg, msg
+            print("raised", type(e).__name__, "via", kind)
+            print("message:", msg.splitlines()[0][:300])
+        assert torch.cuda.memory_stats()["num_ooms"] == 1
+        z = (x * 2).sum().item()                                  # training goes on
+        assert z == 2.0 * (64 << 20)
+        print("OK")
+    """)
+    print(out)
+
+
+def test_pytorch_memory_api_reports_the_arena(cuda_torch):
+    out = run("""
+        arena = gpuguard.Arena(capacity=16 << 30, name="api")
+        ggt.use_arena(arena)
+        a = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+        b = torch.empty(1000, dtype=torch.uint8, device="cuda")
+        assert torch.cuda.memory_allocated() == 256 * MiB + 1024, torch.cuda.memory_allocated()
+        assert torch.cuda.memory_reserved() == arena.stats()["bytes_mapped"] >= 256 * MiB
+        del a
+        assert torch.cuda.memory_allocated() == 1024
+        assert torch.cuda.max_memory_allocated() == 256 * MiB + 1024
+        torch.cuda.reset_peak_memory_stats()
+        assert torch.cuda.max_memory_allocated() == 1024
+        assert torch.cuda.max_memory_reserved() == torch.cuda.memory_reserved()
+        s = torch.cuda.memory_stats()
+        assert s["allocation.all.current"] == 1 and s["requested_bytes.all.current"] == 1000
+        summary = torch.cuda.memory_summary()
+        assert "PyTorch CUDA memory summary" in summary
+        free0 = torch.cuda.mem_get_info()[0]
+        torch.cuda.empty_cache()                                   # the arena trims: back to the driver
+        free1 = torch.cuda.mem_get_info()[0]
+        assert arena.stats()["bytes_mapped"] < 16 * MiB and free1 - free0 >= 200 * MiB, (free0, free1)
+        print(summary.splitlines()[5])
+        print("OK")
+    """)
+    print(out)
+
+
+def test_sending_a_cuda_tensor_to_another_process_fails_at_once(cuda_torch):
+    run("""
+        import time
+        import torch.multiprocessing as tmp
+        arena = gpuguard.Arena(capacity=4 << 30)
+        ggt.use_arena(arena)
+        q = tmp.get_context("spawn").Queue()
+        t0 = time.monotonic()
+        try:
+            q.put(torch.ones(4, device="cuda"))
+            raise SystemExit("put accepted a CUDA tensor")
+        except RuntimeError as e:
+            assert "no CUDA IPC handle" in str(e), e
+        q.put(torch.ones(4))                                       # CPU tensors still go
+        assert q.get(timeout=30).sum().item() == 4.0
+        assert time.monotonic() - t0 < 30
+        print("OK")
+    """)
+
+
+def test_freed_block_is_not_reused_before_another_streams_work_ends(cuda_torch):
+    # A block freed while a kernel on a side stream still writes it must not be handed to the default
+    # stream before that kernel ends: record_stream's promise, and the plugin's for blocks of side streams.
+    run("""
+        arena = gpuguard.Arena(capacity=8 << 30)
+        ggt.use_arena(arena)
+        n = 64 * MiB // 4
+        s = torch.cuda.Stream()
+        for how in ("record_stream", "allocated_on_side_stream"):
+            if how == "record_stream":
+                x = torch.zeros(n, device="cuda")
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    torch.cuda._sleep(int(3e8))                    # ~0.2 s on the side stream
+                    x.fill_(7.0)
+                x.record_stream(s)
+            else:
+                with torch.cuda.stream(s):
+                    x = torch.zeros(n, device="cuda")
+                    torch.cuda._sleep(int(3e8))
+                    x.fill_(7.0)
+            p = x.data_ptr()
+            del x                                                  # while the side stream still runs
+            y = torch.empty(n, device="cuda")
+            y.fill_(3.0)
+            torch.cuda.synchronize()
+            bad = int((y != 3.0).sum().item())
+            assert bad == 0, f"{how}: {bad} elements overwritten by the side stream (y at {y.data_ptr()}, x was {p})"
+            print(how, "reused:", y.data_ptr() == p)
+            del y
+        print("OK")
+    """)

@@ -58,6 +58,7 @@ class Tensor:
     def __init__(self, kind="cpu", data=b"x"): self.device, self.data = _Device(kind), data
     @property
     def is_cuda(self): return self.device.type == "cuda"
+    def record_stream(self, stream): CALLS.append("record_stream")
 class UntypedStorage(Tensor): pass
 class TypedStorage(Tensor): pass
 import sys as _sys
