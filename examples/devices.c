@@ -1,9 +1,16 @@
 /* devices.c — lists the devices gpuguard sees and their memory, on whichever backend is selected. */
 #include <stdio.h>
+#include <string.h>
 
 #include "gpuguard/gpuguard.h"
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc > 1) { /* no options: --help says so, anything else is refused */
+    int help = strcmp(argv[1], "--help") == 0;
+    fprintf(help ? stdout : stderr, "%susage: devices   (no arguments; GPUGUARD_BACKEND picks the backend)\n",
+            help ? "" : "devices: unknown argument\n");
+    return help ? 0 : 2;
+  }
   int n = 0;
   if (gg_device_count(&n) < 0) {
     fprintf(stderr, "devices: %s\n", gg_last_error());

@@ -117,8 +117,16 @@ static int print_block(const gg_block_info_t *b, void *user) {
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* progress shows at once, also through a pipe */
+  if (argc > 1 && strcmp(argv[1], "--help") == 0) {
+    printf("usage: train [steps] [print_every]   (defaults 300 and 50)\n");
+    return 0;
+  }
   int steps = argc > 1 ? atoi(argv[1]) : 300;
-  int every = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : 50;
+  int every = argc > 2 ? atoi(argv[2]) : 50;
+  if (argc > 3 || steps <= 0 || every <= 0) {
+    fprintf(stderr, "usage: train [steps] [print_every]   (positive numbers; defaults 300 and 50)\n");
+    return 2;
+  }
   int n = 0;
   gpu = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
   if (!gpu) {

@@ -3,6 +3,7 @@
  * Try: ./workers & sleep 1; kill -9 %1; ps -o pid,ppid,stat,cmd -p "<the pids it printed>" */
 #include <signal.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "gpuguard/gpuguard.h"
@@ -12,16 +13,22 @@ static int check(int rc, const char *what) {
   return rc < 0;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc > 1) { /* no options: --help says so, anything else is refused */
+    int help = strcmp(argv[1], "--help") == 0;
+    fprintf(help ? stdout : stderr, "%susage: workers   (no arguments; kill -9 it and its workers are gone too)\n",
+            help ? "" : "workers: unknown argument\n");
+    return help ? 0 : 2;
+  }
   /* Visible to `gpuguard ps` and to the registry: this process leads a session, workers join it. */
   if (check(gg_registry_register(NULL), "registry")) return 1;
 
   /* Fork and exec, as a launcher or DataLoader with the spawn start method does. The death signal is
    * armed by the library's spawn thread, so it holds whichever thread of ours asked. */
-  const char *argv[] = {"sleep", "600", NULL};
+  const char *sleeper[] = {"sleep", "600", NULL};
   pid_t exec_workers[2];
   for (int i = 0; i < 2; i++)
-    if (check(gg_proc_spawn(NULL, argv, NULL, &exec_workers[i]), "spawn")) return 1;
+    if (check(gg_proc_spawn(NULL, sleeper, NULL, &exec_workers[i]), "spawn")) return 1;
 
   /* Fork without exec, as multiprocessing's fork start method does: the child arms itself, and drops
    * inherited GPU descriptors since it will not use CUDA (the parent's memory is freed when it dies). */

@@ -42,4 +42,4 @@ echo; echo "==> gpuguard ps: nothing of the job holds GPU memory any more"
 $g ps || true
 echo; echo "==> gpuguard reap --dry-run: no orphans"
 $g reap --dry-run
-echo; echo "More: examples/guard/guard_demo (Ctrl-C and crash paths), examples/workers (kill -9 leaves nothing), README's tour."
+echo; echo "More: build/demo/examples/guard/guard_demo --help (Ctrl-C and crash paths), build/demo/examples/workers (kill -9 leaves nothing), the README's tour."

@@ -68,6 +68,15 @@ static void test_errors(void **) {
     fail_msg("bad options did not throw");
   } catch (const std::runtime_error &e) { /* gg::Error is a std::runtime_error */
     assert_non_null(strstr(e.what(), "GG_EINVAL: gg_guard_create: options.teardown_timeout_ms=-5"));
+    assert_null(strstr(e.what(), "GG_EINVAL: GG_EINVAL"));
+  }
+  /* A detail that does not start with the code's name (a stale one, or none) still gets the name. */
+  gg_clear_error();
+  try {
+    gg::check(GG_ESTATE);
+    fail_msg("check of a negative status did not throw");
+  } catch (const gg::Error &e) {
+    assert_string_equal(e.what(), "GG_ESTATE: call not valid in this state");
   }
   assert_int_equal(gg::check(0), 0);
 }
@@ -130,6 +139,9 @@ static void test_arena_and_scopes(void **) {
     fail_msg("an allocation beyond the capacity did not throw");
   } catch (const gg::Error &e) {
     assert_int_equal(e.code(), GG_ENOMEM);
+    /* The code's name once, then the call that failed: the library's detail starts with the name. */
+    assert_int_equal(strncmp(e.what(), "GG_ENOMEM: gg_alloc", 19), 0);
+    assert_null(strstr(e.what() + 1, "GG_ENOMEM"));
   }
   try {
     a.alloc_n<double>(SIZE_MAX / 4);

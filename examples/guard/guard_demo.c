@@ -37,8 +37,24 @@ static void hang(void *user) {
   for (;;) pause();
 }
 
+static const char usage[] =
+    "usage: guard_demo [--wait | --crash | --hang | --help]\n"
+    "  (none)    returns normally: the cleanup runs once, at exit\n"
+    "  --wait    waits for Ctrl-C or SIGTERM: the cleanup runs, then the process ends as the signal would\n"
+    "  --crash   writes through a NULL pointer: a one-line report, crash hooks only, then SIGSEGV\n"
+    "  --hang    Ctrl-C with a cleanup that never returns: the guard ends the process after 2 s\n";
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
+  if (strcmp(mode, "--help") == 0 || strcmp(mode, "-h") == 0) {
+    fputs(usage, stdout);
+    return 0;
+  }
+  if (argc > 2 || (*mode && strcmp(mode, "--wait") != 0 && strcmp(mode, "--crash") != 0 &&
+                    strcmp(mode, "--hang") != 0)) {
+    fprintf(stderr, "guard_demo: unknown argument '%s'\n%s", argc > 2 ? argv[2] : mode, usage);
+    return 2;
+  }
   gg_guard_options_t opts;
   gg_guard_options_init(&opts);
   opts.name = "demo";

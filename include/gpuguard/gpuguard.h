@@ -22,4 +22,10 @@
 #include "gpuguard/report.h"
 #include "gpuguard/version.h"
 
+/* The scope macros need __attribute__((cleanup)); other compilers get the rest of the API and call
+ * gg_scope_begin()/gg_scope_end() themselves (scope.h itself says so with an #error). */
+#if defined(__GNUC__) || defined(__clang__)
+#include "gpuguard/scope.h"
+#endif
+
 #endif

@@ -3,6 +3,17 @@
 #ifndef GPUGUARD_GPUGUARD_HPP
 #define GPUGUARD_GPUGUARD_HPP
 
+/* Said before anything else is parsed, so an older standard gets this line instead of template errors
+ * from deep inside the header. MSVC keeps __cplusplus at 199711L unless /Zc:__cplusplus: ask _MSVC_LANG. */
+#if defined(_MSVC_LANG) && _MSVC_LANG > __cplusplus
+#define GG__CPLUSPLUS _MSVC_LANG
+#else
+#define GG__CPLUSPLUS __cplusplus
+#endif
+#if GG__CPLUSPLUS < 201703L
+#error "gpuguard.hpp needs C++17 or newer (-std=c++17); from C or older C++, include gpuguard/gpuguard.h"
+#else
+
 #include <cstddef>
 #include <functional>
 #include <limits>
@@ -47,11 +58,16 @@ private:
   int code_;
 };
 
-/** Throws gg::Error for a negative status, with gg_last_error() as the message; returns @p rc otherwise. */
+/** Throws gg::Error for a negative status, returns @p rc otherwise. The message is "NAME: detail":
+ *  gg_last_error() as it is when it starts with the code's name already (the library writes it so),
+ *  else with the name put in front; gg_strerror() when there is no detail. */
 inline int check(int rc) {
   if (rc < 0) {
+    const std::string name = gg_err_name(rc);
     const char *detail = gg_last_error();
-    throw Error(rc, std::string(gg_err_name(rc)) + ": " + (detail && *detail ? detail : gg_strerror(rc)));
+    if (!detail || !*detail) throw Error(rc, name + ": " + gg_strerror(rc));
+    const std::string text = detail, prefix = name + ": ";
+    throw Error(rc, text.compare(0, prefix.size(), prefix) == 0 ? text : prefix + text);
   }
   return rc;
 }
@@ -252,4 +268,5 @@ inline Scope Arena::scope() { return Scope(*this); }
 } // namespace gg
 
 /** @} */
+#endif /* C++17 */
 #endif

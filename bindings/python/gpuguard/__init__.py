@@ -6,6 +6,7 @@ modules, imported on demand: ``import gpuguard`` never imports torch or cupy."""
 from __future__ import annotations
 
 from ._lib import version
+from ._version import __version__
 from .arena import NO_STREAM, TRIM_ON_SCOPE_EXIT, Allocation, Arena, ArenaScope
 from .errors import (DriverError, GpuGuardError, InvalidArgumentError, IOError_, NoDeviceError,
                      NotFoundError, NotSupportedError, OutOfMemoryError, PermissionError_, StateError,
@@ -14,8 +15,6 @@ from .guard import DEFAULT_SIGNALS, SIGHUP, SIGINT, SIGNALS_FATAL, SIGQUIT, SIGT
 from .proc import (adopt, arm_child, close_device_fds, orphans, registry_list, registry_register,
                    registry_unregister, set_subreaper, spawn, teardown)
 from .query import device_count, device_info, processes
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Allocation", "Arena", "ArenaScope", "NO_STREAM", "TRIM_ON_SCOPE_EXIT", "DriverError", "GpuGuardError",

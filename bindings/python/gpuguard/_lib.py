@@ -9,34 +9,69 @@ from ctypes import (POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_in
                     c_ulonglong, c_void_p)
 from typing import Any, Callable, List, Optional, Tuple
 
+from ._version import __version__
 from .errors import error_for
 
 
-def _load() -> Tuple[ctypes.CDLL, str]:
-    """GPUGUARD_LIBRARY, then a copy next to this package, then the system loader."""
-    tried: List[str] = []
-    candidates: List[str] = []
-    env = os.environ.get("GPUGUARD_LIBRARY")
-    if env:
-        candidates.append(env)
+def _candidates() -> Tuple[List[str], str]:
+    """Where libgpuguard is looked for, in order, and a description of that for messages."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in sorted(os.listdir(here)):
-        if name.startswith("libgpuguard.so"):
-            candidates.append(os.path.join(here, name))
+    candidates = [os.path.join(here, "lib", "libgpuguard.so.0")]  # inside a wheel (pip install)
+    candidates += [os.path.join(here, n) for n in sorted(os.listdir(here)) if n.startswith("libgpuguard.so")]
     found = ctypes.util.find_library("gpuguard")
     candidates += [c for c in (found, "libgpuguard.so.0", "libgpuguard.so") if c]
+    return candidates, f"inside the package ({here}/lib), next to it, the system loader"
+
+
+def _load() -> Tuple[ctypes.CDLL, str]:
+    """GPUGUARD_LIBRARY alone when it is set (an explicit choice is never swapped for another copy);
+    else the copy the wheel installed inside the package, then one next to it, then the system loader."""
+    env = os.environ.get("GPUGUARD_LIBRARY")
+    if env:
+        try:
+            return ctypes.CDLL(env), env
+        except OSError as e:
+            raise ImportError(f"gpuguard: GPUGUARD_LIBRARY={env} cannot be loaded: {e}. Unset it to use the "
+                              "library installed with the package.") from None
+    tried: List[str] = []
+    candidates, where = _candidates()
     for path in candidates:
+        if os.path.isabs(path) and not os.path.exists(path):
+            continue
         try:
             return ctypes.CDLL(path), path
         except OSError as e:
             tried.append(f"{path}: {e}")
-    raise ImportError("gpuguard: libgpuguard.so not found. Looked at: GPUGUARD_LIBRARY ("
-                      + (env or "unset") + "), next to the package (" + here + "), the system loader. "
-                      + ("Errors: " + "; ".join(tried) if tried else "")
-                      + " Build it (cmake) and set GPUGUARD_LIBRARY=/path/to/libgpuguard.so.")
+    raise ImportError("gpuguard: libgpuguard.so not found. Looked " + where + ". "
+                      + ("Errors: " + "; ".join(tried) + ". " if tried else "")
+                      + "Install the package as a wheel (pip install ./bindings/python builds the library "
+                      "into it), or build it with cmake and set GPUGUARD_LIBRARY=/path/to/libgpuguard.so.")
+
+
+def _release(v: str) -> Tuple[str, ...]:
+    """MAJOR.MINOR.PATCH of a version string ('0.1.0.dev1' -> ('0', '1', '0'))."""
+    return tuple(v.split("+")[0].split(".")[:3])
+
+
+def _check_version(lib: ctypes.CDLL, path: str) -> str:
+    """The binding declares struct layouts and functions of one library version: another version could
+    read or write memory wrongly, so a mismatch stops the import instead of warning."""
+    try:
+        fn = lib.gg_version
+    except AttributeError:
+        raise ImportError(f"gpuguard: {path} has no gg_version(): not a gpuguard library") from None
+    fn.argtypes, fn.restype = [], c_char_p
+    have = (fn() or b"").decode(errors="replace")
+    if _release(have) != _release(__version__):
+        raise ImportError(f"gpuguard: the library {path} is version {have}, but this Python package is "
+                          f"{__version__}; they must match. Reinstall the package (pip install "
+                          "./bindings/python builds both), or point GPUGUARD_LIBRARY at a library built from "
+                          "the same checkout.")
+    return have
 
 
 lib, path = _load()
+_check_version(lib, path)
 
 
 class DeviceInfo(Structure):

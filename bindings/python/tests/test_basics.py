@@ -60,7 +60,7 @@ def test_processes_from_a_stand_in_nvml(monkeypatch):
 
 def test_import_error_says_where_it_looked(tmp_path):
     env = dict(os.environ, GPUGUARD_LIBRARY=str(tmp_path / "nope.so"), LD_LIBRARY_PATH="")
-    pkg = os.path.join(os.path.dirname(__file__), "..")
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(gpuguard.__file__)))
     r = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {pkg!r}); import gpuguard"],
                        env=env, capture_output=True, text=True)
     if r.returncode == 0:

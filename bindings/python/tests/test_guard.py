@@ -1,6 +1,7 @@
 """Guards through the binding: every exit path of a Python program runs each cleanup exactly once, judged
 from outside in a child interpreter (exception, KeyboardInterrupt with and without the library handling
 SIGINT, SIGTERM, interpreter exit), fork, and the in-process API (ids, cancel, errors in cleanups)."""
+import importlib.util
 import os
 import signal
 import subprocess
@@ -12,7 +13,8 @@ import pytest
 
 import gpuguard
 
-PKG = os.path.join(os.path.dirname(__file__), "..")
+# The directory holding the gpuguard package under test (the checkout's, or an installed wheel's).
+PKG = os.path.dirname(os.path.dirname(importlib.util.find_spec("gpuguard").origin))
 
 
 def run_child(tmp_path, body, timeout=30, **popen):

@@ -1,5 +1,6 @@
 """Processes through the binding: spawn into a guard's set, teardown with a receipt, adopt (with the
 start-time check that refuses a reused pid), the default set, errors, subreaper and the registry."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -8,6 +9,9 @@ import time
 import pytest
 
 import gpuguard
+
+# The directory holding the gpuguard package under test (the checkout's, or an installed wheel's).
+PKG = os.path.dirname(os.path.dirname(importlib.util.find_spec("gpuguard").origin))
 
 
 def start_time_of(pid: int) -> int:
@@ -89,7 +93,7 @@ def test_teardown_reaches_grandchildren_with_subreaper(tmp_path):
     script.chmod(0o700)
     r = subprocess.run([sys.executable, "-c", f"""
 import os, sys, time
-sys.path.insert(0, {os.path.join(os.path.dirname(__file__), '..')!r})
+sys.path.insert(0, {PKG!r})
 import gpuguard
 gpuguard.set_subreaper(True)
 pid = gpuguard.spawn([{str(script)!r}])

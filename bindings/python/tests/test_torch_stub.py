@@ -2,6 +2,7 @@
 PyTorch's allocator API in the documented order — the plugin library's path and symbol names, the
 initialised-allocator refusal turned into StateError, MemPool + use_mem_pool + empty_cache — and that
 the plugin really serves the stand-in's allocations from the arena. The real thing runs in test_torch.py."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -9,7 +10,8 @@ import textwrap
 
 import pytest
 
-PKG = os.path.join(os.path.dirname(__file__), "..")
+# The directory holding the gpuguard package under test (the checkout's, or an installed wheel's).
+PKG = os.path.dirname(os.path.dirname(importlib.util.find_spec("gpuguard").origin))
 
 STUB = '''
 import ctypes, types
