@@ -290,6 +290,8 @@ class _Walk:
                         if "path_end" not in g:
                             g["path_end"] = oid
                             g["shape"], g["dtype"] = d["shape"], d["dtype"]
+                            if g["kind"] == _STORAGE:  # named after the tensor that reaches it
+                                g["kind"] = d["kind"]
                             missing.discard(d["key"])
                 try:
                     refs = gc.get_referents(o)
@@ -480,10 +482,27 @@ def _via(objs: List[Any], text: str, root_name: str, root_kind: str) -> str:
     return root_kind
 
 
+def _node_name(node: Any) -> str:
+    try:
+        return str(node.name())
+    except Exception:
+        return type(node).__name__
+
+
 def _render(objs: List[Any], labels: List[Optional[str]], root_name: str) -> str:
     parts = [root_name]
+    hops = 0  # a run of autograd edges is told as its length, not node by node
     for i in range(1, len(objs)):
         lab = labels[i]
+        if lab is not None and lab.startswith(".next_functions"):
+            hops += 1
+            continue
+        if hops:
+            more = f" → ({hops - 1} more node{'s' if hops > 2 else ''})" if hops > 1 else ""
+            parts.append(f"{more} → {_node_name(objs[i - 1])}")
+            hops = 0
+        elif lab is not None and lab.startswith("._saved_"):
+            parts.append(f" → {_node_name(objs[i - 1])}")
         if lab is None:
             lab = _label(objs[i - 1], objs[i], objs[i - 2] if i >= 2 else None,
                          namespace=i == 1 and isinstance(objs[0], dict))
