@@ -30,6 +30,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 __all__ = ["holders", "Holders", "Holder", "buffer_keys", "format_bytes"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_CO_NEWLOCALS = 0x2  # inspect.CO_NEWLOCALS: a function frame (without importing inspect)
 
 # Kinds of object the walk treats specially, decided once per type (a dict lookup per object after).
 _TENSOR, _STORAGE, _CUPY, _CAI, _BLOCK = "tensor", "storage", "cupy", "cuda array", "arena block"
@@ -379,6 +380,9 @@ def _label(parent: Any, child: Any, grand: Any, namespace: bool = False) -> str:
     `` → f() x``); ``grand`` is the parent's own holder (to tell an attribute dict from a plain one);
     ``namespace``: ``parent`` is a root namespace (globals), whose keys are names."""
     if isinstance(parent, dict):
+        if grand is not None and _kind(grand) == _MODULE and _instance_dict(grand) is parent and any(
+                parent.get(k) is child for k in _MODULE_DICTS):
+            return ""  # model.__dict__['_modules'] is not part of the name people write
         attr = namespace or (grand is not None and _instance_dict(grand) is parent)
         if not attr and grand is not None and (_kind(grand) == _MODULE or isinstance(grand, dict)):
             gd = grand if isinstance(grand, dict) else _instance_dict(grand) or {}
@@ -532,6 +536,17 @@ def _user_namespace() -> Tuple[Optional[dict], str]:
     return (vars(main) if main is not None else None), "global variable"
 
 
+_own_files: Dict[str, bool] = {}
+
+
+def _own_file(fn: str) -> bool:
+    """Whether a code file is one of this package's (its path may be relative or hold '..')."""
+    own = _own_files.get(fn)
+    if own is None:
+        own = _own_files[fn] = os.path.dirname(os.path.abspath(fn)) == _HERE
+    return own
+
+
 def _seed_roots(walk: _Walk, namespace: Optional[dict]) -> None:
     ns, ns_kind = (namespace, "variable") if namespace is not None else _user_namespace()
     if ns is not None:
@@ -540,14 +555,15 @@ def _seed_roots(walk: _Walk, namespace: Optional[dict]) -> None:
         v = getattr(sys, name, None)
         if v is not None:
             walk.seed(v, f"sys.{name}", "stored traceback")
-    here = os.sep + "gpuguard" + os.sep
     for tid, top in sys._current_frames().items():
         f: Optional[types.FrameType] = top
         while f is not None:
-            fn = f.f_code.co_filename
-            if not (fn.startswith(_HERE) and here in fn) and f.f_locals is not ns:
+            # function frames only (module-level code's locals are its globals, seeded as a module); this
+            # package's own frames are no roots (nor read: f_locals would snapshot the walk itself)
+            if f.f_code.co_flags & _CO_NEWLOCALS and not _own_file(f.f_code.co_filename):
                 walk.seed(f, "", "local variable")
             f = f.f_back
+    top = f = None  # this frame refers to itself through them: no cycle may keep the walk alive
     for mname, mod in list(sys.modules.items()):
         d = getattr(mod, "__dict__", None)
         if type(d) is dict:
@@ -696,6 +712,12 @@ def holders(top: int = 20, min_bytes: int = 0, namespace: Optional[dict] = None,
     if groups:
         _seed_roots(walk, namespace)
         walk.run()
+    if any("path_end" not in g for g in groups.values()):
+        # Python <= 3.12: reading a running function's locals (f_locals) refreshes a snapshot that an
+        # earlier read left on its frame, and may free what only that stale snapshot held. Such a buffer
+        # died during the walk: it is no holder.
+        alive = buffer_keys()
+        groups = {k: g for k, g in groups.items() if "path_end" in g or k in alive}
     for key, g in list(groups.items()):
         if only is not None and not only(key):
             del groups[key]
