@@ -172,7 +172,8 @@ def _extra_edges(o: Any, kind: Optional[str]) -> List[Tuple[Any, str]]:
             gf = getattr(o, "grad_fn", None)
             if gf is not None:
                 out.append((gf, ".grad_fn"))
-            g = getattr(o, "grad", None)
+            # PyTorch warns when .grad of a non-leaf is read; only leaves accumulate gradients
+            g = getattr(o, "grad", None) if getattr(o, "is_leaf", True) else None
             if g is not None:
                 out.append((g, ".grad"))
         elif kind == _NODE:
