@@ -47,6 +47,11 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
+def _text_at(x: float, right: float) -> Tuple[float, str]:
+    """Where a label beside a mark at ``x`` goes: right of it, or left when it would leave the chart."""
+    return (x + 5, "start") if x < right - 90 else (x - 5, "end")
+
+
 def render_svg(data: Dict[str, Any], x: str = "t") -> str:
     """The chart alone, as an SVG document (``x``: "t" for seconds, "step" for steps)."""
     samples = data["samples"]
@@ -97,9 +102,10 @@ def render_svg(data: Dict[str, Any], x: str = "t") -> str:
         X = px(float(m.get(x) or 0))
         label = html.escape(f'{m.get("kind")}: {m.get("label", "")}'.strip(": "))
         if m.get("kind") == "oom":
+            tx, anchor = _text_at(X, _L + pw)
             out.append(f'<g class="mark oom-mark"><title>{label}</title><line class="oom" x1="{_fmt(X)}" '
-                       f'x2="{_fmt(X)}" y1="{_T}" y2="{_T + ph}"/><text class="oomtext" x="{_fmt(X + 3)}" '
-                       f'y="{_T + 14}">OOM</text></g>')
+                       f'x2="{_fmt(X)}" y1="{_T}" y2="{_T + ph}"/><text class="oomtext" x="{_fmt(tx)}" '
+                       f'y="{_T + 14}" text-anchor="{anchor}">OOM</text></g>')
         else:
             out.append(f'<g class="mark round-mark"><title>{label}</title><line class="round" x1="{_fmt(X)}" '
                        f'x2="{_fmt(X)}" y1="{_T}" y2="{_T + ph}"/></g>')
@@ -121,9 +127,10 @@ def render_svg(data: Dict[str, Any], x: str = "t") -> str:
     use = [(s["in_use"], X) for s, X in zip(samples, xs) if s.get("in_use") is not None]
     if use:
         pv, pxv = max(use, key=lambda t: t[0])
+        tx, anchor = _text_at(px(pxv), _L + pw)
         out.append(f'<g class="peak-mark"><title>peak in use: {format_bytes(pv)}</title><circle class="peak" '
-                   f'cx="{_fmt(px(pxv))}" cy="{_fmt(py(pv))}" r="4"/><text x="{_fmt(px(pxv) + 6)}" '
-                   f'y="{_fmt(py(pv) - 6)}">peak {format_bytes(pv)}</text></g>')
+                   f'cx="{_fmt(px(pxv))}" cy="{_fmt(py(pv))}" r="4"/><text x="{_fmt(tx)}" '
+                   f'y="{_fmt(py(pv) - 6)}" text-anchor="{anchor}">peak {format_bytes(pv)}</text></g>')
     # legend
     lx = _L
     for i, n in enumerate(names):
