@@ -60,7 +60,7 @@ section("1. stored traceback: the last exception keeps its frames' tensors (IPyt
 
 
 def train_step(batch):
-    activations = torch.empty(512 * MiB, dtype=torch.uint8, device=DEV)
+    activations = torch.empty(512 * MiB, dtype=torch.uint8, device=DEV)  # noqa: F841 (held by the frame)
     raise RuntimeError("simulated failure in train_step")
 
 

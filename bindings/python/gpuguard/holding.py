@@ -25,7 +25,7 @@ import sys
 import time
 import types
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 __all__ = ["holders", "Holders", "Holder", "buffer_keys", "format_bytes"]
 
@@ -144,20 +144,64 @@ def _describe(o: Any, kind: str) -> Optional[Dict[str, Any]]:
     return None
 
 
-def buffer_keys(objects: Optional[Sequence[Any]] = None) -> Dict[Tuple[str, int], int]:
-    """The device buffers alive now, as {(device, address): bytes}: the cheap half of ``holders`` (one
-    pass over the garbage collector's objects, no chains). ``rounds`` compares two of these."""
-    objs = gc.get_objects() if objects is None else objects
-    out: Dict[Tuple[str, int], int] = {}
+def _scan() -> Tuple[Dict[Tuple[str, int], Dict[str, Any]], int]:
+    """The device buffers alive now, by key, with the number of Python objects (views) of each, and the
+    number of objects scanned: one pass over the garbage collector's objects, then over the autograd
+    graphs of the tensors found (PyTorch keeps a saved tensor's buffer in C++ with no Python object:
+    only its graph leads to it)."""
+    objs = gc.get_objects()
+    scanned = len(objs)
+    groups: Dict[Tuple[str, int], Dict[str, Any]] = {}
+    tensors = []
     cache = _kind_cache
     for o in objs:
         tp = type(o)
         k = cache[tp] if tp in cache else _classify(tp)
         if k in _NOT_BUFFERS:
             continue
+        if k == _TENSOR:
+            tensors.append(o)
         d = _describe(o, k)
-        if d is not None and d["bytes"] > 0:
-            out[d["key"]] = d["bytes"]
+        if d is None or d["bytes"] <= 0:
+            continue
+        views = 0 if k == _STORAGE else 1  # a storage object is the buffer, not a view of it
+        g = groups.get(d["key"])
+        if g is None:
+            d["objects"] = views
+            groups[d["key"]] = d
+        else:
+            g["objects"] += views
+    del objs
+    for t in _graph_tensors(tensors):
+        d = _describe(t, _TENSOR)
+        if d is not None and d["bytes"] > 0 and d["key"] not in groups:
+            d["objects"] = 0  # no Python object holds it: the one seen was unpacked from the graph
+            groups[d["key"]] = d
+    return groups, scanned
+
+
+def buffer_keys() -> Dict[Tuple[str, int], int]:
+    """The device buffers alive now, as {(device, address): bytes}: the cheap half of ``holders`` (no
+    chains). ``rounds`` compares two of these."""
+    return {k: g["bytes"] for k, g in _scan()[0].items()}
+
+
+def _graph_tensors(tensors: List[Any]) -> List[Any]:
+    """The tensors the autograd graphs of ``tensors`` hold (saved tensors, gradients), each graph node
+    visited once."""
+    seen: Dict[int, Any] = {}
+    out: List[Any] = []
+    todo = [e for t in tensors for e in _extra_edges(t, _TENSOR)]
+    while todo:
+        o, _ = todo.pop()
+        if id(o) in seen:
+            continue
+        seen[id(o)] = o  # keeps the node (or unpacked tensor) alive: its id stays unique meanwhile
+        k = _kind(o)
+        if k == _TENSOR:
+            out.append(o)
+        if k in (_TENSOR, _NODE):
+            todo.extend(_extra_edges(o, k))
     return out
 
 
@@ -466,9 +510,11 @@ def _via(objs: List[Any], text: str, root_name: str, root_kind: str) -> str:
     for i, o in enumerate(objs[:-1]):
         d = _instance_dict(o) if not isinstance(o, _NOT_INSTANCE) else None
         if d is not None and "param_groups" in d and "state" in d:
-            st = d["state"]
+            st, pg = d["state"], d["param_groups"]
             if any(x is st for x in objs[i + 1:i + 3]):
                 return "optimizer state"
+            if any(x is pg for x in objs[i + 1:i + 3]) and ".grad" not in text:
+                return "optimizer parameter"
     if ".grad" in text:
         return "gradient"
     if any(type(o).__name__ == "_lru_cache_wrapper" for o in objs):
@@ -578,8 +624,8 @@ class Holder:
     """One device buffer and who holds it: ``bytes``, ``device``, ``kind`` (tensor, storage, cupy,
     cuda array, arena block), ``shape``, ``dtype``, ``objects`` (Python objects sharing the buffer:
     views), ``chain`` (the shortest chain of references from a named root, as text), ``via`` (what kind
-    of holder: notebook/global/local variable, module parameter or buffer, optimizer state, gradient,
-    autograd graph, stored traceback, closure, cache, unreachable)."""
+    of holder: notebook/global/local variable, module parameter or buffer, optimizer parameter or state,
+    gradient, autograd graph, stored traceback, closure, cache, unreachable)."""
 
     __slots__ = ("bytes", "device", "kind", "shape", "dtype", "objects", "chain", "via", "address")
 
@@ -687,26 +733,7 @@ def holders(top: int = 20, min_bytes: int = 0, namespace: Optional[dict] = None,
     Costs one pass over ``gc.get_objects()`` and at most one over what the roots reach (measured: about
     0.2 s for 100k objects); it allocates no device memory and never initialises CUDA."""
     t0 = time.perf_counter()
-    objs = gc.get_objects()
-    groups: Dict[Tuple[str, int], Dict[str, Any]] = {}
-    cache = _kind_cache
-    for o in objs:
-        tp = type(o)
-        k = cache[tp] if tp in cache else _classify(tp)
-        if k in _NOT_BUFFERS:
-            continue
-        d = _describe(o, k)
-        if d is None or d["bytes"] <= 0:
-            continue
-        views = 0 if k == _STORAGE else 1  # a storage object is the buffer, not a view of it
-        g = groups.get(d["key"])
-        if g is None:
-            d["objects"] = views
-            groups[d["key"]] = d
-        else:
-            g["objects"] += views
-    scanned = len(objs)
-    del objs
+    groups, scanned = _scan()
     if only is not None:
         groups = {k: g for k, g in groups.items() if only(k)}
     walk = _Walk(groups, exclude={id(groups)})

@@ -2,9 +2,9 @@
 it: a tensor has ``is_cuda``, ``untyped_storage()`` (``data_ptr()``, ``nbytes()``), ``shape``, ``dtype``,
 ``device``, ``grad``, ``grad_fn``; an autograd node has ``next_functions``, ``register_hook`` and
 ``_saved_*`` attributes that unpack a new tensor object on each access. Like PyTorch's C++ side, a
-tensor's ``grad_fn``/``grad`` and a node's graph edges and saved tensors are references the garbage
-collector cannot see (a reference count taken through the C API), so only code that follows them
-explicitly finds what they hold. ``STATE.allocated`` counts the bytes of live storages:
+tensor's ``grad_fn``/``grad`` and a node's graph edges are references the garbage collector cannot see
+(a reference count taken through the C API), and a saved tensor's buffer has no Python object at all
+until it is unpacked, so only code that follows them explicitly finds what they hold. ``STATE.allocated`` counts the bytes of live storages:
 ``torch.cuda.memory_allocated()`` of this world."""
 from __future__ import annotations
 
@@ -43,12 +43,34 @@ class Hidden:
             pass
 
 
-class FakeUntypedStorage:
-    """Device memory: counted in STATE.allocated while alive."""
+# The C++ side: storage implementations as plain integers (address -> [references, bytes]) that the
+# garbage collector cannot follow. A buffer kept only by the autograd graph has no Python object at all,
+# as in PyTorch; unpacking a saved tensor makes a new Python storage object over the same buffer.
+_impls: Dict[int, list] = {}
 
-    def __init__(self, nbytes: int, device: str = "cuda:0") -> None:
-        self._ptr, self._nbytes, self.device = next(_addresses), nbytes, device
-        STATE.allocated += nbytes
+
+def _impl_incref(ptr: int) -> None:
+    _impls[ptr][0] += 1
+
+
+def _impl_decref(ptr: int) -> None:
+    rec = _impls[ptr]
+    rec[0] -= 1
+    if rec[0] == 0:
+        del _impls[ptr]
+        STATE.allocated -= rec[1]
+
+
+class FakeUntypedStorage:
+    """A Python storage object over a buffer: a new buffer (``nbytes``), or an existing one (``ptr``)."""
+
+    def __init__(self, nbytes: int = 0, device: str = "cuda:0", ptr: Optional[int] = None) -> None:
+        if ptr is None:
+            ptr = next(_addresses)
+            _impls[ptr] = [0, nbytes]
+            STATE.allocated += nbytes
+        _impl_incref(ptr)
+        self._ptr, self._nbytes, self.device = ptr, _impls[ptr][1], device
 
     @property
     def is_cuda(self) -> bool:
@@ -61,7 +83,7 @@ class FakeUntypedStorage:
         return self._nbytes
 
     def __del__(self) -> None:
-        STATE.allocated -= self._nbytes
+        _impl_decref(self._ptr)
 
 
 class FakeNode:
@@ -71,7 +93,9 @@ class FakeNode:
                  saved: Optional[Dict[str, "FakeTensor"]] = None) -> None:
         self._name = name
         self._next = tuple(Hidden(n) if n is not None else None for n in next_nodes)
-        self._saved = {k: (Hidden(t._storage), t.shape) for k, t in (saved or {}).items()}
+        self._saved = {k: (t._storage.data_ptr(), t.shape, t.device) for k, t in (saved or {}).items()}
+        for ptr, _, _ in self._saved.values():
+            _impl_incref(ptr)
 
     def name(self) -> str:
         return self._name
@@ -88,9 +112,14 @@ class FakeNode:
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_saved_") and name[7:] in self.__dict__.get("_saved", {}):
-            h, shape = self._saved[name[7:]]
-            return FakeTensor(shape, storage=h.get())  # a new Python object each time, as in PyTorch
+            ptr, shape, device = self._saved[name[7:]]
+            # a new Python object each time, as in PyTorch
+            return FakeTensor(shape, device, storage=FakeUntypedStorage(device=device, ptr=ptr))
         raise AttributeError(name)
+
+    def __del__(self) -> None:
+        for ptr, _, _ in self.__dict__.get("_saved", {}).values():
+            _impl_decref(ptr)
 
     def __repr__(self) -> str:
         return f"<{self._name}>"

@@ -146,8 +146,8 @@ def test_the_three_classic_cases():
         r = rows()
         assert "opt.param_groups[0]['params'][0]" in r, sorted(r)
         assert sum(1 for c in r if c.startswith("opt.state[")) == 2
-        assert {r[c].via for c in r if c.startswith("opt.")} == {"optimizer state", "global variable"} or \\
-            all(r[c].via == "optimizer state" for c in r if c.startswith("opt.state"))
+        assert r["opt.param_groups[0]['params'][0]"].via == "optimizer parameter"
+        assert all(r[c].via == "optimizer state" for c in r if c.startswith("opt.state"))
         print("OK")
     """)
 
