@@ -47,6 +47,16 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
+def _series_names(data: Dict[str, Any]) -> List[str]:
+    """The series with at least one value (a series may join after the start: PyTorch's counters once
+    it initialises CUDA), in a fixed order."""
+    names = set(data.get("meta", {}).get("series") or [])
+    for s in data["samples"]:
+        names.update(k for k, v in s.items() if k not in ("type", "t", "step") and v is not None)
+    have = [n for n in names if any(s.get(n) is not None for s in data["samples"])]
+    return sorted(have, key=lambda n: (list(_COLORS).index(n) if n in _COLORS else 9, n))
+
+
 def _text_at(x: float, right: float) -> Tuple[float, str]:
     """Where a label beside a mark at ``x`` goes: right of it, or left when it would leave the chart."""
     return (x + 5, "start") if x < right - 90 else (x - 5, "end")
@@ -55,9 +65,7 @@ def _text_at(x: float, right: float) -> Tuple[float, str]:
 def render_svg(data: Dict[str, Any], x: str = "t") -> str:
     """The chart alone, as an SVG document (``x``: "t" for seconds, "step" for steps)."""
     samples = data["samples"]
-    meta = data.get("meta", {})
-    names = [n for n in (meta.get("series") or []) if any(s.get(n) is not None for s in samples)]
-    names.sort(key=lambda n: (list(_COLORS).index(n) if n in _COLORS else 9, n))
+    names = _series_names(data)
     xs = [float(s.get(x) or 0) for s in samples] or [0.0]
     x0, x1 = min(xs), max(xs)
     if x1 <= x0:
@@ -167,7 +175,7 @@ def render_html(data: Dict[str, Any], x: str = "t", title: Optional[str] = None)
     samples = data["samples"]
     meta = data.get("meta", {})
     title = title or meta.get("name") or "GPU memory timeline"
-    names = [n for n in (meta.get("series") or []) if any(s.get(n) is not None for s in samples)]
+    names = _series_names(data)
     peaks = ", ".join(f"{_NAMES.get(n, n)} {format_bytes(max(s[n] for s in samples if s.get(n) is not None))}"
                       for n in names)
     dur = samples[-1].get("t", 0) if samples else 0

@@ -57,11 +57,13 @@ class Recorder:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._num_ooms: Optional[int] = None
+        self._auto = readers is None
 
     # ---- lifetime ----------------------------------------------------------------------------------
 
     def start(self) -> "Recorder":
         """Opens the file, writes the meta record and starts the interval thread (if any)."""
+        self._auto = self._readers is None
         if self._readers is None:
             self._readers = _default_series(self.device, self._arena)
         self._t0 = time.monotonic()
@@ -123,6 +125,9 @@ class Recorder:
 
     def sample(self, step: Optional[int] = None, walk: bool = True) -> Dict[str, Any]:
         """Reads every series now and writes a sample. ``walk``: may take the holders at a new peak."""
+        if self._auto and "in_use" not in (self._readers or {}):
+            # PyTorch may initialise CUDA after the recording began: its counters join then
+            self._readers = _default_series(self.device, self._arena)
         rec: Dict[str, Any] = {"type": "sample", "t": self._now(), "step": self._step if step is None else step}
         for name, read in (self._readers or {}).items():
             try:

@@ -306,3 +306,18 @@ def test_parse_size(text, value):
     sys.path.insert(0, PKG)
     from gpuguard.notebook import parse_size
     assert parse_size(text) == value
+
+
+def test_plot_draws_a_series_that_joined_late():
+    # PyTorch's counters join a recording once PyTorch initialises CUDA: absent from the meta record
+    sys.path.insert(0, PKG)
+    from gpuguard.plot import render_html
+    data = {"meta": {"series": ["driver_used"]}, "marks": [], "holders": [],
+            "samples": [{"t": 0, "step": 0, "driver_used": 5 << 20},
+                        {"t": 1, "step": 1, "driver_used": 9 << 20, "in_use": 3 << 20, "reserved": None},
+                        {"t": 2, "step": 2, "driver_used": 9 << 20, "in_use": 4 << 20, "reserved": None}]}
+    svg = _svg(render_html(data))
+    ns = "{http://www.w3.org/2000/svg}"
+    paths = {p.get("data-series"): p.get("d") for p in svg.iter(ns + "path")}
+    assert set(paths) == {"in_use", "driver_used"}  # reserved never had a value
+    assert paths["in_use"].count("M") == 1 and paths["in_use"].count("L") == 1
