@@ -20,11 +20,12 @@ else
   echo "==> apt packages present: ${pkgs[*]}"
 fi
 
-# Python test tools: pytest, and prometheus_client's parser to check the Prometheus text.
-if [ $want_tests = 1 ] && ! python3 -c "import pytest, prometheus_client" 2>/dev/null; then
-  echo "==> installing with pip: pytest prometheus_client"
-  python3 -m pip install -q pytest prometheus_client 2>/dev/null ||
-    python3 -m pip install -q --break-system-packages pytest prometheus_client
+# Python test tools: pytest, prometheus_client's parser to check the Prometheus text, and IPython for
+# the notebook extension's tests (%load_ext gpuguard in a real InteractiveShell).
+if [ $want_tests = 1 ] && ! python3 -c "import pytest, prometheus_client, IPython" 2>/dev/null; then
+  echo "==> installing with pip: pytest prometheus_client ipython"
+  python3 -m pip install -q pytest prometheus_client ipython 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages pytest prometheus_client ipython
 fi
 
 # The CUDA toolkit provides cuda.h (types only; the driver is loaded at run time) and nvcc for the

@@ -16,6 +16,32 @@ from .proc import (adopt, arm_child, close_device_fds, orphans, registry_list, r
                    registry_unregister, set_subreaper, spawn, teardown)
 from .query import device_count, device_info, processes
 
+# Memory diagnostics, imported on first use so that `import gpuguard` stays light (none imports torch).
+_LAZY = {"holders": ".holding", "Holders": ".holding", "rounds": ".growth", "MemoryGrowthWarning": ".growth",
+         "record": ".timeline", "monitor": ".monitoring", "Monitor": ".monitoring"}
+
+
+def __getattr__(name: str) -> object:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'gpuguard' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def load_ipython_extension(shell: object) -> None:
+    """``%load_ext gpuguard`` in IPython/Jupyter: see gpuguard.notebook."""
+    from .notebook import load_ipython_extension as load
+    load(shell)
+
+
+def unload_ipython_extension(shell: object) -> None:
+    """``%unload_ext gpuguard``."""
+    from .notebook import unload_ipython_extension as unload
+    unload(shell)
+
 __all__ = [
     "Allocation", "Arena", "ArenaScope", "NO_STREAM", "TRIM_ON_SCOPE_EXIT", "DriverError", "GpuGuardError",
     "InvalidArgumentError", "IOError_", "NoDeviceError", "NotFoundError", "NotSupportedError",
@@ -23,4 +49,6 @@ __all__ = [
     "processes", "version", "Guard", "DEFAULT_SIGNALS", "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT",
     "SIGNALS_FATAL", "spawn", "adopt", "teardown", "arm_child", "set_subreaper", "close_device_fds",
     "registry_list", "registry_register", "registry_unregister", "orphans",
+    "holders", "Holders", "rounds", "MemoryGrowthWarning", "record", "monitor", "Monitor",
+    "load_ipython_extension", "unload_ipython_extension",
 ]

@@ -32,6 +32,7 @@ from . import _lib
 from ._lib import C
 from ._torchstats import plugin_counters, torch_nested_stats, torch_style_stats
 from .arena import Arena
+from .diagnostics import holders, record, rounds  # noqa: F401  (gpuguard.torch.holders & co.)
 from .errors import InvalidArgumentError, StateError
 
 if importlib.util.find_spec("torch") is None:
@@ -39,7 +40,7 @@ if importlib.util.find_spec("torch") is None:
                       "(pip install torch); the rest of gpuguard works without it")
 
 __all__ = ["use_arena", "mem_pool", "memory_stats", "trim", "pluggable_allocator", "plugin_counters",
-           "shim_kind"]
+           "shim_kind", "holders", "rounds", "record"]
 
 GG_ARENA_NO_STREAM = 0x1
 
