@@ -11,7 +11,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "proc_internal.h"
+#include "internal.h"
+#include "procfs_internal.h"
+#include "vec_internal.h"
 
 /* Writes "/proc/<pid>/<leaf>" without snprintf (not async-signal-safe). */
 static void gg__proc_path(char *buf, size_t cap, pid_t pid, const char *leaf) {

@@ -9,7 +9,8 @@
 #include "backend/backend.h"
 #include "internal.h"
 #include "nvml.h"
-#include "proc_internal.h"
+#include "procfs_internal.h"
+#include "vec_internal.h"
 
 int gg_device_count(int *count) {
   if (!count) return gg__err(GG_EINVAL, "gg_device_count: count is NULL");
