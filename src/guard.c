@@ -142,9 +142,18 @@ static int gg__check_options(const gg_guard_options_t *o, gg__report_opts_t *rep
 
 static void gg__teardown_all(enum gg__reason why, int code);
 
+/* A cleanup that calls exit() from inside the exit-path teardown starts a nested exit(), which runs
+ * only the handlers not yet run: gg__at_exit is one of those already running. So the exit path first
+ * registers a second handler (run by the nested exit, or after this one returns, when it finds nothing
+ * left to do) that resumes the teardown the cleanup interrupted. */
 #ifdef __GLIBC__
+static void gg__at_exit_resume(int status, void *arg) {
+  (void)arg;
+  gg__teardown_all(GG__BY_EXIT, status);
+}
 static void gg__at_exit(int status, void *arg) {
   (void)arg;
+  on_exit(gg__at_exit_resume, NULL);
   gg__sig_set_exiting(true);
   gg__teardown_all(GG__BY_EXIT, status);
   gg__sig_set_exiting(false);
@@ -152,7 +161,9 @@ static void gg__at_exit(int status, void *arg) {
 static void gg__register_exit(void) { on_exit(gg__at_exit, NULL); }
 #else
 /* Without on_exit() the status is unknown: a watchdog ending a hung teardown exits with 1. */
+static void gg__at_exit_resume(void) { gg__teardown_all(GG__BY_EXIT, 1); }
 static void gg__at_exit(void) {
+  atexit(gg__at_exit_resume);
   gg__sig_set_exiting(true);
   gg__teardown_all(GG__BY_EXIT, 1);
   gg__sig_set_exiting(false);

@@ -380,6 +380,65 @@ static void test_prepare_thread(void **state) {
   assert_null(bad);
 }
 
+/* ---- a cleanup that calls exit() (issue 16 item 14) ---- */
+
+static int exit_pipe = -1;
+static void note_and_go_on(void *user) {
+  ssize_t w = write(exit_pipe, user, 1);
+  (void)w;
+}
+static void note_and_exit(void *user) {
+  note_and_go_on(user);
+  exit(7);
+}
+
+/* In a child: cleanups A, B (calls exit(7)), C registered in that order; the guard is ended by
+ * destroy or by exit(0). Returns what ran, in order, and the child's exit status. */
+static void run_exit_cleanup(bool by_destroy, bool run_at_exit, char *ran, size_t cap, int *status) {
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(p[0]);
+    exit_pipe = p[1];
+    gg_guard_options_t o;
+    gg_guard_options_init(&o);
+    o.run_at_exit = run_at_exit, o.signals = 0;
+    gg_guard_t *g = NULL;
+    if (gg_guard_create(&g, &o) != 0) _exit(70);
+    gg_guard_on_teardown(g, note_and_go_on, "A", "a");
+    gg_guard_on_teardown(g, note_and_exit, "B", "b");
+    gg_guard_on_teardown(g, note_and_go_on, "C", "c");
+    if (by_destroy) gg_guard_destroy(g);
+    exit(0);
+  }
+  close(p[1]);
+  size_t n = 0;
+  ssize_t r;
+  while (n + 1 < cap && (r = read(p[0], ran + n, cap - 1 - n)) > 0) n += (size_t)r;
+  ran[n] = '\0';
+  close(p[0]);
+  assert_int_equal(waitpid(pid, status, 0), pid);
+}
+
+static void test_cleanup_calling_exit(void **state) {
+  (void)state;
+  char ran[16];
+  int st;
+  /* The destroy path: B's exit() finishes the teardown, so A still runs, once. */
+  run_exit_cleanup(true, true, ran, sizeof ran, &st);
+  assert_string_equal(ran, "CBA");
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 7);
+  run_exit_cleanup(true, false, ran, sizeof ran, &st); /* also for a guard that skips the exit path */
+  assert_string_equal(ran, "CBA");
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 7);
+  /* The exit path: exit(0) runs C, B calls exit(7) from inside it, A still runs. */
+  run_exit_cleanup(false, true, ran, sizeof ran, &st);
+  assert_string_equal(ran, "CBA");
+  assert_true(WIFEXITED(st));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_options_defaults, setup),
@@ -396,6 +455,7 @@ int main(void) {
       cmocka_unit_test_setup(test_fork_refuses, setup),
       cmocka_unit_test_setup(test_threads_register_while_destroying, setup),
       cmocka_unit_test_setup(test_prepare_thread, setup),
+      cmocka_unit_test_setup(test_cleanup_calling_exit, setup),
   };
   return cmocka_run_group_tests_name("guard", tests, NULL, NULL);
 }
