@@ -13,7 +13,7 @@
 #include "signal_internal.h"
 
 #define FORKS       300
-#define LIMIT_MS    60000 /* a deadlock never ends; a healthy run takes a few seconds (much more under TSan) */
+#define LIMIT_MS 240000 /* a deadlock never ends; a healthy run takes seconds (a minute or more under TSan) */
 
 static atomic_bool stop;
 
@@ -103,12 +103,13 @@ static int stress(void) {
   gg_guard_t *g = NULL;
   if (gg_guard_create(&g, &o) != 0) return 3;
   int failures = 0;
-  pthread_t t[4];
+  pthread_t t[5];
   pthread_create(&t[0], NULL, spawner, g);
-  pthread_create(&t[1], NULL, allocator, NULL);
-  pthread_create(&t[2], NULL, tearer, NULL);
-  pthread_create(&t[3], NULL, forker, &failures);
-  for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+  pthread_create(&t[1], NULL, spawner, g);
+  pthread_create(&t[2], NULL, allocator, NULL);
+  pthread_create(&t[3], NULL, tearer, NULL);
+  pthread_create(&t[4], NULL, forker, &failures);
+  for (int i = 0; i < 5; i++) pthread_join(t[i], NULL);
   gg_guard_destroy(g);
   return failures ? 4 : 0;
 }

@@ -26,7 +26,7 @@ from . import _lib
 from ._lib import C
 from ._torchstats import plugin_counters, torch_style_stats
 from .arena import Arena
-from .errors import StateError
+from .errors import GG_ESTATE, StateError
 
 if importlib.util.find_spec("torch") is None:
     raise ImportError("gpuguard.torch needs PyTorch, which is not installed in this interpreter "
@@ -59,7 +59,7 @@ def _register(arena: Arena) -> None:
     C.gg_plugin_get_arena(arena.device, byref(current))
     if current.value not in (None, arena._handle()):
         raise StateError(f"gpuguard.torch: another arena already serves PyTorch on device {arena.device}; "
-                         "one arena per device at a time (close the other one first)", -5, "GG_ESTATE")
+                         "one arena per device at a time (close the other one first)", GG_ESTATE, "GG_ESTATE")
     C.gg_plugin_set_arena(arena.device, arena._handle())
 
 
@@ -73,14 +73,14 @@ def use_arena(arena: Arena) -> Any:
             "initialised allocator), or use `with gpuguard.torch.mem_pool(arena):`, which works after")
     if torch.cuda.is_initialized():
         raise StateError("gpuguard.torch.use_arena: PyTorch's CUDA allocator is already initialised; " + hint,
-                         -5, "GG_ESTATE")
+                         GG_ESTATE, "GG_ESTATE")
     alloc = pluggable_allocator()
     _register(arena)
     try:
         torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
         if "already initialized" in str(e):
-            raise StateError(f"gpuguard.torch.use_arena: {e}; " + hint, -5, "GG_ESTATE") from e
+            raise StateError(f"gpuguard.torch.use_arena: {e}; " + hint, GG_ESTATE, "GG_ESTATE") from e
         raise
     _global_arenas[arena.device] = arena
     # PyTorch frees its last tensors (cuBLAS workspaces, module globals) after atexit handlers run: the
