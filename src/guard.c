@@ -88,7 +88,7 @@ static const char *gg__reason_name(enum gg__reason why) {
   return why == GG__BY_DESTROY ? "gg_guard_destroy" : why == GG__BY_EXIT ? "exit" : "signal";
 }
 
-/* ---- options ------------------------------------------------------------------------------------ */
+/* ---- options ------------------------------------------------------------------------------------------ */
 
 void gg_guard_options_init(gg_guard_options_t *opts) {
   if (!opts) return;
@@ -138,7 +138,7 @@ static int gg__check_options(const gg_guard_options_t *o, gg__report_opts_t *rep
   return gg__parse_report("GPUGUARD_LEAK_REPORT", gg__env("GPUGUARD_LEAK_REPORT"), report);
 }
 
-/* ---- the at-exit path ------------------------------------------------------------------------------ */
+/* ---- the at-exit path --------------------------------------------------------------------------------- */
 
 static void gg__teardown_all(enum gg__reason why, int code);
 
@@ -172,7 +172,7 @@ static void gg__register_exit(void) { atexit(gg__at_exit); }
 #endif
 static pthread_once_t gg__exit_once = PTHREAD_ONCE_INIT;
 
-/* ---- the live list -------------------------------------------------------------------------------- */
+/* ---- the live list ------------------------------------------------------------------------------------ */
 
 static void gg__free(gg_guard_t *g) {
   /* A child recorded after the teardown's look at the set (a spawn racing the teardown) is ended now,
@@ -394,7 +394,7 @@ int gg__guard_detach(unsigned long long token) {
   return 0;
 }
 
-/* ---- the leak report ------------------------------------------------------------------------------ */
+/* ---- the leak report ---------------------------------------------------------------------------------- */
 
 typedef struct gg__tag_row {
   char tag[64];
@@ -536,7 +536,7 @@ static void gg__report_free(gg__report_t *r) {
   free(r->objs);
 }
 
-/* ---- the teardown ---------------------------------------------------------------------------------- */
+/* ---- the teardown ------------------------------------------------------------------------------------- */
 
 /* Pops and runs the cleanups still registered, newest first; with g's lock held, which it drops around
  * each one. Attached objects add their live blocks to the report before they are released. */

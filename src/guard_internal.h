@@ -6,7 +6,7 @@
 #include "gpuguard/arena.h"
 #include "gpuguard/guard.h"
 
-/* ---- attaching objects to the live guard (arenas) ------------------------------------------------ */
+/* ---- attaching objects to the live guard (arenas) ----------------------------------------------------- */
 
 /* How a guard tears down and reports an object attached to it. */
 typedef struct gg__attach_ops {
@@ -30,7 +30,7 @@ int gg__guard_attach(const char *backend, int device, const gg__attach_ops_t *op
  * waits until that teardown step has finished, so obj may be freed afterwards). */
 int gg__guard_detach(unsigned long long token);
 
-/* ---- fork ------------------------------------------------------------------------------------------ */
+/* ---- fork --------------------------------------------------------------------------------------------- */
 
 /* fork.c's handler calls these first in the lock order: the live-guard list's lock. */
 void gg__guard_fork_prepare(void);

@@ -22,7 +22,7 @@
 
 extern char **environ;
 
-/* ---------------------------------------------------------------- pidfd */
+/* ---- pidfd -------------------------------------------------------------------------------------------- */
 
 static atomic_bool gg__pidfd_off;
 
@@ -47,7 +47,7 @@ int gg__pidfd_signal(int pidfd, int sig) {
 #endif
 }
 
-/* ------------------------------------------------- fatal-path snapshot */
+/* ---- fatal-path snapshot ------------------------------------------------------------------------------ */
 
 /* A fixed array the fatal handler reads without locks: a crashed thread may hold any lock, and malloc
  * may be mid-update. Writers (under gg__lock) store pidfd and start before publishing pid; the handler
@@ -118,7 +118,7 @@ void gg__proc_fatal_kill(int sig, void *user) {
   errno = saved;
 }
 
-/* ---------------------------------------------------------------- sets */
+/* ---- sets --------------------------------------------------------------------------------------------- */
 
 typedef struct gg__set {
   const void *key;
@@ -260,7 +260,7 @@ void gg__proc_forget_set(const void *guard_key) {
   pthread_mutex_unlock(&gg__lock);
 }
 
-/* ----------------------------------------------------- fork handling */
+/* ---- fork handling ------------------------------------------------------------------------------------ */
 
 static pid_t gg__forking_pid;    /* written by the parent just before fork() */
 static pid_t gg__parent_at_fork; /* in a forked image: who forked us (0 if this image was exec'd) */
@@ -303,7 +303,7 @@ static int gg__check_key(const void *key, const char *call) {
   return key && fn ? fn(key, call) : 0;
 }
 
-/* -------------------------------------------------------- the child side */
+/* ---- the child side ----------------------------------------------------------------------------------- */
 
 enum { GG__STEP_ARM = 1, GG__STEP_PGRP, GG__STEP_CWD, GG__STEP_STDIO, GG__STEP_EXEC };
 
@@ -436,7 +436,7 @@ static int gg__spawn_thread_ensure(void) {
   return 0;
 }
 
-/* ------------------------------------------------------------ public */
+/* ---- public ------------------------------------------------------------------------------------------- */
 
 void gg_spawn_options_init(gg_spawn_options_t *opts) {
   if (!opts) return;

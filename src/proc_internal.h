@@ -10,13 +10,13 @@
 #include "internal.h"
 #include "procfs_internal.h"
 
-/* ---- pidfd, through syscall() so old C libraries build too ---- */
+/* ---- pidfd, through syscall() so old C libraries build too -------------------------------------------- */
 int gg__pidfd_open(pid_t pid);            /* -1 with errno when the kernel lacks it or pid is gone */
 int gg__pidfd_signal(int pidfd, int sig); /* [AS-safe] 0 or -1 with errno */
 /* Tests turn pidfds off to exercise the pid + start time path the older kernels get. */
 void gg__proc_use_pidfd(bool on);
 
-/* ---- child sets, keyed by guard pointer; NULL is the process's default set ---- */
+/* ---- child sets, keyed by guard pointer; NULL is the process's default set ---------------------------- */
 
 /* How a process came into a teardown (the receipt says it). */
 enum { GG__FOUND_TRACKED, GG__FOUND_DESCENDANT, GG__FOUND_GROUP, GG__FOUND_ORPHAN };

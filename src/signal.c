@@ -39,7 +39,7 @@ const char *gg__sig_name(int sig) {
   return i < 0 ? "signal" : gg__sig_names[i];
 }
 
-/* ---- async-signal-safe formatting --------------------------------------------------------------- */
+/* ---- async-signal-safe formatting --------------------------------------------------------------------- */
 
 char *gg__fmt_str(char *p, char *end, const char *s) {
   while (s && *s && p < end) *p++ = *s++;
@@ -69,7 +69,7 @@ static void gg__write_all(int fd, const char *p, size_t n) {
   }
 }
 
-/* ---- state --------------------------------------------------------------------------------------- */
+/* ---- state -------------------------------------------------------------------------------------------- */
 
 typedef struct gg__slot {
   atomic_int busy; /* the handler filled info and the guard thread has not taken it yet */
@@ -137,7 +137,7 @@ static void gg__foreign_process(int i, int sig, siginfo_t *info, void *ctx) {
   gg__call_old(old, sig, info, ctx);
 }
 
-/* ---- the terminating-signal handler: record, wake, return ---------------------------------------- */
+/* ---- the terminating-signal handler: record, wake, return --------------------------------------------- */
 
 static void gg__on_signal(int sig, siginfo_t *info, void *ctx) {
   int saved_errno = errno;
@@ -161,7 +161,7 @@ static void gg__on_signal(int sig, siginfo_t *info, void *ctx) {
   errno = saved_errno;
 }
 
-/* ---- crash hooks ---------------------------------------------------------------------------------- */
+/* ---- crash hooks -------------------------------------------------------------------------------------- */
 
 typedef struct gg__hook {
   _Atomic(gg__crash_hook_fn) fn;
@@ -217,7 +217,7 @@ int gg__crash_hooks_run(int sig) {
   }
 }
 
-/* ---- the fatal-signal handler --------------------------------------------------------------------- */
+/* ---- the fatal-signal handler ------------------------------------------------------------------------- */
 
 static atomic_int gg__fatal_entered, gg__fatal_done;
 
@@ -260,7 +260,7 @@ static void gg__on_fatal(int sig, siginfo_t *info, void *ctx) {
   errno = saved_errno;
 }
 
-/* ---- alternate signal stacks ---------------------------------------------------------------------- */
+/* ---- alternate signal stacks -------------------------------------------------------------------------- */
 
 typedef struct gg__altstack {
   void *base;
@@ -310,7 +310,7 @@ int gg_guard_prepare_thread(void) {
   return 0;
 }
 
-/* ---- the watchdog ---------------------------------------------------------------------------------- */
+/* ---- the watchdog ------------------------------------------------------------------------------------- */
 
 /* One slot per teardown in progress: teardowns of different guards may overlap (exit() on one thread, a
  * signal on the guard thread), and each keeps its own limit. The thread sleeps until the earliest. */
@@ -409,7 +409,7 @@ static void *gg__watchdog_main(void *arg) {
   _exit(code);
 }
 
-/* ---- the guard thread ------------------------------------------------------------------------------ */
+/* ---- the guard thread --------------------------------------------------------------------------------- */
 
 static bool gg__is_ours(const struct sigaction *sa);
 
@@ -510,7 +510,7 @@ static int gg__start(void) {
   return 0;
 }
 
-/* ---- install and restore ---------------------------------------------------------------------------- */
+/* ---- install and restore ------------------------------------------------------------------------------ */
 
 static void gg__install(int i) {
   int sig = gg__sigs[i];
@@ -546,7 +546,7 @@ static void gg__restore(int i) {
   gg__sig.installed[i] = false;
 }
 
-/* ---- fork (called by fork.c in the lock order) ---------------------------------------------------------- */
+/* ---- fork (called by fork.c in the lock order) -------------------------------------------------------- */
 
 void gg__sig_fork_prepare(void) {
   pthread_mutex_lock(&gg__sig.lock);

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
-/* ---- crash hooks (async-signal-safe) ---------------------------------------------------------------- */
+/* ---- crash hooks (async-signal-safe) ------------------------------------------------------------------ */
 
 /* Called from the fatal-signal handler (on an alternate stack, any thread, other threads running), from
  * a second SIGINT during a teardown, and from the watchdog before it ends a hung teardown. Only
@@ -27,7 +27,7 @@ void gg__crash_hook_remove(int slot);
 /* Runs every hook of this process for sig, newest first; returns how many ran. Async-signal-safe. */
 int gg__crash_hooks_run(int sig);
 
-/* ---- handlers and the guard thread ------------------------------------------------------------------ */
+/* ---- handlers and the guard thread -------------------------------------------------------------------- */
 
 /* Called on the guard thread for every recorded terminating signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT),
  * before the previous disposition is honoured: the guard layer tears down what handles sig. */
@@ -63,7 +63,7 @@ enum gg__wd_end { GG__WD_BY_EXIT, GG__WD_BY_SIGNAL };
 int gg__watchdog_arm(enum gg__wd_end kind, int code, int timeout_ms, const char *what);
 void gg__watchdog_disarm(int token);
 
-/* ---- async-signal-safe formatting ---------------------------------------------------------------- */
+/* ---- async-signal-safe formatting --------------------------------------------------------------------- */
 
 /* Formats into a caller's buffer without stdio or malloc. Return the new end. */
 char *gg__fmt_str(char *p, char *end, const char *s);

@@ -119,7 +119,7 @@ static void gg__send(gg__td_t *td, gg__target_t *t, int sig, unsigned flag) {
   if (gg__proc_read_stat(pid, &info) == 0 && info.pgrp == pid && pid != getpgrp()) kill(-pid, sig);
 }
 
-/* ---- discovery: descendants, group members and (as subreaper) orphans of the targets ---- */
+/* ---- discovery: descendants, group members and (as subreaper) orphans of the targets ------------------ */
 
 typedef struct gg__walk {
   gg__td_t *td;
@@ -377,7 +377,7 @@ void gg_proc_receipt_free(gg_proc_receipt_t *receipt) {
   free(receipt);
 }
 
-/* ---- JSON ---- */
+/* ---- JSON --------------------------------------------------------------------------------------------- */
 
 typedef struct gg__out {
   char *buf;

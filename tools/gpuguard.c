@@ -51,7 +51,7 @@ static int next_opt(int argc, char **argv, const struct option *longs) {
   return getopt_long(argc, argv, "+h", longs, NULL);
 }
 
-/* ---- info -------------------------------------------------------------------------------------- */
+/* ---- info --------------------------------------------------------------------------------------------- */
 
 static int print_devices(FILE *f) {
   int n = 0;
@@ -97,7 +97,7 @@ static int cmd_info(int argc, char **argv) {
   return 0;
 }
 
-/* ---- ps ---------------------------------------------------------------------------------------- */
+/* ---- ps ----------------------------------------------------------------------------------------------- */
 
 /* Every process holding any device, gathered before printing so a failure prints no half table. */
 static int gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu) {
@@ -181,7 +181,7 @@ static int cmd_ps(int argc, char **argv) {
   return rc;
 }
 
-/* ---- watch ------------------------------------------------------------------------------------- */
+/* ---- watch -------------------------------------------------------------------------------------------- */
 
 /* Writes the Prometheus report next to path and renames it over path, so a textfile collector never
  * reads half a file. */
@@ -256,7 +256,7 @@ static int cmd_watch(int argc, char **argv) {
 }
 
 
-/* ---- run --------------------------------------------------------------------------------------- */
+/* ---- run ---------------------------------------------------------------------------------------------- */
 
 /* --grace for run and reap: the library's own limit, so what the CLI accepts the teardown accepts. */
 static bool parse_grace(const char *text, long *out) {
@@ -514,7 +514,7 @@ static int cmd_run(int argc, char **argv) {
   return wrc ? wrc : r.exit_code;
 }
 
-/* ---- reap -------------------------------------------------------------------------------------- */
+/* ---- reap --------------------------------------------------------------------------------------------- */
 
 static int cmd_reap(int argc, char **argv) {
   static const struct option longs[] = {{"dry-run", no_argument, 0, 'n'}, {"yes", no_argument, 0, 'y'},
@@ -573,7 +573,7 @@ static int cmd_reap(int argc, char **argv) {
   return rc == 0 ? 0 : 1;
 }
 
-/* ---- dispatch ---------------------------------------------------------------------------------- */
+/* ---- dispatch ----------------------------------------------------------------------------------------- */
 
 static const command_t commands[] = {
     {"ps", "[--json] [--all-users]", "Lists the processes holding GPU memory; orphans stand out.", cmd_ps,
