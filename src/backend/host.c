@@ -18,9 +18,23 @@
 
 /* ---- fault injection ---------------------------------------------------------------------------------- */
 
-#define GG__HOST_OPS(X)                                                                               \
-  X(open) X(mem_info) X(reserve) X(release) X(map) X(unmap) X(copy) X(set) X(event_create)           \
-  X(event_record) X(event_query) X(event_sync) X(event_destroy) X(stream_sync) X(stream_query) X(ctx_reset)
+#define GG__HOST_OPS(X) \
+  X(open) \
+  X(mem_info) \
+  X(reserve) \
+  X(release) \
+  X(map) \
+  X(unmap) \
+  X(copy) \
+  X(set) \
+  X(event_create) \
+  X(event_record) \
+  X(event_query) \
+  X(event_sync) \
+  X(event_destroy) \
+  X(stream_sync) \
+  X(stream_query) \
+  X(ctx_reset)
 
 enum gg__host_op {
 #define GG__OP_ENUM(n) GG__OP_##n,
