@@ -217,14 +217,12 @@ int gg__scan_fd_holders(const char *proc_root, const char *target, int **pids, s
     }
     closedir(fds);
     if (!holds) continue;
-    if (*n == cap) {
-      int *grown = realloc(*pids, (cap = cap ? cap * 2 : 16) * sizeof **pids);
-      if (!grown) {
-        rc = gg__err(GG_ENOMEM, "scanning %s: out of host memory", proc_root);
-        break;
-      }
-      *pids = grown;
+    int *grown = gg__vec_reserve(*pids, &cap, *n + 1, sizeof **pids);
+    if (!grown) {
+      rc = gg__err(GG_ENOMEM, "scanning %s: out of host memory", proc_root);
+      break;
     }
+    *pids = grown;
     (*pids)[(*n)++] = (int)pid;
   }
   closedir(d);

@@ -10,7 +10,6 @@
 #include "internal.h"
 #include "nvml.h"
 #include "procfs_internal.h"
-#include "vec_internal.h"
 
 int gg_device_count(int *count) {
   if (!count) return gg__err(GG_EINVAL, "gg_device_count: count is NULL");
