@@ -392,26 +392,35 @@ static void note_and_exit(void *user) {
   exit(7);
 }
 
-/* In a child: cleanups A, B (calls exit(7)), C registered in that order; the guard is ended by
- * destroy or by exit(0). Returns what ran, in order, and the child's exit status. */
-static void run_exit_cleanup(bool by_destroy, bool run_at_exit, char *ran, size_t cap, int *status) {
+/* The child, a fresh exec of this program (a fork of the threaded suite may not start threads under
+ * TSan): cleanups A, B (calls exit(7)), C registered in that order; the guard is ended by destroy or
+ * by exit(0). Each cleanup writes its letter to fd. */
+static int exit_cleanup_child(const char *how, int fd) {
+  exit_pipe = fd;
+  gg_guard_options_t o;
+  gg_guard_options_init(&o);
+  o.run_at_exit = strcmp(how, "destroy-no-exit-path") != 0, o.signals = 0;
+  gg_guard_t *g = NULL;
+  if (gg_guard_create(&g, &o) != 0) return 70;
+  gg_guard_on_teardown(g, note_and_go_on, "A", "a");
+  gg_guard_on_teardown(g, note_and_exit, "B", "b");
+  gg_guard_on_teardown(g, note_and_go_on, "C", "c");
+  if (strncmp(how, "destroy", 7) == 0) gg_guard_destroy(g);
+  exit(0);
+}
+
+/* Runs the child for `how`; returns what ran, in order, and its exit status. */
+static void run_exit_cleanup(const char *how, char *ran, size_t cap, int *status) {
   int p[2];
   assert_int_equal(pipe(p), 0);
   fflush(NULL);
   pid_t pid = fork();
   if (pid == 0) {
     close(p[0]);
-    exit_pipe = p[1];
-    gg_guard_options_t o;
-    gg_guard_options_init(&o);
-    o.run_at_exit = run_at_exit, o.signals = 0;
-    gg_guard_t *g = NULL;
-    if (gg_guard_create(&g, &o) != 0) _exit(70);
-    gg_guard_on_teardown(g, note_and_go_on, "A", "a");
-    gg_guard_on_teardown(g, note_and_exit, "B", "b");
-    gg_guard_on_teardown(g, note_and_go_on, "C", "c");
-    if (by_destroy) gg_guard_destroy(g);
-    exit(0);
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", p[1]);
+    execl("/proc/self/exe", "test_guard", "--exit-cleanup-child", how, fd, (char *)NULL);
+    _exit(71);
   }
   close(p[1]);
   size_t n = 0;
@@ -427,19 +436,23 @@ static void test_cleanup_calling_exit(void **state) {
   char ran[16];
   int st;
   /* The destroy path: B's exit() finishes the teardown, so A still runs, once. */
-  run_exit_cleanup(true, true, ran, sizeof ran, &st);
+  run_exit_cleanup("destroy", ran, sizeof ran, &st);
   assert_string_equal(ran, "CBA");
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 7);
-  run_exit_cleanup(true, false, ran, sizeof ran, &st); /* also for a guard that skips the exit path */
+  run_exit_cleanup("destroy-no-exit-path", ran, sizeof ran, &st); /* a guard that skips the exit path */
   assert_string_equal(ran, "CBA");
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 7);
   /* The exit path: exit(0) runs C, B calls exit(7) from inside it, A still runs. */
-  run_exit_cleanup(false, true, ran, sizeof ran, &st);
+  run_exit_cleanup("exit", ran, sizeof ran, &st);
   assert_string_equal(ran, "CBA");
   assert_true(WIFEXITED(st));
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc == 4 && strcmp(argv[1], "--exit-cleanup-child") == 0) {
+    setenv("GPUGUARD_BACKEND", "host", 1);
+    return exit_cleanup_child(argv[2], atoi(argv[3]));
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_options_defaults, setup),
       cmocka_unit_test_setup(test_lifo_order, setup),
