@@ -33,6 +33,7 @@
 GG_BEGIN_DECLS
 
 #ifndef GG_GUARD_T_DEFINED
+/** Set once gg_guard_t is declared: guard.h and proc.h may each declare it, only the first does. */
 #define GG_GUARD_T_DEFINED
 /** A guard (see guard.h); here only as the key of a set of children. */
 typedef struct gg_guard gg_guard_t;
