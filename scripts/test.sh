@@ -2,8 +2,8 @@
 # scripts/test.sh — the README's test command: installs what it needs, then builds and passes every test:
 # a -Werror build with the whole CTest suite, the suite again under AddressSanitizer+UBSan, the threaded
 # tests under ThreadSanitizer, valgrind on the core suites, the Python wheel built and installed in a fresh
-# venv with the Python tests run against it, the Doxygen reference (warnings are errors) and a static check
-# with cppcheck. Build trees go under build/ci-*.
+# venv with the Python tests run against it, the Doxygen reference (warnings are errors), a static check
+# with cppcheck, and the layout check with clang-format. Build trees go under build/ci-*.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh --tests
@@ -17,19 +17,23 @@ configure_build() { # dir, extra cmake args...
   cmake --build "$dir" -j "$jobs" >/dev/null
 }
 
-step "1/7 -Werror build and the whole CTest suite (gpu tests skip without a device)"
+step "1/8 layout: clang-format --dry-run --Werror on src/, include/, tools/ (.clang-format)"
+find src include tools -name '*.c' -o -name '*.h' -o -name '*.hpp' | sort | xargs clang-format --dry-run --Werror
+echo "clang-format: clean"
+
+step "2/8 -Werror build and the whole CTest suite (gpu tests skip without a device)"
 configure_build build/ci-release
 (cd build/ci-release && ctest --output-on-failure -j "$jobs")
 
-step "2/7 AddressSanitizer + UBSan build and the whole CTest suite"
+step "3/8 AddressSanitizer + UBSan build and the whole CTest suite"
 configure_build build/ci-asan -DGPUGUARD_SANITIZE=address -DGPUGUARD_BUILD_BENCH=OFF
 (cd build/ci-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 ctest --output-on-failure -j "$jobs")
 
-step "3/7 ThreadSanitizer build, tests labelled 'threads'"
+step "4/8 ThreadSanitizer build, tests labelled 'threads'"
 configure_build build/ci-tsan -DGPUGUARD_SANITIZE=thread -DGPUGUARD_BUILD_BENCH=OFF -DGPUGUARD_BUILD_EXAMPLES=OFF
 (cd build/ci-tsan && ctest --output-on-failure -L threads --no-tests=ignore)
 
-step "4/7 valgrind memcheck on the core suites"
+step "5/8 valgrind memcheck on the core suites"
 for t in test_error test_options test_host_backend test_arena; do
   exe=build/ci-release/tests/$t
   [ -x "$exe" ] || continue
@@ -37,7 +41,7 @@ for t in test_error test_options test_host_backend test_arena; do
   echo "valgrind: $t clean"
 done
 
-step "5/7 Python wheel: built and installed in a fresh venv, the Python tests run against the installed package"
+step "6/8 Python wheel: built and installed in a fresh venv, the Python tests run against the installed package"
 # The wheel carries libgpuguard and the gpuguard command; nothing points it at the build tree, and pytest
 # runs from an empty directory, so only the installed package can be imported.
 root=$PWD venv=$PWD/build/ci-wheel/venv
@@ -53,11 +57,11 @@ print("installed:", gpuguard.__file__, "with", gpuguard._lib.path)' &&
     "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/bindings/python/tests")
 rm -rf "$wheel_tmp"
 
-step "6/7 API reference with Doxygen (warnings are errors)"
+step "7/8 API reference with Doxygen (warnings are errors)"
 configure_build build/ci-docs -DGPUGUARD_BUILD_DOCS=ON -DGPUGUARD_BUILD_TESTS=OFF -DGPUGUARD_BUILD_EXAMPLES=OFF -DGPUGUARD_BUILD_BENCH=OFF
 echo "docs: build/ci-docs/docs/html/index.html"
 
-step "7/7 static check (cppcheck)"
+step "8/8 static check (cppcheck)"
 cppcheck --enable=warning,performance,portability --error-exitcode=1 --inline-suppr -q \
   --suppress=missingIncludeSystem -I include -I src -I build/ci-release/generated src tools
 echo "cppcheck: clean"

@@ -1,19 +1,74 @@
-/* fork.c — the fork generation: objects made before a fork() refuse use in the child. */
+/* fork.c — the one pthread_atfork place: every global lock of the library is taken before fork() in
+ * one written order and released after it, and the fork generation is bumped in the child (objects
+ * made before a fork() refuse use there). */
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "arena_fork_stub.h" /* TEMPORARY until the arena split: then arena_internal.h declares these */
+#include "arena_internal.h"
+#include "guard_internal.h"
 #include "internal.h"
+#include "proc_internal.h"
+#include "registry_internal.h"
+#include "signal_internal.h"
+
+/* ---- lock order ---------------------------------------------------------------------------------------
+ *
+ * Every thread that holds two of these takes them top to bottom; the fork handler takes them all in
+ * the same order, so fork() on one thread never waits for a lock held by a thread that waits for one
+ * the handler already took (issue 16 item 1 was proc.c's and signal.c's handlers taking two of them in
+ * opposite orders).
+ *
+ *   0. plugin table (plugin.c, rwlock)      its own pthread_atfork, registered later than this one, so
+ *                                           its prepare runs first: it is outermost (it calls gg_alloc)
+ *   1. live-guard list (guard.c)            then a guard's own lock (not held across fork: a child never
+ *                                           touches its parent's guards)
+ *   2. signal state (signal.c)
+ *   3. crash-hook table (signal.c)
+ *   4. process sets (proc.c)
+ *   5. spawn queue (proc.c)
+ *   6. session registry (registry.c)
+ *   7. arena globals (arena.c: the live-arena list, the quarantine), leaves; then an arena's own lock
+ *
+ * The watchdog's lock and per-object locks are not taken here: the child starts its own watchdog, and
+ * objects of the parent refuse use in the child (fork generation). Nothing is called with one of
+ * these held that takes one above it: gg_proc_spawn asks the guard layer about its guard before it
+ * takes the process-set lock. */
 
 static atomic_uint gg__gen;
-static pthread_once_t gg__fork_once = PTHREAD_ONCE_INIT;
 
-static void gg__on_fork_child(void) { atomic_fetch_add_explicit(&gg__gen, 1, memory_order_relaxed); }
-static void gg__install(void) { pthread_atfork(NULL, NULL, gg__on_fork_child); }
-
-unsigned gg__fork_generation(void) {
-  pthread_once(&gg__fork_once, gg__install);
-  return atomic_load_explicit(&gg__gen, memory_order_relaxed);
+static void gg__fork_prepare(void) {
+  gg__guard_fork_prepare();
+  gg__sig_fork_prepare();
+  gg__proc_fork_prepare();
+  gg__registry_fork_prepare();
+  gg__arena_fork_prepare();
 }
+
+static void gg__fork_parent(void) {
+  gg__arena_fork_parent();
+  gg__registry_fork_parent();
+  gg__proc_fork_parent();
+  gg__sig_fork_parent();
+  gg__guard_fork_parent();
+}
+
+static void gg__fork_child(void) {
+  atomic_fetch_add_explicit(&gg__gen, 1, memory_order_relaxed);
+  gg__arena_fork_child();
+  gg__registry_fork_child();
+  gg__proc_fork_child();
+  gg__sig_fork_child();
+  gg__guard_fork_child();
+}
+
+/* At load time, so the handlers see every fork() the program makes, even one before its first gpuguard
+ * call (the child must know who its parent was: gg_proc_arm_child). */
+__attribute__((constructor)) static void gg__fork_init(void) {
+  pthread_atfork(gg__fork_prepare, gg__fork_parent, gg__fork_child);
+}
+
+unsigned gg__fork_generation(void) { return atomic_load_explicit(&gg__gen, memory_order_relaxed); }
 
 /* One relaxed load on the hot path: cheap enough for every call that touches a device. */
 int gg__check_fork(unsigned created_gen, const char *call) {

@@ -1,9 +1,10 @@
-/* guard.c — guards: the registry of live guards, each guard's LIFO cleanups and attached objects, and the
+/* guard.c — guards: the list of live guards, each guard's LIFO cleanups and attached objects, and the
  * teardown (cleanups, leak report, context reset and release) on every path: destroy, exit(), signals. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,11 @@
 #include "backend/backend.h"
 #include "guard_internal.h"
 #include "internal.h"
+#include "json_internal.h"
 #include "proc_internal.h"
+#include "signal_internal.h"
+#include "teardown_internal.h"
+#include "vec_internal.h"
 
 #define GG__DEFAULT_TIMEOUT_MS 10000
 #define GG__DEFAULT_GRACE_MS   2000
@@ -37,9 +42,9 @@ typedef struct gg__report_opts {
 } gg__report_opts_t;
 
 struct gg_guard {
-  /* Registry lock: */
+  /* Live-list lock: */
   gg_guard_t *next;        /* newer to older */
-  int refs;                /* the registry's, plus callers working on it without the registry lock */
+  int refs;                /* the live list's, plus callers working on it without the list lock */
   bool destroying;         /* gg_guard_destroy() has claimed it */
   unsigned long long seen; /* teardown-all pass that visited it last */
   /* Fixed at creation: */
@@ -61,23 +66,29 @@ struct gg_guard {
   const char *backend;
 };
 
+/* The live guards of this process (not the per-user session registry of registry.c). */
 static struct {
-  pthread_mutex_t lock; /* lock order: this, then a guard's lock, then signal.c's */
+  pthread_mutex_t lock; /* lock order (fork.c): this, then a guard's lock, then signal.c's */
   gg_guard_t *head;     /* newest first */
   unsigned long long next_id, pass;
-} gg__reg = {.lock = PTHREAD_MUTEX_INITIALIZER};
+  bool wired; /* the hooks below are given to the lower layers in this process */
+} gg__live = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* For signal.c's fork handlers. */
-void gg__registry_lock(void);
-void gg__registry_unlock(void);
-void gg__registry_lock(void) { pthread_mutex_lock(&gg__reg.lock); }
-void gg__registry_unlock(void) { pthread_mutex_unlock(&gg__reg.lock); }
+void gg__guard_fork_prepare(void) { pthread_mutex_lock(&gg__live.lock); }
+void gg__guard_fork_parent(void) { pthread_mutex_unlock(&gg__live.lock); }
+void gg__guard_fork_child(void) {
+  gg__live.wired = false; /* the child's crash-hook table starts empty */
+  pthread_mutex_unlock(&gg__live.lock);
+}
+
+/* Why a teardown runs. */
+enum gg__reason { GG__BY_DESTROY, GG__BY_EXIT, GG__BY_SIGNAL };
 
 static const char *gg__reason_name(enum gg__reason why) {
   return why == GG__BY_DESTROY ? "gg_guard_destroy" : why == GG__BY_EXIT ? "exit" : "signal";
 }
 
-/* ---- options ------------------------------------------------------------------------------------ */
+/* ---- options ------------------------------------------------------------------------------------------ */
 
 void gg_guard_options_init(gg_guard_options_t *opts) {
   if (!opts) return;
@@ -127,13 +138,22 @@ static int gg__check_options(const gg_guard_options_t *o, gg__report_opts_t *rep
   return gg__parse_report("GPUGUARD_LEAK_REPORT", gg__env("GPUGUARD_LEAK_REPORT"), report);
 }
 
-/* ---- the at-exit path ------------------------------------------------------------------------------ */
+/* ---- the at-exit path --------------------------------------------------------------------------------- */
 
 static void gg__teardown_all(enum gg__reason why, int code);
 
+/* A cleanup that calls exit() from inside the exit-path teardown starts a nested exit(), which runs
+ * only the handlers not yet run: gg__at_exit is one of those already running. So the exit path first
+ * registers a second handler (run by the nested exit, or after this one returns, when it finds nothing
+ * left to do) that resumes the teardown the cleanup interrupted. */
 #ifdef __GLIBC__
+static void gg__at_exit_resume(int status, void *arg) {
+  (void)arg;
+  gg__teardown_all(GG__BY_EXIT, status);
+}
 static void gg__at_exit(int status, void *arg) {
   (void)arg;
+  on_exit(gg__at_exit_resume, NULL);
   gg__sig_set_exiting(true);
   gg__teardown_all(GG__BY_EXIT, status);
   gg__sig_set_exiting(false);
@@ -141,7 +161,9 @@ static void gg__at_exit(int status, void *arg) {
 static void gg__register_exit(void) { on_exit(gg__at_exit, NULL); }
 #else
 /* Without on_exit() the status is unknown: a watchdog ending a hung teardown exits with 1. */
+static void gg__at_exit_resume(void) { gg__teardown_all(GG__BY_EXIT, 1); }
 static void gg__at_exit(void) {
+  atexit(gg__at_exit_resume);
   gg__sig_set_exiting(true);
   gg__teardown_all(GG__BY_EXIT, 1);
   gg__sig_set_exiting(false);
@@ -150,7 +172,7 @@ static void gg__register_exit(void) { atexit(gg__at_exit); }
 #endif
 static pthread_once_t gg__exit_once = PTHREAD_ONCE_INIT;
 
-/* ---- registry ---------------------------------------------------------------------------------------- */
+/* ---- the live list ------------------------------------------------------------------------------------ */
 
 static void gg__free(gg_guard_t *g) {
   /* A child recorded after the teardown's look at the set (a spawn racing the teardown) is ended now,
@@ -168,34 +190,34 @@ static void gg__free(gg_guard_t *g) {
   free(g);
 }
 
-/* Drops a reference; call with the registry lock held. Returns the guard to free, or NULL. */
+/* Drops a reference; call with the live-list lock held. Returns the guard to free, or NULL. */
 static gg_guard_t *gg__unref_locked(gg_guard_t *g) { return --g->refs == 0 ? g : NULL; }
 
 static void gg__unref(gg_guard_t *g) {
-  pthread_mutex_lock(&gg__reg.lock);
+  pthread_mutex_lock(&gg__live.lock);
   gg_guard_t *dead = gg__unref_locked(g);
-  pthread_mutex_unlock(&gg__reg.lock);
+  pthread_mutex_unlock(&gg__live.lock);
   if (dead) gg__free(dead);
 }
 
 /* Finds a handle among the live guards without touching it (a freed handle is never dereferenced). */
 static bool gg__known(const gg_guard_t *g) {
-  for (const gg_guard_t *p = gg__reg.head; p; p = p->next)
+  for (const gg_guard_t *p = gg__live.head; p; p = p->next)
     if (p == g) return true;
   return false;
 }
 
-/* Checks a handle for a call; on success returns with the registry and guard locks held. */
+/* Checks a handle for a call; on success returns with the live-list and guard locks held. */
 static int gg__enter(gg_guard_t *g, const char *call) {
   if (!g) return gg__err(GG_EINVAL, "%s: guard is NULL", call);
-  pthread_mutex_lock(&gg__reg.lock);
+  pthread_mutex_lock(&gg__live.lock);
   if (!gg__known(g)) {
-    pthread_mutex_unlock(&gg__reg.lock);
+    pthread_mutex_unlock(&gg__live.lock);
     return gg__err(GG_EINVAL, "%s: %p is not a live guard (destroyed already?)", call, (void *)g);
   }
   int rc = gg__check_fork(g->fork_gen, call);
   if (rc < 0) {
-    pthread_mutex_unlock(&gg__reg.lock);
+    pthread_mutex_unlock(&gg__live.lock);
     return rc;
   }
   pthread_mutex_lock(&g->lock);
@@ -203,7 +225,7 @@ static int gg__enter(gg_guard_t *g, const char *call) {
     /* The message first: once unlocked, another thread may free g. */
     rc = gg__err(GG_ESTATE, "%s: the guard '%s' is being torn down or was torn down", call, g->name);
     pthread_mutex_unlock(&g->lock);
-    pthread_mutex_unlock(&gg__reg.lock);
+    pthread_mutex_unlock(&gg__live.lock);
     return rc;
   }
   return 0;
@@ -211,28 +233,41 @@ static int gg__enter(gg_guard_t *g, const char *call) {
 
 static void gg__leave(gg_guard_t *g) {
   pthread_mutex_unlock(&g->lock);
-  pthread_mutex_unlock(&gg__reg.lock);
+  pthread_mutex_unlock(&gg__live.lock);
 }
 
-int gg__guard_check_live(gg_guard_t *g, const char *call) {
+/* The process part asks this before it records a child for a guard (proc.c's key check). */
+static int gg__check_live_key(const void *key, const char *call) {
+  gg_guard_t *g = (gg_guard_t *)(uintptr_t)key; /* only compared until gg__known() vouches for it */
   int rc = gg__enter(g, call);
   if (rc == 0) gg__leave(g);
   return rc;
 }
 
-/* Appends an entry; call with the registry and guard locks held. */
+/* Appends an entry; call with the live-list and guard locks held. */
 static int gg__push(gg_guard_t *g, gg_cleanup_fn fn, void *user, const gg__attach_ops_t *ops,
                     const char *name, unsigned long long *id) {
-  if (g->n == g->cap) {
-    size_t cap = g->cap ? 2 * g->cap : 8;
-    gg__entry_t *e = realloc(g->entries, cap * sizeof *e);
-    if (!e) return gg__err(GG_ENOMEM, "gg_guard_on_teardown: out of host memory");
-    g->entries = e, g->cap = cap;
-  }
+  gg__entry_t *grown = gg__vec_reserve(g->entries, &g->cap, g->n + 1, sizeof *g->entries);
+  if (!grown) return gg__err(GG_ENOMEM, "gg_guard_on_teardown: out of host memory");
+  g->entries = grown;
   gg__entry_t *e = &g->entries[g->n++];
-  e->id = ++gg__reg.next_id, e->fn = fn, e->user = user, e->ops = ops;
+  e->id = ++gg__live.next_id, e->fn = fn, e->user = user, e->ops = ops;
   gg__strlcpy(e->name, name ? name : "cleanup", sizeof e->name);
   if (id) *id = e->id;
+  return 0;
+}
+
+static void gg__teardown_for_signal(int sig);
+
+/* Gives the lower layers what they call back, once per process (under the live-list lock): the
+ * process part's fatal kill goes into the crash-hook table, and spawn/adopt ask us about a guard. */
+static int gg__wire_locked(void) {
+  if (gg__live.wired) return 0;
+  int slot;
+  int rc = gg__crash_hook_add(gg__proc_fatal_kill, NULL, &slot);
+  if (rc < 0) return rc;
+  gg__proc_set_key_check(gg__check_live_key);
+  gg__live.wired = true;
   return 0;
 }
 
@@ -258,11 +293,14 @@ int gg_guard_create(gg_guard_t **guard, const gg_guard_options_t *opts) {
     return rc;
   }
   g->backend = g->dev->ops->name;
-  if (g->run_at_exit) pthread_once(&gg__exit_once, gg__register_exit);
-  pthread_mutex_lock(&gg__reg.lock);
-  rc = gg__sig_acquire(g->signals);
-  if (rc == 0) g->next = gg__reg.head, gg__reg.head = g;
-  pthread_mutex_unlock(&gg__reg.lock);
+  /* Also without run_at_exit: a cleanup that calls exit() during gg_guard_destroy() must not lose the
+   * cleanups registered before it (the exit path finishes this guard's teardown). */
+  pthread_once(&gg__exit_once, gg__register_exit);
+  pthread_mutex_lock(&gg__live.lock);
+  rc = gg__wire_locked();
+  if (rc == 0) rc = gg__sig_acquire(g->signals, gg__teardown_for_signal);
+  if (rc == 0) g->next = gg__live.head, gg__live.head = g;
+  pthread_mutex_unlock(&gg__live.lock);
   if (rc < 0) {
     gg__dev_close(g->dev);
     gg__free(g);
@@ -315,8 +353,8 @@ int gg__guard_attach(const char *backend, int device, const gg__attach_ops_t *op
   *token = 0;
   unsigned gen = gg__fork_generation();
   int rc = 0;
-  pthread_mutex_lock(&gg__reg.lock);
-  for (gg_guard_t *g = gg__reg.head; g; g = g->next) {
+  pthread_mutex_lock(&gg__live.lock);
+  for (gg_guard_t *g = gg__live.head; g; g = g->next) {
     if (g->fork_gen != gen || g->destroying || g->device != device || strcmp(g->backend, backend) != 0)
       continue;
     pthread_mutex_lock(&g->lock);
@@ -325,26 +363,26 @@ int gg__guard_attach(const char *backend, int device, const gg__attach_ops_t *op
     pthread_mutex_unlock(&g->lock);
     if (live) break;
   }
-  pthread_mutex_unlock(&gg__reg.lock);
+  pthread_mutex_unlock(&gg__live.lock);
   return rc;
 }
 
 int gg__guard_detach(unsigned long long token) {
   if (token == 0) return 0;
-  pthread_mutex_lock(&gg__reg.lock);
+  pthread_mutex_lock(&gg__live.lock);
   unsigned gen = gg__fork_generation();
-  for (gg_guard_t *g = gg__reg.head; g; g = g->next) {
+  for (gg_guard_t *g = gg__live.head; g; g = g->next) {
     if (g->fork_gen != gen) continue; /* a parent's guard: its lock may have been held at fork() */
     pthread_mutex_lock(&g->lock);
     if (gg__remove(g, token)) {
       pthread_mutex_unlock(&g->lock);
-      pthread_mutex_unlock(&gg__reg.lock);
+      pthread_mutex_unlock(&gg__live.lock);
       return 1;
     }
     if (g->running == token) {
-      /* The teardown is working on this object now: wait for that step, without the registry lock. */
+      /* The teardown is working on this object now: wait for that step, without the live-list lock. */
       g->refs++;
-      pthread_mutex_unlock(&gg__reg.lock);
+      pthread_mutex_unlock(&gg__live.lock);
       while (g->running == token) pthread_cond_wait(&g->cond, &g->lock);
       pthread_mutex_unlock(&g->lock);
       gg__unref(g);
@@ -352,12 +390,11 @@ int gg__guard_detach(unsigned long long token) {
     }
     pthread_mutex_unlock(&g->lock);
   }
-  pthread_mutex_unlock(&gg__reg.lock);
+  pthread_mutex_unlock(&gg__live.lock);
   return 0;
 }
 
-/* ---- the leak report ------------------------------------------------------------------------------------
- */
+/* ---- the leak report ---------------------------------------------------------------------------------- */
 
 typedef struct gg__tag_row {
   char tag[64];
@@ -368,13 +405,13 @@ typedef struct gg__obj_row {
   char name[64], backend[16];
   unsigned long long count, bytes;
   gg__tag_row_t *tags;
-  size_t n_tags;
+  size_t n_tags, cap_tags;
   bool truncated; /* out of host memory while grouping */
 } gg__obj_row_t;
 
 typedef struct gg__report {
   gg__obj_row_t *objs;
-  size_t n_objs;
+  size_t n_objs, cap_objs;
   unsigned long long count, bytes;
 } gg__report_t;
 
@@ -388,7 +425,7 @@ static int gg__visit_block(const gg_block_info_t *b, void *user) {
       return 0;
     }
   }
-  gg__tag_row_t *t = realloc(o->tags, (o->n_tags + 1) * sizeof *t);
+  gg__tag_row_t *t = gg__vec_reserve(o->tags, &o->cap_tags, o->n_tags + 1, sizeof *t);
   if (!t) return (o->truncated = true), 0;
   o->tags = t;
   t = &o->tags[o->n_tags++];
@@ -400,7 +437,7 @@ static int gg__visit_block(const gg_block_info_t *b, void *user) {
 /* Adds an attached object's live blocks (before its teardown releases them). */
 static void gg__report_add(gg__report_t *r, const gg__entry_t *e) {
   if (!e->ops->foreach_block) return;
-  gg__obj_row_t *objs = realloc(r->objs, (r->n_objs + 1) * sizeof *objs);
+  gg__obj_row_t *objs = gg__vec_reserve(r->objs, &r->cap_objs, r->n_objs + 1, sizeof *objs);
   if (!objs) return;
   r->objs = objs;
   gg__obj_row_t *o = &objs[r->n_objs];
@@ -418,20 +455,6 @@ static void gg__report_add(gg__report_t *r, const gg__entry_t *e) {
   r->n_objs++, r->count += o->count, r->bytes += o->bytes;
 }
 
-static void gg__json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    if (c == '"' || c == '\\')
-      fprintf(f, "\\%c", c);
-    else if (c < 0x20)
-      fprintf(f, "\\u%04x", c);
-    else
-      fputc(c, f);
-  }
-  fputc('"', f);
-}
-
 static void gg__report_render(FILE *f, const gg_guard_t *g, const gg__report_t *r, enum gg__reason why,
                               int code) {
   char how[64];
@@ -441,20 +464,20 @@ static void gg__report_render(FILE *f, const gg_guard_t *g, const gg__report_t *
     snprintf(how, sizeof how, "%s", gg__reason_name(why));
   if (g->report.json) {
     fprintf(f, "{\"gpuguard\":\"leak_report\",\"pid\":%ld,\"guard\":", (long)getpid());
-    gg__json_str(f, g->name);
+    gg__json_fputs(f, g->name);
     fprintf(f, ",\"teardown\":\"%s\",\"live_blocks\":%llu,\"live_bytes\":%llu,\"arenas\":[", how, r->count,
             r->bytes);
     for (size_t i = 0; i < r->n_objs; i++) {
       const gg__obj_row_t *o = &r->objs[i];
       fputs(i ? ",{\"name\":" : "{\"name\":", f);
-      gg__json_str(f, o->name);
+      gg__json_fputs(f, o->name);
       fputs(",\"backend\":", f);
-      gg__json_str(f, o->backend);
+      gg__json_fputs(f, o->backend);
       fprintf(f, ",\"live_blocks\":%llu,\"live_bytes\":%llu,\"truncated\":%s,\"tags\":[", o->count, o->bytes,
               o->truncated ? "true" : "false");
       for (size_t k = 0; k < o->n_tags; k++) {
         fputs(k ? ",{\"tag\":" : "{\"tag\":", f);
-        gg__json_str(f, o->tags[k].tag);
+        gg__json_fputs(f, o->tags[k].tag);
         fprintf(f, ",\"count\":%llu,\"bytes\":%llu}", o->tags[k].count, o->tags[k].bytes);
       }
       fputs("]}", f);
@@ -513,8 +536,53 @@ static void gg__report_free(gg__report_t *r) {
   free(r->objs);
 }
 
-/* ---- the teardown
- * ------------------------------------------------------------------------------------------ */
+/* ---- the teardown ------------------------------------------------------------------------------------- */
+
+/* Pops and runs the cleanups still registered, newest first; with g's lock held, which it drops around
+ * each one. Attached objects add their live blocks to the report before they are released. */
+static void gg__run_cleanups_locked(gg_guard_t *g, gg__report_t *report) {
+  while (g->n > 0) {
+    gg__entry_t e = g->entries[--g->n];
+    g->running = e.id;
+    pthread_mutex_unlock(&g->lock);
+    if (e.ops) {
+      gg__report_add(report, &e);
+      e.ops->teardown(e.user);
+    } else {
+      e.fn(e.user);
+    }
+    pthread_mutex_lock(&g->lock);
+    g->running = 0;
+    pthread_cond_broadcast(&g->cond);
+  }
+}
+
+/* After the cleanups: the child processes (bounded: grace + about 300 ms, so the watchdog limit should
+ * allow for it), the leak report, the context, then the guard is dead. */
+static int gg__finish_teardown(gg_guard_t *g, enum gg__reason why, int code, gg__report_t *report) {
+  pthread_mutex_lock(&g->lock);
+  gg__dev_t *dev = g->dev;
+  g->dev = NULL;
+  pthread_mutex_unlock(&g->lock);
+  int rc = gg__proc_teardown_set(g, g->grace_ms, NULL);
+  if (rc < 0 && why != GG__BY_DESTROY)
+    fprintf(stderr, "gpuguard: guard '%s': ending its child processes: %s\n", g->name, gg_last_error());
+  gg__report_emit(g, report, why, code);
+  gg__report_free(report);
+  if (g->reset_context && dev) {
+    int r = dev->ops->ctx_reset(dev);
+    if (rc == 0) rc = r;
+    if (r < 0 && why != GG__BY_DESTROY)
+      fprintf(stderr, "gpuguard: guard '%s': context reset at teardown failed: %s\n", g->name,
+              gg_last_error());
+  }
+  gg__dev_close(dev);
+  pthread_mutex_lock(&g->lock);
+  g->state = GG__DEAD;
+  pthread_cond_broadcast(&g->cond);
+  pthread_mutex_unlock(&g->lock);
+  return rc;
+}
 
 /* Runs g's teardown once. code: the signal (GG__BY_SIGNAL) or the exit status (GG__BY_EXIT). */
 static int gg__teardown(gg_guard_t *g, enum gg__reason why, int code) {
@@ -530,87 +598,80 @@ static int gg__teardown(gg_guard_t *g, enum gg__reason why, int code) {
   }
   g->state = GG__TEARING, g->owner = pthread_self();
   bool watched = why != GG__BY_DESTROY && g->timeout_ms > 0;
-  int wd = watched ? gg__watchdog_arm(why, code, g->timeout_ms, g->name) : 0;
+  int wd = watched ? gg__watchdog_arm(why == GG__BY_SIGNAL ? GG__WD_BY_SIGNAL : GG__WD_BY_EXIT, code,
+                                      g->timeout_ms, g->name)
+                   : 0;
   gg__report_t report = {0};
-  while (g->n > 0) {
-    gg__entry_t e = g->entries[--g->n];
-    g->running = e.id;
-    pthread_mutex_unlock(&g->lock);
-    if (e.ops) {
-      gg__report_add(&report, &e);
-      e.ops->teardown(e.user);
-    } else {
-      e.fn(e.user);
-    }
-    pthread_mutex_lock(&g->lock);
-    g->running = 0;
-    pthread_cond_broadcast(&g->cond);
-  }
-  gg__dev_t *dev = g->dev;
-  g->dev = NULL;
+  gg__run_cleanups_locked(g, &report);
   pthread_mutex_unlock(&g->lock);
-
-  /* Children next: bounded (grace + about 300 ms), so the watchdog limit should allow for it. */
-  int rc = gg__proc_teardown_set(g, g->grace_ms, NULL);
-  if (rc < 0 && why != GG__BY_DESTROY)
-    fprintf(stderr, "gpuguard: guard '%s': ending its child processes: %s\n", g->name, gg_last_error());
-  gg__report_emit(g, &report, why, code);
-  gg__report_free(&report);
-  if (g->reset_context && dev) {
-    int r = dev->ops->ctx_reset(dev);
-    if (rc == 0) rc = r;
-    if (r < 0 && why != GG__BY_DESTROY)
-      fprintf(stderr, "gpuguard: guard '%s': context reset at teardown failed: %s\n", g->name,
-              gg_last_error());
-  }
-  gg__dev_close(dev);
+  int rc = gg__finish_teardown(g, why, code, &report);
   gg__watchdog_disarm(wd);
-
-  pthread_mutex_lock(&g->lock);
-  g->state = GG__DEAD;
-  pthread_cond_broadcast(&g->cond);
-  pthread_mutex_unlock(&g->lock);
   return rc;
+}
+
+/* A cleanup of g called exit(): this thread's teardown of g will never resume, so the exit path
+ * finishes it here, on the same stack: the cleanups registered before that one still run, once. */
+static void gg__teardown_resume_on_exit(gg_guard_t *g, int code) {
+  int wd = g->timeout_ms > 0 ? gg__watchdog_arm(GG__WD_BY_EXIT, code, g->timeout_ms, g->name) : 0;
+  gg__report_t report = {0};
+  pthread_mutex_lock(&g->lock);
+  gg__run_cleanups_locked(g, &report);
+  pthread_mutex_unlock(&g->lock);
+  gg__finish_teardown(g, GG__BY_EXIT, code, &report);
+  gg__watchdog_disarm(wd);
+}
+
+/* Picks the next guard the path covers (newest first, each once per pass); under the live-list lock.
+ * *resume is set for a guard this thread is tearing down already (a cleanup called exit()). */
+static gg_guard_t *gg__pick_locked(enum gg__reason why, int code, unsigned long long pass, bool *resume) {
+  unsigned gen = gg__fork_generation(), bit = why == GG__BY_SIGNAL ? gg__bit_of_sig(code) : 0;
+  for (gg_guard_t *g = gg__live.head; g; g = g->next) {
+    if (g->seen == pass || g->fork_gen != gen) continue; /* a forked child never runs its parent's */
+    pthread_mutex_lock(&g->lock);
+    bool mine = g->state == GG__TEARING && pthread_equal(g->owner, pthread_self());
+    bool dead = g->state == GG__DEAD;
+    pthread_mutex_unlock(&g->lock);
+    bool covered = why == GG__BY_EXIT ? g->run_at_exit || mine : why == GG__BY_SIGNAL ? (g->signals & bit) != 0 : true;
+    if (!covered) continue;
+    g->seen = pass;
+    if (dead || (mine && why != GG__BY_EXIT)) continue;
+    *resume = mine;
+    g->refs++;
+    return g;
+  }
+  return NULL;
 }
 
 /* Tears down every guard of this process that the path covers, newest first, each at most once. */
 static void gg__teardown_all(enum gg__reason why, int code) {
-  unsigned gen = gg__fork_generation(), bit = why == GG__BY_SIGNAL ? gg__bit_of_sig(code) : 0;
-  pthread_mutex_lock(&gg__reg.lock);
-  unsigned long long pass = ++gg__reg.pass;
+  pthread_mutex_lock(&gg__live.lock);
+  unsigned long long pass = ++gg__live.pass;
   for (;;) {
-    gg_guard_t *pick = NULL;
-    for (gg_guard_t *g = gg__reg.head; g && !pick; g = g->next) {
-      if (g->seen == pass || g->fork_gen != gen) continue; /* a forked child never runs its parent's */
-      if (why == GG__BY_EXIT && !g->run_at_exit) continue;
-      if (why == GG__BY_SIGNAL && !(g->signals & bit)) continue;
-      g->seen = pass;
-      pthread_mutex_lock(&g->lock);
-      bool mine = g->state == GG__TEARING && pthread_equal(g->owner, pthread_self());
-      bool todo = g->state != GG__DEAD && !mine; /* a cleanup calling exit(): skip its own guard */
-      pthread_mutex_unlock(&g->lock);
-      if (todo) pick = g, g->refs++;
-    }
-    pthread_mutex_unlock(&gg__reg.lock);
+    bool resume = false;
+    gg_guard_t *pick = gg__pick_locked(why, code, pass, &resume);
+    pthread_mutex_unlock(&gg__live.lock);
     if (!pick) return;
-    gg__teardown(pick, why, code);
-    pthread_mutex_lock(&gg__reg.lock);
+    if (resume)
+      gg__teardown_resume_on_exit(pick, code);
+    else
+      gg__teardown(pick, why, code);
+    pthread_mutex_lock(&gg__live.lock);
     gg_guard_t *dead = gg__unref_locked(pick);
     if (dead) {
-      pthread_mutex_unlock(&gg__reg.lock);
+      pthread_mutex_unlock(&gg__live.lock);
       gg__free(dead);
-      pthread_mutex_lock(&gg__reg.lock);
+      pthread_mutex_lock(&gg__live.lock);
     }
   }
 }
 
-void gg__teardown_for_signal(int sig) { gg__teardown_all(GG__BY_SIGNAL, sig); }
+static void gg__teardown_for_signal(int sig) { gg__teardown_all(GG__BY_SIGNAL, sig); }
 
 int gg_guard_destroy(gg_guard_t *guard) {
   if (!guard) return 0;
-  pthread_mutex_lock(&gg__reg.lock);
+  pthread_mutex_lock(&gg__live.lock);
   if (!gg__known(guard)) {
-    pthread_mutex_unlock(&gg__reg.lock);
+    pthread_mutex_unlock(&gg__live.lock);
     return gg__err(GG_EINVAL, "gg_guard_destroy: %p is not a live guard (destroyed already?)", (void *)guard);
   }
   int rc = gg__check_fork(guard->fork_gen, "gg_guard_destroy");
@@ -624,16 +685,16 @@ int gg_guard_destroy(gg_guard_t *guard) {
   if (rc == 0 && guard->destroying)
     rc = gg__err(GG_EINVAL, "gg_guard_destroy: guard '%s' is being destroyed by another call", guard->name);
   if (rc < 0) {
-    pthread_mutex_unlock(&gg__reg.lock);
+    pthread_mutex_unlock(&gg__live.lock);
     return rc;
   }
   guard->destroying = true;
-  pthread_mutex_unlock(&gg__reg.lock);
+  pthread_mutex_unlock(&gg__live.lock);
 
   rc = gg__teardown(guard, GG__BY_DESTROY, 0);
 
-  pthread_mutex_lock(&gg__reg.lock);
-  for (gg_guard_t **p = &gg__reg.head; *p; p = &(*p)->next) {
+  pthread_mutex_lock(&gg__live.lock);
+  for (gg_guard_t **p = &gg__live.head; *p; p = &(*p)->next) {
     if (*p == guard) {
       *p = guard->next;
       break;
@@ -641,7 +702,7 @@ int gg_guard_destroy(gg_guard_t *guard) {
   }
   gg__sig_release(guard->signals);
   gg_guard_t *dead = gg__unref_locked(guard);
-  pthread_mutex_unlock(&gg__reg.lock);
+  pthread_mutex_unlock(&gg__live.lock);
   if (dead) gg__free(dead);
   return rc;
 }

@@ -1,4 +1,5 @@
-/* internal.h — helpers shared by every source file: error recording, checks, options, fork generation. */
+/* internal.h — the helpers every source file uses, owned by error.c (error recording), options.c
+ * (environment and option values) and fork.c (fork generation): the one shared internal header. */
 #ifndef GG_INTERNAL_H
 #define GG_INTERNAL_H
 
@@ -26,12 +27,6 @@ typedef struct gg__err_saved {
 void gg__err_save(gg__err_saved_t *s);
 void gg__err_restore(const gg__err_saved_t *s);
 
-/* Jump to a cleanup label on failure, keeping the status in rc. */
-#define GG_TRY(call, rc, label) \
-  do {                          \
-    (rc) = (call);              \
-    if ((rc) < 0) goto label;   \
-  } while (0)
 /* Run a cleanup step whatever happened before, keeping the first error. */
 #define GG_KEEP_FIRST(rc, call)      \
   do {                               \

@@ -15,12 +15,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "guard_internal.h"
 #include "proc_internal.h"
+#include "registry_internal.h"
+#include "signal_internal.h"
+#include "vec_internal.h"
 
 extern char **environ;
 
-/* ---------------------------------------------------------------- pidfd */
+/* ---- pidfd -------------------------------------------------------------------------------------------- */
 
 static atomic_bool gg__pidfd_off;
 
@@ -45,7 +47,7 @@ int gg__pidfd_signal(int pidfd, int sig) {
 #endif
 }
 
-/* ------------------------------------------------- fatal-path snapshot */
+/* ---- fatal-path snapshot ------------------------------------------------------------------------------ */
 
 /* A fixed array the fatal handler reads without locks: a crashed thread may hold any lock, and malloc
  * may be mid-update. Writers (under gg__lock) store pidfd and start before publishing pid; the handler
@@ -95,7 +97,8 @@ static int gg__fatal_child(const gg__pinfo_t *info, void *user) {
   return 0;
 }
 
-void gg__proc_fatal_kill(void) {
+void gg__proc_fatal_kill(int sig, void *user) {
+  (void)sig, (void)user;
   int saved = errno;
   pid_t me = getpid();
   if (atomic_load(&gg__snap_owner) == (int)me) {
@@ -115,7 +118,7 @@ void gg__proc_fatal_kill(void) {
   errno = saved;
 }
 
-/* ---------------------------------------------------------------- sets */
+/* ---- sets --------------------------------------------------------------------------------------------- */
 
 typedef struct gg__set {
   const void *key;
@@ -194,13 +197,12 @@ int gg__proc_track(const void *key, pid_t pid, int pidfd, unsigned long long sta
   pthread_mutex_lock(&gg__lock);
   gg__set_t *s = NULL;
   int rc = gg__set_find(key, true, "gg_proc_track", &s);
-  if (rc == 0 && s->n == s->cap) {
-    size_t cap = s->cap ? 2 * s->cap : 8;
-    gg__kid_t *k = realloc(s->kids, cap * sizeof *k);
+  if (rc == 0) {
+    gg__kid_t *k = gg__vec_reserve(s->kids, &s->cap, s->n + 1, sizeof *k);
     if (!k)
       rc = gg__err(GG_ENOMEM, "gg_proc_track: out of host memory");
     else
-      s->kids = k, s->cap = cap;
+      s->kids = k;
   }
   if (rc == 0) {
     gg__kid_t *k = &s->kids[s->n++];
@@ -258,7 +260,7 @@ void gg__proc_forget_set(const void *guard_key) {
   pthread_mutex_unlock(&gg__lock);
 }
 
-/* ----------------------------------------------------- fork handling */
+/* ---- fork handling ------------------------------------------------------------------------------------ */
 
 static pid_t gg__forking_pid;    /* written by the parent just before fork() */
 static pid_t gg__parent_at_fork; /* in a forked image: who forked us (0 if this image was exec'd) */
@@ -267,16 +269,16 @@ static pthread_mutex_t gg__sp_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gg__sp_wake = PTHREAD_COND_INITIALIZER, gg__sp_done = PTHREAD_COND_INITIALIZER;
 static pid_t gg__sp_owner; /* the process whose spawn thread runs; threads do not survive fork() */
 
-static void gg__atfork_prepare(void) {
+void gg__proc_fork_prepare(void) {
   pthread_mutex_lock(&gg__lock);
   pthread_mutex_lock(&gg__sp_lock);
   gg__forking_pid = getpid();
 }
-static void gg__atfork_parent(void) {
+void gg__proc_fork_parent(void) {
   pthread_mutex_unlock(&gg__sp_lock);
   pthread_mutex_unlock(&gg__lock);
 }
-static void gg__atfork_child(void) {
+void gg__proc_fork_child(void) {
   gg__parent_at_fork = gg__forking_pid;
   /* The parent's children are not ours: the fatal path must not kill them from here. */
   for (int i = 0; i < GG__SNAP_MAX; i++) atomic_store(&gg__snap[i].pid, 0);
@@ -289,13 +291,19 @@ static void gg__atfork_child(void) {
   pthread_mutex_unlock(&gg__lock);
 }
 
-/* Installed at load time, so the parent's pid is captured before any fork() the program makes, even
- * one made before its first gpuguard call. */
-__attribute__((constructor)) static void gg__proc_init(void) {
-  pthread_atfork(gg__atfork_prepare, gg__atfork_parent, gg__atfork_child);
+/* The guard layer's check of a guard key (see proc_internal.h). */
+static _Atomic(gg__proc_key_check_fn) gg__key_check;
+
+void gg__proc_set_key_check(gg__proc_key_check_fn fn) { atomic_store(&gg__key_check, fn); }
+
+/* Asked before any of our locks is taken: the check takes the live-guard list's lock, which comes
+ * before the process sets in the lock order (fork.c). */
+static int gg__check_key(const void *key, const char *call) {
+  gg__proc_key_check_fn fn = atomic_load(&gg__key_check);
+  return key && fn ? fn(key, call) : 0;
 }
 
-/* -------------------------------------------------------- the child side */
+/* ---- the child side ----------------------------------------------------------------------------------- */
 
 enum { GG__STEP_ARM = 1, GG__STEP_PGRP, GG__STEP_CWD, GG__STEP_STDIO, GG__STEP_EXEC };
 
@@ -346,11 +354,8 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
   if (r->opts.close_device_fds) gg__close_fds_matching("/dev/nvidia");
   /* The spawn thread blocks every signal and the program may have handlers or ignored signals: the
    * child starts from the defaults and an empty mask. */
-  struct sigaction dfl;
-  memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; sig++)
-    if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, NULL);
+    if (sig != SIGKILL && sig != SIGSTOP) gg__sig_set_default(sig);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
@@ -431,7 +436,7 @@ static int gg__spawn_thread_ensure(void) {
   return 0;
 }
 
-/* ------------------------------------------------------------ public */
+/* ---- public ------------------------------------------------------------------------------------------- */
 
 void gg_spawn_options_init(gg_spawn_options_t *opts) {
   if (!opts) return;
@@ -514,11 +519,12 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
                      : i == 1 ? "stdout"
                               : "stderr",
                      fds[i]);
-  /* Refuse an inherited set before starting anything. */
-  pthread_mutex_lock(&gg__lock);
+  /* Refuse a dead guard or an inherited set before starting anything. */
+  int rc = gg__check_key(guard, "gg_proc_spawn");
+  if (rc != 0) return rc;
   gg__set_t *s = NULL;
-  int rc = guard ? gg__guard_check_live(guard, "gg_proc_spawn") : 0;
-  if (rc == 0) rc = gg__set_find(guard, true, "gg_proc_spawn", &s);
+  pthread_mutex_lock(&gg__lock);
+  rc = gg__set_find(guard, true, "gg_proc_spawn", &s);
   pthread_mutex_unlock(&gg__lock);
   if (rc != 0) return rc;
 
@@ -579,10 +585,8 @@ int gg_proc_adopt_ex(gg_guard_t *guard, pid_t pid, unsigned long long start_time
     return gg__err(GG_EINVAL, "gg_proc_adopt: pid %d is not a process (0 and -1 name groups)", (int)pid);
   if (pid == 1) return gg__err(GG_EPERM, "gg_proc_adopt: pid 1 (init) is never adopted");
   if (pid == getpid()) return gg__err(GG_EINVAL, "gg_proc_adopt: pid %d is this process", (int)pid);
-  if (guard) {
-    int live = gg__guard_check_live(guard, "gg_proc_adopt");
-    if (live < 0) return live;
-  }
+  int live = gg__check_key(guard, "gg_proc_adopt");
+  if (live < 0) return live;
   uid_t uid;
   gg__pinfo_t info;
   if (gg__proc_read_stat(pid, &info) != 0)

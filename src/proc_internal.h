@@ -1,5 +1,5 @@
-/* proc_internal.h — what the process part shares inside the library: /proc readers, the child sets,
- * and the entry points the guard wires into its teardown and fatal-signal paths. */
+/* proc_internal.h — proc.c's child sets for the rest of the library: pidfds, recording and detaching
+ * processes, the fatal-path kill, the hook through which a guard vouches for itself, fork handlers. */
 #ifndef GG_PROC_INTERNAL_H
 #define GG_PROC_INTERNAL_H
 
@@ -8,45 +8,15 @@
 
 #include "gpuguard/proc.h"
 #include "internal.h"
+#include "procfs_internal.h"
 
-/* ---- /proc (procfs.c). Functions marked [AS-safe] are async-signal-safe. ---- */
-
-typedef struct gg__pinfo {
-  pid_t pid, ppid, pgrp, sid;
-  char state; /* R, S, D, T, t, Z, X, ... */
-  unsigned long long
-      start; /* field 22 of /proc/PID/stat: clock ticks after boot; with the pid, an identity */
-} gg__pinfo_t;
-
-/* [AS-safe] Reads /proc/PID/stat. 0, or -errno (-ENOENT: no such process). */
-int gg__proc_read_stat(pid_t pid, gg__pinfo_t *out);
-/* Real uid of PID from /proc/PID/status. 0 or -errno. */
-int gg__proc_uid(pid_t pid, uid_t *uid);
-/* Command line with spaces between arguments, "[comm]" when there is none (zombies); "" if gone. */
-void gg__proc_cmdline(pid_t pid, char *buf, size_t cap);
-/* [AS-safe] Calls fn for every process in /proc (skipping those that vanish); stops at fn's first
- * nonzero return and returns it; -errno when /proc cannot be read. */
-int gg__proc_walk(int (*fn)(const gg__pinfo_t *info, void *user), void *user);
-/* [AS-safe] Closes every descriptor of this process whose target path starts with prefix (readlink of
- * /proc/self/fd/N). Returns how many were closed, or -errno. Tests point it at a temporary file. */
-int gg__close_fds_matching(const char *prefix);
-/* Value of environment variable `name` in process pid (readable for our own processes, or as root).
- * 0, -ENOENT when it is not set, or -errno. */
-int gg__proc_environ_get(pid_t pid, const char *name, char *buf, size_t cap);
-/* Pids under proc_root holding an open descriptor whose link target is exactly `target` (a device node
- * such as /dev/nvidia0). Returns 0 with a malloc'd array in *pids (free it), or an error. */
-int gg__scan_fd_holders(const char *proc_root, const char *target, int **pids, size_t *n);
-
-/* ---- pidfd, through syscall() so old C libraries build too. ---- */
+/* ---- pidfd, through syscall() so old C libraries build too -------------------------------------------- */
 int gg__pidfd_open(pid_t pid);            /* -1 with errno when the kernel lacks it or pid is gone */
 int gg__pidfd_signal(int pidfd, int sig); /* [AS-safe] 0 or -1 with errno */
 /* Tests turn pidfds off to exercise the pid + start time path the older kernels get. */
 void gg__proc_use_pidfd(bool on);
-/* Tests make teardown send nothing, to stand in for a process SIGKILL cannot end (uninterruptible
- * sleep), which CI cannot make on demand. */
-void gg__proc_test_mute(bool on);
 
-/* ---- child sets (proc.c), keyed by guard pointer; NULL is the process's default set. ---- */
+/* ---- child sets, keyed by guard pointer; NULL is the process's default set ---------------------------- */
 
 /* How a process came into a teardown (the receipt says it). */
 enum { GG__FOUND_TRACKED, GG__FOUND_DESCENDANT, GG__FOUND_GROUP, GG__FOUND_ORPHAN };
@@ -67,23 +37,26 @@ int gg__proc_track(const void *key, pid_t pid, int pidfd, unsigned long long sta
 int gg__proc_detach(const void *key, gg__kid_t **kids, size_t *n, pid_t **others, size_t *n_others);
 /* Lets go of one detached record: frees its snapshot slot and closes its pidfd. */
 void gg__proc_release(gg__kid_t *kid);
-
-/* ---- what the guard calls (wired in guard.c at merge) ---- */
-
-/* The guard's teardown: TERM, grace, KILL, reap for every process in the guard's set and their
- * descendants (see gg_proc_teardown). receipt may be NULL. */
-int gg__proc_teardown_set(const void *guard_key, int grace_ms, gg_proc_receipt_t **receipt);
-/* [AS-safe] For fatal-signal handlers (SIGSEGV, SIGBUS, ...): SIGKILL to every tracked child of this
- * process (and the group each leads), to every child of ours when we are a subreaper, and unlinks this
- * process's registry record. Uses only a fixed-size snapshot kept with atomics: no malloc, no locks.
- * Preserves errno. Does nothing in a forked child for its parent's children. */
-void gg__proc_fatal_kill(void);
 /* Drops key's set without signalling anything (closes pidfds). For a guard being freed after its
  * teardown, or one inherited through fork() that the child must let go of. */
 void gg__proc_forget_set(const void *guard_key);
 
-/* ---- registry (registry.c) ---- */
-/* [AS-safe] Unlinks this process's registry record if it made one (never the parent's, after fork). */
-void gg__registry_fatal_unlink(void);
+/* [AS-safe] For fatal-signal paths: SIGKILL to every tracked child of this process (and the group each
+ * leads), to every child of ours when we are a subreaper, and unlinks this process's registry record.
+ * Uses only a fixed-size snapshot kept with atomics: no malloc, no locks. Preserves errno. Does nothing
+ * in a forked child for its parent's children. Shaped as a crash hook (sig and user are unused): the
+ * guard layer adds it to signal.c's crash-hook table. */
+void gg__proc_fatal_kill(int sig, void *user);
+
+/* The guard layer vouches for a guard key before a child is recorded for it: fn returns 0 when key
+ * is a live guard that is not being torn down, else GG_EINVAL / GG_ESTATE with a message naming call.
+ * Set once by guard.c before its first guard exists; without it every non-NULL key is accepted. */
+typedef int (*gg__proc_key_check_fn)(const void *key, const char *call);
+void gg__proc_set_key_check(gg__proc_key_check_fn fn);
+
+/* fork.c's handler calls these in the lock order (see fork.c). */
+void gg__proc_fork_prepare(void);
+void gg__proc_fork_parent(void);
+void gg__proc_fork_child(void);
 
 #endif

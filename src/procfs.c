@@ -11,7 +11,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "proc_internal.h"
+#include "internal.h"
+#include "procfs_internal.h"
+#include "vec_internal.h"
 
 /* Writes "/proc/<pid>/<leaf>" without snprintf (not async-signal-safe). */
 static void gg__proc_path(char *buf, size_t cap, pid_t pid, const char *leaf) {
@@ -215,14 +217,12 @@ int gg__scan_fd_holders(const char *proc_root, const char *target, int **pids, s
     }
     closedir(fds);
     if (!holds) continue;
-    if (*n == cap) {
-      int *grown = realloc(*pids, (cap = cap ? cap * 2 : 16) * sizeof **pids);
-      if (!grown) {
-        rc = gg__err(GG_ENOMEM, "scanning %s: out of host memory", proc_root);
-        break;
-      }
-      *pids = grown;
+    int *grown = gg__vec_reserve(*pids, &cap, *n + 1, sizeof **pids);
+    if (!grown) {
+      rc = gg__err(GG_ENOMEM, "scanning %s: out of host memory", proc_root);
+      break;
     }
+    *pids = grown;
     (*pids)[(*n)++] = (int)pid;
   }
   closedir(d);

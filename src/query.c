@@ -9,7 +9,7 @@
 #include "backend/backend.h"
 #include "internal.h"
 #include "nvml.h"
-#include "proc_internal.h"
+#include "procfs_internal.h"
 
 int gg_device_count(int *count) {
   if (!count) return gg__err(GG_EINVAL, "gg_device_count: count is NULL");
@@ -61,7 +61,7 @@ int gg_device_info(int device, gg_device_info_t *info) {
   return rc;
 }
 
-/* ---- who holds the device ----------------------------------------------------------------------- */
+/* ---- who holds the device ----------------------------------------------------------------------------- */
 
 const char *gg_process_class_name(gg_process_class_t cls) {
   switch (cls) {
@@ -233,7 +233,7 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
   return 0;
 }
 
-/* ---- orphans of dead sessions ------------------------------------------------------------------- */
+/* ---- orphans of dead sessions ------------------------------------------------------------------------- */
 
 typedef struct gg__orphan_walk {
   const gg__sessions_t *sessions;

@@ -15,7 +15,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "proc_internal.h"
+#include "internal.h"
+#include "procfs_internal.h"
+#include "registry_internal.h"
 
 #define GG__REC_MAX 4096 /* a record larger than this is not one of ours */
 
@@ -27,12 +29,10 @@ static char gg__role[16];
 static char gg__reg_path[PATH_MAX];
 static atomic_int gg__reg_owner;
 
-/* fork() while another thread holds the lock must not leave it held forever in the child. */
-static void gg__reg_prepare(void) { pthread_mutex_lock(&gg__reg_lock); }
-static void gg__reg_release(void) { pthread_mutex_unlock(&gg__reg_lock); }
-__attribute__((constructor)) static void gg__registry_init(void) {
-  pthread_atfork(gg__reg_prepare, gg__reg_release, gg__reg_release);
-}
+/* fork() while another thread holds the lock must not leave it held forever in the child (fork.c). */
+void gg__registry_fork_prepare(void) { pthread_mutex_lock(&gg__reg_lock); }
+void gg__registry_fork_parent(void) { pthread_mutex_unlock(&gg__reg_lock); }
+void gg__registry_fork_child(void) { pthread_mutex_unlock(&gg__reg_lock); }
 
 void gg__registry_fatal_unlink(void) {
   if (atomic_load(&gg__reg_owner) == (int)getpid()) unlink(gg__reg_path);

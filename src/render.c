@@ -9,19 +9,8 @@
 #include "arena_internal.h"
 #include "gpuguard/report.h"
 #include "internal.h"
-
-/* JSON string: quotes, backslashes and control characters escaped; other bytes pass through. */
-static void gg__json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-    else if (*p == '\n') fputs("\\n", f);
-    else if (*p == '\t') fputs("\\t", f);
-    else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-    else fputc(*p, f);
-  }
-  fputc('"', f);
-}
+#include "json_internal.h"
+#include "vec_internal.h"
 
 /* Prometheus label value: backslash, double quote and newline escaped. */
 static void gg__prom_label(FILE *f, const char *s) {
@@ -107,19 +96,16 @@ static int gg__arena_row(gg_arena_t *a, void *user) {
   if (!ok) return 0;
   gg__strlcpy(r.name, gg_arena_name(a), sizeof r.name);
   gg__strlcpy(r.backend, gg_arena_backend(a), sizeof r.backend);
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? l->cap * 2 : 8;
-    gg__arow_t *grown = realloc(l->rows, cap * sizeof *grown);
-    if (!grown) return 0; /* the report lists fewer arenas rather than failing */
-    l->rows = grown, l->cap = cap;
-  }
+  gg__arow_t *grown = gg__vec_reserve(l->rows, &l->cap, l->n + 1, sizeof *grown);
+  if (!grown) return 0; /* the report lists fewer arenas rather than failing */
+  l->rows = grown;
   l->rows[l->n++] = r;
   return 0;
 }
 
 static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n, const gg__arows_t *ar) {
   fprintf(f, "{\"version\":");
-  gg__json_str(f, gg_version());
+  gg__json_fputs(f, gg_version());
   if (what & GG_REPORT_DEVICES) {
     fputs(",\"devices\":[", f);
     for (int i = 0; i < n; i++) {
@@ -127,13 +113,13 @@ static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
       fprintf(f, "%s{\"index\":%d", i ? "," : "", i);
       if (rows[i].rc < 0) {
         fputs(",\"error\":", f);
-        gg__json_str(f, rows[i].error);
+        gg__json_fputs(f, rows[i].error);
         fputc('}', f);
         continue;
       }
-      fputs(",\"backend\":", f), gg__json_str(f, d->backend);
-      fputs(",\"name\":", f), gg__json_str(f, d->name);
-      fputs(",\"uuid\":", f), gg__json_str(f, d->uuid);
+      fputs(",\"backend\":", f), gg__json_fputs(f, d->backend);
+      fputs(",\"name\":", f), gg__json_fputs(f, d->name);
+      fputs(",\"uuid\":", f), gg__json_fputs(f, d->uuid);
       fprintf(f,
               ",\"total_bytes\":%zu,\"free_bytes\":%zu,\"used_bytes\":%zu,\"compute_capability\":\"%d.%d\","
               "\"driver_version\":%d,\"vmm_supported\":%s}",
@@ -150,14 +136,14 @@ static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
         const gg_process_t *p = &rows[i].procs[j];
         fprintf(f, "%s{\"device\":%d,\"pid\":%d,\"ppid\":%d,\"uid\":%u,\"user\":", first ? "" : ",", p->device,
                 p->pid, p->ppid, p->uid);
-        gg__json_str(f, p->user);
+        gg__json_fputs(f, p->user);
         fprintf(f, ",\"state\":\"%c\",\"start_time\":%llu,\"used_bytes\":", p->state ? p->state : '?', p->start_time);
         if (p->used_bytes < 0) fputs("null", f);
         else fprintf(f, "%lld", p->used_bytes);
-        fputs(",\"class\":", f), gg__json_str(f, gg_process_class_name(p->cls));
+        fputs(",\"class\":", f), gg__json_fputs(f, gg_process_class_name(p->cls));
         fprintf(f, ",\"orphan\":%s,\"session\":", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
-        gg__json_str(f, p->session);
-        fputs(",\"command\":", f), gg__json_str(f, p->command);
+        gg__json_fputs(f, p->session);
+        fputs(",\"command\":", f), gg__json_fputs(f, p->command);
         fputc('}', f);
       }
     fputc(']', f);
@@ -167,8 +153,8 @@ static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
     for (size_t i = 0; i < ar->n; i++) {
       const gg_arena_stats_t *s = &ar->rows[i].st;
       fprintf(f, "%s{\"pid\":%d,\"name\":", i ? "," : "", (int)getpid());
-      gg__json_str(f, ar->rows[i].name);
-      fputs(",\"backend\":", f), gg__json_str(f, ar->rows[i].backend);
+      gg__json_fputs(f, ar->rows[i].name);
+      fputs(",\"backend\":", f), gg__json_fputs(f, ar->rows[i].backend);
       fprintf(f,
               ",\"bytes_in_use\":%zu,\"bytes_mapped\":%zu,\"bytes_reserved\":%zu,\"peak_in_use\":%zu,"
               "\"peak_mapped\":%zu,\"largest_free_block\":%zu,\"n_live\":%llu,\"n_allocs\":%llu,"

@@ -13,9 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "guard_internal.h"
 #include "internal.h"
-#include "proc_internal.h"
+#include "signal_internal.h"
 
 /* Bit i of a GG_GUARD_SIG* mask is gg__sigs[i]; the first four are the terminating signals. */
 static const int gg__sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
@@ -30,12 +29,6 @@ static int gg__sig_index(int sig) {
   return -1;
 }
 
-int gg__sig_of_bit(unsigned bit) {
-  for (int i = 0; i < GG__NSIGS; i++)
-    if (bit == (1u << i)) return gg__sigs[i];
-  return 0;
-}
-
 unsigned gg__bit_of_sig(int sig) {
   int i = gg__sig_index(sig);
   return i < 0 ? 0 : 1u << i;
@@ -46,7 +39,7 @@ const char *gg__sig_name(int sig) {
   return i < 0 ? "signal" : gg__sig_names[i];
 }
 
-/* ---- async-signal-safe formatting --------------------------------------------------------------- */
+/* ---- async-signal-safe formatting --------------------------------------------------------------------- */
 
 char *gg__fmt_str(char *p, char *end, const char *s) {
   while (s && *s && p < end) *p++ = *s++;
@@ -76,7 +69,7 @@ static void gg__write_all(int fd, const char *p, size_t n) {
   }
 }
 
-/* ---- state --------------------------------------------------------------------------------------- */
+/* ---- state -------------------------------------------------------------------------------------------- */
 
 typedef struct gg__slot {
   atomic_int busy; /* the handler filled info and the guard thread has not taken it yet */
@@ -84,7 +77,7 @@ typedef struct gg__slot {
 } gg__slot_t;
 
 static struct {
-  pthread_mutex_t lock; /* everything but the atomics; lock order: guard registry, then this */
+  pthread_mutex_t lock; /* everything but the atomics; lock order: see fork.c */
   int users[GG__NSIGS];
   bool installed[GG__NSIGS];
   struct sigaction old[GG__NSIGS]; /* the action before ours: written before ours is installed */
@@ -94,19 +87,23 @@ static struct {
   atomic_int pid;     /* the process whose guard thread reads the pipe */
   atomic_int exiting; /* a teardown on an exit path is running */
   bool started;
-  unsigned gen; /* fork generation the threads were started in */
+  unsigned gen;                      /* fork generation the threads were started in */
+  _Atomic(gg__sig_teardown_fn) on_signal; /* what the guard thread calls: given by the guard layer */
 } gg__sig = {.lock = PTHREAD_MUTEX_INITIALIZER, .pipe_w = -1, .pipe_r = -1};
 
-pid_t gg__sig_pid(void) { return (pid_t)atomic_load(&gg__sig.pid); }
 void gg__sig_set_exiting(bool on) { atomic_store(&gg__sig.exiting, on ? 1 : 0); }
 
-/* Ends the process with sig's default action, from any thread (the caller may block it). */
-static _Noreturn void gg__die_by(int sig) {
+int gg__sig_set_default(int sig) {
   struct sigaction dfl;
   memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
-  sigaction(sig, &dfl, NULL);
+  return sigaction(sig, &dfl, NULL);
+}
+
+/* The caller may block sig: it is unblocked here. */
+_Noreturn void gg__sig_die_by(int sig) {
+  gg__sig_set_default(sig);
   sigset_t one;
   sigemptyset(&one);
   sigaddset(&one, sig);
@@ -133,17 +130,14 @@ static void gg__foreign_process(int i, int sig, siginfo_t *info, void *ctx) {
   const struct sigaction *old = &gg__sig.old[i];
   if (gg__is_ignore(old)) return;
   if (gg__is_default(old)) {
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigaction(sig, &dfl, NULL);
+    gg__sig_set_default(sig);
     raise(sig); /* blocked while we run: delivered with the default action as we return */
     return;
   }
   gg__call_old(old, sig, info, ctx);
 }
 
-/* ---- the terminating-signal handler: record, wake, return ---------------------------------------- */
+/* ---- the terminating-signal handler: record, wake, return --------------------------------------------- */
 
 static void gg__on_signal(int sig, siginfo_t *info, void *ctx) {
   int saved_errno = errno;
@@ -156,10 +150,7 @@ static void gg__on_signal(int sig, siginfo_t *info, void *ctx) {
     static const char msg[] = "gpuguard: second SIGINT during teardown: ending the process now\n";
     gg__write_all(2, msg, sizeof msg - 1);
     gg__crash_hooks_run(SIGINT); /* children and the registry record still go, as on the crash path */
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigaction(SIGINT, &dfl, NULL);
+    gg__sig_set_default(SIGINT);
     raise(SIGINT); /* SIGINT is blocked inside this handler: it ends the process as the handler returns */
   } else {
     if (!atomic_exchange(&gg__sig.slot[i].busy, 1)) gg__sig.slot[i].info = *info;
@@ -170,7 +161,7 @@ static void gg__on_signal(int sig, siginfo_t *info, void *ctx) {
   errno = saved_errno;
 }
 
-/* ---- crash hooks ---------------------------------------------------------------------------------- */
+/* ---- crash hooks -------------------------------------------------------------------------------------- */
 
 typedef struct gg__hook {
   _Atomic(gg__crash_hook_fn) fn;
@@ -208,8 +199,6 @@ void gg__crash_hook_remove(int slot) {
 }
 
 int gg__crash_hooks_run(int sig) {
-  /* Built in: SIGKILL to the tracked child processes, unlink of this process's registry record. */
-  gg__proc_fatal_kill();
   int me = (int)getpid(), ran = 0;
   unsigned long long below = ~0ull;
   /* Newest first without allocating: pick the highest sequence number below the last one run. */
@@ -228,7 +217,7 @@ int gg__crash_hooks_run(int sig) {
   }
 }
 
-/* ---- the fatal-signal handler --------------------------------------------------------------------- */
+/* ---- the fatal-signal handler ------------------------------------------------------------------------- */
 
 static atomic_int gg__fatal_entered, gg__fatal_done;
 
@@ -264,17 +253,14 @@ static void gg__on_fatal(int sig, siginfo_t *info, void *ctx) {
     errno = saved_errno;
     return;
   }
-  struct sigaction dfl;
-  memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
-  sigaction(sig, &dfl, NULL);
+  gg__sig_set_default(sig);
   /* A sent signal is raised again; a real fault recurs when the instruction is re-executed. Either
    * way the default action ends the process with the status it would have had. */
   if (!info || info->si_code <= 0 || sig == SIGABRT) raise(sig);
   errno = saved_errno;
 }
 
-/* ---- alternate signal stacks ---------------------------------------------------------------------- */
+/* ---- alternate signal stacks -------------------------------------------------------------------------- */
 
 typedef struct gg__altstack {
   void *base;
@@ -324,7 +310,7 @@ int gg_guard_prepare_thread(void) {
   return 0;
 }
 
-/* ---- the watchdog ---------------------------------------------------------------------------------- */
+/* ---- the watchdog ------------------------------------------------------------------------------------- */
 
 /* One slot per teardown in progress: teardowns of different guards may overlap (exit() on one thread, a
  * signal on the guard thread), and each keeps its own limit. The thread sleeps until the earliest. */
@@ -333,7 +319,7 @@ int gg_guard_prepare_thread(void) {
 typedef struct gg__wd_slot {
   bool armed;
   struct timespec deadline;
-  enum gg__reason kind;
+  enum gg__wd_end kind;
   int code;
   char msg[256];
   size_t msg_len;
@@ -346,7 +332,7 @@ static struct {
   gg__wd_slot_t slot[GG__WD_SLOTS];
 } gg__wd;
 
-int gg__watchdog_arm(enum gg__reason kind, int code, int timeout_ms, const char *what) {
+int gg__watchdog_arm(enum gg__wd_end kind, int code, int timeout_ms, const char *what) {
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
   long long ns = (long long)now.tv_nsec + (long long)(timeout_ms % 1000) * 1000000LL;
@@ -368,7 +354,7 @@ int gg__watchdog_arm(enum gg__reason kind, int code, int timeout_ms, const char 
   p = gg__fmt_str(p, end, "' took more than ");
   p = gg__fmt_u(p, end, (unsigned long long)timeout_ms);
   p = gg__fmt_str(p, end, " ms; ending the process ");
-  if (kind == GG__BY_SIGNAL) {
+  if (kind == GG__WD_BY_SIGNAL) {
     p = gg__fmt_str(p, end, "with the default action of ");
     p = gg__fmt_str(p, end, gg__sig_name(code));
   } else {
@@ -413,17 +399,17 @@ static void *gg__watchdog_main(void *arg) {
       r = pthread_cond_timedwait(&gg__wd.cond, &gg__wd.lock, &first->deadline);
     if (r == ETIMEDOUT && gg__wd.seq == seq && first->armed) due = first;
   }
-  enum gg__reason kind = due->kind;
+  enum gg__wd_end kind = due->kind;
   int code = due->code;
   gg__write_all(2, due->msg, due->msg_len);
   pthread_mutex_unlock(&gg__wd.lock);
   /* The teardown is stuck: do what the crash path does (children), then end as the exit path would. */
-  gg__crash_hooks_run(kind == GG__BY_SIGNAL ? code : 0);
-  if (kind == GG__BY_SIGNAL) gg__die_by(code);
+  gg__crash_hooks_run(kind == GG__WD_BY_SIGNAL ? code : 0);
+  if (kind == GG__WD_BY_SIGNAL) gg__sig_die_by(code);
   _exit(code);
 }
 
-/* ---- the guard thread ------------------------------------------------------------------------------ */
+/* ---- the guard thread --------------------------------------------------------------------------------- */
 
 static bool gg__is_ours(const struct sigaction *sa);
 
@@ -444,7 +430,7 @@ static void gg__honour(int i, siginfo_t *info) {
   }
   pthread_mutex_unlock(&gg__sig.lock);
   if (gg__is_ignore(&old)) return;
-  if (gg__is_default(&old)) gg__die_by(sig);
+  if (gg__is_default(&old)) gg__sig_die_by(sig);
   /* Linux lets a thread other than the main one queue only negative codes: SI_QUEUE keeps the sender's
    * pid and uid, which is what handlers look at. */
   info->si_signo = sig;
@@ -469,8 +455,9 @@ static void *gg__guard_main(void *arg) {
     else
       info.si_signo = b;
     atomic_store(&gg__sig.slot[i].busy, 0);
+    gg__sig_teardown_fn on_signal = atomic_load(&gg__sig.on_signal);
     gg__sig_set_exiting(true);
-    gg__teardown_for_signal(b);
+    if (on_signal) on_signal(b);
     gg__sig_set_exiting(false);
     gg__honour(i, &info);
   }
@@ -523,7 +510,7 @@ static int gg__start(void) {
   return 0;
 }
 
-/* ---- install and restore ---------------------------------------------------------------------------- */
+/* ---- install and restore ------------------------------------------------------------------------------ */
 
 static void gg__install(int i) {
   int sig = gg__sigs[i];
@@ -559,23 +546,20 @@ static void gg__restore(int i) {
   gg__sig.installed[i] = false;
 }
 
-/* fork(): keep the locks consistent; the child gets the dispositions it had before gpuguard. */
-void gg__registry_lock(void);
-void gg__registry_unlock(void);
+/* ---- fork (called by fork.c in the lock order) -------------------------------------------------------- */
 
-static void gg__fork_prepare(void) {
-  gg__registry_lock();
+void gg__sig_fork_prepare(void) {
   pthread_mutex_lock(&gg__sig.lock);
   pthread_mutex_lock(&gg__hooks_lock);
 }
 
-static void gg__fork_parent(void) {
+void gg__sig_fork_parent(void) {
   pthread_mutex_unlock(&gg__hooks_lock);
   pthread_mutex_unlock(&gg__sig.lock);
-  gg__registry_unlock();
 }
 
-static void gg__fork_child(void) {
+/* The child gets the dispositions it had before gpuguard; the guard threads did not come along. */
+void gg__sig_fork_child(void) {
   pthread_mutex_unlock(&gg__hooks_lock);
   for (int i = 0; i < GG__NSIGS; i++) {
     if (gg__sig.installed[i]) gg__restore(i);
@@ -591,16 +575,12 @@ static void gg__fork_child(void) {
   gg__sig.started = false;
   atomic_store(&gg__sig.exiting, 0);
   pthread_mutex_unlock(&gg__sig.lock);
-  gg__registry_unlock();
 }
 
-static pthread_once_t gg__fork_once = PTHREAD_ONCE_INIT;
-static void gg__fork_install(void) { pthread_atfork(gg__fork_prepare, gg__fork_parent, gg__fork_child); }
-
-int gg__sig_acquire(unsigned mask) {
-  pthread_once(&gg__fork_once, gg__fork_install);
+int gg__sig_acquire(unsigned mask, gg__sig_teardown_fn on_signal) {
   int rc = 0;
   pthread_mutex_lock(&gg__sig.lock);
+  atomic_store(&gg__sig.on_signal, on_signal);
   if (!gg__sig.started || gg__sig.gen != gg__fork_generation()) rc = gg__start();
   if (rc == 0) {
     gg_guard_prepare_thread(); /* best effort: without it a stack overflow dies without the report */

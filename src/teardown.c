@@ -13,7 +13,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "json_internal.h"
 #include "proc_internal.h"
+#include "teardown_internal.h"
+#include "vec_internal.h"
 
 #ifndef P_PIDFD
 #define P_PIDFD 3
@@ -55,13 +58,10 @@ static gg__target_t *gg__find(gg__td_t *td, pid_t pid) {
 }
 
 static gg__target_t *gg__add(gg__td_t *td) {
-  if (td->n == td->cap) {
-    size_t cap = td->cap ? td->cap * 2 : 16;
-    gg__target_t *t = realloc(td->t, cap * sizeof *t);
-    if (!t) return NULL;
-    td->t = t, td->cap = cap;
-  }
-  gg__target_t *t = &td->t[td->n++];
+  gg__target_t *t = gg__vec_reserve(td->t, &td->cap, td->n + 1, sizeof *t);
+  if (!t) return NULL;
+  td->t = t;
+  t = &td->t[td->n++];
   memset(t, 0, sizeof *t);
   t->kid.pidfd = -1, t->kid.slot = -1;
   return t;
@@ -119,7 +119,7 @@ static void gg__send(gg__td_t *td, gg__target_t *t, int sig, unsigned flag) {
   if (gg__proc_read_stat(pid, &info) == 0 && info.pgrp == pid && pid != getpgrp()) kill(-pid, sig);
 }
 
-/* ---- discovery: descendants, group members and (as subreaper) orphans of the targets ---- */
+/* ---- discovery: descendants, group members and (as subreaper) orphans of the targets ------------------ */
 
 typedef struct gg__walk {
   gg__td_t *td;
@@ -232,31 +232,15 @@ static void gg__conclude(gg__td_t *td, gg__target_t *t) {
   }
 }
 
-int gg__proc_teardown_set(const void *guard_key, int grace_ms, gg_proc_receipt_t **receipt) {
-  if (receipt) *receipt = NULL;
-  if (grace_ms < 0 || grace_ms > 600000)
-    return gg__err(GG_EINVAL, "gg_proc_teardown: grace_ms %d is outside 0..600000", grace_ms);
-  double t0 = gg__now_ms();
-  gg__kid_t *kids;
-  size_t nkids;
-  pid_t *others;
-  gg__td_t td = {.me = getpid()};
-  int rc = gg__proc_detach(guard_key, &kids, &nkids, &others, &td.n_others);
-  if (rc != 0) return rc;
-  td.others = others;
-  int sub = 0;
-  /* The orphan sweep belongs to the process's own set, or to a set that had children of its own: a
-   * guard that never spawned anything must not end the application's other children. */
-  td.subreaper = prctl(PR_GET_CHILD_SUBREAPER, &sub) == 0 && sub && (nkids > 0 || guard_key == NULL);
-
-  /* Tracked first: check each is still the process we recorded. */
+/* Phase 1: the tracked records become targets, each checked to be still the process recorded. On
+ * ENOMEM the records not taken go back into the set. */
+static int gg__take_tracked(gg__td_t *td, const void *key, gg__kid_t *kids, size_t nkids) {
   for (size_t i = 0; i < nkids; i++) {
-    gg__target_t *t = gg__add(&td);
+    gg__target_t *t = gg__add(td);
     if (!t) {
-      rc = gg__err(GG_ENOMEM, "gg_proc_teardown: out of host memory");
       for (size_t j = i; j < nkids; j++)
-        gg__proc_track(guard_key, kids[j].pid, kids[j].pidfd, kids[j].start, kids[j].found);
-      break;
+        gg__proc_track(key, kids[j].pid, kids[j].pidfd, kids[j].start, kids[j].found);
+      return gg__err(GG_ENOMEM, "gg_proc_teardown: out of host memory");
     }
     t->kid = kids[i];
     gg__pinfo_t info;
@@ -271,71 +255,111 @@ int gg__proc_teardown_set(const void *guard_key, int grace_ms, gg_proc_receipt_t
         t->skipped = true;
     }
   }
-  free(kids);
-  if (rc == 0) rc = gg__discover(&td);
-  if (rc != 0 && rc != GG_ENOMEM) rc = 0; /* /proc unreadable: the tracked set still gets its signals */
-  td.err = 0;
+  return 0;
+}
 
-  for (size_t i = 0; i < td.n; i++) {
-    gg__target_t *t = &td.t[i];
+/* Phase 2: SIGTERM (and SIGCONT to stopped ones) to every target, then the grace period. */
+static void gg__term_and_wait(gg__td_t *td, int grace_ms, double t0) {
+  for (size_t i = 0; i < td->n; i++) {
+    gg__target_t *t = &td->t[i];
     gg__proc_cmdline(t->kid.pid, t->out.command, sizeof t->out.command);
     if (grace_ms == 0) continue;
-    gg__send(&td, t, SIGTERM, GG_PROC_SENT_TERM);
+    gg__send(td, t, SIGTERM, GG_PROC_SENT_TERM);
     /* A stopped process cannot act on SIGTERM until continued. */
-    if (t->state == 'T' || t->state == 't') gg__send(&td, t, SIGCONT, GG_PROC_SENT_CONT);
+    if (t->state == 'T' || t->state == 't') gg__send(td, t, SIGCONT, GG_PROC_SENT_CONT);
   }
-  if (grace_ms > 0) gg__wait(&td, t0 + grace_ms);
-  /* What was forked during the grace period, or orphaned by a parent that just exited, too. */
-  size_t before = td.n;
-  if (gg__discover(&td) != 0) td.err = 0;
-  for (size_t i = before; i < td.n; i++)
-    gg__proc_cmdline(td.t[i].kid.pid, td.t[i].out.command, sizeof td.t[i].out.command);
-  for (size_t i = 0; i < td.n; i++)
-    if (!gg__poll_exited(&td.t[i])) gg__send(&td, &td.t[i], SIGKILL, GG_PROC_SENT_KILL);
-  gg__wait(&td, gg__now_ms() + GG__KILL_WAIT_MS);
+  if (grace_ms > 0) gg__wait(td, t0 + grace_ms);
+}
 
+/* Phase 3: what was forked during the grace period, or orphaned by a parent that just exited, too;
+ * then SIGKILL to everything left, and a bounded wait. */
+static void gg__kill_rest(gg__td_t *td) {
+  size_t before = td->n;
+  if (gg__discover(td) != 0) td->err = 0;
+  for (size_t i = before; i < td->n; i++)
+    gg__proc_cmdline(td->t[i].kid.pid, td->t[i].out.command, sizeof td->t[i].out.command);
+  for (size_t i = 0; i < td->n; i++)
+    if (!gg__poll_exited(&td->t[i])) gg__send(td, &td->t[i], SIGKILL, GG_PROC_SENT_KILL);
+  gg__wait(td, gg__now_ms() + GG__KILL_WAIT_MS);
+}
+
+/* Phase 4: reap and conclude each target; those still alive are kept in the set for the next teardown
+ * and the fatal path, not forgotten. Returns how many are alive. */
+static size_t gg__conclude_all(gg__td_t *td, const void *key) {
   size_t alive = 0;
-  for (size_t i = 0; i < td.n; i++) {
-    gg__target_t *t = &td.t[i];
-    gg__conclude(&td, t);
+  for (size_t i = 0; i < td->n; i++) {
+    gg__target_t *t = &td->t[i];
+    gg__conclude(td, t);
     if (t->out.end == GG_PROC_ALIVE) {
-      /* Kept for the next teardown and the fatal path, not forgotten. */
       alive++;
       gg__proc_release(&(gg__kid_t){.pid = t->kid.pid, .pidfd = -1, .slot = t->kid.slot});
-      gg__proc_track(guard_key, t->kid.pid, t->kid.pidfd, t->kid.start, t->kid.found);
+      gg__proc_track(key, t->kid.pid, t->kid.pidfd, t->kid.start, t->kid.found);
     } else {
       gg__proc_release(&t->kid);
     }
   }
-  free(others);
+  return alive;
+}
 
-  gg_proc_receipt_t *r = NULL;
-  if (receipt) {
-    r = calloc(1, sizeof *r);
-    if (r && td.n) r->procs = calloc(td.n, sizeof *r->procs);
-    if (!r || (td.n && !r->procs)) {
-      free(r);
-      r = NULL;
-      rc = gg__err(GG_ENOMEM, "gg_proc_teardown: out of host memory for the receipt");
-    } else {
-      r->count = td.n;
-      for (size_t i = 0; i < td.n; i++) r->procs[i] = td.t[i].out;
-    }
+/* Phase 5: the receipt, a copy of every target's outcome. */
+static int gg__make_receipt(const gg__td_t *td, size_t alive, int grace_ms, double t0, gg_proc_receipt_t **out) {
+  gg_proc_receipt_t *r = calloc(1, sizeof *r);
+  if (r && td->n) r->procs = calloc(td->n, sizeof *r->procs);
+  if (!r || (td->n && !r->procs)) {
+    free(r);
+    return gg__err(GG_ENOMEM, "gg_proc_teardown: out of host memory for the receipt");
   }
-  double elapsed = gg__now_ms() - t0;
-  if (r) r->n_alive = alive, r->grace_ms = grace_ms, r->elapsed_ms = elapsed, *receipt = r;
-  if (rc == 0 && alive) {
-    char states[64] = "";
-    size_t at = 0;
-    for (size_t i = 0; i < td.n && at + 12 < sizeof states; i++)
-      if (td.t[i].out.end == GG_PROC_ALIVE)
-        at += (size_t)snprintf(states + at, sizeof states - at, "%s%d:%c", at ? " " : "",
-                               (int)td.t[i].kid.pid, td.t[i].out.state);
-    rc = gg__err(GG_ETIMEDOUT,
+  r->count = td->n;
+  for (size_t i = 0; i < td->n; i++) r->procs[i] = td->t[i].out;
+  r->n_alive = alive, r->grace_ms = grace_ms, r->elapsed_ms = gg__now_ms() - t0;
+  *out = r;
+  return 0;
+}
+
+/* The message for processes SIGKILL could not end: each as pid:state. */
+static int gg__alive_error(const gg__td_t *td, size_t alive) {
+  char states[64] = "";
+  size_t at = 0;
+  for (size_t i = 0; i < td->n && at + 12 < sizeof states; i++)
+    if (td->t[i].out.end == GG_PROC_ALIVE)
+      at += (size_t)snprintf(states + at, sizeof states - at, "%s%d:%c", at ? " " : "", (int)td->t[i].kid.pid,
+                             td->t[i].out.state);
+  return gg__err(GG_ETIMEDOUT,
                  "gg_proc_teardown: %zu process(es) still alive %.0f ms after SIGKILL (pid:state %s); "
                  "kept for the next teardown",
                  alive, (double)GG__KILL_WAIT_MS, states);
+}
+
+int gg__proc_teardown_set(const void *guard_key, int grace_ms, gg_proc_receipt_t **receipt) {
+  if (receipt) *receipt = NULL;
+  if (grace_ms < 0 || grace_ms > GG__GRACE_MAX_MS)
+    return gg__err(GG_EINVAL, "gg_proc_teardown: grace_ms %d is outside 0..%d", grace_ms, GG__GRACE_MAX_MS);
+  double t0 = gg__now_ms();
+  gg__kid_t *kids;
+  size_t nkids;
+  pid_t *others;
+  gg__td_t td = {.me = getpid()};
+  int rc = gg__proc_detach(guard_key, &kids, &nkids, &others, &td.n_others);
+  if (rc != 0) return rc;
+  td.others = others;
+  int sub = 0;
+  /* The orphan sweep belongs to the process's own set, or to a set that had children of its own: a
+   * guard that never spawned anything must not end the application's other children. */
+  td.subreaper = prctl(PR_GET_CHILD_SUBREAPER, &sub) == 0 && sub && (nkids > 0 || guard_key == NULL);
+  rc = gg__take_tracked(&td, guard_key, kids, nkids);
+  free(kids);
+  if (rc == 0) rc = gg__discover(&td);
+  if (rc != 0 && rc != GG_ENOMEM) rc = 0; /* /proc unreadable: the tracked set still gets its signals */
+  td.err = 0;
+  gg__term_and_wait(&td, grace_ms, t0);
+  gg__kill_rest(&td);
+  size_t alive = gg__conclude_all(&td, guard_key);
+  free(others);
+  if (receipt) {
+    int r = gg__make_receipt(&td, alive, grace_ms, t0, receipt);
+    if (rc == 0) rc = r;
   }
+  if (rc == 0 && alive) rc = gg__alive_error(&td, alive);
   free(td.t);
   return rc;
 }
@@ -353,7 +377,7 @@ void gg_proc_receipt_free(gg_proc_receipt_t *receipt) {
   free(receipt);
 }
 
-/* ---- JSON ---- */
+/* ---- JSON --------------------------------------------------------------------------------------------- */
 
 typedef struct gg__out {
   char *buf;
@@ -377,22 +401,8 @@ static void GG__PRINTF(2, 3) gg__putf(gg__out_t *o, const char *fmt, ...) {
   if (n > 0) gg__put(o, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
-static void gg__put_str(gg__out_t *o, const char *s) {
-  gg__put(o, "\"", 1);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') {
-      char e[2] = {'\\', (char)*p};
-      gg__put(o, e, 2);
-    } else if (*p < 0x20 || *p == 0x7f) {
-      gg__putf(o, "\\u%04x", *p);
-    } else if (*p >= 0x80) {
-      gg__putf(o, "\\u%04x", *p); /* command lines need not be UTF-8: keep the bytes, stay valid JSON */
-    } else {
-      gg__put(o, (const char *)p, 1);
-    }
-  }
-  gg__put(o, "\"", 1);
-}
+static void gg__out_sink(void *ctx, const char *p, size_t n) { gg__put(ctx, p, n); }
+static void gg__put_str(gg__out_t *o, const char *s) { gg__json_string(s, gg__out_sink, o); }
 
 int gg_proc_receipt_json(const gg_proc_receipt_t *receipt, char *buf, size_t cap, size_t *len) {
   if (!receipt) return gg__err(GG_EINVAL, "gg_proc_receipt_json: receipt is NULL");

@@ -97,4 +97,41 @@ kill -0 $plain || fail "reap ended a process with no session"
 $g reap --dry-run | grep -q "no orphans" || fail "orphans remain"
 kill -TERM $live; wait $live 2>/dev/null || true
 echo "reap: listed and ended the orphan, left the bystanders alone"
+# 4. --grace: the CLI and the library agree on one maximum (GG_PROC_GRACE_MAX_MS, 600000 ms).
+set +e; $g run --grace 700000 -- true 2>"$tmp/grace"; rc=$?; set -e
+[ $rc = 2 ] || fail "run --grace 700000 exited $rc, wanted 2 (usage)"
+grep -q "0 to 600000" "$tmp/grace" || fail "run --grace 700000 did not say the range: $(cat "$tmp/grace")"
+set +e; $g reap --grace 700000 --dry-run >/dev/null 2>&1; rc=$?; set -e
+[ $rc = 2 ] || fail "reap --grace 700000 exited $rc, wanted 2"
+$g run --grace 600000 --receipt "$tmp/r4.json" -- true || fail "run --grace 600000 (the maximum) failed"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["teardown"]["grace_ms"]==600000, d' "$tmp/r4.json"
+echo "grace: 700000 refused with exit 2, 600000 accepted and used"
+
+# 5. Every signal that would end the runner by default ends the job too (forwarded, then teardown).
+for sig in USR1 USR2 ALRM PIPE XCPU VTALRM PROF RTMIN; do
+  $g run --grace 300 -- sh -c 'sleep 67.5 & wait' &
+  runner=$!
+  keep+=($runner)
+  for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 67.5')" ] && break; sleep 0.02; done
+  [ -n "$(pids_of 'sleep 67.5')" ] || fail "the job did not start ($sig)"
+  kill -$sig $runner
+  set +e; wait $runner; rc=$?; set -e
+  [ $rc -gt 128 ] && [ $rc -lt 200 ] || fail "runner exited $rc after SIG$sig"
+  for i in $(seq 1 100); do [ -z "$(pids_of 'sleep 67.5')" ] && break; sleep 0.02; done
+  [ -z "$(pids_of 'sleep 67.5')" ] || fail "SIG$sig to the runner left the job's sleep running"
+done
+echo "signals: USR1 USR2 ALRM PIPE XCPU VTALRM PROF RTMIN to the runner each ended the job"
+
+# 6. UTF-8 in the receipt: command lines pass through as text, bytes that are not text become U+FFFD.
+$g run --grace 200 --receipt "$tmp/r6.json" -- bash -c '(exec -a naïve-café sleep 68.5) & sleep 0.3' naïve-café $'\xff' 2>/dev/null
+python3 -m json.tool "$tmp/r6.json" >/dev/null || fail "the receipt is not valid JSON"
+python3 - "$tmp/r6.json" <<'PY'
+import json, sys
+d = json.loads(open(sys.argv[1], "rb").read().decode("utf-8"))  # strict UTF-8
+assert d["command"][-2:] == ["naïve-café", "\ufffd"], d["command"]
+cmds = [p["command"] for p in d["teardown"]["processes"]]
+assert "naïve-café 68.5" in cmds, cmds
+print("receipt: naïve-café round-trips, an invalid byte is U+FFFD")
+PY
+[ -z "$(pids_of 'naïve-café 68.5')" ] || fail "the renamed sleep was left behind"
 echo "cli_run: ok"

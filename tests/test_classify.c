@@ -8,7 +8,7 @@
 
 #include "gg_test.h"
 #include "internal.h"
-#include "proc_internal.h"
+#include "procfs_internal.h"
 
 static char regdir[64];
 

@@ -8,6 +8,7 @@
 
 #include "gg_test.h"
 #include "guard_internal.h"
+#include "signal_internal.h"
 #include "internal.h"
 
 static int setup(void **state) {
@@ -270,21 +271,23 @@ static void hook(int sig, void *user) {
 static void test_crash_hooks(void **state) {
   (void)state;
   int s1, s2, s3, slots[GG__CRASH_HOOKS_MAX];
+  /* Hooks already there: the process part's fatal kill, added by the first guard of this process. */
+  int builtin = gg__crash_hooks_run(SIGTERM);
   gg_assert_ok(gg__crash_hook_add(hook, "1", &s1));
   gg_assert_ok(gg__crash_hook_add(hook, "2", &s2));
   gg_assert_ok(gg__crash_hook_add(hook, "3", &s3));
   gg__crash_hook_remove(s2);
   hook_order[0] = '\0';
-  assert_int_equal(gg__crash_hooks_run(SIGTERM), 2);
+  assert_int_equal(gg__crash_hooks_run(SIGTERM), builtin + 2);
   assert_string_equal(hook_order, "31"); /* newest first */
   int n = 0;
   while (n < GG__CRASH_HOOKS_MAX && gg__crash_hook_add(hook, "x", &slots[n]) == 0) n++;
-  assert_int_equal(n, GG__CRASH_HOOKS_MAX - 2);
+  assert_int_equal(n, GG__CRASH_HOOKS_MAX - 2 - builtin);
   gg_assert_fails(gg__crash_hook_add(hook, "x", &s2), GG_ENOMEM, "slots are taken");
   for (int i = 0; i < n; i++) gg__crash_hook_remove(slots[i]);
   gg__crash_hook_remove(s1), gg__crash_hook_remove(s3);
   gg__crash_hook_remove(-1), gg__crash_hook_remove(GG__CRASH_HOOKS_MAX);
-  assert_int_equal(gg__crash_hooks_run(SIGTERM), 0);
+  assert_int_equal(gg__crash_hooks_run(SIGTERM), builtin);
 }
 
 static void test_fork_refuses(void **state) {
@@ -377,7 +380,79 @@ static void test_prepare_thread(void **state) {
   assert_null(bad);
 }
 
-int main(void) {
+/* ---- a cleanup that calls exit() (issue 16 item 14) ---- */
+
+static int exit_pipe = -1;
+static void note_and_go_on(void *user) {
+  ssize_t w = write(exit_pipe, user, 1);
+  (void)w;
+}
+static void note_and_exit(void *user) {
+  note_and_go_on(user);
+  exit(7);
+}
+
+/* The child, a fresh exec of this program (a fork of the threaded suite may not start threads under
+ * TSan): cleanups A, B (calls exit(7)), C registered in that order; the guard is ended by destroy or
+ * by exit(0). Each cleanup writes its letter to fd. */
+static int exit_cleanup_child(const char *how, int fd) {
+  exit_pipe = fd;
+  gg_guard_options_t o;
+  gg_guard_options_init(&o);
+  o.run_at_exit = strcmp(how, "destroy-no-exit-path") != 0, o.signals = 0;
+  gg_guard_t *g = NULL;
+  if (gg_guard_create(&g, &o) != 0) return 70;
+  gg_guard_on_teardown(g, note_and_go_on, "A", "a");
+  gg_guard_on_teardown(g, note_and_exit, "B", "b");
+  gg_guard_on_teardown(g, note_and_go_on, "C", "c");
+  if (strncmp(how, "destroy", 7) == 0) gg_guard_destroy(g);
+  exit(0);
+}
+
+/* Runs the child for `how`; returns what ran, in order, and its exit status. */
+static void run_exit_cleanup(const char *how, char *ran, size_t cap, int *status) {
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(p[0]);
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", p[1]);
+    execl("/proc/self/exe", "test_guard", "--exit-cleanup-child", how, fd, (char *)NULL);
+    _exit(71);
+  }
+  close(p[1]);
+  size_t n = 0;
+  ssize_t r;
+  while (n + 1 < cap && (r = read(p[0], ran + n, cap - 1 - n)) > 0) n += (size_t)r;
+  ran[n] = '\0';
+  close(p[0]);
+  assert_int_equal(waitpid(pid, status, 0), pid);
+}
+
+static void test_cleanup_calling_exit(void **state) {
+  (void)state;
+  char ran[16];
+  int st;
+  /* The destroy path: B's exit() finishes the teardown, so A still runs, once. */
+  run_exit_cleanup("destroy", ran, sizeof ran, &st);
+  assert_string_equal(ran, "CBA");
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 7);
+  run_exit_cleanup("destroy-no-exit-path", ran, sizeof ran, &st); /* a guard that skips the exit path */
+  assert_string_equal(ran, "CBA");
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 7);
+  /* The exit path: exit(0) runs C, B calls exit(7) from inside it, A still runs. */
+  run_exit_cleanup("exit", ran, sizeof ran, &st);
+  assert_string_equal(ran, "CBA");
+  assert_true(WIFEXITED(st));
+}
+
+int main(int argc, char **argv) {
+  if (argc == 4 && strcmp(argv[1], "--exit-cleanup-child") == 0) {
+    setenv("GPUGUARD_BACKEND", "host", 1);
+    return exit_cleanup_child(argv[2], atoi(argv[3]));
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_options_defaults, setup),
       cmocka_unit_test_setup(test_lifo_order, setup),
@@ -393,6 +468,7 @@ int main(void) {
       cmocka_unit_test_setup(test_fork_refuses, setup),
       cmocka_unit_test_setup(test_threads_register_while_destroying, setup),
       cmocka_unit_test_setup(test_prepare_thread, setup),
+      cmocka_unit_test_setup(test_cleanup_calling_exit, setup),
   };
   return cmocka_run_group_tests_name("guard", tests, NULL, NULL);
 }

@@ -16,6 +16,7 @@
 
 #include "gg_test.h"
 #include "proc_internal.h"
+#include "teardown_internal.h"
 
 #define PROC_CHILD GG_TEST_BINARY_DIR "/proc_child"
 
@@ -636,7 +637,7 @@ static void test_receipt_json(void **state) {
   assert_int_equal(len, strlen(buf));
   assert_string_equal(
       buf, "{\"grace_ms\":100,\"elapsed_ms\":350.2,\"alive\":1,\"processes\":[{\"pid\":42,\"ppid\":1,"
-           "\"start_time\":7,\"command\":\"x \\\"q\\\" \\\\ \\u000a\",\"found\":\"tracked\","
+           "\"start_time\":7,\"command\":\"x \\\"q\\\" \\\\ \\n\",\"found\":\"tracked\","
            "\"sent\":[\"TERM\",\"KILL\"],\"end\":\"alive\",\"code\":0,\"state\":\"D\"}]}");
   char small[16];
   size_t need = 0;
@@ -663,7 +664,7 @@ static void test_fork_inherited_set(void **state) {
     gg_proc_receipt_t *r = NULL;
     if (gg_proc_teardown_ex(NULL, 0, &r) != 0 || r->count != 0) bad |= 4;
     gg_proc_receipt_free(r);
-    gg__proc_fatal_kill();
+    gg__proc_fatal_kill(0, NULL);
     /* The child can still have children of its own. */
     const char *t[] = {"true", NULL};
     if (gg_proc_spawn(NULL, t, NULL, NULL) != 0 || gg_proc_teardown(NULL, 1000) != 0) bad |= 8;
@@ -695,7 +696,7 @@ static void test_spawn_on_torn_down_guard(void **state) {
 }
 
 static void on_segv(int sig) {
-  gg__proc_fatal_kill();
+  gg__proc_fatal_kill(0, NULL);
   signal(sig, SIG_DFL);
   raise(sig);
 }

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "proc_internal.h"
+#include "procfs_internal.h"
 
 static char dir[64];
 

@@ -1,5 +1,5 @@
-/* gpuguard.c — the `gpuguard` command line: who holds GPU memory (ps), devices (info, watch), built on
- * the public API only. */
+/* gpuguard.c — the `gpuguard` command line: who holds GPU memory (ps), devices (info, watch), guarded
+ * jobs (run) and their orphans (reap), built on the public API only. */
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -51,7 +51,7 @@ static int next_opt(int argc, char **argv, const struct option *longs) {
   return getopt_long(argc, argv, "+h", longs, NULL);
 }
 
-/* ---- info -------------------------------------------------------------------------------------- */
+/* ---- info --------------------------------------------------------------------------------------------- */
 
 static int print_devices(FILE *f) {
   int n = 0;
@@ -97,7 +97,7 @@ static int cmd_info(int argc, char **argv) {
   return 0;
 }
 
-/* ---- ps ---------------------------------------------------------------------------------------- */
+/* ---- ps ----------------------------------------------------------------------------------------------- */
 
 /* Every process holding any device, gathered before printing so a failure prints no half table. */
 static int gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu) {
@@ -110,8 +110,9 @@ static int gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu) {
       gg_process_t *grown = realloc(*out, (*nout + cap) * sizeof **out);
       if (!grown) return fprintf(stderr, "gpuguard: out of memory\n"), 1;
       *out = grown;
-      if (gg_process_list(dev, *out + *nout, cap, &count) < 0) {
-        if (strstr(gg_last_error(), "no NVIDIA GPU")) return *no_gpu = true, 1;
+      int rc = gg_process_list(dev, *out + *nout, cap, &count);
+      if (rc < 0) {
+        if (rc == GG_ENODEV) return *no_gpu = true, 1; /* neither NVML nor the driver: no GPU here */
         fprintf(stderr, "gpuguard: device %d: %s\n", dev, gg_last_error());
         count = 0;
         break;
@@ -180,7 +181,7 @@ static int cmd_ps(int argc, char **argv) {
   return rc;
 }
 
-/* ---- watch ------------------------------------------------------------------------------------- */
+/* ---- watch -------------------------------------------------------------------------------------------- */
 
 /* Writes the Prometheus report next to path and renames it over path, so a textfile collector never
  * reads half a file. */
@@ -255,15 +256,21 @@ static int cmd_watch(int argc, char **argv) {
 }
 
 
-/* ---- run --------------------------------------------------------------------------------------- */
+/* ---- run ---------------------------------------------------------------------------------------------- */
 
-static long parse_ms(const char *flag, const char *text, bool *ok) {
+/* --grace for run and reap: the library's own limit, so what the CLI accepts the teardown accepts. */
+static bool parse_grace(const char *text, long *out) {
   char *end = NULL;
   errno = 0;
   long v = strtol(text, &end, 10);
-  *ok = !errno && end != text && !*end && v >= 0 && v <= 3600000;
-  if (!*ok) bad_usage(flag, text);
-  return v;
+  if (errno || end == text || *end || v < 0 || v > GG_PROC_GRACE_MAX_MS) {
+    fprintf(stderr, "gpuguard %s: --grace '%s': milliseconds from 0 to %d expected\n", current->name, text,
+            GG_PROC_GRACE_MAX_MS);
+    usage(stderr, current);
+    return false;
+  }
+  *out = v;
+  return true;
 }
 
 static double now_ms(void) {
@@ -286,44 +293,48 @@ static bool free_after(int device, size_t before, double limit_ms, size_t *after
   }
 }
 
-static void json_string(FILE *f, const char *s) {
-  fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-    else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-    else fputc(*p, f);
-  }
-  fputc('"', f);
-}
+typedef struct run_opts {
+  long grace, device;
+  const char *receipt_path;
+  char **cmd;
+} run_opts_t;
 
 typedef struct job_result {
   pid_t pid;
-  int status;     /* wait status of CMD, valid when reaped */
+  int status; /* wait status of CMD, valid when reaped */
   bool reaped;
   int runner_sig; /* the signal that ended the runner's wait, 0 if none */
   int exit_code;
 } job_result_t;
 
+/* What the runner saw of the device and the session, for the receipt. */
+typedef struct run_env {
+  char session[40];
+  gg_device_info_t dev;
+  bool have_dev;
+  size_t free_after;
+  double waited_ms;
+} run_env_t;
+
 static int write_receipt(const char *path, char **cmd, const job_result_t *r, const gg_proc_receipt_t *rc,
-                         const char *session, const gg_device_info_t *dev, bool have_dev, size_t after,
-                         double waited_ms) {
+                         const run_env_t *env) {
   FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
   if (!f) return fprintf(stderr, "gpuguard run: cannot write the receipt %s: %s\n", path, strerror(errno)), 1;
   fputs("{\"command\":[", f);
-  for (int i = 0; cmd[i]; i++) fputs(i ? "," : "", f), json_string(f, cmd[i]);
+  for (int i = 0; cmd[i]; i++) fputs(i ? "," : "", f), gg_json_write_string(f, cmd[i]);
   fprintf(f, "],\"pid\":%d,\"session\":", (int)r->pid);
-  json_string(f, session);
+  gg_json_write_string(f, env->session);
   if (r->reaped && WIFEXITED(r->status)) fprintf(f, ",\"exit\":{\"status\":%d,\"signal\":null}", WEXITSTATUS(r->status));
   else if (r->reaped) fprintf(f, ",\"exit\":{\"status\":null,\"signal\":%d}", WTERMSIG(r->status));
   else fputs(",\"exit\":null", f);
   if (r->runner_sig) fprintf(f, ",\"runner_signal\":%d", r->runner_sig);
   else fputs(",\"runner_signal\":null", f);
   fprintf(f, ",\"exit_code\":%d,\"device\":", r->exit_code);
-  if (have_dev) {
-    fprintf(f, "{\"index\":%d,\"backend\":", dev->index);
-    json_string(f, dev->backend);
-    fprintf(f, ",\"free_bytes_before\":%zu,\"free_bytes_after\":%zu,\"free_after_wait_ms\":%.0f}", dev->free_bytes,
-            after, waited_ms);
+  if (env->have_dev) {
+    fprintf(f, "{\"index\":%d,\"backend\":", env->dev.index);
+    gg_json_write_string(f, env->dev.backend);
+    fprintf(f, ",\"free_bytes_before\":%zu,\"free_bytes_after\":%zu,\"free_after_wait_ms\":%.0f}",
+            env->dev.free_bytes, env->free_after, env->waited_ms);
   } else {
     fputs("null", f);
   }
@@ -336,77 +347,85 @@ static int write_receipt(const char *path, char **cmd, const job_result_t *r, co
   return ok ? 0 : (fprintf(stderr, "gpuguard run: writing the receipt %s failed\n", path), 1);
 }
 
-static int cmd_run(int argc, char **argv) {
+/* Phase 1: the options. Returns -1 to go on, else the exit status. */
+static int run_parse(int argc, char **argv, run_opts_t *o) {
   static const struct option longs[] = {{"grace", required_argument, 0, 'g'},
                                         {"receipt", required_argument, 0, 'r'},
                                         {"device", required_argument, 0, 'd'},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
-  long grace = 2000, device = 0;
-  const char *receipt_path = NULL;
-  bool ok = true;
-  int o;
-  while ((o = next_opt(argc, argv, longs)) != -1) {
-    if (o == 'h') return usage(stdout, current), 0;
-    if (o == 'g') {
-      grace = parse_ms("--grace '%s': milliseconds from 0 to 3600000 expected", optarg, &ok);
-      if (!ok) return EXIT_USAGE;
-    } else if (o == 'd') {
+  *o = (run_opts_t){.grace = 2000};
+  int opt;
+  while ((opt = next_opt(argc, argv, longs)) != -1) {
+    if (opt == 'h') return usage(stdout, current), 0;
+    if (opt == 'g') {
+      if (!parse_grace(optarg, &o->grace)) return EXIT_USAGE;
+    } else if (opt == 'd') {
       char *end;
       errno = 0;
-      device = strtol(optarg, &end, 10);
-      if (errno || end == optarg || *end || device < 0 || device > 1024)
+      o->device = strtol(optarg, &end, 10);
+      if (errno || end == optarg || *end || o->device < 0 || o->device > 1024)
         return bad_usage("--device '%s': a device ordinal expected", optarg);
-    } else if (o == 'r') {
+    } else if (opt == 'r') {
       if (!*optarg) return bad_usage("%s", "--receipt needs a path (or - for stdout)");
-      receipt_path = optarg;
+      o->receipt_path = optarg;
     } else {
       return bad_usage("unknown option '%s'", argv[optind - 1]);
     }
   }
   if (optind >= argc) return bad_usage("%s", "no command given (gpuguard run [OPTIONS] -- CMD ARGS...)");
-  char **cmd = argv + optind;
+  o->cmd = argv + optind;
+  return -1;
+}
 
-  /* Signals are taken synchronously: blocked here (the library's threads block them too) and read
-   * with sigtimedwait, so nothing runs in a signal handler. */
-  sigset_t set;
-  sigemptyset(&set);
-  int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
-  for (size_t i = 0; i < 4; i++) sigaddset(&set, forwarded[i]);
-  sigaddset(&set, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &set, NULL);
+/* Phase 2: every signal whose default action would end the runner (and leave the job running) is
+ * blocked and read with sigwaitinfo, so nothing runs in a signal handler and each such signal ends in
+ * the job's teardown. SIGKILL and SIGSTOP cannot be taken; the faults (SIGSEGV, ...) are the runner's
+ * own bugs, and SIGCHLD says CMD is done. */
+static void run_take_signals(sigset_t *set) {
+  static const int ending[] = {SIGINT,    SIGTERM, SIGHUP,  SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE,
+                               SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ, SIGIO,   SIGPWR,  SIGSTKFLT};
+  sigemptyset(set);
+  for (size_t i = 0; i < sizeof ending / sizeof ending[0]; i++) sigaddset(set, ending[i]);
+  for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++) sigaddset(set, sig);
+  sigaddset(set, SIGCHLD);
+  sigprocmask(SIG_BLOCK, set, NULL);
+}
 
+/* Phase 3: subreaper, session record, device figures, then CMD. Returns -1 on success, else the exit
+ * status (127: CMD not found, 126: found but not runnable). */
+static int run_start(const run_opts_t *o, run_env_t *env, job_result_t *r) {
   if (gg_proc_set_subreaper(1) != 0)
     fprintf(stderr, "gpuguard run: warning: %s (double-forked descendants may escape)\n", gg_last_error());
-  char devs[16], session[40] = "";
-  snprintf(devs, sizeof devs, "%ld", device);
+  char devs[16];
+  snprintf(devs, sizeof devs, "%ld", o->device);
   if (gg_registry_register(devs) != 0) fprintf(stderr, "gpuguard run: warning: no session record: %s\n", gg_last_error());
-  gg_registry_session(session, sizeof session);
-  gg_device_info_t dev;
-  bool have_dev = gg_device_info((int)device, &dev) == 0;
-
-  job_result_t r = {0};
+  gg_registry_session(env->session, sizeof env->session);
+  env->have_dev = gg_device_info((int)o->device, &env->dev) == 0;
   gg_spawn_options_t so;
   gg_spawn_options_init(&so);
-  if (gg_proc_spawn(NULL, (const char *const *)cmd, &so, &r.pid) != 0) {
-    fprintf(stderr, "gpuguard run: %s\n", gg_last_error());
-    gg_registry_unregister();
-    return errno == ENOENT || strstr(gg_last_error(), "not found") ? 127 : 126;
-  }
+  int rc = gg_proc_spawn(NULL, (const char *const *)o->cmd, &so, &r->pid);
+  if (rc == 0) return -1;
+  fprintf(stderr, "gpuguard run: %s\n", gg_last_error());
+  gg_registry_unregister();
+  return rc == GG_ENOTFOUND ? 127 : 126;
+}
 
-  /* Wait for CMD; a signal to the runner goes on to CMD (unless the terminal already sent it to the
-   * whole foreground group), and CMD then has the grace period to finish. */
+/* Phase 4: wait for CMD. A signal to the runner goes on to CMD (unless the terminal already sent it to
+ * the whole foreground group), and CMD then has the grace period to finish; a second signal, or the
+ * end of the grace period, ends the wait. Returns the deadline, or -1 when no signal came. */
+static double run_wait(const sigset_t *set, long grace, job_result_t *r) {
   double deadline = -1;
-  while (!r.reaped) {
+  while (!r->reaped) {
     siginfo_t si;
     int sig;
     if (deadline < 0) {
-      sig = sigwaitinfo(&set, &si);
+      sig = sigwaitinfo(set, &si);
     } else {
       double left = deadline - now_ms();
       if (left <= 0) break;
       struct timespec ts = {(time_t)(left / 1e3), (long)(fmod(left, 1e3) * 1e6)};
-      sig = sigtimedwait(&set, &si, &ts);
+      sig = sigtimedwait(set, &si, &ts);
       if (sig < 0 && errno == EAGAIN) break;
     }
     if (sig < 0) continue; /* EINTR */
@@ -414,22 +433,24 @@ static int cmd_run(int argc, char **argv) {
       int st;
       pid_t p;
       while ((p = waitpid(-1, &st, WNOHANG)) > 0) /* as subreaper, orphaned descendants come here too */
-        if (p == r.pid) r.status = st, r.reaped = true;
+        if (p == r->pid) r->status = st, r->reaped = true;
       continue;
     }
-    if (r.runner_sig) break; /* a second signal: tear down now */
-    r.runner_sig = sig;
-    if (si.si_code != SI_KERNEL) kill(r.pid, sig);
+    if (r->runner_sig) break; /* a second signal: tear down now */
+    r->runner_sig = sig;
+    if (si.si_code != SI_KERNEL) kill(r->pid, sig);
     deadline = now_ms() + (double)grace;
   }
+  return deadline;
+}
 
-  /* After a signal the job has had its grace period already: the rest get what is left of it. */
+/* Phase 5: end what is left of the job. After a signal the job has had its grace period already: the
+ * rest get what is left of it. A descendant forked by a dying process after the teardown's last look is
+ * reparented to us (the subreaper): look again until nothing is left, a few times at most. */
+static int run_teardown(long grace, double deadline, gg_proc_receipt_t **receipt) {
   long left = grace;
   if (deadline >= 0) left = (long)(deadline - now_ms()), left = left < 100 ? 100 : left > grace ? grace : left;
-  gg_proc_receipt_t *receipt = NULL;
-  int trc = gg_proc_teardown_ex(NULL, (int)left, &receipt);
-  /* A descendant forked by a dying process after the teardown's last look is reparented to us (the
-   * subreaper): look again until nothing is left, a few times at most. */
+  int trc = gg_proc_teardown_ex(NULL, (int)left, receipt);
   for (int round = 0; round < 3; round++) {
     gg_proc_receipt_t *more = NULL;
     gg_proc_teardown_ex(NULL, 0, &more);
@@ -438,46 +459,68 @@ static int cmd_run(int argc, char **argv) {
     gg_proc_receipt_free(more);
     if (!found) break;
   }
-  if (!r.reaped && waitpid(r.pid, &r.status, WNOHANG) == r.pid) r.reaped = true;
-  /* CMD's own status whenever it is known, even after a forwarded signal (a job that catches SIGTERM
-   * and exits 0 exits 0); else how the teardown ended it, as the receipt says. */
+  return trc;
+}
+
+/* Phase 6: CMD's own status whenever it is known, even after a forwarded signal (a job that catches
+ * SIGTERM and exits 0 exits 0); else how the teardown ended it, as the receipt says. */
+static void run_conclude(job_result_t *r, const gg_proc_receipt_t *receipt) {
+  if (!r->reaped && waitpid(r->pid, &r->status, WNOHANG) == r->pid) r->reaped = true;
   const gg_proc_outcome_t *mine = NULL;
-  for (size_t i = 0; receipt && !r.reaped && i < receipt->count; i++)
-    if (receipt->procs[i].pid == r.pid) mine = &receipt->procs[i];
-  if (r.reaped) r.exit_code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : 128 + WTERMSIG(r.status);
-  else if (mine && mine->end == GG_PROC_EXITED) r.exit_code = mine->code, r.status = mine->code << 8, r.reaped = true;
-  else if (mine && mine->end == GG_PROC_SIGNALED) r.exit_code = 128 + mine->code, r.status = mine->code, r.reaped = true;
-  else r.exit_code = 128 + (r.runner_sig ? r.runner_sig : SIGKILL);
+  for (size_t i = 0; receipt && !r->reaped && i < receipt->count; i++)
+    if (receipt->procs[i].pid == r->pid) mine = &receipt->procs[i];
+  if (r->reaped) r->exit_code = WIFEXITED(r->status) ? WEXITSTATUS(r->status) : 128 + WTERMSIG(r->status);
+  else if (mine && mine->end == GG_PROC_EXITED) r->exit_code = mine->code, r->status = mine->code << 8, r->reaped = true;
+  else if (mine && mine->end == GG_PROC_SIGNALED) r->exit_code = 128 + mine->code, r->status = mine->code, r->reaped = true;
+  else r->exit_code = 128 + (r->runner_sig ? r->runner_sig : SIGKILL);
+}
 
-  size_t after = 0;
-  double waited = 0;
-  if (have_dev && !free_after((int)device, dev.free_bytes, 3000, &after, &waited)) have_dev = false;
-  gg_registry_unregister();
-
+/* Phase 7: one summary line on stderr. */
+static void run_summary(const run_opts_t *o, const job_result_t *r, const gg_proc_receipt_t *receipt,
+                        const run_env_t *env) {
   char a[32], b[32];
-  fprintf(stderr, "gpuguard run: %s %s %d%s; teardown: %zu process%s ended, %zu left", cmd[0],
-          WIFEXITED(r.status) ? "exited" : "ended by signal",
-          WIFEXITED(r.status) ? WEXITSTATUS(r.status) : WTERMSIG(r.status),
-          r.runner_sig ? " (after the runner got a signal)" : "",
-          receipt ? receipt->count - receipt->n_alive : 0, receipt && receipt->count - receipt->n_alive == 1 ? "" : "es",
+  size_t ended = receipt ? receipt->count - receipt->n_alive : 0;
+  fprintf(stderr, "gpuguard run: %s %s %d%s; teardown: %zu process%s ended, %zu left", o->cmd[0],
+          WIFEXITED(r->status) ? "exited" : "ended by signal",
+          WIFEXITED(r->status) ? WEXITSTATUS(r->status) : WTERMSIG(r->status),
+          r->runner_sig ? " (after the runner got a signal)" : "", ended, ended == 1 ? "" : "es",
           receipt ? receipt->n_alive : 0);
-  if (have_dev)
-    fprintf(stderr, "; device %ld free %s -> %s", device, human((double)dev.free_bytes, a, sizeof a),
-            human((double)after, b, sizeof b));
+  if (env->have_dev)
+    fprintf(stderr, "; device %ld free %s -> %s", o->device, human((double)env->dev.free_bytes, a, sizeof a),
+            human((double)env->free_after, b, sizeof b));
   fputc('\n', stderr);
+}
+
+static int cmd_run(int argc, char **argv) {
+  run_opts_t o;
+  int rc = run_parse(argc, argv, &o);
+  if (rc >= 0) return rc;
+  sigset_t set;
+  run_take_signals(&set);
+  run_env_t env = {0};
+  job_result_t r = {0};
+  if ((rc = run_start(&o, &env, &r)) >= 0) return rc;
+  double deadline = run_wait(&set, o.grace, &r);
+  gg_proc_receipt_t *receipt = NULL;
+  int trc = run_teardown(o.grace, deadline, &receipt);
+  run_conclude(&r, receipt);
+  if (env.have_dev && !free_after((int)o.device, env.dev.free_bytes, 3000, &env.free_after, &env.waited_ms))
+    env.have_dev = false;
+  gg_registry_unregister();
+  run_summary(&o, &r, receipt, &env);
   if (trc != 0) fprintf(stderr, "gpuguard run: teardown: %s\n", gg_last_error());
-  int wrc = receipt_path ? write_receipt(receipt_path, cmd, &r, receipt, session, &dev, have_dev, after, waited) : 0;
+  int wrc = o.receipt_path ? write_receipt(o.receipt_path, o.cmd, &r, receipt, &env) : 0;
   gg_proc_receipt_free(receipt);
   return wrc ? wrc : r.exit_code;
 }
 
-/* ---- reap -------------------------------------------------------------------------------------- */
+/* ---- reap --------------------------------------------------------------------------------------------- */
 
 static int cmd_reap(int argc, char **argv) {
   static const struct option longs[] = {{"dry-run", no_argument, 0, 'n'}, {"yes", no_argument, 0, 'y'},
                                         {"grace", required_argument, 0, 'g'}, {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
-  bool dry = false, yes = false, ok = true;
+  bool dry = false, yes = false;
   long grace = 2000;
   int o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
@@ -485,8 +528,7 @@ static int cmd_reap(int argc, char **argv) {
     if (o == 'n') dry = true;
     else if (o == 'y') yes = true;
     else if (o == 'g') {
-      grace = parse_ms("--grace '%s': milliseconds from 0 to 3600000 expected", optarg, &ok);
-      if (!ok) return EXIT_USAGE;
+      if (!parse_grace(optarg, &grace)) return EXIT_USAGE;
     } else return bad_usage("unknown option '%s'", argv[optind - 1]);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
@@ -531,7 +573,7 @@ static int cmd_reap(int argc, char **argv) {
   return rc == 0 ? 0 : 1;
 }
 
-/* ---- dispatch ---------------------------------------------------------------------------------- */
+/* ---- dispatch ----------------------------------------------------------------------------------------- */
 
 static const command_t commands[] = {
     {"ps", "[--json] [--all-users]", "Lists the processes holding GPU memory; orphans stand out.", cmd_ps,
@@ -542,19 +584,21 @@ static const command_t commands[] = {
      "fd-holder (holds /dev/nvidia* but no context), foreign (another user), unknown.\n"},
     {"run", "[--grace MS] [--receipt PATH] [--device N] -- CMD ARGS...",
      "Runs CMD as a guarded job; when it ends or the runner is signalled, nothing of it is left.", cmd_run,
-     "  --grace MS      how long the job has to end after SIGTERM before SIGKILL (default 2000)\n"
+     "  --grace MS      how long the job has to end after SIGTERM before SIGKILL (default 2000,\n"
+     "                  at most 600000)\n"
      "  --receipt PATH  write a JSON receipt: what was sent to whom, how each ended, device free memory\n"
      "                  before and after ('-' for stdout)\n"
      "  --device N      the device whose free memory the receipt records (default 0)\n"
      "  -h, --help      this help\n"
      "The runner is a child subreaper, records a session leader in the registry (children inherit\n"
-     "GPUGUARD_SESSION), forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to CMD, and exits with CMD's status\n"
+     "GPUGUARD_SESSION), forwards to CMD every signal that would otherwise end the runner (SIGINT,\n"
+     "SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM, SIGPIPE, SIGXCPU, ...), and exits with CMD's status\n"
      "(128+N when CMD was ended by signal N); the runner's own signal is in the receipt.\n"},
     {"reap", "[--dry-run] [--yes] [--grace MS]",
      "Ends your orphans of dead gpuguard sessions (their leader's registry record is stale).", cmd_reap,
      "  --dry-run   list them, do nothing\n"
      "  --yes       end them without asking (otherwise asks on a terminal, lists elsewhere)\n"
-     "  --grace MS  time between SIGTERM and SIGKILL (default 2000)\n"
+     "  --grace MS  time between SIGTERM and SIGKILL (default 2000, at most 600000)\n"
      "  -h, --help  this help\n"
      "Only your own processes, only with that proof; each is verified by its start time before it is\n"
      "signalled.\n"},

@@ -90,7 +90,7 @@ typedef struct gg_guard_options {
   const char *name;        /**< a name for reports (copied); NULL: "guard" */
   int child_grace_ms;      /**< at teardown, the processes in the guard's set (gg_proc_spawn(),
                                 gg_proc_adopt()) get SIGTERM, this long to exit, then SIGKILL;
-                                0..600000, default 2000; 0: SIGKILL at once */
+                                0..600000 (GG_PROC_GRACE_MAX_MS), default 2000; 0: SIGKILL at once */
 } gg_guard_options_t;
 
 /** A cleanup: called once with the pointer given at registration. It must not throw (C++) or longjmp. */

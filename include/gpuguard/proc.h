@@ -33,6 +33,7 @@
 GG_BEGIN_DECLS
 
 #ifndef GG_GUARD_T_DEFINED
+/** Set once gg_guard_t is declared: guard.h and proc.h may each declare it, only the first does. */
 #define GG_GUARD_T_DEFINED
 /** A guard (see guard.h); here only as the key of a set of children. */
 typedef struct gg_guard gg_guard_t;
@@ -163,13 +164,17 @@ typedef struct gg_proc_receipt {
   gg_proc_outcome_t *procs; /**< count entries */
 } gg_proc_receipt_t;
 
+/** The longest grace period gg_proc_teardown() and gg_guard_options::child_grace_ms accept, in
+ *  milliseconds (ten minutes). The `gpuguard` command line refuses a longer `--grace` with exit 2. */
+#define GG_PROC_GRACE_MAX_MS 600000
+
 /** Ends every process in guard's set, and their descendants: SIGTERM to each (and to the group it
  *  leads, if any; SIGCONT to stopped ones), up to grace_ms for them to exit, SIGKILL to those left
  *  (and to processes that appeared meanwhile), then reaps our children. Bounded: it returns within
  *  about grace_ms + 300 ms whatever the processes do; one in uninterruptible sleep is reported, kept
  *  in the set, and tried again by the next teardown.
  *  @param guard the guard, or NULL for the default set.
- *  @param grace_ms 0..600000; 0 sends SIGKILL at once.
+ *  @param grace_ms 0..@ref GG_PROC_GRACE_MAX_MS; 0 sends SIGKILL at once.
  *  @return 0 when everything ended; GG_ETIMEDOUT when some could not be (the message counts them);
  *  GG_EINVAL for a bad grace_ms; GG_ESTATE when the set was inherited through fork(). Thread-safe. */
 GG_API int gg_proc_teardown(gg_guard_t *guard, int grace_ms);

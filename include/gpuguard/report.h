@@ -38,6 +38,18 @@ GG_BEGIN_DECLS
  *  failed). Thread-safe. */
 GG_API int gg_report(FILE *out, gg_format_t format, unsigned what);
 
+/** Writes @p s as one JSON string literal (quotes included) to @p f: the library's own JSON writer,
+ *  shared with its reports and receipts so every JSON gpuguard writes escapes text the same way.
+ *  Well-formed UTF-8 passes through unchanged; `"` and `\` are escaped; control characters become
+ *  `\n`, `\r`, `\t` or `\u00XX`; each byte that is not part of well-formed UTF-8 (stray or truncated
+ *  sequences, overlong forms, surrogates, code points above U+10FFFF) becomes `\ufffd`, so the output
+ *  is valid JSON and valid UTF-8 whatever the input.
+ *  @param f an open stream.
+ *  @param s the text; NULL writes `""`.
+ *  @return 0; GG_EINVAL for a NULL stream; GG_EIO when the stream reports a write error.
+ *  Thread-safe (as the stream is). */
+GG_API int gg_json_write_string(FILE *f, const char *s);
+
 GG_END_DECLS
 
 /** @} */

@@ -213,7 +213,7 @@ int gg__cuda_props(int index, gg__dev_props_t *p) {
   return 0;
 }
 
-/* ---- an open device ----------------------------------------------------------------------------- */
+/* ---- an open device ----------------------------------------------------------------------------------- */
 
 typedef struct gg__cudev {
   unsigned long long leaked_handles; /* physical handles whose release failed after their unmap */

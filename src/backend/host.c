@@ -16,11 +16,25 @@
 #define GG__HOST_DEFAULT_CAPACITY (1ull << 30)
 #define GG__HOST_DEFAULT_GRANULARITY (2ull << 20)
 
-/* ---- fault injection --------------------------------------------------------------------------- */
+/* ---- fault injection ---------------------------------------------------------------------------------- */
 
-#define GG__HOST_OPS(X)                                                                               \
-  X(open) X(mem_info) X(reserve) X(release) X(map) X(unmap) X(copy) X(set) X(event_create)           \
-  X(event_record) X(event_query) X(event_sync) X(event_destroy) X(stream_sync) X(stream_query) X(ctx_reset)
+#define GG__HOST_OPS(X) \
+  X(open) \
+  X(mem_info) \
+  X(reserve) \
+  X(release) \
+  X(map) \
+  X(unmap) \
+  X(copy) \
+  X(set) \
+  X(event_create) \
+  X(event_record) \
+  X(event_query) \
+  X(event_sync) \
+  X(event_destroy) \
+  X(stream_sync) \
+  X(stream_query) \
+  X(ctx_reset)
 
 enum gg__host_op {
 #define GG__OP_ENUM(n) GG__OP_##n,
@@ -130,7 +144,7 @@ static int gg__op(enum gg__host_op op) {
   return 0;
 }
 
-/* ---- simulated streams and events --------------------------------------------------------------- */
+/* ---- simulated streams and events --------------------------------------------------------------------- */
 
 typedef struct gg__hstream {
   atomic_int refs;
@@ -262,7 +276,7 @@ static int gg__h_stream_query(gg__dev_t *d, void *stream) {
   return !s || (!atomic_load(&s->held) && atomic_load(&s->completed) >= atomic_load(&s->submitted));
 }
 
-/* ---- memory ------------------------------------------------------------------------------------ */
+/* ---- memory ------------------------------------------------------------------------------------------- */
 
 /* Mapped chunks of one open device, so copies can be checked like a real device checks addresses. */
 typedef struct gg__hmap {

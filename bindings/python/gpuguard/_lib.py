@@ -10,7 +10,7 @@ from ctypes import (POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_in
 from typing import Any, Callable, List, Optional, Tuple
 
 from ._version import __version__
-from .errors import error_for
+from .errors import GG_ENOTSUP, error_for
 
 
 def _candidates() -> Tuple[List[str], str]:
@@ -164,6 +164,7 @@ FUNCTIONS: List[Tuple[str, list, Any, bool]] = [
     ("gg_err_name", [c_int], c_char_p, False),
     ("gg_last_error", [], c_char_p, False),
     ("gg_version", [], c_char_p, False),
+    ("gg_sizeof", [c_char_p], c_size_t, False),
     ("gg_device_count", [POINTER(c_int)], _STATUS, True),
     ("gg_device_info", [c_int, POINTER(DeviceInfo)], _STATUS, True),
     ("gg_process_list", [c_int, POINTER(Process), c_size_t, POINTER(c_size_t)], _STATUS, True),
@@ -228,7 +229,7 @@ FUNCTIONS: List[Tuple[str, list, Any, bool]] = [
 def _missing(name: str) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         from .errors import NotSupportedError
-        raise NotSupportedError(f"{path} has no {name}(): the library is older than this binding", -9,
+        raise NotSupportedError(f"{path} has no {name}(): the library is older than this binding", GG_ENOTSUP,
                                 "GG_ENOTSUP")
     return call
 

@@ -75,8 +75,8 @@ def find(torch: Any) -> Optional[str]:
     global _kind
     want = os.environ.get("GPUGUARD_TORCH_SHIM", "typed")
     if want not in ("typed", "generic", "none"):
-        from .errors import InvalidArgumentError
-        raise InvalidArgumentError(f"GPUGUARD_TORCH_SHIM='{want}' is not one of typed, generic, none", -1,
+        from .errors import GG_EINVAL, InvalidArgumentError
+        raise InvalidArgumentError(f"GPUGUARD_TORCH_SHIM='{want}' is not one of typed, generic, none", GG_EINVAL,
                                    "GG_EINVAL")
     path = None
     if want == "typed":

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from . import _lib
 from ._lib import C, RAW, ArenaOptions, ArenaStats, BlockInfo, Scope as _CScope, StatsBuffer, enc, raise_for
-from .errors import StateError
+from .errors import GG_ESTATE, StateError
 
 NO_STREAM = 0x1
 """Flag: do not track a stream; released memory is reusable at once."""
@@ -125,7 +125,7 @@ class Arena:
     def _handle(self) -> int:
         h = self._h
         if h is None:
-            raise StateError("gpuguard.Arena: the arena is closed", -5, "GG_ESTATE")
+            raise StateError("gpuguard.Arena: the arena is closed", GG_ESTATE, "GG_ESTATE")
         return h
 
     def close(self) -> None:

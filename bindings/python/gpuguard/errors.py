@@ -3,6 +3,22 @@ from __future__ import annotations
 
 from typing import Dict, Type
 
+# The status codes by name: the C table (GG_ERRORS in gpuguard/error.h) in Python. The binding's tests
+# check every entry against the library's own gg_err_name(), and that the library has no code missing here.
+GG_OK = 0
+GG_EINVAL = -1
+GG_ENOMEM = -2
+GG_ENODEV = -3
+GG_EDRIVER = -4
+GG_ESTATE = -5
+GG_EPERM = -6
+GG_ENOTFOUND = -7
+GG_ETIMEDOUT = -8
+GG_ENOTSUP = -9
+GG_EIO = -10
+
+STATUS_CODES: Dict[str, int] = {name: value for name, value in globals().items() if name.startswith("GG_E")}
+
 
 class GpuGuardError(Exception):
     """A gpuguard call failed. ``code`` is the negative GG_E* status, ``name`` its symbolic name and the
@@ -21,52 +37,52 @@ class GpuGuardError(Exception):
 
 class InvalidArgumentError(GpuGuardError, ValueError):
     """GG_EINVAL: a bad argument, option or environment value."""
-    code, name = -1, "GG_EINVAL"
+    code, name = GG_EINVAL, "GG_EINVAL"
 
 
 class OutOfMemoryError(GpuGuardError, MemoryError):
     """GG_ENOMEM: the arena's capacity or the device's memory is exhausted."""
-    code, name = -2, "GG_ENOMEM"
+    code, name = GG_ENOMEM, "GG_ENOMEM"
 
 
 class NoDeviceError(GpuGuardError):
     """GG_ENODEV: no usable device, or no driver."""
-    code, name = -3, "GG_ENODEV"
+    code, name = GG_ENODEV, "GG_ENODEV"
 
 
 class DriverError(GpuGuardError):
     """GG_EDRIVER: the driver reported a failure."""
-    code, name = -4, "GG_EDRIVER"
+    code, name = GG_EDRIVER, "GG_EDRIVER"
 
 
 class StateError(GpuGuardError):
     """GG_ESTATE: the call is not valid now (after fork(), after teardown, scopes out of order)."""
-    code, name = -5, "GG_ESTATE"
+    code, name = GG_ESTATE, "GG_ESTATE"
 
 
 class PermissionError_(GpuGuardError, PermissionError):
     """GG_EPERM: not permitted (another user's process, an unsafe directory)."""
-    code, name = -6, "GG_EPERM"
+    code, name = GG_EPERM, "GG_EPERM"
 
 
 class NotFoundError(GpuGuardError, LookupError):
     """GG_ENOTFOUND: no such process, registration or file."""
-    code, name = -7, "GG_ENOTFOUND"
+    code, name = GG_ENOTFOUND, "GG_ENOTFOUND"
 
 
 class TimeoutError_(GpuGuardError, TimeoutError):
     """GG_ETIMEDOUT: a bounded wait ran out."""
-    code, name = -8, "GG_ETIMEDOUT"
+    code, name = GG_ETIMEDOUT, "GG_ETIMEDOUT"
 
 
 class NotSupportedError(GpuGuardError):
     """GG_ENOTSUP: not supported here."""
-    code, name = -9, "GG_ENOTSUP"
+    code, name = GG_ENOTSUP, "GG_ENOTSUP"
 
 
 class IOError_(GpuGuardError, OSError):
     """GG_EIO: an input/output error."""
-    code, name = -10, "GG_EIO"
+    code, name = GG_EIO, "GG_EIO"
 
 
 BY_CODE: Dict[int, Type[GpuGuardError]] = {

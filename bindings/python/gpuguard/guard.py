@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import _lib
 from ._lib import C, CLEANUP_FN, GuardOptions, enc
-from .errors import GpuGuardError, StateError
+from .errors import GG_ESTATE, GpuGuardError, StateError
 
 SIGINT = 0x001
 """Handle SIGINT (GG_GUARD_SIGINT). Not in the default set: Python turns SIGINT into KeyboardInterrupt."""
@@ -103,10 +103,10 @@ class Guard:
     def _handle(self) -> int:
         h = self._h
         if h is None:
-            raise StateError("gpuguard.Guard: the guard is closed", -5, "GG_ESTATE")
+            raise StateError("gpuguard.Guard: the guard is closed", GG_ESTATE, "GG_ESTATE")
         if os.getpid() != self._pid:
             raise StateError("gpuguard.Guard: this guard was created before fork(); a forked child must not "
-                             "use its parent's guard: create a new one in the child", -5, "GG_ESTATE")
+                             "use its parent's guard: create a new one in the child", GG_ESTATE, "GG_ESTATE")
         return h
 
     @property

@@ -37,8 +37,8 @@ def spawn(argv: Sequence[PathLike], guard: Optional[Guard] = None, env: Optional
     Raises NotFoundError for a missing program, PermissionError_ when it may not run."""
     args = [_b(a) for a in argv]
     if not args:
-        from .errors import InvalidArgumentError
-        raise InvalidArgumentError("gpuguard.spawn: argv is empty", -1, "GG_EINVAL")
+        from .errors import GG_EINVAL, InvalidArgumentError
+        raise InvalidArgumentError("gpuguard.spawn: argv is empty", GG_EINVAL, "GG_EINVAL")
     c_argv = (c_char_p * (len(args) + 1))(*args, None)
     opts = SpawnOptions()
     C.gg_spawn_options_init(byref(opts))

@@ -33,7 +33,7 @@ from ._lib import C
 from ._torchstats import plugin_counters, torch_nested_stats, torch_style_stats
 from .arena import Arena
 from .diagnostics import holders, record, rounds  # noqa: F401  (gpuguard.torch.holders & co.)
-from .errors import InvalidArgumentError, StateError
+from .errors import GG_EINVAL, GG_ESTATE, InvalidArgumentError, StateError
 
 if importlib.util.find_spec("torch") is None:
     raise ImportError("gpuguard.torch needs PyTorch, which is not installed in this interpreter "
@@ -92,12 +92,12 @@ def _register(arena: Arena) -> None:
         raise InvalidArgumentError(
             "gpuguard.torch: this arena was made with GG_ARENA_NO_STREAM: it hands a freed block out again at "
             "once, while PyTorch's kernels may still use it (an illegal memory access); give PyTorch an arena "
-            "with stream tracking (the default flags)", -1, "GG_EINVAL")
+            "with stream tracking (the default flags)", GG_EINVAL, "GG_EINVAL")
     current = c_void_p()
     C.gg_plugin_get_arena(arena.device, byref(current))
     if current.value not in (None, arena._handle()):
         raise StateError(f"gpuguard.torch: another arena already serves PyTorch on device {arena.device}; "
-                         "one arena per device at a time (close the other one first)", -5, "GG_ESTATE")
+                         "one arena per device at a time (close the other one first)", GG_ESTATE, "GG_ESTATE")
     C.gg_plugin_set_arena(arena.device, arena._handle())
 
 
@@ -114,14 +114,14 @@ def use_arena(arena: Arena, memory_api: bool = True) -> Any:
             "initialised allocator), or use `with gpuguard.torch.mem_pool(arena):`, which works after")
     if torch.cuda.is_initialized():
         raise StateError("gpuguard.torch.use_arena: PyTorch's CUDA allocator is already initialised; " + hint,
-                         -5, "GG_ESTATE")
+                         GG_ESTATE, "GG_ESTATE")
     _register(arena)
     alloc = pluggable_allocator()
     try:
         torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
         if "already initialized" in str(e):
-            raise StateError(f"gpuguard.torch.use_arena: {e}; " + hint, -5, "GG_ESTATE") from e
+            raise StateError(f"gpuguard.torch.use_arena: {e}; " + hint, GG_ESTATE, "GG_ESTATE") from e
         raise
     _global_arenas[arena.device] = arena
     from . import _torchapi

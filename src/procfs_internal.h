@@ -1,0 +1,36 @@
+/* procfs_internal.h — procfs.c's readers of /proc: process status, command lines, descriptors, walks. */
+#ifndef GG_PROCFS_INTERNAL_H
+#define GG_PROCFS_INTERNAL_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+/* Functions marked [AS-safe] are async-signal-safe. */
+
+typedef struct gg__pinfo {
+  pid_t pid, ppid, pgrp, sid;
+  char state; /* R, S, D, T, t, Z, X, ... */
+  unsigned long long
+      start; /* field 22 of /proc/PID/stat: clock ticks after boot; with the pid, an identity */
+} gg__pinfo_t;
+
+/* [AS-safe] Reads /proc/PID/stat. 0, or -errno (-ENOENT: no such process). */
+int gg__proc_read_stat(pid_t pid, gg__pinfo_t *out);
+/* Real uid of PID from /proc/PID/status. 0 or -errno. */
+int gg__proc_uid(pid_t pid, uid_t *uid);
+/* Command line with spaces between arguments, "[comm]" when there is none (zombies); "" if gone. */
+void gg__proc_cmdline(pid_t pid, char *buf, size_t cap);
+/* [AS-safe] Calls fn for every process in /proc (skipping those that vanish); stops at fn's first
+ * nonzero return and returns it; -errno when /proc cannot be read. */
+int gg__proc_walk(int (*fn)(const gg__pinfo_t *info, void *user), void *user);
+/* [AS-safe] Closes every descriptor of this process whose target path starts with prefix (readlink of
+ * /proc/self/fd/N). Returns how many were closed, or -errno. Tests point it at a temporary file. */
+int gg__close_fds_matching(const char *prefix);
+/* Value of environment variable `name` in process pid (readable for our own processes, or as root).
+ * 0, -ENOENT when it is not set, or -errno. */
+int gg__proc_environ_get(pid_t pid, const char *name, char *buf, size_t cap);
+/* Pids under proc_root holding an open descriptor whose link target is exactly `target` (a device node
+ * such as /dev/nvidia0). Returns 0 with a malloc'd array in *pids (free it), or an error. */
+int gg__scan_fd_holders(const char *proc_root, const char *target, int **pids, size_t *n);
+
+#endif
