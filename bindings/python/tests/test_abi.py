@@ -28,6 +28,7 @@ STRUCTS = {
     "gg_spawn_options_t": _lib.SpawnOptions,
     "gg_session_record_t": _lib.SessionRecord,
     "gg_plugin_stats_t": _lib.PluginStats,
+    "gg_plugin_stat_t": _lib.PluginStat,
 }
 
 
