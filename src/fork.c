@@ -2,13 +2,18 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "arena_internal.h"
 #include "internal.h"
 
 static atomic_uint gg__gen;
 static pthread_once_t gg__fork_once = PTHREAD_ONCE_INIT;
 
 static void gg__on_fork_child(void) { atomic_fetch_add_explicit(&gg__gen, 1, memory_order_relaxed); }
-static void gg__install(void) { pthread_atfork(NULL, NULL, gg__on_fork_child); }
+static void gg__install(void) {
+  pthread_atfork(NULL, NULL, gg__on_fork_child);
+  /* arena locks: see gg__arena_fork_* */
+  pthread_atfork(gg__arena_fork_prepare, gg__arena_fork_parent, gg__arena_fork_child);
+}
 
 unsigned gg__fork_generation(void) {
   pthread_once(&gg__fork_once, gg__install);
