@@ -3,6 +3,7 @@
 #include <stdatomic.h>
 
 #include "arena_internal.h"
+#include "backend/backend.h"
 #include "internal.h"
 
 static atomic_uint gg__gen;
@@ -11,7 +12,9 @@ static pthread_once_t gg__fork_once = PTHREAD_ONCE_INIT;
 static void gg__on_fork_child(void) { atomic_fetch_add_explicit(&gg__gen, 1, memory_order_relaxed); }
 static void gg__install(void) {
   pthread_atfork(NULL, NULL, gg__on_fork_child);
-  /* arena locks: see gg__arena_fork_* */
+  /* arena locks: see gg__arena_fork_* (the arena's locks are taken first, the host device's after:
+   * prepare handlers run in the reverse order of registration) */
+  pthread_atfork(gg__host_fork_prepare, gg__host_fork_release, gg__host_fork_release);
   pthread_atfork(gg__arena_fork_prepare, gg__arena_fork_parent, gg__arena_fork_child);
 }
 
