@@ -180,19 +180,19 @@ static int gg__addr_desc(const void *x, const void *y) {
   return a < b ? 1 : a > b ? -1 : 0;
 }
 
-/* Unmaps the chunks that free block F covers wholly, highest first, while more than keep bytes stay
- * mapped; what is left of F goes back as free blocks. Adds the bytes unmapped to *returned. */
-static int gg__trim_block(gg_arena_t *a, gg__block_t *F, size_t keep, size_t *returned) {
+/* Unmaps the chunks that free block fb covers wholly, highest first, while more than keep bytes stay
+ * mapped; what is left of fb goes back as free blocks. Adds the bytes unmapped to *returned. */
+static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, size_t *returned) {
   int rc = 0;
-  uintptr_t lo = F->addr, hi = F->addr + F->size;
-  void *seg = F->seg;
+  uintptr_t lo = fb->addr, hi = fb->addr + fb->size;
+  void *seg = fb->seg;
   size_t i0 = gg__chunk_index(a, lo), i1 = i0;
   while (i1 < a->n_chunks && a->chunks[i1]->ptr + a->chunks[i1]->size <= hi) i1++;
   bool taken = false;
   for (size_t j = i1; j-- > i0;) {
     gg__chunk_t *c = a->chunks[j];
     if (a->mapped - c->size < keep) continue;
-    if (!taken) gg__freelist_remove(&a->freelist, F), taken = true;
+    if (!taken) gg__freelist_remove(&a->freelist, fb), taken = true;
     if ((rc = a->ops->unmap(a->dev, c)) < 0) break;
     if (c->ptr + c->size < hi)
       gg__freelist_put_plain(&a->freelist, c->ptr + c->size, hi - (c->ptr + c->size), seg);
@@ -203,7 +203,7 @@ static int gg__trim_block(gg_arena_t *a, gg__block_t *F, size_t keep, size_t *re
   }
   if (taken) {
     if (hi > lo) gg__freelist_put_plain(&a->freelist, lo, hi - lo, seg);
-    gg__freelist_give_record(&a->freelist, F);
+    gg__freelist_give_record(&a->freelist, fb);
   }
   return rc;
 }
