@@ -16,8 +16,7 @@
 #define GG__DEFAULT_CHUNK ((size_t)8 << 20)
 #define GG__QUARANTINE    64 /* destroyed handles kept readable so late calls fail cleanly */
 
-int gg__arena_grow_array(void *arr, size_t *cap, size_t need, size_t elem) {
-  if (GG__LIKELY(need <= *cap)) return 0;
+int gg__arena_grow_array_slow(void *arr, size_t *cap, size_t need, size_t elem) {
   size_t n = *cap ? *cap * 2 : 16;
   if (n < need) n = need;
   void *p = realloc(*(void **)arr, n * elem);
@@ -73,23 +72,16 @@ int gg__arena_valid(const gg_arena_t *a, const char *call) {
  * on a lock that was destroyed. Whichever of the two comes first, the other sees it (sequentially
  * consistent atomics): a call counted too late for destroy's wait finds the handle dead and never
  * touches the lock. */
-int gg__arena_enter(gg_arena_t *a, const char *call) {
-  int rc = gg__arena_valid(a, call); /* reads only: a pointer that is not an arena is never written */
-  if (rc < 0) return rc;
-  atomic_fetch_add(&a->calls, 1);
+int gg__arena_lock_counted(gg_arena_t *a, const char *call) {
+  atomic_fetch_add(&a->calls, 1); /* after gg__arena_valid: a pointer that is not an arena is never written */
   if (GG__LIKELY(atomic_load(&a->magic) == GG__MAGIC)) {
     pthread_mutex_lock(&a->lock);
     if (GG__LIKELY(a->magic == GG__MAGIC)) return 0;
     pthread_mutex_unlock(&a->lock);
   }
-  rc = gg__arena_valid(a, call); /* a guard's teardown or a destroy ran meanwhile */
+  int rc = gg__arena_valid(a, call); /* a guard's teardown or a destroy ran meanwhile */
   atomic_fetch_sub(&a->calls, 1);
   return rc;
-}
-
-void gg__arena_leave(gg_arena_t *a) {
-  pthread_mutex_unlock(&a->lock);
-  atomic_fetch_sub(&a->calls, 1);
 }
 
 /* ---- the process's live arenas, fork, the destroy hook ------------------------------------------- */
@@ -147,16 +139,7 @@ static void (*_Atomic gg__destroy_hook)(const gg_arena_t *arena);
 
 void gg__arena_on_destroy(void (*fn)(const gg_arena_t *arena)) { atomic_store(&gg__destroy_hook, fn); }
 
-/* ---- accounting ---------------------------------------------------------------------------------- */
-
-void gg__arena_count_alloc(gg_arena_t *a, size_t n) {
-  a->in_use += n, a->n_live++, a->n_allocs++;
-  if (a->in_use > a->peak_in_use) a->peak_in_use = a->in_use;
-}
-
-void gg__arena_count_release(gg_arena_t *a, size_t bytes, unsigned long long blocks) {
-  a->in_use -= bytes, a->n_live -= blocks, a->n_frees += blocks;
-}
+/* ---- figures, for stats and messages ------------------------------------------------------------ */
 
 static size_t gg__largest_free(const gg_arena_t *a) {
   const gg__block_t *b = gg__freelist_largest(&a->freelist);

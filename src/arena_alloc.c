@@ -210,7 +210,7 @@ int gg_alloc_ex(gg_arena_t *a, size_t size, size_t align, const char *tag, void 
   if (size > SIZE_MAX - align)
     return gg__err(GG_EINVAL, "gg_alloc: size %zu with alignment %zu overflows when rounded", size, align);
   gg__request_t q = {.size = gg__rounded_size(size), .align = align, .asked = size};
-  if ((rc = gg__arena_enter(a, "gg_alloc")) < 0) return rc;
+  if ((rc = gg__arena_lock_counted(a, "gg_alloc")) < 0) return rc;
   if (q.size > a->capacity)
     rc = gg__step_out_of_memory(a, &q, "the request exceeds the capacity");
   else if ((rc = gg__intern(a, tag, &q.tag)) == 0 && (rc = gg__climb(a, &q)) > 0)

@@ -8,12 +8,6 @@
 
 /* ---- the log --------------------------------------------------------------------------------------- */
 
-int gg__bump_reserve(gg_arena_t *a) {
-  int rc = gg__arena_grow_array(&a->bump, &a->bump_cap, a->bump_count + 1, sizeof *a->bump);
-  if (rc == 0) rc = gg__arena_grow_array(&a->runs, &a->run_cap, a->run_count + 1, sizeof *a->runs);
-  return rc;
-}
-
 uintptr_t gg__bump_push(gg_arena_t *a, size_t n, size_t align, size_t req, const char *tag) {
   gg__block_t *t = a->freelist.top;
   uintptr_t p = gg__align_up(t->addr, align);

@@ -26,6 +26,7 @@
 #include "arena_internal.h"
 #include "backend/backend.h"
 #include "freelist.h"
+#include "internal.h"
 
 #define GG__MAGIC 0x67676172u /* "ggar" */
 #define GG__DEAD  0x64656164u /* "dead" */
@@ -129,19 +130,35 @@ static inline size_t gg__bump_dead_bytes(const gg_arena_t *a) { return a->bump_b
 
 /* ---- arena.c ------------------------------------------------------------------------------------- */
 
-/* Checks the handle, counts the call among those in flight and takes the lock; 0 or the handle's
- * error. Without the lock held. */
-int gg__arena_enter(gg_arena_t *a, const char *call);
 /* Checks the handle without locking it: NULL, destroyed, torn down, inherited through fork(). */
 int gg__arena_valid(const gg_arena_t *a, const char *call);
-void gg__arena_leave(gg_arena_t *a);
+/* For a handle gg__arena_valid() accepted: counts the call among those in flight and takes the lock;
+ * 0, or the handle's error when it died meanwhile. */
+int gg__arena_lock_counted(gg_arena_t *a, const char *call);
+/* Checks the handle, counts the call and takes the lock; 0 or the handle's error. */
+static inline int gg__arena_enter(gg_arena_t *a, const char *call) {
+  int rc = gg__arena_valid(a, call);
+  return rc < 0 ? rc : gg__arena_lock_counted(a, call);
+}
+static inline void gg__arena_leave(gg_arena_t *a) {
+  pthread_mutex_unlock(&a->lock);
+  atomic_fetch_sub(&a->calls, 1);
+}
+int gg__arena_grow_array_slow(void *arr, size_t *cap, size_t need, size_t elem);
 /* Grows a dynamic array so it holds at least `need` elements. 0 or GG_ENOMEM. */
-int gg__arena_grow_array(void *arr, size_t *cap, size_t need, size_t elem);
+static inline int gg__arena_grow_array(void *arr, size_t *cap, size_t need, size_t elem) {
+  return GG__LIKELY(need <= *cap) ? 0 : gg__arena_grow_array_slow(arr, cap, need, elem);
+}
 /* Runs a step whose failure only delays reuse or makes a growth map more: this thread's error detail
  * is kept as it was before the step. Returns the step's status. */
 int gg__arena_quietly(gg_arena_t *a, int (*step)(gg_arena_t *a, void *ctx), void *ctx);
-void gg__arena_count_alloc(gg_arena_t *a, size_t n);
-void gg__arena_count_release(gg_arena_t *a, size_t bytes, unsigned long long blocks);
+static inline void gg__arena_count_alloc(gg_arena_t *a, size_t n) {
+  a->in_use += n, a->n_live++, a->n_allocs++;
+  if (a->in_use > a->peak_in_use) a->peak_in_use = a->in_use;
+}
+static inline void gg__arena_count_release(gg_arena_t *a, size_t bytes, unsigned long long blocks) {
+  a->in_use -= bytes, a->n_live -= blocks, a->n_frees += blocks;
+}
 void gg__arena_fill_stats(const gg_arena_t *a, gg_arena_stats_t *s);
 
 /* ---- arena_alloc.c ------------------------------------------------------------------------------- */
@@ -166,7 +183,12 @@ int gg__arena_events_destroy(gg_arena_t *a);
 
 /* ---- arena_bump.c -------------------------------------------------------------------------------- */
 
-int gg__bump_reserve(gg_arena_t *a);
+/* Room for one more log entry and run. 0 or GG_ENOMEM. */
+static inline int gg__bump_reserve(gg_arena_t *a) {
+  int rc = gg__arena_grow_array(&a->bump, &a->bump_cap, a->bump_count + 1, sizeof *a->bump);
+  if (rc == 0) rc = gg__arena_grow_array(&a->runs, &a->run_cap, a->run_count + 1, sizeof *a->runs);
+  return rc;
+}
 /* Carves n bytes at alignment `align` from top (which must hold them) as a new log entry. */
 uintptr_t gg__bump_push(gg_arena_t *a, size_t n, size_t align, size_t req, const char *tag);
 /* Cuts freed entries off the end of the log. */
