@@ -1,5 +1,7 @@
-/* arena_internal.h — what tests and reports may see of arenas beyond the public header: a full
- * consistency check, counters that show how much work scope ends and reclaims did, the live list. */
+/* arena_internal.h — what the rest of the library and the tests may use of the arena (src/arena*.c)
+ * beyond the public header: the allocator plugin's stream-aware calls, the destroy hook, the fork
+ * handlers of the arena's global locks, the live list for reports, and for tests a full consistency
+ * check and counters that show how much work scope ends and reclaims did. */
 #ifndef GG_ARENA_INTERNAL_H
 #define GG_ARENA_INTERNAL_H
 
@@ -33,5 +35,27 @@ int gg__arena_foreach_live(int (*fn)(gg_arena_t *arena, void *user), void *user)
  * chunks exactly, nothing overlaps, free neighbours are merged, statistics match. 0 when consistent;
  * else GG_ESTATE with what is wrong in gg_last_error(). */
 int gg__arena_check(gg_arena_t *arena);
+
+/* gg_free() for a block used on `stream`: when the arena tracks a stream and `stream` is another one,
+ * waits for `stream` first (under the arena's lock) and sets *synced. A failed wait frees nothing. */
+int gg__arena_free_on(gg_arena_t *arena, void *ptr, void *stream, int *synced);
+/* gg_alloc for work on `stream`: when that is not the arena's stream, waits for the arena's stream
+ * (blocks released onto it in stream order may still be in use there). *synced says whether it waited. */
+int gg__arena_alloc_on(gg_arena_t *arena, size_t size, void *stream, void **ptr, int *synced);
+/* Waits for `stream` when the arena tracks a stream and it is another one (under the arena's lock, so a
+ * teardown cannot close the device meanwhile): a block PyTorch recorded on `stream` is freed after. */
+int gg__arena_wait_stream(gg_arena_t *arena, void *stream);
+
+/* Sets the one function gg_arena_destroy() calls before it tears an arena down, without the arena's
+ * lock (so the function may wait for its own users of the arena); NULL for none. The layer above (the
+ * allocator plugin) registers itself here, so the arena never calls up into it by name. */
+void gg__arena_on_destroy(void (*fn)(const gg_arena_t *arena));
+
+/* Fork handlers of the arena's global locks (the live list's, then the quarantine's: taken in that
+ * order by prepare, released by the other two). The child, whose only thread is the one that forked,
+ * releases them so it can create and destroy arenas; the parent's arenas refuse use there anyway. */
+void gg__arena_fork_prepare(void);
+void gg__arena_fork_parent(void);
+void gg__arena_fork_child(void);
 
 #endif

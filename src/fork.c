@@ -4,8 +4,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "arena_fork_stub.h" /* TEMPORARY until the arena split: then arena_internal.h declares these */
 #include "arena_internal.h"
+#include "backend/backend.h"
 #include "guard_internal.h"
 #include "internal.h"
 #include "proc_internal.h"
@@ -28,7 +28,8 @@
  *   4. process sets (proc.c)
  *   5. spawn queue (proc.c)
  *   6. session registry (registry.c)
- *   7. arena globals (arena.c: the live-arena list, the quarantine), leaves; then an arena's own lock
+ *   7. arena globals (arena.c: the live-arena list, then the quarantine); then an arena's own lock
+ *   8. the host backend's simulated device (backend/host.c), a leaf: arena create, map and unmap take it
  *
  * The watchdog's lock and per-object locks are not taken here: the child starts its own watchdog, and
  * objects of the parent refuse use in the child (fork generation). Nothing is called with one of
@@ -43,9 +44,11 @@ static void gg__fork_prepare(void) {
   gg__proc_fork_prepare();
   gg__registry_fork_prepare();
   gg__arena_fork_prepare();
+  gg__host_fork_prepare();
 }
 
 static void gg__fork_parent(void) {
+  gg__host_fork_release();
   gg__arena_fork_parent();
   gg__registry_fork_parent();
   gg__proc_fork_parent();
@@ -55,6 +58,7 @@ static void gg__fork_parent(void) {
 
 static void gg__fork_child(void) {
   atomic_fetch_add_explicit(&gg__gen, 1, memory_order_relaxed);
+  gg__host_fork_release();
   gg__arena_fork_child();
   gg__registry_fork_child();
   gg__proc_fork_child();

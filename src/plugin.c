@@ -9,6 +9,7 @@
 
 #include "freelist.h"
 #include "gpuguard/plugin.h"
+#include "arena_internal.h"
 #include "internal.h"
 #include "plugin_internal.h"
 
@@ -66,7 +67,10 @@ static void gg__plug_child(void) {
   memset(gg__plug, 0, sizeof gg__plug);
   pthread_rwlock_unlock(&gg__plug_lock);
 }
-static void gg__plug_install(void) { pthread_atfork(gg__plug_prepare, gg__plug_parent, gg__plug_child); }
+static void gg__plug_install(void) {
+  pthread_atfork(gg__plug_prepare, gg__plug_parent, gg__plug_child);
+  gg__arena_on_destroy(gg__plugin_forget); /* a destroyed arena leaves the table first */
+}
 
 static int gg__plug_device(int device, const char *call) {
   if (device < 0 || device >= GG_PLUGIN_MAX_DEVICES)

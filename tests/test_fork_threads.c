@@ -29,8 +29,13 @@ static void child_uses_every_lock(void) {
   if (gg__crash_hook_add(unused_hook, NULL, &slot) == 0) gg__crash_hook_remove(slot); /* hook table */
   gg_proc_teardown(NULL, 0);                /* process sets */
   gg_guard_cancel((gg_guard_t *)&slot, 1);  /* live-guard list (refused: not a guard) */
-  /* The arena globals join when the arena's own fork handlers replace src/arena_fork_stub.c: until
-   * then a create here could find the live-arena list locked by the allocator thread at fork(). */
+  gg_arena_options_t o; /* arena globals (live list, quarantine) and the host device's lock */
+  gg_arena_options_init(&o);
+  o.backend = "host", o.capacity = 8u << 20;
+  gg_arena_t *a = NULL;
+  void *p = NULL;
+  if (gg_arena_create(&a, &o) != 0 || gg_alloc(a, 4096, &p) != 0 || gg_free(a, p) != 0 || gg_arena_destroy(a) != 0)
+    _exit(3);
   _exit(0);
 }
 

@@ -119,7 +119,10 @@ GG_API int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts);
 
 /** Destroys an arena: waits for work on its stream, unmaps and releases every chunk and the range,
  *  and frees the handle, whatever blocks were still live (read gg_arena_stats() or
- *  gg_arena_foreach_block() first to report them). NULL is a no-op returning 0.
+ *  gg_arena_foreach_block() first to report them). NULL is a no-op returning 0. Thread-safe: calls
+ *  on the arena from other threads meanwhile either finish first or fail with GG_EINVAL, and destroy
+ *  returns only once none of them is still inside the arena; of two destroys at once, one does the
+ *  work and the other fails with GG_EINVAL.
  *  @return 0, or the first error met while giving memory back (the handle is freed regardless);
  *  GG_EINVAL for a handle that is not a live arena; GG_ESTATE in a forked child (nothing is touched:
  *  the child must not use its parent's device state). */

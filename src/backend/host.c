@@ -529,6 +529,11 @@ int gg__host_props(int index, gg__dev_props_t *p) {
   return rc;
 }
 
+/* fork() while another thread holds the simulated device's lock would leave it held in the child, whose
+ * first open would hang: the lock is taken around fork. The forking thread owns it in the child. */
+void gg__host_fork_prepare(void) { pthread_mutex_lock(&gg__host.lock); }
+void gg__host_fork_release(void) { pthread_mutex_unlock(&gg__host.lock); }
+
 int gg__host_open(int index, gg__dev_t **out) {
   if (index != 0)
     return gg__err(GG_ENODEV, "host backend: device %d does not exist (the host backend has device 0 only)",

@@ -1,0 +1,198 @@
+/* arena_bump.c — the bump log and scopes: allocations carved from top are logged in address order, so
+ * a scope that ends releases its part of the log as a few ranges in O(1 + runs), whatever the number
+ * of its allocations; blocks served by best fit hang in their scope's list instead. */
+#include <string.h>
+
+#include "arena_impl.h"
+#include "internal.h"
+
+/* ---- the log --------------------------------------------------------------------------------------- */
+
+uintptr_t gg__bump_push(gg_arena_t *a, size_t n, size_t align, size_t req, const char *tag) {
+  gg__block_t *t = a->freelist.top;
+  uintptr_t p = gg__align_up(t->addr, align);
+  size_t used = (size_t)(p - t->addr) + n;
+  if (!a->bump_count || a->bump_new_run || gg__bump_entry_end(&a->bump[a->bump_count - 1]) != t->addr) {
+    a->runs[a->run_count++] = (gg__bump_run_t){.first = a->bump_count, .seg = t->seg};
+    a->bump_new_run = false;
+  }
+  int d = a->n_frames - 1;
+  a->bump[a->bump_count++] =
+      (gg__bump_entry_t){.start = t->addr, .ptr = p, .req = req, .tag = tag, .depth = d, .live = true};
+  t->addr += used, t->size -= used, a->freelist.bytes -= used;
+  a->bump_bytes += used, a->bump_live_bytes += n;
+  a->frames[d].bump_live++, a->frames[d].bump_bytes += n;
+  return p;
+}
+
+/* Releases log entries [k, bump_count) one run at a time: O(1 + runs cut), whatever the number of
+ * entries. Live entries among them must already be counted as released by the caller. Needs run_count
+ * records. */
+static void gg__bump_cut(gg_arena_t *a, size_t k, bool ordered) {
+  while (a->bump_count > k) {
+    gg__bump_run_t *r = &a->runs[a->run_count - 1];
+    size_t f = r->first > k ? r->first : k;
+    uintptr_t s = a->bump[f].start, e = gg__bump_entry_end(&a->bump[a->bump_count - 1]);
+    void *seg = r->seg;
+    a->bump_bytes -= e - s;
+    a->bump_count = f;
+    if (f == r->first) a->run_count--;
+    gg__arena_release(a, s, e - s, seg, NULL, ordered);
+  }
+  for (int d = a->n_frames - 1; d >= 0 && a->frames[d].bump_first > k; d--) a->frames[d].bump_first = k;
+}
+
+/* Freed entries at the end of the log: those freed in stream order are reusable at once, the others
+ * join the open batch (a group at a time, so neither kind is released the other's way). */
+void gg__bump_pop_dead(gg_arena_t *a) {
+  while (a->bump_count && !a->bump[a->bump_count - 1].live) {
+    bool ordered = a->bump[a->bump_count - 1].ordered;
+    size_t k = a->bump_count;
+    while (k && !a->bump[k - 1].live && a->bump[k - 1].ordered == ordered) k--;
+    if (gg__freelist_reserve(&a->freelist, a->run_count + 1) < 0) return;
+    gg__bump_cut(a, k, ordered);
+  }
+}
+
+/* Flushes one run: live entries become USED records of their scopes; padding and freed entries between
+ * them are released. A hole is reusable at once unless it holds an entry freed outside stream order:
+ * then it waits for the stream. */
+static void gg__bump_flush_run(gg_arena_t *a, size_t ri) {
+  void *seg = a->runs[ri].seg;
+  size_t last = ri + 1 < a->run_count ? a->runs[ri + 1].first : a->bump_count;
+  uintptr_t hole = 0;
+  size_t hole_len = 0;
+  bool tracked = false;
+  for (size_t i = a->runs[ri].first; i < last; i++) {
+    gg__bump_entry_t *e = &a->bump[i];
+    uintptr_t upto = e->live ? e->ptr : gg__bump_entry_end(e);
+    if (upto > e->start) {
+      if (!hole_len) hole = e->start;
+      hole_len = upto - hole;
+    }
+    if (!e->live) {
+      tracked |= !e->ordered;
+      continue;
+    }
+    if (hole_len) gg__arena_release(a, hole, hole_len, seg, NULL, !tracked), hole_len = 0, tracked = false;
+    gg__block_t *b = gg__freelist_take_record(&a->freelist);
+    b->addr = e->ptr, b->size = gg__rounded_size(e->req), b->seg = seg, b->state = GG__BLOCK_USED;
+    b->req = e->req, b->tag = e->tag, b->depth = e->depth;
+    gg__frame_link(a, b);
+    gg__addr_map_put(&a->used, b->addr, b);
+    a->probe.blocks_visited++;
+  }
+  if (hole_len) gg__arena_release(a, hole, hole_len, seg, NULL, !tracked);
+}
+
+/* O(entries), and each entry is flushed at most once. */
+int gg__bump_flush(gg_arena_t *a) {
+  if (!a->bump_count) return 0;
+  size_t live = 0;
+  for (int d = 0; d < a->n_frames; d++) live += a->frames[d].bump_live;
+  int rc = gg__freelist_reserve(&a->freelist, live + a->bump_count + a->run_count + 1);
+  if (rc == 0) rc = gg__addr_map_reserve(&a->used, live);
+  if (rc < 0) return rc;
+  for (size_t ri = 0; ri < a->run_count; ri++) gg__bump_flush_run(a, ri);
+  a->bump_count = a->run_count = a->bump_bytes = a->bump_live_bytes = 0;
+  for (int d = 0; d < a->n_frames; d++)
+    a->frames[d].bump_first = 0, a->frames[d].bump_live = 0, a->frames[d].bump_bytes = 0;
+  a->probe.bump_flushes++;
+  return 0;
+}
+
+/* The last entry is checked first: scoped code frees what it allocated last. */
+long gg__bump_find(const gg_arena_t *a, uintptr_t p) {
+  if (!a->bump_count || p < a->bump[0].start) return -1;
+  const gg__bump_entry_t *last = &a->bump[a->bump_count - 1];
+  if (p >= gg__bump_entry_end(last)) return -1;
+  if (p >= last->start) return (long)a->bump_count - 1;
+  size_t lo = 0, hi = a->bump_count - 1; /* the last entry with start <= p lies in [lo, hi) */
+  while (hi - lo > 1) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (a->bump[mid].start <= p)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return p < gg__bump_entry_end(&a->bump[lo]) ? (long)lo : -1;
+}
+
+/* ---- scopes -------------------------------------------------------------------------------------- */
+
+void gg__frame_link(gg_arena_t *a, gg__block_t *b) {
+  gg__frame_t *f = &a->frames[b->depth];
+  b->l = NULL, b->r = f->blocks;
+  if (f->blocks) f->blocks->l = b;
+  f->blocks = b;
+}
+
+void gg__frame_unlink(gg_arena_t *a, gg__block_t *b) {
+  if (b->l)
+    b->l->r = b->r;
+  else
+    a->frames[b->depth].blocks = b->r;
+  if (b->r) b->r->l = b->l;
+}
+
+int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
+  if (!scope) return gg__err(GG_EINVAL, "gg_scope_begin: scope is NULL");
+  int rc = gg__arena_enter(a, "gg_scope_begin");
+  if (rc < 0) return rc;
+  if ((rc = gg__arena_grow_array(&a->frames, &a->frames_cap, (size_t)a->n_frames + 1, sizeof *a->frames)) ==
+      0) {
+    a->frames[a->n_frames++] = (gg__frame_t){.id = ++a->serial, .bump_first = a->bump_count};
+    scope->arena = a, scope->id = a->serial;
+  }
+  gg__arena_leave(a);
+  return rc;
+}
+
+/* Map slots a scope end may need (merging releases can add one free block each). */
+static size_t gg__frame_count(const gg__frame_t *f) {
+  size_t n = 0;
+  for (const gg__block_t *b = f->blocks; b; b = b->r) n++;
+  return n;
+}
+
+/* Ends the innermost scope: records first (O(blocks)); then the log's tail, whatever its length, in
+ * O(runs cut). */
+static int gg__scope_release(gg_arena_t *a) {
+  gg__frame_t *f = &a->frames[a->n_frames - 1];
+  int rc = gg__freelist_reserve(&a->freelist, a->run_count + 1 + gg__frame_count(f));
+  if (rc < 0) return rc;
+  for (gg__block_t *b = f->blocks, *next; b; b = next) {
+    next = b->r;
+    gg__addr_map_del(&a->used, b->addr);
+    gg__arena_count_release(a, b->size, 1);
+    gg__arena_release(a, b->addr, b->size, b->seg, b, false);
+    a->probe.blocks_visited++;
+  }
+  gg__arena_count_release(a, f->bump_bytes, f->bump_live);
+  a->bump_live_bytes -= f->bump_bytes;
+  gg__bump_cut(a, f->bump_first, false);
+  a->n_frames--;
+  gg__arena_after_release(a);
+  if (a->n_frames == 1 && (a->flags & GG_ARENA_TRIM_ON_SCOPE_EXIT)) rc = gg__arena_trim_locked(a, 0);
+  return rc;
+}
+
+int gg_scope_end(gg_scope_t *scope) {
+  if (!scope) return gg__err(GG_EINVAL, "gg_scope_end: scope is NULL");
+  gg_arena_t *a = scope->arena;
+  int rc = gg__arena_enter(a, "gg_scope_end");
+  if (rc < 0) return rc;
+  int d = a->n_frames - 1;
+  while (d > 0 && a->frames[d].id != scope->id) d--;
+  if (d == 0)
+    rc = gg__err(GG_ESTATE, "gg_scope_end: scope %llu of arena '%s' has ended already", scope->id, a->name);
+  else if (d != a->n_frames - 1)
+    rc = gg__err(GG_ESTATE,
+                 "gg_scope_end: scope %llu (depth %d) of arena '%s' cannot end while the scope opened inside "
+                 "it (depth %d) is open; end scopes in reverse order",
+                 scope->id, d, a->name, a->n_frames - 1);
+  else
+    rc = gg__scope_release(a);
+  gg__arena_leave(a);
+  return rc;
+}

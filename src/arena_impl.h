@@ -1,0 +1,218 @@
+/* arena_impl.h — what the arena's own files (src/arena*.c) share and nobody else sees: the arena
+ * structure and the functions one part of the arena calls in another.
+ *
+ * Memory of an arena is, at any moment, tiled exactly by four kinds of pieces (arena_check.c proves
+ * it): free blocks (the best-fit treap of freelist.c, plus the bump block "top"), USED block records
+ * (allocations served by best fit, or flushed from the bump log), PENDING records (released, waiting
+ * for the stream), and runs of the bump log (allocations carved from top, live or freed).
+ *
+ *   arena.c          handles, create and destroy, the live list, quarantine, fork, stats, copies
+ *   arena_alloc.c    one allocation (the ladder of steps, free list to out of memory) and one free
+ *   arena_release.c  released memory: batches, events, stream idle checks, waiting for the stream
+ *   arena_bump.c     the bump log and scopes
+ *   arena_grow.c     growth (mapping chunks), moving top, trim
+ *   arena_check.c    the invariant checker and the probe, for tests
+ *
+ * Every function here runs with the arena's lock held unless it says otherwise. */
+#ifndef GG_ARENA_IMPL_H
+#define GG_ARENA_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arena_internal.h"
+#include "backend/backend.h"
+#include "freelist.h"
+#include "internal.h"
+
+#define GG__MAGIC 0x67676172u /* "ggar" */
+#define GG__DEAD  0x64656164u /* "dead" */
+/* "torn": its guard gave the device memory back; the handle waits for gg_arena_destroy() */
+#define GG__TORN 0x746f726eu
+
+/* One allocation carved from top. The log is sorted by address; consecutive entries of a run tile
+ * memory without gaps, so cutting the log's tail releases a whole run as one range. */
+typedef struct gg__bump_entry {
+  uintptr_t start, ptr; /* start..ptr is alignment padding */
+  size_t req;
+  const char *tag;
+  int depth;
+  bool live;
+  bool ordered; /* freed in stream order (the plugin): its memory is reusable at once */
+} gg__bump_entry_t;
+
+/* Entries of the log that tile one piece of memory without gaps. */
+typedef struct gg__bump_run {
+  size_t first; /* index of its first entry */
+  void *seg;
+} gg__bump_run_t;
+
+/* A scope (frame 0 stands for "outside any scope" and never ends). */
+typedef struct gg__frame {
+  unsigned long long id;
+  gg__block_t *blocks;          /* its USED block records */
+  size_t bump_first;            /* its bump entries are [bump_first, next frame's bump_first) */
+  unsigned long long bump_live; /* live entries among them, and their bytes */
+  size_t bump_bytes;
+} gg__frame_t;
+
+/* Releases that wait for one event on the arena's stream. */
+typedef struct gg__batch {
+  void *event;
+  gg__block_t *head;
+  size_t bytes, count;
+} gg__batch_t;
+
+struct gg_arena {
+  _Atomic unsigned magic; /* read without the lock: the guard may tear the arena down meanwhile */
+  atomic_uint calls;      /* calls between gg__arena_enter and gg__arena_leave: destroy waits for them */
+  atomic_bool destroying; /* set by the one gg_arena_destroy() that goes ahead */
+  unsigned fork_gen;
+  pthread_mutex_t lock;
+  gg__dev_t *dev;
+  const gg__backend_ops_t *ops;
+  uintptr_t base;
+  size_t capacity, chunk_size, granularity;
+  bool contiguous, track;
+  void *stream;
+  unsigned flags;
+  char name[64];
+
+  gg__freelist_t freelist;
+  gg__addr_map_t used; /* ptr → USED record */
+
+  gg__bump_entry_t *bump;
+  size_t bump_count, bump_cap;
+  gg__bump_run_t *runs;
+  size_t run_count, run_cap;
+  bool bump_new_run;      /* top moved: the next entry starts a run even when addresses touch */
+  size_t bump_bytes;      /* bytes covered by runs */
+  size_t bump_live_bytes; /* of which live */
+
+  gg__frame_t *frames;
+  int n_frames;
+  size_t frames_cap;
+  unsigned long long serial;
+
+  gg__batch_t open;
+  gg__batch_t *closed; /* FIFO [closed_head, closed_end): recorded, in stream order */
+  size_t closed_head, closed_end, closed_cap;
+  void **spare_events; /* spare events, and room for every event ever made */
+  size_t n_spare_events, events_cap, events_made;
+  size_t pending; /* bytes in batches */
+
+  gg__chunk_t **chunks; /* by address */
+  size_t n_chunks, chunks_cap;
+
+  char **tags; /* interned, an open-addressing set */
+  size_t n_tags, tags_cap;
+  const char *tag_last;
+  size_t tag_last_len;
+
+  size_t in_use, mapped, peak_in_use, peak_mapped;
+  unsigned long long n_live, n_allocs, n_frees, n_trims, bytes_trimmed;
+  gg__arena_probe_t probe;
+  unsigned long long guard_token;         /* registration with the live guard of its device, 0 if none */
+  struct gg_arena *live_prev, *live_next; /* the process's live arenas, for reports */
+  bool on_live;
+  bool ordered_released; /* stream-ordered releases since the last trim: unmapping must wait for the stream */
+};
+
+static inline size_t gg__rounded_size(size_t req) { return (req + GG__QUANTUM - 1) & ~(GG__QUANTUM - 1); }
+static inline uintptr_t gg__bump_entry_end(const gg__bump_entry_t *e) {
+  return e->ptr + gg__rounded_size(e->req);
+}
+/* Bytes of the bump log that are freed but not yet given back to the free memory. */
+static inline size_t gg__bump_dead_bytes(const gg_arena_t *a) { return a->bump_bytes - a->bump_live_bytes; }
+
+/* ---- arena.c ------------------------------------------------------------------------------------- */
+
+/* Checks the handle without locking it: NULL, destroyed, torn down, inherited through fork(). */
+int gg__arena_valid(const gg_arena_t *a, const char *call);
+/* For a handle gg__arena_valid() accepted: counts the call among those in flight and takes the lock;
+ * 0, or the handle's error when it died meanwhile. */
+int gg__arena_lock_counted(gg_arena_t *a, const char *call);
+/* Checks the handle, counts the call and takes the lock; 0 or the handle's error. */
+static inline int gg__arena_enter(gg_arena_t *a, const char *call) {
+  int rc = gg__arena_valid(a, call);
+  return rc < 0 ? rc : gg__arena_lock_counted(a, call);
+}
+static inline void gg__arena_leave(gg_arena_t *a) {
+  pthread_mutex_unlock(&a->lock);
+  atomic_fetch_sub(&a->calls, 1);
+}
+int gg__arena_grow_array_slow(void *arr, size_t *cap, size_t need, size_t elem);
+/* Grows a dynamic array so it holds at least `need` elements. 0 or GG_ENOMEM. */
+static inline int gg__arena_grow_array(void *arr, size_t *cap, size_t need, size_t elem) {
+  return GG__LIKELY(need <= *cap) ? 0 : gg__arena_grow_array_slow(arr, cap, need, elem);
+}
+/* Runs a step whose failure only delays reuse or makes a growth map more: this thread's error detail
+ * is kept as it was before the step. Returns the step's status. */
+int gg__arena_quietly(gg_arena_t *a, int (*step)(gg_arena_t *a, void *ctx), void *ctx);
+static inline void gg__arena_count_alloc(gg_arena_t *a, size_t n) {
+  a->in_use += n, a->n_live++, a->n_allocs++;
+  if (a->in_use > a->peak_in_use) a->peak_in_use = a->in_use;
+}
+static inline void gg__arena_count_release(gg_arena_t *a, size_t bytes, unsigned long long blocks) {
+  a->in_use -= bytes, a->n_live -= blocks, a->n_frees += blocks;
+}
+void gg__arena_fill_stats(const gg_arena_t *a, gg_arena_stats_t *s);
+
+/* ---- arena_alloc.c ------------------------------------------------------------------------------- */
+
+void gg__arena_tags_free(gg_arena_t *a);
+
+/* ---- arena_release.c ----------------------------------------------------------------------------- */
+
+/* Released memory: reusable at once without stream tracking or when released in stream order
+ * (`ordered`), else once the open batch's event says the work queued before now is done. `rec` is a
+ * record to reuse, or NULL (reserved by the caller). */
+void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__block_t *rec, bool ordered);
+/* After releases: closes the open batch once it is large enough (never blocks, failures only delay). */
+void gg__arena_after_release(gg_arena_t *a);
+/* Never blocks and never fails: makes reusable what the stream has finished with (a failure only
+ * delays reuse; this thread's error detail is left as it was). */
+void gg__arena_reclaim_finished(gg_arena_t *a);
+/* Blocking: waits for the work every pending release waits on, then makes all of it reusable. */
+int gg__arena_wait_pending(gg_arena_t *a);
+/* Destroys every event (device teardown); the first failure is returned, the rest are still done. */
+int gg__arena_events_destroy(gg_arena_t *a);
+
+/* ---- arena_bump.c -------------------------------------------------------------------------------- */
+
+/* Room for one more log entry and run. 0 or GG_ENOMEM. */
+static inline int gg__bump_reserve(gg_arena_t *a) {
+  int rc = gg__arena_grow_array(&a->bump, &a->bump_cap, a->bump_count + 1, sizeof *a->bump);
+  if (rc == 0) rc = gg__arena_grow_array(&a->runs, &a->run_cap, a->run_count + 1, sizeof *a->runs);
+  return rc;
+}
+/* Carves n bytes at alignment `align` from top (which must hold them) as a new log entry. */
+uintptr_t gg__bump_push(gg_arena_t *a, size_t n, size_t align, size_t req, const char *tag);
+/* Cuts freed entries off the end of the log. */
+void gg__bump_pop_dead(gg_arena_t *a);
+/* Turns the log into block records. 0 or GG_ENOMEM (nothing changed). */
+int gg__bump_flush(gg_arena_t *a);
+/* The log entry whose memory holds p, or -1. */
+long gg__bump_find(const gg_arena_t *a, uintptr_t p);
+/* Links a USED record into (or out of) its scope's list of blocks. */
+void gg__frame_link(gg_arena_t *a, gg__block_t *b);
+void gg__frame_unlink(gg_arena_t *a, gg__block_t *b);
+
+/* ---- arena_grow.c -------------------------------------------------------------------------------- */
+
+/* Makes the largest free block the bump block when it is larger than top. Failures only lose speed. */
+void gg__arena_promote(gg_arena_t *a);
+/* Index of the first chunk at or above p. */
+size_t gg__chunk_index(const gg_arena_t *a, uintptr_t p);
+/* Maps a chunk that makes room for n bytes at alignment al. 0; GG_ENOMEM with `why` saying whether
+ * the capacity or the device ran out; or the backend's error. */
+int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap);
+/* Whether to give wholly free chunks back before mapping n more bytes. */
+bool gg__arena_trim_before_growth(const gg_arena_t *a, size_t n);
+/* Unmaps wholly free chunks, highest first, while more than keep bytes stay mapped. */
+int gg__arena_trim_locked(gg_arena_t *a, size_t keep);
+
+#endif
