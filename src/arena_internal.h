@@ -34,4 +34,9 @@ int gg__arena_foreach_live(int (*fn)(gg_arena_t *arena, void *user), void *user)
  * else GG_ESTATE with what is wrong in gg_last_error(). */
 int gg__arena_check(gg_arena_t *arena);
 
+/* The options `arena` applies, as gg_arena_create() settled them: device, backend ("cuda"/"host", static
+ * text), capacity and chunk size rounded to the granularity, stream, flags, and name (the arena's own
+ * text: valid while it lives). 0, or the error of a call on a handle that is not live. */
+int gg__arena_options_of(gg_arena_t *arena, gg_arena_options_t *out);
+
 #endif

@@ -8,6 +8,7 @@
 
 #include "gpuguard/plugin.h"
 #include "internal.h"
+#include "plugin_graph.h"
 #include "plugin_internal.h"
 
 typedef struct gg__plug_counters {
@@ -127,7 +128,10 @@ void *gg_torch_alloc(ssize_t size, int device, void *stream) {
   if (rc == 0) {
     pthread_rwlock_rdlock(&gg__plug_lock);
     gg_arena_t *a = gg__plug[device];
-    if (!a)
+    int g = gg__graph_alloc(device, a, (size_t)size, stream, &p); /* under a CUDA graph capture */
+    if (g != 0)
+      rc = g < 0 ? g : 0;
+    else if (!a)
       rc = gg__err(GG_ESTATE, "gg_torch_alloc: no arena is registered for device %d (gg_plugin_set_arena)",
                    device);
     else
@@ -156,7 +160,10 @@ void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   if (rc == 0) {
     pthread_rwlock_rdlock(&gg__plug_lock);
     gg_arena_t *a = gg__plug[device];
-    if (!a)
+    int g = gg__graph_free(device, a, ptr, size > 0 ? (size_t)size : 0, stream); /* a graph's block */
+    if (g != 0)
+      rc = g < 0 ? g : 0;
+    else if (!a)
       rc = gg__err(GG_ESTATE,
                    "gg_torch_free: no arena is registered for device %d any more; the block stays with the "
                    "arena that handed it out",
