@@ -511,6 +511,13 @@ static int gg__gfree_locked(gg__gdev_t *st, gg_arena_t *main, int mode, unsigned
     return 1;
   }
   r->streamed = true, r->stream = stream;
+  if (mode == GG__G_QUIET && r->from && gg__gnorm(stream)) {
+    /* A main-arena block that must wait for the capture to end, freed on a stream that does not
+     * capture: that stream is waited for now (as the main arena would have), so the block needs no
+     * stream later, when that stream may be gone. */
+    st->n_syncs++;
+    if (st->dev->ops->stream_sync(st->dev, gg__gnorm(stream)) == 0) r->streamed = false;
+  }
   if (r->pool && !gg__pool_released(r->pool)) {
     r->freed = true, r->next = r->pool->free, r->pool->free = r; /* its graph still replays into it */
     return 1;
