@@ -9,7 +9,7 @@
 
 #define DEV 1
 #define MiB ((size_t)1 << 20)
-#define ROUNDS 60
+#define ROUNDS 200
 #define HELD_MAX 64
 
 static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
