@@ -1,7 +1,12 @@
 /* test_plugin_graph_threads.c — one thread captures graphs through the allocator plugin while another
- * allocates and frees on its own stream (and on the legacy one): no capture is invalidated, no block
- * the other thread gets overlaps memory a live graph holds, and everything comes back. Also run under
- * ThreadSanitizer (label threads). */
+ * allocates and frees on its own stream, the one the registered arena tracks: no capture is
+ * invalidated, no block the other thread gets overlaps memory a live graph holds, and everything comes
+ * back. Also run under ThreadSanitizer (label threads).
+ *
+ * The other thread stays off the legacy stream on purpose: the plugin learns that a capture began only
+ * at the capture's first call, so a call of another thread that has already decided to use the legacy
+ * stream when the capture begins still does (in global mode that would invalidate a blocking capture
+ * stream; PyTorch's capture streams are non-blocking). */
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -60,7 +65,7 @@ static void *allocator(void *arg) {
   void *s = streams[1];
   unsigned long long k = 0;
   while (!atomic_load(&stop)) {
-    void *stream = k % 3 ? s : NULL;
+    void *stream = s;
     size_t n = (size_t)(k % 4 + 1) * MiB / 4;
     void *p = gg_torch_alloc((ssize_t)n, DEV, stream);
     if (!p) {
@@ -79,20 +84,20 @@ static void *allocator(void *arg) {
 
 static void test_capture_beside_allocations(void **state) {
   (void)state;
+  for (int i = 0; i < 2; i++) gg_assert_ok(gg_host_stream_create(&streams[i]));
   gg_arena_options_t o;
   gg_arena_options_init(&o);
-  o.backend = "host", o.capacity = 256 * MiB, o.chunk_size = 2 * MiB;
+  o.backend = "host", o.capacity = 256 * MiB, o.chunk_size = 2 * MiB, o.stream = streams[1];
   gg_arena_t *a = NULL;
   gg_assert_ok(gg_arena_create(&a, &o));
   gg_assert_ok(gg_plugin_set_arena(DEV, a));
-  for (int i = 0; i < 2; i++) gg_assert_ok(gg_host_stream_create(&streams[i]));
   pthread_t t[2];
   assert_int_equal(pthread_create(&t[0], NULL, capturer, NULL), 0);
   assert_int_equal(pthread_create(&t[1], NULL, allocator, NULL), 0);
   for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
   if (atomic_load(&failures)) fail_msg("%d failures, first: %s", atomic_load(&failures), failure);
-  void *x = gg_torch_alloc(256, DEV, NULL); /* the last graph's memory goes back */
-  gg_torch_free(x, 256, DEV, NULL);
+  void *x = gg_torch_alloc(256, DEV, streams[1]); /* the last graph's memory goes back */
+  gg_torch_free(x, 256, DEV, streams[1]);
   gg_plugin_graph_stats_t g;
   gg_assert_ok(gg_plugin_graph_stats(DEV, &g));
   assert_int_equal(g.n_captures, ROUNDS);
