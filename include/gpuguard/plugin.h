@@ -61,9 +61,14 @@
  *    were allocated before the capture and freed after it must stay alive as long as the graph (as
  *    with PyTorch's own allocator); pools are not shared between captures (PyTorch's `pool=` argument
  *    shares nothing here: each capture holds its own memory); gg_plugin_trim() trims the graph arena,
- *    the registered arena is trimmed by its owner. The graph arena lives until gg_plugin_trim(device,
- *    0) finds it holding nothing; when the registered arena changes, an empty graph arena only gives
- *    its memory back.
+ *    the registered arena is trimmed by its owner; the streams blocks are freed on must outlive the
+ *    graph (PyTorch's own streams do); the plugin learns of a capture at its first call, so a call of
+ *    another thread already past its query when a capture begins may still use the arena's stream
+ *    (harmless for PyTorch's non-blocking capture streams; a program that allocates on the legacy
+ *    stream from other threads while it begins captures should capture with
+ *    `capture_error_mode="thread_local"`). The graph arena lives until gg_plugin_trim(device, 0) finds
+ *    it holding nothing; when the registered arena changes, an empty graph arena only gives its memory
+ *    back.
  *
  *  All functions are thread-safe; none is async-signal-safe.
  *  @{ */
