@@ -225,6 +225,7 @@ static void test_invalidated_capture_releases_its_pool(void **state) {
   gg_assert_ok(gg_alloc(on_cs, 4096, &p));
   gg_assert_ok(gg_free(on_cs, p)); /* pending on cs */
   gg_assert_ok(gg_host_stream_capture_begin(cs));
+  gg_assert_fails(gg_host_stream_capture_begin(cs), GG_ESTATE, "capturing already");
   void *blk = gg_torch_alloc(MiB, DEV, cs);
   assert_non_null(blk);
   assert_int_not_equal(gg_arena_trim(on_cs, 0), 0); /* records an event on cs: not allowed now */

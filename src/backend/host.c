@@ -225,17 +225,15 @@ int gg_host_stream_capture_begin(void *stream) {
   gg__hcapture_t *c = calloc(1, sizeof *c);
   if (!c) return gg__err(GG_ENOMEM, "gg_host_stream_capture_begin: out of host memory");
   pthread_mutex_lock(&gg__hcap.lock);
-  bool busy = *gg__hcap_find(&gg__hcap.capturing, stream) != NULL;
-  if (!busy) {
-    c->stream = stream, c->id = ++gg__hcap.last_id;
-    c->next = gg__hcap.capturing, gg__hcap.capturing = c;
-    atomic_fetch_add(&gg__hcap_underway, 1);
-  }
-  pthread_mutex_unlock(&gg__hcap.lock);
-  if (busy) {
+  if (*gg__hcap_find(&gg__hcap.capturing, stream)) {
+    pthread_mutex_unlock(&gg__hcap.lock);
     free(c);
     return gg__err(GG_ESTATE, "gg_host_stream_capture_begin: the stream is capturing already");
   }
+  c->stream = stream, c->id = ++gg__hcap.last_id;
+  c->next = gg__hcap.capturing, gg__hcap.capturing = c; /* owned by the list until capture_end */
+  atomic_fetch_add(&gg__hcap_underway, 1);
+  pthread_mutex_unlock(&gg__hcap.lock);
   return 0;
 }
 
