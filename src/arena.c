@@ -428,3 +428,13 @@ int gg_arena_reset_peak(gg_arena_t *a) {
   gg__arena_leave(a);
   return 0;
 }
+
+int gg__arena_options_of(gg_arena_t *a, gg_arena_options_t *out) {
+  int rc = gg__arena_enter(a, "gg__arena_options_of");
+  if (rc < 0) return rc;
+  gg_arena_options_init(out);
+  out->device = a->dev->index, out->backend = a->ops->name, out->capacity = a->capacity;
+  out->chunk_size = a->chunk_size, out->stream = a->stream, out->flags = a->flags, out->name = a->name;
+  gg__arena_leave(a);
+  return 0;
+}

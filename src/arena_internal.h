@@ -57,5 +57,9 @@ void gg__arena_on_destroy(void (*fn)(const gg_arena_t *arena));
 void gg__arena_fork_prepare(void);
 void gg__arena_fork_parent(void);
 void gg__arena_fork_child(void);
+/* The options `arena` applies, as gg_arena_create() settled them: device, backend ("cuda"/"host", static
+ * text), capacity and chunk size rounded to the granularity, stream, flags, and name (the arena's own
+ * text: valid while it lives). 0, or the error of a call on a handle that is not live. */
+int gg__arena_options_of(gg_arena_t *arena, gg_arena_options_t *out);
 
 #endif

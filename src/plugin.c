@@ -11,6 +11,7 @@
 #include "gpuguard/plugin.h"
 #include "arena_internal.h"
 #include "internal.h"
+#include "plugin_graph.h"
 #include "plugin_internal.h"
 
 /* One gg_plugin_stat_t, kept with atomics: the plugin is called from many threads at once. */
@@ -250,7 +251,10 @@ int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
   if (rc == 0) {
     pthread_rwlock_rdlock(&gg__plug_lock);
     gg_arena_t *a = gg__plug[device];
-    if (!a)
+    int g = gg__graph_alloc(device, a, (size_t)size, stream, ptr); /* under a CUDA graph capture */
+    if (g != 0)
+      rc = g < 0 ? g : 0;
+    else if (!a)
       rc = gg__err(GG_ESTATE, "gg_torch_alloc: no arena is registered for device %d (gg_plugin_set_arena)",
                    device);
     else
@@ -286,13 +290,18 @@ void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   if (rc == 0) {
     pthread_rwlock_rdlock(&gg__plug_lock);
     gg_arena_t *a = gg__plug[device];
-    if (!a)
+    int g = gg__graph_free(device, a, ptr, size > 0 ? (size_t)size : 0, stream); /* a graph's block */
+    void *other;
+    if (g != 0) { /* the pool keeps the block for as long as its graph lives: no stream to wait for now */
+      rc = g < 0 ? g : 0;
+      while (gg__recorded_take(device, ptr, &other)) {
+      }
+    } else if (!a)
       rc = gg__err(GG_ESTATE,
                    "gg_torch_free: no arena is registered for device %d any more; the block stays with the "
                    "arena that handed it out",
                    device);
     else {
-      void *other;
       int waited = 0;
       while (rc == 0 && gg__recorded_take(device, ptr, &other)) /* Tensor.record_stream: wait first */
         if ((rc = gg__arena_wait_stream(a, other)) == 0) waited = 1;

@@ -30,7 +30,7 @@ GG_BEGIN_DECLS
  *  and every later call fails) or `OP:*` (every call fails), each optionally followed by `=nomem` to
  *  fail with GG_ENOMEM instead of GG_EDRIVER. OP is one of: open, mem_info, reserve, release, map,
  *  unmap, copy, set, event_create, event_record, event_query, event_sync, event_destroy, stream_sync,
- *  stream_query, ctx_reset. NULL or "" disarms every fault.
+ *  stream_query, ctx_reset, stream_capture, graph_retain. NULL or "" disarms every fault.
  *  @return 0, or GG_EINVAL naming the bad part of the spec (the previous spec then stays armed).
  *  Thread-safe. Example: `gg_host_fault_set("map:3,unmap:1+")`. */
 GG_API int gg_host_fault_set(const char *spec);
@@ -57,6 +57,34 @@ GG_API int gg_host_stream_release(void *stream);
 /** Destroys a stream made by gg_host_stream_create(). NULL is a no-op.
  *  @return 0. The caller must not use the stream afterwards (events recorded on it included). */
 GG_API int gg_host_stream_destroy(void *stream);
+
+/** Begins a simulated CUDA graph capture on @p stream, in CUDA's global capture mode. Until
+ *  gg_host_stream_capture_end(), an event recorded on the stream, a query or wait on such an event, a
+ *  query or wait on the stream itself, or any of these on the legacy (NULL) stream (while any capture
+ *  is underway) invalidates the capture, and the operation fails. The library's capture query reports
+ *  the capture's id for @p stream (and "some capture is underway" for the NULL stream). Objects the
+ *  library ties to the capture's graph are released when the graph is destroyed.
+ *  @param stream a stream made by gg_host_stream_create().
+ *  @return 0; GG_EINVAL for NULL (the legacy stream cannot be captured, as in CUDA); GG_ESTATE when the
+ *  stream captures already; GG_ENOMEM. Thread-safe. */
+GG_API int gg_host_stream_capture_begin(void *stream);
+
+/** Ends the capture on @p stream. A valid capture becomes a live graph, identified by @p graph_id,
+ *  until gg_host_graph_destroy(). An invalidated capture gives no graph: what it retained is released
+ *  at once (as cuStreamEndCapture destroys the partial graph).
+ *  @param stream the capturing stream.
+ *  @param[out] graph_id receives the graph's id (never 0), or 0 on failure; may be NULL.
+ *  @return 0; GG_ESTATE when the stream is not capturing, or when the capture was invalidated (the
+ *  detail names the first operation that invalidated it). Thread-safe. */
+GG_API int gg_host_stream_capture_end(void *stream, unsigned long long *graph_id);
+
+/** Destroys a live graph: runs, on the calling thread, the release callbacks of everything the library
+ *  tied to it during its capture (as the CUDA driver does on a thread of its own once a graph and its
+ *  executable instances are gone).
+ *  @param graph_id the id gg_host_stream_capture_end() gave.
+ *  @return 0; GG_EINVAL when no live graph has that id (destroyed already, or never made).
+ *  Thread-safe. */
+GG_API int gg_host_graph_destroy(unsigned long long graph_id);
 
 GG_END_DECLS
 

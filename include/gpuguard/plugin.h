@@ -42,6 +42,37 @@
  *  - **Size 0.** PyTorch asks for 0 bytes for empty tensors. gg_torch_alloc() returns NULL for them
  *    without any error (PyTorch's own allocator does the same) and gg_torch_free(NULL, ...) is a no-op.
  *
+ *  - **CUDA graphs.** Stream capture (`torch.cuda.graph`, `torch.compile(mode="reduce-overhead")`)
+ *    works in both forms. Each call asks the driver whether its stream captures (one
+ *    cuStreamGetCaptureInfo; a second one for the arena's stream when the call is for another stream).
+ *    During a capture nothing the plugin does touches a stream (no wait, no event, no query), and
+ *    mapping memory runs in the relaxed capture mode, so the plugin never invalidates a capture. The
+ *    blocks of a capture come from a second arena per device, the *graph arena* (GG_ARENA_NO_STREAM,
+ *    same device, backend, capacity and chunk size as the registered arena, named "torch-graph"), and
+ *    belong to the capture's *pool*: freed during the capture, a block is reused by later allocations of
+ *    the same capture only (best fit); freed after it (the graph's outputs), it stays with the pool.
+ *    A block of the registered arena freed during the capture (allocated before it) is kept by the pool
+ *    too, not given back: the graph reads it at every replay. So memory a live graph uses is never
+ *    handed to anything else. The pool is tied to the graph (a CUDA user object): once the graph and
+ *    every executable graph made from it are destroyed, the next plugin call (or
+ *    gg_plugin_graph_stats(), gg_plugin_trim()) gives the pool's freed blocks back (blocks of the
+ *    registered arena in its stream order), and blocks still live go back when they are freed. While a
+ *    capture is underway, calls for streams that do not capture but whose work the arena may not touch
+ *    (the legacy default stream while a blocking stream captures, or any stream while a capture this
+ *    plugin saw is still underway) get unowned blocks of the graph arena, given back after a wait for
+ *    the stream they were freed on, once no capture forbids it. Limits: tensors a graph reads that
+ *    were allocated before the capture and freed after it must stay alive as long as the graph (as
+ *    with PyTorch's own allocator); pools are not shared between captures (PyTorch's `pool=` argument
+ *    shares nothing here: each capture holds its own memory); gg_plugin_trim() trims the graph arena,
+ *    the registered arena is trimmed by its owner; the streams blocks are freed on must outlive the
+ *    graph (PyTorch's own streams do); the plugin learns of a capture at its first call, so a call of
+ *    another thread already past its query when a capture begins may still use the arena's stream
+ *    (harmless for PyTorch's non-blocking capture streams; a program that allocates on the legacy
+ *    stream from other threads while it begins captures should capture with
+ *    `capture_error_mode="thread_local"`). The graph arena lives until gg_plugin_trim(device, 0) finds
+ *    it holding nothing; when the registered arena changes, an empty graph arena only gives its memory
+ *    back.
+ *
  *  All functions are thread-safe; none is async-signal-safe.
  *  @{ */
 
@@ -93,6 +124,39 @@ GG_API int gg_plugin_reset_peak(int device);
  *  @param device the device ordinal.
  *  @return 0; GG_EINVAL for a device out of range. Thread-safe. */
 GG_API int gg_plugin_reset_totals(int device);
+/** What the plugin holds for CUDA graphs on one device (see the group's description), exact at the
+ *  moment of the call. The struct's size is fixed: later fields take the place of `reserved_`. */
+typedef struct gg_plugin_graph_stats {
+  size_t bytes_in_use;              /**< the graph arena's bytes in live blocks (0 when it does not exist) */
+  size_t bytes_mapped;              /**< the graph arena's mapped memory */
+  unsigned long long n_pools;       /**< pools alive: captures whose graph, or whose blocks, still live */
+  unsigned long long n_blocks_held; /**< blocks owned by pools, live or freed, of either arena */
+  size_t bytes_held;                /**< their bytes, as requested */
+  unsigned long long n_captures;    /**< captures seen since the process started */
+  unsigned long long n_unowned;     /**< live graph-arena blocks outside any pool (allocated while a
+                                         capture forbade the registered arena its stream) */
+  unsigned long long n_deferred;    /**< freed blocks waiting to go back until no capture forbids it */
+  unsigned long long n_stream_waits; /**< host-side waits for a stream made to give blocks back */
+  unsigned long long reserved_[8];  /**< room for fields later versions add; zero */
+} gg_plugin_graph_stats_t;
+
+/** Reads what the plugin holds for CUDA graphs on @p device. Gives back first what may go back without
+ *  the registered arena (graph-arena blocks of destroyed graphs).
+ *  @param device the device ordinal.
+ *  @param[out] out filled on success (all zero when no capture was ever handled).
+ *  @return 0; GG_EINVAL for NULL @p out or a device out of range. Thread-safe. */
+GG_API int gg_plugin_graph_stats(int device, gg_plugin_graph_stats_t *out);
+
+/** Trims the graph arena of @p device: gives back what may go back, then unmaps its wholly free
+ *  chunks beyond @p keep bytes (gg_arena_trim()). With @p keep 0 and no live block, the graph arena is
+ *  destroyed, reservation included (the next capture makes a new one). The registered arena is not
+ *  touched: its owner trims it.
+ *  @param device the device ordinal.
+ *  @param keep bytes of mapped memory to keep.
+ *  @param[out] released bytes of physical memory given back to the driver; may be NULL.
+ *  @return 0 (also when there is no graph arena); GG_EINVAL for a device out of range; a driver error
+ *  from the trim. Thread-safe. */
+GG_API int gg_plugin_trim(int device, size_t keep, size_t *released);
 
 /** Registers @p arena as the one that serves allocations for @p device, replacing any earlier one.
  *  Blocks an earlier arena handed out stay its own: PyTorch's later frees of them go to the arena

@@ -58,6 +58,16 @@ typedef struct gg__backend_ops {
   /* Non-blocking: 1 when every piece of work queued on the stream so far is done, 0 while some is
    * pending, <0 on error. One call instead of an event record and a query when the stream is idle. */
   int (*stream_query)(gg__dev_t *d, void *stream);
+  /* CUDA graph capture. stream_capture: 0 with *capture_id 0 when `stream` is not capturing, 0 with the
+   * capture's unique id (never 0) when it is (an invalidated capture still counts: it has not ended),
+   * 1 with *capture_id 0 when `stream` is the legacy default stream while another stream captures
+   * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: some capture is underway, no stream operation may run), <0 on
+   * error. Never invalidates a capture. */
+  int (*stream_capture)(gg__dev_t *d, void *stream, unsigned long long *capture_id);
+  /* Ties `destroy(user)` to the graph being captured on `stream`: the backend calls it once, on a thread
+   * of its own, when that graph and every executable graph made from it are destroyed (and their
+   * launches done). destroy must not call the driver: it only marks. On failure destroy is never called. */
+  int (*graph_retain)(gg__dev_t *d, void *stream, void (*destroy)(void *user), void *user);
   /* Destroy every resource of the device's primary context (opt-in, for processes owning the device). */
   int (*ctx_reset)(gg__dev_t *d);
   /* Release what open() took (the primary context retain) and free d. */

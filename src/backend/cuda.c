@@ -52,7 +52,12 @@
   X(cuEventSynchronize, (CUevent))                                                              \
   X(cuEventDestroy, (CUevent))                                                                  \
   X(cuStreamSynchronize, (CUstream))                                                            \
-  X(cuStreamQuery, (CUstream))
+  X(cuStreamQuery, (CUstream))                                                                  \
+  X(cuStreamGetCaptureInfo, (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,         \
+                             const CUgraphNode **, size_t *))                                   \
+  X(cuUserObjectCreate, (CUuserObject *, void *, CUhostFn, unsigned int, unsigned int))         \
+  X(cuGraphRetainUserObject, (CUgraph, CUuserObject, unsigned int, unsigned int))               \
+  X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *))
 
 static struct {
 #define GG__CU_MEMBER(name, args) CUresult(CUDAAPI *fn_##name) args;
@@ -266,7 +271,20 @@ static int gg__c_mem_info(gg__dev_t *d, size_t *free_b, size_t *total_b) {
   GG__CU_IN_CTX(d, gg__cu.fn_cuMemGetInfo(free_b, total_b), "cuMemGetInfo");
 }
 
-static int gg__c_va_reserve(gg__dev_t *d, size_t size, uintptr_t *base) {
+/* cuMemCreate, cuMemMap and the rest are "potentially unsafe" calls: made while any thread captures a
+ * CUDA graph in global mode (PyTorch's default), they invalidate that capture. Memory management never
+ * touches a stream, so each runs with this thread's capture mode exchanged to relaxed, then restored. */
+static CUstreamCaptureMode gg__relaxed_enter(void) {
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (gg__cu.fn_cuThreadExchangeStreamCaptureMode(&m) != CUDA_SUCCESS) m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  return m;
+}
+
+static void gg__relaxed_leave(CUstreamCaptureMode m) {
+  if (m != CU_STREAM_CAPTURE_MODE_RELAXED) gg__cu.fn_cuThreadExchangeStreamCaptureMode(&m);
+}
+
+static int gg__c_va_reserve_any(gg__dev_t *d, size_t size, uintptr_t *base) {
   if (size == 0 || size % d->granularity)
     return gg__err(GG_EINVAL, "cuda backend: reserve of %zu bytes is not a multiple of %zu", size,
                    d->granularity);
@@ -280,12 +298,12 @@ static int gg__c_va_reserve(gg__dev_t *d, size_t size, uintptr_t *base) {
   return rc;
 }
 
-static int gg__c_va_release(gg__dev_t *d, uintptr_t base, size_t size) {
+static int gg__c_va_release_any(gg__dev_t *d, uintptr_t base, size_t size) {
   if (!d->contiguous || !base) return 0;
   GG__CU_IN_CTX(d, gg__cu.fn_cuMemAddressFree((CUdeviceptr)base, size), "cuMemAddressFree");
 }
 
-static int gg__c_map(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out) {
+static int gg__c_map_any(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out) {
   gg__cudev_t *c = d->impl;
   gg__ctx_scope_t s;
   int rc = gg__ctx_enter(d, &s);
@@ -318,7 +336,7 @@ static int gg__c_map(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out) 
   return rc;
 }
 
-static int gg__c_unmap(gg__dev_t *d, const gg__chunk_t *ch) {
+static int gg__c_unmap_any(gg__dev_t *d, const gg__chunk_t *ch) {
   gg__cudev_t *c = d->impl;
   gg__ctx_scope_t s;
   int rc = gg__ctx_enter(d, &s);
@@ -338,6 +356,35 @@ static int gg__c_unmap(gg__dev_t *d, const gg__chunk_t *ch) {
     }
   }
   gg__ctx_leave(&s);
+  return rc;
+}
+
+/* The four memory-management operations, in relaxed capture mode. */
+static int gg__c_va_reserve(gg__dev_t *d, size_t size, uintptr_t *base) {
+  CUstreamCaptureMode m = gg__relaxed_enter();
+  int rc = gg__c_va_reserve_any(d, size, base);
+  gg__relaxed_leave(m);
+  return rc;
+}
+
+static int gg__c_va_release(gg__dev_t *d, uintptr_t base, size_t size) {
+  CUstreamCaptureMode m = gg__relaxed_enter();
+  int rc = gg__c_va_release_any(d, base, size);
+  gg__relaxed_leave(m);
+  return rc;
+}
+
+static int gg__c_map(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out) {
+  CUstreamCaptureMode m = gg__relaxed_enter();
+  int rc = gg__c_map_any(d, at, size, out);
+  gg__relaxed_leave(m);
+  return rc;
+}
+
+static int gg__c_unmap(gg__dev_t *d, const gg__chunk_t *ch) {
+  CUstreamCaptureMode m = gg__relaxed_enter();
+  int rc = gg__c_unmap_any(d, ch);
+  gg__relaxed_leave(m);
   return rc;
 }
 
@@ -405,6 +452,53 @@ static int gg__c_stream_query(gg__dev_t *d, void *stream) {
   return rc < 0 ? rc : 1;
 }
 
+static int gg__c_stream_capture(gg__dev_t *d, void *stream, unsigned long long *capture_id) {
+  *capture_id = 0;
+  gg__ctx_scope_t s;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) return rc;
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  CUresult r = gg__cu.fn_cuStreamGetCaptureInfo((CUstream)stream, &st, &id, NULL, NULL, NULL);
+  /* The legacy stream asked while a blocking stream captures: the query itself is harmless, but any
+   * operation on the legacy stream would invalidate that capture. */
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+    gg__ctx_leave(&s);
+    return 1;
+  }
+  if ((rc = gg__ctx_done(&s, r, "cuStreamGetCaptureInfo")) < 0) return rc;
+  /* ACTIVE or INVALIDATED: either way the capture has not ended and the stream must not be touched. */
+  if (st != CU_STREAM_CAPTURE_STATUS_NONE) *capture_id = id ? (unsigned long long)id : ~0ull;
+  return 0;
+}
+
+static int gg__c_graph_retain(gg__dev_t *d, void *stream, void (*destroy)(void *user), void *user) {
+  gg__ctx_scope_t s;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) return rc;
+  CUstreamCaptureMode m = gg__relaxed_enter();
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUgraph g = NULL;
+  CUuserObject obj = NULL;
+  CUresult r = gg__cu.fn_cuStreamGetCaptureInfo((CUstream)stream, &st, NULL, &g, NULL, NULL);
+  const char *what = "cuStreamGetCaptureInfo";
+  if (r == CUDA_SUCCESS && (st != CU_STREAM_CAPTURE_STATUS_ACTIVE || !g)) {
+    gg__relaxed_leave(m);
+    gg__ctx_leave(&s);
+    return gg__err(GG_ESTATE, "cuda backend: graph_retain: the stream is not capturing (status %d)", (int)st);
+  }
+  if (r == CUDA_SUCCESS)
+    r = gg__cu.fn_cuUserObjectCreate(&obj, user, destroy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+    what = "cuUserObjectCreate";
+  /* MOVE hands our one reference to the graph. If that fails the object is left unreleased (a few bytes
+   * of the driver's until exit): releasing it would run destroy, which the caller was told never happens
+   * on failure. */
+  if (r == CUDA_SUCCESS)
+    r = gg__cu.fn_cuGraphRetainUserObject(g, obj, 1, CU_GRAPH_USER_OBJECT_MOVE), what = "cuGraphRetainUserObject";
+  gg__relaxed_leave(m);
+  return gg__ctx_done(&s, r, what);
+}
+
 static int gg__c_ctx_reset(gg__dev_t *d) {
   gg__cudev_t *c = d->impl;
   int rc = gg__check_fork(d->fork_gen, "cuda backend");
@@ -439,6 +533,8 @@ static const gg__backend_ops_t gg__cuda_ops = {
     .event_destroy = gg__c_event_destroy,
     .stream_sync = gg__c_stream_sync,
     .stream_query = gg__c_stream_query,
+    .stream_capture = gg__c_stream_capture,
+    .graph_retain = gg__c_graph_retain,
     .ctx_reset = gg__c_ctx_reset,
     .close = gg__c_close,
 };

@@ -34,7 +34,9 @@
   X(event_destroy) \
   X(stream_sync) \
   X(stream_query) \
-  X(ctx_reset)
+  X(ctx_reset) \
+  X(stream_capture) \
+  X(graph_retain)
 
 enum gg__host_op {
 #define GG__OP_ENUM(n) GG__OP_##n,
@@ -66,7 +68,14 @@ static struct {
   bool busy;     /* every stream always has work queued: queries say busy, waits return at once */
   gg__fault_t faults[GG__OP_COUNT];
   _Atomic unsigned long long calls[GG__OP_COUNT];
+  atomic_bool armed; /* some fault is armed: only then does an operation read the table under the lock */
 } gg__host = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static bool gg__any_armed(const gg__fault_t f[GG__OP_COUNT]) {
+  for (int i = 0; i < GG__OP_COUNT; i++)
+    if (f[i].nth) return true;
+  return false;
+}
 
 static int gg__op_index(const char *name, size_t len) {
   for (int i = 0; i < GG__OP_COUNT; i++)
@@ -124,6 +133,7 @@ int gg_host_fault_set(const char *spec) {
   pthread_mutex_lock(&gg__host.lock);
   memcpy(gg__host.faults, parsed, sizeof parsed);
   for (int i = 0; i < GG__OP_COUNT; i++) atomic_store(&gg__host.calls[i], 0);
+  atomic_store(&gg__host.armed, gg__any_armed(parsed));
   pthread_mutex_unlock(&gg__host.lock);
   return 0;
 }
@@ -136,6 +146,7 @@ unsigned long long gg_host_op_count(const char *op) {
 /* Counts the call and fails it when a fault is armed for it. */
 static int gg__op(enum gg__host_op op) {
   unsigned long long n = atomic_fetch_add(&gg__host.calls[op], 1) + 1;
+  if (!atomic_load(&gg__host.armed)) return 0; /* no lock on the common path: threads call in together */
   pthread_mutex_lock(&gg__host.lock);
   gg__fault_t f = gg__host.faults[op];
   pthread_mutex_unlock(&gg__host.lock);
@@ -158,9 +169,161 @@ static _Atomic unsigned long long gg__busy_submitted, gg__busy_completed;
 
 typedef struct gg__hevent {
   gg__hstream_t *stream; /* NULL: complete */
+  const void *rec_key;   /* the stream it was last recorded on, compared only (captures), never read */
+  bool recorded;
   unsigned long long ticket;
   unsigned long long busy_ticket; /* GPUGUARD_HOST_BUSY: complete once gg__busy_completed reaches it */
 } gg__hevent_t;
+
+/* ---- simulated CUDA graph capture ----------------------------------------------------------------
+ * As in CUDA's global capture mode: while a stream captures, recording or waiting on it (events
+ * included) invalidates its capture, and so does any such operation on the legacy (NULL) stream while
+ * any capture is underway. An invalidated capture still runs until gg_host_stream_capture_end(), which
+ * then fails naming the first offending operation. Objects retained by a capture are released (their
+ * callbacks run) when its graph is destroyed, or at the end of an invalidated capture. */
+
+typedef struct gg__hretain {
+  void (*destroy)(void *user);
+  void *user;
+} gg__hretain_t;
+
+typedef struct gg__hcapture {
+  const void *stream; /* the capturing stream, compared only */
+  unsigned long long id;
+  char invalidated[192]; /* the first operation that invalidated it; "" while valid */
+  gg__hretain_t *retained;
+  size_t nretained, capretained;
+  struct gg__hcapture *next;
+} gg__hcapture_t;
+
+static struct {
+  pthread_mutex_t lock;
+  gg__hcapture_t *capturing; /* captures underway */
+  gg__hcapture_t *graphs;    /* ended captures whose graph lives */
+  unsigned long long last_id;
+} gg__hcap = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static atomic_int gg__hcap_underway; /* read without the lock on every stream operation */
+
+static gg__hcapture_t **gg__hcap_find(gg__hcapture_t **list, const void *stream) {
+  while (*list && (*list)->stream != stream) list = &(*list)->next;
+  return list;
+}
+
+/* An operation on `stream` (event_record, event_query, ...): invalidates the capture(s) it breaks and
+ * fails as the driver does; 0 when no capture is affected. */
+static int gg__hcap_touch(const void *stream, const char *op) {
+  if (GG__LIKELY(atomic_load(&gg__hcap_underway) == 0)) return 0;
+  int hit = 0;
+  pthread_mutex_lock(&gg__hcap.lock);
+  for (gg__hcapture_t *c = gg__hcap.capturing; c; c = c->next) {
+    if (stream && c->stream != stream) continue;
+    if (!c->invalidated[0])
+      snprintf(c->invalidated, sizeof c->invalidated, "%s on %s", op,
+               stream ? "the capturing stream" : "the legacy default stream while it captured");
+    hit++;
+  }
+  pthread_mutex_unlock(&gg__hcap.lock);
+  if (!hit) return 0;
+  return gg__err(GG_EDRIVER, "host backend: %s on %s during a stream capture invalidates the capture", op,
+                 stream ? "the capturing stream" : "the legacy default stream");
+}
+
+static void gg__hcap_release(gg__hcapture_t *c) {
+  for (size_t i = 0; i < c->nretained; i++) c->retained[i].destroy(c->retained[i].user);
+  free(c->retained);
+  free(c);
+}
+
+int gg_host_stream_capture_begin(void *stream) {
+  if (!stream)
+    return gg__err(GG_EINVAL, "gg_host_stream_capture_begin: the legacy default stream (NULL) cannot be captured");
+  gg__hcapture_t *c = calloc(1, sizeof *c);
+  if (!c) return gg__err(GG_ENOMEM, "gg_host_stream_capture_begin: out of host memory");
+  pthread_mutex_lock(&gg__hcap.lock);
+  if (*gg__hcap_find(&gg__hcap.capturing, stream)) {
+    pthread_mutex_unlock(&gg__hcap.lock);
+    free(c);
+    return gg__err(GG_ESTATE, "gg_host_stream_capture_begin: the stream is capturing already");
+  }
+  c->stream = stream, c->id = ++gg__hcap.last_id;
+  c->next = gg__hcap.capturing, gg__hcap.capturing = c; /* owned by the list until capture_end */
+  atomic_fetch_add(&gg__hcap_underway, 1);
+  pthread_mutex_unlock(&gg__hcap.lock);
+  return 0;
+}
+
+int gg_host_stream_capture_end(void *stream, unsigned long long *graph_id) {
+  if (graph_id) *graph_id = 0;
+  pthread_mutex_lock(&gg__hcap.lock);
+  gg__hcapture_t **pp = gg__hcap_find(&gg__hcap.capturing, stream), *c = *pp;
+  if (c) {
+    *pp = c->next;
+    atomic_fetch_sub(&gg__hcap_underway, 1);
+    if (!c->invalidated[0]) c->next = gg__hcap.graphs, gg__hcap.graphs = c;
+  }
+  pthread_mutex_unlock(&gg__hcap.lock);
+  if (!c) return gg__err(GG_ESTATE, "gg_host_stream_capture_end: the stream is not capturing");
+  if (c->invalidated[0]) {
+    /* As cuStreamEndCapture: no graph comes out, and what the capture retained is released. */
+    int rc = gg__err(GG_ESTATE, "gg_host_stream_capture_end: capture %llu was invalidated by %s", c->id,
+                     c->invalidated);
+    gg__hcap_release(c);
+    return rc;
+  }
+  if (graph_id) *graph_id = c->id;
+  return 0;
+}
+
+int gg_host_graph_destroy(unsigned long long graph_id) {
+  pthread_mutex_lock(&gg__hcap.lock);
+  gg__hcapture_t **pp = &gg__hcap.graphs;
+  while (*pp && (*pp)->id != graph_id) pp = &(*pp)->next;
+  gg__hcapture_t *c = *pp;
+  if (c) *pp = c->next;
+  pthread_mutex_unlock(&gg__hcap.lock);
+  if (!c) return gg__err(GG_EINVAL, "gg_host_graph_destroy: no live graph has id %llu", graph_id);
+  gg__hcap_release(c); /* outside the lock: callbacks may call into the library */
+  return 0;
+}
+
+static int gg__h_stream_capture(gg__dev_t *d, void *stream, unsigned long long *capture_id) {
+  (void)d;
+  *capture_id = 0;
+  int rc = gg__op(GG__OP_stream_capture);
+  if (rc < 0 || atomic_load(&gg__hcap_underway) == 0) return rc;
+  pthread_mutex_lock(&gg__hcap.lock);
+  if (!stream) {
+    rc = gg__hcap.capturing != NULL; /* the legacy stream while some stream captures */
+  } else {
+    gg__hcapture_t *c = *gg__hcap_find(&gg__hcap.capturing, stream);
+    if (c) *capture_id = c->id;
+  }
+  pthread_mutex_unlock(&gg__hcap.lock);
+  return rc;
+}
+
+static int gg__h_graph_retain(gg__dev_t *d, void *stream, void (*destroy)(void *user), void *user) {
+  (void)d;
+  int rc = gg__op(GG__OP_graph_retain);
+  if (rc < 0) return rc;
+  pthread_mutex_lock(&gg__hcap.lock);
+  gg__hcapture_t *c = stream ? *gg__hcap_find(&gg__hcap.capturing, stream) : NULL;
+  if (!c) {
+    rc = gg__err(GG_ESTATE, "host backend: graph_retain: the stream is not capturing");
+  } else {
+    if (c->nretained == c->capretained) {
+      size_t cap = c->capretained ? 2 * c->capretained : 4;
+      gg__hretain_t *r = realloc(c->retained, cap * sizeof *r);
+      if (r) c->retained = r, c->capretained = cap;
+    }
+    if (c->nretained < c->capretained)
+      c->retained[c->nretained++] = (gg__hretain_t){destroy, user};
+    else
+      rc = gg__err(GG_ENOMEM, "host backend: graph_retain: out of host memory");
+  }
+  pthread_mutex_unlock(&gg__hcap.lock);
+  return rc;
+}
 
 static void gg__busy_catch_up(void) { atomic_store(&gg__busy_completed, atomic_load(&gg__busy_submitted)); }
 
@@ -209,9 +372,10 @@ static int gg__h_event_create(gg__dev_t *d, void **ev) {
 static int gg__h_event_record(gg__dev_t *d, void *ev, void *stream) {
   (void)d;
   int rc = gg__op(GG__OP_event_record);
-  if (rc < 0) return rc;
+  if (rc < 0 || (rc = gg__hcap_touch(stream, "event_record")) < 0) return rc;
   gg__hevent_t *e = ev;
   gg__hstream_t *s = stream;
+  e->rec_key = stream, e->recorded = true;
   gg__hstream_unref(e->stream);
   e->stream = NULL;
   e->busy_ticket = gg__host.busy ? atomic_fetch_add(&gg__busy_submitted, 1) + 1 : 0;
@@ -226,8 +390,9 @@ static int gg__h_event_record(gg__dev_t *d, void *ev, void *stream) {
 static int gg__h_event_query(gg__dev_t *d, void *ev) {
   (void)d;
   int rc = gg__op(GG__OP_event_query);
-  if (rc < 0) return rc;
   gg__hevent_t *e = ev;
+  if (rc == 0 && e->recorded) rc = gg__hcap_touch(e->rec_key, "event_query");
+  if (rc < 0) return rc;
   if (e->busy_ticket > atomic_load(&gg__busy_completed)) return 0;
   return !e->stream || atomic_load(&e->stream->completed) >= e->ticket;
 }
@@ -235,8 +400,9 @@ static int gg__h_event_query(gg__dev_t *d, void *ev) {
 static int gg__h_event_sync(gg__dev_t *d, void *ev) {
   (void)d;
   int rc = gg__op(GG__OP_event_sync);
-  if (rc < 0) return rc;
   gg__hevent_t *e = ev;
+  if (rc == 0 && e->recorded) rc = gg__hcap_touch(e->rec_key, "event_sync");
+  if (rc < 0) return rc;
   if (e->stream && atomic_load(&e->stream->completed) < e->ticket)
     return gg__err(GG_ETIMEDOUT,
                    "host backend: waiting on an event of a held stream would never return; "
@@ -257,7 +423,7 @@ static int gg__h_event_destroy(gg__dev_t *d, void *ev) {
 static int gg__h_stream_sync(gg__dev_t *d, void *stream) {
   (void)d;
   int rc = gg__op(GG__OP_stream_sync);
-  if (rc < 0) return rc;
+  if (rc < 0 || (rc = gg__hcap_touch(stream, "stream_sync")) < 0) return rc;
   gg__hstream_t *s = stream;
   /* A held stream stands for one with a kernel still running: waiting for it would never return. */
   if (s && (atomic_load(&s->held) || atomic_load(&s->completed) < atomic_load(&s->submitted)))
@@ -269,7 +435,7 @@ static int gg__h_stream_sync(gg__dev_t *d, void *stream) {
 static int gg__h_stream_query(gg__dev_t *d, void *stream) {
   (void)d;
   int rc = gg__op(GG__OP_stream_query);
-  if (rc < 0) return rc;
+  if (rc < 0 || (rc = gg__hcap_touch(stream, "stream_query")) < 0) return rc;
   gg__hstream_t *s = stream;
   /* A held stream stands for one with a kernel still running: it is busy whatever was recorded. */
   if (gg__host.busy) return 0;
@@ -478,6 +644,8 @@ static const gg__backend_ops_t gg__host_ops = {
     .event_destroy = gg__h_event_destroy,
     .stream_sync = gg__h_stream_sync,
     .stream_query = gg__h_stream_query,
+    .stream_capture = gg__h_stream_capture,
+    .graph_retain = gg__h_graph_retain,
     .ctx_reset = gg__h_ctx_reset,
     .close = gg__h_close,
 };
@@ -510,6 +678,7 @@ static int gg__host_configure(void) {
   if (have_faults) {
     memcpy(gg__host.faults, faults, sizeof faults);
     for (int i = 0; i < GG__OP_COUNT; i++) atomic_store(&gg__host.calls[i], 0);
+    atomic_store(&gg__host.armed, gg__any_armed(faults));
   }
   return 0;
 }

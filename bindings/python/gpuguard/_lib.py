@@ -150,6 +150,13 @@ class PluginStats(Structure):
                 ("reserved_", c_ulonglong * 16)]
 
 
+class PluginGraphStats(Structure):
+    _fields_ = [("bytes_in_use", c_size_t), ("bytes_mapped", c_size_t), ("n_pools", c_ulonglong),
+                ("n_blocks_held", c_ulonglong), ("bytes_held", c_size_t), ("n_captures", c_ulonglong),
+                ("n_unowned", c_ulonglong), ("n_deferred", c_ulonglong), ("n_stream_waits", c_ulonglong),
+                ("reserved_", c_ulonglong * 8)]
+
+
 def _check(rc: int, func: Any, args: Any) -> int:
     """errcheck for every status-returning call: negative codes become exceptions."""
     if rc < 0:
@@ -217,6 +224,8 @@ FUNCTIONS: List[Tuple[str, list, Any, bool]] = [
     ("gg_plugin_get_arena", [c_int, POINTER(c_void_p)], _STATUS, True),
     ("gg_plugin_stats", [c_int, POINTER(PluginStats)], _STATUS, True),
     ("gg_plugin_reset_peak", [c_int], _STATUS, True),
+    ("gg_plugin_graph_stats", [c_int, POINTER(PluginGraphStats)], _STATUS, True),
+    ("gg_plugin_trim", [c_int, c_size_t, POINTER(c_size_t)], _STATUS, True),
     ("gg_plugin_record_stream", [c_int, c_void_p, c_void_p], _STATUS, True),
     ("gg_arena_reset_peak", [c_void_p], _STATUS, True),
     ("gg_plugin_reset_totals", [c_int], _STATUS, True),

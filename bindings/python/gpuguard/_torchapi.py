@@ -10,7 +10,7 @@ logging and monitoring code runs unchanged:
 - ``_cuda_memoryStats`` → the nested dict ``memory_stats_as_nested_dict`` returns (``torch_nested_stats``);
 - ``_cuda_resetPeakMemoryStats`` / ``_cuda_resetAccumulatedMemoryStats`` → the plugin's and arena's peaks
   and totals;
-- ``_cuda_emptyCache`` → trims the arena (and the CUDA-graph arena): the memory goes back to the driver;
+- ``_cuda_emptyCache`` → trims the arena and the CUDA-graph arena: the memory goes back to the driver;
 - ``_cuda_checkPoolLiveAllocations`` (CUDA-graph trees' consistency check) → True: graph-owned blocks are
   kept by the plugin itself for as long as the graph lives.
 
@@ -49,9 +49,10 @@ def install(torch: Any, arenas: Dict[int, Any]) -> None:
         C.gg_plugin_reset_totals(_index(device))
 
     def empty_cache(*args: Any) -> None:
-        for arena in list(arenas.values()):
+        for device, arena in list(arenas.items()):
             if not arena.closed:
                 arena.trim(0)
+            C.gg_plugin_trim(device, 0, None)  # the CUDA-graph arena: what dead graphs held
 
     def check_pool_live(*args: Any) -> bool:
         return True

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ctypes import byref
 from typing import Any, Dict
 
-from ._lib import C, PluginStat, PluginStats
+from ._lib import C, PluginGraphStats, PluginStat, PluginStats
 from .arena import Arena
 
 
@@ -77,9 +77,11 @@ def torch_nested_stats(device: int, arena: Any = None) -> Dict[str, Any]:
     for key, arr in (("allocated_bytes", p.bytes), ("active_bytes", p.bytes), ("requested_bytes", p.requested),
                      ("allocation", p.blocks), ("active", p.blocks)):
         out[key] = _pools(_stat(arr[0]), _stat(arr[1]), _stat(arr[2]))
+    g = PluginGraphStats()
+    C.gg_plugin_graph_stats(device, byref(g))
     s = arena.stats() if arena is not None and not arena.closed else None
-    if s is not None:
-        reserved = {"current": s["bytes_mapped"], "peak": s["peak_mapped"],
+    if s is not None:  # the CUDA-graph arena's memory is PyTorch's too
+        reserved = {"current": s["bytes_mapped"] + g.bytes_mapped, "peak": s["peak_mapped"],
                     "allocated": s["bytes_mapped"] + s["bytes_trimmed"], "freed": s["bytes_trimmed"]}
         segments = {"current": s["n_chunks"], "peak": s["n_chunks"], "allocated": 0, "freed": 0}
         inactive = dict(zero, current=s["bytes_mapped"] - s["bytes_in_use"])
@@ -98,5 +100,7 @@ def torch_nested_stats(device: int, arena: Any = None) -> Dict[str, Any]:
                max_split_size=-1)
     extra.update({k: int(getattr(p, k)) for k in ("n_allocs", "n_frees", "n_failed_allocs", "n_failed_frees",
                                                   "n_stream_waits")})
+    extra.update({"graph_" + k: int(getattr(g, k)) for k in ("bytes_in_use", "bytes_mapped", "n_pools",
+                                                           "n_blocks_held", "n_captures")})
     out["gpuguard"] = extra
     return out

@@ -24,6 +24,7 @@ again): with PyTorch, the pool of ``mem_pool`` is the scope. Importing this modu
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import importlib.util
 from typing import Any, Dict, Iterator, Optional
@@ -187,4 +188,7 @@ def trim(arena: Arena, keep: int = 0, empty_cache: Optional[bool] = None) -> int
         torch.cuda.empty_cache()
     before = arena.stats()["bytes_mapped"]
     arena.trim(keep)
-    return before - arena.stats()["bytes_mapped"]
+    graph = ctypes.c_size_t(0)
+    if 0 <= arena.device < 64:
+        C.gg_plugin_trim(arena.device, 0, ctypes.byref(graph))  # what dead CUDA graphs held
+    return before - arena.stats()["bytes_mapped"] + graph.value

@@ -29,6 +29,7 @@ STRUCTS = {
     "gg_session_record_t": _lib.SessionRecord,
     "gg_plugin_stats_t": _lib.PluginStats,
     "gg_plugin_stat_t": _lib.PluginStat,
+    "gg_plugin_graph_stats_t": _lib.PluginGraphStats,
 }
 
 
