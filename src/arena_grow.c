@@ -172,7 +172,8 @@ bool gg__arena_trim_before_growth(const gg_arena_t *a, size_t n) {
    * wait drains the GPU's queue; the unmapped memory is mapped again soon after). With an absolute
    * threshold alone, a decoder's forward pass that outgrew its peak waited at almost every growth, for
    * a few chunks of a multi-GiB mapping: 42 waits in 30 steps of its trace, 14 with the share, all while
-   * it warms up; peak mapped / peak in use 1.0030 -> 1.0049; the encoder trace 19 -> 15, 1.0041 -> 1.0040). */
+   * it warms up; peak mapped / peak in use 1.0030 -> 1.0049; the encoder trace 19 -> 15, 1.0041 -> 1.0040).
+   */
   size_t worth = a->mapped / 64 > 2 * a->chunk_size ? a->mapped / 64 : 2 * a->chunk_size;
   const gg__block_t *b = gg__freelist_largest(&a->freelist), *t = a->freelist.top;
   size_t largest = b ? b->size : 0;

@@ -13,8 +13,7 @@ static _Thread_local int gg__driver_status;
 const char *gg_strerror(int code) {
   switch (code) {
 #define GG__ERR_TEXT(name, value, text) \
-  case (value):                         \
-    return text;
+  case (value): return text;
     GG_ERRORS(GG__ERR_TEXT)
 #undef GG__ERR_TEXT
   }
@@ -24,8 +23,7 @@ const char *gg_strerror(int code) {
 const char *gg_err_name(int code) {
   switch (code) {
 #define GG__ERR_NAME(name, value, text) \
-  case (value):                         \
-    return "GG_" #name;
+  case (value): return "GG_" #name;
     GG_ERRORS(GG__ERR_NAME)
 #undef GG__ERR_NAME
   }

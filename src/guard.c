@@ -631,7 +631,9 @@ static gg_guard_t *gg__pick_locked(enum gg__reason why, int code, unsigned long 
     bool mine = g->state == GG__TEARING && pthread_equal(g->owner, pthread_self());
     bool dead = g->state == GG__DEAD;
     pthread_mutex_unlock(&g->lock);
-    bool covered = why == GG__BY_EXIT ? g->run_at_exit || mine : why == GG__BY_SIGNAL ? (g->signals & bit) != 0 : true;
+    bool covered = why == GG__BY_EXIT     ? g->run_at_exit || mine
+                   : why == GG__BY_SIGNAL ? (g->signals & bit) != 0
+                                          : true;
     if (!covered) continue;
     g->seen = pass;
     if (dead || (mine && why != GG__BY_EXIT)) continue;

@@ -10,8 +10,8 @@
 #include "gpuguard/gpuguard.h"
 
 #define GG__PRINTF(a, b) __attribute__((format(printf, a, b)))
-#define GG__LIKELY(x) __builtin_expect(!!(x), 1)
-#define GG__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define GG__LIKELY(x)    __builtin_expect(!!(x), 1)
+#define GG__UNLIKELY(x)  __builtin_expect(!!(x), 0)
 
 /* Records code and a formatted detail in this thread's error slot; returns code so callers can
  * `return gg__err(GG_EINVAL, "...")`. */
@@ -28,16 +28,16 @@ void gg__err_save(gg__err_saved_t *s);
 void gg__err_restore(const gg__err_saved_t *s);
 
 /* Run a cleanup step whatever happened before, keeping the first error. */
-#define GG_KEEP_FIRST(rc, call)      \
-  do {                               \
-    int gg__k = (call);              \
+#define GG_KEEP_FIRST(rc, call)               \
+  do {                                        \
+    int gg__k = (call);                       \
     if ((rc) == 0 && gg__k < 0) (rc) = gg__k; \
   } while (0)
 
 /* Environment and option values. Each returns 0, or GG_EINVAL with a message naming the variable
  * and the bad value. `what` names the source in messages ("GPUGUARD_HOST_CAPACITY", "options.backend"). */
-int gg__parse_size(const char *what, const char *text, size_t *out);   /* bytes, K/M/G/T suffixes */
-int gg__parse_bool(const char *what, const char *text, bool *out);     /* 1/0/on/off/yes/no/true/false */
+int gg__parse_size(const char *what, const char *text, size_t *out); /* bytes, K/M/G/T suffixes */
+int gg__parse_bool(const char *what, const char *text, bool *out);   /* 1/0/on/off/yes/no/true/false */
 int gg__parse_int(const char *what, const char *text, long lo, long hi, long *out);
 /* getenv that treats an empty value as unset. */
 const char *gg__env(const char *name);

@@ -14,15 +14,24 @@ static size_t gg__utf8_len(const unsigned char *p) {
   if (c < 0x80) return 1;
   size_t n;
   unsigned char lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-  if (c >= 0xC2 && c <= 0xDF) n = 2;
-  else if (c == 0xE0) n = 3, lo = 0xA0;
-  else if (c >= 0xE1 && c <= 0xEC) n = 3;
-  else if (c == 0xED) n = 3, hi = 0x9F; /* U+D800..U+DFFF are surrogates */
-  else if (c >= 0xEE && c <= 0xEF) n = 3;
-  else if (c == 0xF0) n = 4, lo = 0x90;
-  else if (c >= 0xF1 && c <= 0xF3) n = 4;
-  else if (c == 0xF4) n = 4, hi = 0x8F; /* nothing above U+10FFFF */
-  else return 0;
+  if (c >= 0xC2 && c <= 0xDF)
+    n = 2;
+  else if (c == 0xE0)
+    n = 3, lo = 0xA0;
+  else if (c >= 0xE1 && c <= 0xEC)
+    n = 3;
+  else if (c == 0xED)
+    n = 3, hi = 0x9F; /* U+D800..U+DFFF are surrogates */
+  else if (c >= 0xEE && c <= 0xEF)
+    n = 3;
+  else if (c == 0xF0)
+    n = 4, lo = 0x90;
+  else if (c >= 0xF1 && c <= 0xF3)
+    n = 4;
+  else if (c == 0xF4)
+    n = 4, hi = 0x8F; /* nothing above U+10FFFF */
+  else
+    return 0;
   if (p[1] < lo || p[1] > hi) return 0;
   for (size_t i = 2; i < n; i++)
     if (p[i] < 0x80 || p[i] > 0xBF) return 0;
@@ -41,11 +50,16 @@ void gg__json_string(const char *s, gg__json_sink_fn put, void *ctx) {
     if (p > run) put(ctx, (const char *)run, (size_t)(p - run));
     if (!*p) break;
     unsigned char c = *p++;
-    if (c == '"') put(ctx, "\\\"", 2);
-    else if (c == '\\') put(ctx, "\\\\", 2);
-    else if (c == '\n') put(ctx, "\\n", 2);
-    else if (c == '\r') put(ctx, "\\r", 2);
-    else if (c == '\t') put(ctx, "\\t", 2);
+    if (c == '"')
+      put(ctx, "\\\"", 2);
+    else if (c == '\\')
+      put(ctx, "\\\\", 2);
+    else if (c == '\n')
+      put(ctx, "\\n", 2);
+    else if (c == '\r')
+      put(ctx, "\\r", 2);
+    else if (c == '\t')
+      put(ctx, "\\t", 2);
     else if (c < 0x20 || c == 0x7f) {
       char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
       put(ctx, e, 6);

@@ -10,10 +10,15 @@
 
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
-enum { NVML_SUCCESS = 0, NVML_ERROR_NOT_SUPPORTED = 3, NVML_ERROR_NOT_FOUND = 6,
-       NVML_ERROR_INSUFFICIENT_SIZE = 7, NVML_ERROR_INVALID_ARGUMENT = 2 };
+enum {
+  NVML_SUCCESS = 0,
+  NVML_ERROR_NOT_SUPPORTED = 3,
+  NVML_ERROR_NOT_FOUND = 6,
+  NVML_ERROR_INSUFFICIENT_SIZE = 7,
+  NVML_ERROR_INVALID_ARGUMENT = 2
+};
 #define GG__NVML_NOT_AVAILABLE (~0ull)
-#define GG__NVML_MAX_STRIDE 32
+#define GG__NVML_MAX_STRIDE    32
 
 typedef struct gg__nvml {
   void *lib;
@@ -106,8 +111,8 @@ void gg__nvml_decode(const unsigned char *buf, size_t stride, unsigned count, gg
 }
 
 /* One of the running-process calls, sized by asking first and probed for its record size. */
-static int gg__nvml_list(gg__nvml_t *n, nvmlReturn_t (*fn)(nvmlDevice_t, unsigned *, void *), nvmlDevice_t dev,
-                         gg__gpu_proc_t **acc, size_t *nacc) {
+static int gg__nvml_list(gg__nvml_t *n, nvmlReturn_t (*fn)(nvmlDevice_t, unsigned *, void *),
+                         nvmlDevice_t dev, gg__gpu_proc_t **acc, size_t *nacc) {
   unsigned want = 0;
   nvmlReturn_t r = fn(dev, &want, NULL);
   if (r == NVML_SUCCESS || r == NVML_ERROR_NOT_SUPPORTED) return 0; /* none, or not for this device */
@@ -143,7 +148,8 @@ static int gg__nvml_list(gg__nvml_t *n, nvmlReturn_t (*fn)(nvmlDevice_t, unsigne
                  n->error_string ? n->error_string(r) : "?", r);
 }
 
-int gg__nvml_processes(const char *uuid, int index, gg__gpu_proc_t *out, size_t cap, size_t *count, int *minor) {
+int gg__nvml_processes(const char *uuid, int index, gg__gpu_proc_t *out, size_t cap, size_t *count,
+                       int *minor) {
   gg__nvml_t n;
   int rc = gg__nvml_open(&n);
   if (rc < 0) return rc;

@@ -26,17 +26,28 @@ int gg__parse_size(const char *what, const char *text, size_t *out) {
   if (errno == ERANGE) return gg__err(GG_EINVAL, "%s='%s': too large", what, text);
   unsigned shift = 0;
   switch (toupper((unsigned char)*end)) {
-    case 'K': shift = 10; end++; break;
-    case 'M': shift = 20; end++; break;
-    case 'G': shift = 30; end++; break;
-    case 'T': shift = 40; end++; break;
-    default: break;
+  case 'K':
+    shift = 10;
+    end++;
+    break;
+  case 'M':
+    shift = 20;
+    end++;
+    break;
+  case 'G':
+    shift = 30;
+    end++;
+    break;
+  case 'T':
+    shift = 40;
+    end++;
+    break;
+  default: break;
   }
   if (shift && (*end == 'i' || *end == 'I')) end++; /* accept KiB-style spelling */
   if (shift && (*end == 'b' || *end == 'B')) end++;
   while (isspace((unsigned char)*end)) end++;
-  if (*end != '\0')
-    return gg__err(GG_EINVAL, "%s='%s': trailing characters after the size", what, text);
+  if (*end != '\0') return gg__err(GG_EINVAL, "%s='%s': trailing characters after the size", what, text);
   if (shift && v > (SIZE_MAX >> shift)) return gg__err(GG_EINVAL, "%s='%s': too large", what, text);
   *out = (size_t)(v << shift);
   return 0;

@@ -49,16 +49,16 @@ typedef struct gg__gblk {
 
 /* The memory of one capture's graph. */
 struct gg__gpool {
-  atomic_bool dead;       /* set by the backend's thread once the graph is gone; the only field it touches */
-  bool gone;              /* its death has been handled */
-  bool capturing;         /* its capture may still be underway */
-  unsigned long long id;  /* the capture's id */
-  void *stream;           /* the capturing stream (asked whether the capture has ended) */
-  size_t nblocks;         /* records it owns */
-  unsigned holders;       /* live pools whose graphs use blocks of this one */
-  gg__gpool_t **deps;     /* pools this one holds that way */
+  atomic_bool dead;      /* set by the backend's thread once the graph is gone; the only field it touches */
+  bool gone;             /* its death has been handled */
+  bool capturing;        /* its capture may still be underway */
+  unsigned long long id; /* the capture's id */
+  void *stream;          /* the capturing stream (asked whether the capture has ended) */
+  size_t nblocks;        /* records it owns */
+  unsigned holders;      /* live pools whose graphs use blocks of this one */
+  gg__gpool_t **deps;    /* pools this one holds that way */
   size_t ndeps, capdeps;
-  gg__gblk_t *free;       /* its freed blocks */
+  gg__gblk_t *free; /* its freed blocks */
   gg__gpool_t *next;
 };
 
@@ -84,10 +84,10 @@ typedef struct gg__gdev {
   gg__gmap_t map;
   gg__gpool_t *pools;
   gg__gblk_t *giveback;
-  atomic_size_t nrec;          /* records in map */
-  atomic_uint ncapturing;      /* pools whose capture may be underway */
-  atomic_bool work;            /* the give-back list is not empty */
-  atomic_ullong seen_deaths;   /* gg__deaths when the pools were last scanned */
+  atomic_size_t nrec;        /* records in map */
+  atomic_uint ncapturing;    /* pools whose capture may be underway */
+  atomic_bool work;          /* the give-back list is not empty */
+  atomic_ullong seen_deaths; /* gg__deaths when the pools were last scanned */
   unsigned long long n_captures, n_syncs;
 } gg__gdev_t;
 
@@ -268,8 +268,8 @@ static int gg__give(gg__gdev_t *st, gg__gblk_t *r, gg_arena_t *main, bool main_o
     /* The main arena's own stream-ordered path: it waits for the stream of the free when that is not
      * its own stream; a block freed during a capture is released onto its own stream (the graph is
      * gone, so no replay uses it any more). */
-    int synced = 0, rc = gg__arena_free_on(main, (void *)r->ptr, r->streamed ? r->stream : st->main_stream,
-                                           &synced);
+    int synced = 0,
+        rc = gg__arena_free_on(main, (void *)r->ptr, r->streamed ? r->stream : st->main_stream, &synced);
     st->n_syncs += (unsigned long long)synced;
     return rc == 0 || rc == GG_EINVAL; /* EINVAL: not a live block of that arena, nothing to give */
   }
@@ -467,9 +467,12 @@ int gg__graph_alloc(int device, gg_arena_t *main, size_t size, void *stream, voi
   gg__gblk_t *r = NULL;
   int rc = 0;
   if (st->mismatch)
-    rc = gg__err(GG_ESTATE, "gg_torch_alloc: device %d: graph memory of the arena registered before is "
-                 "still held on another device; captures are refused until it is given back", device);
-  if (rc == 0 && mode == GG__G_CAPTURE && (rc = gg__pool_get(st, id, stream, &p)) == 0) r = gg__pool_take(p, size);
+    rc = gg__err(GG_ESTATE,
+                 "gg_torch_alloc: device %d: graph memory of the arena registered before is "
+                 "still held on another device; captures are refused until it is given back",
+                 device);
+  if (rc == 0 && mode == GG__G_CAPTURE && (rc = gg__pool_get(st, id, stream, &p)) == 0)
+    r = gg__pool_take(p, size);
   if (rc == 0 && !r) rc = gg__galloc(st, size, p, &r);
   if (rc == 0) *ptr = (void *)r->ptr;
   pthread_mutex_unlock(&st->lock);
@@ -553,7 +556,8 @@ int gg__graph_free(int device, gg_arena_t *main, void *ptr, size_t size, void *s
 
 static gg__gdev_t *gg__gstate(int device, const char *call, int *rc) {
   if (device < 0 || device >= GG_PLUGIN_MAX_DEVICES) {
-    *rc = gg__err(GG_EINVAL, "%s: device %d is out of range (0..%d)", call, device, GG_PLUGIN_MAX_DEVICES - 1);
+    *rc =
+        gg__err(GG_EINVAL, "%s: device %d is out of range (0..%d)", call, device, GG_PLUGIN_MAX_DEVICES - 1);
     return NULL;
   }
   *rc = 0;
@@ -574,13 +578,17 @@ int gg_plugin_graph_stats(int device, gg_plugin_graph_stats_t *out) {
   for (size_t i = 0; i < st->map.cap; i++) {
     const gg__gblk_t *r = st->map.vals[i];
     if (!r) continue;
-    if (r->pool) out->n_blocks_held++, out->bytes_held += r->size;
-    else if (!r->freed) out->n_unowned++;
-    else out->n_deferred++;
+    if (r->pool)
+      out->n_blocks_held++, out->bytes_held += r->size;
+    else if (!r->freed)
+      out->n_unowned++;
+    else
+      out->n_deferred++;
   }
   out->n_captures = st->n_captures, out->n_stream_waits = st->n_syncs;
   gg_arena_stats_t s;
-  if (st->garena && gg_arena_stats(st->garena, &s) == 0) out->bytes_in_use = s.bytes_in_use, out->bytes_mapped = s.bytes_mapped;
+  if (st->garena && gg_arena_stats(st->garena, &s) == 0)
+    out->bytes_in_use = s.bytes_in_use, out->bytes_mapped = s.bytes_mapped;
   pthread_mutex_unlock(&st->lock);
   return 0;
 }

@@ -598,7 +598,8 @@ int gg_proc_adopt_ex(gg_guard_t *guard, pid_t pid, unsigned long long start_time
   if (info.state == 'Z' || info.state == 'X')
     return gg__err(GG_ENOTFOUND, "gg_proc_adopt: process %d has already exited", (int)pid);
   if (start_time && info.start != start_time)
-    return gg__err(GG_ENOTFOUND, "gg_proc_adopt: pid %d now names another process (start time %llu, expected %llu)",
+    return gg__err(GG_ENOTFOUND,
+                   "gg_proc_adopt: pid %d now names another process (start time %llu, expected %llu)",
                    (int)pid, info.start, start_time);
   int pidfd = gg__pidfd_open(pid);
   if (pidfd < 0 && errno == ESRCH) return gg__err(GG_ENOTFOUND, "gg_proc_adopt: no process %d", (int)pid);

@@ -65,11 +65,11 @@ int gg_device_info(int device, gg_device_info_t *info) {
 
 const char *gg_process_class_name(gg_process_class_t cls) {
   switch (cls) {
-    case GG_PROCESS_GUARDED: return "guarded";
-    case GG_PROCESS_ORPHAN: return "orphan";
-    case GG_PROCESS_FD_HOLDER: return "fd-holder";
-    case GG_PROCESS_FOREIGN: return "foreign";
-    case GG_PROCESS_UNKNOWN: break;
+  case GG_PROCESS_GUARDED: return "guarded";
+  case GG_PROCESS_ORPHAN: return "orphan";
+  case GG_PROCESS_FD_HOLDER: return "fd-holder";
+  case GG_PROCESS_FOREIGN: return "foreign";
+  case GG_PROCESS_UNKNOWN: break;
   }
   return "unknown";
 }
@@ -106,7 +106,8 @@ static void gg__sessions_load(gg__sessions_t *s) {
   gg__err_saved_t saved;
   gg__err_save(&saved);
   size_t want = 0;
-  for (int attempt = 0; attempt < 3 && gg_registry_list(s->recs, s->n, &want) == 0 && want > s->n; attempt++) {
+  for (int attempt = 0; attempt < 3 && gg_registry_list(s->recs, s->n, &want) == 0 && want > s->n;
+       attempt++) {
     gg_session_record_t *grown = realloc(s->recs, (want + 8) * sizeof *grown);
     if (!grown) break;
     s->recs = grown, s->n = want + 8;
@@ -138,19 +139,24 @@ static void gg__classify(gg_process_t *row, const gg__sessions_t *s) {
   if (row->cls == GG_PROCESS_FOREIGN || row->state == '?') return;
   const gg_session_record_t *rec = NULL;
   for (size_t i = 0; i < s->n && !rec; i++)
-    if (s->recs[i].pid == row->pid && s->recs[i].start_time == row->start_time && !s->recs[i].stale) rec = &s->recs[i];
-  if (rec) gg__strlcpy(row->session, rec->session, sizeof row->session);
+    if (s->recs[i].pid == row->pid && s->recs[i].start_time == row->start_time && !s->recs[i].stale)
+      rec = &s->recs[i];
+  if (rec)
+    gg__strlcpy(row->session, rec->session, sizeof row->session);
   else if (gg__proc_environ_get(row->pid, "GPUGUARD_SESSION", row->session, sizeof row->session) != 0)
     row->session[0] = '\0';
   gg__pinfo_t parent;
-  bool parent_gone = row->ppid <= 1 || gg__proc_read_stat(row->ppid, &parent) != 0 ||
-                     (rec && rec->ppid != row->ppid);
+  bool parent_gone =
+      row->ppid <= 1 || gg__proc_read_stat(row->ppid, &parent) != 0 || (rec && rec->ppid != row->ppid);
   if (row->session[0]) {
     int leader = gg__leader_alive(s, row->session);
     if (rec && strcmp(rec->role, "leader") == 0) leader = 1; /* it is the leader, alive */
-    if (leader == 1) row->cls = GG_PROCESS_GUARDED;
-    else if (leader == 0 || parent_gone) row->cls = GG_PROCESS_ORPHAN;
-    else row->cls = GG_PROCESS_GUARDED;
+    if (leader == 1)
+      row->cls = GG_PROCESS_GUARDED;
+    else if (leader == 0 || parent_gone)
+      row->cls = GG_PROCESS_ORPHAN;
+    else
+      row->cls = GG_PROCESS_GUARDED;
   } else if (parent_gone && gg__looks_like_worker(row->command)) {
     row->cls = GG_PROCESS_ORPHAN;
   }
@@ -187,7 +193,8 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
     char why[512]; /* copied: the detail buffer is about to be rewritten */
     gg__strlcpy(why, gg_last_error(), sizeof why);
     free(gp);
-    return gg__err(GG_ENODEV, "gg_process_list: no NVIDIA GPU here: neither NVML nor the CUDA driver is usable (%s)",
+    return gg__err(GG_ENODEV,
+                   "gg_process_list: no NVIDIA GPU here: neither NVML nor the CUDA driver is usable (%s)",
                    why);
   }
   if (rc == GG_ENOTSUP) { /* a GPU but no NVML: descriptors are all there is to go on */
@@ -266,7 +273,8 @@ static int gg__orphan_visit(const gg__pinfo_t *info, void *user) {
   gg__classify(&row, w->sessions);
   /* Only proof counts here: the session's leader left a record and it is stale. A session whose
    * leader this registry never saw (another registry directory, another tool) is not ours to judge. */
-  if (row.cls == GG_PROCESS_ORPHAN && row.start_time == info->start && gg__leader_alive(w->sessions, row.session) == 0)
+  if (row.cls == GG_PROCESS_ORPHAN && row.start_time == info->start &&
+      gg__leader_alive(w->sessions, row.session) == 0)
     gg__orphan_add(w, &row);
   return 0;
 }

@@ -16,9 +16,12 @@
 static void gg__prom_label(FILE *f, const char *s) {
   fputc('"', f);
   for (const char *p = s; *p; p++) {
-    if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-    else if (*p == '\n') fputs("\\n", f);
-    else fputc(*p, f);
+    if (*p == '"' || *p == '\\')
+      fprintf(f, "\\%c", *p);
+    else if (*p == '\n')
+      fputs("\\n", f);
+    else
+      fputc(*p, f);
   }
   fputc('"', f);
 }
@@ -134,12 +137,15 @@ static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
     for (int i = 0; i < n; i++)
       for (size_t j = 0; j < rows[i].nprocs; j++, first = false) {
         const gg_process_t *p = &rows[i].procs[j];
-        fprintf(f, "%s{\"device\":%d,\"pid\":%d,\"ppid\":%d,\"uid\":%u,\"user\":", first ? "" : ",", p->device,
-                p->pid, p->ppid, p->uid);
+        fprintf(f, "%s{\"device\":%d,\"pid\":%d,\"ppid\":%d,\"uid\":%u,\"user\":", first ? "" : ",",
+                p->device, p->pid, p->ppid, p->uid);
         gg__json_fputs(f, p->user);
-        fprintf(f, ",\"state\":\"%c\",\"start_time\":%llu,\"used_bytes\":", p->state ? p->state : '?', p->start_time);
-        if (p->used_bytes < 0) fputs("null", f);
-        else fprintf(f, "%lld", p->used_bytes);
+        fprintf(f, ",\"state\":\"%c\",\"start_time\":%llu,\"used_bytes\":", p->state ? p->state : '?',
+                p->start_time);
+        if (p->used_bytes < 0)
+          fputs("null", f);
+        else
+          fprintf(f, "%lld", p->used_bytes);
         fputs(",\"class\":", f), gg__json_fputs(f, gg_process_class_name(p->cls));
         fprintf(f, ",\"orphan\":%s,\"session\":", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
         gg__json_fputs(f, p->session);
@@ -175,10 +181,12 @@ static void gg__prom_arenas(FILE *f, const gg__arows_t *ar) {
     const char *name, *help;
     size_t off;
   } m[] = {
-      {"gpuguard_arena_in_use_bytes", "Bytes in live blocks of the arena.", offsetof(gg_arena_stats_t, bytes_in_use)},
+      {"gpuguard_arena_in_use_bytes", "Bytes in live blocks of the arena.",
+       offsetof(gg_arena_stats_t, bytes_in_use)},
       {"gpuguard_arena_mapped_bytes", "Physical device memory the arena has mapped.",
        offsetof(gg_arena_stats_t, bytes_mapped)},
-      {"gpuguard_arena_reserved_bytes", "Address space the arena reserved.", offsetof(gg_arena_stats_t, bytes_reserved)},
+      {"gpuguard_arena_reserved_bytes", "Address space the arena reserved.",
+       offsetof(gg_arena_stats_t, bytes_reserved)},
       {"gpuguard_arena_peak_in_use_bytes", "Highest bytes in use since the arena was created.",
        offsetof(gg_arena_stats_t, peak_in_use)},
       {"gpuguard_arena_peak_mapped_bytes", "Highest bytes mapped since the arena was created.",
@@ -218,7 +226,8 @@ static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
       const char *name, *help;
       size_t off;
     } m[] = {
-        {"gpuguard_device_memory_total_bytes", "Device memory size.", offsetof(gg_device_info_t, total_bytes)},
+        {"gpuguard_device_memory_total_bytes", "Device memory size.",
+         offsetof(gg_device_info_t, total_bytes)},
         {"gpuguard_device_memory_free_bytes", "Device memory free, as the driver reports it.",
          offsetof(gg_device_info_t, free_bytes)},
         {"gpuguard_device_memory_used_bytes", "Device memory in use (total minus free).",
@@ -264,7 +273,8 @@ static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
         unsigned long count = 0;
         for (size_t j = 0; j < rows[i].nprocs; j++) count += rows[i].procs[j].cls == (gg_process_class_t)c;
         fprintf(f, "gpuguard_processes{device=\"%d\",class=\"%s\",orphan=\"%s\"} %lu\n", i,
-                gg_process_class_name((gg_process_class_t)c), c == GG_PROCESS_ORPHAN ? "true" : "false", count);
+                gg_process_class_name((gg_process_class_t)c), c == GG_PROCESS_ORPHAN ? "true" : "false",
+                count);
       }
     }
   }
@@ -275,7 +285,8 @@ int gg_report(FILE *out, gg_format_t format, unsigned what) {
   if (!out) return gg__err(GG_EINVAL, "gg_report: out is NULL");
   if (format != GG_FORMAT_JSON && format != GG_FORMAT_PROMETHEUS)
     return gg__err(GG_EINVAL, "gg_report: unknown format %d", (int)format);
-  if (what & ~GG_REPORT_ALL) return gg__err(GG_EINVAL, "gg_report: unknown report bits %#x", what & ~GG_REPORT_ALL);
+  if (what & ~GG_REPORT_ALL)
+    return gg__err(GG_EINVAL, "gg_report: unknown report bits %#x", what & ~GG_REPORT_ALL);
   gg__devrow_t *rows = NULL;
   int n = 0, rc = 0;
   if (what & (GG_REPORT_DEVICES | GG_REPORT_PROCESSES)) {
@@ -284,8 +295,10 @@ int gg_report(FILE *out, gg_format_t format, unsigned what) {
   }
   gg__arows_t ar = {0};
   if (what & GG_REPORT_ARENAS) gg__arena_foreach_live(gg__arena_row, &ar);
-  if (format == GG_FORMAT_JSON) gg__json(out, what, rows, n, &ar);
-  else gg__prom(out, what, rows, n, &ar);
+  if (format == GG_FORMAT_JSON)
+    gg__json(out, what, rows, n, &ar);
+  else
+    gg__prom(out, what, rows, n, &ar);
   gg__release(rows, n);
   free(ar.rows);
   if (fflush(out) != 0 || ferror(out)) return gg__err(GG_EIO, "gg_report: writing the report failed");

@@ -87,7 +87,7 @@ static struct {
   atomic_int pid;     /* the process whose guard thread reads the pipe */
   atomic_int exiting; /* a teardown on an exit path is running */
   bool started;
-  unsigned gen;                      /* fork generation the threads were started in */
+  unsigned gen;                           /* fork generation the threads were started in */
   _Atomic(gg__sig_teardown_fn) on_signal; /* what the guard thread calls: given by the guard layer */
 } gg__sig = {.lock = PTHREAD_MUTEX_INITIALIZER, .pipe_w = -1, .pipe_r = -1};
 
@@ -327,7 +327,7 @@ typedef struct gg__wd_slot {
 
 static struct {
   pthread_mutex_t lock;
-  pthread_cond_t cond; /* CLOCK_MONOTONIC */
+  pthread_cond_t cond;    /* CLOCK_MONOTONIC */
   unsigned long long seq; /* bumped at every arm and disarm: the thread then looks again */
   gg__wd_slot_t slot[GG__WD_SLOTS];
 } gg__wd;

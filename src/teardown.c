@@ -302,7 +302,8 @@ static size_t gg__conclude_all(gg__td_t *td, const void *key) {
 }
 
 /* Phase 5: the receipt, a copy of every target's outcome. */
-static int gg__make_receipt(const gg__td_t *td, size_t alive, int grace_ms, double t0, gg_proc_receipt_t **out) {
+static int gg__make_receipt(const gg__td_t *td, size_t alive, int grace_ms, double t0,
+                            gg_proc_receipt_t **out) {
   gg_proc_receipt_t *r = calloc(1, sizeof *r);
   if (r && td->n) r->procs = calloc(td->n, sizeof *r->procs);
   if (!r || (td->n && !r->procs)) {

@@ -60,15 +60,17 @@ static int print_devices(FILE *f) {
     return 1;
   }
   char a[32], b[32], c[32];
-  fprintf(f, "%-3s %-28s %-8s %12s %12s %12s  %s\n", "GPU", "NAME", "BACKEND", "TOTAL", "USED", "FREE", "UUID");
+  fprintf(f, "%-3s %-28s %-8s %12s %12s %12s  %s\n", "GPU", "NAME", "BACKEND", "TOTAL", "USED", "FREE",
+          "UUID");
   for (int i = 0; i < n; i++) {
     gg_device_info_t d;
     if (gg_device_info(i, &d) < 0) {
       fprintf(f, "%-3d (unreadable: %s)\n", i, gg_last_error());
       continue;
     }
-    fprintf(f, "%-3d %-28.28s %-8s %12s %12s %12s  %s\n", i, d.name, d.backend, human((double)d.total_bytes, a, sizeof a),
-            human((double)d.used_bytes, b, sizeof b), human((double)d.free_bytes, c, sizeof c), d.uuid);
+    fprintf(f, "%-3d %-28.28s %-8s %12s %12s %12s  %s\n", i, d.name, d.backend,
+            human((double)d.total_bytes, a, sizeof a), human((double)d.used_bytes, b, sizeof b),
+            human((double)d.free_bytes, c, sizeof c), d.uuid);
     if (strcmp(d.backend, "host") == 0)
       fprintf(f, "    (no usable CUDA device: this is gpuguard's simulated host device)\n");
   }
@@ -76,8 +78,10 @@ static int print_devices(FILE *f) {
 }
 
 static int cmd_info(int argc, char **argv) {
-  static const struct option longs[] = {{"json", no_argument, 0, 'j'}, {"prom", no_argument, 0, 'p'},
-                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  static const struct option longs[] = {{"json", no_argument, 0, 'j'},
+                                        {"prom", no_argument, 0, 'p'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
   int format = -1, o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
     if (o == 'h') return usage(stdout, current), 0;
@@ -143,9 +147,9 @@ static int print_processes(FILE *f, bool all_users, bool *no_gpu) {
     if (p->used_bytes >= 0) human((double)p->used_bytes, mem, sizeof mem);
     bool orphan = p->cls == GG_PROCESS_ORPHAN;
     orphans += orphan;
-    fprintf(f, "%s%-3d %8d %8d %-10.10s %12s %-5c %-10s %s%s\n", orphan && tty ? "\033[1;31m" : "", p->device, p->pid,
-            p->ppid, p->user, mem, p->state, orphan ? "ORPHAN" : gg_process_class_name(p->cls), p->command,
-            orphan && tty ? "\033[0m" : "");
+    fprintf(f, "%s%-3d %8d %8d %-10.10s %12s %-5c %-10s %s%s\n", orphan && tty ? "\033[1;31m" : "", p->device,
+            p->pid, p->ppid, p->user, mem, p->state, orphan ? "ORPHAN" : gg_process_class_name(p->cls),
+            p->command, orphan && tty ? "\033[0m" : "");
     shown++;
   }
   free(rows);
@@ -157,15 +161,20 @@ static int print_processes(FILE *f, bool all_users, bool *no_gpu) {
 }
 
 static int cmd_ps(int argc, char **argv) {
-  static const struct option longs[] = {{"json", no_argument, 0, 'j'}, {"all-users", no_argument, 0, 'a'},
-                                        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  static const struct option longs[] = {{"json", no_argument, 0, 'j'},
+                                        {"all-users", no_argument, 0, 'a'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
   bool json = false, all = false;
   int o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
     if (o == 'h') return usage(stdout, current), 0;
-    if (o == 'j') json = true;
-    else if (o == 'a') all = true;
-    else return bad_usage("unknown option '%s'", argv[optind - 1]);
+    if (o == 'j')
+      json = true;
+    else if (o == 'a')
+      all = true;
+    else
+      return bad_usage("unknown option '%s'", argv[optind - 1]);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
   if (json) {
@@ -194,7 +203,8 @@ static int write_prom_file(const char *path) {
   int rc = gg_report(f, GG_FORMAT_PROMETHEUS, GG_REPORT_ALL);
   if (fclose(f) != 0 && rc == 0) rc = -1;
   if (rc < 0 || rename(tmp, path) != 0) {
-    fprintf(stderr, "gpuguard watch: writing %s failed: %s\n", path, rc < 0 ? gg_last_error() : strerror(errno));
+    fprintf(stderr, "gpuguard watch: writing %s failed: %s\n", path,
+            rc < 0 ? gg_last_error() : strerror(errno));
     unlink(tmp);
     return 1;
   }
@@ -222,7 +232,8 @@ static int cmd_watch(int argc, char **argv) {
     } else if (o == 'c') {
       errno = 0;
       count = strtol(optarg, &end, 10);
-      if (errno || end == optarg || *end || count < 1) return bad_usage("--count '%s': a positive integer expected", optarg);
+      if (errno || end == optarg || *end || count < 1)
+        return bad_usage("--count '%s': a positive integer expected", optarg);
     } else if (o == 'p') {
       if (!*optarg) return bad_usage("%s", "--prom-file needs a path");
       prom = optarg;
@@ -235,7 +246,8 @@ static int cmd_watch(int argc, char **argv) {
   for (long i = 0; count < 0 || i < count; i++) {
     if (i) {
       struct timespec ts = {(time_t)interval, (long)((interval - (double)(time_t)interval) * 1e9)};
-      while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+      while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+      }
     }
     if (prom) {
       if (write_prom_file(prom) != 0) return 1;
@@ -254,7 +266,6 @@ static int cmd_watch(int argc, char **argv) {
   }
   return 0;
 }
-
 
 /* ---- run ---------------------------------------------------------------------------------------------- */
 
@@ -324,11 +335,16 @@ static int write_receipt(const char *path, char **cmd, const job_result_t *r, co
   for (int i = 0; cmd[i]; i++) fputs(i ? "," : "", f), gg_json_write_string(f, cmd[i]);
   fprintf(f, "],\"pid\":%d,\"session\":", (int)r->pid);
   gg_json_write_string(f, env->session);
-  if (r->reaped && WIFEXITED(r->status)) fprintf(f, ",\"exit\":{\"status\":%d,\"signal\":null}", WEXITSTATUS(r->status));
-  else if (r->reaped) fprintf(f, ",\"exit\":{\"status\":null,\"signal\":%d}", WTERMSIG(r->status));
-  else fputs(",\"exit\":null", f);
-  if (r->runner_sig) fprintf(f, ",\"runner_signal\":%d", r->runner_sig);
-  else fputs(",\"runner_signal\":null", f);
+  if (r->reaped && WIFEXITED(r->status))
+    fprintf(f, ",\"exit\":{\"status\":%d,\"signal\":null}", WEXITSTATUS(r->status));
+  else if (r->reaped)
+    fprintf(f, ",\"exit\":{\"status\":null,\"signal\":%d}", WTERMSIG(r->status));
+  else
+    fputs(",\"exit\":null", f);
+  if (r->runner_sig)
+    fprintf(f, ",\"runner_signal\":%d", r->runner_sig);
+  else
+    fputs(",\"runner_signal\":null", f);
   fprintf(f, ",\"exit_code\":%d,\"device\":", r->exit_code);
   if (env->have_dev) {
     fprintf(f, "{\"index\":%d,\"backend\":", env->dev.index);
@@ -339,8 +355,10 @@ static int write_receipt(const char *path, char **cmd, const job_result_t *r, co
     fputs("null", f);
   }
   fputs(",\"teardown\":", f);
-  if (rc) gg_proc_receipt_write(rc, f); /* ends with a newline */
-  else fputs("null\n", f);
+  if (rc)
+    gg_proc_receipt_write(rc, f); /* ends with a newline */
+  else
+    fputs("null\n", f);
   fputs("}\n", f);
   bool ok = !ferror(f);
   if (f != stdout) ok = fclose(f) == 0 && ok;
@@ -383,7 +401,7 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
  * the job's teardown. SIGKILL and SIGSTOP cannot be taken; the faults (SIGSEGV, ...) are the runner's
  * own bugs, and SIGCHLD says CMD is done. */
 static void run_take_signals(sigset_t *set) {
-  static const int ending[] = {SIGINT,    SIGTERM, SIGHUP,  SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE,
+  static const int ending[] = {SIGINT,    SIGTERM, SIGHUP,  SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM,  SIGPIPE,
                                SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ, SIGIO,   SIGPWR,  SIGSTKFLT};
   sigemptyset(set);
   for (size_t i = 0; i < sizeof ending / sizeof ending[0]; i++) sigaddset(set, ending[i]);
@@ -399,7 +417,8 @@ static int run_start(const run_opts_t *o, run_env_t *env, job_result_t *r) {
     fprintf(stderr, "gpuguard run: warning: %s (double-forked descendants may escape)\n", gg_last_error());
   char devs[16];
   snprintf(devs, sizeof devs, "%ld", o->device);
-  if (gg_registry_register(devs) != 0) fprintf(stderr, "gpuguard run: warning: no session record: %s\n", gg_last_error());
+  if (gg_registry_register(devs) != 0)
+    fprintf(stderr, "gpuguard run: warning: no session record: %s\n", gg_last_error());
   gg_registry_session(env->session, sizeof env->session);
   env->have_dev = gg_device_info((int)o->device, &env->dev) == 0;
   gg_spawn_options_t so;
@@ -449,7 +468,8 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r) {
  * reparented to us (the subreaper): look again until nothing is left, a few times at most. */
 static int run_teardown(long grace, double deadline, gg_proc_receipt_t **receipt) {
   long left = grace;
-  if (deadline >= 0) left = (long)(deadline - now_ms()), left = left < 100 ? 100 : left > grace ? grace : left;
+  if (deadline >= 0)
+    left = (long)(deadline - now_ms()), left = left < 100 ? 100 : left > grace ? grace : left;
   int trc = gg_proc_teardown_ex(NULL, (int)left, receipt);
   for (int round = 0; round < 3; round++) {
     gg_proc_receipt_t *more = NULL;
@@ -469,10 +489,14 @@ static void run_conclude(job_result_t *r, const gg_proc_receipt_t *receipt) {
   const gg_proc_outcome_t *mine = NULL;
   for (size_t i = 0; receipt && !r->reaped && i < receipt->count; i++)
     if (receipt->procs[i].pid == r->pid) mine = &receipt->procs[i];
-  if (r->reaped) r->exit_code = WIFEXITED(r->status) ? WEXITSTATUS(r->status) : 128 + WTERMSIG(r->status);
-  else if (mine && mine->end == GG_PROC_EXITED) r->exit_code = mine->code, r->status = mine->code << 8, r->reaped = true;
-  else if (mine && mine->end == GG_PROC_SIGNALED) r->exit_code = 128 + mine->code, r->status = mine->code, r->reaped = true;
-  else r->exit_code = 128 + (r->runner_sig ? r->runner_sig : SIGKILL);
+  if (r->reaped)
+    r->exit_code = WIFEXITED(r->status) ? WEXITSTATUS(r->status) : 128 + WTERMSIG(r->status);
+  else if (mine && mine->end == GG_PROC_EXITED)
+    r->exit_code = mine->code, r->status = mine->code << 8, r->reaped = true;
+  else if (mine && mine->end == GG_PROC_SIGNALED)
+    r->exit_code = 128 + mine->code, r->status = mine->code, r->reaped = true;
+  else
+    r->exit_code = 128 + (r->runner_sig ? r->runner_sig : SIGKILL);
 }
 
 /* Phase 7: one summary line on stderr. */
@@ -517,19 +541,24 @@ static int cmd_run(int argc, char **argv) {
 /* ---- reap --------------------------------------------------------------------------------------------- */
 
 static int cmd_reap(int argc, char **argv) {
-  static const struct option longs[] = {{"dry-run", no_argument, 0, 'n'}, {"yes", no_argument, 0, 'y'},
-                                        {"grace", required_argument, 0, 'g'}, {"help", no_argument, 0, 'h'},
+  static const struct option longs[] = {{"dry-run", no_argument, 0, 'n'},
+                                        {"yes", no_argument, 0, 'y'},
+                                        {"grace", required_argument, 0, 'g'},
+                                        {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   bool dry = false, yes = false;
   long grace = 2000;
   int o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
     if (o == 'h') return usage(stdout, current), 0;
-    if (o == 'n') dry = true;
-    else if (o == 'y') yes = true;
+    if (o == 'n')
+      dry = true;
+    else if (o == 'y')
+      yes = true;
     else if (o == 'g') {
       if (!parse_grace(optarg, &grace)) return EXIT_USAGE;
-    } else return bad_usage("unknown option '%s'", argv[optind - 1]);
+    } else
+      return bad_usage("unknown option '%s'", argv[optind - 1]);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
   if (dry && yes) return bad_usage("%s", "--dry-run and --yes are exclusive");
@@ -557,8 +586,10 @@ static int cmd_reap(int argc, char **argv) {
   /* Each pid is taken only if it is still the process listed (start time), and ours. */
   size_t taken = 0;
   for (size_t i = 0; i < n; i++) {
-    if (gg_proc_adopt_ex(NULL, rows[i].pid, rows[i].start_time) == 0) taken++;
-    else printf("skipped %d: %s\n", rows[i].pid, gg_last_error());
+    if (gg_proc_adopt_ex(NULL, rows[i].pid, rows[i].start_time) == 0)
+      taken++;
+    else
+      printf("skipped %d: %s\n", rows[i].pid, gg_last_error());
   }
   gg_proc_receipt_t *receipt = NULL;
   int rc = gg_proc_teardown_ex(NULL, (int)grace, &receipt);
@@ -623,7 +654,8 @@ static void main_usage(FILE *f) {
 
 int main(int argc, char **argv) {
   if (argc < 2) return main_usage(stderr), EXIT_USAGE;
-  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) return main_usage(stdout), 0;
+  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help"))
+    return main_usage(stdout), 0;
   if (!strcmp(argv[1], "--version")) return printf("gpuguard %s\n", gg_version()), 0;
   for (size_t i = 0; i < NCOMMANDS; i++)
     if (!strcmp(argv[1], commands[i].name)) {

@@ -19,9 +19,10 @@
  *  pieces, so trim can return each piece no live block touches): few enough driver calls to grow to a
  *  whole device, and never more than one chunk mapped beyond what the arena needs. Before a growth
  *  that would raise the peak of mapped memory, wholly free chunks are given back first (waiting for
- *  the stream if memory was released in stream order), so peak mapped stays close to peak in use. Released memory joins a batch; one event per batch, recorded on the
- *  arena's stream when the allocator would otherwise map more (or the batch grows large), tells when
- *  the batch may be handed out again, so a free costs no driver call.
+ *  the stream if memory was released in stream order), so peak mapped stays close to peak in use. Released
+ * memory joins a batch; one event per batch, recorded on the arena's stream when the allocator would
+ * otherwise map more (or the batch grows large), tells when the batch may be handed out again, so a free
+ * costs no driver call.
  *
  *  Under a guard: an arena created while a guard (see @ref gg_guard) of the same backend and device
  *  lives attaches itself to the newest such guard. The guard's teardown (explicit, at exit() or on a
@@ -60,22 +61,22 @@ typedef struct gg_arena_options {
  *  versions add take the place of `reserved_`, so a program built against this header is never written
  *  past by a newer library. */
 typedef struct gg_arena_stats {
-  size_t bytes_in_use;       /**< bytes in live blocks (sizes rounded up to a multiple of 256) */
-  size_t bytes_mapped;       /**< physical memory mapped now */
-  size_t bytes_reserved;     /**< address space reserved (the capacity) */
-  size_t peak_in_use;        /**< highest bytes_in_use since creation */
-  size_t peak_mapped;        /**< highest bytes_mapped since creation */
-  size_t largest_free_block; /**< largest block of mapped memory that is free */
-  unsigned long long n_live; /**< live blocks */
-  unsigned long long n_allocs; /**< successful allocations */
-  unsigned long long n_frees;  /**< blocks released (gg_free or scope end) */
-  unsigned long long n_trims;  /**< trims that returned memory */
+  size_t bytes_in_use;              /**< bytes in live blocks (sizes rounded up to a multiple of 256) */
+  size_t bytes_mapped;              /**< physical memory mapped now */
+  size_t bytes_reserved;            /**< address space reserved (the capacity) */
+  size_t peak_in_use;               /**< highest bytes_in_use since creation */
+  size_t peak_mapped;               /**< highest bytes_mapped since creation */
+  size_t largest_free_block;        /**< largest block of mapped memory that is free */
+  unsigned long long n_live;        /**< live blocks */
+  unsigned long long n_allocs;      /**< successful allocations */
+  unsigned long long n_frees;       /**< blocks released (gg_free or scope end) */
+  unsigned long long n_trims;       /**< trims that returned memory */
   unsigned long long bytes_trimmed; /**< bytes trims returned, in all */
-  int scope_depth;           /**< scopes open now */
-  double fragmentation;      /**< 1 - largest_free_block / (bytes_mapped - bytes_in_use); 0 when
-                                  nothing mapped is free */
-  size_t bytes_pending;      /**< released bytes not reusable yet: waiting for work queued on the stream
-                                  before their release, or for the bump log to be compacted */
+  int scope_depth;                  /**< scopes open now */
+  double fragmentation;             /**< 1 - largest_free_block / (bytes_mapped - bytes_in_use); 0 when
+                                         nothing mapped is free */
+  size_t bytes_pending;        /**< released bytes not reusable yet: waiting for work queued on the stream
+                                    before their release, or for the bump log to be compacted */
   unsigned long long n_chunks; /**< chunks mapped now */
   unsigned long long n_events; /**< events recorded on the stream to track released memory (driver
                                     calls that stream tracking cost; 0 with GG_ARENA_NO_STREAM) */
@@ -94,10 +95,10 @@ typedef struct gg_scope {
 
 /** One live block, as gg_arena_foreach_block() reports it. */
 typedef struct gg_block_info {
-  void *ptr;        /**< the block's device address */
-  size_t size;      /**< bytes requested */
-  const char *tag;  /**< the tag given at allocation, or "" */
-  int scope_depth;  /**< depth of the scope it was allocated in (0: outside any scope) */
+  void *ptr;       /**< the block's device address */
+  size_t size;     /**< bytes requested */
+  const char *tag; /**< the tag given at allocation, or "" */
+  int scope_depth; /**< depth of the scope it was allocated in (0: outside any scope) */
 } gg_block_info_t;
 
 /** Called once per live block; return non-zero to stop early. Must not call into the arena. */

@@ -12,17 +12,17 @@
 
 /** The one table of status codes: name, value, text. It expands into the enum, gg_strerror() and
  *  gg_err_name(), so the three can never disagree. */
-#define GG_ERRORS(X)                                                        \
-  X(OK, 0, "success")                                                       \
-  X(EINVAL, -1, "invalid argument")                                         \
-  X(ENOMEM, -2, "out of device memory")                                     \
-  X(ENODEV, -3, "no usable device")                                         \
-  X(EDRIVER, -4, "driver error")                                            \
-  X(ESTATE, -5, "call not valid in this state")                             \
-  X(EPERM, -6, "operation not permitted")                                   \
-  X(ENOTFOUND, -7, "not found")                                             \
-  X(ETIMEDOUT, -8, "timed out")                                             \
-  X(ENOTSUP, -9, "not supported")                                           \
+#define GG_ERRORS(X)                            \
+  X(OK, 0, "success")                           \
+  X(EINVAL, -1, "invalid argument")             \
+  X(ENOMEM, -2, "out of device memory")         \
+  X(ENODEV, -3, "no usable device")             \
+  X(EDRIVER, -4, "driver error")                \
+  X(ESTATE, -5, "call not valid in this state") \
+  X(EPERM, -6, "operation not permitted")       \
+  X(ENOTFOUND, -7, "not found")                 \
+  X(ETIMEDOUT, -8, "timed out")                 \
+  X(ENOTSUP, -9, "not supported")               \
   X(EIO, -10, "input/output error")
 
 /** Status codes returned by every gpuguard call (0 is success). */

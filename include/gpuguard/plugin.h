@@ -106,11 +106,11 @@ typedef struct gg_plugin_stats {
                                            that waited for a stream first (the arena's n_stream_waits
                                            counts these and its own waits together) */
   const gg_arena_t *arena;            /**< the arena registered now, or NULL */
-  gg_plugin_stat_t bytes[3];     /**< bytes of live blocks handed to PyTorch, each rounded up to the
-                                      arena's 256-byte quantum; [GG_PLUGIN_ALL], [..SMALL], [..LARGE] */
-  gg_plugin_stat_t requested[3]; /**< the same in the bytes PyTorch asked for */
-  gg_plugin_stat_t blocks[3];    /**< live blocks handed to PyTorch */
-  unsigned long long reserved_[16]; /**< zero; later fields take these, so the size stays fixed */
+  gg_plugin_stat_t bytes[3];          /**< bytes of live blocks handed to PyTorch, each rounded up to the
+                                           arena's 256-byte quantum; [GG_PLUGIN_ALL], [..SMALL], [..LARGE] */
+  gg_plugin_stat_t requested[3];      /**< the same in the bytes PyTorch asked for */
+  gg_plugin_stat_t blocks[3];         /**< live blocks handed to PyTorch */
+  unsigned long long reserved_[16];   /**< zero; later fields take these, so the size stays fixed */
 } gg_plugin_stats_t;
 
 /** Sets every peak in gg_plugin_stats_t of @p device to its current value
@@ -127,17 +127,17 @@ GG_API int gg_plugin_reset_totals(int device);
 /** What the plugin holds for CUDA graphs on one device (see the group's description), exact at the
  *  moment of the call. The struct's size is fixed: later fields take the place of `reserved_`. */
 typedef struct gg_plugin_graph_stats {
-  size_t bytes_in_use;              /**< the graph arena's bytes in live blocks (0 when it does not exist) */
-  size_t bytes_mapped;              /**< the graph arena's mapped memory */
-  unsigned long long n_pools;       /**< pools alive: captures whose graph, or whose blocks, still live */
-  unsigned long long n_blocks_held; /**< blocks owned by pools, live or freed, of either arena */
-  size_t bytes_held;                /**< their bytes, as requested */
-  unsigned long long n_captures;    /**< captures seen since the process started */
-  unsigned long long n_unowned;     /**< live graph-arena blocks outside any pool (allocated while a
-                                         capture forbade the registered arena its stream) */
-  unsigned long long n_deferred;    /**< freed blocks waiting to go back until no capture forbids it */
+  size_t bytes_in_use;               /**< the graph arena's bytes in live blocks (0 when it does not exist) */
+  size_t bytes_mapped;               /**< the graph arena's mapped memory */
+  unsigned long long n_pools;        /**< pools alive: captures whose graph, or whose blocks, still live */
+  unsigned long long n_blocks_held;  /**< blocks owned by pools, live or freed, of either arena */
+  size_t bytes_held;                 /**< their bytes, as requested */
+  unsigned long long n_captures;     /**< captures seen since the process started */
+  unsigned long long n_unowned;      /**< live graph-arena blocks outside any pool (allocated while a
+                                          capture forbade the registered arena its stream) */
+  unsigned long long n_deferred;     /**< freed blocks waiting to go back until no capture forbids it */
   unsigned long long n_stream_waits; /**< host-side waits for a stream made to give blocks back */
-  unsigned long long reserved_[8];  /**< room for fields later versions add; zero */
+  unsigned long long reserved_[8];   /**< room for fields later versions add; zero */
 } gg_plugin_graph_stats_t;
 
 /** Reads what the plugin holds for CUDA graphs on @p device. Gives back first what may go back without

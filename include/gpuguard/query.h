@@ -13,17 +13,17 @@
 
 /** One device, as gg_device_info() reports it. */
 typedef struct gg_device_info {
-  int index;                /**< the device ordinal, as CUDA numbers it */
-  char backend[8];          /**< "cuda" or "host" */
-  char name[256];           /**< e.g. "NVIDIA H200" */
-  char uuid[48];            /**< "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it */
-  size_t total_bytes;       /**< device memory size */
-  size_t free_bytes;        /**< free device memory, as the driver reports it now */
-  size_t used_bytes;        /**< total_bytes - free_bytes */
-  int cc_major;             /**< compute capability, major (0 on the host backend) */
-  int cc_minor;             /**< compute capability, minor */
-  int driver_version;       /**< CUDA driver version, e.g. 13000 (0 on the host backend) */
-  int vmm_supported;        /**< 1 when the device supports virtual memory management */
+  int index;          /**< the device ordinal, as CUDA numbers it */
+  char backend[8];    /**< "cuda" or "host" */
+  char name[256];     /**< e.g. "NVIDIA H200" */
+  char uuid[48];      /**< "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it */
+  size_t total_bytes; /**< device memory size */
+  size_t free_bytes;  /**< free device memory, as the driver reports it now */
+  size_t used_bytes;  /**< total_bytes - free_bytes */
+  int cc_major;       /**< compute capability, major (0 on the host backend) */
+  int cc_minor;       /**< compute capability, minor */
+  int driver_version; /**< CUDA driver version, e.g. 13000 (0 on the host backend) */
+  int vmm_supported;  /**< 1 when the device supports virtual memory management */
 } gg_device_info_t;
 
 /** How a process holding a device relates to gpuguard's sessions. */

@@ -20,7 +20,7 @@ typedef struct gg__chunk {
 
 typedef struct gg__dev_props {
   char name[256];
-  char uuid[48];        /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" as nvidia-smi prints it */
+  char uuid[48]; /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" as nvidia-smi prints it */
   size_t total_mem;
   int cc_major, cc_minor; /* compute capability; 0.0 on the host backend */
   int driver_version;     /* e.g. 13000; 0 on the host backend */

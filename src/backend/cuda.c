@@ -12,51 +12,50 @@
 
 /* The driver entry points the library uses, each resolved for the CUDA 12.0 ABI (so cuMemAlloc gives
  * the _v2 entry, and so on). Member names carry a prefix so cuda.h's versioning macros leave them alone. */
-#define GG__CU_FUNCS(X)                                                                         \
-  X(cuInit, (unsigned int))                                                                     \
-  X(cuDriverGetVersion, (int *))                                                                \
-  X(cuGetErrorName, (CUresult, const char **))                                                  \
-  X(cuGetErrorString, (CUresult, const char **))                                                \
-  X(cuDeviceGetCount, (int *))                                                                  \
-  X(cuDeviceGet, (CUdevice *, int))                                                             \
-  X(cuDeviceGetName, (char *, int, CUdevice))                                                   \
-  X(cuDeviceGetUuid, (CUuuid *, CUdevice))                                                      \
-  X(cuDeviceTotalMem, (size_t *, CUdevice))                                                     \
-  X(cuDeviceGetAttribute, (int *, CUdevice_attribute, CUdevice))                                \
-  X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                          \
-  X(cuDevicePrimaryCtxRelease, (CUdevice))                                                      \
-  X(cuDevicePrimaryCtxReset, (CUdevice))                                                        \
-  X(cuCtxGetCurrent, (CUcontext *))                                                             \
-  X(cuCtxPushCurrent, (CUcontext))                                                              \
-  X(cuCtxPopCurrent, (CUcontext *))                                                             \
-  X(cuCtxSynchronize, (void))                                                                   \
-  X(cuMemGetInfo, (size_t *, size_t *))                                                         \
-  X(cuMemGetAllocationGranularity,                                                              \
-    (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                  \
-  X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))      \
-  X(cuMemAddressFree, (CUdeviceptr, size_t))                                                    \
-  X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,          \
-                  unsigned long long))                                                          \
-  X(cuMemRelease, (CUmemGenericAllocationHandle))                                               \
-  X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))  \
-  X(cuMemUnmap, (CUdeviceptr, size_t))                                                          \
-  X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))                     \
-  X(cuMemAlloc, (CUdeviceptr *, size_t))                                                        \
-  X(cuMemFree, (CUdeviceptr))                                                                   \
-  X(cuMemcpyHtoD, (CUdeviceptr, const void *, size_t))                                          \
-  X(cuMemcpyDtoH, (void *, CUdeviceptr, size_t))                                                \
-  X(cuMemsetD8, (CUdeviceptr, unsigned char, size_t))                                           \
-  X(cuEventCreate, (CUevent *, unsigned int))                                                   \
-  X(cuEventRecord, (CUevent, CUstream))                                                         \
-  X(cuEventQuery, (CUevent))                                                                    \
-  X(cuEventSynchronize, (CUevent))                                                              \
-  X(cuEventDestroy, (CUevent))                                                                  \
-  X(cuStreamSynchronize, (CUstream))                                                            \
-  X(cuStreamQuery, (CUstream))                                                                  \
-  X(cuStreamGetCaptureInfo, (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *,         \
-                             const CUgraphNode **, size_t *))                                   \
-  X(cuUserObjectCreate, (CUuserObject *, void *, CUhostFn, unsigned int, unsigned int))         \
-  X(cuGraphRetainUserObject, (CUgraph, CUuserObject, unsigned int, unsigned int))               \
+#define GG__CU_FUNCS(X)                                                                                     \
+  X(cuInit, (unsigned int))                                                                                 \
+  X(cuDriverGetVersion, (int *))                                                                            \
+  X(cuGetErrorName, (CUresult, const char **))                                                              \
+  X(cuGetErrorString, (CUresult, const char **))                                                            \
+  X(cuDeviceGetCount, (int *))                                                                              \
+  X(cuDeviceGet, (CUdevice *, int))                                                                         \
+  X(cuDeviceGetName, (char *, int, CUdevice))                                                               \
+  X(cuDeviceGetUuid, (CUuuid *, CUdevice))                                                                  \
+  X(cuDeviceTotalMem, (size_t *, CUdevice))                                                                 \
+  X(cuDeviceGetAttribute, (int *, CUdevice_attribute, CUdevice))                                            \
+  X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                                      \
+  X(cuDevicePrimaryCtxRelease, (CUdevice))                                                                  \
+  X(cuDevicePrimaryCtxReset, (CUdevice))                                                                    \
+  X(cuCtxGetCurrent, (CUcontext *))                                                                         \
+  X(cuCtxPushCurrent, (CUcontext))                                                                          \
+  X(cuCtxPopCurrent, (CUcontext *))                                                                         \
+  X(cuCtxSynchronize, (void))                                                                               \
+  X(cuMemGetInfo, (size_t *, size_t *))                                                                     \
+  X(cuMemGetAllocationGranularity,                                                                          \
+    (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                              \
+  X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))                  \
+  X(cuMemAddressFree, (CUdeviceptr, size_t))                                                                \
+  X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
+  X(cuMemRelease, (CUmemGenericAllocationHandle))                                                           \
+  X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))              \
+  X(cuMemUnmap, (CUdeviceptr, size_t))                                                                      \
+  X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))                                 \
+  X(cuMemAlloc, (CUdeviceptr *, size_t))                                                                    \
+  X(cuMemFree, (CUdeviceptr))                                                                               \
+  X(cuMemcpyHtoD, (CUdeviceptr, const void *, size_t))                                                      \
+  X(cuMemcpyDtoH, (void *, CUdeviceptr, size_t))                                                            \
+  X(cuMemsetD8, (CUdeviceptr, unsigned char, size_t))                                                       \
+  X(cuEventCreate, (CUevent *, unsigned int))                                                               \
+  X(cuEventRecord, (CUevent, CUstream))                                                                     \
+  X(cuEventQuery, (CUevent))                                                                                \
+  X(cuEventSynchronize, (CUevent))                                                                          \
+  X(cuEventDestroy, (CUevent))                                                                              \
+  X(cuStreamSynchronize, (CUstream))                                                                        \
+  X(cuStreamQuery, (CUstream))                                                                              \
+  X(cuStreamGetCaptureInfo,                                                                                 \
+    (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, const CUgraphNode **, size_t *))           \
+  X(cuUserObjectCreate, (CUuserObject *, void *, CUhostFn, unsigned int, unsigned int))                     \
+  X(cuGraphRetainUserObject, (CUgraph, CUuserObject, unsigned int, unsigned int))                           \
   X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *))
 
 static struct {
@@ -68,9 +67,9 @@ static struct {
 /* Loading happens once per process; the outcome (and its message) is kept so every later caller
  * gets the same clear answer. */
 static pthread_once_t gg__cu_once = PTHREAD_ONCE_INIT;
-static int gg__cu_status;           /* 0 or a GG_E* code */
-static char gg__cu_reason[512];     /* why the driver is unusable */
-static unsigned gg__cu_init_gen;    /* fork generation in which cuInit ran */
+static int gg__cu_status;        /* 0 or a GG_E* code */
+static char gg__cu_reason[512];  /* why the driver is unusable */
+static unsigned gg__cu_init_gen; /* fork generation in which cuInit ran */
 
 typedef CUresult(CUDAAPI *gg__getproc2_t)(const char *, void **, int, cuuint64_t,
                                           CUdriverProcAddressQueryResult *);
@@ -90,13 +89,13 @@ static const char *gg__cu_errtext(CUresult r) {
 
 static int gg__cu_code(CUresult r) {
   switch (r) {
-    case CUDA_ERROR_OUT_OF_MEMORY: return GG_ENOMEM;
-    case CUDA_ERROR_NO_DEVICE:
-    case CUDA_ERROR_INVALID_DEVICE:
-    case CUDA_ERROR_DEVICE_UNAVAILABLE: return GG_ENODEV;
-    case CUDA_ERROR_NOT_SUPPORTED: return GG_ENOTSUP;
-    case CUDA_ERROR_INVALID_VALUE: return GG_EINVAL;
-    default: return GG_EDRIVER;
+  case CUDA_ERROR_OUT_OF_MEMORY: return GG_ENOMEM;
+  case CUDA_ERROR_NO_DEVICE:
+  case CUDA_ERROR_INVALID_DEVICE:
+  case CUDA_ERROR_DEVICE_UNAVAILABLE: return GG_ENODEV;
+  case CUDA_ERROR_NOT_SUPPORTED: return GG_ENOTSUP;
+  case CUDA_ERROR_INVALID_VALUE: return GG_EINVAL;
+  default: return GG_EDRIVER;
   }
 }
 
@@ -124,26 +123,28 @@ static void gg__cu_load(void) {
   gg__getproc2_t gp2 = NULL;
   gg__getproc1_t gp1 = NULL;
   void *sym = dlsym(lib, "cuGetProcAddress_v2");
-  if (sym) memcpy(&gp2, &sym, sizeof sym);
-  else if ((sym = dlsym(lib, "cuGetProcAddress"))) memcpy(&gp1, &sym, sizeof sym);
+  if (sym)
+    memcpy(&gp2, &sym, sizeof sym);
+  else if ((sym = dlsym(lib, "cuGetProcAddress")))
+    memcpy(&gp1, &sym, sizeof sym);
   if (!gp2 && !gp1) {
     snprintf(gg__cu_reason, sizeof gg__cu_reason,
              "the CUDA driver is too old: libcuda.so.1 has no cuGetProcAddress (CUDA 11.3 or newer needed)");
     return;
   }
-#define GG__CU_RESOLVE(name, args)                                                              \
-  {                                                                                             \
-    void *fp = NULL;                                                                            \
-    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;                            \
-    CUresult r = gp2 ? gp2(#name, &fp, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st)                 \
-                     : gp1(#name, &fp, 12000, CU_GET_PROC_ADDRESS_DEFAULT);                     \
-    if (r != CUDA_SUCCESS || !fp) {                                                             \
-      snprintf(gg__cu_reason, sizeof gg__cu_reason,                                             \
-               "the CUDA driver lacks %s (CUresult %d): a CUDA 12 driver or newer is needed",   \
-               #name, (int)r);                                                                  \
-      return;                                                                                   \
-    }                                                                                           \
-    memcpy(&gg__cu.fn_##name, &fp, sizeof fp);                                                  \
+#define GG__CU_RESOLVE(name, args)                                                                   \
+  {                                                                                                  \
+    void *fp = NULL;                                                                                 \
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;                                 \
+    CUresult r = gp2 ? gp2(#name, &fp, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st)                      \
+                     : gp1(#name, &fp, 12000, CU_GET_PROC_ADDRESS_DEFAULT);                          \
+    if (r != CUDA_SUCCESS || !fp) {                                                                  \
+      snprintf(gg__cu_reason, sizeof gg__cu_reason,                                                  \
+               "the CUDA driver lacks %s (CUresult %d): a CUDA 12 driver or newer is needed", #name, \
+               (int)r);                                                                              \
+      return;                                                                                        \
+    }                                                                                                \
+    memcpy(&gg__cu.fn_##name, &fp, sizeof fp);                                                       \
   }
   GG__CU_FUNCS(GG__CU_RESOLVE)
 #undef GG__CU_RESOLVE
@@ -213,8 +214,8 @@ int gg__cuda_props(int index, gg__dev_props_t *p) {
   p->vmm = vmm != 0;
   const unsigned char *b = (const unsigned char *)u.bytes;
   snprintf(p->uuid, sizeof p->uuid,
-           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-           b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
+           b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
   return 0;
 }
 
@@ -259,12 +260,12 @@ static int gg__ctx_done(gg__ctx_scope_t *s, CUresult r, const char *what) {
 }
 
 /* Returns from the enclosing function with the outcome of one driver call made in the context. */
-#define GG__CU_IN_CTX(d, call, what)                  \
-  do {                                                \
-    gg__ctx_scope_t gg__s;                            \
-    int gg__rc = gg__ctx_enter((d), &gg__s);          \
-    if (gg__rc < 0) return gg__rc;                    \
-    return gg__ctx_done(&gg__s, (call), (what));      \
+#define GG__CU_IN_CTX(d, call, what)             \
+  do {                                           \
+    gg__ctx_scope_t gg__s;                       \
+    int gg__rc = gg__ctx_enter((d), &gg__s);     \
+    if (gg__rc < 0) return gg__rc;               \
+    return gg__ctx_done(&gg__s, (call), (what)); \
   } while (0)
 
 static int gg__c_mem_info(gg__dev_t *d, size_t *free_b, size_t *total_b) {
@@ -312,8 +313,10 @@ static int gg__c_map_any(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *o
   if (!d->contiguous) {
     CUdeviceptr p = 0;
     r = gg__cu.fn_cuMemAlloc(&p, size);
-    if (r != CUDA_SUCCESS) rc = gg__cu_fail(r, "cuMemAlloc");
-    else *out = (gg__chunk_t){.ptr = (uintptr_t)p, .size = size, .handle = 0};
+    if (r != CUDA_SUCCESS)
+      rc = gg__cu_fail(r, "cuMemAlloc");
+    else
+      *out = (gg__chunk_t){.ptr = (uintptr_t)p, .size = size, .handle = 0};
     gg__ctx_leave(&s);
     return rc;
   }
@@ -494,7 +497,8 @@ static int gg__c_graph_retain(gg__dev_t *d, void *stream, void (*destroy)(void *
    * of the driver's until exit): releasing it would run destroy, which the caller was told never happens
    * on failure. */
   if (r == CUDA_SUCCESS)
-    r = gg__cu.fn_cuGraphRetainUserObject(g, obj, 1, CU_GRAPH_USER_OBJECT_MOVE), what = "cuGraphRetainUserObject";
+    r = gg__cu.fn_cuGraphRetainUserObject(g, obj, 1, CU_GRAPH_USER_OBJECT_MOVE),
+    what = "cuGraphRetainUserObject";
   gg__relaxed_leave(m);
   return gg__ctx_done(&s, r, what);
 }
@@ -560,7 +564,8 @@ int gg__cuda_open(int index, gg__dev_t **out) {
   d->fork_gen = gg__fork_generation();
   CUresult r = gg__cu.fn_cuDeviceGet(&c->dev, index);
   const char *what = "cuDeviceGet";
-  if (r == CUDA_SUCCESS) r = gg__cu.fn_cuDevicePrimaryCtxRetain(&c->ctx, c->dev), what = "cuDevicePrimaryCtxRetain";
+  if (r == CUDA_SUCCESS)
+    r = gg__cu.fn_cuDevicePrimaryCtxRetain(&c->ctx, c->dev), what = "cuDevicePrimaryCtxRetain";
   if (r != CUDA_SUCCESS) {
     free(c), free(d);
     return gg__cu_fail(r, what);

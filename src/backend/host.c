@@ -13,36 +13,36 @@
 #include "gpuguard/host.h"
 #include "internal.h"
 
-#define GG__HOST_DEFAULT_CAPACITY (1ull << 30)
+#define GG__HOST_DEFAULT_CAPACITY    (1ull << 30)
 #define GG__HOST_DEFAULT_GRANULARITY (2ull << 20)
 
 /* ---- fault injection ---------------------------------------------------------------------------------- */
 
 #define GG__HOST_OPS(X) \
-  X(open) \
-  X(mem_info) \
-  X(reserve) \
-  X(release) \
-  X(map) \
-  X(unmap) \
-  X(copy) \
-  X(set) \
-  X(event_create) \
-  X(event_record) \
-  X(event_query) \
-  X(event_sync) \
-  X(event_destroy) \
-  X(stream_sync) \
-  X(stream_query) \
-  X(ctx_reset) \
-  X(stream_capture) \
+  X(open)               \
+  X(mem_info)           \
+  X(reserve)            \
+  X(release)            \
+  X(map)                \
+  X(unmap)              \
+  X(copy)               \
+  X(set)                \
+  X(event_create)       \
+  X(event_record)       \
+  X(event_query)        \
+  X(event_sync)         \
+  X(event_destroy)      \
+  X(stream_sync)        \
+  X(stream_query)       \
+  X(ctx_reset)          \
+  X(stream_capture)     \
   X(graph_retain)
 
 enum gg__host_op {
 #define GG__OP_ENUM(n) GG__OP_##n,
   GG__HOST_OPS(GG__OP_ENUM)
 #undef GG__OP_ENUM
-  GG__OP_COUNT
+      GG__OP_COUNT
 };
 
 static const char *const gg__op_names[GG__OP_COUNT] = {
@@ -98,8 +98,8 @@ static int gg__fault_parse(const char *what, const char *spec, gg__fault_t out[G
     char *colon = strchr(item, ':');
     int op = colon ? gg__op_index(item, (size_t)(colon - item)) : -1;
     if (op < 0)
-      return gg__err(GG_EINVAL, "%s='%s': '%s' does not start with a known operation and ':'", what,
-                     spec, item);
+      return gg__err(GG_EINVAL, "%s='%s': '%s' does not start with a known operation and ':'", what, spec,
+                     item);
     gg__fault_t f = {.code = GG_EDRIVER};
     char *eq = strchr(colon, '=');
     if (eq) {
@@ -116,8 +116,7 @@ static int gg__fault_parse(const char *what, const char *spec, gg__fault_t out[G
       if (nlen && n[nlen - 1] == '+') f.sticky = true, colon[nlen] = '\0';
       long v;
       if (gg__parse_int(what, n, 1, 1000000000L, &v) < 0)
-        return gg__err(GG_EINVAL, "%s='%s': '%s' needs a call number >= 1, 'N+' or '*'", what, spec,
-                       item);
+        return gg__err(GG_EINVAL, "%s='%s': '%s' needs a call number >= 1, 'N+' or '*'", what, spec, item);
       f.nth = (unsigned long long)v;
     }
     out[op] = f;
@@ -236,7 +235,8 @@ static void gg__hcap_release(gg__hcapture_t *c) {
 
 int gg_host_stream_capture_begin(void *stream) {
   if (!stream)
-    return gg__err(GG_EINVAL, "gg_host_stream_capture_begin: the legacy default stream (NULL) cannot be captured");
+    return gg__err(GG_EINVAL,
+                   "gg_host_stream_capture_begin: the legacy default stream (NULL) cannot be captured");
   gg__hcapture_t *c = calloc(1, sizeof *c);
   if (!c) return gg__err(GG_ENOMEM, "gg_host_stream_capture_begin: out of host memory");
   pthread_mutex_lock(&gg__hcap.lock);
@@ -404,9 +404,8 @@ static int gg__h_event_sync(gg__dev_t *d, void *ev) {
   if (rc == 0 && e->recorded) rc = gg__hcap_touch(e->rec_key, "event_sync");
   if (rc < 0) return rc;
   if (e->stream && atomic_load(&e->stream->completed) < e->ticket)
-    return gg__err(GG_ETIMEDOUT,
-                   "host backend: waiting on an event of a held stream would never return; "
-                   "release the stream first");
+    return gg__err(GG_ETIMEDOUT, "host backend: waiting on an event of a held stream would never return; "
+                                 "release the stream first");
   gg__busy_catch_up();
   return 0;
 }
@@ -480,7 +479,8 @@ static int gg__h_va_reserve(gg__dev_t *d, size_t size, uintptr_t *base) {
   if (size > SIZE_MAX - g) return gg__err(GG_ENOMEM, "host backend: reserve of %zu bytes overflows", size);
   void *p = mmap(NULL, size + g, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)
-    return gg__err(GG_ENOMEM, "host backend: reserving %zu bytes of address space: %s", size, strerror(errno));
+    return gg__err(GG_ENOMEM, "host backend: reserving %zu bytes of address space: %s", size,
+                   strerror(errno));
   uintptr_t a = (uintptr_t)p, aligned = (a + g - 1) & ~(uintptr_t)(g - 1);
   if (aligned > a) munmap(p, aligned - a);
   if (aligned + size < a + size + g) munmap((void *)(aligned + size), a + size + g - (aligned + size));
@@ -573,8 +573,8 @@ static int gg__h_check_range(gg__dev_t *d, uintptr_t p, size_t n, const char *op
   }
   pthread_mutex_unlock(&h->lock);
   if (covered != n)
-    return gg__err(GG_EINVAL, "host backend: %s of %zu bytes at %#jx touches unmapped device memory", op,
-                   n, (uintmax_t)p);
+    return gg__err(GG_EINVAL, "host backend: %s of %zu bytes at %#jx touches unmapped device memory", op, n,
+                   (uintmax_t)p);
   return 0;
 }
 
@@ -661,10 +661,13 @@ static int gg__host_configure(void) {
   if ((v = gg__env("GPUGUARD_HOST_GRANULARITY")) &&
       (rc = gg__parse_size("GPUGUARD_HOST_GRANULARITY", v, &gran)) < 0)
     return rc;
-  if ((v = gg__env("GPUGUARD_HOST_VMM")) && (rc = gg__parse_bool("GPUGUARD_HOST_VMM", v, &vmm)) < 0) return rc;
-  if ((v = gg__env("GPUGUARD_HOST_POPULATE")) && (rc = gg__parse_bool("GPUGUARD_HOST_POPULATE", v, &populate)) < 0)
+  if ((v = gg__env("GPUGUARD_HOST_VMM")) && (rc = gg__parse_bool("GPUGUARD_HOST_VMM", v, &vmm)) < 0)
     return rc;
-  if ((v = gg__env("GPUGUARD_HOST_BUSY")) && (rc = gg__parse_bool("GPUGUARD_HOST_BUSY", v, &busy)) < 0) return rc;
+  if ((v = gg__env("GPUGUARD_HOST_POPULATE")) &&
+      (rc = gg__parse_bool("GPUGUARD_HOST_POPULATE", v, &populate)) < 0)
+    return rc;
+  if ((v = gg__env("GPUGUARD_HOST_BUSY")) && (rc = gg__parse_bool("GPUGUARD_HOST_BUSY", v, &busy)) < 0)
+    return rc;
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   if (gran < page || (gran & (gran - 1)))
     return gg__err(GG_EINVAL, "GPUGUARD_HOST_GRANULARITY='%s': must be a power of two >= %zu", v, page);
