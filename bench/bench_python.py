@@ -337,7 +337,7 @@ def part_d(args: argparse.Namespace) -> None:
                ("backend:cudaMallocAsync", "d-torch", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
                ("gpuguard use_arena (defaults)", "d-gpuguard", {}),
                ("gpuguard use_arena, 64 MiB chunks", "d-gpuguard-64m", {})]
-    rounds = 1 if args.quick else 3
+    rounds = 1 if args.quick else args.rounds
     res: dict = {}
     for rnd in range(rounds):  # alternate the configurations, so a drift of the machine hits all of them
         for label, mode, env in configs:
@@ -382,6 +382,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="gpuguard Python binding benchmarks")
     ap.add_argument("--quick", action="store_true", help="short run (fewer iterations, 20 training steps)")
     ap.add_argument("--parts", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
+    ap.add_argument("--rounds", type=int, default=3, help="(d): runs of each allocator, alternating (default 3)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

@@ -23,6 +23,7 @@ import gc
 import os
 import sys
 import time
+import warnings
 import types
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
@@ -739,8 +740,10 @@ def holders(top: int = 20, min_bytes: int = 0, namespace: Optional[dict] = None,
         groups = {k: g for k, g in groups.items() if only(k)}
     walk = _Walk(groups, exclude={id(groups)})
     if groups:
-        _seed_roots(walk, namespace)
-        walk.run()
+        with warnings.catch_warnings():  # reading module attributes can raise deprecation warnings
+            warnings.simplefilter("ignore")
+            _seed_roots(walk, namespace)
+            walk.run()
     if any("path_end" not in g for g in groups.values()):
         # Python <= 3.12: reading a running function's locals (f_locals) refreshes a snapshot that an
         # earlier read left on its frame, and may free what only that stale snapshot held. Such a buffer

@@ -152,14 +152,14 @@ def test_compile_reduce_overhead_matches_eager(cuda_torch):
     run("""
         if not hasattr(torch, "compile"):
             print("SKIP: this torch has no torch.compile"); sys.exit(0)
+        arena = gpuguard.Arena(capacity=16 << 30, name="torch-compile")
+        ggt.use_arena(arena)            # before has_triton(), which initialises CUDA
         try:
             from torch.utils._triton import has_triton
             if not has_triton():
                 print("SKIP: torch.compile needs Triton, which is not usable here"); sys.exit(0)
         except ImportError:
             pass
-        arena = gpuguard.Arena(capacity=16 << 30, name="torch-compile")
-        ggt.use_arena(arena)            # assumed to make checkPoolLiveAllocations work under the plugin
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)).cuda()
         f = torch.compile(model, mode="reduce-overhead")
