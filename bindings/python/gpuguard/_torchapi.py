@@ -12,7 +12,9 @@ logging and monitoring code runs unchanged:
   and totals;
 - ``_cuda_emptyCache`` → trims the arena and the CUDA-graph arena: the memory goes back to the driver;
 - ``_cuda_checkPoolLiveAllocations`` (CUDA-graph trees' consistency check) → True: graph-owned blocks are
-  kept by the plugin itself for as long as the graph lives.
+  kept by the plugin itself for as long as the graph lives;
+- ``_cuda_getCheckpointState`` → an opaque None; ``_cuda_setCheckpointPoolState`` (rewinding the allocator
+  when graph trees record a second path) → a RuntimeError that says so.
 
 ``use_arena(arena, memory_api=False)`` leaves PyTorch's functions as they are."""
 from __future__ import annotations
@@ -57,9 +59,19 @@ def install(torch: Any, arenas: Dict[int, Any]) -> None:
     def check_pool_live(*args: Any) -> bool:
         return True
 
+    def checkpoint_state(*args: Any) -> Any:
+        return None  # opaque to CUDA-graph trees: they hand it back only to set_checkpoint_state
+
+    def set_checkpoint_state(*args: Any) -> Any:
+        raise RuntimeError("gpuguard.torch.use_arena: CUDA-graph trees asked to rewind the allocator to a "
+                           "checkpoint (torch.compile(mode='reduce-overhead') recording a second path, e.g. new "
+                           "input shapes), which the arena cannot do: keep shapes static, or mark them dynamic")
+
     for name, fn in (("_cuda_memoryStats", memory_stats), ("_cuda_resetPeakMemoryStats", reset_peak),
                      ("_cuda_resetAccumulatedMemoryStats", reset_totals), ("_cuda_emptyCache", empty_cache),
-                     ("_cuda_checkPoolLiveAllocations", check_pool_live)):
+                     ("_cuda_checkPoolLiveAllocations", check_pool_live),
+                     ("_cuda_getCheckpointState", checkpoint_state),
+                     ("_cuda_setCheckpointPoolState", set_checkpoint_state)):
         _installed[name] = getattr(tc, name, None)
         setattr(tc, name, fn)
 
