@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "guard_internal.h"
 #include "internal.h"
+#include "plugin_internal.h"
 #include "proc_internal.h"
 #include "registry_internal.h"
 #include "signal_internal.h"
@@ -19,8 +20,9 @@
  * the handler already took (issue 16 item 1 was proc.c's and signal.c's handlers taking two of them in
  * opposite orders).
  *
- *   0. plugin table (plugin.c, rwlock)      its own pthread_atfork, registered later than this one, so
- *                                           its prepare runs first: it is outermost (it calls gg_alloc)
+ *   0. plugin (plugin.c: the table, an rwlock; then the trace, the recorded streams; then plugin_graph.c's
+ *      device table and each device's lock): outermost, since a plugin call holds them while it calls
+ *      into the arena
  *   1. live-guard list (guard.c)            then a guard's own lock (not held across fork: a child never
  *                                           touches its parent's guards)
  *   2. signal state (signal.c)
@@ -39,6 +41,7 @@
 static atomic_uint gg__gen;
 
 static void gg__fork_prepare(void) {
+  gg__plugin_fork_prepare();
   gg__guard_fork_prepare();
   gg__sig_fork_prepare();
   gg__proc_fork_prepare();
@@ -54,6 +57,7 @@ static void gg__fork_parent(void) {
   gg__proc_fork_parent();
   gg__sig_fork_parent();
   gg__guard_fork_parent();
+  gg__plugin_fork_parent();
 }
 
 static void gg__fork_child(void) {
@@ -64,6 +68,7 @@ static void gg__fork_child(void) {
   gg__proc_fork_child();
   gg__sig_fork_child();
   gg__guard_fork_child();
+  gg__plugin_fork_child();
 }
 
 /* At load time, so the handlers see every fork() the program makes, even one before its first gpuguard

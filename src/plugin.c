@@ -32,6 +32,7 @@ static pthread_rwlock_t gg__plug_lock = PTHREAD_RWLOCK_INITIALIZER;
 static gg_arena_t *gg__plug[GG_PLUGIN_MAX_DEVICES];
 static gg__plug_counters_t gg__plug_count[GG_PLUGIN_MAX_DEVICES];
 static pthread_once_t gg__plug_once = PTHREAD_ONCE_INIT;
+static atomic_bool gg__plug_used; /* set once the table was first written */
 
 /* GPUGUARD_PLUGIN_TRACE=FILE records every call, for bench_replay: `a PTR SIZE STREAM`, `f PTR STREAM`.
  * Opened at the first call; a name that cannot be opened is reported once and tracing stays off. */
@@ -60,17 +61,9 @@ static void gg__trace_line(char op, const void *ptr, ssize_t size, const void *s
   pthread_mutex_unlock(&gg__trace_lock);
 }
 
-/* fork() while another thread holds the lock would leave it held forever in the child: take it around
- * the fork. The child's table starts empty (the parent's arenas refuse use there anyway). */
-static void gg__plug_prepare(void) { pthread_rwlock_wrlock(&gg__plug_lock); }
-static void gg__plug_parent(void) { pthread_rwlock_unlock(&gg__plug_lock); }
-static void gg__plug_child(void) {
-  memset(gg__plug, 0, sizeof gg__plug);
-  pthread_rwlock_unlock(&gg__plug_lock);
-}
 static void gg__plug_install(void) {
-  pthread_atfork(gg__plug_prepare, gg__plug_parent, gg__plug_child);
   gg__arena_on_destroy(gg__plugin_forget); /* a destroyed arena leaves the table first */
+  atomic_store(&gg__plug_used, true);
 }
 
 static int gg__plug_device(int device, const char *call) {
@@ -124,6 +117,40 @@ static bool gg__recorded_take(int device, void *ptr, void **stream) {
   atomic_store(&gg__nrec_any, gg__nrec);
   pthread_mutex_unlock(&gg__rec_lock);
   return found;
+}
+
+/* fork() while another thread holds one of these would leave it held forever in the child: fork.c's
+ * handler takes them around the fork, outermost of the library's locks (a plugin call holds the table
+ * while it calls into the arena). The child's table starts empty (the parent's arenas refuse use there
+ * anyway), and so does its list of recorded streams. */
+static _Thread_local bool gg__plug_forking; /* this thread's prepare took the locks */
+
+void gg__plugin_fork_prepare(void) {
+  /* Only once the plugin was used (as when it registered its own handler at first use): a program that
+   * never touches it forks as before. */
+  if (!atomic_load(&gg__plug_used)) return;
+  pthread_rwlock_wrlock(&gg__plug_lock);
+  pthread_mutex_lock(&gg__trace_lock);
+  pthread_mutex_lock(&gg__rec_lock);
+  gg__graph_fork_prepare();
+  gg__plug_forking = true;
+}
+
+void gg__plugin_fork_parent(void) {
+  if (!gg__plug_forking) return;
+  gg__plug_forking = false;
+  gg__graph_fork_release();
+  pthread_mutex_unlock(&gg__rec_lock);
+  pthread_mutex_unlock(&gg__trace_lock);
+  pthread_rwlock_unlock(&gg__plug_lock);
+}
+
+void gg__plugin_fork_child(void) {
+  if (!gg__plug_forking) return;
+  memset(gg__plug, 0, sizeof gg__plug);
+  gg__nrec = 0;
+  atomic_store(&gg__nrec_any, 0);
+  gg__plugin_fork_parent();
 }
 
 int gg_plugin_set_arena(int device, gg_arena_t *arena) {

@@ -618,3 +618,19 @@ int gg_plugin_trim(int device, size_t keep, size_t *released) {
   if (released) *released = freed;
   return rc;
 }
+
+void gg__graph_fork_prepare(void) {
+  pthread_mutex_lock(&gg__gdevs_lock);
+  for (int i = 0; i < GG_PLUGIN_MAX_DEVICES; i++) {
+    gg__gdev_t *d = atomic_load(&gg__gdevs[i]);
+    if (d) pthread_mutex_lock(&d->lock);
+  }
+}
+
+void gg__graph_fork_release(void) {
+  for (int i = GG_PLUGIN_MAX_DEVICES; i-- > 0;) {
+    gg__gdev_t *d = atomic_load(&gg__gdevs[i]);
+    if (d) pthread_mutex_unlock(&d->lock);
+  }
+  pthread_mutex_unlock(&gg__gdevs_lock);
+}

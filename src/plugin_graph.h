@@ -21,4 +21,9 @@ int gg__graph_alloc(int device, gg_arena_t *main, size_t size, void *stream, voi
  * (a double free of a block held here). */
 int gg__graph_free(int device, gg_arena_t *main, void *ptr, size_t size, void *stream);
 
+/* Around fork() (called from plugin.c's fork handlers): the device table's lock, then each device's. The
+ * child keeps the state; its objects carry the parent's fork generation and refuse use. */
+void gg__graph_fork_prepare(void);
+void gg__graph_fork_release(void);
+
 #endif
