@@ -145,8 +145,12 @@ def mem_pool(arena: Arena, empty_cache: bool = True) -> Iterator[Arena]:
     until ``trim``. Tensors that outlive the block keep their segment until they die."""
     torch = _torch()
     _register(arena)
-    # PyTorch frees cached segments of dead pools as late as its own exit: the arena stays until then.
+    # PyTorch frees cached segments of dead pools as late as its own exit: the arena stays until then (or
+    # until arena.close()); one per device, as for use_arena.
     arena._finalizer.atexit = False
+    held = _global_arenas.get(arena.device)
+    if held is None or held.closed:
+        _global_arenas[arena.device] = arena
     global _pool_allocator
     if _pool_allocator is None:
         _pool_allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib.path, "gg_torch_alloc", "gg_torch_free")

@@ -52,3 +52,51 @@ def test_cupy_allocations_come_from_the_arena_and_go_back():
     r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, GPUGUARD_BACKEND="cuda"))
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr
+
+
+CUPY_STUB = '''
+import types
+class OutOfMemoryError(MemoryError):
+    def __init__(self, size, total, limit=0):
+        super().__init__(f"Out of memory allocating {size:,} bytes (allocated so far: {total:,} bytes).")
+class UnownedMemory:
+    def __init__(self, ptr, size, owner, device_id): self.ptr, self.size, self.owner = ptr, size, owner
+class MemoryPointer:
+    def __init__(self, mem, offset): self.mem, self.ptr = mem, mem.ptr + offset
+class _Stream:
+    ptr = 0
+    def synchronize(self): pass
+_allocator = [None]
+cuda = types.SimpleNamespace(
+    memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
+    MemoryPointer=MemoryPointer, UnownedMemory=UnownedMemory, get_current_stream=lambda: _Stream(),
+    get_allocator=lambda: _allocator[0], set_allocator=lambda f: _allocator.__setitem__(0, f))
+'''
+
+
+def test_cupy_out_of_memory_is_cupys_own_error(tmp_path):
+    # Against a stand-in cupy package (host backend): an allocation the arena cannot hold raises CuPy's
+    # OutOfMemoryError (what code written for CuPy's pool catches) carrying the arena's detail.
+    (tmp_path / "cupy").mkdir()
+    (tmp_path / "cupy" / "__init__.py").write_text(CUPY_STUB)
+    src = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(tmp_path)!r}, {PKG!r}]
+        import cupy, gpuguard, gpuguard.cupy as ggc
+        arena = gpuguard.Arena(capacity=64 << 20, backend="host")
+        with ggc.use_arena(arena):
+            malloc = cupy.cuda.get_allocator()
+            ok = malloc(1 << 20)
+            try:
+                malloc(1 << 30)
+                raise SystemExit("no error")
+            except cupy.cuda.memory.OutOfMemoryError as e:
+                assert isinstance(e, MemoryError)
+                assert "1,073,741,824 bytes" in str(e) and "gpuguard arena" in str(e) and "capacity" in str(e), e
+            assert arena.stats()["bytes_in_use"] == 1 << 20
+            del ok
+        assert arena.stats()["bytes_in_use"] == 0
+        print("OK")
+    """)
+    r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stdout + r.stderr

@@ -240,3 +240,22 @@ def test_sending_a_cuda_tensor_fails_at_once_in_the_sender(stub_path):
             assert "no CUDA IPC handle" in str(e)
         print("OK")
     """)
+
+
+def test_mem_pool_arena_outlives_segments_freed_at_interpreter_exit(stub_path):
+    # PyTorch frees a dead pool's cached segments as late as its own exit: the arena behind mem_pool must
+    # still be there (no "no arena is registered" lines on stderr).
+    run(stub_path, """
+        torch.cuda.initialized = True
+        arena = gpuguard.Arena(capacity=64 << 20)
+        with ggt.mem_pool(arena, empty_cache=False):
+            pass
+        lib = torch.FREEABLE[0][0] if torch.FREEABLE else None
+        assert lib is not None and arena.stats()["bytes_in_use"] == 2 << 20
+        class Late:
+            def __del__(self): torch.cuda.empty_cache()   # PyTorch's teardown frees the segment now
+        import builtins
+        builtins._late = Late()
+        del arena
+        print("OK")
+    """, stderr_clean=True)
