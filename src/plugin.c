@@ -147,10 +147,17 @@ void gg__plugin_fork_parent(void) {
 
 void gg__plugin_fork_child(void) {
   if (!gg__plug_forking) return;
+  gg__plug_forking = false;
   memset(gg__plug, 0, sizeof gg__plug);
   gg__nrec = 0;
   atomic_store(&gg__nrec_any, 0);
-  gg__plugin_fork_parent();
+  /* Re-made, not unlocked: a parent thread blocked in the same lock (a second fork() at once) left
+   * itself recorded as a waiter, and an unlock in the child hands the lock to that thread, which does
+   * not exist here: the child's next reader would wait forever. */
+  gg__graph_fork_reinit();
+  pthread_mutex_init(&gg__rec_lock, NULL);
+  pthread_mutex_init(&gg__trace_lock, NULL);
+  pthread_rwlock_init(&gg__plug_lock, NULL);
 }
 
 int gg_plugin_set_arena(int device, gg_arena_t *arena) {

@@ -634,3 +634,11 @@ void gg__graph_fork_release(void) {
   }
   pthread_mutex_unlock(&gg__gdevs_lock);
 }
+
+void gg__graph_fork_reinit(void) {
+  for (int i = 0; i < GG_PLUGIN_MAX_DEVICES; i++) {
+    gg__gdev_t *d = atomic_load(&gg__gdevs[i]);
+    if (d) pthread_mutex_init(&d->lock, NULL);
+  }
+  pthread_mutex_init(&gg__gdevs_lock, NULL);
+}

@@ -25,5 +25,7 @@ int gg__graph_free(int device, gg_arena_t *main, void *ptr, size_t size, void *s
  * child keeps the state; its objects carry the parent's fork generation and refuse use. */
 void gg__graph_fork_prepare(void);
 void gg__graph_fork_release(void);
+/* In the child instead of the release: the locks made anew (see gg__plugin_fork_child). */
+void gg__graph_fork_reinit(void);
 
 #endif
