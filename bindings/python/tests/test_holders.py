@@ -2,6 +2,7 @@
 autograd graph and gradients are hidden from the garbage collector as PyTorch's C++ side hides them.
 Each case runs in a child interpreter with its own __main__, so the roots are what a user would have."""
 import json
+import importlib.util
 import os
 import re
 import subprocess
@@ -12,7 +13,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PKG = os.path.join(HERE, "..")
+# The directory holding the gpuguard package under test (the checkout's, or an installed wheel's).
+PKG = os.path.dirname(os.path.dirname(importlib.util.find_spec("gpuguard").origin))
 
 PRELUDE = f"""
 import gc, sys, json, warnings

@@ -3,6 +3,7 @@ gpuguard.monitor's sinks: callback, JSON lines, the Prometheus textfile (parsed 
 replaced atomically, a planted symlink not followed) and the HTTP endpoint on 127.0.0.1, stopped by its
 guard's teardown."""
 import json
+import importlib.util
 import os
 import subprocess
 import sys
@@ -13,7 +14,8 @@ import urllib.request
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PKG = os.path.join(HERE, "..")
+# The directory holding the gpuguard package under test (the checkout's, or an installed wheel's).
+PKG = os.path.dirname(os.path.dirname(importlib.util.find_spec("gpuguard").origin))
 sys.path.insert(0, PKG)
 
 

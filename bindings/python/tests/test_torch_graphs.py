@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-PKG = os.path.join(os.path.dirname(__file__), "..")
+# The directory holding the gpuguard package under test (the checkout's, or an installed wheel's).
+PKG = os.path.dirname(os.path.dirname(importlib.util.find_spec("gpuguard").origin))
 
 # Reads gg_plugin_graph_stats (include/gpuguard/plugin.h) straight from the library.
 PRELUDE = f"""
