@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from . import _lib
 from ._lib import C, RAW, ArenaOptions, ArenaStats, BlockInfo, Scope as _CScope, StatsBuffer, enc, raise_for
-from .errors import GG_ESTATE, StateError
+from .errors import GG_ESTATE, INT_MAX, SIZE_MAX, StateError, check_int
 
 NO_STREAM = 0x1
 """Flag: do not track a stream; released memory is reusable at once."""
@@ -101,6 +101,11 @@ class Arena:
     def __init__(self, device: int = 0, capacity: Optional[int] = None, backend: Optional[str] = None,
                  chunk_size: Optional[int] = None, stream: Optional[int] = None, flags: int = 0,
                  name: Optional[str] = None) -> None:
+        call = "gpuguard.Arena"
+        check_int(call, "device", device, 0, INT_MAX)
+        check_int(call, "capacity", capacity or 0, 0, SIZE_MAX)
+        check_int(call, "chunk_size", chunk_size or 0, 0, SIZE_MAX)
+        check_int(call, "flags", flags, 0, (1 << 32) - 1)
         opts = ArenaOptions()
         C.gg_arena_options_init(byref(opts))
         keep = (enc(backend), enc(name))  # the bytes must outlive the create call
@@ -165,6 +170,9 @@ class Arena:
         h = self._h
         if h is None:
             self._handle()  # raises StateError
+        if not (0 <= size <= SIZE_MAX and 0 <= align <= SIZE_MAX):  # ctypes would wrap it silently
+            check_int("gpuguard.Arena.alloc", "size", size, 0, SIZE_MAX)
+            check_int("gpuguard.Arena.alloc", "align", align, 0, SIZE_MAX)
         try:  # a reusable out-pointer: making one per call costs more than the C call it serves
             out = _outs.pop()
         except IndexError:

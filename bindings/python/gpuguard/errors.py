@@ -96,3 +96,26 @@ def error_for(code: int, message: str, name: str) -> GpuGuardError:
     """The exception for a status code (GpuGuardError itself for codes this binding does not know)."""
     cls = BY_CODE.get(code, GpuGuardError)
     return cls(message or name, code, name)
+
+
+SIZE_MAX = (1 << 64) - 1
+INT_MAX = (1 << 31) - 1
+
+
+def check_int(call: str, name: str, value: object, lo: int, hi: int) -> int:
+    """``value`` as an int in [lo, hi], or InvalidArgumentError naming the call and argument: ctypes would
+    wrap an out-of-range Python int silently (2**64 + 100 becoming 100) where C's range ends."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{call}: {name} must be an int, not {type(value).__name__}", GG_EINVAL,
+                                   "GG_EINVAL")
+    if not lo <= value <= hi:
+        raise InvalidArgumentError(f"{call}: {name} {value} is out of range ({lo}..{hi})", GG_EINVAL, "GG_EINVAL")
+    return value
+
+
+def check_no_nul(call: str, name: str, value: bytes) -> bytes:
+    """``value`` unchanged, or InvalidArgumentError: C would cut the string at its first NUL byte."""
+    if b"\0" in value:
+        raise InvalidArgumentError(f"{call}: {name} {value!r} holds a NUL byte (C would cut it there)", GG_EINVAL,
+                                   "GG_EINVAL")
+    return value

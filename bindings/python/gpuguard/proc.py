@@ -35,7 +35,8 @@ def spawn(argv: Sequence[PathLike], guard: Optional[Guard] = None, env: Optional
     ``new_process_group`` makes the child lead its own group (teardown signals the group);
     ``close_device_fds`` closes inherited /dev/nvidia* descriptors before exec.
     Raises NotFoundError for a missing program, PermissionError_ when it may not run."""
-    args = [_b(a) for a in argv]
+    from .errors import check_no_nul
+    args = [check_no_nul("gpuguard.spawn", "argument", _b(a)) for a in argv]
     if not args:
         from .errors import GG_EINVAL, InvalidArgumentError
         raise InvalidArgumentError("gpuguard.spawn: argv is empty", GG_EINVAL, "GG_EINVAL")
@@ -44,11 +45,11 @@ def spawn(argv: Sequence[PathLike], guard: Optional[Guard] = None, env: Optional
     C.gg_spawn_options_init(byref(opts))
     keep: List[Any] = []
     if env is not None:
-        pairs = [_b(k) + b"=" + _b(v) for k, v in env.items()]
+        pairs = [check_no_nul("gpuguard.spawn", "environment entry", _b(k) + b"=" + _b(v)) for k, v in env.items()]
         c_env = (c_char_p * (len(pairs) + 1))(*pairs, None)
         keep.append(c_env)
         opts.env = c_env
-    c_cwd = None if cwd is None else _b(cwd)
+    c_cwd = None if cwd is None else check_no_nul("gpuguard.spawn", "cwd", _b(cwd))
     opts.cwd = c_cwd
     opts.new_process_group = int(new_process_group)
     opts.close_device_fds = int(close_device_fds)
@@ -75,6 +76,8 @@ def teardown(guard: Optional[Guard] = None, grace_ms: int = 2000) -> Dict[str, A
     ``alive``, ``processes``: pid, ppid, start_time, command, found, sent, end, code, state). When some
     process could not be ended, raises TimeoutError_ with the receipt in its ``receipt`` attribute."""
     receipt = c_void_p()
+    from .errors import INT_MAX, check_int
+    check_int("gpuguard.teardown", "grace_ms", grace_ms, 0, INT_MAX)
     rc = C.gg_proc_teardown_ex(_guard_handle(guard), grace_ms, byref(receipt))
     out: Dict[str, Any] = {}
     if receipt.value:
