@@ -56,12 +56,13 @@ static void gg__quarantine(gg_arena_t *a) {
 
 int gg__arena_valid(const gg_arena_t *a, const char *call) {
   if (!a) return gg__err(GG_EINVAL, "%s: arena is NULL", call);
-  if (a->magic == GG__TORN)
+  unsigned magic = atomic_load(&a->magic); /* once: a teardown may turn MAGIC into TORN meanwhile */
+  if (magic == GG__TORN)
     return gg__err(GG_ESTATE,
                    "%s: arena '%s' was torn down by its guard (its device memory is gone); only "
                    "gg_arena_destroy() is still valid on it",
                    call, a->name);
-  if (a->magic != GG__MAGIC)
+  if (magic != GG__MAGIC)
     return gg__err(GG_EINVAL, "%s: %p is not a live arena (destroyed already, or not an arena)", call,
                    (const void *)a);
   return gg__check_fork(a->fork_gen, call);
