@@ -296,21 +296,27 @@ int gg_free(gg_arena_t *a, void *ptr) {
 /* CU_STREAM_LEGACY (0x1) names the same stream as NULL, the legacy default stream. */
 static void *gg__norm_stream(void *stream) { return stream == (void *)0x1 ? NULL : stream; }
 
+/* Under the lock: waits for `stream` when the arena tracks another one; 1 when it waited, 0, or <0. */
+static int gg__wait_other_locked(gg_arena_t *a, void *stream) {
+  stream = gg__norm_stream(stream);
+  if (!a->track || stream == a->stream) return 0;
+  a->probe.stream_waits++;
+  int rc = a->ops->stream_sync(a->dev, stream);
+  return rc < 0 ? rc : 1;
+}
+
 int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *synced) {
   *synced = 0;
   int rc = gg__arena_enter(a, "gg_torch_free");
   if (rc < 0) return rc;
-  stream = gg__norm_stream(stream);
   /* Stream-ordered, as PyTorch's own allocator: a block freed on the arena's stream is reusable at once
    * by later work on that stream, which the stream runs after the work before the free; an allocation
    * for another stream waits for the arena's stream first (gg__arena_alloc_on). A block freed on
    * another stream waits for that stream here, under the lock (a guard's teardown cannot close the
    * device meanwhile). */
-  if (a->track && stream != a->stream) {
-    rc = a->ops->stream_sync(a->dev, stream);
-    *synced = 1, a->probe.stream_waits++;
-  }
-  if (rc == 0) {
+  rc = gg__wait_other_locked(a, stream);
+  if (rc != 0) *synced = 1;
+  if (rc >= 0) {
     a->ordered_released = true;
     rc = gg__free_locked(a, ptr, true);
   }
@@ -321,13 +327,9 @@ int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *synced) {
 int gg__arena_wait_stream(gg_arena_t *a, void *stream) {
   int rc = gg__arena_enter(a, "gg_torch_free");
   if (rc < 0) return rc;
-  stream = gg__norm_stream(stream);
-  if (a->track && stream != a->stream) {
-    rc = a->ops->stream_sync(a->dev, stream);
-    a->probe.stream_waits++;
-  }
+  rc = gg__wait_other_locked(a, stream);
   gg__arena_leave(a);
-  return rc;
+  return rc < 0 ? rc : 0;
 }
 
 int gg__arena_alloc_on(gg_arena_t *a, size_t size, void *stream, void **ptr, int *synced) {

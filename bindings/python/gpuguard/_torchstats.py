@@ -96,7 +96,7 @@ def torch_nested_stats(device: int, arena: Any = None) -> Dict[str, Any]:
     out["oversize_allocations"] = dict(zero)
     out["oversize_segments"] = dict(zero)
     out.update(num_alloc_retries=0, num_ooms=int(p.n_failed_allocs), num_sync_all_streams=0,
-               num_device_alloc=int(s["n_chunks"] + 0) if s else 0, num_device_free=int(s["n_trims"]) if s else 0,
+               num_device_alloc=int(s["n_chunks"]) if s else 0, num_device_free=int(s["n_trims"]) if s else 0,
                max_split_size=-1)
     extra.update({k: int(getattr(p, k)) for k in ("n_allocs", "n_frees", "n_failed_allocs", "n_failed_frees",
                                                   "n_stream_waits")})
