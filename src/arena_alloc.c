@@ -77,7 +77,8 @@ typedef struct gg__request {
 static bool gg__take_free(gg_arena_t *a, gg__request_t *q) {
   gg__block_t *b = gg__freelist_fit(&a->freelist, q->size, q->align);
   if (b) {
-    uintptr_t p = gg__freelist_carve(&a->freelist, b, q->size, q->align);
+    b = gg__freelist_carve(&a->freelist, b, q->size, q->align);
+    uintptr_t p = b->addr;
     b->state = GG__BLOCK_USED, b->req = q->asked, b->tag = q->tag, b->depth = a->n_frames - 1;
     gg__frame_link(a, b);
     gg__addr_map_put(&a->used, p, b);

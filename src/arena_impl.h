@@ -2,7 +2,7 @@
  * structure and the functions one part of the arena calls in another.
  *
  * Memory of an arena is, at any moment, tiled exactly by four kinds of pieces (arena_check.c proves
- * it): free blocks (the best-fit treap of freelist.c, plus the bump block "top"), USED block records
+ * it): free blocks (the size-class lists of freelist.c, plus the bump block "top"), USED block records
  * (allocations served by best fit, or flushed from the bump log), PENDING records (released, waiting
  * for the stream), and runs of the bump log (allocations carved from top, live or freed).
  *

@@ -1,5 +1,6 @@
-/* freelist.h — the free memory of an arena: a best-fit treap by (size, address), boundary maps that
- * make coalescing O(1), the bump block ("top"), and the pool of block records every part draws from. */
+/* freelist.h — the free memory of an arena: segregated size classes with bitmaps (best fit in O(1) for
+ * most requests), boundary maps that make coalescing O(1), the bump block ("top"), and the pool of block
+ * records every part draws from. */
 #ifndef GG_FREELIST_H
 #define GG_FREELIST_H
 
@@ -10,10 +11,19 @@
 /* Every address and size the arena hands around is a multiple of this. */
 #define GG__QUANTUM ((size_t)256)
 
+/* Size classes: one per size below GG__EXACT_CLASSES quanta (every block of such a class fits a request
+ * of its size exactly), then GG__SUB_CLASSES per power of two (sizes within 1/16 of each other). */
+#define GG__EXACT_CLASSES 128
+#define GG__SUB_BITS      4
+#define GG__SUB_CLASSES   (1 << GG__SUB_BITS)
+#define GG__CLASSES       (GG__EXACT_CLASSES + 49 * GG__SUB_CLASSES) /* up to 2^56 quanta */
+#define GG__CLASS_WORDS   ((GG__CLASSES + 63) / 64)
+
 enum { GG__BLOCK_SPARE, GG__BLOCK_FREE, GG__BLOCK_TOP, GG__BLOCK_USED, GG__BLOCK_PENDING };
 
 /* One contiguous piece of mapped device memory, described on the host (device memory holds no
- * headers). The links mean different things by state: FREE: treap children; USED: the scope's list
+ * headers). The links mean different things by state: FREE: its size class's list (l = previous, r =
+ * next); USED: the scope's list
  * (l = previous, r = next); PENDING and SPARE: r = next in the batch or pool. */
 typedef struct gg__block {
   uintptr_t addr;
@@ -42,13 +52,15 @@ gg__block_t *gg__addr_map_del(gg__addr_map_t *m, uintptr_t key);
 void gg__addr_map_free(gg__addr_map_t *m);
 
 typedef struct gg__freelist {
-  gg__block_t *root;       /* free blocks except top, a treap keyed by (size, addr) */
-  gg__addr_map_t by_start; /* the same blocks by first address */
-  gg__addr_map_t by_end;   /* and by end address, so a released range finds both neighbours in O(1) */
-  gg__block_t *top;        /* the bump block (free, not in the treap; size may be 0) or NULL */
-  size_t bytes;            /* free bytes, top included */
-  size_t count;            /* blocks in the treap */
-  gg__block_t *spare;      /* the record pool */
+  gg__block_t *heads[GG__CLASSES]; /* free blocks except top, one list per size class */
+  uint64_t bits[GG__CLASS_WORDS];  /* bit c: class c's list is not empty */
+  uint32_t words;                  /* bit w: bits[w] is not zero */
+  gg__addr_map_t by_start;         /* the same blocks by first address */
+  gg__addr_map_t by_end;           /* and by end address, so a released range finds both neighbours in O(1) */
+  gg__block_t *top;                /* the bump block (free, in no class list; size may be 0) or NULL */
+  size_t bytes;                    /* free bytes, top included */
+  size_t count;                    /* blocks in the class lists */
+  gg__block_t *spare;              /* the record pool */
   size_t n_spare;
   void **slabs;
   size_t n_slabs;
@@ -68,24 +80,27 @@ void gg__freelist_give_record(gg__freelist_t *fl, gg__block_t *b);
 gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg, gg__block_t *rec);
 /* Adds a free block that has no free neighbour (callers know it: pieces of a block already maximal). */
 void gg__freelist_put_plain(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg);
-/* Removes a treap block from the free memory; the record stays the caller's. */
+/* Removes a listed free block from the free memory; the record stays the caller's. */
 void gg__freelist_remove(gg__freelist_t *fl, gg__block_t *b);
 
-/* The smallest treap block that can hold n bytes at alignment a, or NULL. */
+/* A free block that can hold n bytes at alignment a, or NULL: the smallest (lowest address among equal
+ * sizes) of those its class and the next non-empty class hold, looking at a bounded number of blocks
+ * in each (in practice best fit; never a scan of the whole free list). */
 gg__block_t *gg__freelist_fit(const gg__freelist_t *fl, size_t n, size_t a);
-/* Takes n bytes at alignment a out of treap block b (which must fit them), leaving what is left of it
- * free. Returns the address; b's record is handed to the caller. Needs a reservation of 2. */
-uintptr_t gg__freelist_carve(gg__freelist_t *fl, gg__block_t *b, size_t n, size_t a);
-/* The largest treap block, or NULL. */
+/* Takes n bytes at alignment a out of listed free block b (which must fit them), leaving what is left of it
+ * free. Returns the record of the n bytes (b's own, or one from the reservation while b stays listed as
+ * the rest), handed to the caller. Needs a reservation of 2. */
+gg__block_t *gg__freelist_carve(gg__freelist_t *fl, gg__block_t *b, size_t n, size_t a);
+/* The largest listed free block, or NULL. */
 gg__block_t *gg__freelist_largest(const gg__freelist_t *fl);
-/* Makes treap block b the new top; the old top goes into the treap (or back to the pool when empty).
+/* Makes listed block b the new top; the old top is listed (or goes back to the pool when empty).
  * Needs a reservation of 1. */
 void gg__freelist_set_top(gg__freelist_t *fl, gg__block_t *b);
-/* Moves top into the treap (or drops it when empty); top becomes NULL. */
+/* Lists top as a free block (or drops it when empty); top becomes NULL. */
 void gg__freelist_drop_top(gg__freelist_t *fl);
-/* Writes up to cap treap blocks in (size, addr) order into out; returns how many there are. */
+/* Writes up to cap listed free blocks, smaller classes first, into out; returns how many there are. */
 size_t gg__freelist_list(const gg__freelist_t *fl, gg__block_t **out, size_t cap);
-/* Checks the treap and map invariants; returns NULL or what is wrong. For tests. */
+/* Checks the class lists, bitmaps and maps; returns NULL or what is wrong. For tests. */
 const char *gg__freelist_check(const gg__freelist_t *fl);
 
 static inline uintptr_t gg__align_up(uintptr_t x, size_t a) { return (x + (a - 1)) & ~(uintptr_t)(a - 1); }
