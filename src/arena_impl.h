@@ -53,7 +53,8 @@ typedef struct gg__bump_run {
 /* A scope (frame 0 stands for "outside any scope" and never ends). */
 typedef struct gg__frame {
   unsigned long long id;
-  gg__block_t *blocks;          /* its USED block records */
+  gg__block_t *blocks; /* its USED block records, newest first */
+  size_t n_blocks;
   size_t bump_first;            /* its bump entries are [bump_first, next frame's bump_first) */
   unsigned long long bump_live; /* live entries among them, and their bytes */
   size_t bump_bytes;

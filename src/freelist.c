@@ -9,12 +9,7 @@
 
 /* ---- address maps ------------------------------------------------------------------------------ */
 
-/* Addresses are multiples of 256: drop those bits, then a Fibonacci multiply spreads the rest. */
-static size_t gg__addr_hash(uintptr_t key, size_t cap) {
-  return (size_t)(((uint64_t)(key >> 8) * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1);
-}
-
-static int gg__addr_map_grow(gg__addr_map_t *m, size_t want) {
+int gg__addr_map_grow(gg__addr_map_t *m, size_t want) {
   size_t cap = m->cap ? m->cap : 64;
   while (want > cap / 2) cap *= 2;
   if (cap == m->cap) return 0;
@@ -29,11 +24,6 @@ static int gg__addr_map_grow(gg__addr_map_t *m, size_t want) {
   free(m->slots);
   m->slots = s, m->cap = cap;
   return 0;
-}
-
-int gg__addr_map_reserve(gg__addr_map_t *m, size_t extra) {
-  if (GG__LIKELY(m->n + extra <= m->cap / 2)) return 0;
-  return gg__addr_map_grow(m, m->n + extra);
 }
 
 void gg__addr_map_put(gg__addr_map_t *m, uintptr_t key, gg__block_t *val) {
@@ -78,7 +68,7 @@ void gg__addr_map_free(gg__addr_map_t *m) {
 
 #define GG__SLAB_RECORDS 256
 
-int gg__freelist_reserve(gg__freelist_t *fl, size_t k) {
+int gg__freelist_reserve_slow(gg__freelist_t *fl, size_t k) {
   int rc;
   if ((rc = gg__addr_map_reserve(&fl->by_start, k)) < 0 || (rc = gg__addr_map_reserve(&fl->by_end, k)) < 0)
     return rc;
@@ -116,9 +106,10 @@ void gg__freelist_free(gg__freelist_t *fl) {
 
 /* ---- size classes ------------------------------------------------------------------------------ */
 
-#define GG__EXACT_BITS 7  /* log2(GG__EXACT_CLASSES) */
-#define GG__FIT_LOOK   16 /* blocks of one class a fit looks at: bounds the work, not the choice in practice \
-                           */
+#define GG__EXACT_BITS 7 /* log2(GG__EXACT_CLASSES) */
+#define GG__FIT_LOOK                                                                    \
+  16 /* blocks of one class a fit looks at: bounds the work, not the choice in practice \
+      */
 
 _Static_assert(GG__EXACT_CLASSES == 1 << GG__EXACT_BITS, "exact classes are a power of two");
 _Static_assert(GG__CLASS_WORDS <= 32, "the word summary is 32 bits");

@@ -45,7 +45,20 @@ typedef struct gg__addr_map {
   size_t cap, n; /* cap is 0 or a power of two; n <= cap / 2 */
 } gg__addr_map_t;
 
-int gg__addr_map_reserve(gg__addr_map_t *m, size_t extra); /* 0 or GG_ENOMEM; then `extra` puts cannot fail */
+/* Addresses are multiples of 256: drop those bits, then a Fibonacci multiply spreads the rest and its
+ * top bits pick the slot (middle bits clustered the slots of evenly spaced blocks into long probes). */
+static inline size_t gg__addr_hash(uintptr_t key, size_t cap) {
+  return (size_t)(((uint64_t)(key >> 8) * 0x9E3779B97F4A7C15ull) >> (64 - __builtin_ctzll(cap)));
+}
+/* Starts loading the slot where key's probe begins: loops over many blocks ask a few blocks ahead. */
+static inline void gg__addr_map_prefetch(const gg__addr_map_t *m, uintptr_t key) {
+  if (m->cap) __builtin_prefetch(&m->slots[gg__addr_hash(key, m->cap)], 1);
+}
+int gg__addr_map_grow(gg__addr_map_t *m, size_t want); /* room for `want` keys; 0 or GG_ENOMEM */
+/* 0 or GG_ENOMEM; then `extra` puts cannot fail. Inline: every allocation and free asks. */
+static inline int gg__addr_map_reserve(gg__addr_map_t *m, size_t extra) {
+  return __builtin_expect(m->n + extra <= m->cap / 2, 1) ? 0 : gg__addr_map_grow(m, m->n + extra);
+}
 void gg__addr_map_put(gg__addr_map_t *m, uintptr_t key, gg__block_t *val);
 gg__block_t *gg__addr_map_get(const gg__addr_map_t *m, uintptr_t key);
 gg__block_t *gg__addr_map_del(gg__addr_map_t *m, uintptr_t key);
@@ -69,8 +82,15 @@ typedef struct gg__freelist {
 void gg__freelist_free(
     gg__freelist_t *fl); /* frees every record and map; the struct can be zeroed and reused */
 
+int gg__freelist_reserve_slow(gg__freelist_t *fl, size_t k);
 /* Makes the next `k` record takes and `k` free-block insertions infallible. 0 or GG_ENOMEM. */
-int gg__freelist_reserve(gg__freelist_t *fl, size_t k);
+static inline int gg__freelist_reserve(gg__freelist_t *fl, size_t k) {
+  if (__builtin_expect(fl->n_spare >= k && fl->by_start.n + k <= fl->by_start.cap / 2 &&
+                           fl->by_end.n + k <= fl->by_end.cap / 2,
+                       1))
+    return 0;
+  return gg__freelist_reserve_slow(fl, k);
+}
 gg__block_t *gg__freelist_take_record(gg__freelist_t *fl); /* needs a reservation */
 void gg__freelist_give_record(gg__freelist_t *fl, gg__block_t *b);
 
@@ -78,6 +98,11 @@ void gg__freelist_give_record(gg__freelist_t *fl, gg__block_t *b);
  * included: a range touching top grows top). `rec` is a record to reuse, or NULL (then one is taken
  * from the reservation). Returns the block the range ended up in. */
 gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg, gg__block_t *rec);
+/* Starts loading what gg__freelist_put(addr, size) will look at: the boundary map slots of both ends. */
+static inline void gg__freelist_prefetch(const gg__freelist_t *fl, uintptr_t addr, size_t size) {
+  gg__addr_map_prefetch(&fl->by_end, addr), gg__addr_map_prefetch(&fl->by_start, addr + size);
+  gg__addr_map_prefetch(&fl->by_start, addr), gg__addr_map_prefetch(&fl->by_end, addr + size);
+}
 /* Adds a free block that has no free neighbour (callers know it: pieces of a block already maximal). */
 void gg__freelist_put_plain(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg);
 /* Removes a listed free block from the free memory; the record stays the caller's. */
