@@ -92,8 +92,7 @@ static unsigned long long arena_events(gg_arena_t *a) {
  * and batches of pairs timed together (for the median: the clock's own cost and jitter, ~50 ns per
  * read on the VM, would otherwise dominate a 100 ns figure). */
 static result_t measure_pairs(alloc_kind_t k, const size_t *sizes, int nsizes, int iters) {
-  for (int i = 0; i < 2000; i++)
-    pair(k, sizes[i % nsizes]); /* warm: pools filled, chunks mapped, caches hot */
+  for (int i = 0; i < 2000; i++) pair(k, sizes[i % nsizes]); /* warm: pools filled, chunks mapped, caches hot */
   unsigned long long ev0 = k == A_GG ? arena_events(arena[0]) : 0;
   double *v = (double *)malloc((size_t)iters * sizeof *v);
   for (int i = 0; i < iters; i++) {
@@ -137,9 +136,8 @@ static void bench_pairs(void) {
     double bytes = 256.0 * pow(2.0, u * 18.0);
     mix[i] = ((size_t)bytes + 255) / 256 * 256;
   }
-  printf(
-      "\n## alloc+free pair latency, ns (median of batch means / p99 of single pairs), same sizes and order "
-      "for every allocator\n\n");
+  printf("\n## alloc+free pair latency, ns (median of batch means / p99 of single pairs), same sizes and order "
+         "for every allocator\n\n");
   printf("| size | gpuguard | gpuguard no-stream | cudaMalloc | cudaMallocAsync | cudaMalloc / gpuguard | "
          "async / gpuguard | gpuguard events per 1000 pairs |\n|---|---|---|---|---|---|---|---|\n");
   for (int row = 0; row < 5; row++) {
