@@ -163,7 +163,8 @@ static int gg__scope_release(gg_arena_t *a) {
   for (gg__block_t *b = f->blocks, *next; b; b = next) {
     next = b->r;
     if (ahead) {
-      gg__addr_map_prefetch(&a->used, ahead->addr), __builtin_prefetch(ahead->r);
+      gg__addr_map_prefetch(&a->used, ahead->addr);
+      if (ahead->r) gg__prefetch(ahead->r);
       if (!a->track) gg__freelist_prefetch(&a->freelist, ahead->addr, ahead->size); /* released at once */
       ahead = ahead->r;
     }
