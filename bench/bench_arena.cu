@@ -229,6 +229,7 @@ static result_t measure_churn(alloc_kind_t k, int iters) {
   qsort(b, (size_t)nb, sizeof *b, cmp_double);
   r.median = b[nb / 2] > 0 ? b[nb / 2] : 0;
   for (int i = 0; i < 64; i++) churn_free(k, c.live[i]);
+  if (k <= A_GG_NOSTREAM) GG(gg_arena_trim(arena[k], 0)); /* later sections start from an empty arena */
   free(b);
   free(v);
   return r;
