@@ -22,9 +22,8 @@
 enum { GG__BLOCK_SPARE, GG__BLOCK_FREE, GG__BLOCK_TOP, GG__BLOCK_USED, GG__BLOCK_PENDING };
 
 /* One contiguous piece of mapped device memory, described on the host (device memory holds no
- * headers). The links mean different things by state: FREE: its size class's list (l = previous, r =
- * next); USED: the scope's list
- * (l = previous, r = next); PENDING and SPARE: r = next in the batch or pool. */
+ * headers). The links mean different things by state: FREE: its size class's list, USED: its scope's
+ * list (l = previous, r = next); PENDING and SPARE: r = next in the batch or pool. */
 typedef struct gg__block {
   uintptr_t addr;
   size_t size;
