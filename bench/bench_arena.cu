@@ -164,6 +164,94 @@ static void bench_pairs(void) {
       "'no-stream' reuses at once (GG_ARENA_NO_STREAM).\n");
 }
 
+/* ---- 64 live blocks, one replaced at a time -------------------------------------------------------- */
+
+/* A random one of 64 live blocks is freed and a new one allocated in its place, sizes log-uniform in
+ * 16 B..4 MiB: the free list, coalescing and (tracked) batch closes at work, not just the bump block. */
+typedef struct churn {
+  void *live[64];
+  unsigned long long s;
+} churn_t;
+
+static size_t churn_next(churn_t *c, unsigned *slot) {
+  c->s = c->s * 6364136223846793005ull + 1442695040888963407ull;
+  *slot = (unsigned)(c->s >> 58);
+  double u = (double)((c->s >> 11) & ((1ull << 40) - 1)) / (double)(1ull << 40);
+  return (size_t)(16.0 * pow(2.0, u * 18.0)); /* 16 B .. 4 MiB */
+}
+
+static void churn_alloc(alloc_kind_t k, void **p, size_t n) {
+  if (k <= A_GG_NOSTREAM)
+    GG(gg_alloc(arena[k], n, p));
+  else if (k == A_MALLOC)
+    CU(cudaMalloc(p, n));
+  else
+    CU(cudaMallocAsync(p, n, stream));
+}
+
+static void churn_free(alloc_kind_t k, void *p) {
+  if (k <= A_GG_NOSTREAM)
+    GG(gg_free(arena[k], p));
+  else if (k == A_MALLOC)
+    CU(cudaFree(p));
+  else
+    CU(cudaFreeAsync(p, stream));
+}
+
+/* One step: free a random live block, allocate its replacement. */
+static void churn_step(alloc_kind_t k, churn_t *c) {
+  unsigned slot;
+  size_t n = churn_next(c, &slot);
+  churn_free(k, c->live[slot]);
+  churn_alloc(k, &c->live[slot], n);
+}
+
+static result_t measure_churn(alloc_kind_t k, int iters) {
+  churn_t c = {{0}, 4242};
+  unsigned slot;
+  for (int i = 0; i < 64; i++) churn_alloc(k, &c.live[i], churn_next(&c, &slot));
+  for (int i = 0; i < 2000; i++) churn_step(k, &c); /* warm */
+  double *v = (double *)malloc((size_t)iters * sizeof *v);
+  for (int i = 0; i < iters; i++) {
+    double t0 = now_ns();
+    churn_step(k, &c);
+    v[i] = now_ns() - t0;
+  }
+  result_t r = summarize(v, iters);
+  const int batch = k >= A_MALLOC ? 4 : 64;
+  int nb = iters / batch < 16 ? 16 : iters / batch;
+  double *b = (double *)malloc((size_t)nb * sizeof *b);
+  for (int j = 0; j < nb; j++) {
+    double t0 = now_ns();
+    for (int n = 0; n < batch; n++) churn_step(k, &c);
+    b[j] = (now_ns() - t0 - timer_ns) / batch;
+  }
+  qsort(b, (size_t)nb, sizeof *b, cmp_double);
+  r.median = b[nb / 2] > 0 ? b[nb / 2] : 0;
+  for (int i = 0; i < 64; i++) churn_free(k, c.live[i]);
+  if (k <= A_GG_NOSTREAM) GG(gg_arena_trim(arena[k], 0)); /* later sections start from an empty arena */
+  free(b);
+  free(v);
+  return r;
+}
+
+static void bench_churn(void) {
+  printf("\n## 64 live blocks, free a random one and allocate a new one (16 B..4 MiB, log-uniform), ns per "
+         "free+alloc (median of batch means / p99 of single steps)\n\n");
+  printf("| gpuguard | gpuguard no-stream | cudaMalloc | cudaMallocAsync | async / gpuguard |\n"
+         "|---|---|---|---|---|\n");
+  result_t r[A_COUNT] = {};
+  for (int k = 0; k < A_COUNT; k++) {
+    if ((k == A_MALLOC || k == A_ASYNC) && !gpu) continue;
+    r[k] = measure_churn((alloc_kind_t)k, k == A_MALLOC ? 300 : k == A_ASYNC ? 10000 : 50000);
+  }
+  char c[A_COUNT][48], x[32] = "skipped";
+  for (int k = 0; k < A_COUNT; k++) fmt_result(c[k], sizeof c[k], r[k]);
+  if (r[A_ASYNC].ran)
+    snprintf(x, sizeof x, "%.1fx", r[A_ASYNC].median / (r[A_GG].median > 1 ? r[A_GG].median : 1));
+  printf("| %s | %s | %s | %s | %s |\n\ngoal: gpuguard <= 100 ns.\n", c[0], c[1], c[2], c[3], x);
+}
+
 /* ---- scope ends --------------------------------------------------------------------------------- */
 
 static void bench_scopes(void) {
@@ -398,6 +486,7 @@ int main(void) {
   printf("gpuguard backend: %s\n", gg_arena_backend(arena[0]));
   double t0 = now_ns();
   bench_pairs();
+  bench_churn();
   bench_scopes();
   for (int k = 0; k < 2; k++) GG(gg_arena_destroy(arena[k]));
   bench_fragmentation();

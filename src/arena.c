@@ -26,10 +26,10 @@ int gg__arena_grow_array_slow(void *arr, size_t *cap, size_t need, size_t elem) 
 }
 
 int gg__arena_quietly(gg_arena_t *a, int (*step)(gg_arena_t *a, void *ctx), void *ctx) {
-  gg__err_saved_t saved;
-  gg__err_save(&saved);
+  gg__err_quiet_t quiet; /* copies the detail only when the step fails: reclaims run on hot paths */
+  gg__err_quiet_begin(&quiet);
   int rc = step(a, ctx);
-  gg__err_restore(&saved);
+  gg__err_quiet_end(&quiet);
   return rc;
 }
 

@@ -124,7 +124,7 @@ void gg__frame_link(gg_arena_t *a, gg__block_t *b) {
   gg__frame_t *f = &a->frames[b->depth];
   b->l = NULL, b->r = f->blocks;
   if (f->blocks) f->blocks->l = b;
-  f->blocks = b;
+  f->blocks = b, f->n_blocks++;
 }
 
 void gg__frame_unlink(gg_arena_t *a, gg__block_t *b) {
@@ -133,6 +133,7 @@ void gg__frame_unlink(gg_arena_t *a, gg__block_t *b) {
   else
     a->frames[b->depth].blocks = b->r;
   if (b->r) b->r->l = b->l;
+  a->frames[b->depth].n_blocks--;
 }
 
 int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
@@ -148,26 +149,43 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
   return rc;
 }
 
-/* Map slots a scope end may need (merging releases can add one free block each). */
-static size_t gg__frame_count(const gg__frame_t *f) {
-  size_t n = 0;
-  for (const gg__block_t *b = f->blocks; b; b = b->r) n++;
-  return n;
-}
+#define GG__SCOPE_AHEAD 8 /* blocks a scope end looks ahead to start loading their map slots */
 
-/* Ends the innermost scope: records first (O(blocks)); then the log's tail, whatever its length, in
- * O(runs cut). */
+/* Ends the innermost scope: records first, in O(blocks) with no search (a run of blocks that touch in
+ * list order, as blocks carved one after another from the front of a free block do, is released as
+ * one range); then the log's tail, whatever its length, in O(runs cut). */
 static int gg__scope_release(gg_arena_t *a) {
   gg__frame_t *f = &a->frames[a->n_frames - 1];
-  int rc = gg__freelist_reserve(&a->freelist, a->run_count + 1 + gg__frame_count(f));
+  int rc = gg__freelist_reserve(&a->freelist, a->run_count + 1 + f->n_blocks);
   if (rc < 0) return rc;
+  gg__block_t *run = NULL, *ahead = f->blocks; /* run: the range being gathered, in a record of its own */
+  for (int i = 0; ahead && i < GG__SCOPE_AHEAD; i++) ahead = ahead->r;
   for (gg__block_t *b = f->blocks, *next; b; b = next) {
     next = b->r;
+    if (ahead) {
+      gg__addr_map_prefetch(&a->used, ahead->addr);
+      if (ahead->r) gg__prefetch(ahead->r);
+      if (!a->track) gg__freelist_prefetch(&a->freelist, ahead->addr, ahead->size); /* released at once */
+      ahead = ahead->r;
+    }
     gg__addr_map_del(&a->used, b->addr);
     gg__arena_count_release(a, b->size, 1);
-    gg__arena_release(a, b->addr, b->size, b->seg, b, false);
     a->probe.blocks_visited++;
+    if (run && b->seg == run->seg && b->addr + b->size == run->addr) { /* just below the run */
+      run->addr = b->addr, run->size += b->size;
+      gg__freelist_give_record(&a->freelist, b);
+      continue;
+    }
+    if (run && b->seg == run->seg && b->addr == run->addr + run->size) { /* just above */
+      run->size += b->size;
+      gg__freelist_give_record(&a->freelist, b);
+      continue;
+    }
+    if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, false);
+    run = b;
   }
+  if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, false);
+  f->blocks = NULL, f->n_blocks = 0;
   gg__arena_count_release(a, f->bump_bytes, f->bump_live);
   a->bump_live_bytes -= f->bump_bytes;
   gg__bump_cut(a, f->bump_first, false);

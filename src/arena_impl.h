@@ -2,7 +2,7 @@
  * structure and the functions one part of the arena calls in another.
  *
  * Memory of an arena is, at any moment, tiled exactly by four kinds of pieces (arena_check.c proves
- * it): free blocks (the best-fit treap of freelist.c, plus the bump block "top"), USED block records
+ * it): free blocks (the size-class lists of freelist.c, plus the bump block "top"), USED block records
  * (allocations served by best fit, or flushed from the bump log), PENDING records (released, waiting
  * for the stream), and runs of the bump log (allocations carved from top, live or freed).
  *
@@ -53,7 +53,8 @@ typedef struct gg__bump_run {
 /* A scope (frame 0 stands for "outside any scope" and never ends). */
 typedef struct gg__frame {
   unsigned long long id;
-  gg__block_t *blocks;          /* its USED block records */
+  gg__block_t *blocks; /* its USED block records, newest first */
+  size_t n_blocks;
   size_t bump_first;            /* its bump entries are [bump_first, next frame's bump_first) */
   unsigned long long bump_live; /* live entries among them, and their bytes */
   size_t bump_bytes;

@@ -19,7 +19,7 @@ typedef struct gg__arena_probe {
   unsigned long long stream_queries;  /* stream idle checks (settle everything without an event) */
   unsigned long long batches_merged;  /* batches whose memory became reusable */
   size_t bump_entries;                /* entries in the bump log now */
-  size_t free_blocks;                 /* blocks in the best-fit tree now (top excluded) */
+  size_t free_blocks;                 /* blocks in the free lists now (top excluded) */
   size_t top_bytes;                   /* bytes left in the bump block now */
   size_t chunks;                      /* mapped chunks now */
 } gg__arena_probe_t;

@@ -6,8 +6,9 @@
 #include "arena_impl.h"
 #include "internal.h"
 
-#define GG__BATCH_MAX 1024 /* releases per batch before its event is recorded anyway */
-#define GG__CLOSE_MIN 2    /* releases a batch needs before a small share of memory closes it */
+#define GG__BATCH_MAX   1024 /* releases per batch before its event is recorded anyway */
+#define GG__CLOSE_MIN   2    /* releases a batch needs before a small share of memory closes it */
+#define GG__MERGE_AHEAD 8    /* releases a merge looks ahead to start loading their map slots */
 
 void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__block_t *rec,
                        bool ordered) {
@@ -59,8 +60,12 @@ static int gg__batch_record(gg_arena_t *a) {
 static int gg__batch_merge(gg_arena_t *a, gg__batch_t *b) {
   int rc = gg__freelist_reserve(&a->freelist, b->count);
   if (rc < 0) return rc;
+  /* Large batches (a scope's blocks) miss the cache on every map slot: start loading a few ahead. */
+  gg__block_t *ahead = b->head;
+  for (int i = 0; ahead && i < GG__MERGE_AHEAD; i++) ahead = ahead->r;
   for (gg__block_t *r = b->head, *next; r; r = next) {
     next = r->r;
+    if (ahead) gg__freelist_prefetch(&a->freelist, ahead->addr, ahead->size), ahead = ahead->r;
     gg__freelist_put(&a->freelist, r->addr, r->size, r->seg, r);
   }
   a->pending -= b->bytes;

@@ -9,6 +9,15 @@
 
 static _Thread_local char gg__detail[GG__DETAIL_MAX];
 static _Thread_local int gg__driver_status;
+static _Thread_local gg__err_quiet_t *gg__quiet; /* the innermost quiet region, or NULL */
+
+/* Before the detail changes inside a quiet region: keeps what the region must put back. */
+static void gg__quiet_copy(void) {
+  gg__err_quiet_t *q = gg__quiet;
+  if (GG__LIKELY(!q) || q->copied) return;
+  gg__strlcpy(q->saved.text, gg__detail, sizeof q->saved.text);
+  q->saved.driver_status = gg__driver_status, q->copied = true;
+}
 
 const char *gg_strerror(int code) {
   switch (code) {
@@ -43,6 +52,7 @@ const char *gg_version(void) { return GG_VERSION_STRING; }
 /* The detail starts with the code's name so a message read on its own still says what kind of
  * failure it was. */
 static void gg__vrecord(int code, const char *fmt, va_list ap) {
+  gg__quiet_copy();
   int n = snprintf(gg__detail, sizeof gg__detail, "%s: ", gg_err_name(code));
   if (n < 0 || (size_t)n >= sizeof gg__detail) return;
   vsnprintf(gg__detail + n, sizeof gg__detail - (size_t)n, fmt, ap);
@@ -72,8 +82,22 @@ void gg__err_save(gg__err_saved_t *s) {
 }
 
 void gg__err_restore(const gg__err_saved_t *s) {
+  gg__quiet_copy();
   gg__strlcpy(gg__detail, s->text, sizeof gg__detail);
   gg__driver_status = s->driver_status;
+}
+
+void gg__err_quiet_begin(gg__err_quiet_t *q) {
+  q->copied = false, q->outer = gg__quiet;
+  gg__quiet = q;
+}
+
+void gg__err_quiet_end(gg__err_quiet_t *q) {
+  gg__quiet = q->outer;
+  if (!q->copied) return;
+  /* What q started with is also what an outer region that copied nothing yet started with. */
+  gg__strlcpy(gg__detail, q->saved.text, sizeof gg__detail);
+  gg__driver_status = q->saved.driver_status;
 }
 
 void gg__strlcpy(char *dst, const char *src, size_t cap) {

@@ -1,5 +1,6 @@
-/* freelist.c — an arena's free memory: best-fit treap, O(1) coalescing through boundary maps, the bump
- * block, and the pool of block records. Not thread-safe: the arena's lock covers it. */
+/* freelist.c — an arena's free memory: segregated size classes with bitmaps, O(1) coalescing through
+ * boundary maps, the bump block, and the pool of block records. Not thread-safe: the arena's lock covers it.
+ */
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,12 +9,7 @@
 
 /* ---- address maps ------------------------------------------------------------------------------ */
 
-/* Addresses are multiples of 256: drop those bits, then a Fibonacci multiply spreads the rest. */
-static size_t gg__addr_hash(uintptr_t key, size_t cap) {
-  return (size_t)(((uint64_t)(key >> 8) * 0x9E3779B97F4A7C15ull) >> 17) & (cap - 1);
-}
-
-static int gg__addr_map_grow(gg__addr_map_t *m, size_t want) {
+int gg__addr_map_grow(gg__addr_map_t *m, size_t want) {
   size_t cap = m->cap ? m->cap : 64;
   while (want > cap / 2) cap *= 2;
   if (cap == m->cap) return 0;
@@ -28,11 +24,6 @@ static int gg__addr_map_grow(gg__addr_map_t *m, size_t want) {
   free(m->slots);
   m->slots = s, m->cap = cap;
   return 0;
-}
-
-int gg__addr_map_reserve(gg__addr_map_t *m, size_t extra) {
-  if (GG__LIKELY(m->n + extra <= m->cap / 2)) return 0;
-  return gg__addr_map_grow(m, m->n + extra);
 }
 
 void gg__addr_map_put(gg__addr_map_t *m, uintptr_t key, gg__block_t *val) {
@@ -77,7 +68,7 @@ void gg__addr_map_free(gg__addr_map_t *m) {
 
 #define GG__SLAB_RECORDS 256
 
-int gg__freelist_reserve(gg__freelist_t *fl, size_t k) {
+int gg__freelist_reserve_slow(gg__freelist_t *fl, size_t k) {
   int rc;
   if ((rc = gg__addr_map_reserve(&fl->by_start, k)) < 0 || (rc = gg__addr_map_reserve(&fl->by_end, k)) < 0)
     return rc;
@@ -113,76 +104,88 @@ void gg__freelist_free(gg__freelist_t *fl) {
   memset(fl, 0, sizeof *fl);
 }
 
-/* ---- treap by (size, addr) --------------------------------------------------------------------- */
+/* ---- size classes ------------------------------------------------------------------------------ */
 
-/* Priorities are a hash of the address: no random state, and reproducible shapes in tests. */
-static uint32_t gg__treap_priority(const gg__block_t *b) {
-  uint64_t x = (uint64_t)b->addr;
-  x ^= x >> 33, x *= 0xff51afd7ed558ccdull, x ^= x >> 33, x *= 0xc4ceb9fe1a85ec53ull, x ^= x >> 33;
-  return (uint32_t)x;
+#define GG__EXACT_BITS 7 /* log2(GG__EXACT_CLASSES) */
+#define GG__FIT_LOOK                                                                    \
+  16 /* blocks of one class a fit looks at: bounds the work, not the choice in practice \
+      */
+
+_Static_assert(GG__EXACT_CLASSES == 1 << GG__EXACT_BITS, "exact classes are a power of two");
+_Static_assert(GG__CLASS_WORDS <= 32, "the word summary is 32 bits");
+
+/* Sizes are multiples of the quantum: below GG__EXACT_CLASSES quanta the class is the size itself;
+ * above, the power of two and the next GG__SUB_BITS bits. */
+static unsigned gg__class_of(size_t size) {
+  size_t q = size / GG__QUANTUM;
+  if (q < GG__EXACT_CLASSES) return (unsigned)q;
+  unsigned e = 63u - (unsigned)__builtin_clzll((unsigned long long)q);
+  return GG__EXACT_CLASSES + (e - GG__EXACT_BITS) * GG__SUB_CLASSES +
+         (unsigned)((q >> (e - GG__SUB_BITS)) & (GG__SUB_CLASSES - 1));
 }
 
-static bool gg__treap_less(const gg__block_t *a, const gg__block_t *b) {
+/* The smallest size, in quanta, of class c. */
+static size_t gg__class_min_quanta(unsigned c) {
+  if (c < GG__EXACT_CLASSES) return c;
+  unsigned e = GG__EXACT_BITS + (c - GG__EXACT_CLASSES) / GG__SUB_CLASSES;
+  return ((size_t)GG__SUB_CLASSES + (c - GG__EXACT_CLASSES) % GG__SUB_CLASSES) << (e - GG__SUB_BITS);
+}
+
+/* The first non-empty class at or above c, or -1: two bit scans. */
+static int gg__class_next(const gg__freelist_t *fl, unsigned c) {
+  if (c >= GG__CLASSES) return -1;
+  unsigned w = c / 64;
+  uint64_t bits = fl->bits[w] & (~0ull << (c % 64));
+  if (bits) return (int)(w * 64 + (unsigned)__builtin_ctzll(bits));
+  uint32_t words = w + 1 < 32 ? fl->words & (~0u << (w + 1)) : 0;
+  if (!words) return -1;
+  w = (unsigned)__builtin_ctz(words);
+  return (int)(w * 64 + (unsigned)__builtin_ctzll(fl->bits[w]));
+}
+
+/* The last non-empty class, or -1. */
+static int gg__class_last(const gg__freelist_t *fl) {
+  if (!fl->words) return -1;
+  unsigned w = 31u - (unsigned)__builtin_clz(fl->words);
+  return (int)(w * 64 + 63u - (unsigned)__builtin_clzll(fl->bits[w]));
+}
+
+static void gg__class_link(gg__freelist_t *fl, gg__block_t *b) {
+  unsigned c = gg__class_of(b->size);
+  b->l = NULL, b->r = fl->heads[c];
+  if (b->r)
+    b->r->l = b;
+  else
+    fl->bits[c / 64] |= 1ull << (c % 64), fl->words |= 1u << (c / 64);
+  fl->heads[c] = b;
+}
+
+static void gg__class_unlink(gg__freelist_t *fl, gg__block_t *b) {
+  unsigned c = gg__class_of(b->size);
+  if (b->l)
+    b->l->r = b->r;
+  else
+    fl->heads[c] = b->r;
+  if (b->r) b->r->l = b->l;
+  if (!fl->heads[c] && !(fl->bits[c / 64] &= ~(1ull << (c % 64)))) fl->words &= ~(1u << (c / 64));
+}
+
+static bool gg__smaller(const gg__block_t *a, const gg__block_t *b) {
   return a->size < b->size || (a->size == b->size && a->addr < b->addr);
-}
-
-static void gg__treap_split(gg__block_t *t, const gg__block_t *k, gg__block_t **lo, gg__block_t **hi) {
-  if (!t) {
-    *lo = *hi = NULL;
-  } else if (gg__treap_less(t, k)) {
-    gg__treap_split(t->r, k, &t->r, hi);
-    *lo = t;
-  } else {
-    gg__treap_split(t->l, k, lo, &t->l);
-    *hi = t;
-  }
-}
-
-static gg__block_t *gg__treap_merge(gg__block_t *a, gg__block_t *b) {
-  if (!a) return b;
-  if (!b) return a;
-  if (gg__treap_priority(a) > gg__treap_priority(b)) {
-    a->r = gg__treap_merge(a->r, b);
-    return a;
-  }
-  b->l = gg__treap_merge(a, b->l);
-  return b;
-}
-
-static gg__block_t *gg__treap_insert(gg__block_t *t, gg__block_t *n) {
-  if (!t) return n;
-  if (gg__treap_priority(n) > gg__treap_priority(t)) {
-    gg__treap_split(t, n, &n->l, &n->r);
-    return n;
-  }
-  if (gg__treap_less(n, t))
-    t->l = gg__treap_insert(t->l, n);
-  else
-    t->r = gg__treap_insert(t->r, n);
-  return t;
-}
-
-static gg__block_t *gg__treap_delete(gg__block_t *t, gg__block_t *n) {
-  if (t == n) return gg__treap_merge(n->l, n->r);
-  if (gg__treap_less(n, t))
-    t->l = gg__treap_delete(t->l, n);
-  else
-    t->r = gg__treap_delete(t->r, n);
-  return t;
 }
 
 /* ---- free memory ------------------------------------------------------------------------------- */
 
 static void gg__freelist_link(gg__freelist_t *fl, gg__block_t *b) {
-  b->state = GG__BLOCK_FREE, b->l = b->r = NULL;
-  fl->root = gg__treap_insert(fl->root, b);
+  b->state = GG__BLOCK_FREE;
+  gg__class_link(fl, b);
   gg__addr_map_put(&fl->by_start, b->addr, b);
   gg__addr_map_put(&fl->by_end, b->addr + b->size, b);
   fl->count++;
 }
 
 void gg__freelist_remove(gg__freelist_t *fl, gg__block_t *b) {
-  fl->root = gg__treap_delete(fl->root, b);
+  gg__class_unlink(fl, b);
   gg__addr_map_del(&fl->by_start, b->addr);
   gg__addr_map_del(&fl->by_end, b->addr + b->size);
   fl->count--, fl->bytes -= b->size;
@@ -196,10 +199,22 @@ void gg__freelist_put_plain(gg__freelist_t *fl, uintptr_t addr, size_t size, voi
   gg__freelist_link(fl, b);
 }
 
+/* Moves a listed block's bounds in place: only the boundary map entries and the class that change are
+ * touched (cheaper than removing it and listing a new one). Free bytes are the caller's to count. */
+static void gg__freelist_reshape(gg__freelist_t *fl, gg__block_t *b, uintptr_t addr, size_t size) {
+  bool reclass = gg__class_of(size) != gg__class_of(b->size);
+  if (reclass) gg__class_unlink(fl, b);
+  if (addr != b->addr) gg__addr_map_del(&fl->by_start, b->addr), gg__addr_map_put(&fl->by_start, addr, b);
+  if (addr + size != b->addr + b->size)
+    gg__addr_map_del(&fl->by_end, b->addr + b->size), gg__addr_map_put(&fl->by_end, addr + size, b);
+  b->addr = addr, b->size = size;
+  if (reclass) gg__class_link(fl, b);
+}
+
 gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg, gg__block_t *rec) {
-  gg__block_t *t = fl->top, *n;
+  gg__block_t *t = fl->top, *n, *lo;
   fl->bytes += size;
-  /* The neighbour below: top, or a treap block ending where this range starts. */
+  /* The neighbour below: top, or a listed block ending where this range starts. */
   if (t && t->seg == seg && t->addr + t->size == addr) {
     t->size += size;
     if ((n = gg__addr_map_get(&fl->by_start, addr + size)) && n->seg == seg) {
@@ -210,21 +225,28 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
     if (rec) gg__freelist_give_record(fl, rec);
     return t;
   }
-  if ((n = gg__addr_map_get(&fl->by_end, addr)) && n->seg == seg) {
-    gg__freelist_remove(fl, n);
-    fl->bytes += n->size, addr = n->addr, size += n->size;
-    gg__freelist_give_record(fl, n);
-  }
-  /* The neighbour above: top (which then grows down over the range), or a treap block. */
+  if ((lo = gg__addr_map_get(&fl->by_end, addr)) && lo->seg != seg) lo = NULL;
+  /* The neighbour above: top (which then grows down over the range and lo), or a listed block. */
   if (t && t->seg == seg && t->addr == addr + size) {
+    if (lo) {
+      gg__freelist_remove(fl, lo);
+      fl->bytes += lo->size, addr = lo->addr, size += lo->size;
+      gg__freelist_give_record(fl, lo);
+    }
     t->addr = addr, t->size += size;
     if (rec) gg__freelist_give_record(fl, rec);
     return t;
   }
-  if ((n = gg__addr_map_get(&fl->by_start, addr + size)) && n->seg == seg) {
-    gg__freelist_remove(fl, n);
-    fl->bytes += n->size, size += n->size;
-    gg__freelist_give_record(fl, n);
+  if ((n = gg__addr_map_get(&fl->by_start, addr + size)) && n->seg != seg) n = NULL;
+  if (lo || n) { /* grow a neighbour in place; the range's own record is not needed */
+    if (rec) gg__freelist_give_record(fl, rec);
+    if (lo && n) {
+      gg__freelist_remove(fl, n);
+      fl->bytes += n->size, size += n->size;
+      gg__freelist_give_record(fl, n);
+    }
+    if (lo) return gg__freelist_reshape(fl, lo, lo->addr, lo->size + size), lo;
+    return gg__freelist_reshape(fl, n, addr, size + n->size), n;
   }
   if (!rec) rec = gg__freelist_take_record(fl);
   memset(rec, 0, sizeof *rec);
@@ -238,53 +260,61 @@ static bool gg__fits(const gg__block_t *b, size_t n, size_t a) {
   return p - b->addr <= b->size && b->size - (p - b->addr) >= n;
 }
 
-/* The in-order successor of b: the smallest key above it, found from the root (no parent links). */
-static gg__block_t *gg__treap_next(const gg__freelist_t *fl, const gg__block_t *b) {
+/* The smallest block that fits among the first GG__FIT_LOOK of a class list. */
+static gg__block_t *gg__class_best(gg__block_t *b, size_t n, size_t a) {
   gg__block_t *best = NULL;
-  for (gg__block_t *t = fl->root; t;) {
-    if (gg__treap_less(b, t))
-      best = t, t = t->l;
-    else
-      t = t->r;
-  }
-  return best;
-}
-
-static gg__block_t *gg__lower_bound(const gg__freelist_t *fl, size_t n) {
-  gg__block_t *best = NULL;
-  for (gg__block_t *t = fl->root; t;) {
-    if (t->size >= n)
-      best = t, t = t->l;
-    else
-      t = t->r;
-  }
+  for (int i = 0; b && i < GG__FIT_LOOK; i++, b = b->r)
+    if (gg__fits(b, n, a) && (!best || gg__smaller(b, best))) best = b;
   return best;
 }
 
 gg__block_t *gg__freelist_fit(const gg__freelist_t *fl, size_t n, size_t a) {
-  gg__block_t *b = gg__lower_bound(fl, n);
-  if (!b || a <= GG__QUANTUM) return b; /* every block is 256-aligned: the first big enough fits */
-  /* Over-aligned: try a few of the next sizes, then a size that fits wherever it starts. */
-  for (int i = 0; b && i < 8; i++, b = gg__treap_next(fl, b))
-    if (gg__fits(b, n, a)) return b;
+  unsigned c = gg__class_of(n);
+  int d;
+  if (a <= GG__QUANTUM) { /* every block is 256-aligned: a block fits when it is large enough */
+    if (c < GG__EXACT_CLASSES && fl->heads[c]) return fl->heads[c]; /* exactly n bytes */
+    gg__block_t *b = c >= GG__EXACT_CLASSES ? gg__class_best(fl->heads[c], n, a) : NULL;
+    if (b) return b;
+    return (d = gg__class_next(fl, c + 1)) < 0 ? NULL : gg__class_best(fl->heads[d], n, a);
+  }
+  /* Over-aligned: a few classes from n up, then a class whose every block fits wherever it starts. */
+  d = gg__class_next(fl, c);
+  for (int i = 0; d >= 0 && i < 4; i++, d = gg__class_next(fl, (unsigned)d + 1)) {
+    gg__block_t *b = gg__class_best(fl->heads[d], n, a);
+    if (b) return b;
+  }
   if (n > SIZE_MAX - a) return NULL;
-  return gg__lower_bound(fl, n + a - GG__QUANTUM);
+  size_t need = n + a - GG__QUANTUM;
+  c = gg__class_of(need);
+  if (gg__class_min_quanta(c) < need / GG__QUANTUM) c++;
+  return (d = gg__class_next(fl, c)) < 0 ? NULL : fl->heads[d];
 }
 
-uintptr_t gg__freelist_carve(gg__freelist_t *fl, gg__block_t *b, size_t n, size_t a) {
-  gg__freelist_remove(fl, b);
+gg__block_t *gg__freelist_carve(gg__freelist_t *fl, gg__block_t *b, size_t n, size_t a) {
   uintptr_t p = gg__align_up(b->addr, a), end = b->addr + b->size;
+  if (p == b->addr && p + n < end) { /* the front: b stays listed as the rest, a new record is handed out */
+    gg__block_t *u = gg__freelist_take_record(fl);
+    u->addr = p, u->size = n, u->seg = b->seg;
+    gg__freelist_reshape(fl, b, p + n, end - (p + n));
+    fl->bytes -= n;
+    return u;
+  }
+  gg__freelist_remove(fl, b);
   /* b was maximal, so its pieces have no free neighbours. */
   if (p > b->addr) gg__freelist_put_plain(fl, b->addr, p - b->addr, b->seg);
   if (p + n < end) gg__freelist_put_plain(fl, p + n, end - (p + n), b->seg);
   b->addr = p, b->size = n;
-  return p;
+  return b;
 }
 
+/* The whole last class is looked at: the largest block decides where top goes. */
 gg__block_t *gg__freelist_largest(const gg__freelist_t *fl) {
-  gg__block_t *t = fl->root;
-  while (t && t->r) t = t->r;
-  return t;
+  int c = gg__class_last(fl);
+  if (c < 0) return NULL;
+  gg__block_t *best = fl->heads[c];
+  for (gg__block_t *b = best->r; b; b = b->r)
+    if (gg__smaller(best, b)) best = b;
+  return best;
 }
 
 void gg__freelist_drop_top(gg__freelist_t *fl) {
@@ -292,49 +322,49 @@ void gg__freelist_drop_top(gg__freelist_t *fl) {
   if (!t) return;
   fl->top = NULL;
   if (t->size)
-    gg__freelist_link(fl, t); /* top never touches a treap block: the two would have merged */
+    gg__freelist_link(fl, t); /* top never touches a listed block: the two would have merged */
   else
     gg__freelist_give_record(fl, t);
 }
 
 void gg__freelist_set_top(gg__freelist_t *fl, gg__block_t *b) {
   gg__freelist_remove(fl, b);
-  fl->bytes += b->size; /* still free: it only moves out of the treap */
+  fl->bytes += b->size; /* still free: it only moves out of the lists */
   gg__freelist_drop_top(fl);
   b->state = GG__BLOCK_TOP;
   fl->top = b;
 }
 
-static size_t gg__treap_walk(const gg__block_t *t, gg__block_t **out, size_t cap, size_t i) {
-  if (!t) return i;
-  i = gg__treap_walk(t->l, out, cap, i);
-  if (i < cap) out[i] = (gg__block_t *)t;
-  return gg__treap_walk(t->r, out, cap, i + 1);
-}
-
 size_t gg__freelist_list(const gg__freelist_t *fl, gg__block_t **out, size_t cap) {
-  return gg__treap_walk(fl->root, out, cap, 0);
+  size_t i = 0;
+  for (int c = gg__class_next(fl, 0); c >= 0; c = gg__class_next(fl, (unsigned)c + 1))
+    for (gg__block_t *b = fl->heads[c]; b; b = b->r, i++)
+      if (i < cap) out[i] = b;
+  return i;
 }
 
-static const char *gg__treap_check(const gg__freelist_t *fl, const gg__block_t *t, size_t *n, size_t *bytes) {
-  if (!t) return NULL;
-  const char *w;
-  if (t->state != GG__BLOCK_FREE) return "a treap block is not FREE";
-  if (t->l && (!gg__treap_less(t->l, t) || gg__treap_priority(t->l) > gg__treap_priority(t)))
-    return "treap order broken (left)";
-  if (t->r && (!gg__treap_less(t, t->r) || gg__treap_priority(t->r) > gg__treap_priority(t)))
-    return "treap order broken (right)";
-  if (gg__addr_map_get(&fl->by_start, t->addr) != t || gg__addr_map_get(&fl->by_end, t->addr + t->size) != t)
-    return "a free block is missing from the boundary maps";
-  (*n)++, *bytes += t->size;
-  if ((w = gg__treap_check(fl, t->l, n, bytes)) || (w = gg__treap_check(fl, t->r, n, bytes))) return w;
+static const char *gg__class_check(const gg__freelist_t *fl, unsigned c, size_t *n, size_t *bytes) {
+  bool bit = fl->bits[c / 64] >> (c % 64) & 1;
+  if (bit != (fl->heads[c] != NULL)) return "a class bit disagrees with its list";
+  for (const gg__block_t *b = fl->heads[c], *prev = NULL; b; prev = b, b = b->r) {
+    if (b->state != GG__BLOCK_FREE) return "a listed block is not FREE";
+    if (b->l != prev) return "a class list's back link is broken";
+    if (gg__class_of(b->size) != c) return "a free block is in the wrong size class";
+    if (gg__addr_map_get(&fl->by_start, b->addr) != b ||
+        gg__addr_map_get(&fl->by_end, b->addr + b->size) != b)
+      return "a free block is missing from the boundary maps";
+    (*n)++, *bytes += b->size;
+  }
   return NULL;
 }
 
 const char *gg__freelist_check(const gg__freelist_t *fl) {
   size_t n = 0, bytes = fl->top ? fl->top->size : 0;
-  const char *w = gg__treap_check(fl, fl->root, &n, &bytes);
-  if (w) return w;
+  const char *w;
+  for (unsigned c = 0; c < GG__CLASSES; c++)
+    if ((w = gg__class_check(fl, c, &n, &bytes))) return w;
+  for (unsigned i = 0; i < GG__CLASS_WORDS; i++)
+    if (((fl->words >> i) & 1) != (fl->bits[i] != 0)) return "the class word summary disagrees with the bits";
   if (n != fl->count || fl->by_start.n != n || fl->by_end.n != n) return "free block count mismatch";
   if (bytes != fl->bytes) return "free byte count mismatch";
   if (fl->top && fl->top->state != GG__BLOCK_TOP) return "top is not marked TOP";

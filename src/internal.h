@@ -26,6 +26,15 @@ typedef struct gg__err_saved {
 } gg__err_saved_t;
 void gg__err_save(gg__err_saved_t *s);
 void gg__err_restore(const gg__err_saved_t *s);
+/* The same for hot paths: the detail is copied only if something is about to overwrite it (a quiet
+ * region costs two thread-local stores when nothing fails). Regions nest; end them in reverse order. */
+typedef struct gg__err_quiet {
+  gg__err_saved_t saved;
+  bool copied;
+  struct gg__err_quiet *outer;
+} gg__err_quiet_t;
+void gg__err_quiet_begin(gg__err_quiet_t *q);
+void gg__err_quiet_end(gg__err_quiet_t *q);
 
 /* Run a cleanup step whatever happened before, keeping the first error. */
 #define GG_KEEP_FIRST(rc, call)               \

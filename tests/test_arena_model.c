@@ -5,6 +5,7 @@
 #include <stdbool.h>
 
 #include "arena_internal.h"
+#include "freelist.h"
 #include "gg_test.h"
 
 #define KiB            ((size_t)1 << 10)
@@ -68,10 +69,28 @@ static void model_remove(model_t *m, int i, bool verify) {
   m->b[i] = m->b[--m->n];
 }
 
+static bool boundary_sizes; /* sizes at the free list's class boundaries instead of spread evenly */
+
+/* A size within a quantum or two of a class boundary: the last exact class (32 KiB), a power of two,
+ * or a step between two of the 16 classes of a power of two. */
+static size_t boundary_size(void) {
+  size_t q;
+  switch (rnd(3)) {
+  case 0: q = 128; break;
+  case 1: q = (size_t)1 << (7 + rnd(5)); break;
+  default: {
+    unsigned e = 7 + rnd(5);
+    q = ((size_t)16 + rnd(16)) << (e - 4);
+  }
+  }
+  return (q + rnd(5) - 2) * 256 - rnd(2) * (1 + rnd(255)); /* q-2..q+2 quanta, sometimes a little under */
+}
+
 static void do_alloc(gg_arena_t *a, model_t *m, bool held) {
   static const size_t aligns[] = {0, 0, 0, 0, 512, 4096, 64 * KiB};
   unsigned r = rnd(100);
   size_t size = r < 70 ? 1 + rnd(4096) : r < 95 ? 4096 + rnd(128 * KiB) : 128 * KiB + rnd(1024 * KiB);
+  if (boundary_sizes && rnd(4)) size = boundary_size();
   size_t align = aligns[rnd(7)];
   if (m->n == MAX_LIVE || m->in_use + rounded(size) > LIVE_BYTES_MAX) return;
   void *p = NULL;
@@ -226,6 +245,109 @@ static void test_novmm_no_stream(void **state) {
   (void)state;
   run_model("no vmm, no stream", false, GG_ARENA_NO_STREAM, seed_from_env(31337), ops_count());
 }
+static void test_class_boundaries(void **state) {
+  (void)state;
+  boundary_sizes = true;
+  run_model("class boundaries, stream tracked", true, 0, seed_from_env(4711), ops_count());
+  run_model("class boundaries, no stream", false, GG_ARENA_NO_STREAM, seed_from_env(815), ops_count());
+  boundary_sizes = false;
+}
+
+/* ---- the free list on its own: which block a fit takes ---------------------------------------------- */
+
+#define Q ((size_t)256)
+
+static gg__block_t *fl_put(gg__freelist_t *fl, uintptr_t addr, size_t size) {
+  gg_assert_ok(gg__freelist_reserve(fl, 4));
+  gg__block_t *b = gg__freelist_put(fl, addr, size, NULL, NULL);
+  const char *w = gg__freelist_check(fl);
+  if (w) fail_msg("after putting %#jx+%zu: %s", (uintmax_t)addr, size, w);
+  return b;
+}
+
+static size_t fl_fit(gg__freelist_t *fl, size_t n, size_t a) {
+  gg__block_t *b = gg__freelist_fit(fl, n, a);
+  return b ? b->size : 0;
+}
+
+/* Blocks far apart (none merge), sizes on both sides of class boundaries: a fit takes the smallest block
+ * that holds the request, whether it shares the request's class, sits in the next one or further up. */
+static void test_freelist_best_fit_across_classes(void **state) {
+  (void)state;
+  gg__freelist_t fl = {0};
+  uintptr_t base = (uintptr_t)1 << 40, step = (uintptr_t)1 << 30;
+  const size_t sizes[] = {127 * Q, 128 * Q, 129 * Q, 144 * Q, 150 * Q, 255 * Q, 256 * Q, 4096 * Q, 4100 * Q};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) fl_put(&fl, base + i * step, sizes[i]);
+  assert_int_equal(fl_fit(&fl, 127 * Q, Q), 127 * Q); /* the last exact class */
+  assert_int_equal(fl_fit(&fl, 126 * Q, Q), 127 * Q); /* empty exact class: the next one up */
+  assert_int_equal(fl_fit(&fl, 128 * Q, Q), 128 * Q); /* first class of a power of two */
+  assert_int_equal(fl_fit(&fl, 129 * Q, Q), 129 * Q); /* same class as 128 (8 quanta wide) */
+  assert_int_equal(fl_fit(&fl, 130 * Q, Q), 144 * Q); /* nothing big enough in its class: next class */
+  assert_int_equal(fl_fit(&fl, 145 * Q, Q), 150 * Q); /* in the class, the block that fits */
+  assert_int_equal(fl_fit(&fl, 151 * Q, Q), 255 * Q);
+  assert_int_equal(fl_fit(&fl, 256 * Q, Q), 256 * Q);
+  assert_int_equal(fl_fit(&fl, 4097 * Q, Q), 4100 * Q);
+  assert_int_equal(fl_fit(&fl, 4101 * Q, Q), 0);
+  assert_int_equal(gg__freelist_largest(&fl)->size, 4100 * Q);
+  /* Over-aligned: every block starts at base + i GiB, so all are 1 GiB-aligned and the smallest fits. */
+  assert_int_equal(fl_fit(&fl, 130 * Q, (size_t)1 << 20), 144 * Q);
+  gg__freelist_free(&fl);
+}
+
+/* Blocks whose start is not aligned: an aligned fit must skip those where the padding leaves too little. */
+static void test_freelist_alignment(void **state) {
+  (void)state;
+  gg__freelist_t fl = {0};
+  uintptr_t base = (uintptr_t)1 << 40;
+  fl_put(&fl, base + Q, 64 * Q);                    /* 64 KiB-aligned only after 255 quanta: too far */
+  fl_put(&fl, base + ((uintptr_t)1 << 30), 64 * Q); /* aligned */
+  gg__block_t *b = gg__freelist_fit(&fl, 64 * Q, 64 * KiB);
+  assert_non_null(b);
+  assert_int_equal(b->addr, base + ((uintptr_t)1 << 30));
+  gg_assert_ok(gg__freelist_reserve(&fl, 2));
+  b = gg__freelist_carve(&fl, b, 64 * Q, 64 * KiB);
+  assert_int_equal(b->addr % (64 * KiB), 0);
+  assert_null(gg__freelist_check(&fl));
+  gg__freelist_give_record(&fl, b);
+  /* A block large enough to hold any padding: the fallback class is used. */
+  fl_put(&fl, base + ((uintptr_t)2 << 30) + Q, 2048 * Q);
+  b = gg__freelist_fit(&fl, 512 * Q, (size_t)1 << 18);
+  assert_non_null(b);
+  assert_int_equal(b->size, 2048 * Q);
+  gg_assert_ok(gg__freelist_reserve(&fl, 2));
+  b = gg__freelist_carve(&fl, b, 512 * Q, (size_t)1 << 18); /* a piece before it and one after stay free */
+  assert_int_equal(b->addr % ((size_t)1 << 18), 0);
+  assert_null(gg__freelist_check(&fl));
+  assert_int_equal(fl.bytes, 64 * Q + (2048 - 512) * Q);
+  gg__freelist_give_record(&fl, b);
+  gg__freelist_free(&fl);
+}
+
+/* Ranges that touch merge whatever their classes: below, above and both; the merged block moves to the
+ * class of its new size, and a carve from the front leaves the rest listed in its own class. */
+static void test_freelist_coalescing_across_classes(void **state) {
+  (void)state;
+  gg__freelist_t fl = {0};
+  uintptr_t b0 = (uintptr_t)1 << 40;
+  fl_put(&fl, b0, 3 * Q);              /* exact class 3 */
+  fl_put(&fl, b0 + 200 * Q, 1000 * Q); /* two blocks with a 197-quantum hole between */
+  fl_put(&fl, b0 + 3 * Q, 100 * Q);    /* merges below: 103 quanta, still an exact class */
+  assert_int_equal(fl.count, 2);
+  fl_put(&fl, b0 + 103 * Q, 97 * Q); /* fills the hole: one block of 1200 quanta */
+  assert_int_equal(fl.count, 1);
+  assert_int_equal(gg__freelist_largest(&fl)->size, 1200 * Q);
+  assert_int_equal(fl_fit(&fl, 3 * Q, Q), 1200 * Q); /* the small classes are empty now */
+  gg_assert_ok(gg__freelist_reserve(&fl, 2));
+  gg__block_t *u = gg__freelist_carve(&fl, gg__freelist_fit(&fl, 1100 * Q, Q), 1100 * Q, Q);
+  assert_int_equal(u->addr, b0);
+  assert_null(gg__freelist_check(&fl));
+  assert_int_equal(fl_fit(&fl, 100 * Q, Q), 100 * Q); /* the rest: exact class 100 */
+  fl_put(&fl, u->addr, u->size);                      /* back: one block again, records reused */
+  gg__freelist_give_record(&fl, u);
+  assert_int_equal(fl.count, 1);
+  assert_int_equal(fl.bytes, 1200 * Q);
+  gg__freelist_free(&fl);
+}
 
 int main(void) {
   const struct CMUnitTest tests[] = {
@@ -233,6 +355,10 @@ int main(void) {
       cmocka_unit_test_setup(test_vmm_no_stream, setup),
       cmocka_unit_test_setup(test_novmm_stream, setup),
       cmocka_unit_test_setup(test_novmm_no_stream, setup),
+      cmocka_unit_test_setup(test_class_boundaries, setup),
+      cmocka_unit_test(test_freelist_best_fit_across_classes),
+      cmocka_unit_test(test_freelist_alignment),
+      cmocka_unit_test(test_freelist_coalescing_across_classes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -73,6 +73,30 @@ static void test_detail_is_thread_local(void **state) {
   assert_string_equal(gg_last_error(), "GG_EPERM: from the main thread");
 }
 
+/* Quiet regions put back the detail (and driver status) their start saw, however deeply they nest and
+ * wherever inside them something failed; a region where nothing failed leaves the detail alone. */
+static void test_quiet_regions(void **state) {
+  (void)state;
+  gg__err_driver(GG_EDRIVER, 7, "before");
+  gg__err_quiet_t outer, inner;
+  gg__err_quiet_begin(&outer);
+  gg__err_quiet_begin(&inner);
+  gg__err(GG_EINVAL, "inside the inner region");
+  gg__err_quiet_end(&inner);
+  assert_non_null(strstr(gg_last_error(), "before"));
+  gg__err(GG_ENOMEM, "inside the outer region, after the inner one");
+  gg__err_quiet_begin(&inner);
+  gg__err(GG_EINVAL, "inner again");
+  gg__err_quiet_end(&inner);
+  assert_non_null(strstr(gg_last_error(), "after the inner one"));
+  gg__err_quiet_end(&outer);
+  assert_non_null(strstr(gg_last_error(), "before"));
+  assert_int_equal(gg_last_driver_error(), 7);
+  gg__err_quiet_begin(&outer);
+  gg__err_quiet_end(&outer);
+  assert_non_null(strstr(gg_last_error(), "before"));
+}
+
 static void test_version(void **state) {
   (void)state;
   char want[64];
@@ -87,6 +111,7 @@ int main(void) {
       cmocka_unit_test(test_unknown_codes_never_null),
       cmocka_unit_test(test_detail_message),
       cmocka_unit_test(test_detail_is_thread_local),
+      cmocka_unit_test(test_quiet_regions),
       cmocka_unit_test(test_version),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
