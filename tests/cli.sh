@@ -30,6 +30,8 @@ for c in ps info watch; do
   expect_rc 2 $g $c stray-argument
 done
 expect_rc 2 $g info --json --prom
+expect_rc 2 $g plot; grep -q "no timeline given" "$tmp/err" || fail "plot without a file"
+expect_rc 0 $g plot --help; grep -q "usage: gpuguard plot" "$tmp/out" || fail "plot --help"
 for bad in 0 -1 abc 1e9 nan ''; do expect_rc 2 $g watch --interval "$bad" --count 1; done
 expect_rc 2 $g watch --count 0
 expect_rc 2 $g watch --prom-file ''

@@ -5,6 +5,7 @@
 # with the terminal settings restored; NO_COLOR and --no-color remove the colours. `watch --listen`
 # answered by a real HTTP client (urllib) and parsed by prometheus_client: /metrics, 404 elsewhere,
 # a silent client or an oversized request cannot stop the next scrape.
+# `watch --record` and `gpuguard plot` (issue 15): a timeline gpuguard.plot reads and draws.
 # Arguments: build dir, source dir.
 set -euo pipefail
 build=$1
@@ -119,6 +120,28 @@ COLUMNS=50 $g watch --count 1 >"$tmp/plain.txt"
 ! grep -q $'\e' "$tmp/plain.txt" || fail "escape sequences written to a pipe"
 awk 'length($0) > 50 { exit 1 }' "$tmp/plain.txt" || fail "a line is wider than COLUMNS"
 grep -q ORPHAN "$tmp/plain.txt" || fail "no orphan in the plain view"
+
+# --record: JSON lines that continue across runs, read by gpuguard.timeline.load and drawn by
+# `gpuguard plot` (python3 -m gpuguard.plot); a clear error when Python cannot be run.
+$g watch --record "$tmp/rec.jsonl" --count 3 --interval 0.05 >/dev/null
+$g watch --record "$tmp/rec.jsonl" --count 2 --interval 0.05 --prom-file "$tmp/rec.prom"
+PYTHONPATH=$2/bindings/python GPUGUARD_LIBRARY=$build/libgpuguard.so python3 - "$tmp/rec.jsonl" <<'PY'
+import sys
+from gpuguard.timeline import load
+d = load(sys.argv[1])
+assert d["meta"]["series"] == ["driver_used"] and d["meta"]["start"] > 0, d["meta"]
+s = d["samples"]
+assert len(s) == 5 and [x["step"] for x in s] == list(range(5)), s
+assert all(b["t"] >= a["t"] for a, b in zip(s, s[1:])) and all(x["driver_used"] >= 0 for x in s), s
+PY
+PYTHONPATH=$2/bindings/python $g plot "$tmp/rec.jsonl" -o "$tmp/memory.html" >"$tmp/plot.out" || fail "plot failed: $(cat "$tmp/plot.out")"
+grep -q "<svg" "$tmp/memory.html" || fail "plot wrote no chart"
+set +e; PATH=/nonexistent $g plot "$tmp/rec.jsonl" 2>"$tmp/plot.err"; rc=$?; set -e
+[ $rc = 127 ] && grep -q "cannot run python3" "$tmp/plot.err" || fail "plot without python3: exit $rc, $(cat "$tmp/plot.err")"
+set +e; PYTHONPATH=/nonexistent PYTHONNOUSERSITE=1 $g plot "$tmp/rec.jsonl" 2>"$tmp/plot.err"; rc=$?; set -e
+if ! python3 -c 'import gpuguard' 2>/dev/null; then
+  [ $rc = 1 ] && grep -q "pip install ./bindings/python" "$tmp/plot.err" || fail "plot without the package: exit $rc"
+fi
 
 # The exporter over HTTP.
 $g watch --listen 127.0.0.1:0 2>"$tmp/listen.err" &

@@ -1,5 +1,6 @@
 /* gpuguard.c — the `gpuguard` command line: who holds GPU memory (ps), devices (info, watch), guarded
  * jobs (run) and their orphans (reap), built on the public API only. */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <locale.h>
@@ -673,6 +674,43 @@ static int cmd_reap(int argc, char **argv) {
   return rc == 0 ? 0 : 1;
 }
 
+/* ---- plot -------------------------------------------------------------------------------------------- */
+
+/* The chart is drawn by the Python package (gpuguard.plot): one renderer for timelines recorded by
+ * gpuguard.record() and by `watch --record`. Says clearly what is missing when Python or the package is. */
+static int cmd_plot(int argc, char **argv) {
+  if (argc < 2) return cli_bad_usage("%s", "no timeline given (gpuguard plot FILE -o memory.html)");
+  for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return cli_usage(stdout, cli_current), 0;
+  /* The package loads the C library: the one this command runs on, unless the caller chose another. */
+  Dl_info info;
+  const char *(*fn)(void) = gg_version;
+  void *addr;
+  memcpy(&addr, &fn, sizeof addr); /* ISO C's way from a function pointer to an address */
+  if (!getenv("GPUGUARD_LIBRARY") && dladdr(addr, &info) && info.dli_fname)
+    setenv("GPUGUARD_LIBRARY", info.dli_fname, 1);
+  static const char boot[] =
+      "import sys\n"
+      "try:\n"
+      "    from gpuguard.plot import main\n"
+      "except ImportError as e:\n"
+      "    sys.stderr.write('gpuguard plot: the Python package gpuguard draws the chart and cannot be '\n"
+      "                     'imported (%s); install it (pip install ./bindings/python) or set PYTHONPATH\\n' % e)\n"
+      "    sys.exit(1)\n"
+      "sys.exit(main(sys.argv[1:]))\n";
+  char **args = calloc((size_t)argc + 3, sizeof *args);
+  if (!args) return fprintf(stderr, "gpuguard plot: out of memory\n"), 1;
+  args[0] = "python3", args[1] = "-c", args[2] = (char *)boot;
+  for (int i = 1; i < argc; i++) args[i + 2] = argv[i];
+  fflush(NULL);
+  execvp("python3", args);
+  int err = errno;
+  free(args);
+  fprintf(stderr, "gpuguard plot: cannot run python3 (%s): the chart is drawn by the Python package gpuguard\n",
+          strerror(err));
+  return err == ENOENT ? 127 : 126;
+}
+
 /* ---- dispatch ----------------------------------------------------------------------------------------- */
 
 static const command_t commands[] = {
@@ -709,11 +747,21 @@ static const command_t commands[] = {
      "  --json        as JSON\n"
      "  --prom        as Prometheus text exposition (format 0.0.4)\n"
      "  -h, --help    this help\n"},
-    {"watch", "[--interval S] [--count N] [--no-color] | [--prom-file PATH] [--listen ADDR:PORT]",
+    {"plot", "FILE [-o OUT.html] [--x time|step] [--title TEXT]",
+     "Draws a memory timeline (watch --record, gpuguard.record()) as one self-contained HTML file.", cmd_plot,
+     "  -o, --output OUT  the HTML file to write (default memory.html)\n"
+     "  --x time|step     horizontal axis (default time)\n"
+     "  --title TEXT      the page's title\n"
+     "  -h, --help        this help\n"
+     "Runs python3 -m gpuguard.plot (the Python package must be importable; GPUGUARD_LIBRARY is set to\n"
+     "this command's library unless it is set already).\n"},
+    {"watch", "[--interval S] [--count N] [--no-color] [--record FILE] | [--prom-file PATH] [--listen ADDR:PORT]",
      "A live view of devices, processes and gpuguard sessions; or a Prometheus exporter.", cmd_watch,
      "  --interval S        seconds between refreshes (default 2)\n"
      "  --count N           stop after N refreshes (with --listen alone: after N scrapes)\n"
      "  --no-color          no colours (also when NO_COLOR is set, or the output is not a terminal)\n"
+     "  --record FILE       append a sample of each device's used memory to FILE every interval, as\n"
+     "                      JSON lines that `gpuguard plot FILE` draws\n"
      "  --prom-file PATH    write Prometheus text to PATH every interval, atomically (node_exporter's\n"
      "                      textfile collector)\n"
      "  --listen ADDR:PORT  serve Prometheus text at http://ADDR:PORT/metrics (e.g. :9400, 127.0.0.1:9400,\n"

@@ -297,12 +297,81 @@ static void screen_size(screen_t *s) {
   if (s->rows <= 0) s->rows = 24;
 }
 
+/* ---- --record: samples as JSON lines, the timeline format gpuguard.plot draws ------------------------- */
+
+typedef struct recorder {
+  FILE *f;
+  double start; /* unix time of the timeline's meta record: t counts from there */
+  long step;
+} recorder_t;
+
+static double unix_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Opens path for appending; a new (or empty) file gets the meta record first, an existing timeline is
+ * continued (its start and step count kept), so several runs of watch make one timeline. */
+static int record_open(recorder_t *r, const char *path) {
+  *r = (recorder_t){0};
+  FILE *old = fopen(path, "re");
+  char line[4096];
+  if (old) {
+    bool first = true;
+    while (fgets(line, sizeof line, old)) {
+      const char *st = strstr(line, "\"start\":");
+      if (first && strstr(line, "\"type\":\"meta\"") && st) r->start = strtod(st + 8, NULL);
+      if (strstr(line, "\"type\":\"sample\"")) r->step++;
+      first = false;
+    }
+    fclose(old);
+  }
+  r->f = fopen(path, "ae");
+  if (!r->f) return fprintf(stderr, "gpuguard watch: --record %s: %s\n", path, strerror(errno)), 1;
+  if (r->start <= 0) {
+    r->start = unix_now();
+    int n = 0;
+    gg_device_count(&n);
+    fprintf(r->f, "{\"type\":\"meta\",\"version\":1,\"start\":%.3f,\"device\":0,\"source\":\"gpuguard watch\",\"series\":[",
+            r->start);
+    for (int i = 0; i < n; i++) fprintf(r->f, i ? ",\"driver_used_gpu%d\"" : "\"driver_used\"", i);
+    fputs("]}\n", r->f);
+  }
+  if (fflush(r->f) == 0) return 0;
+  fprintf(stderr, "gpuguard watch: --record %s: %s\n", path, strerror(errno));
+  fclose(r->f), r->f = NULL;
+  return 1;
+}
+
+/* One sample: each device's used memory as the driver reports it (device 0 as "driver_used", the name
+ * gpuguard.record() gives it; the others as "driver_used_gpuN"). */
+static void record_sample(recorder_t *r) {
+  if (!r->f) return;
+  int n = 0;
+  gg_device_count(&n);
+  fprintf(r->f, "{\"type\":\"sample\",\"t\":%.3f,\"step\":%ld", unix_now() - r->start, r->step++);
+  for (int i = 0; i < n; i++) {
+    gg_device_info_t d;
+    if (i)
+      fprintf(r->f, ",\"driver_used_gpu%d\":", i);
+    else
+      fputs(",\"driver_used\":", r->f);
+    if (gg_device_info(i, &d) == 0)
+      fprintf(r->f, "%zu", d.used_bytes);
+    else
+      fputs("null", r->f);
+  }
+  fputs("}\n", r->f);
+  fflush(r->f);
+}
+
 /* ---- the command -------------------------------------------------------------------------------------- */
 
 typedef struct watch_opts {
   double interval;
   long count;
-  const char *prom, *listen;
+  const char *prom, *listen, *record;
   bool no_color;
 } watch_opts_t;
 
@@ -312,6 +381,7 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
                                         {"listen", required_argument, 0, 'l'},
                                         {"count", required_argument, 0, 'c'},
                                         {"no-color", no_argument, 0, 'n'},
+                                        {"record", required_argument, 0, 'r'},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   *w = (watch_opts_t){.interval = 2.0, .count = -1};
@@ -337,6 +407,9 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
       w->listen = optarg;
     } else if (o == 'n') {
       w->no_color = true;
+    } else if (o == 'r') {
+      if (!*optarg) return cli_bad_usage("%s", "--record needs a path");
+      w->record = optarg;
     } else {
       return cli_opt_error(o, argv);
     }
@@ -379,26 +452,29 @@ static int wait_event(double deadline, bool keys, int listen_fd) {
   }
 }
 
-/* The exporter: the textfile every interval, and/or /metrics answered as scrapes come. --count counts
- * textfile writes, or answered scrapes when there is no textfile. SIGTERM/SIGINT end it with 0. */
-static int run_exporter(const watch_opts_t *w) {
+/* The exporter: the textfile (and the --record sample) every interval, and/or /metrics answered as
+ * scrapes come. --count counts intervals, or answered scrapes when nothing is written per interval.
+ * SIGTERM/SIGINT end it with 0. */
+static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
   int lfd = w->listen ? exporter_listen(w->listen) : -1;
   if (w->listen && lfd < 0) return 1;
+  bool ticking = w->prom || w->record;
   long done = 0;
   int rc = 0;
   double next = now_s();
   for (;;) {
-    if (w->prom && now_s() >= next) {
-      if (exporter_write_file(w->prom) != 0) {
+    if (ticking && now_s() >= next) {
+      if (w->prom && exporter_write_file(w->prom) != 0) {
         rc = 1;
         break;
       }
+      record_sample(rec);
       next += w->interval;
       if (w->count > 0 && ++done >= w->count) break;
     }
-    int ev = wait_event(w->prom ? next : now_s() + 3600, false, lfd);
+    int ev = wait_event(ticking ? next : now_s() + 3600, false, lfd);
     if (ev == 'c') {
-      if (exporter_serve_one(lfd) && !w->prom && w->count > 0 && ++done >= w->count) break;
+      if (exporter_serve_one(lfd) && !ticking && w->count > 0 && ++done >= w->count) break;
     } else if (ev == SIGINT || ev == SIGTERM || ev == SIGHUP || ev == SIGQUIT) {
       break;
     }
@@ -407,7 +483,7 @@ static int run_exporter(const watch_opts_t *w) {
   return rc;
 }
 
-static int run_view(const watch_opts_t *w, term_t *t) {
+static int run_view(const watch_opts_t *w, term_t *t, recorder_t *rec) {
   const char *nc = getenv("NO_COLOR"), *term = getenv("TERM");
   bool color = t->out_tty && !w->no_color && !(nc && *nc) && !(term && strcmp(term, "dumb") == 0);
   term_enter(t);
@@ -419,6 +495,7 @@ static int run_view(const watch_opts_t *w, term_t *t) {
     if (s.tty) sc_raw(&s, "\033[J", 3); /* whatever the last frame had below this one */
     if (s.buf) write_all(s.buf, s.len);
     free(s.buf);
+    record_sample(rec);
     if (w->count > 0 && i + 1 >= w->count) break;
     double deadline = now_s() + w->interval;
     int ev = wait_event(deadline, t->in_tty, -1);
@@ -443,15 +520,21 @@ int cmd_watch(int argc, char **argv) {
   watch_opts_t w;
   int rc = parse(argc, argv, &w);
   if (rc >= 0) return rc;
-  if (pipe2(wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
-    return fprintf(stderr, "gpuguard watch: pipe: %s\n", strerror(errno)), 1;
+  recorder_t rec = {0};
+  if (w.record && record_open(&rec, w.record) != 0) return 1;
+  if (pipe2(wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    fprintf(stderr, "gpuguard watch: pipe: %s\n", strerror(errno));
+    if (rec.f) fclose(rec.f);
+    return 1;
+  }
   term_t t = {.out_tty = isatty(STDOUT_FILENO) == 1, .in_tty = isatty(STDIN_FILENO) == 1};
   take_signals(&t);
   if (w.prom || w.listen)
-    rc = run_exporter(&w);
+    rc = run_exporter(&w, &rec);
   else
-    rc = run_view(&w, &t);
+    rc = run_view(&w, &t, &rec);
   give_back_signals(&t);
+  if (rec.f) fclose(rec.f);
   close(wake_pipe[0]), close(wake_pipe[1]);
   return rc;
 }
