@@ -123,7 +123,8 @@ expect_rc 127 $g run --receipt "$tmp/never.json" -- /nonexistent/cmd
 [ ! -e "$tmp/never.json" ] || fail "a receipt file was left for a job that never started"
 # The receipt tells the job's truth: its command, its parent, its exit status; a background child that
 # outlived it is "reparented", not "orphan"; stderr says when the grace period starts and SIGKILL goes.
-expect_rc 3 $g run --grace 200 --receipt "$tmp/r.json" -- sh -c '(trap "" TERM; sleep 67) & exit 3'
+expect_rc 3 $g run --grace 200 --receipt "$tmp/r.json" -- sh -c \
+  '(trap "" TERM; : >"$0/ready"; sleep 67) & while [ ! -e "$0/ready" ]; do sleep 0.01; done; exit 3' "$tmp"
 grep -q "got SIGTERM and a grace period of" "$tmp/err" || { cat "$tmp/err"; fail "no line when the grace period starts"; }
 grep -q "SIGKILL sent to" "$tmp/err" || { cat "$tmp/err"; fail "no line when SIGKILL is sent"; }
 python3 - "$tmp/r.json" <<'PY'
@@ -133,7 +134,7 @@ procs = d["teardown"]["processes"]
 job = [p for p in procs if p["pid"] == d["pid"]]
 assert len(job) == 1, procs
 job = job[0]
-assert job["command"] == "sh -c (trap \"\" TERM; sleep 67) & exit 3", job
+assert job["command"].startswith("sh -c (trap \"\" TERM; : >\"$0/ready\"; sleep 67) &"), job
 assert job["ppid"] > 1 and job["end"] == "exited" and job["code"] == 3, job
 assert all(p["found"] != "orphan" for p in procs), procs
 assert any(p["found"] in ("descendant", "reparented") and "KILL" in p["sent"] for p in procs), procs

@@ -44,8 +44,8 @@ void cli_safe_text(const char *s, char *out, size_t cap);
 size_t cli_fit(const char *s, int cols, int *used);
 
 /* Every process holding any device, except this one (the CLI's own device descriptors are not news).
- * Returns 0, or 1 after a message; *no_gpu is set when there is no NVIDIA GPU at all. */
-int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu);
+ * Returns 0, or 1 after a message to errs (NULL: none); *no_gpu is set when there is no NVIDIA GPU. */
+int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs);
 
 /* watch.c */
 int cmd_watch(int argc, char **argv);

@@ -164,20 +164,26 @@ static int cmd_info(int argc, char **argv) {
 /* ---- ps ----------------------------------------------------------------------------------------------- */
 
 /* Gathered before printing so a failure prints no half table. */
-int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu) {
+int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs) {
   int n = 0;
   *out = NULL, *nout = 0, *no_gpu = false;
-  if (gg_device_count(&n) < 0) return fprintf(stderr, "gpuguard: %s\n", gg_last_error()), 1;
+  if (gg_device_count(&n) < 0) {
+    if (errs) fprintf(errs, "gpuguard: %s\n", gg_last_error());
+    return 1;
+  }
   for (int dev = 0; dev < n; dev++) {
     size_t count = 0, cap = 8;
     for (int attempt = 0; attempt < 4; attempt++) {
       gg_process_t *grown = realloc(*out, (*nout + cap) * sizeof **out);
-      if (!grown) return fprintf(stderr, "gpuguard: out of memory\n"), 1;
+      if (!grown) {
+        if (errs) fprintf(errs, "gpuguard: out of memory\n");
+        return 1;
+      }
       *out = grown;
       int rc = gg_process_list(dev, *out + *nout, cap, &count);
       if (rc < 0) {
         if (rc == GG_ENODEV) return *no_gpu = true, 1; /* neither NVML nor the driver: no GPU here */
-        fprintf(stderr, "gpuguard: device %d: %s\n", dev, gg_last_error());
+        if (errs) fprintf(errs, "gpuguard: device %d: %s\n", dev, gg_last_error());
         count = 0;
         break;
       }
@@ -195,7 +201,7 @@ int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu) {
 static int print_processes(FILE *f, bool all_users, bool *no_gpu) {
   gg_process_t *rows;
   size_t n;
-  if (cli_gather_processes(&rows, &n, no_gpu) != 0) return free(rows), 1;
+  if (cli_gather_processes(&rows, &n, no_gpu, stderr) != 0) return free(rows), 1;
   bool tty = isatty(fileno(f));
   fprintf(f, "%-3s %8s %8s %-10s %12s %-5s %-10s %s\n", "GPU", "PID", "PPID", "USER", "GPU-MEMORY", "STATE",
           "CLASS", "COMMAND");

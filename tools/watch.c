@@ -165,7 +165,7 @@ static void draw_processes(screen_t *s) {
   gg_process_t *rows = NULL;
   size_t n = 0;
   bool no_gpu = false;
-  if (cli_gather_processes(&rows, &n, &no_gpu) != 0) {
+  if (cli_gather_processes(&rows, &n, &no_gpu, NULL) != 0) { /* no stderr: it is this screen */
     sc_put(s, SGR_DIM, no_gpu ? "(no NVIDIA GPU here: nothing holds GPU memory)" : "(processes unreadable)");
     sc_endl(s);
     free(rows);
