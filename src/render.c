@@ -305,8 +305,8 @@ static void gg__prom_devices(FILE *f, const gg__devrow_t *rows, int n) {
       {"gpuguard_device_memory_total_bytes", "Device memory size.", gg__total},
       {"gpuguard_device_memory_free_bytes", "Device memory free, as the driver reports it.", gg__free},
       {"gpuguard_device_memory_used_bytes", "Device memory in use (total minus free).", gg__used},
-      {"gpuguard_device_utilization_ratio", "Fraction of the last sample period in which a kernel ran (NVML).",
-       gg__util},
+      {"gpuguard_device_utilization_ratio",
+       "Fraction of the last sample period in which a kernel ran (NVML).", gg__util},
       {"gpuguard_device_memory_utilization_ratio",
        "Fraction of the last sample period in which device memory was read or written (NVML).", gg__mutil},
       {"gpuguard_device_temperature_celsius", "GPU core temperature (NVML).", gg__temp},
@@ -387,7 +387,8 @@ int gg_report(FILE *out, gg_format_t format, unsigned what) {
   if (format != GG_FORMAT_JSON && format != GG_FORMAT_PROMETHEUS)
     return gg__err(GG_EINVAL, "gg_report: unknown format %d", (int)format);
   if (what & ~(GG_REPORT_ALL | GG_REPORT_NOT_SELF))
-    return gg__err(GG_EINVAL, "gg_report: unknown report bits %#x", what & ~(GG_REPORT_ALL | GG_REPORT_NOT_SELF));
+    return gg__err(GG_EINVAL, "gg_report: unknown report bits %#x",
+                   what & ~(GG_REPORT_ALL | GG_REPORT_NOT_SELF));
   gg__devrow_t *rows = NULL;
   int n = 0, rc = 0;
   if (what & (GG_REPORT_DEVICES | GG_REPORT_PROCESSES)) {

@@ -10,7 +10,7 @@
 
 #include "gpuguard/gpuguard.h"
 
-#define EXIT_USAGE 2
+#define EXIT_USAGE  2
 #define EXIT_NO_GPU 3 /* ps: no NVIDIA GPU on this machine (neither NVML nor the driver loads) */
 
 typedef struct command {

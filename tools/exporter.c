@@ -15,8 +15,8 @@
 
 #include "cli.h"
 
-#define REQUEST_MAX   8192 /* a scrape's request is a few hundred bytes */
-#define READ_LIMIT_MS 2000 /* a client that has not sent its request by then is dropped */
+#define REQUEST_MAX    8192 /* a scrape's request is a few hundred bytes */
+#define READ_LIMIT_MS  2000 /* a client that has not sent its request by then is dropped */
 #define WRITE_LIMIT_MS 5000
 
 /* The report, rendered into memory once per answer: what a scrape reads is one consistent reading. */
@@ -56,7 +56,8 @@ int exporter_write_file(const char *path) {
   if (close(fd) != 0 && ok) ok = false, err = errno;
   if (ok && rename(tmp, path) != 0) ok = false, err = errno;
   if (!ok) {
-    fprintf(stderr, "gpuguard watch: writing %s failed%s%s\n", path, err ? ": " : "", err ? strerror(err) : "");
+    fprintf(stderr, "gpuguard watch: writing %s failed%s%s\n", path, err ? ": " : "",
+            err ? strerror(err) : "");
     unlink(tmp);
     return 1;
   }
@@ -69,7 +70,8 @@ int exporter_listen(const char *spec) {
   char host[256];
   const char *colon = strrchr(spec, ':');
   if (!colon || !colon[1] || (size_t)(colon - spec) >= sizeof host) {
-    fprintf(stderr, "gpuguard watch: --listen '%s': ADDR:PORT expected (e.g. 127.0.0.1:9400, [::1]:9400, :9400)\n",
+    fprintf(stderr,
+            "gpuguard watch: --listen '%s': ADDR:PORT expected (e.g. 127.0.0.1:9400, [::1]:9400, :9400)\n",
             spec);
     return -1;
   }
@@ -138,8 +140,8 @@ static void send_all(int fd, const char *p, size_t n, double deadline) {
   }
 }
 
-static void respond(int fd, const char *status, const char *type, const char *extra, const char *body, size_t len,
-                    bool head_only) {
+static void respond(int fd, const char *status, const char *type, const char *extra, const char *body,
+                    size_t len, bool head_only) {
   char head[512];
   int n = snprintf(head, sizeof head,
                    "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n",

@@ -231,8 +231,9 @@ static int print_processes(FILE *f, bool all_users, bool *no_gpu) {
   return 0;
 }
 
-static const char no_gpu_text[] = "gpuguard ps: no NVIDIA GPU on this machine (neither NVML nor the CUDA driver "
-                                  "loads); nothing holds GPU memory here\n";
+static const char no_gpu_text[] =
+    "gpuguard ps: no NVIDIA GPU on this machine (neither NVML nor the CUDA driver "
+    "loads); nothing holds GPU memory here\n";
 
 static int cmd_ps(int argc, char **argv) {
   static const struct option longs[] = {{"json", no_argument, 0, 'j'},
@@ -274,8 +275,8 @@ static bool parse_grace(const char *text, long *out) {
   errno = 0;
   long v = strtol(text, &end, 10);
   if (errno || end == text || *end || v < 0 || v > GG_PROC_GRACE_MAX_MS) {
-    fprintf(stderr, "gpuguard %s: --grace '%s': milliseconds from 0 to %d expected\n", cli_current->name, text,
-            GG_PROC_GRACE_MAX_MS);
+    fprintf(stderr, "gpuguard %s: --grace '%s': milliseconds from 0 to %d expected\n", cli_current->name,
+            text, GG_PROC_GRACE_MAX_MS);
     cli_usage(stderr, cli_current);
     return false;
   }
@@ -340,8 +341,8 @@ static int open_receipt(run_opts_t *o) {
   if (fd >= 0 && fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) close(fd), fd = -1, errno = EINVAL;
   if (fd < 0) {
     char why[4200];
-    snprintf(why, sizeof why, "--receipt %s: cannot be written (%s); the job was not started", o->receipt_path,
-             errno == EINVAL ? "not a regular file" : strerror(errno));
+    snprintf(why, sizeof why, "--receipt %s: cannot be written (%s); the job was not started",
+             o->receipt_path, errno == EINVAL ? "not a regular file" : strerror(errno));
     return cli_bad_usage("%s", why);
   }
   o->receipt_fd = fd;
@@ -373,13 +374,15 @@ static void fix_job_entry(gg_proc_receipt_t *receipt, const run_opts_t *o, const
   }
 }
 
-static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_receipt_t *rc, const run_env_t *env) {
+static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_receipt_t *rc,
+                         const run_env_t *env) {
   const char *path = o->receipt_path;
   char **cmd = o->cmd;
   FILE *f = stdout;
   if (o->receipt_fd >= 0) {
     f = ftruncate(o->receipt_fd, 0) == 0 ? fdopen(o->receipt_fd, "w") : NULL;
-    if (!f) return fprintf(stderr, "gpuguard run: cannot write the receipt %s: %s\n", path, strerror(errno)), 1;
+    if (!f)
+      return fprintf(stderr, "gpuguard run: cannot write the receipt %s: %s\n", path, strerror(errno)), 1;
     o->receipt_fd = -1; /* the stream owns it now */
   }
   fputs("{\"command\":[", f);
@@ -447,8 +450,8 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
   int ndev = 0;
   if (gg_device_count(&ndev) == 0 && o->device >= ndev) {
     char why[160];
-    snprintf(why, sizeof why, "--device %ld: no such device (this machine has %d, numbered from 0)", o->device,
-             ndev);
+    snprintf(why, sizeof why, "--device %ld: no such device (this machine has %d, numbered from 0)",
+             o->device, ndev);
     return cli_bad_usage("%s", why);
   }
   return open_receipt(o);
@@ -520,7 +523,8 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r) {
     r->runner_sig = sig;
     if (si.si_code != SI_KERNEL) kill(r->pid, sig);
     deadline = now_ms() + (double)grace;
-    fprintf(stderr, "gpuguard run: got %s; the job has %ld ms to end (grace period)\n", strsignal(sig), grace);
+    fprintf(stderr, "gpuguard run: got %s; the job has %ld ms to end (grace period)\n", strsignal(sig),
+            grace);
   }
   if (!r->reaped && deadline >= 0)
     fprintf(stderr, "gpuguard run: grace period over; what is left of the job gets SIGKILL\n");
@@ -541,11 +545,12 @@ static int run_teardown(long grace, double deadline, gg_proc_receipt_t **receipt
     killed += ((*receipt)->procs[i].sent & GG_PROC_SENT_KILL) != 0;
   }
   if (termed && deadline < 0) /* after a signal, the grace period was announced already */
-    fprintf(stderr, "gpuguard run: %zu process%s of the job left running got SIGTERM and a grace period of %ld ms\n",
+    fprintf(stderr,
+            "gpuguard run: %zu process%s of the job left running got SIGTERM and a grace period of %ld ms\n",
             termed, termed == 1 ? "" : "es", left);
   if (killed)
-    fprintf(stderr, "gpuguard run: SIGKILL sent to %zu process%s still running after the grace period\n", killed,
-            killed == 1 ? "" : "es");
+    fprintf(stderr, "gpuguard run: SIGKILL sent to %zu process%s still running after the grace period\n",
+            killed, killed == 1 ? "" : "es");
   for (int round = 0; round < 3; round++) {
     gg_proc_receipt_t *more = NULL;
     gg_proc_teardown_ex(NULL, 0, &more);
@@ -585,7 +590,8 @@ static void run_summary(const run_opts_t *o, const job_result_t *r, const gg_pro
           r->runner_sig ? " (after the runner got a signal)" : "", ended, ended == 1 ? "" : "es",
           receipt ? receipt->n_alive : 0);
   if (env->have_dev)
-    fprintf(stderr, "; device %ld free %s -> %s", o->device, cli_human((double)env->dev.free_bytes, a, sizeof a),
+    fprintf(stderr, "; device %ld free %s -> %s", o->device,
+            cli_human((double)env->dev.free_bytes, a, sizeof a),
             cli_human((double)env->free_after, b, sizeof b));
   fputc('\n', stderr);
 }
@@ -701,7 +707,8 @@ static int cmd_plot(int argc, char **argv) {
       "    from gpuguard.plot import main\n"
       "except ImportError as e:\n"
       "    sys.stderr.write('gpuguard plot: the Python package gpuguard draws the chart and cannot be '\n"
-      "                     'imported (%s); install it (pip install ./bindings/python) or set PYTHONPATH\\n' % e)\n"
+      "                     'imported (%s); install it (pip install ./bindings/python) or set PYTHONPATH\\n' "
+      "% e)\n"
       "    sys.exit(1)\n"
       "sys.exit(main(sys.argv[1:]))\n";
   char **args = calloc((size_t)argc + 3, sizeof *args);
@@ -712,7 +719,8 @@ static int cmd_plot(int argc, char **argv) {
   execvp("python3", args);
   int err = errno;
   free(args);
-  fprintf(stderr, "gpuguard plot: cannot run python3 (%s): the chart is drawn by the Python package gpuguard\n",
+  fprintf(stderr,
+          "gpuguard plot: cannot run python3 (%s): the chart is drawn by the Python package gpuguard\n",
           strerror(err));
   return err == ENOENT ? 127 : 126;
 }
@@ -761,7 +769,8 @@ static const command_t commands[] = {
      "  -h, --help        this help\n"
      "Runs python3 -m gpuguard.plot (the Python package must be importable; GPUGUARD_LIBRARY is set to\n"
      "this command's library unless it is set already).\n"},
-    {"watch", "[--interval S] [--count N] [--no-color] [--record FILE] | [--prom-file PATH] [--listen ADDR:PORT]",
+    {"watch",
+     "[--interval S] [--count N] [--no-color] [--record FILE] | [--prom-file PATH] [--listen ADDR:PORT]",
      "A live view of devices, processes and gpuguard sessions; or a Prometheus exporter.", cmd_watch,
      "  --interval S        seconds between refreshes (default 2)\n"
      "  --count N           stop after N refreshes (with --listen alone: after N scrapes)\n"

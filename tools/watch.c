@@ -56,7 +56,8 @@ static void sc_put(screen_t *s, const char *sgr, const char *text) {
   if (colored) sc_raw(s, "\033[0m", 4);
 }
 
-__attribute__((format(printf, 3, 4))) static void sc_printf(screen_t *s, const char *sgr, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static void sc_printf(screen_t *s, const char *sgr, const char *fmt,
+                                                            ...) {
   char text[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -183,8 +184,8 @@ static void draw_processes(screen_t *s) {
     cli_safe_text(p->command, cmd, sizeof cmd);
     bool orphan = p->cls == GG_PROCESS_ORPHAN;
     orphans += orphan;
-    sc_printf(s, orphan ? SGR_ORPHAN : "", "%-3d %7d %7d %-10.10s %9s %-10s %s", p->device, p->pid, p->ppid, user,
-              mem, orphan ? "ORPHAN" : gg_process_class_name(p->cls), cmd);
+    sc_printf(s, orphan ? SGR_ORPHAN : "", "%-3d %7d %7d %-10.10s %9s %-10s %s", p->device, p->pid, p->ppid,
+              user, mem, orphan ? "ORPHAN" : gg_process_class_name(p->cls), cmd);
     sc_endl(s);
   }
   sc_printf(s, orphans ? SGR_ORPHAN : SGR_DIM, "%zu process%s%s", n, n == 1 ? "" : "es",
@@ -333,7 +334,9 @@ static int record_open(recorder_t *r, const char *path) {
     r->start = unix_now();
     int n = 0;
     gg_device_count(&n);
-    fprintf(r->f, "{\"type\":\"meta\",\"version\":1,\"start\":%.3f,\"device\":0,\"source\":\"gpuguard watch\",\"series\":[",
+    fprintf(r->f,
+            "{\"type\":\"meta\",\"version\":1,\"start\":%.3f,\"device\":0,\"source\":\"gpuguard "
+            "watch\",\"series\":[",
             r->start);
     for (int i = 0; i < n; i++) fprintf(r->f, i ? ",\"driver_used_gpu%d\"" : "\"driver_used\"", i);
     fputs("]}\n", r->f);
@@ -376,14 +379,11 @@ typedef struct watch_opts {
 } watch_opts_t;
 
 static int parse(int argc, char **argv, watch_opts_t *w) {
-  static const struct option longs[] = {{"interval", required_argument, 0, 'i'},
-                                        {"prom-file", required_argument, 0, 'p'},
-                                        {"listen", required_argument, 0, 'l'},
-                                        {"count", required_argument, 0, 'c'},
-                                        {"no-color", no_argument, 0, 'n'},
-                                        {"record", required_argument, 0, 'r'},
-                                        {"help", no_argument, 0, 'h'},
-                                        {0, 0, 0, 0}};
+  static const struct option longs[] = {
+      {"interval", required_argument, 0, 'i'}, {"prom-file", required_argument, 0, 'p'},
+      {"listen", required_argument, 0, 'l'},   {"count", required_argument, 0, 'c'},
+      {"no-color", no_argument, 0, 'n'},       {"record", required_argument, 0, 'r'},
+      {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
   *w = (watch_opts_t){.interval = 2.0, .count = -1};
   int o;
   while ((o = cli_next_opt(argc, argv, longs)) != -1) {
@@ -392,7 +392,8 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
     if (o == 'i') {
       errno = 0;
       w->interval = strtod(optarg, &end);
-      if (errno || end == optarg || *end || !(w->interval >= 0.05 && w->interval <= 86400) || !isfinite(w->interval))
+      if (errno || end == optarg || *end || !(w->interval >= 0.05 && w->interval <= 86400) ||
+          !isfinite(w->interval))
         return cli_bad_usage("--interval '%s': seconds between 0.05 and 86400 expected", optarg);
     } else if (o == 'c') {
       errno = 0;
