@@ -20,18 +20,18 @@ typedef struct command {
 } command_t;
 
 /* The command being run, for its messages and usage. */
-extern const command_t *cli_current;
+extern const command_t *current;
 
-void cli_usage(FILE *f, const command_t *c);
+void usage(FILE *f, const command_t *c);
 /* A bad flag: says what was wrong, prints the usage to stderr; returns EXIT_USAGE. */
-int cli_bad_usage(const char *fmt, const char *what);
+int bad_usage(const char *fmt, const char *what);
 /* getopt_long for every command: returns -1 when done, the option, '?' for an unknown one, ':' for one
  * whose value is missing (also `--grace --`, where "--" would be taken as the value). */
-int cli_next_opt(int argc, char **argv, const struct option *longs);
-/* The usage error for '?' or ':' from cli_next_opt. */
+int next_opt(int argc, char **argv, const struct option *longs);
+/* The usage error for '?' or ':' from next_opt. */
 int cli_opt_error(int opt, char **argv);
 
-const char *cli_human(double bytes, char *buf, size_t cap);
+const char *human(double bytes, char *buf, size_t cap);
 
 /* Copies s into out (cap bytes) so that a terminal shows it as text and nothing else: printable ASCII
  * and well-formed UTF-8 above U+009F pass; control characters (ESC, CR, LF, C1 controls such as CSI)

@@ -20,21 +20,21 @@
 
 #include "cli.h"
 
-const command_t *cli_current;
+const command_t *current;
 
-void cli_usage(FILE *f, const command_t *c) {
+void usage(FILE *f, const command_t *c) {
   fprintf(f, "usage: gpuguard %s %s\n  %s\n%s", c->name, c->args, c->summary, c->help);
 }
 
-int cli_bad_usage(const char *fmt, const char *what) {
-  fprintf(stderr, "gpuguard %s: ", cli_current->name);
+int bad_usage(const char *fmt, const char *what) {
+  fprintf(stderr, "gpuguard %s: ", current->name);
   fprintf(stderr, fmt, what);
   fputc('\n', stderr);
-  cli_usage(stderr, cli_current);
+  usage(stderr, current);
   return EXIT_USAGE;
 }
 
-const char *cli_human(double bytes, char *buf, size_t cap) {
+const char *human(double bytes, char *buf, size_t cap) {
   static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
   while (bytes >= 1024 && u < 4) bytes /= 1024, u++;
@@ -42,7 +42,7 @@ const char *cli_human(double bytes, char *buf, size_t cap) {
   return buf;
 }
 
-int cli_next_opt(int argc, char **argv, const struct option *longs) {
+int next_opt(int argc, char **argv, const struct option *longs) {
   opterr = 0;
   int idx = -1, o = getopt_long(argc, argv, "+:h", longs, &idx);
   /* `--grace -- CMD`: getopt takes "--" as the value; it is the separator, so the value is missing. */
@@ -54,8 +54,8 @@ int cli_next_opt(int argc, char **argv, const struct option *longs) {
 }
 
 int cli_opt_error(int opt, char **argv) {
-  if (opt == ':') return cli_bad_usage("%s needs a value", argv[optind - 1]);
-  return cli_bad_usage("unknown option '%s'", argv[optind - 1]);
+  if (opt == ':') return bad_usage("%s needs a value", argv[optind - 1]);
+  return bad_usage("unknown option '%s'", argv[optind - 1]);
 }
 
 /* Text is decoded as UTF-8 whatever the user's locale says (command lines and NVML names are UTF-8 or
@@ -129,8 +129,8 @@ static int print_devices(FILE *f) {
       continue;
     }
     fprintf(f, "%-3d %-28.28s %-8s %12s %12s %12s  %s\n", i, d.name, d.backend,
-            cli_human((double)d.total_bytes, a, sizeof a), cli_human((double)d.used_bytes, b, sizeof b),
-            cli_human((double)d.free_bytes, c, sizeof c), d.uuid);
+            human((double)d.total_bytes, a, sizeof a), human((double)d.used_bytes, b, sizeof b),
+            human((double)d.free_bytes, c, sizeof c), d.uuid);
     if (strcmp(d.backend, "host") == 0)
       fprintf(f, "    (no usable CUDA device: this is gpuguard's simulated host device)\n");
   }
@@ -143,16 +143,16 @@ static int cmd_info(int argc, char **argv) {
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   int format = -1, o;
-  while ((o = cli_next_opt(argc, argv, longs)) != -1) {
-    if (o == 'h') return cli_usage(stdout, cli_current), 0;
+  while ((o = next_opt(argc, argv, longs)) != -1) {
+    if (o == 'h') return usage(stdout, current), 0;
     if (o == 'j' || o == 'p') {
-      if (format != -1) return cli_bad_usage("%s", "--json and --prom are exclusive");
+      if (format != -1) return bad_usage("%s", "--json and --prom are exclusive");
       format = o == 'j' ? GG_FORMAT_JSON : GG_FORMAT_PROMETHEUS;
       continue;
     }
     return cli_opt_error(o, argv);
   }
-  if (optind < argc) return cli_bad_usage("unexpected argument '%s'", argv[optind]);
+  if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
   if (format < 0) return print_devices(stdout);
   if (gg_report(stdout, (gg_format_t)format, GG_REPORT_DEVICES) < 0) {
     fprintf(stderr, "gpuguard info: %s\n", gg_last_error());
@@ -213,7 +213,7 @@ static int print_processes(FILE *f, bool all_users, bool *no_gpu) {
       continue;
     }
     char mem[32] = "?", user[sizeof p->user * 4], cmd[sizeof p->command * 4];
-    if (p->used_bytes >= 0) cli_human((double)p->used_bytes, mem, sizeof mem);
+    if (p->used_bytes >= 0) human((double)p->used_bytes, mem, sizeof mem);
     cli_safe_text(p->user, user, sizeof user); /* another user's command line is not ours to print raw */
     cli_safe_text(p->command, cmd, sizeof cmd);
     bool orphan = p->cls == GG_PROCESS_ORPHAN;
@@ -242,8 +242,8 @@ static int cmd_ps(int argc, char **argv) {
                                         {0, 0, 0, 0}};
   bool json = false, all = false;
   int o;
-  while ((o = cli_next_opt(argc, argv, longs)) != -1) {
-    if (o == 'h') return cli_usage(stdout, cli_current), 0;
+  while ((o = next_opt(argc, argv, longs)) != -1) {
+    if (o == 'h') return usage(stdout, current), 0;
     if (o == 'j')
       json = true;
     else if (o == 'a')
@@ -251,7 +251,7 @@ static int cmd_ps(int argc, char **argv) {
     else
       return cli_opt_error(o, argv);
   }
-  if (optind < argc) return cli_bad_usage("unexpected argument '%s'", argv[optind]);
+  if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
   bool no_gpu = false;
   int rc;
   if (json) {
@@ -275,9 +275,9 @@ static bool parse_grace(const char *text, long *out) {
   errno = 0;
   long v = strtol(text, &end, 10);
   if (errno || end == text || *end || v < 0 || v > GG_PROC_GRACE_MAX_MS) {
-    fprintf(stderr, "gpuguard %s: --grace '%s': milliseconds from 0 to %d expected\n", cli_current->name,
-            text, GG_PROC_GRACE_MAX_MS);
-    cli_usage(stderr, cli_current);
+    fprintf(stderr, "gpuguard %s: --grace '%s': milliseconds from 0 to %d expected\n", current->name, text,
+            GG_PROC_GRACE_MAX_MS);
+    usage(stderr, current);
     return false;
   }
   *out = v;
@@ -343,7 +343,7 @@ static int open_receipt(run_opts_t *o) {
     char why[4200];
     snprintf(why, sizeof why, "--receipt %s: cannot be written (%s); the job was not started",
              o->receipt_path, errno == EINVAL ? "not a regular file" : strerror(errno));
-    return cli_bad_usage("%s", why);
+    return bad_usage("%s", why);
   }
   o->receipt_fd = fd;
   return -1;
@@ -428,8 +428,8 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
                                         {0, 0, 0, 0}};
   *o = (run_opts_t){.grace = 2000, .receipt_fd = -1};
   int opt;
-  while ((opt = cli_next_opt(argc, argv, longs)) != -1) {
-    if (opt == 'h') return cli_usage(stdout, cli_current), 0;
+  while ((opt = next_opt(argc, argv, longs)) != -1) {
+    if (opt == 'h') return usage(stdout, current), 0;
     if (opt == 'g') {
       if (!parse_grace(optarg, &o->grace)) return EXIT_USAGE;
     } else if (opt == 'd') {
@@ -437,22 +437,22 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       errno = 0;
       o->device = strtol(optarg, &end, 10);
       if (errno || end == optarg || *end || o->device < 0 || o->device > 1024)
-        return cli_bad_usage("--device '%s': a device ordinal expected", optarg);
+        return bad_usage("--device '%s': a device ordinal expected", optarg);
     } else if (opt == 'r') {
-      if (!*optarg) return cli_bad_usage("%s", "--receipt needs a path (or - for stdout)");
+      if (!*optarg) return bad_usage("%s", "--receipt needs a path (or - for stdout)");
       o->receipt_path = optarg;
     } else {
       return cli_opt_error(opt, argv);
     }
   }
-  if (optind >= argc) return cli_bad_usage("%s", "no command given (gpuguard run [OPTIONS] -- CMD ARGS...)");
+  if (optind >= argc) return bad_usage("%s", "no command given (gpuguard run [OPTIONS] -- CMD ARGS...)");
   o->cmd = argv + optind;
   int ndev = 0;
   if (gg_device_count(&ndev) == 0 && o->device >= ndev) {
     char why[160];
     snprintf(why, sizeof why, "--device %ld: no such device (this machine has %d, numbered from 0)",
              o->device, ndev);
-    return cli_bad_usage("%s", why);
+    return bad_usage("%s", why);
   }
   return open_receipt(o);
 }
@@ -590,9 +590,8 @@ static void run_summary(const run_opts_t *o, const job_result_t *r, const gg_pro
           r->runner_sig ? " (after the runner got a signal)" : "", ended, ended == 1 ? "" : "es",
           receipt ? receipt->n_alive : 0);
   if (env->have_dev)
-    fprintf(stderr, "; device %ld free %s -> %s", o->device,
-            cli_human((double)env->dev.free_bytes, a, sizeof a),
-            cli_human((double)env->free_after, b, sizeof b));
+    fprintf(stderr, "; device %ld free %s -> %s", o->device, human((double)env->dev.free_bytes, a, sizeof a),
+            human((double)env->free_after, b, sizeof b));
   fputc('\n', stderr);
 }
 
@@ -631,8 +630,8 @@ static int cmd_reap(int argc, char **argv) {
   bool dry = false, yes = false;
   long grace = 2000;
   int o;
-  while ((o = cli_next_opt(argc, argv, longs)) != -1) {
-    if (o == 'h') return cli_usage(stdout, cli_current), 0;
+  while ((o = next_opt(argc, argv, longs)) != -1) {
+    if (o == 'h') return usage(stdout, current), 0;
     if (o == 'n')
       dry = true;
     else if (o == 'y')
@@ -642,8 +641,8 @@ static int cmd_reap(int argc, char **argv) {
     } else
       return cli_opt_error(o, argv);
   }
-  if (optind < argc) return cli_bad_usage("unexpected argument '%s'", argv[optind]);
-  if (dry && yes) return cli_bad_usage("%s", "--dry-run and --yes are exclusive");
+  if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+  if (dry && yes) return bad_usage("%s", "--dry-run and --yes are exclusive");
 
   gg_process_t rows[256];
   size_t n = 0;
@@ -652,7 +651,7 @@ static int cmd_reap(int argc, char **argv) {
   if (n == 0) return puts("gpuguard reap: no orphans of dead sessions"), 0;
   for (size_t i = 0; i < n; i++) {
     char mem[32] = "-";
-    if (rows[i].used_bytes >= 0) cli_human((double)rows[i].used_bytes, mem, sizeof mem);
+    if (rows[i].used_bytes >= 0) human((double)rows[i].used_bytes, mem, sizeof mem);
     printf("orphan %d (session %.8s, start %llu, GPU memory %s): %s\n", rows[i].pid,
            rows[i].session[0] ? rows[i].session : "none", rows[i].start_time, mem, rows[i].command);
   }
@@ -691,9 +690,9 @@ static int cmd_reap(int argc, char **argv) {
 /* The chart is drawn by the Python package (gpuguard.plot): one renderer for timelines recorded by
  * gpuguard.record() and by `watch --record`. Says clearly what is missing when Python or the package is. */
 static int cmd_plot(int argc, char **argv) {
-  if (argc < 2) return cli_bad_usage("%s", "no timeline given (gpuguard plot FILE -o memory.html)");
+  if (argc < 2) return bad_usage("%s", "no timeline given (gpuguard plot FILE -o memory.html)");
   for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return cli_usage(stdout, cli_current), 0;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(stdout, current), 0;
   /* The package loads the C library: the one this command runs on, unless the caller chose another. */
   Dl_info info;
   const char *(*fn)(void) = gg_version;
@@ -801,7 +800,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "--version")) return printf("gpuguard %s\n", gg_version()), 0;
   for (size_t i = 0; i < NCOMMANDS; i++)
     if (!strcmp(argv[1], commands[i].name)) {
-      cli_current = &commands[i];
+      current = &commands[i];
       return commands[i].run(argc - 1, argv + 1);
     }
   fprintf(stderr, "gpuguard: unknown command '%s'\n", argv[1]);

@@ -142,8 +142,8 @@ static void draw_devices(screen_t *s) {
     sc_put(s, t.power_limit_watts > 0 ? level(t.power_watts / t.power_limit_watts, 0.8, 0.95) : "", cell);
     double used = d.total_bytes ? (double)d.used_bytes / (double)d.total_bytes : 0;
     char a[32], b[32];
-    snprintf(cell, sizeof cell, "  %s / %s", cli_human((double)d.used_bytes, a, sizeof a),
-             cli_human((double)d.total_bytes, b, sizeof b));
+    snprintf(cell, sizeof cell, "  %s / %s", human((double)d.used_bytes, a, sizeof a),
+             human((double)d.total_bytes, b, sizeof b));
     sc_put(s, level(used, 0.75, 0.9), cell);
     int room = s->cols ? s->cols - s->col - 3 : 30;
     if (room >= 6) { /* a bar where there is room for one */
@@ -179,7 +179,7 @@ static void draw_processes(screen_t *s) {
   for (size_t i = 0; i < n; i++) {
     const gg_process_t *p = &rows[i];
     char mem[32] = "?", user[64], cmd[1024];
-    if (p->used_bytes >= 0) cli_human((double)p->used_bytes, mem, sizeof mem);
+    if (p->used_bytes >= 0) human((double)p->used_bytes, mem, sizeof mem);
     cli_safe_text(p->user, user, sizeof user);
     cli_safe_text(p->command, cmd, sizeof cmd);
     bool orphan = p->cls == GG_PROCESS_ORPHAN;
@@ -386,36 +386,36 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
       {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
   *w = (watch_opts_t){.interval = 2.0, .count = -1};
   int o;
-  while ((o = cli_next_opt(argc, argv, longs)) != -1) {
+  while ((o = next_opt(argc, argv, longs)) != -1) {
     char *end = NULL;
-    if (o == 'h') return cli_usage(stdout, cli_current), 0;
+    if (o == 'h') return usage(stdout, current), 0;
     if (o == 'i') {
       errno = 0;
       w->interval = strtod(optarg, &end);
       if (errno || end == optarg || *end || !(w->interval >= 0.05 && w->interval <= 86400) ||
           !isfinite(w->interval))
-        return cli_bad_usage("--interval '%s': seconds between 0.05 and 86400 expected", optarg);
+        return bad_usage("--interval '%s': seconds between 0.05 and 86400 expected", optarg);
     } else if (o == 'c') {
       errno = 0;
       w->count = strtol(optarg, &end, 10);
       if (errno || end == optarg || *end || w->count < 1)
-        return cli_bad_usage("--count '%s': a positive integer expected", optarg);
+        return bad_usage("--count '%s': a positive integer expected", optarg);
     } else if (o == 'p') {
-      if (!*optarg) return cli_bad_usage("%s", "--prom-file needs a path");
+      if (!*optarg) return bad_usage("%s", "--prom-file needs a path");
       w->prom = optarg;
     } else if (o == 'l') {
-      if (!*optarg) return cli_bad_usage("%s", "--listen needs ADDR:PORT");
+      if (!*optarg) return bad_usage("%s", "--listen needs ADDR:PORT");
       w->listen = optarg;
     } else if (o == 'n') {
       w->no_color = true;
     } else if (o == 'r') {
-      if (!*optarg) return cli_bad_usage("%s", "--record needs a path");
+      if (!*optarg) return bad_usage("%s", "--record needs a path");
       w->record = optarg;
     } else {
       return cli_opt_error(o, argv);
     }
   }
-  if (optind < argc) return cli_bad_usage("unexpected argument '%s'", argv[optind]);
+  if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
   return -1;
 }
 
