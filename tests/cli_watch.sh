@@ -80,6 +80,7 @@ def check_widths(frame, cols):
 p, m, s, before = session([])
 buf = read_until(m, b"", lambda b: len(frames(b)) >= 1)
 assert buf.startswith(b"\x1b[?1049h"), buf[:40]  # alternate screen
+assert b"\0" not in buf, "a NUL byte written to the terminal"
 during = termios.tcgetattr(s)
 assert not during[3] & termios.ICANON and not during[3] & termios.ECHO, during[3]
 f = frames(buf)[0]

@@ -266,11 +266,13 @@ static void term_enter(term_t *t) {
     tcsetattr(STDIN_FILENO, TCSANOW, &raw);
     t->entered = true;
   }
-  if (t->out_tty) write_all("\033[?1049h\033[?25l\033[H\033[2J", 22); /* alternate screen, no cursor */
+  static const char enter[] = "\033[?1049h\033[?25l\033[H\033[2J"; /* alternate screen, no cursor */
+  if (t->out_tty) write_all(enter, sizeof enter - 1);
 }
 
 static void term_leave(term_t *t) {
-  if (t->out_tty) write_all("\033[?25h\033[?1049l", 14);
+  static const char leave[] = "\033[?25h\033[?1049l";
+  if (t->out_tty) write_all(leave, sizeof leave - 1);
   if (t->entered) tcsetattr(STDIN_FILENO, TCSANOW, &t->saved), t->entered = false;
 }
 
