@@ -113,7 +113,14 @@ for how, args, env in ((signal.SIGINT, [], {"NO_COLOR": "1"}), (signal.SIGTERM, 
     buf = read_until(m, buf, lambda b: b"\x1b[?1049l" in b)
     assert termios.tcgetattr(s) == before, ("terminal settings not restored after", how)
     os.close(m), os.close(s)
-print("watch on a pty: fits 60 and 40 columns, q/SIGINT/SIGTERM restore the terminal")
+# 3. --count on a terminal: the normal screen, so the last frame stays visible; the cursor comes back.
+p, m, s, before = session(["--count", "2"])
+assert p.wait(timeout=10) == 0
+buf = read_until(m, b"", lambda b: b.endswith(b"\x1b[?25h\r\n"))
+assert b"\x1b[?1049" not in buf and len(frames(buf)) == 2, buf[:80]
+assert termios.tcgetattr(s) == before
+os.close(m), os.close(s)
+print("watch on a pty: fits 60 and 40 columns, q/SIGINT/SIGTERM restore the terminal, --count keeps its frame")
 PY
 
 # Not a terminal: no escape sequences at all, cut to COLUMNS when it is set.

@@ -245,6 +245,7 @@ static const int taken[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH, SIGTSTP}
 
 typedef struct term {
   bool out_tty, in_tty, entered;
+  bool alt; /* the alternate screen: a view that runs until q; --count leaves its last frame visible */
   struct termios saved;
   struct sigaction old[NTAKEN];
 } term_t;
@@ -267,12 +268,12 @@ static void term_enter(term_t *t) {
     t->entered = true;
   }
   static const char enter[] = "\033[?1049h\033[?25l\033[H\033[2J"; /* alternate screen, no cursor */
-  if (t->out_tty) write_all(enter, sizeof enter - 1);
+  if (t->out_tty) write_all(t->alt ? enter : enter + 8, t->alt ? sizeof enter - 1 : sizeof enter - 9);
 }
 
 static void term_leave(term_t *t) {
   static const char leave[] = "\033[?25h\033[?1049l";
-  if (t->out_tty) write_all(leave, sizeof leave - 1);
+  if (t->out_tty) write_all(t->alt ? leave : "\033[?25h\n", t->alt ? sizeof leave - 1 : 7);
   if (t->entered) tcsetattr(STDIN_FILENO, TCSANOW, &t->saved), t->entered = false;
 }
 
@@ -530,7 +531,7 @@ int cmd_watch(int argc, char **argv) {
     if (rec.f) fclose(rec.f);
     return 1;
   }
-  term_t t = {.out_tty = isatty(STDOUT_FILENO) == 1, .in_tty = isatty(STDIN_FILENO) == 1};
+  term_t t = {.out_tty = isatty(STDOUT_FILENO) == 1, .in_tty = isatty(STDIN_FILENO) == 1, .alt = w.count < 0};
   take_signals(&t);
   if (w.prom || w.listen)
     rc = run_exporter(&w, &rec);
