@@ -6,10 +6,8 @@
 #include "internal.h"
 #include "json_internal.h"
 
-/* Length of the well-formed UTF-8 sequence at p (1..4), or 0 when p does not start one (RFC 3629:
- * no overlong forms, no surrogates, nothing above U+10FFFF). p is NUL-terminated, so a truncated
- * sequence stops at the NUL, which is never a continuation byte. */
-static size_t gg__utf8_len(const unsigned char *p) {
+/* p is NUL-terminated, so a truncated sequence stops at the NUL, which is never a continuation byte. */
+size_t gg__utf8_len(const unsigned char *p) {
   unsigned char c = p[0];
   if (c < 0x80) return 1;
   size_t n;

@@ -6,6 +6,10 @@
 #include <stddef.h>
 #include <stdio.h>
 
+/* Length of the well-formed UTF-8 sequence at p (1..4), or 0 when p does not start one (RFC 3629: no
+ * overlong forms, no surrogates, nothing above U+10FFFF). p is NUL-terminated. */
+size_t gg__utf8_len(const unsigned char *p);
+
 /* Receives the output piece by piece. */
 typedef void (*gg__json_sink_fn)(void *ctx, const char *p, size_t n);
 

@@ -31,6 +31,10 @@ typedef struct gg__nvml {
   nvmlReturn_t (*compute)(nvmlDevice_t, unsigned *, void *);
   nvmlReturn_t (*graphics)(nvmlDevice_t, unsigned *, void *);
   nvmlReturn_t (*memory)(nvmlDevice_t, void *);
+  nvmlReturn_t (*utilization)(nvmlDevice_t, unsigned *); /* nvmlUtilization_t: {gpu, memory} percent */
+  nvmlReturn_t (*temperature)(nvmlDevice_t, int, unsigned *);
+  nvmlReturn_t (*power)(nvmlDevice_t, unsigned *);
+  nvmlReturn_t (*power_limit)(nvmlDevice_t, unsigned *);
 } gg__nvml_t;
 
 /* dlsym gives an object pointer; memcpy is ISO C's way to turn it into a function pointer. */
@@ -64,6 +68,10 @@ static int gg__nvml_open(gg__nvml_t *n) {
   gg__sym(n->lib, "nvmlDeviceGetHandleByUUID", &n->by_uuid);
   gg__sym(n->lib, "nvmlDeviceGetMinorNumber", &n->minor);
   gg__sym(n->lib, "nvmlDeviceGetMemoryInfo", &n->memory); /* v1: {total, free, used}, 64-bit each */
+  gg__sym(n->lib, "nvmlDeviceGetUtilizationRates", &n->utilization);
+  gg__sym(n->lib, "nvmlDeviceGetTemperature", &n->temperature);
+  gg__sym(n->lib, "nvmlDeviceGetPowerUsage", &n->power);
+  gg__sym(n->lib, "nvmlDeviceGetEnforcedPowerLimit", &n->power_limit);
   gg__sym_versioned(n->lib, "nvmlDeviceGetComputeRunningProcesses", &n->compute);
   gg__sym_versioned(n->lib, "nvmlDeviceGetGraphicsRunningProcesses", &n->graphics);
   if (!n->init || !n->shutdown || !n->by_index || !n->by_uuid || !n->compute) {
@@ -194,6 +202,30 @@ int gg__nvml_memory(const char *uuid, int index, size_t *total, size_t *free_b) 
     rc = gg__err(GG_ENOTSUP, "NVML memory query failed: %s", n.error_string ? n.error_string(r) : "?");
   else
     *total = (size_t)m[0], *free_b = (size_t)m[1];
+  gg__nvml_close(&n);
+  return rc;
+}
+
+int gg__nvml_telemetry(const char *uuid, int index, gg__nvml_telemetry_t *t) {
+  t->util_gpu = t->util_memory = t->temperature_c = -1;
+  t->power_mw = t->power_limit_mw = -1;
+  gg__nvml_t n;
+  int rc = gg__nvml_open(&n);
+  if (rc < 0) return rc;
+  nvmlDevice_t dev = NULL;
+  nvmlReturn_t r = uuid ? n.by_uuid(uuid, &dev) : n.by_index((unsigned)index, &dev);
+  if (r != NVML_SUCCESS) {
+    rc = gg__err(GG_ENODEV, "NVML has no such device (%s)", n.error_string ? n.error_string(r) : "?");
+  } else {
+    /* Each reading on its own: a device may support some and not others (NOT_SUPPORTED stays -1). */
+    unsigned u[2], v;
+    if (n.utilization && n.utilization(dev, u) == NVML_SUCCESS)
+      t->util_gpu = (int)u[0], t->util_memory = (int)u[1];
+    if (n.temperature && n.temperature(dev, 0 /* NVML_TEMPERATURE_GPU */, &v) == NVML_SUCCESS)
+      t->temperature_c = (int)v;
+    if (n.power && n.power(dev, &v) == NVML_SUCCESS) t->power_mw = (long long)v;
+    if (n.power_limit && n.power_limit(dev, &v) == NVML_SUCCESS) t->power_limit_mw = (long long)v;
+  }
   gg__nvml_close(&n);
   return rc;
 }

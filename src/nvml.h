@@ -19,6 +19,14 @@ int gg__nvml_processes(const char *uuid, int index, gg__gpu_proc_t *out, size_t 
  * ~500 MiB of the memory being measured, and ~100 ms). GG_ENOTSUP without NVML. */
 int gg__nvml_memory(const char *uuid, int index, size_t *total, size_t *free_b);
 
+/* Utilisation, temperature and power as NVML reports them; each field -1 when the device does not
+ * say. GG_ENOTSUP without NVML, GG_ENODEV when NVML does not know the device. */
+typedef struct gg__nvml_telemetry {
+  int util_gpu, util_memory, temperature_c; /* percent, percent, degrees Celsius */
+  long long power_mw, power_limit_mw;       /* milliwatts */
+} gg__nvml_telemetry_t;
+int gg__nvml_telemetry(const char *uuid, int index, gg__nvml_telemetry_t *t);
+
 /* The process-info struct grew twice without a new symbol (16, 24, then 32 bytes in R535, and back
  * to 24 later). Given a buffer pre-filled with GG__NVML_SENTINEL and the count the driver reported,
  * returns the stride the driver used (16, 24 or 32), or 0 when it cannot tell. */

@@ -61,6 +61,24 @@ int gg_device_info(int device, gg_device_info_t *info) {
   return rc;
 }
 
+int gg_device_telemetry(int device, gg_device_telemetry_t *t) {
+  if (!t) return gg__err(GG_EINVAL, "gg_device_telemetry: t is NULL");
+  *t = (gg_device_telemetry_t){device, -1, -1, -1, -1, -1};
+  if (device < 0) return gg__err(GG_ENODEV, "gg_device_telemetry: device %d does not exist", device);
+  gg__dev_props_t props;
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  bool have_uuid = gg__cuda_props(device, &props) == 0;
+  gg__err_restore(&saved);
+  gg__nvml_telemetry_t n;
+  int rc = gg__nvml_telemetry(have_uuid ? props.uuid : NULL, device, &n);
+  if (rc < 0) return rc;
+  t->utilization_gpu = n.util_gpu, t->utilization_memory = n.util_memory, t->temperature_c = n.temperature_c;
+  t->power_watts = n.power_mw < 0 ? -1 : (double)n.power_mw / 1e3;
+  t->power_limit_watts = n.power_limit_mw < 0 ? -1 : (double)n.power_limit_mw / 1e3;
+  return 0;
+}
+
 /* ---- who holds the device ----------------------------------------------------------------------------- */
 
 const char *gg_process_class_name(gg_process_class_t cls) {

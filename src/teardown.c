@@ -126,7 +126,7 @@ typedef struct gg__walk {
   bool added;
 } gg__walk_t;
 
-static const char *const gg__found_names[] = {"tracked", "descendant", "group", "orphan"};
+static const char *const gg__found_names[] = {"tracked", "descendant", "group", "reparented"};
 
 static int gg__consider(const gg__pinfo_t *p, void *user) {
   gg__walk_t *w = user;

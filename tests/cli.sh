@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # cli.sh — the gpuguard command line on the host backend, with a stand-in NVML: usage and exit codes,
-# JSON that parses, Prometheus text that a real parser (prometheus_client) accepts, atomic --prom-file.
+# missing option values, JSON that parses, Prometheus text that a real parser (prometheus_client)
+# accepts (every series labelled gpu and UUID, no empty family, valid UTF-8), --prom-file that follows no
+# planted symlink, ps that never lists itself and prints no raw control characters, `run` that checks its
+# options before starting the job and writes a truthful receipt.
 # Arguments: build dir, source dir.
 set -euo pipefail
 build=$1
@@ -14,7 +17,8 @@ expect_rc() { # rc, command...
   set +e; "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?; set -e
   [ $rc = "$want" ] || { cat "$tmp/out" "$tmp/err"; fail "'$*' exited $rc, wanted $want"; }
 }
-export GPUGUARD_BACKEND=host
+export GPUGUARD_BACKEND=host GPUGUARD_REGISTRY_DIR=$tmp/registry
+unset GPUGUARD_SESSION NO_COLOR
 
 # Usage and exit codes.
 expect_rc 0 $g --help; grep -q "commands:" "$tmp/out" || fail "--help lists no commands"
@@ -26,9 +30,17 @@ for c in ps info watch; do
   expect_rc 2 $g $c stray-argument
 done
 expect_rc 2 $g info --json --prom
+expect_rc 2 $g plot; grep -q "no timeline given" "$tmp/err" || fail "plot without a file"
+expect_rc 0 $g plot --help; grep -q "usage: gpuguard plot" "$tmp/out" || fail "plot --help"
 for bad in 0 -1 abc 1e9 nan ''; do expect_rc 2 $g watch --interval "$bad" --count 1; done
 expect_rc 2 $g watch --count 0
 expect_rc 2 $g watch --prom-file ''
+# A missing value is named as such (also when "--" would have been taken for it).
+for c in "watch --interval" "watch --prom-file" "watch --listen" "reap --grace" "run --grace" "run --receipt" "run --device"; do
+  expect_rc 2 $g $c; opt=${c#* }
+  grep -q -- "$opt needs a value" "$tmp/err" || { cat "$tmp/err"; fail "'$c' does not say the value is missing"; }
+done
+expect_rc 2 $g run --grace -- true; grep -q -- "--grace needs a value" "$tmp/err" || fail "'run --grace -- true' took -- as the value"
 
 # JSON and Prometheus text, parsed by real parsers.
 expect_rc 0 $g info --json
@@ -38,9 +50,14 @@ cp "$tmp/out" "$tmp/info.prom"
 cat > "$tmp/parse.py" <<'PY'
 import sys
 from prometheus_client.parser import text_string_to_metric_families
-fams = {f.name: f for f in text_string_to_metric_families(open(sys.argv[1]).read())}
+text = open(sys.argv[1], "rb").read().decode("utf-8")  # strict: the text must be valid UTF-8
+fams = {f.name: f for f in text_string_to_metric_families(text)}
 for name in sys.argv[2:]:
     assert name in fams, (name, sorted(fams))
+for f in fams.values():
+    assert f.samples, ("empty family", f.name)
+    for s in f.samples:
+        assert s.labels.get("gpu") == "0" and s.labels.get("UUID", "").startswith("GPU-"), s
 print("parsed", len(fams), "metric families")
 PY
 python3 "$tmp/parse.py" "$tmp/info.prom" gpuguard_device_memory_used_bytes gpuguard_device_memory_total_bytes gpuguard_device_info
@@ -48,6 +65,7 @@ python3 "$tmp/parse.py" "$tmp/info.prom" gpuguard_device_memory_used_bytes gpugu
 # Processes from the stand-in NVML: this shell (1 MB) and a sleeper whose memory NVML does not know.
 sleep 60 & sleeper=$!
 export GPUGUARD_NVML_LIBRARY=$build/tests/libfake_nvml.so FAKE_NVML_PROCS="$$:1048576,$sleeper:na"
+export FAKE_NVML_TELEMETRY=87,40,61,412500,700000
 expect_rc 0 $g ps
 grep -qE "^0 +$$ .* 1.0 MiB" "$tmp/out" || { cat "$tmp/out"; fail "ps does not show this shell with 1.0 MiB"; }
 grep -qE "^0 +$sleeper .* \? .*sleep 60" "$tmp/out" || { cat "$tmp/out"; fail "ps does not show the sleeper with unknown memory"; }
@@ -63,13 +81,70 @@ PY
 expect_rc 0 $g watch --prom-file "$tmp/gpu.prom" --count 2 --interval 0.05
 [ ! -e "$tmp/gpu.prom.tmp.$$" ] && ! ls "$tmp" | grep -q '\.tmp\.' || fail "temporary file left behind"
 python3 "$tmp/parse.py" "$tmp/gpu.prom" gpuguard_process_memory_used_bytes gpuguard_processes
-grep -q "gpuguard_process_memory_used_bytes{device=\"0\",pid=\"$$\"" "$tmp/gpu.prom" || fail "process series missing"
+grep -q "gpuguard_process_memory_used_bytes{gpu=\"0\",UUID=\"GPU-[0-9a-f-]*\",pid=\"$$\"" "$tmp/gpu.prom" || fail "process series missing"
+python3 "$tmp/parse.py" "$tmp/gpu.prom" gpuguard_device_utilization_ratio gpuguard_device_temperature_celsius gpuguard_device_power_watts
+! grep -q "gpuguard_arena_" "$tmp/gpu.prom" || fail "the CLI has no arenas, yet gpuguard_arena_* families were written"
 expect_rc 1 $g watch --prom-file /nonexistent-dir/x.prom --count 1
 grep -q "cannot write" "$tmp/err" || fail "unwritable --prom-file not explained"
 
-# No GPU at all: ps says so and fails.
+# ps never lists itself, even where the driver names it (its own device descriptors).
+self=$(sh -c 'echo $$; FAKE_NVML_PROCS="$$:4096" exec "$1" ps >"$2/self.txt"' sh $g "$tmp")
+! grep -qE "^0 +$self " "$tmp/self.txt" || { cat "$tmp/self.txt"; fail "ps lists itself"; }
+self=$(sh -c 'echo $$; FAKE_NVML_PROCS="$$:4096" exec "$1" ps --json >"$2/self.json"' sh $g "$tmp")
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert all(p["pid"] != int(sys.argv[2]) for p in d["processes"]), d' "$tmp/self.json" "$self"
+
+# Command lines with control characters cannot forge rows: ESC, CR, LF come out as \xHH (issue 16
+# item 12); the Prometheus text stays valid UTF-8 with a 0xFF byte in a command line.
+bash -c 'exec -a "$0" sleep 61' $'\e[2J\rEVIL\nFORGED\xff' & evil=$!
+for i in $(seq 1 100); do grep -q EVIL /proc/$evil/cmdline 2>/dev/null && break; sleep 0.02; done
+FAKE_NVML_PROCS="$evil:2048" expect_rc 0 $g ps --all-users
+grep -qF '\x1B[2J\x0DEVIL\x0AFORGED\xFF 61' "$tmp/out" || { cat -v "$tmp/out"; fail "control characters not escaped"; }
+! grep -q $'\e\|\r' "$tmp/out" || fail "raw ESC or CR in ps output"
+[ "$(wc -l <"$tmp/out")" = 3 ] || { cat -v "$tmp/out"; fail "a command line added rows"; }
+FAKE_NVML_PROCS="$evil:2048" expect_rc 0 $g watch --prom-file "$tmp/evil.prom" --count 1
+python3 "$tmp/parse.py" "$tmp/evil.prom" gpuguard_process_memory_used_bytes
+kill $evil
+
+# --prom-file follows no symlink planted where its temporary file goes (issue 16 item 13): the old
+# name was PATH.tmp.<pid>, planted here by the shell that then becomes gpuguard.
+echo keep >"$tmp/victim"
+expect_rc 0 sh -c 'ln -s "$1" "$2.tmp.$$"; exec "$3" watch --prom-file "$2" --count 1' sh "$tmp/victim" "$tmp/planted.prom" $g
+[ "$(cat "$tmp/victim")" = keep ] || fail "--prom-file wrote through a planted symlink"
+[ -f "$tmp/planted.prom" ] && [ ! -L "$tmp/planted.prom" ] || fail "--prom-file did not write a regular file"
+[ "$(stat -c %a "$tmp/planted.prom")" = 644 ] || fail "the textfile is not readable by node_exporter"
+
+# run: every option is checked before the job starts; exit 2, and the job never ran.
+expect_rc 2 $g run --device 7 -- touch "$tmp/started"; grep -q "no such device" "$tmp/err" || fail "--device 7 not refused"
+expect_rc 2 $g run --receipt /nonexistent-dir/r.json -- touch "$tmp/started"
+grep -q "cannot be written" "$tmp/err" || fail "unwritable --receipt not said before the job"
+mkdir "$tmp/adir"; expect_rc 2 $g run --receipt "$tmp/adir" -- touch "$tmp/started"
+[ ! -e "$tmp/started" ] || fail "the job ran although an option was bad"
+expect_rc 127 $g run --receipt "$tmp/never.json" -- /nonexistent/cmd
+[ ! -e "$tmp/never.json" ] || fail "a receipt file was left for a job that never started"
+# The receipt tells the job's truth: its command, its parent, its exit status; a background child that
+# outlived it is "reparented", not "orphan"; stderr says when the grace period starts and SIGKILL goes.
+expect_rc 3 $g run --grace 200 --receipt "$tmp/r.json" -- sh -c \
+  '(trap "" TERM; : >"$0/ready"; sleep 67) & while [ ! -e "$0/ready" ]; do sleep 0.01; done; exit 3' "$tmp"
+grep -q "got SIGTERM and a grace period of" "$tmp/err" || { cat "$tmp/err"; fail "no line when the grace period starts"; }
+grep -q "SIGKILL sent to" "$tmp/err" || { cat "$tmp/err"; fail "no line when SIGKILL is sent"; }
+python3 - "$tmp/r.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+procs = d["teardown"]["processes"]
+job = [p for p in procs if p["pid"] == d["pid"]]
+assert len(job) == 1, procs
+job = job[0]
+assert job["command"].startswith("sh -c (trap \"\" TERM; : >\"$0/ready\"; sleep 67) &"), job
+assert job["ppid"] > 1 and job["end"] == "exited" and job["code"] == 3, job
+assert all(p["found"] != "orphan" for p in procs), procs
+assert any(p["found"] in ("descendant", "reparented") and "KILL" in p["sent"] for p in procs), procs
+PY
+
+# No GPU at all: ps says so, text and --json with the same status (3).
 if ! [ -e /dev/nvidiactl ]; then
   export GPUGUARD_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1
-  expect_rc 1 $g ps; grep -q "no NVIDIA GPU" "$tmp/err" || fail "ps without a GPU says nothing clear"
+  expect_rc 3 $g ps; grep -q "no NVIDIA GPU" "$tmp/err" || fail "ps without a GPU says nothing clear"
+  expect_rc 3 $g ps --json; grep -q "no NVIDIA GPU" "$tmp/err" || fail "ps --json without a GPU says nothing"
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["processes"] == [], d' "$tmp/out"
 fi
 echo "cli: ok"

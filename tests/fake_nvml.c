@@ -1,6 +1,8 @@
 /* fake_nvml.c — a stand-in libnvidia-ml for tests on machines without a GPU: reports the processes
  * named in FAKE_NVML_PROCS ("pid:bytes,pid:na,...") with the record size in FAKE_NVML_STRIDE (16, 24 or
- * 32, the three layouts drivers have used), and logs init/shutdown to FAKE_NVML_LOG. */
+ * 32, the three layouts drivers have used), utilisation, temperature and power from FAKE_NVML_TELEMETRY
+ * ("gpu%,mem%,celsius,milliwatts,limit-milliwatts"; absent: not supported), and logs init/shutdown to
+ * FAKE_NVML_LOG. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,10 @@ EXPORT const char *nvmlErrorString(int r);
 EXPORT int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **dev);
 EXPORT int nvmlDeviceGetHandleByUUID(const char *uuid, void **dev);
 EXPORT int nvmlDeviceGetMinorNumber(void *dev, unsigned *minor);
+EXPORT int nvmlDeviceGetUtilizationRates(void *dev, unsigned *util);
+EXPORT int nvmlDeviceGetTemperature(void *dev, int sensor, unsigned *temp);
+EXPORT int nvmlDeviceGetPowerUsage(void *dev, unsigned *mw);
+EXPORT int nvmlDeviceGetEnforcedPowerLimit(void *dev, unsigned *mw);
 EXPORT int nvmlDeviceGetComputeRunningProcesses_v3(void *dev, unsigned *count, void *infos);
 EXPORT int nvmlDeviceGetGraphicsRunningProcesses_v3(void *dev, unsigned *count, void *infos);
 
@@ -90,4 +96,30 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void *dev, unsigned *count, void *in
 int nvmlDeviceGetGraphicsRunningProcesses_v3(void *dev, unsigned *count, void *infos) {
   (void)dev;
   return fake_list("FAKE_NVML_GRAPHICS", count, infos);
+}
+
+/* Field i of FAKE_NVML_TELEMETRY, or 3 (NVML_ERROR_NOT_SUPPORTED) when it is not given. */
+static int fake_telemetry(int i, unsigned *out) {
+  const char *p = getenv("FAKE_NVML_TELEMETRY");
+  for (int k = 0; p && k < i; k++) p = strchr(p, ','), p = p ? p + 1 : NULL;
+  if (!p || *p == ',' || !*p) return 3;
+  *out = (unsigned)strtoul(p, NULL, 10);
+  return 0;
+}
+int nvmlDeviceGetUtilizationRates(void *dev, unsigned *util) {
+  (void)dev;
+  int r = fake_telemetry(0, &util[0]);
+  return r ? r : fake_telemetry(1, &util[1]);
+}
+int nvmlDeviceGetTemperature(void *dev, int sensor, unsigned *temp) {
+  (void)dev;
+  return sensor == 0 ? fake_telemetry(2, temp) : 2;
+}
+int nvmlDeviceGetPowerUsage(void *dev, unsigned *mw) {
+  (void)dev;
+  return fake_telemetry(3, mw);
+}
+int nvmlDeviceGetEnforcedPowerLimit(void *dev, unsigned *mw) {
+  (void)dev;
+  return fake_telemetry(4, mw);
 }

@@ -183,6 +183,34 @@ static void test_without_nvml(void **state) {
   }
 }
 
+/* Utilisation, temperature and power come through as NVML gives them; a reading NVML does not offer
+ * stays -1, and without NVML every reading is -1 with GG_ENOTSUP. */
+static void test_telemetry(void **state) {
+  (void)state;
+  gg_device_telemetry_t t;
+  setenv("FAKE_NVML_TELEMETRY", "87,40,61,412500,700000", 1);
+  gg_assert_ok(gg_device_telemetry(0, &t));
+  assert_int_equal(t.index, 0);
+  assert_int_equal(t.utilization_gpu, 87);
+  assert_int_equal(t.utilization_memory, 40);
+  assert_int_equal(t.temperature_c, 61);
+  assert_true(t.power_watts > 412.49 && t.power_watts < 412.51);
+  assert_true(t.power_limit_watts > 699.99 && t.power_limit_watts < 700.01);
+  setenv("FAKE_NVML_TELEMETRY", "5,6,,,", 1); /* no temperature or power sensor */
+  gg_assert_ok(gg_device_telemetry(0, &t));
+  assert_int_equal(t.utilization_gpu, 5);
+  assert_int_equal(t.temperature_c, -1);
+  assert_true(t.power_watts < 0 && t.power_limit_watts < 0);
+  unsetenv("FAKE_NVML_TELEMETRY");
+  gg_assert_fails(gg_device_telemetry(0, NULL), GG_EINVAL, "t is NULL");
+  gg_assert_fails(gg_device_telemetry(-1, &t), GG_ENODEV, "device -1");
+  if (gg__cuda_probe() != 0) gg_assert_fails(gg_device_telemetry(3, &t), GG_ENODEV, "NVML has no such device");
+  setenv("FAKE_NVML_FAIL_INIT", "1", 1);
+  gg_assert_fails(gg_device_telemetry(0, &t), GG_ENOTSUP, "nvmlInit failed");
+  assert_int_equal(t.utilization_gpu, -1);
+  assert_int_equal(t.temperature_c, -1);
+}
+
 static void test_foreign_process(void **state) {
   (void)state;
   if (getuid() != 0) {
@@ -255,6 +283,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_count_only_and_truncation, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_arguments, setup, teardown),
       cmocka_unit_test_setup_teardown(test_without_nvml, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_telemetry, setup, teardown),
       cmocka_unit_test_setup_teardown(test_foreign_process, setup, teardown),
       cmocka_unit_test_setup_teardown(test_gone_process_keeps_driver_figures, setup, teardown),
       cmocka_unit_test(test_fd_scan),

@@ -1,5 +1,6 @@
 /* test_report.c — gg_report: this process's arenas with their statistics, devices, JSON that parses and
  * Prometheus text that prometheus_client's parser accepts (checked with python3 when it is there). */
+#include <string.h>
 #include <unistd.h>
 
 #include "gg_test.h"
@@ -70,12 +71,15 @@ static void test_arenas_in_reports(void **state) {
                "assert a[\"activations\"][\"n_live\"] == 1 and a[\"weights \\\"fp32\\\"\"][\"bytes_mapped\"] == 4 << 20, a");
 
   char *prom = render(GG_FORMAT_PROMETHEUS, GG_REPORT_DEVICES | GG_REPORT_ARENAS);
-  char want[160];
-  snprintf(want, sizeof want, "gpuguard_arena_in_use_bytes{pid=\"%d\",arena=\"activations\",backend=\"host\"} 1024",
-           (int)getpid());
+  char want[256];
+  gg_device_info_t dev;
+  gg_assert_ok(gg_device_info(0, &dev));
+  snprintf(want, sizeof want, "gpuguard_arena_in_use_bytes{gpu=\"0\",UUID=\"%s\",pid=\"%d\",arena=\"activations\",backend=\"host\"} 1024",
+           dev.uuid, (int)getpid());
   assert_non_null(strstr(prom, want));
   assert_non_null(strstr(prom, "arena=\"weights \\\"fp32\\\"\""));
-  assert_non_null(strstr(prom, "gpuguard_device_memory_total_bytes{device=\"0\"} 268435456"));
+  snprintf(want, sizeof want, "gpuguard_device_memory_total_bytes{gpu=\"0\",UUID=\"%s\"} 268435456", dev.uuid);
+  assert_non_null(strstr(prom, want));
   free(prom);
   python_check("from prometheus_client.parser import text_string_to_metric_families as p; "
                "f = {m.name: m for m in p(open(sys.argv[1]).read())}; "
@@ -92,6 +96,67 @@ static void test_arenas_in_reports(void **state) {
   json = render(GG_FORMAT_JSON, GG_REPORT_ARENAS);
   assert_non_null(strstr(json, "\"arenas\":[]"));
   free(json);
+}
+
+/* Without arenas no gpuguard_arena_* family is written; label values stay valid UTF-8 and cannot break
+ * a line, whatever bytes an arena name holds; the parser reads the name back. */
+static void test_prometheus_families_and_labels(void **state) {
+  (void)state;
+  char *prom = render(GG_FORMAT_PROMETHEUS, GG_REPORT_ALL);
+  assert_null(strstr(prom, "gpuguard_arena_"));
+  assert_non_null(strstr(prom, "gpuguard_device_memory_total_bytes{gpu=\"0\",UUID=\""));
+  free(prom);
+  gg_arena_options_t o;
+  gg_arena_options_init(&o);
+  o.capacity = 8 << 20, o.name = "bad\xff\x1b[31m\"q\"\nx\xc3\xa9";
+  gg_arena_t *a = NULL;
+  gg_assert_ok(gg_arena_create(&a, &o));
+  prom = render(GG_FORMAT_PROMETHEUS, GG_REPORT_ARENAS);
+  assert_non_null(strstr(prom, "arena=\"bad\xef\xbf\xbd\xef\xbf\xbd[31m\\\"q\\\"\\nx\xc3\xa9\""));
+  for (const unsigned char *p = (const unsigned char *)prom; *p; p++) assert_true(*p >= 0x20 || *p == '\n');
+  free(prom);
+  python_check("from prometheus_client.parser import text_string_to_metric_families as p; "
+               "f = {m.name: m for m in p(open(sys.argv[1], encoding=\"utf-8\", errors=\"strict\").read())}; "
+               "s = f[\"gpuguard_arena_live_blocks\"].samples; "
+               "assert s[0].labels[\"arena\"] == \"bad\\ufffd\\ufffd[31m\\\"q\\\"\\nx\\u00e9\", s; "
+               "assert s[0].labels[\"gpu\"] == \"0\" and s[0].labels[\"UUID\"], s");
+  gg_assert_ok(gg_arena_destroy(a));
+}
+
+/* NVML's readings become gauges and JSON fields; GG_REPORT_NOT_SELF leaves the caller out. */
+static void test_telemetry_and_not_self(void **state) {
+  (void)state;
+  char procs[64];
+  snprintf(procs, sizeof procs, "%d:4096", (int)getpid());
+  setenv("GPUGUARD_NVML_LIBRARY", GG_FAKE_NVML, 1);
+  setenv("FAKE_NVML_PROCS", procs, 1);
+  setenv("FAKE_NVML_TELEMETRY", "87,40,61,412500,700000", 1);
+  char *prom = render(GG_FORMAT_PROMETHEUS, GG_REPORT_DEVICES | GG_REPORT_PROCESSES);
+  assert_non_null(strstr(prom, "gpuguard_device_utilization_ratio{gpu=\"0\""));
+  assert_non_null(strstr(prom, "} 0.87\n"));
+  assert_non_null(strstr(prom, "} 412.5\n"));
+  assert_non_null(strstr(prom, "gpuguard_device_temperature_celsius{gpu=\"0\""));
+  char want[64];
+  snprintf(want, sizeof want, ",pid=\"%d\",", (int)getpid());
+  assert_non_null(strstr(prom, want));
+  free(prom);
+  prom = render(GG_FORMAT_PROMETHEUS, GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF);
+  assert_null(strstr(prom, want));
+  assert_null(strstr(prom, "gpuguard_process_memory_used_bytes")); /* no sample: no family */
+  free(prom);
+  char *json = render(GG_FORMAT_JSON, GG_REPORT_DEVICES);
+  assert_non_null(strstr(json, "\"utilization_gpu\":87,\"utilization_memory\":40,\"temperature_c\":61,"
+                               "\"power_watts\":412.500,\"power_limit_watts\":700.000"));
+  free(json);
+  unsetenv("FAKE_NVML_TELEMETRY");
+  prom = render(GG_FORMAT_PROMETHEUS, GG_REPORT_DEVICES);
+  assert_null(strstr(prom, "utilization")); /* NVML does not say: no family */
+  free(prom);
+  json = render(GG_FORMAT_JSON, GG_REPORT_DEVICES);
+  assert_non_null(strstr(json, "\"utilization_gpu\":null"));
+  free(json);
+  unsetenv("GPUGUARD_NVML_LIBRARY");
+  unsetenv("FAKE_NVML_PROCS");
 }
 
 static void test_bad_arguments(void **state) {
@@ -112,6 +177,8 @@ static void test_bad_arguments(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_arenas_in_reports, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_prometheus_families_and_labels, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_telemetry_and_not_self, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_arguments, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,35 +1,32 @@
 /* gpuguard.c — the `gpuguard` command line: who holds GPU memory (ps), devices (info, watch), guarded
  * jobs (run) and their orphans (reap), built on the public API only. */
+#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <locale.h>
 #include <getopt.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <math.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <wchar.h>
+#include <wctype.h>
 
-#include "gpuguard/gpuguard.h"
+#include "cli.h"
 
-#define EXIT_USAGE 2
+const command_t *current;
 
-typedef struct command {
-  const char *name, *args, *summary;
-  int (*run)(int argc, char **argv);
-  const char *help; /* options, one per line */
-} command_t;
-
-static const command_t *current;
-
-static void usage(FILE *f, const command_t *c) {
+void usage(FILE *f, const command_t *c) {
   fprintf(f, "usage: gpuguard %s %s\n  %s\n%s", c->name, c->args, c->summary, c->help);
 }
 
-/* A bad flag: say what was wrong, print the usage to stderr, exit 2. */
-static int bad_usage(const char *fmt, const char *what) {
+int bad_usage(const char *fmt, const char *what) {
   fprintf(stderr, "gpuguard %s: ", current->name);
   fprintf(stderr, fmt, what);
   fputc('\n', stderr);
@@ -37,7 +34,7 @@ static int bad_usage(const char *fmt, const char *what) {
   return EXIT_USAGE;
 }
 
-static const char *human(double bytes, char *buf, size_t cap) {
+const char *human(double bytes, char *buf, size_t cap) {
   static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
   while (bytes >= 1024 && u < 4) bytes /= 1024, u++;
@@ -45,10 +42,73 @@ static const char *human(double bytes, char *buf, size_t cap) {
   return buf;
 }
 
-/* Parses the common short options shared by every command; returns -1 when done, the option, or '?'. */
-static int next_opt(int argc, char **argv, const struct option *longs) {
+int next_opt(int argc, char **argv, const struct option *longs) {
   opterr = 0;
-  return getopt_long(argc, argv, "+h", longs, NULL);
+  int idx = -1, o = getopt_long(argc, argv, "+:h", longs, &idx);
+  /* `--grace -- CMD`: getopt takes "--" as the value; it is the separator, so the value is missing. */
+  if (idx >= 0 && longs[idx].has_arg == required_argument && optarg && strcmp(optarg, "--") == 0) {
+    optind--;
+    return ':';
+  }
+  return o;
+}
+
+int cli_opt_error(int opt, char **argv) {
+  if (opt == ':') return bad_usage("%s needs a value", argv[optind - 1]);
+  return bad_usage("unknown option '%s'", argv[optind - 1]);
+}
+
+/* Text is decoded as UTF-8 whatever the user's locale says (command lines and NVML names are UTF-8 or
+ * garbage); without the C.UTF-8 locale only printable ASCII counts as text. */
+static locale_t utf8_locale(void) {
+  static locale_t loc;
+  static bool tried;
+  if (!tried) tried = true, loc = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+  return loc;
+}
+
+/* The printable character at p: its length in bytes and its width in columns; 0 when it is not one. */
+static size_t printable_at(const char *p, size_t avail, int *width) {
+  unsigned char c = (unsigned char)*p;
+  if (c >= 0x20 && c < 0x7f) return *width = 1, 1;
+  locale_t loc = utf8_locale();
+  if (c < 0x80 || !loc) return 0;
+  locale_t old = uselocale(loc);
+  mbstate_t st;
+  memset(&st, 0, sizeof st);
+  wchar_t wc;
+  size_t n = mbrtowc(&wc, p, avail, &st);
+  int w = n > 0 && n <= 4 && iswprint((wint_t)wc) ? wcwidth(wc) : -1; /* C1 controls (CSI) are not */
+  uselocale(old);
+  if (w < 0) return 0;
+  return *width = w, n;
+}
+
+void cli_safe_text(const char *s, char *out, size_t cap) {
+  size_t w = 0, left = strlen(s ? s : "");
+  for (const char *p = s ? s : ""; *p;) {
+    int width;
+    size_t n = printable_at(p, left, &width), len = n ? n : 4;
+    char esc[5];
+    if (n == 0) snprintf(esc, sizeof esc, "\\x%02X", (unsigned char)*p);
+    if (w + len >= cap) break;
+    memcpy(out + w, n ? p : esc, len);
+    w += len, p += n ? n : 1, left -= n ? n : 1;
+  }
+  if (cap) out[w] = '\0';
+}
+
+size_t cli_fit(const char *s, int cols, int *used) {
+  size_t off = 0, left = strlen(s);
+  *used = 0;
+  while (s[off]) {
+    int width;
+    size_t n = printable_at(s + off, left - off, &width);
+    if (n == 0) n = 1, width = 1;
+    if (cols >= 0 && *used + width > cols) break;
+    off += n, *used += width;
+  }
+  return off;
 }
 
 /* ---- info --------------------------------------------------------------------------------------------- */
@@ -90,7 +150,7 @@ static int cmd_info(int argc, char **argv) {
       format = o == 'j' ? GG_FORMAT_JSON : GG_FORMAT_PROMETHEUS;
       continue;
     }
-    return bad_usage("unknown option '%s'", argv[optind - 1]);
+    return cli_opt_error(o, argv);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
   if (format < 0) return print_devices(stdout);
@@ -103,28 +163,37 @@ static int cmd_info(int argc, char **argv) {
 
 /* ---- ps ----------------------------------------------------------------------------------------------- */
 
-/* Every process holding any device, gathered before printing so a failure prints no half table. */
-static int gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu) {
+/* Gathered before printing so a failure prints no half table. */
+int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs) {
   int n = 0;
   *out = NULL, *nout = 0, *no_gpu = false;
-  if (gg_device_count(&n) < 0) return fprintf(stderr, "gpuguard: %s\n", gg_last_error()), 1;
+  if (gg_device_count(&n) < 0) {
+    if (errs) fprintf(errs, "gpuguard: %s\n", gg_last_error());
+    return 1;
+  }
   for (int dev = 0; dev < n; dev++) {
     size_t count = 0, cap = 8;
     for (int attempt = 0; attempt < 4; attempt++) {
       gg_process_t *grown = realloc(*out, (*nout + cap) * sizeof **out);
-      if (!grown) return fprintf(stderr, "gpuguard: out of memory\n"), 1;
+      if (!grown) {
+        if (errs) fprintf(errs, "gpuguard: out of memory\n");
+        return 1;
+      }
       *out = grown;
       int rc = gg_process_list(dev, *out + *nout, cap, &count);
       if (rc < 0) {
         if (rc == GG_ENODEV) return *no_gpu = true, 1; /* neither NVML nor the driver: no GPU here */
-        fprintf(stderr, "gpuguard: device %d: %s\n", dev, gg_last_error());
+        if (errs) fprintf(errs, "gpuguard: device %d: %s\n", dev, gg_last_error());
         count = 0;
         break;
       }
       if (count <= cap) break;
       cap = count + 8; /* more appeared than there was room for: ask again */
     }
-    *nout += count < cap ? count : cap;
+    size_t got = count < cap ? count : cap, kept = 0;
+    for (size_t i = 0; i < got; i++) /* not this process: reading the devices opened their nodes */
+      if ((*out)[*nout + i].pid != (int)getpid()) (*out)[*nout + kept++] = (*out)[*nout + i];
+    *nout += kept;
   }
   return 0;
 }
@@ -132,7 +201,7 @@ static int gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu) {
 static int print_processes(FILE *f, bool all_users, bool *no_gpu) {
   gg_process_t *rows;
   size_t n;
-  if (gather_processes(&rows, &n, no_gpu) != 0) return free(rows), 1;
+  if (cli_gather_processes(&rows, &n, no_gpu, stderr) != 0) return free(rows), 1;
   bool tty = isatty(fileno(f));
   fprintf(f, "%-3s %8s %8s %-10s %12s %-5s %-10s %s\n", "GPU", "PID", "PPID", "USER", "GPU-MEMORY", "STATE",
           "CLASS", "COMMAND");
@@ -143,13 +212,15 @@ static int print_processes(FILE *f, bool all_users, bool *no_gpu) {
       hidden++;
       continue;
     }
-    char mem[32] = "?";
+    char mem[32] = "?", user[sizeof p->user * 4], cmd[sizeof p->command * 4];
     if (p->used_bytes >= 0) human((double)p->used_bytes, mem, sizeof mem);
+    cli_safe_text(p->user, user, sizeof user); /* another user's command line is not ours to print raw */
+    cli_safe_text(p->command, cmd, sizeof cmd);
     bool orphan = p->cls == GG_PROCESS_ORPHAN;
     orphans += orphan;
     fprintf(f, "%s%-3d %8d %8d %-10.10s %12s %-5c %-10s %s%s\n", orphan && tty ? "\033[1;31m" : "", p->device,
-            p->pid, p->ppid, p->user, mem, p->state, orphan ? "ORPHAN" : gg_process_class_name(p->cls),
-            p->command, orphan && tty ? "\033[0m" : "");
+            p->pid, p->ppid, user, mem, p->state >= 0x21 && p->state < 0x7f ? p->state : '?',
+            orphan ? "ORPHAN" : gg_process_class_name(p->cls), cmd, orphan && tty ? "\033[0m" : "");
     shown++;
   }
   free(rows);
@@ -159,6 +230,10 @@ static int print_processes(FILE *f, bool all_users, bool *no_gpu) {
   fputc('\n', f);
   return 0;
 }
+
+static const char no_gpu_text[] =
+    "gpuguard ps: no NVIDIA GPU on this machine (neither NVML nor the CUDA driver "
+    "loads); nothing holds GPU memory here\n";
 
 static int cmd_ps(int argc, char **argv) {
   static const struct option longs[] = {{"json", no_argument, 0, 'j'},
@@ -174,97 +249,22 @@ static int cmd_ps(int argc, char **argv) {
     else if (o == 'a')
       all = true;
     else
-      return bad_usage("unknown option '%s'", argv[optind - 1]);
+      return cli_opt_error(o, argv);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-  if (json) {
-    if (gg_report(stdout, GG_FORMAT_JSON, GG_REPORT_DEVICES | GG_REPORT_PROCESSES) < 0)
-      return fprintf(stderr, "gpuguard ps: %s\n", gg_last_error()), 1;
-    return 0;
-  }
   bool no_gpu = false;
-  int rc = print_processes(stdout, all, &no_gpu);
-  if (no_gpu)
-    fprintf(stderr, "gpuguard ps: no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads); "
-                    "nothing holds GPU memory here\n");
-  return rc;
-}
-
-/* ---- watch -------------------------------------------------------------------------------------------- */
-
-/* Writes the Prometheus report next to path and renames it over path, so a textfile collector never
- * reads half a file. */
-static int write_prom_file(const char *path) {
-  char tmp[4096];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
-    return fprintf(stderr, "gpuguard watch: --prom-file path too long\n"), 1;
-  FILE *f = fopen(tmp, "w");
-  if (!f) return fprintf(stderr, "gpuguard watch: cannot write %s: %s\n", tmp, strerror(errno)), 1;
-  int rc = gg_report(f, GG_FORMAT_PROMETHEUS, GG_REPORT_ALL);
-  if (fclose(f) != 0 && rc == 0) rc = -1;
-  if (rc < 0 || rename(tmp, path) != 0) {
-    fprintf(stderr, "gpuguard watch: writing %s failed: %s\n", path,
-            rc < 0 ? gg_last_error() : strerror(errno));
-    unlink(tmp);
-    return 1;
+  int rc;
+  if (json) {
+    size_t count;
+    int ndev = 0;
+    no_gpu = gg_device_count(&ndev) == 0 && ndev > 0 && gg_process_list(0, NULL, 0, &count) == GG_ENODEV;
+    rc = gg_report(stdout, GG_FORMAT_JSON, GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF) < 0;
+    if (rc) fprintf(stderr, "gpuguard ps: %s\n", gg_last_error());
+  } else {
+    rc = print_processes(stdout, all, &no_gpu);
   }
-  return 0;
-}
-
-static int cmd_watch(int argc, char **argv) {
-  static const struct option longs[] = {{"interval", required_argument, 0, 'i'},
-                                        {"prom-file", required_argument, 0, 'p'},
-                                        {"count", required_argument, 0, 'c'},
-                                        {"help", no_argument, 0, 'h'},
-                                        {0, 0, 0, 0}};
-  double interval = 2.0;
-  long count = -1;
-  const char *prom = NULL;
-  int o;
-  while ((o = next_opt(argc, argv, longs)) != -1) {
-    char *end = NULL;
-    if (o == 'h') return usage(stdout, current), 0;
-    if (o == 'i') {
-      errno = 0;
-      interval = strtod(optarg, &end);
-      if (errno || end == optarg || *end || !(interval >= 0.05 && interval <= 86400) || !isfinite(interval))
-        return bad_usage("--interval '%s': seconds between 0.05 and 86400 expected", optarg);
-    } else if (o == 'c') {
-      errno = 0;
-      count = strtol(optarg, &end, 10);
-      if (errno || end == optarg || *end || count < 1)
-        return bad_usage("--count '%s': a positive integer expected", optarg);
-    } else if (o == 'p') {
-      if (!*optarg) return bad_usage("%s", "--prom-file needs a path");
-      prom = optarg;
-    } else {
-      return bad_usage("unknown option '%s'", argv[optind - 1]);
-    }
-  }
-  if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-  bool tty = isatty(STDOUT_FILENO) && !prom;
-  for (long i = 0; count < 0 || i < count; i++) {
-    if (i) {
-      struct timespec ts = {(time_t)interval, (long)((interval - (double)(time_t)interval) * 1e9)};
-      while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-      }
-    }
-    if (prom) {
-      if (write_prom_file(prom) != 0) return 1;
-      continue;
-    }
-    if (tty) fputs("\033[H\033[2J", stdout); /* refresh in place */
-    time_t now = time(NULL);
-    char stamp[64];
-    strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", localtime(&now));
-    printf("gpuguard watch — %s (every %.2g s)\n", stamp, interval);
-    if (print_devices(stdout) != 0) return 1;
-    bool no_gpu;
-    print_processes(stdout, false, &no_gpu);
-    if (no_gpu) puts("(no NVIDIA GPU: no processes to show)");
-    fflush(stdout);
-  }
-  return 0;
+  if (no_gpu) fputs(no_gpu_text, stderr);
+  return no_gpu ? EXIT_NO_GPU : rc ? 1 : 0;
 }
 
 /* ---- run ---------------------------------------------------------------------------------------------- */
@@ -307,6 +307,8 @@ static bool free_after(int device, size_t before, double limit_ms, size_t *after
 typedef struct run_opts {
   long grace, device;
   const char *receipt_path;
+  int receipt_fd;       /* opened before the job starts, so an unwritable path is said at once */
+  bool receipt_created; /* removed again when the job cannot start */
   char **cmd;
 } run_opts_t;
 
@@ -327,10 +329,62 @@ typedef struct run_env {
   double waited_ms;
 } run_env_t;
 
-static int write_receipt(const char *path, char **cmd, const job_result_t *r, const gg_proc_receipt_t *rc,
+/* The receipt's file, opened (not yet emptied) before the job starts. Returns -1 to go on, else the exit
+ * status. */
+static int open_receipt(run_opts_t *o) {
+  o->receipt_fd = -1;
+  if (!o->receipt_path || strcmp(o->receipt_path, "-") == 0) return -1;
+  int fd = open(o->receipt_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0644);
+  o->receipt_created = fd >= 0;
+  if (fd < 0 && errno == EEXIST) fd = open(o->receipt_path, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+  struct stat st;
+  if (fd >= 0 && fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) close(fd), fd = -1, errno = EINVAL;
+  if (fd < 0) {
+    char why[4200];
+    snprintf(why, sizeof why, "--receipt %s: cannot be written (%s); the job was not started",
+             o->receipt_path, errno == EINVAL ? "not a regular file" : strerror(errno));
+    return bad_usage("%s", why);
+  }
+  o->receipt_fd = fd;
+  return -1;
+}
+
+static void discard_receipt(run_opts_t *o) {
+  if (o->receipt_fd < 0) return;
+  close(o->receipt_fd), o->receipt_fd = -1;
+  if (o->receipt_created) unlink(o->receipt_path);
+}
+
+/* The receipt's entry for CMD itself: the runner reaped CMD, so the teardown found it gone and knew
+ * neither its command, its parent nor its status. What the runner knows is the truth. */
+static void fix_job_entry(gg_proc_receipt_t *receipt, const run_opts_t *o, const job_result_t *r) {
+  for (size_t i = 0; receipt && i < receipt->count; i++) {
+    gg_proc_outcome_t *p = &receipt->procs[i];
+    if (p->pid != r->pid) continue;
+    if (!p->command[0]) {
+      size_t w = 0;
+      for (int k = 0; o->cmd[k] && w + 1 < sizeof p->command; k++)
+        w += (size_t)snprintf(p->command + w, sizeof p->command - w, "%s%s", k ? " " : "", o->cmd[k]);
+    }
+    if (!p->ppid) p->ppid = getpid();
+    if (r->reaped && p->end != GG_PROC_ALIVE) {
+      p->end = WIFEXITED(r->status) ? GG_PROC_EXITED : GG_PROC_SIGNALED;
+      p->code = WIFEXITED(r->status) ? WEXITSTATUS(r->status) : WTERMSIG(r->status);
+    }
+  }
+}
+
+static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_receipt_t *rc,
                          const run_env_t *env) {
-  FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
-  if (!f) return fprintf(stderr, "gpuguard run: cannot write the receipt %s: %s\n", path, strerror(errno)), 1;
+  const char *path = o->receipt_path;
+  char **cmd = o->cmd;
+  FILE *f = stdout;
+  if (o->receipt_fd >= 0) {
+    f = ftruncate(o->receipt_fd, 0) == 0 ? fdopen(o->receipt_fd, "w") : NULL;
+    if (!f)
+      return fprintf(stderr, "gpuguard run: cannot write the receipt %s: %s\n", path, strerror(errno)), 1;
+    o->receipt_fd = -1; /* the stream owns it now */
+  }
   fputs("{\"command\":[", f);
   for (int i = 0; cmd[i]; i++) fputs(i ? "," : "", f), gg_json_write_string(f, cmd[i]);
   fprintf(f, "],\"pid\":%d,\"session\":", (int)r->pid);
@@ -372,7 +426,7 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
                                         {"device", required_argument, 0, 'd'},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
-  *o = (run_opts_t){.grace = 2000};
+  *o = (run_opts_t){.grace = 2000, .receipt_fd = -1};
   int opt;
   while ((opt = next_opt(argc, argv, longs)) != -1) {
     if (opt == 'h') return usage(stdout, current), 0;
@@ -388,12 +442,19 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       if (!*optarg) return bad_usage("%s", "--receipt needs a path (or - for stdout)");
       o->receipt_path = optarg;
     } else {
-      return bad_usage("unknown option '%s'", argv[optind - 1]);
+      return cli_opt_error(opt, argv);
     }
   }
   if (optind >= argc) return bad_usage("%s", "no command given (gpuguard run [OPTIONS] -- CMD ARGS...)");
   o->cmd = argv + optind;
-  return -1;
+  int ndev = 0;
+  if (gg_device_count(&ndev) == 0 && o->device >= ndev) {
+    char why[160];
+    snprintf(why, sizeof why, "--device %ld: no such device (this machine has %d, numbered from 0)",
+             o->device, ndev);
+    return bad_usage("%s", why);
+  }
+  return open_receipt(o);
 }
 
 /* Phase 2: every signal whose default action would end the runner (and leave the job running) is
@@ -455,11 +516,18 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r) {
         if (p == r->pid) r->status = st, r->reaped = true;
       continue;
     }
-    if (r->runner_sig) break; /* a second signal: tear down now */
+    if (r->runner_sig) { /* a second signal: tear down now */
+      fprintf(stderr, "gpuguard run: %s again: ending the job now\n", strsignal(sig));
+      return deadline;
+    }
     r->runner_sig = sig;
     if (si.si_code != SI_KERNEL) kill(r->pid, sig);
     deadline = now_ms() + (double)grace;
+    fprintf(stderr, "gpuguard run: got %s; the job has %ld ms to end (grace period)\n", strsignal(sig),
+            grace);
   }
+  if (!r->reaped && deadline >= 0)
+    fprintf(stderr, "gpuguard run: grace period over; what is left of the job gets SIGKILL\n");
   return deadline;
 }
 
@@ -471,6 +539,18 @@ static int run_teardown(long grace, double deadline, gg_proc_receipt_t **receipt
   if (deadline >= 0)
     left = (long)(deadline - now_ms()), left = left < 100 ? 100 : left > grace ? grace : left;
   int trc = gg_proc_teardown_ex(NULL, (int)left, receipt);
+  size_t termed = 0, killed = 0;
+  for (size_t i = 0; *receipt && i < (*receipt)->count; i++) {
+    termed += ((*receipt)->procs[i].sent & GG_PROC_SENT_TERM) != 0;
+    killed += ((*receipt)->procs[i].sent & GG_PROC_SENT_KILL) != 0;
+  }
+  if (termed && deadline < 0) /* after a signal, the grace period was announced already */
+    fprintf(stderr,
+            "gpuguard run: %zu process%s of the job left running got SIGTERM and a grace period of %ld ms\n",
+            termed, termed == 1 ? "" : "es", left);
+  if (killed)
+    fprintf(stderr, "gpuguard run: SIGKILL sent to %zu process%s still running after the grace period\n",
+            killed, killed == 1 ? "" : "es");
   for (int round = 0; round < 3; round++) {
     gg_proc_receipt_t *more = NULL;
     gg_proc_teardown_ex(NULL, 0, &more);
@@ -523,17 +603,18 @@ static int cmd_run(int argc, char **argv) {
   run_take_signals(&set);
   run_env_t env = {0};
   job_result_t r = {0};
-  if ((rc = run_start(&o, &env, &r)) >= 0) return rc;
+  if ((rc = run_start(&o, &env, &r)) >= 0) return discard_receipt(&o), rc;
   double deadline = run_wait(&set, o.grace, &r);
   gg_proc_receipt_t *receipt = NULL;
   int trc = run_teardown(o.grace, deadline, &receipt);
   run_conclude(&r, receipt);
+  fix_job_entry(receipt, &o, &r);
   if (env.have_dev && !free_after((int)o.device, env.dev.free_bytes, 3000, &env.free_after, &env.waited_ms))
     env.have_dev = false;
   gg_registry_unregister();
   run_summary(&o, &r, receipt, &env);
   if (trc != 0) fprintf(stderr, "gpuguard run: teardown: %s\n", gg_last_error());
-  int wrc = o.receipt_path ? write_receipt(o.receipt_path, o.cmd, &r, receipt, &env) : 0;
+  int wrc = o.receipt_path ? write_receipt(&o, &r, receipt, &env) : 0;
   gg_proc_receipt_free(receipt);
   return wrc ? wrc : r.exit_code;
 }
@@ -558,7 +639,7 @@ static int cmd_reap(int argc, char **argv) {
     else if (o == 'g') {
       if (!parse_grace(optarg, &grace)) return EXIT_USAGE;
     } else
-      return bad_usage("unknown option '%s'", argv[optind - 1]);
+      return cli_opt_error(o, argv);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
   if (dry && yes) return bad_usage("%s", "--dry-run and --yes are exclusive");
@@ -604,6 +685,45 @@ static int cmd_reap(int argc, char **argv) {
   return rc == 0 ? 0 : 1;
 }
 
+/* ---- plot -------------------------------------------------------------------------------------------- */
+
+/* The chart is drawn by the Python package (gpuguard.plot): one renderer for timelines recorded by
+ * gpuguard.record() and by `watch --record`. Says clearly what is missing when Python or the package is. */
+static int cmd_plot(int argc, char **argv) {
+  if (argc < 2) return bad_usage("%s", "no timeline given (gpuguard plot FILE -o memory.html)");
+  for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(stdout, current), 0;
+  /* The package loads the C library: the one this command runs on, unless the caller chose another. */
+  Dl_info info;
+  const char *(*fn)(void) = gg_version;
+  void *addr;
+  memcpy(&addr, &fn, sizeof addr); /* ISO C's way from a function pointer to an address */
+  if (!getenv("GPUGUARD_LIBRARY") && dladdr(addr, &info) && info.dli_fname)
+    setenv("GPUGUARD_LIBRARY", info.dli_fname, 1);
+  static const char boot[] =
+      "import sys\n"
+      "try:\n"
+      "    from gpuguard.plot import main\n"
+      "except ImportError as e:\n"
+      "    sys.stderr.write('gpuguard plot: the Python package gpuguard draws the chart and cannot be '\n"
+      "                     'imported (%s); install it (pip install ./bindings/python) or set PYTHONPATH\\n' "
+      "% e)\n"
+      "    sys.exit(1)\n"
+      "sys.exit(main(sys.argv[1:]))\n";
+  char **args = calloc((size_t)argc + 3, sizeof *args);
+  if (!args) return fprintf(stderr, "gpuguard plot: out of memory\n"), 1;
+  args[0] = "python3", args[1] = "-c", args[2] = (char *)boot;
+  for (int i = 1; i < argc; i++) args[i + 2] = argv[i];
+  fflush(NULL);
+  execvp("python3", args);
+  int err = errno;
+  free(args);
+  fprintf(stderr,
+          "gpuguard plot: cannot run python3 (%s): the chart is drawn by the Python package gpuguard\n",
+          strerror(err));
+  return err == ENOENT ? 127 : 126;
+}
+
 /* ---- dispatch ----------------------------------------------------------------------------------------- */
 
 static const command_t commands[] = {
@@ -612,7 +732,10 @@ static const command_t commands[] = {
      "  --all-users   include processes of other users (hidden by default)\n"
      "  -h, --help    this help\n"
      "Classes: guarded (in a live gpuguard session), orphan (its session leader or parent is gone),\n"
-     "fd-holder (holds /dev/nvidia* but no context), foreign (another user), unknown.\n"},
+     "fd-holder (holds /dev/nvidia* but no context), foreign (another user), unknown. gpuguard itself\n"
+     "is never listed. Control characters in commands are shown as \\xHH.\n"
+     "Exit status (the same with --json): 0 listed (also when nothing holds a GPU), 1 the list could not\n"
+     "be read, 2 usage error, 3 no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads).\n"},
     {"run", "[--grace MS] [--receipt PATH] [--device N] -- CMD ARGS...",
      "Runs CMD as a guarded job; when it ends or the runner is signalled, nothing of it is left.", cmd_run,
      "  --grace MS      how long the job has to end after SIGTERM before SIGKILL (default 2000,\n"
@@ -637,12 +760,30 @@ static const command_t commands[] = {
      "  --json        as JSON\n"
      "  --prom        as Prometheus text exposition (format 0.0.4)\n"
      "  -h, --help    this help\n"},
-    {"watch", "[--interval S] [--prom-file PATH] [--count N]",
-     "Refreshes devices and processes in place; or writes Prometheus text for node_exporter.", cmd_watch,
-     "  --interval S      seconds between refreshes (default 2)\n"
-     "  --prom-file PATH  write Prometheus text to PATH atomically (node_exporter textfile collector)\n"
-     "  --count N         stop after N refreshes\n"
-     "  -h, --help        this help\n"},
+    {"plot", "FILE [-o OUT.html] [--x time|step] [--title TEXT]",
+     "Draws a memory timeline (watch --record, gpuguard.record()) as one self-contained HTML file.", cmd_plot,
+     "  -o, --output OUT  the HTML file to write (default memory.html)\n"
+     "  --x time|step     horizontal axis (default time)\n"
+     "  --title TEXT      the page's title\n"
+     "  -h, --help        this help\n"
+     "Runs python3 -m gpuguard.plot (the Python package must be importable; GPUGUARD_LIBRARY is set to\n"
+     "this command's library unless it is set already).\n"},
+    {"watch",
+     "[--interval S] [--count N] [--no-color] [--record FILE] | [--prom-file PATH] [--listen ADDR:PORT]",
+     "A live view of devices, processes and gpuguard sessions; or a Prometheus exporter.", cmd_watch,
+     "  --interval S        seconds between refreshes (default 2)\n"
+     "  --count N           stop after N refreshes (with --listen alone: after N scrapes)\n"
+     "  --no-color          no colours (also when NO_COLOR is set, or the output is not a terminal)\n"
+     "  --record FILE       append a sample of each device's used memory to FILE every interval, as\n"
+     "                      JSON lines that `gpuguard plot FILE` draws\n"
+     "  --prom-file PATH    write Prometheus text to PATH every interval, atomically (node_exporter's\n"
+     "                      textfile collector)\n"
+     "  --listen ADDR:PORT  serve Prometheus text at http://ADDR:PORT/metrics (e.g. :9400, 127.0.0.1:9400,\n"
+     "                      [::1]:9400; port 0 picks a free one, printed on stderr)\n"
+     "  -h, --help          this help\n"
+     "On a terminal the view fits the width and redraws in place: q quits, any other key refreshes.\n"
+     "Per GPU: utilisation, memory utilisation, temperature and power (from NVML), memory used/total.\n"
+     "Series carry gpu and UUID labels as NVIDIA's DCGM exporter's do. SIGTERM/SIGINT end it (status 0).\n"},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

@@ -148,7 +148,10 @@ typedef struct gg_proc_outcome {
   pid_t ppid;                    /**< its parent when teardown began */
   unsigned long long start_time; /**< start time, clock ticks after boot (with pid, its identity) */
   char command[256];             /**< command line, arguments separated by spaces (truncated) */
-  const char *found;             /**< "tracked", "descendant", "group" or "orphan" (static string) */
+  const char *found;             /**< how teardown found it (static string): "tracked" (spawned or adopted),
+                                      "descendant" (a child of one found), "group" (in the process group
+                                      of one found), "reparented" (handed to this subreaper when its
+                                      parent died; not what `gpuguard ps` calls an orphan) */
   unsigned sent;                 /**< GG_PROC_SENT_* flags */
   gg_proc_end_t end;             /**< how it ended */
   int code;                      /**< exit status or signal number, per `end`; 0 otherwise */

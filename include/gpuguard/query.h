@@ -50,6 +50,17 @@ typedef struct gg_process {
   char command[256];             /**< command line, arguments separated by spaces (cut to fit) */
 } gg_process_t;
 
+/** Utilisation, temperature and power of one device, as gg_device_telemetry() reports them (NVML's
+ *  readings, as nvidia-smi shows them). A reading the device does not offer is -1. */
+typedef struct gg_device_telemetry {
+  int index;                /**< the device ordinal asked for */
+  int utilization_gpu;      /**< percent of the last sample period in which a kernel ran; -1 unknown */
+  int utilization_memory;   /**< percent of that period in which device memory was read or written */
+  int temperature_c;        /**< GPU core temperature, degrees Celsius; -1 unknown */
+  double power_watts;       /**< power draw now, watts; -1 unknown */
+  double power_limit_watts; /**< the enforced power limit, watts; -1 unknown */
+} gg_device_telemetry_t;
+
 GG_BEGIN_DECLS
 
 /** The name of a process class: "unknown", "guarded", "orphan", "fd-holder", "foreign". Never NULL. */
@@ -68,6 +79,16 @@ GG_API int gg_device_count(int *count);
  *  @return 0; GG_EINVAL for NULL; GG_ENODEV for a device that does not exist or no driver;
  *  GG_EDRIVER when the driver fails (gg_last_error() names the call). Thread-safe. */
 GG_API int gg_device_info(int device, gg_device_info_t *info);
+
+/** Reads utilisation, temperature and power of device @p device from NVML (loaded for the call, shut
+ *  down after it; GPUGUARD_NVML_LIBRARY names another file). The device is found by its UUID when the
+ *  CUDA driver is there, else by NVML's index, as gg_process_list() does. Creates no CUDA context.
+ *  @param device the device ordinal.
+ *  @param[out] t filled on success; on GG_ENOTSUP every reading is -1.
+ *  @return 0; GG_EINVAL for NULL; GG_ENODEV for a negative ordinal or one NVML does not know;
+ *  GG_ENOTSUP when NVML cannot be loaded (no NVIDIA driver: the host backend has no such readings).
+ *  Thread-safe. */
+GG_API int gg_device_telemetry(int device, gg_device_telemetry_t *t);
 
 /** Lists the processes holding device @p device: from NVML (libnvidia-ml.so.1, loaded for the call and
  *  shut down after it; GPUGUARD_NVML_LIBRARY names another file), with the memory each holds; where

@@ -8,8 +8,11 @@
 
 /** @defgroup gg_report Reports
  *  The query results rendered for machines: JSON (one object), or the Prometheus text exposition
- *  format 0.0.4 with metric names `gpuguard_*` carrying their unit, e.g.
- *  `gpuguard_device_memory_used_bytes{device="0"}`.
+ *  format 0.0.4 with metric names `gpuguard_*` carrying their unit, every series labelled with the
+ *  device's index and UUID as NVIDIA's DCGM exporter labels them, e.g.
+ *  `gpuguard_device_memory_used_bytes{gpu="0",UUID="GPU-..."}`. Families without a sample are left out.
+ *  Label values are valid UTF-8: control characters and bytes that are not well-formed UTF-8 become
+ *  U+FFFD.
  *  @{ */
 
 /** Report devices: name, UUID, memory total/free/used. */
@@ -20,6 +23,9 @@
 #define GG_REPORT_ARENAS 0x4u
 /** Everything above. */
 #define GG_REPORT_ALL 0x7u
+/** A modifier: leave the calling process out of the process list (a monitoring tool's own device
+ *  descriptors are not worth a row). */
+#define GG_REPORT_NOT_SELF 0x8u
 
 /** Output formats of gg_report(). */
 typedef enum gg_format {
