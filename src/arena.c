@@ -229,11 +229,7 @@ static int gg__release_device(gg_arena_t *a) {
   /* Live blocks may still be in use by queued work: wait for the stream before unmapping. */
   if (a->track && a->mapped) GG_KEEP_FIRST(rc, a->ops->stream_sync(a->dev, a->stream));
   GG_KEEP_FIRST(rc, gg__arena_events_destroy(a));
-  for (size_t i = 0; i < a->n_chunks; i++) {
-    GG_KEEP_FIRST(rc, a->ops->unmap(a->dev, a->chunks[i]));
-    free(a->chunks[i]);
-  }
-  a->n_chunks = 0, a->mapped = 0;
+  GG_KEEP_FIRST(rc, gg__arena_unmap_all(a));
   GG_KEEP_FIRST(rc, a->ops->va_release(a->dev, a->base, a->capacity));
   /* A chunk whose unmap failed stays mapped until the process ends (the driver frees everything then;
    * cuMemCreate memory does not go with the context). The error is returned to the caller. */

@@ -214,5 +214,7 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
 bool gg__arena_trim_before_growth(const gg_arena_t *a, size_t n);
 /* Unmaps wholly free chunks, highest first, while more than keep bytes stay mapped. */
 int gg__arena_trim_locked(gg_arena_t *a, size_t keep);
+/* Unmaps every chunk (destroy, teardown) and frees the records; the first error (every chunk is tried). */
+int gg__arena_unmap_all(gg_arena_t *a);
 
 #endif
