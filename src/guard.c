@@ -517,7 +517,8 @@ static void gg__report_add(gg__report_t *r, const gg__entry_t *e) {
   e->ops->foreach_block(e->user, gg__visit_block, o);
   gg__err_restore(&saved);
   for (size_t k = 0; k < o->n_tags; k++)
-    qsort(o->tags[k].sites, o->tags[k].n_sites, sizeof *o->tags[k].sites, gg__site_row_cmp);
+    if (o->tags[k].n_sites > 1) /* none: sites is NULL, which qsort must not be given */
+      qsort(o->tags[k].sites, o->tags[k].n_sites, sizeof *o->tags[k].sites, gg__site_row_cmp);
   if (o->count == 0) {
     free(o->tags);
     return; /* nothing leaked: not listed */
