@@ -47,9 +47,9 @@ typedef struct gg_arena gg_arena_t;
  *  (@ref gg_block_info::frames) and a guard's leak report prints the top sites under each tag of the
  *  surviving blocks, with function names where the program exports them (link with `-rdynamic` for
  *  an executable's own functions). Names are looked up only when a report is printed. For finding
- *  leaks: an allocation costs a backtrace (about a microsecond, see docs/arena.md) and the allocation
- *  path takes the arena's lock. The environment variable GPUGUARD_BACKTRACE=1 (read when an arena is
- *  created) turns it on for every arena; it cannot turn off the flag given here. */
+ *  leaks: each allocation unwinds the stack (roughly 1 µs per frame with glibc's backtrace(), see
+ *  docs/arena.md) and takes the arena's lock. The environment variable GPUGUARD_BACKTRACE=1 (read
+ *  when an arena is created) turns it on for every arena; it cannot turn off the flag given here. */
 #define GG_ARENA_BACKTRACE 0x4u
 
 /** Options for gg_arena_create(). Fill with gg_arena_options_init() first; new fields are only ever
