@@ -2,6 +2,7 @@
  * backtrace per allocation, interned (one copy per distinct site), found by the block's address. Return
  * addresses only are kept; they are turned into names only when a report prints them. */
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,10 @@
 
 /* Frames of the library's own above the caller's return address: the capture looks this far for it. */
 #define GG__SITE_OWN_FRAMES 6
+
+/* How many of them there are (the same for every allocating entry point), learnt on the first capture:
+ * later ones unwind only that many more than they keep, at about 1 us a frame. -1: not known yet. */
+static _Atomic int gg__own_frames = -1;
 
 struct gg__sites {
   gg__site_t **set; /* interned sites, open addressing by hash */
@@ -140,9 +145,11 @@ void gg__site_note(gg_arena_t *a, uintptr_t p, void *caller) {
   void *pc[GG__SITE_FRAMES + GG__SITE_OWN_FRAMES];
   int n = 0, from = -1;
 #ifdef GG__HAVE_BACKTRACE
-  n = backtrace(pc, (int)(sizeof pc / sizeof pc[0]));
+  int own = atomic_load_explicit(&gg__own_frames, memory_order_relaxed);
+  n = backtrace(pc, own < 0 ? (int)(sizeof pc / sizeof pc[0]) : own + GG__SITE_FRAMES);
   for (int i = 0; i < n && i <= GG__SITE_OWN_FRAMES && from < 0; i++)
     if (pc[i] == caller) from = i;
+  if (own < 0 && from >= 0) atomic_store_explicit(&gg__own_frames, from, memory_order_relaxed);
 #endif
   if (from < 0) pc[0] = caller, n = 1, from = 0; /* no unwinder, or the caller was not found: one frame */
   n -= from;
