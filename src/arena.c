@@ -195,9 +195,13 @@ int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
   gg_arena_options_t o;
   gg_arena_options_init(&o);
   if (opts) o = *opts;
-  if (o.flags & ~(GG_ARENA_NO_STREAM | GG_ARENA_TRIM_ON_SCOPE_EXIT))
+  if (o.flags & ~(GG_ARENA_NO_STREAM | GG_ARENA_TRIM_ON_SCOPE_EXIT | GG_ARENA_BACKTRACE))
     return gg__err(GG_EINVAL, "gg_arena_create: unknown flags %#x", o.flags);
   if (o.device < 0) return gg__err(GG_EINVAL, "gg_arena_create: device %d is negative", o.device);
+  const char *bt = gg__env("GPUGUARD_BACKTRACE"); /* turns sites on for every arena; never off */
+  bool bt_on = false;
+  if (bt && gg__parse_bool("GPUGUARD_BACKTRACE", bt, &bt_on) < 0) return GG_EINVAL;
+  if (bt_on) o.flags |= GG_ARENA_BACKTRACE;
   gg_arena_t *a = calloc(1, sizeof *a);
   if (a) a->frames = calloc(16, sizeof *a->frames);
   if (!a || !a->frames) {
@@ -206,7 +210,9 @@ int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
   }
   a->frames_cap = 16, a->n_frames = 1;
   int rc = gg__arena_open(a, &o);
+  if (rc == 0 && (o.flags & GG_ARENA_BACKTRACE)) rc = gg__sites_create(a);
   if (rc < 0) {
+    if (a->dev && a->base) a->ops->va_release(a->dev, a->base, a->capacity);
     gg__dev_close(a->dev);
     free(a->frames), free(a);
     return rc;
@@ -229,11 +235,7 @@ static int gg__release_device(gg_arena_t *a) {
   /* Live blocks may still be in use by queued work: wait for the stream before unmapping. */
   if (a->track && a->mapped) GG_KEEP_FIRST(rc, a->ops->stream_sync(a->dev, a->stream));
   GG_KEEP_FIRST(rc, gg__arena_events_destroy(a));
-  for (size_t i = 0; i < a->n_chunks; i++) {
-    GG_KEEP_FIRST(rc, a->ops->unmap(a->dev, a->chunks[i]));
-    free(a->chunks[i]);
-  }
-  a->n_chunks = 0, a->mapped = 0;
+  GG_KEEP_FIRST(rc, gg__arena_unmap_all(a));
   GG_KEEP_FIRST(rc, a->ops->va_release(a->dev, a->base, a->capacity));
   /* A chunk whose unmap failed stays mapped until the process ends (the driver frees everything then;
    * cuMemCreate memory does not go with the context). The error is returned to the caller. */
@@ -276,6 +278,7 @@ static const gg__attach_ops_t gg__arena_attach_ops = {"arena", gg__arena_guard_t
 /* Frees the host side of an arena (not the handle). Lock held. */
 static void gg__arena_free_metadata(gg_arena_t *a) {
   gg__arena_tags_free(a);
+  gg__sites_free(a);
   free(a->chunks), free(a->spare_events), free(a->closed), free(a->bump), free(a->runs), free(a->frames);
   gg__freelist_free(&a->freelist);
   gg__addr_map_free(&a->used);
@@ -344,11 +347,15 @@ int gg_arena_foreach_block(gg_arena_t *a, gg_block_visitor_t visit, void *user) 
   } else {
     for (size_t i = 0; i < a->used.cap; i++) {
       const gg__block_t *b = a->used.slots[i].val;
-      if (b) v[n++] = (gg_block_info_t){(void *)b->addr, b->req, b->tag, b->depth};
+      if (b) v[n++] = (gg_block_info_t){(void *)b->addr, b->req, b->tag, b->depth, 0, NULL};
     }
     for (size_t i = 0; i < a->bump_count; i++) {
       const gg__bump_entry_t *e = &a->bump[i];
-      if (e->live) v[n++] = (gg_block_info_t){(void *)e->ptr, e->req, e->tag, e->depth};
+      if (e->live) v[n++] = (gg_block_info_t){(void *)e->ptr, e->req, e->tag, e->depth, 0, NULL};
+    }
+    for (size_t i = 0; a->sites && i < n; i++) {
+      const gg__site_t *site = gg__site_of(a, (uintptr_t)v[i].ptr);
+      if (site) v[i].n_frames = site->n, v[i].frames = site->pc;
     }
     qsort(v, n, sizeof *v, gg__info_cmp);
     for (size_t i = 0; i < n && !visit(&v[i], user); i++) continue;

@@ -197,9 +197,8 @@ static int gg__climb(gg_arena_t *a, gg__request_t *q) {
 
 /* ---- public calls -------------------------------------------------------------------------------- */
 
-int gg_alloc(gg_arena_t *arena, size_t size, void **ptr) { return gg_alloc_ex(arena, size, 0, NULL, ptr); }
-
-int gg_alloc_ex(gg_arena_t *a, size_t size, size_t align, const char *tag, void **ptr) {
+/* caller: the return address of the public call, where a recorded site starts (GG_ARENA_BACKTRACE). */
+static int gg__alloc(gg_arena_t *a, size_t size, size_t align, const char *tag, void **ptr, void *caller) {
   int rc = gg__arena_valid(a, "gg_alloc");
   if (rc < 0) return rc;
   if (!ptr) return gg__err(GG_EINVAL, "gg_alloc: ptr (the out-pointer) is NULL");
@@ -215,11 +214,21 @@ int gg_alloc_ex(gg_arena_t *a, size_t size, size_t align, const char *tag, void 
   if ((rc = gg__arena_lock_counted(a, "gg_alloc")) < 0) return rc;
   if (q.size > a->capacity)
     rc = gg__step_out_of_memory(a, &q, "the request exceeds the capacity");
-  else if ((rc = gg__intern(a, tag, &q.tag)) == 0 && (rc = gg__climb(a, &q)) > 0)
+  else if ((rc = gg__intern(a, tag, &q.tag)) == 0 && (rc = gg__climb(a, &q)) > 0) {
     gg__arena_count_alloc(a, q.size), rc = 0;
+    if (GG__UNLIKELY(gg__arena_records_sites(a))) gg__site_note(a, q.ptr, caller);
+  }
   gg__arena_leave(a);
   if (rc == 0) *ptr = (void *)q.ptr;
   return rc;
+}
+
+int gg_alloc(gg_arena_t *arena, size_t size, void **ptr) {
+  return gg__alloc(arena, size, 0, NULL, ptr, __builtin_return_address(0));
+}
+
+int gg_alloc_ex(gg_arena_t *a, size_t size, size_t align, const char *tag, void **ptr) {
+  return gg__alloc(a, size, align, tag, ptr, __builtin_return_address(0));
 }
 
 /* ---- free ---------------------------------------------------------------------------------------- */
@@ -336,7 +345,7 @@ int gg__arena_wait_stream(gg_arena_t *a, void *stream) {
 
 int gg__arena_alloc_on(gg_arena_t *a, size_t size, void *stream, void **ptr, int *synced) {
   *synced = 0;
-  int rc = gg_alloc_ex(a, size, 0, "torch", ptr);
+  int rc = gg__alloc(a, size, 0, "torch", ptr, __builtin_return_address(0));
   if (rc < 0 || !a->track || gg__norm_stream(stream) == a->stream) return rc;
   /* For another stream: what the arena's stream still runs may touch a block released onto it. */
   if ((rc = gg__arena_enter(a, "gg_torch_alloc")) == 0) {

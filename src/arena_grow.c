@@ -188,25 +188,32 @@ static int gg__addr_desc(const void *x, const void *y) {
 }
 
 /* Unmaps the chunks that free block fb covers wholly, highest first, while more than keep bytes stay
- * mapped; what is left of fb goes back as free blocks. Adds the bytes unmapped to *returned. */
-static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, size_t *returned) {
+ * mapped: each run of adjacent chunks that may go in one backend call (one driver call where the driver
+ * takes a range). Their records stay in a->chunks, marked in gone[], until the trim ends, so the array
+ * is compacted once rather than once per chunk. What is left of fb goes back as free blocks. Adds the
+ * bytes unmapped to *returned. */
+static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool *gone, size_t *returned) {
   int rc = 0;
   uintptr_t lo = fb->addr, hi = fb->addr + fb->size;
   void *seg = fb->seg;
-  size_t i0 = gg__chunk_index(a, lo), i1 = i0;
-  while (i1 < a->n_chunks && a->chunks[i1]->ptr + a->chunks[i1]->size <= hi) i1++;
+  size_t i0 = gg__chunk_index(a, lo), j = i0;
+  while (j < a->n_chunks && a->chunks[j]->ptr + a->chunks[j]->size <= hi) j++;
   bool taken = false;
-  for (size_t j = i1; j-- > i0;) {
-    gg__chunk_t *c = a->chunks[j];
-    if (a->mapped - c->size < keep) continue;
+  while (rc == 0) {
+    while (j > i0 && a->mapped - a->chunks[j - 1]->size < keep) j--; /* stays: keep would not be met */
+    size_t top = j, m = a->mapped;
+    while (j > i0 && m - a->chunks[j - 1]->size >= keep) m -= a->chunks[--j]->size;
+    if (j == top) break;
     if (!taken) gg__freelist_remove(&a->freelist, fb), taken = true;
-    if ((rc = a->ops->unmap(a->dev, c)) < 0) break;
-    if (c->ptr + c->size < hi)
-      gg__freelist_put_plain(&a->freelist, c->ptr + c->size, hi - (c->ptr + c->size), seg);
-    hi = c->ptr;
-    memmove(a->chunks + j, a->chunks + j + 1, (a->n_chunks - j - 1) * sizeof *a->chunks);
-    a->n_chunks--, a->mapped -= c->size, *returned += c->size;
-    free(c);
+    size_t done = 0;
+    rc = a->ops->unmap_run(a->dev, a->chunks + j, top - j, &done);
+    if (!done) break;
+    const gg__chunk_t *t = a->chunks[top - 1];
+    if (t->ptr + t->size < hi)
+      gg__freelist_put_plain(&a->freelist, t->ptr + t->size, hi - (t->ptr + t->size), seg);
+    hi = a->chunks[top - done]->ptr;
+    for (size_t k = top - done; k < top; k++)
+      gone[k] = true, a->mapped -= a->chunks[k]->size, *returned += a->chunks[k]->size;
   }
   if (taken) {
     if (hi > lo) gg__freelist_put_plain(&a->freelist, lo, hi - lo, seg);
@@ -229,18 +236,44 @@ int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
   a->ordered_released = false;
   size_t nf = a->freelist.count + 1;
   gg__block_t **fs = malloc(nf * sizeof *fs);
-  if (!fs || (rc = gg__freelist_reserve(&a->freelist, a->n_chunks + nf + 2)) < 0) {
-    free(fs);
+  bool *gone = calloc(a->n_chunks, sizeof *gone);
+  if (!fs || !gone || (rc = gg__freelist_reserve(&a->freelist, a->n_chunks + nf + 2)) < 0) {
+    free(fs), free(gone);
     return rc < 0 ? rc : gg__err(GG_ENOMEM, "gg_arena_trim: out of host memory");
   }
   gg__freelist_drop_top(&a->freelist);
   nf = gg__freelist_list(&a->freelist, fs, nf);
   qsort(fs, nf, sizeof *fs, gg__addr_desc);
   size_t returned = 0;
-  for (size_t k = 0; k < nf && rc == 0; k++) rc = gg__trim_block(a, fs[k], keep, &returned);
-  free(fs);
+  for (size_t k = 0; k < nf && rc == 0; k++) rc = gg__trim_block(a, fs[k], keep, gone, &returned);
+  size_t w = 0;
+  for (size_t r = 0; r < a->n_chunks; r++) {
+    if (gone[r])
+      free(a->chunks[r]);
+    else
+      a->chunks[w++] = a->chunks[r];
+  }
+  a->n_chunks = w;
+  free(fs), free(gone);
   if (returned) a->n_trims++, a->bytes_trimmed += returned;
   gg__arena_promote(a);
+  return rc;
+}
+
+/* Destroy and teardown: every chunk, in runs of adjacent chunks; a run that fails is finished chunk by
+ * chunk, so one failure does not keep the rest mapped. The first error is returned. */
+int gg__arena_unmap_all(gg_arena_t *a) {
+  int rc = 0;
+  for (size_t i = 0, j; i < a->n_chunks; i = j) {
+    for (j = i + 1; a->contiguous && j < a->n_chunks; j++)
+      if (a->chunks[j - 1]->ptr + a->chunks[j - 1]->size != a->chunks[j]->ptr) break;
+    size_t done = 0;
+    int r = a->ops->unmap_run(a->dev, a->chunks + i, j - i, &done);
+    GG_KEEP_FIRST(rc, r);
+    for (size_t k = j - done; r < 0 && k-- > i;) GG_KEEP_FIRST(rc, a->ops->unmap(a->dev, a->chunks[k]));
+  }
+  for (size_t i = 0; i < a->n_chunks; i++) free(a->chunks[i]);
+  a->n_chunks = 0, a->mapped = 0;
   return rc;
 }
 

@@ -33,6 +33,15 @@
 /* "torn": its guard gave the device memory back; the handle waits for gg_arena_destroy() */
 #define GG__TORN 0x746f726eu
 
+/* Where a block was allocated (GG_ARENA_BACKTRACE): return addresses, the allocating call's first. */
+#define GG__SITE_FRAMES 8
+typedef struct gg__site {
+  uint64_t hash;
+  int n;
+  void *pc[GG__SITE_FRAMES];
+} gg__site_t;
+typedef struct gg__sites gg__sites_t;
+
 /* One allocation carved from top. The log is sorted by address; consecutive entries of a run tile
  * memory without gaps, so cutting the log's tail releases a whole run as one range. */
 typedef struct gg__bump_entry {
@@ -120,6 +129,7 @@ struct gg_arena {
   struct gg_arena *live_prev, *live_next; /* the process's live arenas, for reports */
   bool on_live;
   bool ordered_released; /* stream-ordered releases since the last trim: unmapping must wait for the stream */
+  gg__sites_t *sites;    /* allocation sites (GG_ARENA_BACKTRACE), or NULL; set at creation only */
 };
 
 static inline size_t gg__rounded_size(size_t req) { return (req + GG__QUANTUM - 1) & ~(GG__QUANTUM - 1); }
@@ -128,6 +138,11 @@ static inline uintptr_t gg__bump_entry_end(const gg__bump_entry_t *e) {
 }
 /* Bytes of the bump log that are freed but not yet given back to the free memory. */
 static inline size_t gg__bump_dead_bytes(const gg_arena_t *a) { return a->bump_bytes - a->bump_live_bytes; }
+
+/* Whether the arena records allocation sites. Fixed from creation to destroy, so it may be read without
+ * the lock: a fast path that bypasses gg_alloc_ex's locked path (a per-thread cache) must not serve
+ * allocations while it is true, since each needs its site recorded. */
+static inline bool gg__arena_records_sites(const gg_arena_t *a) { return a->sites != NULL; }
 
 /* ---- arena.c ------------------------------------------------------------------------------------- */
 
@@ -202,6 +217,17 @@ long gg__bump_find(const gg_arena_t *a, uintptr_t p);
 void gg__frame_link(gg_arena_t *a, gg__block_t *b);
 void gg__frame_unlink(gg_arena_t *a, gg__block_t *b);
 
+/* ---- arena_sites.c ------------------------------------------------------------------------------- */
+
+/* Makes the arena record sites (creation, outside the lock). 0 or GG_ENOMEM. */
+int gg__sites_create(gg_arena_t *a);
+void gg__sites_free(gg_arena_t *a);
+/* Records where the block at p was allocated: a backtrace from `caller` (the return address of the
+ * public call that allocated it). Never fails: without host memory the block has no site. */
+void gg__site_note(gg_arena_t *a, uintptr_t p, void *caller);
+/* The site of the live block at p, or NULL. */
+const gg__site_t *gg__site_of(const gg_arena_t *a, uintptr_t p);
+
 /* ---- arena_grow.c -------------------------------------------------------------------------------- */
 
 /* Makes the largest free block the bump block when it is larger than top. Failures only lose speed. */
@@ -215,5 +241,7 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
 bool gg__arena_trim_before_growth(const gg_arena_t *a, size_t n);
 /* Unmaps wholly free chunks, highest first, while more than keep bytes stay mapped. */
 int gg__arena_trim_locked(gg_arena_t *a, size_t keep);
+/* Unmaps every chunk (destroy, teardown) and frees the records; the first error (every chunk is tried). */
+int gg__arena_unmap_all(gg_arena_t *a);
 
 #endif

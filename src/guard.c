@@ -396,10 +396,22 @@ int gg__guard_detach(unsigned long long token) {
 
 /* ---- the leak report ---------------------------------------------------------------------------------- */
 
+/* Surviving blocks of one tag allocated at one site (GG_ARENA_BACKTRACE). */
+typedef struct gg__site_row {
+  const void *key; /* the arena's interned frames: one per site, alive while the visit lasts */
+  void *pc[8];
+  int n;
+  unsigned long long count, bytes;
+} gg__site_row_t;
+
 typedef struct gg__tag_row {
   char tag[64];
   unsigned long long count, bytes;
+  gg__site_row_t *sites;
+  size_t n_sites, cap_sites;
 } gg__tag_row_t;
+
+#define GG__REPORT_TOP_SITES 3 /* sites printed under each tag, most bytes first */
 
 typedef struct gg__obj_row {
   char name[64], backend[16];
@@ -415,6 +427,26 @@ typedef struct gg__report {
   unsigned long long count, bytes;
 } gg__report_t;
 
+/* Counts a block under its site in tag row t. */
+static void gg__visit_site(gg__obj_row_t *o, gg__tag_row_t *t, const gg_block_info_t *b) {
+  if (b->n_frames <= 0 || !b->frames) return;
+  for (size_t i = 0; i < t->n_sites; i++) {
+    if (t->sites[i].key == (const void *)b->frames) {
+      t->sites[i].count++, t->sites[i].bytes += b->size;
+      return;
+    }
+  }
+  gg__site_row_t *r = gg__vec_reserve(t->sites, &t->cap_sites, t->n_sites + 1, sizeof *r);
+  if (!r) {
+    o->truncated = true;
+    return;
+  }
+  t->sites = r;
+  r = &t->sites[t->n_sites++];
+  r->key = b->frames, r->n = b->n_frames < 8 ? b->n_frames : 8, r->count = 1, r->bytes = b->size;
+  memcpy(r->pc, b->frames, (size_t)r->n * sizeof *r->pc);
+}
+
 static int gg__visit_block(const gg_block_info_t *b, void *user) {
   gg__obj_row_t *o = user;
   const char *tag = b->tag ? b->tag : "";
@@ -422,6 +454,7 @@ static int gg__visit_block(const gg_block_info_t *b, void *user) {
   for (size_t i = 0; i < o->n_tags; i++) {
     if (strcmp(o->tags[i].tag, tag) == 0) {
       o->tags[i].count++, o->tags[i].bytes += b->size;
+      gg__visit_site(o, &o->tags[i], b);
       return 0;
     }
   }
@@ -429,9 +462,44 @@ static int gg__visit_block(const gg_block_info_t *b, void *user) {
   if (!t) return (o->truncated = true), 0;
   o->tags = t;
   t = &o->tags[o->n_tags++];
+  memset(t, 0, sizeof *t);
   gg__strlcpy(t->tag, tag, sizeof t->tag);
   t->count = 1, t->bytes = b->size;
+  gg__visit_site(o, t, b);
   return 0;
+}
+
+static int gg__site_row_cmp(const void *x, const void *y) {
+  const gg__site_row_t *a = x, *b = y;
+  return a->bytes != b->bytes ? (a->bytes < b->bytes ? 1 : -1)
+                              : (a->count < b->count) - (a->count > b->count);
+}
+
+/* The sites under one tag (sorted, most bytes first): the top few, each frame named. */
+static void gg__render_sites(FILE *f, const gg__tag_row_t *t, bool json) {
+  size_t shown = t->n_sites < GG__REPORT_TOP_SITES ? t->n_sites : GG__REPORT_TOP_SITES;
+  char name[512];
+  if (json) fputs(",\"sites\":[", f);
+  for (size_t i = 0; i < shown; i++) {
+    const gg__site_row_t *r = &t->sites[i];
+    if (json)
+      fprintf(f, "%s{\"count\":%llu,\"bytes\":%llu,\"frames\":[", i ? "," : "", r->count, r->bytes);
+    else
+      fprintf(f, "gpuguard:       %llu block%s, %llu bytes allocated at:\n", r->count,
+              r->count == 1 ? "" : "s", r->bytes);
+    for (int k = 0; k < r->n; k++) {
+      gg__site_name(r->pc[k], name, sizeof name);
+      if (json)
+        fputs(k ? "," : "", f), gg__json_fputs(f, name);
+      else
+        fprintf(f, "gpuguard:         #%d %s\n", k, name);
+    }
+    if (json) fputs("]}", f);
+  }
+  if (json)
+    fputs("]", f);
+  else if (t->n_sites > shown)
+    fprintf(f, "gpuguard:       (%zu more site%s)\n", t->n_sites - shown, t->n_sites - shown == 1 ? "" : "s");
 }
 
 /* Adds an attached object's live blocks (before its teardown releases them). */
@@ -448,6 +516,9 @@ static void gg__report_add(gg__report_t *r, const gg__entry_t *e) {
   gg__err_save(&saved);
   e->ops->foreach_block(e->user, gg__visit_block, o);
   gg__err_restore(&saved);
+  for (size_t k = 0; k < o->n_tags; k++)
+    if (o->tags[k].n_sites > 1) /* none: sites is NULL, which qsort must not be given */
+      qsort(o->tags[k].sites, o->tags[k].n_sites, sizeof *o->tags[k].sites, gg__site_row_cmp);
   if (o->count == 0) {
     free(o->tags);
     return; /* nothing leaked: not listed */
@@ -478,7 +549,9 @@ static void gg__report_render(FILE *f, const gg_guard_t *g, const gg__report_t *
       for (size_t k = 0; k < o->n_tags; k++) {
         fputs(k ? ",{\"tag\":" : "{\"tag\":", f);
         gg__json_fputs(f, o->tags[k].tag);
-        fprintf(f, ",\"count\":%llu,\"bytes\":%llu}", o->tags[k].count, o->tags[k].bytes);
+        fprintf(f, ",\"count\":%llu,\"bytes\":%llu", o->tags[k].count, o->tags[k].bytes);
+        if (o->tags[k].n_sites) gg__render_sites(f, &o->tags[k], true);
+        fputc('}', f);
       }
       fputs("]}", f);
     }
@@ -495,10 +568,12 @@ static void gg__report_render(FILE *f, const gg_guard_t *g, const gg__report_t *
     fprintf(f, "gpuguard:   arena '%s' (%s): %llu live block%s, %llu bytes%s\n", o->name, o->backend,
             o->count, o->count == 1 ? "" : "s", o->bytes,
             o->truncated ? " (some tags left out: out of memory)" : "");
-    for (size_t k = 0; k < o->n_tags; k++)
+    for (size_t k = 0; k < o->n_tags; k++) {
       fprintf(f, "gpuguard:     tag '%s': %llu block%s, %llu bytes\n",
               o->tags[k].tag[0] ? o->tags[k].tag : "(none)", o->tags[k].count,
               o->tags[k].count == 1 ? "" : "s", o->tags[k].bytes);
+      if (o->tags[k].n_sites) gg__render_sites(f, &o->tags[k], false);
+    }
   }
 }
 
@@ -532,7 +607,10 @@ static void gg__report_emit(const gg_guard_t *g, gg__report_t *r, enum gg__reaso
 }
 
 static void gg__report_free(gg__report_t *r) {
-  for (size_t i = 0; i < r->n_objs; i++) free(r->objs[i].tags);
+  for (size_t i = 0; i < r->n_objs; i++) {
+    for (size_t k = 0; k < r->objs[i].n_tags; k++) free(r->objs[i].tags[k].sites);
+    free(r->objs[i].tags);
+  }
   free(r->objs);
 }
 

@@ -59,4 +59,8 @@ int gg__check_fork(unsigned created_gen, const char *call);
 /* Bounded string copy that always terminates. */
 void gg__strlcpy(char *dst, const char *src, size_t cap);
 
+/* A return address as "function+0xoff (object)" (or "object+0xoff" where no symbol is exported), for
+ * reports of allocation sites (arena_sites.c). */
+void gg__site_name(const void *pc, char *out, size_t cap);
+
 #endif

@@ -93,9 +93,9 @@ __attribute__((no_sanitize("address", "undefined"))) static void null_write(void
 /* A fake arena for the leak report: three live blocks in two tags. */
 static int fake_foreach(void *obj, gg_block_visitor_t visit, void *user) {
   (void)obj;
-  static const gg_block_info_t blocks[] = {{(void *)0x1000, 1024, "weights", 0},
-                                           {(void *)0x2000, 2048, "weights", 1},
-                                           {(void *)0x3000, 512, "", 0}};
+  static const gg_block_info_t blocks[] = {{(void *)0x1000, 1024, "weights", 0, 0, NULL},
+                                           {(void *)0x2000, 2048, "weights", 1, 0, NULL},
+                                           {(void *)0x3000, 512, "", 0, 0, NULL}};
   for (size_t i = 0; i < 3; i++)
     if (visit(&blocks[i], user)) break;
   return 0;

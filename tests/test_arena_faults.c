@@ -10,9 +10,10 @@
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 
-static const char *const ops[] = {"reserve",       "release",      "map",         "unmap",
-                                  "event_create",  "event_record", "event_query", "event_sync",
-                                  "event_destroy", "stream_sync",  "copy",        "set"};
+static const char *const ops[] = {"reserve",     "release",       "map",          "unmap",
+                                  "unmap_range", "event_create",  "event_record", "event_query",
+                                  "event_sync",  "event_destroy", "stream_sync",  "copy",
+                                  "set"};
 #define NOPS (sizeof ops / sizeof ops[0])
 
 static int failures_seen;

@@ -42,6 +42,15 @@ typedef struct gg_arena gg_arena_t;
 #define GG_ARENA_NO_STREAM 0x1u
 /** Trim (keep 0 bytes) whenever the outermost scope ends. */
 #define GG_ARENA_TRIM_ON_SCOPE_EXIT 0x2u
+/** Record where each block is allocated: a short backtrace (up to 8 return addresses, the caller of
+ *  gg_alloc()/gg_alloc_ex() first), kept while the block lives. gg_arena_foreach_block() reports it
+ *  (@ref gg_block_info::frames) and a guard's leak report prints the top sites under each tag of the
+ *  surviving blocks, with function names where the program exports them (link with `-rdynamic` for
+ *  an executable's own functions). Names are looked up only when a report is printed. For finding
+ *  leaks: each allocation unwinds the stack (roughly 1 µs per frame with glibc's backtrace(), see
+ *  docs/arena.md) and takes the arena's lock. The environment variable GPUGUARD_BACKTRACE=1 (read
+ *  when an arena is created) turns it on for every arena; it cannot turn off the flag given here. */
+#define GG_ARENA_BACKTRACE 0x4u
 
 /** Options for gg_arena_create(). Fill with gg_arena_options_init() first; new fields are only ever
  *  added at the end. */
@@ -95,10 +104,13 @@ typedef struct gg_scope {
 
 /** One live block, as gg_arena_foreach_block() reports it. */
 typedef struct gg_block_info {
-  void *ptr;       /**< the block's device address */
-  size_t size;     /**< bytes requested */
-  const char *tag; /**< the tag given at allocation, or "" */
-  int scope_depth; /**< depth of the scope it was allocated in (0: outside any scope) */
+  void *ptr;           /**< the block's device address */
+  size_t size;         /**< bytes requested */
+  const char *tag;     /**< the tag given at allocation, or "" */
+  int scope_depth;     /**< depth of the scope it was allocated in (0: outside any scope) */
+  int n_frames;        /**< entries in @p frames: 0 unless the arena has GG_ARENA_BACKTRACE */
+  void *const *frames; /**< where it was allocated: return addresses, the allocating call's first
+                            (dladdr() names them); valid during the visit only; NULL when n_frames is 0 */
 } gg_block_info_t;
 
 /** Called once per live block; return non-zero to stop early. Must not call into the arena. */

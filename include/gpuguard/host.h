@@ -16,6 +16,9 @@
  *    as on NVIDIA datacenter GPUs.
  *  - GPUGUARD_HOST_VMM=0 simulates a device without virtual memory management: every map returns a
  *    separate region, as cuMemAlloc'd chunks would be.
+ *  - GPUGUARD_HOST_RANGE_UNMAP=0 simulates a driver that refuses to unmap, in one call, a range that
+ *    spans several mappings (the default takes it, refusing only a range that cuts a mapping or is not
+ *    wholly mapped): trim then unmaps chunk by chunk.
  *  - Faults: GPUGUARD_HOST_FAULT or gg_host_fault_set() (see there).
  *
  *  These values are read whenever the simulated device goes from no open handle to one.
@@ -29,8 +32,9 @@ GG_BEGIN_DECLS
  *  @param spec a comma-separated list of `OP:N` (the N-th call of OP fails, once), `OP:N+` (the N-th
  *  and every later call fails) or `OP:*` (every call fails), each optionally followed by `=nomem` to
  *  fail with GG_ENOMEM instead of GG_EDRIVER. OP is one of: open, mem_info, reserve, release, map,
- *  unmap, copy, set, event_create, event_record, event_query, event_sync, event_destroy, stream_sync,
- *  stream_query, ctx_reset, stream_capture, graph_retain. NULL or "" disarms every fault.
+ *  unmap, unmap_range (one unmap spanning several chunks: trim and destroy), copy, set, event_create,
+ *  event_record, event_query, event_sync, event_destroy, stream_sync, stream_query, ctx_reset,
+ *  stream_capture, graph_retain. NULL or "" disarms every fault.
  *  @return 0, or GG_EINVAL naming the bad part of the spec (the previous spec then stays armed).
  *  Thread-safe. Example: `gg_host_fault_set("map:3,unmap:1+")`. */
 GG_API int gg_host_fault_set(const char *spec);

@@ -43,6 +43,12 @@ typedef struct gg__backend_ops {
    * only the release of its physical memory failed, that is counted and recorded in the detail, and the
    * memory stays with the driver until the process ends); an error means nothing changed. */
   int (*unmap)(gg__dev_t *d, const gg__chunk_t *chunk);
+  /* unmap() for n chunks that tile one range without gaps (chunks[] in address order), with as few
+   * driver calls as the driver allows: one range unmap where it accepts a range that spans several
+   * mappings, then each chunk's release. *done: how many are unmapped, counted from the highest. 0
+   * means all of them (*done == n); an error means chunks[0 .. n - *done) are still mapped and the rest
+   * are not. */
+  int (*unmap_run)(gg__dev_t *d, gg__chunk_t *const *chunks, size_t n, size_t *done);
   /* Synchronous copies and fill, used by tests and examples to prove the memory is real. */
   int (*copy_to_dev)(gg__dev_t *d, uintptr_t dst, const void *src, size_t n);
   int (*copy_from_dev)(gg__dev_t *d, void *dst, uintptr_t src, size_t n);

@@ -223,6 +223,7 @@ int gg__cuda_props(int index, gg__dev_props_t *p) {
 
 typedef struct gg__cudev {
   unsigned long long leaked_handles; /* physical handles whose release failed after their unmap */
+  bool range_refused; /* the driver unmaps one mapping per cuMemUnmap: runs go chunk by chunk */
   CUdevice dev;
   CUcontext ctx; /* the primary context, retained while open */
   CUmemAllocationProp prop;
@@ -339,30 +340,74 @@ static int gg__c_map_any(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *o
   return rc;
 }
 
+/* Gives back the physical memory of a chunk whose range is unmapped already. A failure is counted and
+ * recorded in the detail, not returned: to the caller the chunk is gone (it must not be handed out
+ * again); only its memory stays with the driver until the process ends. */
+static void gg__c_release_unmapped(gg__cudev_t *c, const gg__chunk_t *ch) {
+  CUresult r = gg__cu.fn_cuMemRelease((CUmemGenericAllocationHandle)ch->handle);
+  if (r != CUDA_SUCCESS) {
+    c->leaked_handles++;
+    gg__cu_fail(r, "cuMemRelease (after a successful cuMemUnmap: the chunk's memory is held until exit)");
+  }
+}
+
+/* One chunk, in the context: unmap and release, or cuMemFree. */
+static int gg__c_unmap_one(gg__dev_t *d, const gg__chunk_t *ch) {
+  CUresult r;
+  if (!d->contiguous) {
+    if ((r = gg__cu.fn_cuMemFree((CUdeviceptr)ch->ptr)) != CUDA_SUCCESS) return gg__cu_fail(r, "cuMemFree");
+    return 0;
+  }
+  if ((r = gg__cu.fn_cuMemUnmap((CUdeviceptr)ch->ptr, ch->size)) != CUDA_SUCCESS)
+    return gg__cu_fail(r, "cuMemUnmap");
+  gg__c_release_unmapped(d->impl, ch);
+  return 0;
+}
+
 static int gg__c_unmap_any(gg__dev_t *d, const gg__chunk_t *ch) {
-  gg__cudev_t *c = d->impl;
   gg__ctx_scope_t s;
   int rc = gg__ctx_enter(d, &s);
   if (rc < 0) return rc;
-  CUresult r;
-  if (!d->contiguous) {
-    if ((r = gg__cu.fn_cuMemFree((CUdeviceptr)ch->ptr)) != CUDA_SUCCESS) rc = gg__cu_fail(r, "cuMemFree");
-  } else {
-    if ((r = gg__cu.fn_cuMemUnmap((CUdeviceptr)ch->ptr, ch->size)) != CUDA_SUCCESS) {
-      rc = gg__cu_fail(r, "cuMemUnmap");
-    } else if ((r = gg__cu.fn_cuMemRelease((CUmemGenericAllocationHandle)ch->handle)) != CUDA_SUCCESS) {
-      /* The range is unmapped already, so to the caller the chunk is gone (it must not be handed out
-       * again); only its physical memory stays with the driver until the process ends. Counted and
-       * recorded in the detail, not failed. */
-      c->leaked_handles++;
-      gg__cu_fail(r, "cuMemRelease (after a successful cuMemUnmap: the chunk's memory is held until exit)");
-    }
-  }
+  rc = gg__c_unmap_one(d, ch);
   gg__ctx_leave(&s);
   return rc;
 }
 
-/* The four memory-management operations, in relaxed capture mode. */
+/* Adjacent chunks: one cuMemUnmap over their whole range, then each release. cuMemUnmap's contract is
+ * that the range must not cut a mapping; one that spans several whole mappings is what this tries
+ * first. A driver that refuses it (CUDA_ERROR_INVALID_VALUE, nothing unmapped) is remembered once the
+ * same chunks then unmap one by one, and later runs go chunk by chunk from the start. */
+static int gg__c_unmap_run_any(gg__dev_t *d, gg__chunk_t *const *chunks, size_t n, size_t *done) {
+  gg__cudev_t *c = d->impl;
+  gg__ctx_scope_t s;
+  *done = 0;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) return rc;
+  bool tried = false;
+  if (n > 1 && d->contiguous && !c->range_refused) {
+    uintptr_t lo = chunks[0]->ptr;
+    CUresult r = gg__cu.fn_cuMemUnmap((CUdeviceptr)lo, chunks[n - 1]->ptr + chunks[n - 1]->size - lo);
+    if (r == CUDA_SUCCESS) {
+      for (size_t k = 0; k < n; k++) gg__c_release_unmapped(c, chunks[k]);
+      *done = n;
+      gg__ctx_leave(&s);
+      return 0;
+    }
+    if (r != CUDA_ERROR_INVALID_VALUE) {
+      rc = gg__cu_fail(r, "cuMemUnmap (a range of adjacent chunks)");
+      gg__ctx_leave(&s);
+      return rc;
+    }
+    tried = true;
+  }
+  for (size_t k = n; k-- > 0 && rc == 0;)
+    if ((rc = gg__c_unmap_one(d, chunks[k])) == 0) ++*done;
+  if (tried && rc == 0) c->range_refused = true;
+  gg__ctx_leave(&s);
+  return rc;
+}
+
+/* The memory-management operations, in relaxed capture mode. */
 static int gg__c_va_reserve(gg__dev_t *d, size_t size, uintptr_t *base) {
   CUstreamCaptureMode m = gg__relaxed_enter();
   int rc = gg__c_va_reserve_any(d, size, base);
@@ -387,6 +432,13 @@ static int gg__c_map(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out) 
 static int gg__c_unmap(gg__dev_t *d, const gg__chunk_t *ch) {
   CUstreamCaptureMode m = gg__relaxed_enter();
   int rc = gg__c_unmap_any(d, ch);
+  gg__relaxed_leave(m);
+  return rc;
+}
+
+static int gg__c_unmap_run(gg__dev_t *d, gg__chunk_t *const *chunks, size_t n, size_t *done) {
+  CUstreamCaptureMode m = gg__relaxed_enter();
+  int rc = gg__c_unmap_run_any(d, chunks, n, done);
   gg__relaxed_leave(m);
   return rc;
 }
@@ -527,6 +579,7 @@ static const gg__backend_ops_t gg__cuda_ops = {
     .va_release = gg__c_va_release,
     .map = gg__c_map,
     .unmap = gg__c_unmap,
+    .unmap_run = gg__c_unmap_run,
     .copy_to_dev = gg__c_copy_to_dev,
     .copy_from_dev = gg__c_copy_from_dev,
     .set_d8 = gg__c_set_d8,

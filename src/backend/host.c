@@ -25,6 +25,7 @@
   X(release)            \
   X(map)                \
   X(unmap)              \
+  X(unmap_range)        \
   X(copy)               \
   X(set)                \
   X(event_create)       \
@@ -64,8 +65,9 @@ static struct {
   int opens;
   size_t capacity, granularity, used;
   bool vmm;
-  bool populate; /* commit pages at map time (resident memory grows), as cuMemCreate does */
-  bool busy;     /* every stream always has work queued: queries say busy, waits return at once */
+  bool populate;    /* commit pages at map time (resident memory grows), as cuMemCreate does */
+  bool busy;        /* every stream always has work queued: queries say busy, waits return at once */
+  bool range_unmap; /* one unmap may span several mappings (GPUGUARD_HOST_RANGE_UNMAP) */
   gg__fault_t faults[GG__OP_COUNT];
   _Atomic unsigned long long calls[GG__OP_COUNT];
   atomic_bool armed; /* some fault is armed: only then does an operation read the table under the lock */
@@ -561,6 +563,65 @@ static int gg__h_unmap(gg__dev_t *d, const gg__chunk_t *c) {
   return 0;
 }
 
+/* One unmap over [lo, lo + size): as cuMemUnmap, refused (nothing changed) unless the range is made of
+ * whole mappings without a gap; with GPUGUARD_HOST_RANGE_UNMAP=0, also unless it is one mapping (a
+ * driver that does not take a range spanning several). */
+static int gg__h_unmap_span(gg__dev_t *d, uintptr_t lo, size_t size) {
+  int rc = gg__op(GG__OP_unmap_range);
+  if (rc < 0) return rc;
+  gg__hdev_t *h = d->impl;
+  uintptr_t hi = lo + size;
+  size_t covered = 0, count = 0;
+  bool partial = false;
+  pthread_mutex_lock(&h->lock);
+  for (gg__hmap_t *m = h->maps; m; m = m->next) {
+    if (m->ptr >= hi || m->ptr + m->size <= lo) continue;
+    if (m->ptr < lo || m->ptr + m->size > hi) partial = true;
+    covered += m->size, count++;
+  }
+  if (!partial && covered == size && (count == 1 || gg__host.range_unmap)) {
+    for (gg__hmap_t **pp = &h->maps; *pp;) {
+      gg__hmap_t *m = *pp;
+      if (m->ptr >= lo && m->ptr < hi)
+        *pp = m->next, h->mapped -= m->size, free(m);
+      else
+        pp = &m->next;
+    }
+  }
+  pthread_mutex_unlock(&h->lock);
+  if (partial || covered != size)
+    return gg__err(GG_EINVAL, "host backend: unmap of %zu bytes at %#jx: %s", size, (uintmax_t)lo,
+                   partial ? "the range cuts a mapping" : "the range is not wholly mapped");
+  if (count > 1 && !gg__host.range_unmap)
+    return gg__err(GG_EINVAL,
+                   "host backend: unmap of %zu bytes at %#jx spans %zu mappings (refused: "
+                   "GPUGUARD_HOST_RANGE_UNMAP=0)",
+                   size, (uintmax_t)lo, count);
+  mmap((void *)lo, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  pthread_mutex_lock(&gg__host.lock);
+  gg__host.used -= size;
+  pthread_mutex_unlock(&gg__host.lock);
+  return 0;
+}
+
+/* One range unmap where the simulated driver takes it; refused as a driver would refuse a range spanning
+ * several mappings, chunk by chunk from the highest, as the CUDA backend does then. */
+static int gg__h_unmap_run(gg__dev_t *d, gg__chunk_t *const *chunks, size_t n, size_t *done) {
+  *done = 0;
+  if (n == 0) return 0;
+  if (n > 1 && d->contiguous) {
+    uintptr_t lo = chunks[0]->ptr;
+    int rc = gg__h_unmap_span(d, lo, chunks[n - 1]->ptr + chunks[n - 1]->size - lo);
+    if (rc == 0) return (*done = n), 0;
+    if (rc != GG_EINVAL) return rc;
+  }
+  for (size_t k = n; k-- > 0; ++*done) {
+    int rc = gg__h_unmap(d, chunks[k]);
+    if (rc < 0) return rc;
+  }
+  return 0;
+}
+
 /* A real device rejects addresses that are not mapped; so does the simulation. */
 static int gg__h_check_range(gg__dev_t *d, uintptr_t p, size_t n, const char *op) {
   gg__hdev_t *h = d->impl;
@@ -634,6 +695,7 @@ static const gg__backend_ops_t gg__host_ops = {
     .va_release = gg__h_va_release,
     .map = gg__h_map,
     .unmap = gg__h_unmap,
+    .unmap_run = gg__h_unmap_run,
     .copy_to_dev = gg__h_copy_to_dev,
     .copy_from_dev = gg__h_copy_from_dev,
     .set_d8 = gg__h_set_d8,
@@ -653,7 +715,7 @@ static const gg__backend_ops_t gg__host_ops = {
 /* Reads the environment into the device settings; called when the first handle opens. */
 static int gg__host_configure(void) {
   size_t cap = GG__HOST_DEFAULT_CAPACITY, gran = GG__HOST_DEFAULT_GRANULARITY;
-  bool vmm = true, populate = true, busy = false;
+  bool vmm = true, populate = true, busy = false, range_unmap = true;
   const char *v;
   int rc;
   if ((v = gg__env("GPUGUARD_HOST_CAPACITY")) && (rc = gg__parse_size("GPUGUARD_HOST_CAPACITY", v, &cap)) < 0)
@@ -672,11 +734,14 @@ static int gg__host_configure(void) {
   if (gran < page || (gran & (gran - 1)))
     return gg__err(GG_EINVAL, "GPUGUARD_HOST_GRANULARITY='%s': must be a power of two >= %zu", v, page);
   if (cap == 0) return gg__err(GG_EINVAL, "GPUGUARD_HOST_CAPACITY: must be more than 0 bytes");
+  if ((v = gg__env("GPUGUARD_HOST_RANGE_UNMAP")) &&
+      (rc = gg__parse_bool("GPUGUARD_HOST_RANGE_UNMAP", v, &range_unmap)) < 0)
+    return rc;
   gg__fault_t faults[GG__OP_COUNT];
   bool have_faults = (v = gg__env("GPUGUARD_HOST_FAULT")) != NULL;
   if (have_faults && (rc = gg__fault_parse("GPUGUARD_HOST_FAULT", v, faults)) < 0) return rc;
   gg__host.capacity = cap, gg__host.granularity = gran, gg__host.vmm = vmm, gg__host.used = 0;
-  gg__host.populate = populate, gg__host.busy = busy;
+  gg__host.populate = populate, gg__host.busy = busy, gg__host.range_unmap = range_unmap;
   atomic_store(&gg__busy_submitted, 0), atomic_store(&gg__busy_completed, 0); /* no event is outstanding */
   if (have_faults) {
     memcpy(gg__host.faults, faults, sizeof faults);

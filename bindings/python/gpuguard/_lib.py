@@ -112,7 +112,8 @@ class Scope(Structure):
 
 
 class BlockInfo(Structure):
-    _fields_ = [("ptr", c_void_p), ("size", c_size_t), ("tag", c_char_p), ("scope_depth", c_int)]
+    _fields_ = [("ptr", c_void_p), ("size", c_size_t), ("tag", c_char_p), ("scope_depth", c_int),
+                ("n_frames", c_int), ("frames", POINTER(c_void_p))]
 
 
 BLOCK_VISITOR = ctypes.CFUNCTYPE(c_int, POINTER(BlockInfo), c_void_p)
