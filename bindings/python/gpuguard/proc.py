@@ -140,7 +140,7 @@ def registry_list() -> List[Dict[str, Any]]:
             break
     return [{
         "pid": r.pid, "ppid": r.ppid, "start_time": r.start_time, "session": r.session.decode(),
-        "role": r.role.decode(), "devices": r.devices.decode(), "command": r.command.decode(errors="replace"),
+        "role": r.role.decode(), "devices": r.devices.decode(errors="replace"), "command": r.command.decode(errors="replace"),
         "stale": bool(r.stale), "parent_alive": bool(r.parent_alive),
     } for r in rows[:min(count.value, len(rows))]]
 

@@ -34,3 +34,24 @@ def test_a_foreign_stream_is_refused_not_read():
     assert "refused:" in r.stdout and "not a stream of the host backend" in r.stdout
     with pytest.raises(InvalidArgumentError, match="cudaStreamPerThread"):
         gpuguard.Arena(backend="host", capacity=16 << 20, stream=0xdead0)
+
+
+def test_long_names_are_cut_between_characters(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUGUARD_REGISTRY_DIR", str(tmp_path / "reg"))
+    monkeypatch.delenv("GPUGUARD_SESSION", raising=False)
+    # Straight from the C structs, strictly decoded: the binding's own decoding forgives, C must not cut.
+    gpuguard.registry_register("é" * 40)
+    try:
+        rows = gpuguard.registry_list()
+        mine = [r for r in rows if r["pid"] == os.getpid()]
+        assert len(mine) == 1 and mine[0]["devices"] == "é" * (len(mine[0]["devices"]))
+        assert len(mine[0]["devices"]) >= 30
+    finally:
+        gpuguard.registry_unregister()
+    with gpuguard.Arena(backend="host", capacity=16 << 20, name="é" * 100) as a:
+        from gpuguard._lib import lib
+        raw = lib.gg_arena_name(a._handle())
+        assert raw.decode() == "é" * (len(raw) // 2) and len(raw) >= 60
+        assert a.name == raw.decode()
+        a.alloc(256, tag="€" * 40)
+        assert a.blocks()[0]["tag"] == "€" * 21
