@@ -129,7 +129,11 @@ GG_API int gg_proc_close_device_fds(void);
 enum {
   GG_PROC_SENT_TERM = 1, /**< SIGTERM (to the process, and to its group when it leads one) */
   GG_PROC_SENT_CONT = 2, /**< SIGCONT, because it was stopped */
-  GG_PROC_SENT_KILL = 4  /**< SIGKILL */
+  GG_PROC_SENT_KILL = 4, /**< SIGKILL */
+  /** It leads a process group holding another user's process: the group was not signalled as a whole
+   *  (that would reach the other user's process), only its members of ours, one by one; the receipt's
+   *  JSON says `"group":"ours only"`. */
+  GG_PROC_SENT_GROUP_FOREIGN = 8
 };
 
 /** How a process ended in a teardown (gg_proc_outcome_t::end). */
