@@ -272,6 +272,24 @@ static void test_streams_and_events(void **state) {
   gg__dev_close(d);
 }
 
+/* Issue 16 item 15: a malformed fault spec or granularity says what was wrong, with the value given. */
+static void test_bad_specs_named(void **state) {
+  (void)state;
+  gg_assert_fails(gg_host_fault_set("map:1,"), GG_EINVAL, "trailing ','");
+  gg_assert_fails(gg_host_fault_set("map: 3"), GG_EINVAL, "needs a call number");
+  gg_assert_fails(gg_host_fault_set("map:+3"), GG_EINVAL, "needs a call number");
+  gg_assert_ok(gg_host_fault_set("map:3,unmap:2+"));
+  gg_assert_ok(gg_host_fault_set(NULL));
+  gg__dev_t *d = NULL;
+  setenv("GPUGUARD_HOST_GRANULARITY", "3", 1);
+  setenv("GPUGUARD_HOST_FAULT", "map:1", 1); /* another variable's value must not show up instead */
+  gg_assert_fails(gg__dev_open("host", 0, &d), GG_EINVAL, "GPUGUARD_HOST_GRANULARITY='3': must be a power");
+  unsetenv("GPUGUARD_HOST_FAULT");
+  setenv("GPUGUARD_HOST_GRANULARITY", "12288", 1);
+  gg_assert_fails(gg__dev_open("host", 0, &d), GG_EINVAL, "'12288'");
+  unsetenv("GPUGUARD_HOST_GRANULARITY");
+}
+
 /* Issue 16 item 8: a handle the host backend did not make is refused, never read (reading 0x2 crashed).
  * CUDA's special handles name a default stream, as NULL does. */
 static void test_foreign_stream_handles(void **state) {
@@ -328,6 +346,7 @@ int main(void) {
       cmocka_unit_test_setup(test_fault_from_environment, setup),
       cmocka_unit_test_setup(test_streams_and_events, setup),
       cmocka_unit_test_setup(test_foreign_stream_handles, setup),
+      cmocka_unit_test_setup(test_bad_specs_named, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

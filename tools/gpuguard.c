@@ -93,12 +93,17 @@ static int cmd_info(int argc, char **argv) {
     return bad_usage("unknown option '%s'", argv[optind - 1]);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-  if (format < 0) return print_devices(stdout);
-  if (gg_report(stdout, (gg_format_t)format, GG_REPORT_DEVICES) < 0) {
+  if (format < 0) {
+    if (print_devices(stdout)) return 1;
+  } else if (gg_report(stdout, (gg_format_t)format, GG_REPORT_DEVICES) < 0) {
     fprintf(stderr, "gpuguard info: %s\n", gg_last_error());
     return 1;
   }
-  return 0;
+  /* A device the listing could not read (a bad GPUGUARD_HOST_* value, say) is a failure too. */
+  int n = 0, bad = 0;
+  gg_device_info_t d;
+  for (int i = 0; gg_device_count(&n) == 0 && i < n; i++) bad += gg_device_info(i, &d) < 0;
+  return bad ? 1 : 0;
 }
 
 /* ---- ps ----------------------------------------------------------------------------------------------- */

@@ -115,11 +115,12 @@ static int gg__fault_parse(const char *what, const char *spec, gg__fault_t out[G
     } else {
       if (nlen && n[nlen - 1] == '+') f.sticky = true, colon[nlen] = '\0';
       long v;
-      if (gg__parse_int(what, n, 1, 1000000000L, &v) < 0)
+      if (*n < '0' || *n > '9' || gg__parse_int(what, n, 1, 1000000000L, &v) < 0) /* digits only: no ' 3' */
         return gg__err(GG_EINVAL, "%s='%s': '%s' needs a call number >= 1, 'N+' or '*'", what, spec, item);
       f.nth = (unsigned long long)v;
     }
     out[op] = f;
+    if (end && !end[1]) return gg__err(GG_EINVAL, "%s='%s': a trailing ','", what, spec);
     p = end ? end + 1 : p + len;
   }
   return 0;
@@ -752,9 +753,8 @@ static int gg__host_configure(void) {
   int rc;
   if ((v = gg__env("GPUGUARD_HOST_CAPACITY")) && (rc = gg__parse_size("GPUGUARD_HOST_CAPACITY", v, &cap)) < 0)
     return rc;
-  if ((v = gg__env("GPUGUARD_HOST_GRANULARITY")) &&
-      (rc = gg__parse_size("GPUGUARD_HOST_GRANULARITY", v, &gran)) < 0)
-    return rc;
+  const char *gv = gg__env("GPUGUARD_HOST_GRANULARITY"); /* kept: the check below names it */
+  if (gv && (rc = gg__parse_size("GPUGUARD_HOST_GRANULARITY", gv, &gran)) < 0) return rc;
   if ((v = gg__env("GPUGUARD_HOST_VMM")) && (rc = gg__parse_bool("GPUGUARD_HOST_VMM", v, &vmm)) < 0)
     return rc;
   if ((v = gg__env("GPUGUARD_HOST_POPULATE")) &&
@@ -764,7 +764,8 @@ static int gg__host_configure(void) {
     return rc;
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   if (gran < page || (gran & (gran - 1)))
-    return gg__err(GG_EINVAL, "GPUGUARD_HOST_GRANULARITY='%s': must be a power of two >= %zu", v, page);
+    return gg__err(GG_EINVAL, "GPUGUARD_HOST_GRANULARITY='%s': must be a power of two >= %zu", gv ? gv : "",
+                   page);
   if (cap == 0) return gg__err(GG_EINVAL, "GPUGUARD_HOST_CAPACITY: must be more than 0 bytes");
   gg__fault_t faults[GG__OP_COUNT];
   bool have_faults = (v = gg__env("GPUGUARD_HOST_FAULT")) != NULL;
