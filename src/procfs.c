@@ -169,7 +169,8 @@ void gg__proc_cmdline(pid_t pid, char *buf, size_t cap) {
   while (len > 0 && buf[len - 1] == '\0') len--; /* arguments are NUL-separated, last one too */
   for (ssize_t i = 0; i < len; i++)
     if (buf[i] == '\0') buf[i] = ' ';
-  if ((size_t)len == cap - 1) len = (ssize_t)gg__utf8_whole(buf, (size_t)len); /* maybe cut: whole characters */
+  if ((size_t)len == cap - 1)
+    len = (ssize_t)gg__utf8_whole(buf, (size_t)len); /* maybe cut: whole characters */
   buf[len] = '\0';
 }
 

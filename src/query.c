@@ -126,7 +126,8 @@ static void gg__sessions_free(gg__sessions_t *s) {
 }
 
 /* The live record of this very process (pid and start time), from our own pid namespace; or NULL. */
-static const gg_session_record_t *gg__live_record(const gg__sessions_t *s, pid_t pid, unsigned long long start) {
+static const gg_session_record_t *gg__live_record(const gg__sessions_t *s, pid_t pid,
+                                                  unsigned long long start) {
   for (size_t i = 0; i < s->n; i++)
     if (!s->foreign[i] && !s->recs[i].stale && s->recs[i].pid == pid && s->recs[i].start_time == start)
       return &s->recs[i];

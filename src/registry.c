@@ -170,9 +170,10 @@ static void gg__session_init(int dfd, const char *dir) {
       gg__strlcpy(gg__role, "worker", sizeof gg__role);
       return;
     }
-    fprintf(stderr,
-            "gpuguard: registry: GPUGUARD_SESSION=%s has no live leader here; starting a session of our own\n",
-            inherited);
+    fprintf(
+        stderr,
+        "gpuguard: registry: GPUGUARD_SESSION=%s has no live leader here; starting a session of our own\n",
+        inherited);
   }
   unsigned char raw[16];
   if (getrandom(raw, sizeof raw, GRND_NONBLOCK) != (ssize_t)sizeof raw) {
@@ -218,10 +219,11 @@ int gg_registry_register(const char *devices) {
   gg__clean(dev, devices, sizeof dev);
   gg__proc_cmdline(me, cmd, sizeof cmd);
   gg__clean(cmd, cmd, sizeof cmd);
-  int len = snprintf(text, sizeof text,
-                     "gpuguard-record 2\npid %d\nstart %llu\nppid %d\nsession %s\nrole %s\ndevices %s\ncmd %s\n"
-                     "pidns %llu\nhostpid %d\n",
-                     (int)me, start, (int)getppid(), gg__session, gg__role, dev, cmd, ns, (int)outer);
+  int len =
+      snprintf(text, sizeof text,
+               "gpuguard-record 2\npid %d\nstart %llu\nppid %d\nsession %s\nrole %s\ndevices %s\ncmd %s\n"
+               "pidns %llu\nhostpid %d\n",
+               (int)me, start, (int)getppid(), gg__session, gg__role, dev, cmd, ns, (int)outer);
   snprintf(name, sizeof name, "%d.rec", (int)me);
   snprintf(tmp, sizeof tmp, ".%d.tmp", (int)me);
   /* Temporary file then rename: a reader sees the whole old record or the whole new one. */
@@ -300,7 +302,8 @@ static bool gg__parse_record(char *text, pid_t file_pid, gg__rec_t *rec) {
   memset(rec, 0, sizeof *rec);
   gg_session_record_t *r = &rec->r;
   char *save = NULL, *line = strtok_r(text, "\n", &save);
-  if (!line || (strcmp(line, "gpuguard-record 1") != 0 && strcmp(line, "gpuguard-record 2") != 0)) return false;
+  if (!line || (strcmp(line, "gpuguard-record 1") != 0 && strcmp(line, "gpuguard-record 2") != 0))
+    return false;
   unsigned seen = 0;
   long v_pid = 0, v_ppid = 0, v_host = 0;
   while ((line = strtok_r(NULL, "\n", &save))) {

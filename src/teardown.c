@@ -93,7 +93,8 @@ static bool gg__poll_exited(gg__target_t *t) {
   return t->exited;
 }
 
-/* ---- a process group, only as far as it is ours --------------------------------------------------------- */
+/* ---- a process group, only as far as it is ours ---------------------------------------------------------
+ */
 
 typedef struct gg__group {
   pid_t pgrp, me;

@@ -373,12 +373,10 @@ static int write_receipt(const char *path, char **cmd, const job_result_t *r, co
 
 /* Phase 1: the options. Returns -1 to go on, else the exit status. */
 static int run_parse(int argc, char **argv, run_opts_t *o) {
-  static const struct option longs[] = {{"grace", required_argument, 0, 'g'},
-                                        {"receipt", required_argument, 0, 'r'},
-                                        {"device", required_argument, 0, 'd'},
-                                        {"pid-ns", optional_argument, 0, 'p'},
-                                        {"help", no_argument, 0, 'h'},
-                                        {0, 0, 0, 0}};
+  static const struct option longs[] = {
+      {"grace", required_argument, 0, 'g'},  {"receipt", required_argument, 0, 'r'},
+      {"device", required_argument, 0, 'd'}, {"pid-ns", optional_argument, 0, 'p'},
+      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
   *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_OFF};
   int opt;
   while ((opt = next_opt(argc, argv, longs)) != -1) {
@@ -442,7 +440,8 @@ static int run_start(const run_opts_t *o, run_env_t *env, job_result_t *r) {
   gg_spawn_options_init(&so);
   so.pid_ns = o->pid_ns;
   if (o->pid_ns == GG_SPAWN_PID_NS_AUTO && gg_proc_pid_ns_probe() < 0) /* one line, then today's design */
-    fprintf(stderr, "gpuguard run: no PID namespace for the job (%s); running it without one\n", gg_last_error());
+    fprintf(stderr, "gpuguard run: no PID namespace for the job (%s); running it without one\n",
+            gg_last_error());
   int rc = gg_proc_spawn(NULL, (const char *const *)o->cmd, &so, &r->pid);
   if (rc == 0) return -1;
   fprintf(stderr, "gpuguard run: %s\n", gg_last_error());

@@ -183,7 +183,7 @@ static gg__hstream_t **gg__hlive_slot(const void *stream) {
 /* CUDA's special handles. Both name a default stream, and on the simulated device work on a default
  * stream is complete at once, so both behave as NULL does, except that the per-thread stream is not the
  * legacy stream for captures (as in CUDA: it can be captured, and touching it does not break others). */
-#define GG__HSTREAM_LEGACY ((void *)(uintptr_t)0x1)
+#define GG__HSTREAM_LEGACY     ((void *)(uintptr_t)0x1)
 #define GG__HSTREAM_PER_THREAD ((void *)(uintptr_t)0x2)
 
 /* Resolves a stream handle for `op`: *s becomes the live simulated stream, or NULL for a default stream
@@ -340,7 +340,8 @@ static int gg__h_stream_capture(gg__dev_t *d, void *stream, unsigned long long *
   *capture_id = 0;
   int rc = gg__op(GG__OP_stream_capture);
   gg__hstream_t *s;
-  if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: stream_capture", false, &s, NULL)) < 0) return rc;
+  if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: stream_capture", false, &s, NULL)) < 0)
+    return rc;
   if (stream == GG__HSTREAM_LEGACY) stream = NULL;
   if (atomic_load(&gg__hcap_underway) == 0) return rc;
   pthread_mutex_lock(&gg__hcap.lock);
@@ -429,8 +430,8 @@ int gg_host_stream_destroy(void *stream) {
   if (s) *slot = s->next_live; /* invalid from now on; events recorded on it keep it in memory */
   pthread_mutex_unlock(&gg__hlive.lock);
   if (!s)
-    return gg__err(GG_EINVAL, "gg_host_stream_destroy: %p is not a live stream made by gg_host_stream_create()",
-                   stream);
+    return gg__err(GG_EINVAL,
+                   "gg_host_stream_destroy: %p is not a live stream made by gg_host_stream_create()", stream);
   gg__hstream_unref(s);
   return 0;
 }
