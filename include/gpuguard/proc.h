@@ -249,8 +249,11 @@ GG_API int gg_proc_receipt_write(const gg_proc_receipt_t *receipt, FILE *f);
  *  and refused (GG_EPERM) if it is a symlink, not a directory, owned by another user, or accessible
  *  to group or others. Records (`PID.rec`, mode 0600) are written atomically (temporary file and
  *  rename) and removed at teardown; the fatal-signal path unlinks them too. A record whose pid is gone
- *  or names another process (start time differs) is stale. Records that are corrupt, not ours, or not
- *  regular files are skipped with one warning each on stderr, never trusted.
+ *  or names another process (start time differs) is stale. A record written in another PID namespace
+ *  (it records the namespace and the pid the outermost visible /proc gave it) is judged there: alive
+ *  unless this reader can see that namespace and the recorded process is not in it. Records that are
+ *  corrupt, not ours, or not regular files are skipped with one warning each on stderr (64 names at
+ *  most, then one line), never trusted.
  *  @{ */
 
 /** One record of the registry. */
@@ -273,7 +276,9 @@ typedef struct gg_session_record {
 GG_API int gg_registry_dir(char *buf, size_t cap);
 
 /** Records this process in the registry (again: replaces its record). The role is "worker" with the
- *  inherited session when GPUGUARD_SESSION is set, else "leader" with a new random session id, which
+ *  inherited session when GPUGUARD_SESSION is set and that session's leader is alive, runs as us and
+ *  is our ancestor (a leader recorded in another PID namespace counts, unproven); else "leader" (with
+ *  a line on stderr when an inherited id was not joined) with a new random session id, which
  *  is then exported as GPUGUARD_SESSION (setenv: call before starting threads that read the
  *  environment) so children inherit it.
  *  @param devices the devices used, free text such as "0,1"; NULL for none.
