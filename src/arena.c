@@ -183,6 +183,9 @@ static int gg__arena_open(gg_arena_t *a, const gg_arena_options_t *o) {
     return gg__err(GG_EINVAL, "gg_arena_create: capacity %zu or chunk size %zu overflows when rounded to %zu",
                    cap, chunk, g);
   a->capacity = (size_t)gg__align_up(cap, g), a->chunk_size = (size_t)gg__align_up(chunk, g);
+  if (o->stream && a->ops->stream_check &&
+      (rc = a->ops->stream_check(a->dev, o->stream, "gg_arena_create")) < 0)
+    return rc;
   if ((rc = a->ops->va_reserve(a->dev, a->capacity, &a->base)) < 0) return rc;
   a->stream = o->stream, a->flags = o->flags, a->track = !(o->flags & GG_ARENA_NO_STREAM);
   gg__strlcpy(a->name, o->name ? o->name : "arena", sizeof a->name);

@@ -39,6 +39,7 @@ static int gg__tags_grow(gg_arena_t *a) {
 static int gg__intern(gg_arena_t *a, const char *tag, const char **out) {
   if (!tag || !*tag) return (*out = ""), 0;
   size_t n = strnlen(tag, GG__TAG_MAX);
+  if (tag[n]) n = gg__utf8_whole(tag, n); /* cut: keep whole characters */
   if (a->tag_last && n == a->tag_last_len && memcmp(tag, a->tag_last, n) == 0) return (*out = a->tag_last), 0;
   int rc;
   if (a->n_tags + 1 > a->tags_cap / 2 && (rc = gg__tags_grow(a)) < 0) return rc;

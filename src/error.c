@@ -55,7 +55,9 @@ static void gg__vrecord(int code, const char *fmt, va_list ap) {
   gg__quiet_copy();
   int n = snprintf(gg__detail, sizeof gg__detail, "%s: ", gg_err_name(code));
   if (n < 0 || (size_t)n >= sizeof gg__detail) return;
-  vsnprintf(gg__detail + n, sizeof gg__detail - (size_t)n, fmt, ap);
+  int m = vsnprintf(gg__detail + n, sizeof gg__detail - (size_t)n, fmt, ap);
+  if (m > 0 && (size_t)m >= sizeof gg__detail - (size_t)n) /* cut: keep whole characters of a name */
+    gg__detail[gg__utf8_whole(gg__detail, sizeof gg__detail - 1)] = '\0';
 }
 
 int gg__err(int code, const char *fmt, ...) {
@@ -100,9 +102,20 @@ void gg__err_quiet_end(gg__err_quiet_t *q) {
   gg__driver_status = q->saved.driver_status;
 }
 
+size_t gg__utf8_whole(const char *s, size_t len) {
+  size_t i = len;
+  while (i > 0 && len - i < 3 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) i--; /* continuation bytes */
+  if (i == 0) return len;
+  unsigned char lead = (unsigned char)s[i - 1];
+  if (lead < 0xC0 || lead > 0xF4) return len; /* ASCII, or not UTF-8: nothing to repair */
+  size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2, have = len - (i - 1);
+  return have < need ? i - 1 : len;
+}
+
 void gg__strlcpy(char *dst, const char *src, size_t cap) {
   if (cap == 0) return;
   size_t n = src ? strnlen(src, cap - 1) : 0;
+  if (n && src[n]) n = gg__utf8_whole(src, n); /* cut: keep whole characters */
   if (n) memcpy(dst, src, n);
   dst[n] = '\0';
 }

@@ -56,8 +56,11 @@ const char *gg__env(const char *name);
 unsigned gg__fork_generation(void);
 int gg__check_fork(unsigned created_gen, const char *call);
 
-/* Bounded string copy that always terminates. */
+/* Bounded string copy that always terminates; a cut never splits a UTF-8 character. */
 void gg__strlcpy(char *dst, const char *src, size_t cap);
+/* The length of s[0..len) without a UTF-8 sequence cut short at its end (a name cut to fit a buffer
+ * must stay valid text: Python decodes it). Bytes that are not UTF-8 are left as they are. */
+size_t gg__utf8_whole(const char *s, size_t len);
 
 /* A return address as "function+0xoff (object)" (or "object+0xoff" where no symbol is exported), for
  * reports of allocation sites (arena_sites.c). */

@@ -305,7 +305,7 @@ static int gg__check_key(const void *key, const char *call) {
 
 /* ---- the child side ----------------------------------------------------------------------------------- */
 
-enum { GG__STEP_ARM = 1, GG__STEP_PGRP, GG__STEP_CWD, GG__STEP_STDIO, GG__STEP_EXEC };
+enum { GG__STEP_ARM = 1, GG__STEP_PGRP, GG__STEP_CWD, GG__STEP_STDIO, GG__STEP_EXEC, GG__STEP_PIDNS };
 
 typedef struct gg__spawn_req {
   /* in */
@@ -352,6 +352,7 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
   for (int i = 0; i < 3; i++)
     if (src[i] >= 0 && dup2(src[i], i) < 0) gg__child_fail(errfd, GG__STEP_STDIO);
   if (r->opts.close_device_fds) gg__close_fds_matching("/dev/nvidia");
+  gg__pid_ns_child(r->opts.pid_ns, errfd, GG__STEP_PIDNS); /* older callers: OFF, from the defaults */
   /* The spawn thread blocks every signal and the program may have handlers or ignored signals: the
    * child starts from the defaults and an empty mask. */
   for (int sig = 1; sig < NSIG; sig++)
@@ -511,6 +512,8 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
                      opts->size);
     memcpy(&r.opts, opts, opts->size);
   }
+  if (r.opts.pid_ns < GG_SPAWN_PID_NS_OFF || r.opts.pid_ns > GG_SPAWN_PID_NS_ON)
+    return gg__err(GG_EINVAL, "gg_proc_spawn: pid_ns %d is not a gg_spawn_pid_ns_t", r.opts.pid_ns);
   const int fds[3] = {r.opts.stdin_fd, r.opts.stdout_fd, r.opts.stderr_fd};
   for (int i = 0; i < 3; i++)
     if (fds[i] < -1 || (fds[i] >= 0 && fcntl(fds[i], F_GETFD) < 0))
@@ -559,9 +562,14 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
                      : e == EACCES || e == EPERM ? GG_EPERM
                                                  : GG_EIO,
                      "gg_proc_spawn: cannot execute '%s': %s", path, strerror(e));
-    static const char *const steps[] = {"fork", "arm the death signal", "make a process group",
-                                        "change directory", "set up stdin/stdout/stderr"};
-    const char *what = r.step >= 0 && r.step < 5 ? steps[r.step] : "start";
+    static const char *const steps[] = {"fork",
+                                        "arm the death signal",
+                                        "make a process group",
+                                        "change directory",
+                                        "set up stdin/stdout/stderr",
+                                        "exec",
+                                        "enter a new PID namespace (gg_proc_pid_ns_probe() says why)"};
+    const char *what = r.step >= 0 && r.step < 7 ? steps[r.step] : "start";
     return gg__err(GG_EIO, "gg_proc_spawn: '%s': child could not %s%s%s: %s", argv[0], what,
                    r.step == GG__STEP_CWD ? " to " : "", r.step == GG__STEP_CWD ? r.opts.cwd : "",
                    strerror(e));

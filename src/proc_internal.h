@@ -54,6 +54,13 @@ void gg__proc_fatal_kill(int sig, void *user);
 typedef int (*gg__proc_key_check_fn)(const void *key, const char *call);
 void gg__proc_set_key_check(gg__proc_key_check_fn fn);
 
+/* [AS-safe] In a spawned child between fork and exec (proc_ns.c): with mode ON or AUTO, moves the
+ * job into a new PID namespace. Returns in the process that is to exec the job (pid 2 of the new
+ * namespace, or the child itself when mode is OFF, or AUTO and namespaces are refused); the keeper and
+ * the init never return. With ON and namespaces refused, writes {fail_step, errno} to errfd and exits
+ * 127, as the caller's other steps do. */
+void gg__pid_ns_child(int mode, int errfd, int fail_step);
+
 /* fork.c's handler calls these in the lock order (see fork.c). */
 void gg__proc_fork_prepare(void);
 void gg__proc_fork_parent(void);

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,9 +60,18 @@ static long long gg__take_num(const char **p) {
   return neg ? -v : v;
 }
 
+static int gg__stat_at(const char *path, pid_t pid, gg__pinfo_t *out);
+
 int gg__proc_read_stat(pid_t pid, gg__pinfo_t *out) {
-  char path[64], buf[1024];
+  char path[64];
   gg__proc_path(path, sizeof path, pid, "stat");
+  return gg__stat_at(path, pid, out);
+}
+
+int gg__proc_read_self(gg__pinfo_t *out) { return gg__stat_at("/proc/self/stat", getpid(), out); }
+
+static int gg__stat_at(const char *path, pid_t pid, gg__pinfo_t *out) {
+  char buf[1024];
   ssize_t len = gg__read_small(path, buf, sizeof buf);
   if (len < 0) return (int)len;
   /* The command name (field 2) may hold spaces and ')' itself: parse after the LAST ')'. */
@@ -97,6 +107,50 @@ int gg__proc_uid(pid_t pid, uid_t *uid) {
   return 0;
 }
 
+int gg__proc_pidns(pid_t pid, unsigned long long *ino) {
+  char path[64], link[64];
+  if (pid == 0)
+    gg__strlcpy(path, "/proc/self/ns/pid", sizeof path);
+  else
+    gg__proc_path(path, sizeof path, pid, "ns/pid");
+  ssize_t n = readlink(path, link, sizeof link - 1);
+  if (n < 0) return -errno;
+  link[n] = '\0';
+  unsigned long long v = 0;
+  const char *p = link;
+  if (strncmp(p, "pid:[", 5) != 0) return -EINVAL;
+  for (p += 5; *p >= '0' && *p <= '9'; p++) v = v * 10 + (unsigned long long)(*p - '0');
+  if (*p != ']' || v == 0) return -EINVAL;
+  *ino = v;
+  return 0;
+}
+
+int gg__proc_nspid(pid_t pid, pid_t *outer, pid_t *inner, int *levels) {
+  char path[64], buf[4096];
+  if (pid == 0)
+    gg__strlcpy(path, "/proc/self/status", sizeof path);
+  else
+    gg__proc_path(path, sizeof path, pid, "status");
+  ssize_t len = gg__read_small(path, buf, sizeof buf);
+  if (len < 0) return (int)len;
+  const char *line = strstr(buf, "\nNSpid:");
+  if (!line) return -ENOTSUP; /* kernels before 4.1 */
+  const char *p = line + 7;
+  int n = 0;
+  for (;;) {
+    while (*p == '\t' || *p == ' ') p++;
+    if (*p < '0' || *p > '9') break;
+    long long v = 0;
+    while (*p >= '0' && *p <= '9' && v < 1LL << 32) v = v * 10 + (*p++ - '0');
+    if (v <= 0 || v > INT_MAX) return -EINVAL;
+    if (n++ == 0) *outer = (pid_t)v;
+    *inner = (pid_t)v;
+  }
+  if (n == 0) return -EINVAL;
+  if (levels) *levels = n;
+  return 0;
+}
+
 void gg__proc_cmdline(pid_t pid, char *buf, size_t cap) {
   char path[64];
   if (cap == 0) return;
@@ -115,6 +169,8 @@ void gg__proc_cmdline(pid_t pid, char *buf, size_t cap) {
   while (len > 0 && buf[len - 1] == '\0') len--; /* arguments are NUL-separated, last one too */
   for (ssize_t i = 0; i < len; i++)
     if (buf[i] == '\0') buf[i] = ' ';
+  if ((size_t)len == cap - 1)
+    len = (ssize_t)gg__utf8_whole(buf, (size_t)len); /* maybe cut: whole characters */
   buf[len] = '\0';
 }
 

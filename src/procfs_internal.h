@@ -16,8 +16,19 @@ typedef struct gg__pinfo {
 
 /* [AS-safe] Reads /proc/PID/stat. 0, or -errno (-ENOENT: no such process). */
 int gg__proc_read_stat(pid_t pid, gg__pinfo_t *out);
+/* [AS-safe] The same for this process through /proc/self, which is right even where /proc belongs to
+ * another pid namespace than ours (unshare --pid without remounting /proc): /proc/PID would be another
+ * process there. */
+int gg__proc_read_self(gg__pinfo_t *out);
 /* Real uid of PID from /proc/PID/status. 0 or -errno. */
 int gg__proc_uid(pid_t pid, uid_t *uid);
+/* The inode of PID's pid namespace (readlink /proc/PID/ns/pid: "pid:[INODE]"; PID 0: this process,
+ * through /proc/self). 0 or -errno (EACCES for another user's process). */
+int gg__proc_pidns(pid_t pid, unsigned long long *ino);
+/* PID's NSpid line (PID 0: this process, through /proc/self): its pid in the namespace of the /proc
+ * we read (*outer) and in its own (*inner), and how many levels there are. 0, -ENOTSUP on kernels
+ * without the line, or -errno. */
+int gg__proc_nspid(pid_t pid, pid_t *outer, pid_t *inner, int *levels);
 /* Command line with spaces between arguments, "[comm]" when there is none (zombies); "" if gone. */
 void gg__proc_cmdline(pid_t pid, char *buf, size_t cap);
 /* [AS-safe] Calls fn for every process in /proc (skipping those that vanish); stops at fn's first

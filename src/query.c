@@ -10,6 +10,7 @@
 #include "internal.h"
 #include "nvml.h"
 #include "procfs_internal.h"
+#include "registry_internal.h"
 
 int gg_device_count(int *count) {
   if (!count) return gg__err(GG_EINVAL, "gg_device_count: count is NULL");
@@ -116,22 +117,51 @@ static void gg__join_proc(gg_process_t *row, uid_t me) {
 /* The session registry, read once per listing; an unreadable registry just means no sessions. */
 typedef struct gg__sessions {
   gg_session_record_t *recs;
+  unsigned char *foreign; /* per record: written in another pid namespace, its pid means nothing here */
   size_t n;
 } gg__sessions_t;
 
 static void gg__sessions_load(gg__sessions_t *s) {
-  s->recs = NULL, s->n = 0;
+  s->recs = NULL, s->foreign = NULL, s->n = 0;
   gg__err_saved_t saved;
   gg__err_save(&saved);
   size_t want = 0;
-  for (int attempt = 0; attempt < 3 && gg_registry_list(s->recs, s->n, &want) == 0 && want > s->n;
-       attempt++) {
+  for (int attempt = 0;
+       attempt < 3 && gg__registry_list_ns(s->recs, s->foreign, s->n, &want) == 0 && want > s->n; attempt++) {
     gg_session_record_t *grown = realloc(s->recs, (want + 8) * sizeof *grown);
-    if (!grown) break;
-    s->recs = grown, s->n = want + 8;
+    if (grown) s->recs = grown;
+    unsigned char *f = grown ? realloc(s->foreign, want + 8) : NULL;
+    if (!f) break;
+    s->foreign = f, s->n = want + 8;
   }
   if (want < s->n) s->n = want;
   gg__err_restore(&saved);
+}
+
+static void gg__sessions_free(gg__sessions_t *s) {
+  free(s->recs);
+  free(s->foreign);
+}
+
+/* The live record of this very process (pid and start time), from our own pid namespace; or NULL. */
+static const gg_session_record_t *gg__live_record(const gg__sessions_t *s, pid_t pid,
+                                                  unsigned long long start) {
+  for (size_t i = 0; i < s->n; i++)
+    if (!s->foreign[i] && !s->recs[i].stale && s->recs[i].pid == pid && s->recs[i].start_time == start)
+      return &s->recs[i];
+  return NULL;
+}
+
+/* Whether pid or one of its ancestors is a live gpuguard process of ours (it has a live record): a
+ * runner that is alive tears its own job down, whatever session id the job carries (a command can
+ * give its children any GPUGUARD_SESSION). Bounded walk. */
+static bool gg__under_live_runner(const gg__sessions_t *s, pid_t pid) {
+  gg__pinfo_t info;
+  for (int depth = 0; depth < 64 && pid > 1 && gg__proc_read_stat(pid, &info) == 0; depth++) {
+    if (gg__live_record(s, pid, info.start)) return true;
+    pid = info.ppid;
+  }
+  return false;
 }
 
 /* Leader of a session: 1 alive, 0 dead (its record is stale), -1 unknown (no record). */
@@ -155,10 +185,7 @@ static bool gg__looks_like_worker(const char *cmd) {
  * was a worker. Only evidence moves a row out of "unknown". */
 static void gg__classify(gg_process_t *row, const gg__sessions_t *s) {
   if (row->cls == GG_PROCESS_FOREIGN || row->state == '?') return;
-  const gg_session_record_t *rec = NULL;
-  for (size_t i = 0; i < s->n && !rec; i++)
-    if (s->recs[i].pid == row->pid && s->recs[i].start_time == row->start_time && !s->recs[i].stale)
-      rec = &s->recs[i];
+  const gg_session_record_t *rec = gg__live_record(s, row->pid, row->start_time);
   if (rec)
     gg__strlcpy(row->session, rec->session, sizeof row->session);
   else if (gg__proc_environ_get(row->pid, "GPUGUARD_SESSION", row->session, sizeof row->session) != 0)
@@ -253,7 +280,7 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
   }
   free(gp);
   free(fdp);
-  free(sessions.recs);
+  gg__sessions_free(&sessions);
   *count = total;
   return 0;
 }
@@ -292,7 +319,7 @@ static int gg__orphan_visit(const gg__pinfo_t *info, void *user) {
   /* Only proof counts here: the session's leader left a record and it is stale. A session whose
    * leader this registry never saw (another registry directory, another tool) is not ours to judge. */
   if (row.cls == GG_PROCESS_ORPHAN && row.start_time == info->start &&
-      gg__leader_alive(w->sessions, row.session) == 0)
+      gg__leader_alive(w->sessions, row.session) == 0 && !gg__under_live_runner(w->sessions, info->ppid))
     gg__orphan_add(w, &row);
   return 0;
 }
@@ -304,7 +331,7 @@ int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count) {
   gg__sessions_load(&sessions);
   gg__orphan_walk_t w = {.sessions = &sessions, .me = getuid(), .self = getpid(), .rows = rows, .cap = cap};
   int rc = gg__proc_walk(gg__orphan_visit, &w);
-  free(sessions.recs);
+  gg__sessions_free(&sessions);
   if (rc < 0) return gg__err(GG_EIO, "gg_orphan_list: cannot read /proc: %s", strerror(-rc));
   /* The device memory each holds, where the driver says. */
   gg__err_saved_t saved;

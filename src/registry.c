@@ -44,9 +44,12 @@ static int gg__reg_path_of(char *buf, size_t cap) {
   const char *xdg = gg__env("XDG_RUNTIME_DIR");
   struct stat st;
   int n;
-  if (env)
-    n = snprintf(buf, cap, "%s", env);
-  else if (xdg)
+  if (env) {
+    /* "dir/" would make open(O_NOFOLLOW) follow a symlink at dir: the slash names what it points to. */
+    size_t len = strlen(env);
+    while (len > 1 && env[len - 1] == '/') len--;
+    n = snprintf(buf, cap, "%.*s", (int)len, env);
+  } else if (xdg)
     n = snprintf(buf, cap, "%s/gpuguard", xdg);
   else if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode))
     n = snprintf(buf, cap, "/dev/shm/gpuguard-%u", (unsigned)geteuid());
@@ -111,17 +114,66 @@ static bool gg__session_ok(const char *s) {
   return n > 0 && n < 40;
 }
 
+/* A record as read, with what the reader could tell about its process. */
+typedef struct gg__rec {
+  gg_session_record_t r;
+  unsigned long long pidns; /* the writer's pid namespace (0: not recorded, an older record) */
+  pid_t hostpid;            /* its pid in the namespace of the /proc it read (0: not recorded) */
+  bool foreign;             /* written in another pid namespace than ours */
+} gg__rec_t;
+
+typedef int (*gg__rec_fn)(int dfd, const char *name, const gg__rec_t *r, void *user);
+static int gg__reg_scan(int dfd, const char *call, const char *dir, gg__rec_fn fn, void *user);
+
+typedef struct gg__leader_find {
+  const char *session;
+  bool found;
+} gg__leader_find_t;
+
+/* A live leader of the session: its record is not stale (pid alive, start time the recorded one; a
+ * record of another pid namespace counts until proven dead) and, where we can see it, it runs as us
+ * and is our ancestor. */
+static int gg__leader_one(int dfd, const char *name, const gg__rec_t *rec, void *user) {
+  (void)dfd, (void)name;
+  gg__leader_find_t *f = user;
+  const gg_session_record_t *r = &rec->r;
+  if (r->stale || strcmp(r->role, "leader") != 0 || strcmp(r->session, f->session) != 0) return 0;
+  if (rec->foreign) return (f->found = true), 1; /* beyond our namespace: nothing more to check here */
+  uid_t uid;
+  if (gg__proc_uid(r->pid, &uid) != 0 || (uid != getuid() && uid != geteuid())) return 0;
+  /* Ours: the leader started us (an ancestor); a live session of somebody else's job is not joined. */
+  gg__pinfo_t info;
+  pid_t p = getppid();
+  for (int depth = 0; depth < 64 && p > 0 && gg__proc_read_stat(p, &info) == 0; depth++, p = info.ppid)
+    if (p == r->pid && info.start == r->start_time) return (f->found = true), 1;
+  return 0;
+}
+
 /* Under gg__reg_lock: the session and role, decided once per process. A forked child (whose memory
- * holds its parent's decision) decides again: it finds the session in its environment and works for it. */
+ * holds its parent's decision) decides again: it finds the session in its environment and works for it.
+ * An inherited session is joined only while its leader lives: a session id copied from a dead job (or
+ * made up) would otherwise make this process look like that dead session's orphan to `reap` (issue 16
+ * item 5); such a process leads a session of its own instead. */
 static pid_t gg__session_pid;
-static void gg__session_init(void) {
+static void gg__session_init(int dfd, const char *dir) {
   if (gg__session[0] && gg__session_pid == getpid()) return;
   gg__session_pid = getpid();
   const char *inherited = gg__env("GPUGUARD_SESSION");
   if (inherited && gg__session_ok(inherited)) {
-    gg__strlcpy(gg__session, inherited, sizeof gg__session);
-    gg__strlcpy(gg__role, "worker", sizeof gg__role);
-    return;
+    gg__leader_find_t f = {inherited, false};
+    gg__err_saved_t saved;
+    gg__err_save(&saved);
+    gg__reg_scan(dfd, "gg_registry_register", dir, gg__leader_one, &f);
+    gg__err_restore(&saved);
+    if (f.found) {
+      gg__strlcpy(gg__session, inherited, sizeof gg__session);
+      gg__strlcpy(gg__role, "worker", sizeof gg__role);
+      return;
+    }
+    fprintf(
+        stderr,
+        "gpuguard: registry: GPUGUARD_SESSION=%s has no live leader here; starting a session of our own\n",
+        inherited);
   }
   unsigned char raw[16];
   if (getrandom(raw, sizeof raw, GRND_NONBLOCK) != (ssize_t)sizeof raw) {
@@ -152,18 +204,26 @@ int gg_registry_register(const char *devices) {
     pthread_mutex_unlock(&gg__reg_lock);
     return rc;
   }
-  gg__session_init();
+  gg__session_init(dfd, dir);
   pid_t me = getpid();
   gg__pinfo_t info;
-  unsigned long long start = gg__proc_read_stat(me, &info) == 0 ? info.start : 0;
+  unsigned long long start = gg__proc_read_self(&info) == 0 ? info.start : 0;
+  /* Where this record is read from another pid namespace (a registry shared with containers), the
+   * namespace and the pid the outermost visible namespace knows let the reader judge it (issue 16
+   * item 3). */
+  unsigned long long ns = 0;
+  pid_t outer = 0, inner = 0;
+  if (gg__proc_pidns(0, &ns) != 0) ns = 0;
+  if (gg__proc_nspid(0, &outer, &inner, NULL) != 0) outer = 0;
   char dev[64], cmd[256], text[GG__REC_MAX], name[32], tmp[48];
   gg__clean(dev, devices, sizeof dev);
   gg__proc_cmdline(me, cmd, sizeof cmd);
   gg__clean(cmd, cmd, sizeof cmd);
   int len =
       snprintf(text, sizeof text,
-               "gpuguard-record 1\npid %d\nstart %llu\nppid %d\nsession %s\nrole %s\ndevices %s\ncmd %s\n",
-               (int)me, start, (int)getppid(), gg__session, gg__role, dev, cmd);
+               "gpuguard-record 2\npid %d\nstart %llu\nppid %d\nsession %s\nrole %s\ndevices %s\ncmd %s\n"
+               "pidns %llu\nhostpid %d\n",
+               (int)me, start, (int)getppid(), gg__session, gg__role, dev, cmd, ns, (int)outer);
   snprintf(name, sizeof name, "%d.rec", (int)me);
   snprintf(tmp, sizeof tmp, ".%d.tmp", (int)me);
   /* Temporary file then rename: a reader sees the whole old record or the whole new one. */
@@ -211,14 +271,24 @@ int gg_registry_session(char *buf, size_t cap) {
   return 0;
 }
 
-/* One warning per record name per process: a tool listing every second must not flood stderr. */
-static char gg__warned[64][64];
+/* One warning per record name per process: a tool listing every second must not flood stderr. Past 64
+ * names, one line says that the rest are skipped silently. */
+#define GG__WARN_MAX 64
+static char gg__warned[GG__WARN_MAX][64];
 static size_t gg__n_warned;
+static bool gg__warn_capped;
 
 static void GG__PRINTF(2, 3) gg__warn(const char *name, const char *fmt, ...) {
   for (size_t i = 0; i < gg__n_warned; i++)
-    if (strcmp(gg__warned[i], name) == 0) return;
-  if (gg__n_warned < 64) gg__strlcpy(gg__warned[gg__n_warned++], name, sizeof gg__warned[0]);
+    if (strncmp(gg__warned[i], name, sizeof gg__warned[0] - 1) == 0) return;
+  if (gg__n_warned == GG__WARN_MAX) {
+    if (!gg__warn_capped)
+      fprintf(stderr, "gpuguard: registry: more than %d bad entries; skipping the rest without a warning\n",
+              GG__WARN_MAX);
+    gg__warn_capped = true;
+    return;
+  }
+  gg__strlcpy(gg__warned[gg__n_warned++], name, sizeof gg__warned[0]);
   char msg[512];
   va_list ap;
   va_start(ap, fmt);
@@ -228,11 +298,14 @@ static void GG__PRINTF(2, 3) gg__warn(const char *name, const char *fmt, ...) {
 }
 
 /* Parses a record; false when anything is off. */
-static bool gg__parse_record(char *text, pid_t file_pid, gg_session_record_t *r) {
-  memset(r, 0, sizeof *r);
+static bool gg__parse_record(char *text, pid_t file_pid, gg__rec_t *rec) {
+  memset(rec, 0, sizeof *rec);
+  gg_session_record_t *r = &rec->r;
   char *save = NULL, *line = strtok_r(text, "\n", &save);
-  if (!line || strcmp(line, "gpuguard-record 1") != 0) return false;
+  if (!line || (strcmp(line, "gpuguard-record 1") != 0 && strcmp(line, "gpuguard-record 2") != 0))
+    return false;
   unsigned seen = 0;
+  long v_pid = 0, v_ppid = 0, v_host = 0;
   while ((line = strtok_r(NULL, "\n", &save))) {
     char *sp = strchr(line, ' ');
     const char *v = sp ? sp + 1 : "";
@@ -240,11 +313,15 @@ static bool gg__parse_record(char *text, pid_t file_pid, gg_session_record_t *r)
     char *end = NULL;
     errno = 0;
     if (!strcmp(line, "pid"))
-      r->pid = (pid_t)strtol(v, &end, 10), seen |= 1;
+      v_pid = strtol(v, &end, 10), seen |= 1;
     else if (!strcmp(line, "start"))
       r->start_time = strtoull(v, &end, 10), seen |= 2;
     else if (!strcmp(line, "ppid"))
-      r->ppid = (pid_t)strtol(v, &end, 10), seen |= 4;
+      v_ppid = strtol(v, &end, 10), seen |= 4;
+    else if (!strcmp(line, "pidns"))
+      rec->pidns = strtoull(v, &end, 10);
+    else if (!strcmp(line, "hostpid"))
+      v_host = strtol(v, &end, 10);
     else if (!strcmp(line, "session") && gg__session_ok(v))
       gg__strlcpy(r->session, v, sizeof r->session), seen |= 8;
     else if (!strcmp(line, "role") && (!strcmp(v, "leader") || !strcmp(v, "worker")))
@@ -257,31 +334,80 @@ static bool gg__parse_record(char *text, pid_t file_pid, gg_session_record_t *r)
       return false;
     if (end && (*end || errno || end == v)) return false;
   }
-  return seen == 31 && r->pid == file_pid && r->pid > 0 && r->ppid >= 0;
+  /* Pids are ints: a value beyond one must not wrap onto another process (4294967297 is not pid 1). */
+  if (v_pid <= 0 || v_pid > INT_MAX || v_ppid < 0 || v_ppid > INT_MAX || v_host < 0 || v_host > INT_MAX)
+    return false;
+  r->pid = (pid_t)v_pid, r->ppid = (pid_t)v_ppid, rec->hostpid = (pid_t)v_host;
+  return seen == 31 && r->pid == file_pid;
 }
 
-typedef int (*gg__rec_fn)(int dfd, const char *name, const gg_session_record_t *r, void *user);
+/* ---- judging a record from another pid namespace ------------------------------------------------------ */
 
-/* Reads every valid record; the rest is warned about and skipped. */
-static int gg__reg_each(const char *call, gg__rec_fn fn, void *user) {
-  char dir[PATH_MAX];
-  int dfd, rc = gg__reg_open(dir, sizeof dir, &dfd);
-  if (rc != 0) return rc;
+typedef struct gg__ns_look {
+  const gg__rec_t *rec;
+  bool seen_ns; /* some process of the record's namespace is visible to us */
+  bool alive;   /* the recorded process itself, same start time */
+} gg__ns_look_t;
+
+/* Is `pid` (a pid of our /proc) the recorded process? 1 yes, 0 it is in the namespace but another
+ * process, -1 not in the namespace or not readable. */
+static int gg__ns_match(pid_t pid, const gg__rec_t *rec, unsigned long long start) {
+  unsigned long long ns;
+  pid_t outer, inner;
+  if (gg__proc_pidns(pid, &ns) != 0 || ns != rec->pidns) return -1;
+  if (gg__proc_nspid(pid, &outer, &inner, NULL) != 0) return -1;
+  return inner == rec->r.pid && start == rec->r.start_time;
+}
+
+static int gg__ns_visit(const gg__pinfo_t *info, void *user) {
+  gg__ns_look_t *l = user;
+  int m = gg__ns_match(info->pid, l->rec, info->start);
+  if (m >= 0) l->seen_ns = true;
+  if (m == 1) l->alive = true;
+  return l->alive;
+}
+
+/* A record written in another pid namespace names a pid of that namespace, which means nothing here
+ * (a job in a container records pid 2; reading pid 2 here says "stale" and reap would kill the live
+ * job: issue 16 item 3). It is alive unless proven dead: found through the pid the writer saw in the
+ * outermost namespace it could see, or proven dead when some process of its namespace is visible here
+ * but none is the recorded one. A namespace none of whose processes we can see (a sibling container,
+ * or one that is gone entirely) proves nothing: the record counts as alive and stays until it is
+ * judged from its own namespace (or removed by hand). */
+static bool gg__foreign_stale(const gg__rec_t *rec, bool *parent_alive) {
+  *parent_alive = true; /* unknowable from here */
+  gg__pinfo_t info;
+  if (rec->hostpid > 0 && gg__proc_read_stat(rec->hostpid, &info) == 0 && info.state != 'Z' &&
+      gg__ns_match(rec->hostpid, rec, info.start) == 1)
+    return false;
+  gg__ns_look_t l = {rec, false, false};
+  if (gg__proc_walk(gg__ns_visit, &l) < 0) return false;
+  return l.seen_ns && !l.alive;
+}
+
+static unsigned long long gg__my_pidns(void) {
+  unsigned long long ns = 0;
+  return gg__proc_pidns(0, &ns) == 0 ? ns : 0;
+}
+
+/* Under gg__reg_lock: reads every valid record in dfd; the rest is warned about and skipped. */
+static int gg__reg_scan(int dfd, const char *call, const char *dir, gg__rec_fn fn, void *user) {
   int dfd2 = dup(dfd);
   DIR *d = dfd2 >= 0 ? fdopendir(dfd2) : NULL;
   if (!d) {
     if (dfd2 >= 0) close(dfd2);
-    close(dfd);
     return gg__err(GG_EIO, "%s: cannot list '%s': %s", call, dir, strerror(errno));
   }
-  pthread_mutex_lock(&gg__reg_lock);
+  unsigned long long my_ns = gg__my_pidns();
+  int rc = 0;
   const struct dirent *e;
   while ((e = readdir(d))) {
     const char *name = e->d_name;
     if (name[0] == '.') continue; /* ".", "..", and records being written */
     char *end = NULL;
+    errno = 0;
     long pid = strtol(name, &end, 10);
-    if (pid <= 0 || end == name || strcmp(end, ".rec") != 0) {
+    if (pid <= 0 || pid > INT_MAX || errno || end == name || strcmp(end, ".rec") != 0) {
       gg__warn(name, "not a record name (PID.rec)");
       continue;
     }
@@ -307,47 +433,72 @@ static int gg__reg_each(const char *call, gg__rec_fn fn, void *user) {
     close(fd);
     if (len < 0) continue;
     text[len] = '\0';
-    gg_session_record_t r;
-    if (memchr(text, '\0', (size_t)len) || !gg__parse_record(text, (pid_t)pid, &r)) {
+    gg__rec_t rec;
+    if (memchr(text, '\0', (size_t)len) || !gg__parse_record(text, (pid_t)pid, &rec)) {
       gg__warn(name, "corrupt record");
       continue;
     }
-    gg__pinfo_t info;
-    r.stale = gg__proc_read_stat(r.pid, &info) != 0 || info.start != r.start_time || info.state == 'Z';
-    r.parent_alive = r.ppid > 0 && gg__proc_read_stat(r.ppid, &info) == 0 && info.state != 'Z';
-    if ((rc = fn(dfd, name, &r, user)) != 0) break;
+    gg_session_record_t *r = &rec.r;
+    rec.foreign = rec.pidns && my_ns && rec.pidns != my_ns;
+    if (rec.foreign) {
+      bool parent_alive;
+      r->stale = gg__foreign_stale(&rec, &parent_alive);
+      r->parent_alive = parent_alive;
+    } else {
+      gg__pinfo_t info;
+      r->stale = gg__proc_read_stat(r->pid, &info) != 0 || info.start != r->start_time || info.state == 'Z';
+      r->parent_alive = r->ppid > 0 && gg__proc_read_stat(r->ppid, &info) == 0 && info.state != 'Z';
+    }
+    if ((rc = fn(dfd, name, &rec, user)) != 0) break;
   }
-  pthread_mutex_unlock(&gg__reg_lock);
   closedir(d);
+  return rc < 0 ? rc : 0;
+}
+
+static int gg__reg_each(const char *call, gg__rec_fn fn, void *user) {
+  char dir[PATH_MAX];
+  int dfd, rc = gg__reg_open(dir, sizeof dir, &dfd);
+  if (rc != 0) return rc;
+  pthread_mutex_lock(&gg__reg_lock);
+  rc = gg__reg_scan(dfd, call, dir, fn, user);
+  pthread_mutex_unlock(&gg__reg_lock);
   close(dfd);
   return rc;
 }
 
 typedef struct gg__list {
   gg_session_record_t *rows;
+  unsigned char *foreign;
   size_t cap, n;
 } gg__list_t;
 
-static int gg__list_one(int dfd, const char *name, const gg_session_record_t *r, void *user) {
+static int gg__list_one(int dfd, const char *name, const gg__rec_t *r, void *user) {
   (void)dfd, (void)name;
   gg__list_t *l = user;
-  if (l->n < l->cap) l->rows[l->n] = *r;
+  if (l->n < l->cap) {
+    l->rows[l->n] = r->r;
+    if (l->foreign) l->foreign[l->n] = r->foreign;
+  }
   l->n++;
   return 0;
 }
 
-int gg_registry_list(gg_session_record_t *rows, size_t cap, size_t *count) {
+int gg__registry_list_ns(gg_session_record_t *rows, unsigned char *foreign, size_t cap, size_t *count) {
   if (!count || (cap && !rows))
     return gg__err(GG_EINVAL, "gg_registry_list: NULL %s", count ? "rows" : "count");
-  gg__list_t l = {rows, cap, 0};
+  gg__list_t l = {rows, foreign, cap, 0};
   *count = 0;
   int rc = gg__reg_each("gg_registry_list", gg__list_one, &l);
   if (rc == 0) *count = l.n;
   return rc;
 }
 
-static int gg__prune_one(int dfd, const char *name, const gg_session_record_t *r, void *user) {
-  if (r->stale && unlinkat(dfd, name, 0) == 0) ++*(size_t *)user;
+int gg_registry_list(gg_session_record_t *rows, size_t cap, size_t *count) {
+  return gg__registry_list_ns(rows, NULL, cap, count);
+}
+
+static int gg__prune_one(int dfd, const char *name, const gg__rec_t *r, void *user) {
+  if (r->r.stale && unlinkat(dfd, name, 0) == 0) ++*(size_t *)user;
   return 0;
 }
 

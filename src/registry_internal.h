@@ -3,8 +3,16 @@
 #ifndef GG_REGISTRY_INTERNAL_H
 #define GG_REGISTRY_INTERNAL_H
 
+#include <stddef.h>
+
+#include "gpuguard/proc.h"
+
 /* [AS-safe] Unlinks this process's registry record if it made one (never the parent's, after fork). */
 void gg__registry_fatal_unlink(void);
+
+/* gg_registry_list(), and for each row whether it was written in another pid namespace (its pid means
+ * nothing here; foreign may be NULL). */
+int gg__registry_list_ns(gg_session_record_t *rows, unsigned char *foreign, size_t cap, size_t *count);
 
 /* fork.c's handler calls these in the lock order (see fork.c): take the lock, then release it. */
 void gg__registry_fork_prepare(void);

@@ -93,6 +93,44 @@ static bool gg__poll_exited(gg__target_t *t) {
   return t->exited;
 }
 
+/* ---- a process group, only as far as it is ours ---------------------------------------------------------
+ */
+
+typedef struct gg__group {
+  pid_t pgrp, me;
+  int sig;
+  bool foreign; /* some member runs as another user */
+  bool send;    /* second pass: signal our members one by one */
+} gg__group_t;
+
+static int gg__group_visit(const gg__pinfo_t *p, void *user) {
+  gg__group_t *g = user;
+  if (p->pgrp != g->pgrp || p->pid == g->me || p->state == 'Z' || p->state == 'X') return 0;
+  uid_t uid;
+  bool mine = gg__proc_uid(p->pid, &uid) == 0 && uid == getuid();
+  if (!g->send) {
+    g->foreign |= !mine;
+    return 0;
+  }
+  if (mine && p->pid > 1) kill(p->pid, g->sig);
+  return 0;
+}
+
+/* kill(-pgrp) would reach every member, another user's too (root's teardown, or a setuid program in the
+ * job's group: issue 16 item 4). When a member is not ours, the group is not signalled as a whole: each
+ * member of ours is, and the receipt says so (GG_PROC_SENT_GROUP_FOREIGN). */
+static void gg__signal_group(gg__td_t *td, pid_t pgrp, int sig, unsigned *sent) {
+  gg__group_t g = {.pgrp = pgrp, .me = td->me, .sig = sig};
+  if (gg__proc_walk(gg__group_visit, &g) < 0) return; /* cannot see the members: signal none */
+  if (!g.foreign) {
+    kill(-pgrp, sig);
+    return;
+  }
+  *sent |= GG_PROC_SENT_GROUP_FOREIGN;
+  g.send = true;
+  gg__proc_walk(gg__group_visit, &g);
+}
+
 static atomic_bool gg__mute;
 void gg__proc_test_mute(bool on) { atomic_store(&gg__mute, on); }
 
@@ -114,9 +152,12 @@ static void gg__send(gg__td_t *td, gg__target_t *t, int sig, unsigned flag) {
   if (!ok) return;
   t->out.sent |= flag;
   /* Trap: killpg alone misses setsid'd grandchildren (they are found by the /proc walk instead), and a
-   * group id is only safe to signal while its leader's pid is still held, as it was just now. */
+   * group id is only safe to signal while its leader's pid is still held, as it was just now, by the
+   * process we know (start time: a reused pid leads somebody else's group). */
   gg__pinfo_t info;
-  if (gg__proc_read_stat(pid, &info) == 0 && info.pgrp == pid && pid != getpgrp()) kill(-pid, sig);
+  if (gg__proc_read_stat(pid, &info) == 0 && info.pgrp == pid && pid != getpgrp() &&
+      (!t->kid.start || info.start == t->kid.start))
+    gg__signal_group(td, pid, sig, &t->out.sent);
 }
 
 /* ---- discovery: descendants, group members and (as subreaper) orphans of the targets ------------------ */
@@ -420,10 +461,11 @@ int gg_proc_receipt_json(const gg_proc_receipt_t *receipt, char *buf, size_t cap
     gg__put(&o, ",\"found\":", 9);
     gg__put_str(&o, p->found ? p->found : "tracked");
     gg__putf(&o, ",\"sent\":[%s%s%s%s%s]", p->sent & GG_PROC_SENT_TERM ? "\"TERM\"" : "",
-             (p->sent & GG_PROC_SENT_TERM) && (p->sent & ~(unsigned)GG_PROC_SENT_TERM) ? "," : "",
+             (p->sent & GG_PROC_SENT_TERM) && (p->sent & (GG_PROC_SENT_CONT | GG_PROC_SENT_KILL)) ? "," : "",
              p->sent & GG_PROC_SENT_CONT ? "\"CONT\"" : "",
              (p->sent & GG_PROC_SENT_CONT) && (p->sent & GG_PROC_SENT_KILL) ? "," : "",
              p->sent & GG_PROC_SENT_KILL ? "\"KILL\"" : "");
+    if (p->sent & GG_PROC_SENT_GROUP_FOREIGN) gg__putf(&o, "%s", ",\"group\":\"ours only\"");
     unsigned e = (unsigned)p->end < 5 ? (unsigned)p->end : 2;
     gg__putf(&o, ",\"end\":\"%s\",\"code\":%d", ends[e], p->code);
     if (p->end == GG_PROC_ALIVE) {

@@ -272,6 +272,68 @@ static void test_streams_and_events(void **state) {
   gg__dev_close(d);
 }
 
+/* Issue 16 item 15: a malformed fault spec or granularity says what was wrong, with the value given. */
+static void test_bad_specs_named(void **state) {
+  (void)state;
+  gg_assert_fails(gg_host_fault_set("map:1,"), GG_EINVAL, "trailing ','");
+  gg_assert_fails(gg_host_fault_set("map: 3"), GG_EINVAL, "needs a call number");
+  gg_assert_fails(gg_host_fault_set("map:+3"), GG_EINVAL, "needs a call number");
+  gg_assert_ok(gg_host_fault_set("map:3,unmap:2+"));
+  gg_assert_ok(gg_host_fault_set(NULL));
+  gg__dev_t *d = NULL;
+  setenv("GPUGUARD_HOST_GRANULARITY", "3", 1);
+  setenv("GPUGUARD_HOST_FAULT", "map:1", 1); /* another variable's value must not show up instead */
+  gg_assert_fails(gg__dev_open("host", 0, &d), GG_EINVAL, "GPUGUARD_HOST_GRANULARITY='3': must be a power");
+  unsetenv("GPUGUARD_HOST_FAULT");
+  setenv("GPUGUARD_HOST_GRANULARITY", "12288", 1);
+  gg_assert_fails(gg__dev_open("host", 0, &d), GG_EINVAL, "'12288'");
+  unsetenv("GPUGUARD_HOST_GRANULARITY");
+}
+
+/* Issue 16 item 8: a handle the host backend did not make is refused, never read (reading 0x2 crashed).
+ * CUDA's special handles name a default stream, as NULL does. */
+static void test_foreign_stream_handles(void **state) {
+  (void)state;
+  gg__dev_t *d = open_host();
+  void *ev = NULL, *s = NULL;
+  gg_assert_ok(d->ops->event_create(d, &ev));
+  void *defaults[] = {NULL, (void *)0x1, (void *)0x2};
+  for (int i = 0; i < 3; i++) {
+    gg_assert_ok(d->ops->event_record(d, ev, defaults[i]));
+    assert_int_equal(d->ops->event_query(d, ev), 1);
+    gg_assert_ok(d->ops->stream_sync(d, defaults[i]));
+    assert_int_equal(d->ops->stream_query(d, defaults[i]), 1);
+    gg_assert_ok(d->ops->stream_check(d, defaults[i], "test"));
+  }
+  int on_stack;
+  void *foreign[] = {(void *)0x3, (void *)0xdead0, &on_stack};
+  for (int i = 0; i < 3; i++) {
+    gg_assert_fails(d->ops->event_record(d, ev, foreign[i]), GG_EINVAL, "not a stream of the host backend");
+    gg_assert_fails(d->ops->stream_sync(d, foreign[i]), GG_EINVAL, "not a stream of the host backend");
+    gg_assert_fails(d->ops->stream_query(d, foreign[i]), GG_EINVAL, "cudaStreamPerThread");
+    gg_assert_fails(d->ops->stream_check(d, foreign[i], "test"), GG_EINVAL, "test: stream");
+    gg_assert_fails(gg_host_stream_hold(foreign[i]), GG_EINVAL, "gg_host_stream_hold");
+    gg_assert_fails(gg_host_stream_release(foreign[i]), GG_EINVAL, "gg_host_stream_release");
+    gg_assert_fails(gg_host_stream_destroy(foreign[i]), GG_EINVAL, "not a live stream");
+    gg_assert_fails(gg_host_stream_capture_begin(foreign[i]), GG_EINVAL, "not a stream");
+  }
+  gg_assert_fails(gg_host_stream_hold((void *)0x2), GG_EINVAL, "default stream");
+  gg_assert_fails(gg_host_stream_capture_begin((void *)0x1), GG_EINVAL, "legacy");
+  /* A destroyed handle is stale: refused, and a second destroy is not a double free. */
+  gg_assert_ok(gg_host_stream_create(&s));
+  gg_assert_ok(d->ops->stream_sync(d, s));
+  gg_assert_ok(gg_host_stream_destroy(s));
+  gg_assert_fails(d->ops->stream_query(d, s), GG_EINVAL, "not a stream of the host backend");
+  gg_assert_fails(gg_host_stream_destroy(s), GG_EINVAL, "not a live stream");
+  /* Many live streams: each is found (the set has buckets), each destroyed once. */
+  void *many[200];
+  for (int i = 0; i < 200; i++) gg_assert_ok(gg_host_stream_create(&many[i]));
+  for (int i = 0; i < 200; i++) assert_int_equal(d->ops->stream_query(d, many[i]), 1);
+  for (int i = 0; i < 200; i++) gg_assert_ok(gg_host_stream_destroy(many[i]));
+  gg_assert_ok(d->ops->event_destroy(d, ev));
+  gg__dev_close(d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_map_write_read_unmap, setup),
@@ -283,6 +345,8 @@ int main(void) {
       cmocka_unit_test_setup(test_faults_are_deterministic, setup),
       cmocka_unit_test_setup(test_fault_from_environment, setup),
       cmocka_unit_test_setup(test_streams_and_events, setup),
+      cmocka_unit_test_setup(test_foreign_stream_handles, setup),
+      cmocka_unit_test_setup(test_bad_specs_named, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -199,6 +199,43 @@ static void test_allocations_race_registration_and_destroy(void **state) {
   assert_null(got);
 }
 
+/* Issue 16 item 8: cudaStreamPerThread (0x2) after a fallback to the host backend names the default
+ * stream; a handle the host backend never made is refused at create and at free, never read. */
+static void test_cuda_special_and_foreign_streams(void **state) {
+  (void)state;
+  gg_arena_options_t o;
+  gg_arena_options_init(&o);
+  o.backend = "host", o.capacity = 16u << 20, o.chunk_size = 2u << 20, o.stream = (void *)0x2;
+  gg_arena_t *a = NULL;
+  gg_assert_ok(gg_arena_create(&a, &o));
+  gg_arena_stats_t s;
+  gg_assert_ok(gg_arena_stats(a, &s));
+  void *p = NULL;
+  gg_assert_ok(gg_alloc(a, 1000, &p));
+  gg_assert_ok(gg_free(a, p));
+  gg_assert_ok(gg_arena_stats(a, &s));
+  gg_assert_ok(gg_plugin_set_arena(6, a));
+  assert_non_null(p = gg_torch_alloc(100, 6, (void *)0x2));
+  gg_torch_free(p, 100, 6, (void *)0x2);
+  gg_assert_ok(gg_arena_stats(a, &s));
+  assert_int_equal(s.n_live, 0);
+  /* A foreign handle: the free fails (counted, the block stays with the arena), nothing crashes. */
+  gg_plugin_stats_t before, after;
+  gg_assert_ok(gg_plugin_stats(6, &before));
+  assert_non_null(p = gg_torch_alloc(100, 6, NULL));
+  gg_torch_free(p, 100, 6, (void *)0xdead0);
+  gg_assert_ok(gg_plugin_stats(6, &after));
+  assert_int_equal(after.n_failed_frees, before.n_failed_frees + 1);
+  gg_torch_free(p, 100, 6, NULL);
+  gg_assert_ok(gg_arena_stats(a, &s));
+  assert_int_equal(s.n_live, 0);
+  gg_assert_ok(gg_plugin_set_arena(6, NULL));
+  gg_assert_ok(gg_arena_destroy(a));
+  o.stream = (void *)0xdead0;
+  gg_assert_fails(gg_arena_create(&a, &o), GG_EINVAL, "gg_arena_create: stream");
+  assert_null(a);
+}
+
 int main(void) {
   setenv("GPUGUARD_HOST_CAPACITY", "1G", 1);
   const struct CMUnitTest tests[] = {
@@ -207,6 +244,7 @@ int main(void) {
       cmocka_unit_test(test_record_stream_makes_the_free_wait),
       cmocka_unit_test(test_growth_past_the_peak_trims_first),
       cmocka_unit_test(test_allocations_race_registration_and_destroy),
+      cmocka_unit_test(test_cuda_special_and_foreign_streams),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

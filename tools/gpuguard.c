@@ -153,12 +153,17 @@ static int cmd_info(int argc, char **argv) {
     return cli_opt_error(o, argv);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-  if (format < 0) return print_devices(stdout);
-  if (gg_report(stdout, (gg_format_t)format, GG_REPORT_DEVICES) < 0) {
+  if (format < 0) {
+    if (print_devices(stdout)) return 1;
+  } else if (gg_report(stdout, (gg_format_t)format, GG_REPORT_DEVICES) < 0) {
     fprintf(stderr, "gpuguard info: %s\n", gg_last_error());
     return 1;
   }
-  return 0;
+  /* A device the listing could not read (a bad GPUGUARD_HOST_* value, say) is a failure too. */
+  int n = 0, bad = 0;
+  gg_device_info_t d;
+  for (int i = 0; gg_device_count(&n) == 0 && i < n; i++) bad += gg_device_info(i, &d) < 0;
+  return bad ? 1 : 0;
 }
 
 /* ---- ps ----------------------------------------------------------------------------------------------- */
@@ -306,6 +311,7 @@ static bool free_after(int device, size_t before, double limit_ms, size_t *after
 
 typedef struct run_opts {
   long grace, device;
+  int pid_ns; /* GG_SPAWN_PID_NS_*; AUTO asks gg_proc_pid_ns_probe() first and says once if refused */
   const char *receipt_path;
   int receipt_fd;       /* opened before the job starts, so an unwritable path is said at once */
   bool receipt_created; /* removed again when the job cannot start */
@@ -421,12 +427,11 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
 
 /* Phase 1: the options. Returns -1 to go on, else the exit status. */
 static int run_parse(int argc, char **argv, run_opts_t *o) {
-  static const struct option longs[] = {{"grace", required_argument, 0, 'g'},
-                                        {"receipt", required_argument, 0, 'r'},
-                                        {"device", required_argument, 0, 'd'},
-                                        {"help", no_argument, 0, 'h'},
-                                        {0, 0, 0, 0}};
-  *o = (run_opts_t){.grace = 2000, .receipt_fd = -1};
+  static const struct option longs[] = {
+      {"grace", required_argument, 0, 'g'},  {"receipt", required_argument, 0, 'r'},
+      {"device", required_argument, 0, 'd'}, {"pid-ns", optional_argument, 0, 'p'},
+      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+  *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_OFF, .receipt_fd = -1};
   int opt;
   while ((opt = next_opt(argc, argv, longs)) != -1) {
     if (opt == 'h') return usage(stdout, current), 0;
@@ -438,6 +443,16 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       o->device = strtol(optarg, &end, 10);
       if (errno || end == optarg || *end || o->device < 0 || o->device > 1024)
         return bad_usage("--device '%s': a device ordinal expected", optarg);
+    } else if (opt == 'p') {
+      const char *v = optarg ? optarg : "auto";
+      if (!strcmp(v, "auto"))
+        o->pid_ns = GG_SPAWN_PID_NS_AUTO;
+      else if (!strcmp(v, "on"))
+        o->pid_ns = GG_SPAWN_PID_NS_ON;
+      else if (!strcmp(v, "off"))
+        o->pid_ns = GG_SPAWN_PID_NS_OFF;
+      else
+        return bad_usage("--pid-ns=%s: auto, on or off expected", v);
     } else if (opt == 'r') {
       if (!*optarg) return bad_usage("%s", "--receipt needs a path (or - for stdout)");
       o->receipt_path = optarg;
@@ -484,6 +499,10 @@ static int run_start(const run_opts_t *o, run_env_t *env, job_result_t *r) {
   env->have_dev = gg_device_info((int)o->device, &env->dev) == 0;
   gg_spawn_options_t so;
   gg_spawn_options_init(&so);
+  so.pid_ns = o->pid_ns;
+  if (o->pid_ns == GG_SPAWN_PID_NS_AUTO && gg_proc_pid_ns_probe() < 0) /* one line, then today's design */
+    fprintf(stderr, "gpuguard run: no PID namespace for the job (%s); running it without one\n",
+            gg_last_error());
   int rc = gg_proc_spawn(NULL, (const char *const *)o->cmd, &so, &r->pid);
   if (rc == 0) return -1;
   fprintf(stderr, "gpuguard run: %s\n", gg_last_error());
@@ -736,13 +755,16 @@ static const command_t commands[] = {
      "is never listed. Control characters in commands are shown as \\xHH.\n"
      "Exit status (the same with --json): 0 listed (also when nothing holds a GPU), 1 the list could not\n"
      "be read, 2 usage error, 3 no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads).\n"},
-    {"run", "[--grace MS] [--receipt PATH] [--device N] -- CMD ARGS...",
+    {"run", "[--grace MS] [--receipt PATH] [--device N] [--pid-ns[=auto|on|off]] -- CMD ARGS...",
      "Runs CMD as a guarded job; when it ends or the runner is signalled, nothing of it is left.", cmd_run,
      "  --grace MS      how long the job has to end after SIGTERM before SIGKILL (default 2000,\n"
      "                  at most 600000)\n"
      "  --receipt PATH  write a JSON receipt: what was sent to whom, how each ended, device free memory\n"
      "                  before and after ('-' for stdout)\n"
      "  --device N      the device whose free memory the receipt records (default 0)\n"
+     "  --pid-ns[=MODE] run CMD in its own PID namespace (auto when MODE is left out; default off):\n"
+     "                  if the runner is SIGKILLed, the kernel ends every process of the job at once.\n"
+     "                  auto falls back, saying so once, where namespaces are refused; on fails\n"
      "  -h, --help      this help\n"
      "The runner is a child subreaper, records a session leader in the registry (children inherit\n"
      "GPUGUARD_SESSION), forwards to CMD every signal that would otherwise end the runner (SIGINT,\n"

@@ -61,7 +61,9 @@ typedef struct gg_arena_options {
   size_t chunk_size;   /**< bytes mapped at a time as the arena grows, rounded up to the driver's
                             granularity; 0: the library's default */
   void *stream;        /**< the stream whose queued work may still use released memory (a CUstream,
-                            or a gg_host_stream on the host backend); NULL: the default stream */
+                            or a gg_host_stream on the host backend, where any other handle but
+                            0x1/0x2, the default streams, is refused with GG_EINVAL); NULL: the
+                            default stream */
   unsigned flags;      /**< GG_ARENA_* flags */
   const char *name;    /**< a name for reports (copied); NULL: "arena" */
 } gg_arena_options_t;

@@ -47,19 +47,25 @@ GG_API unsigned long long gg_host_op_count(const char *op);
  *  on a stream that is held: completion recorded on it stays pending until it is released, which is how
  *  tests show that memory is not reused while queued work may still read it.
  *  @param[out] stream receives the handle; pass it wherever a stream is accepted (arena options).
+ *  Wherever the host backend takes a stream, it accepts only such a live handle, NULL, and CUDA's
+ *  special handles cudaStreamLegacy (0x1) and cudaStreamPerThread (0x2), which name a default stream
+ *  as NULL does (work on it is complete at once; the per-thread one can be captured, as in CUDA). Any
+ *  other value (a CUstream after a fallback to the host backend, a destroyed handle) is refused with
+ *  GG_EINVAL, never dereferenced.
  *  @return 0, GG_EINVAL for a NULL out-pointer, GG_ENOMEM when host memory runs out. */
 GG_API int gg_host_stream_create(void **stream);
 
 /** Holds a stream: completion recorded on it from now on stays pending.
- *  @return 0, or GG_EINVAL for NULL. */
+ *  @return 0, or GG_EINVAL for NULL, a default stream or a handle that is not a live host stream. */
 GG_API int gg_host_stream_hold(void *stream);
 
 /** Releases a held stream: everything recorded on it so far completes.
- *  @return 0, or GG_EINVAL for NULL. */
+ *  @return 0, or GG_EINVAL for NULL, a default stream or a handle that is not a live host stream. */
 GG_API int gg_host_stream_release(void *stream);
 
 /** Destroys a stream made by gg_host_stream_create(). NULL is a no-op.
- *  @return 0. The caller must not use the stream afterwards (events recorded on it included). */
+ *  @return 0, or GG_EINVAL for a handle that is not a live host stream (destroyed already, say). The
+ *  handle is refused from then on; events recorded on it still complete. */
 GG_API int gg_host_stream_destroy(void *stream);
 
 /** Begins a simulated CUDA graph capture on @p stream, in CUDA's global capture mode. Until
@@ -69,8 +75,9 @@ GG_API int gg_host_stream_destroy(void *stream);
  *  the capture's id for @p stream (and "some capture is underway" for the NULL stream). Objects the
  *  library ties to the capture's graph are released when the graph is destroyed.
  *  @param stream a stream made by gg_host_stream_create().
- *  @return 0; GG_EINVAL for NULL (the legacy stream cannot be captured, as in CUDA); GG_ESTATE when the
- *  stream captures already; GG_ENOMEM. Thread-safe. */
+ *  @return 0; GG_EINVAL for NULL or 0x1 (the legacy stream cannot be captured, as in CUDA) and for a
+ *  handle that is neither a live host stream nor 0x2; GG_ESTATE when the stream captures already;
+ *  GG_ENOMEM. Thread-safe. */
 GG_API int gg_host_stream_capture_begin(void *stream);
 
 /** Ends the capture on @p stream. A valid capture becomes a live graph, identified by @p graph_id,

@@ -54,7 +54,36 @@ typedef struct gg_spawn_options {
   int death_signal;      /**< nonzero (default): the child gets SIGKILL when this process dies */
   int close_device_fds;  /**< nonzero: the child closes inherited /dev/nvidia* descriptors before
                               exec. Default 0 */
+  int pid_ns;            /**< GG_SPAWN_PID_NS_OFF (default), _AUTO or _ON: run the child in its own
+                              PID namespace (see gg_spawn_pid_ns_t). Appended in 0.2: callers built
+                              before it pass a smaller size and get OFF */
 } gg_spawn_options_t;
+
+/** Where a spawned child runs (gg_spawn_options_t::pid_ns).
+ *
+ *  With a PID namespace, the pid gg_proc_spawn() returns is a small keeper process in ours; its child
+ *  is the namespace's init (pid 1 there), which runs the program as pid 2, passes signals on (SIGINT,
+ *  SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM, SIGPIPE, SIGXCPU, SIGCONT, SIGWINCH), and reaps the
+ *  namespace's orphans. The keeper exits with the program's status (or dies of its signal). The
+ *  guarantee: when the keeper dies — this process SIGKILLed and the death signal fired, or a teardown
+ *  — the init dies, and the kernel kills every process of the namespace at once, double-forked
+ *  daemons included. When the program ends, the rest of the namespace gets SIGTERM and one second
+ *  before the init exits (and the kernel kills what is left). The namespace has its own /proc (a
+ *  private mount namespace), so `ps` inside shows its pids; from outside every process keeps its
+ *  ordinary pid (NVML and `gpuguard ps` see those). As root the namespace is made directly; otherwise
+ *  through an unprivileged user namespace mapping our uid and gid onto themselves, where the system
+ *  allows one. */
+typedef enum gg_spawn_pid_ns {
+  GG_SPAWN_PID_NS_OFF = 0,  /**< the child runs in our PID namespace (the default) */
+  GG_SPAWN_PID_NS_AUTO = 1, /**< a namespace when the system allows one, silently ours otherwise
+                                 (ask gg_proc_pid_ns_probe() first to tell the user) */
+  GG_SPAWN_PID_NS_ON = 2    /**< a namespace, or the spawn fails with GG_EIO naming the reason */
+} gg_spawn_pid_ns_t;
+
+/** Whether a child can be given its own PID namespace here (forks a short-lived probe).
+ *  @return 1 (as root: a PID namespace directly), 2 (through an unprivileged user namespace), or
+ *  GG_ENOTSUP with the reason in gg_last_error(); GG_EIO when the probe cannot fork. Thread-safe. */
+GG_API int gg_proc_pid_ns_probe(void);
 
 /** Fills opts with the defaults described at each field.
  *  @param opts the options to fill; NULL is ignored. Thread-safe. */
@@ -129,7 +158,11 @@ GG_API int gg_proc_close_device_fds(void);
 enum {
   GG_PROC_SENT_TERM = 1, /**< SIGTERM (to the process, and to its group when it leads one) */
   GG_PROC_SENT_CONT = 2, /**< SIGCONT, because it was stopped */
-  GG_PROC_SENT_KILL = 4  /**< SIGKILL */
+  GG_PROC_SENT_KILL = 4, /**< SIGKILL */
+  /** It leads a process group holding another user's process: the group was not signalled as a whole
+   *  (that would reach the other user's process), only its members of ours, one by one; the receipt's
+   *  JSON says `"group":"ours only"`. */
+  GG_PROC_SENT_GROUP_FOREIGN = 8
 };
 
 /** How a process ended in a teardown (gg_proc_outcome_t::end). */
@@ -219,8 +252,11 @@ GG_API int gg_proc_receipt_write(const gg_proc_receipt_t *receipt, FILE *f);
  *  and refused (GG_EPERM) if it is a symlink, not a directory, owned by another user, or accessible
  *  to group or others. Records (`PID.rec`, mode 0600) are written atomically (temporary file and
  *  rename) and removed at teardown; the fatal-signal path unlinks them too. A record whose pid is gone
- *  or names another process (start time differs) is stale. Records that are corrupt, not ours, or not
- *  regular files are skipped with one warning each on stderr, never trusted.
+ *  or names another process (start time differs) is stale. A record written in another PID namespace
+ *  (it records the namespace and the pid the outermost visible /proc gave it) is judged there: alive
+ *  unless this reader can see that namespace and the recorded process is not in it. Records that are
+ *  corrupt, not ours, or not regular files are skipped with one warning each on stderr (64 names at
+ *  most, then one line), never trusted.
  *  @{ */
 
 /** One record of the registry. */
@@ -243,7 +279,9 @@ typedef struct gg_session_record {
 GG_API int gg_registry_dir(char *buf, size_t cap);
 
 /** Records this process in the registry (again: replaces its record). The role is "worker" with the
- *  inherited session when GPUGUARD_SESSION is set, else "leader" with a new random session id, which
+ *  inherited session when GPUGUARD_SESSION is set and that session's leader is alive, runs as us and
+ *  is our ancestor (a leader recorded in another PID namespace counts, unproven); else "leader" (with
+ *  a line on stderr when an inherited id was not joined) with a new random session id, which
  *  is then exported as GPUGUARD_SESSION (setenv: call before starting threads that read the
  *  environment) so children inherit it.
  *  @param devices the devices used, free text such as "0,1"; NULL for none.

@@ -64,6 +64,9 @@ typedef struct gg__backend_ops {
   /* Non-blocking: 1 when every piece of work queued on the stream so far is done, 0 while some is
    * pending, <0 on error. One call instead of an event record and a query when the stream is idle. */
   int (*stream_query)(gg__dev_t *d, void *stream);
+  /* 0 when `stream` is a handle this backend can use, else GG_EINVAL naming `op`. NULL: every handle is
+   * taken as given (the driver checks it). Counts as no operation for fault injection. */
+  int (*stream_check)(gg__dev_t *d, void *stream, const char *op);
   /* CUDA graph capture. stream_capture: 0 with *capture_id 0 when `stream` is not capturing, 0 with the
    * capture's unique id (never 0) when it is (an invalidated capture still counts: it has not ended),
    * 1 with *capture_id 0 when `stream` is the legacy default stream while another stream captures

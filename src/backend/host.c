@@ -117,11 +117,12 @@ static int gg__fault_parse(const char *what, const char *spec, gg__fault_t out[G
     } else {
       if (nlen && n[nlen - 1] == '+') f.sticky = true, colon[nlen] = '\0';
       long v;
-      if (gg__parse_int(what, n, 1, 1000000000L, &v) < 0)
+      if (*n < '0' || *n > '9' || gg__parse_int(what, n, 1, 1000000000L, &v) < 0) /* digits only: no ' 3' */
         return gg__err(GG_EINVAL, "%s='%s': '%s' needs a call number >= 1, 'N+' or '*'", what, spec, item);
       f.nth = (unsigned long long)v;
     }
     out[op] = f;
+    if (end && !end[1]) return gg__err(GG_EINVAL, "%s='%s': a trailing ','", what, spec);
     p = end ? end + 1 : p + len;
   }
   return 0;
@@ -162,7 +163,52 @@ typedef struct gg__hstream {
   atomic_int refs;
   atomic_bool held;
   _Atomic unsigned long long submitted, completed;
+  struct gg__hstream *next_live; /* in gg__hlive's bucket while the handle is valid */
 } gg__hstream_t;
+
+/* The handles gg_host_stream_create() gave and nobody destroyed yet. A stream handle is read only once
+ * found here: code written for CUDA hands the host backend CUstreams, cudaStreamPerThread (0x2) or stale
+ * handles after an automatic fallback, and reading one of those crashed the process (issue 16 item 8). */
+#define GG__HLIVE_BUCKETS 64
+static struct {
+  pthread_mutex_t lock;
+  gg__hstream_t *bucket[GG__HLIVE_BUCKETS];
+} gg__hlive = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static gg__hstream_t **gg__hlive_slot(const void *stream) {
+  uintptr_t h = (uintptr_t)stream >> 4; /* calloc'd: the low bits are alignment */
+  gg__hstream_t **pp = &gg__hlive.bucket[(h ^ (h >> 6)) % GG__HLIVE_BUCKETS];
+  while (*pp && *pp != stream) pp = &(*pp)->next_live;
+  return pp;
+}
+
+/* CUDA's special handles. Both name a default stream, and on the simulated device work on a default
+ * stream is complete at once, so both behave as NULL does, except that the per-thread stream is not the
+ * legacy stream for captures (as in CUDA: it can be captured, and touching it does not break others). */
+#define GG__HSTREAM_LEGACY     ((void *)(uintptr_t)0x1)
+#define GG__HSTREAM_PER_THREAD ((void *)(uintptr_t)0x2)
+
+/* Resolves a stream handle for `op`: *s becomes the live simulated stream, or NULL for a default stream
+ * (NULL, 0x1, 0x2); *key the value captures compare (NULL for the legacy stream). With `ref`, *s gets a
+ * reference under the lock, so a concurrent destroy cannot free it under the caller. Anything else is
+ * refused with GG_EINVAL and never dereferenced. */
+static int gg__hstream_get(void *stream, const char *op, bool ref, gg__hstream_t **s, const void **key) {
+  *s = NULL;
+  if (key) *key = stream == GG__HSTREAM_LEGACY ? NULL : stream;
+  if (!stream || stream == GG__HSTREAM_LEGACY || stream == GG__HSTREAM_PER_THREAD) return 0;
+  pthread_mutex_lock(&gg__hlive.lock);
+  gg__hstream_t *found = *gg__hlive_slot(stream);
+  if (found && ref) atomic_fetch_add(&found->refs, 1);
+  pthread_mutex_unlock(&gg__hlive.lock);
+  if (!found)
+    return gg__err(GG_EINVAL,
+                   "%s: stream %p is not a stream of the host backend (one made by gg_host_stream_create() "
+                   "and not destroyed, NULL, cudaStreamLegacy 0x1 or cudaStreamPerThread 0x2); a CUDA "
+                   "stream cannot be used with the host backend",
+                   op, stream);
+  *s = found;
+  return 0;
+}
 
 /* GPUGUARD_HOST_BUSY: the device never catches up by itself; work recorded so far completes only
  * when somebody waits (a stream or event sync). */
@@ -236,9 +282,12 @@ static void gg__hcap_release(gg__hcapture_t *c) {
 }
 
 int gg_host_stream_capture_begin(void *stream) {
-  if (!stream)
+  if (!stream || stream == GG__HSTREAM_LEGACY)
     return gg__err(GG_EINVAL,
-                   "gg_host_stream_capture_begin: the legacy default stream (NULL) cannot be captured");
+                   "gg_host_stream_capture_begin: the legacy default stream (%p) cannot be captured", stream);
+  gg__hstream_t *s;
+  int rc = gg__hstream_get(stream, "gg_host_stream_capture_begin", false, &s, NULL);
+  if (rc < 0) return rc;
   gg__hcapture_t *c = calloc(1, sizeof *c);
   if (!c) return gg__err(GG_ENOMEM, "gg_host_stream_capture_begin: out of host memory");
   pthread_mutex_lock(&gg__hcap.lock);
@@ -292,7 +341,11 @@ static int gg__h_stream_capture(gg__dev_t *d, void *stream, unsigned long long *
   (void)d;
   *capture_id = 0;
   int rc = gg__op(GG__OP_stream_capture);
-  if (rc < 0 || atomic_load(&gg__hcap_underway) == 0) return rc;
+  gg__hstream_t *s;
+  if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: stream_capture", false, &s, NULL)) < 0)
+    return rc;
+  if (stream == GG__HSTREAM_LEGACY) stream = NULL;
+  if (atomic_load(&gg__hcap_underway) == 0) return rc;
   pthread_mutex_lock(&gg__hcap.lock);
   if (!stream) {
     rc = gg__hcap.capturing != NULL; /* the legacy stream while some stream captures */
@@ -338,26 +391,50 @@ int gg_host_stream_create(void **stream) {
   gg__hstream_t *s = calloc(1, sizeof *s);
   if (!s) return gg__err(GG_ENOMEM, "gg_host_stream_create: out of host memory");
   atomic_init(&s->refs, 1);
+  pthread_mutex_lock(&gg__hlive.lock);
+  gg__hstream_t **slot = gg__hlive_slot(s);
+  *slot = s; /* the end of its bucket: a fresh allocation is never in the set */
+  pthread_mutex_unlock(&gg__hlive.lock);
   *stream = s;
   return 0;
 }
 
+/* A live stream made by gg_host_stream_create(); the default streams have nothing to hold. */
+static int gg__hstream_own(void *stream, const char *op, gg__hstream_t **s) {
+  if (!stream) return gg__err(GG_EINVAL, "%s: stream is NULL (a default stream has nothing to hold)", op);
+  int rc = gg__hstream_get(stream, op, false, s, NULL);
+  if (rc == 0 && !*s)
+    rc = gg__err(GG_EINVAL, "%s: stream %p is a default stream; pass one made by gg_host_stream_create()", op,
+                 stream);
+  return rc;
+}
+
 int gg_host_stream_hold(void *stream) {
-  if (!stream) return gg__err(GG_EINVAL, "gg_host_stream_hold: stream is NULL");
-  atomic_store(&((gg__hstream_t *)stream)->held, true);
-  return 0;
+  gg__hstream_t *s;
+  int rc = gg__hstream_own(stream, "gg_host_stream_hold", &s);
+  if (rc == 0) atomic_store(&s->held, true);
+  return rc;
 }
 
 int gg_host_stream_release(void *stream) {
-  if (!stream) return gg__err(GG_EINVAL, "gg_host_stream_release: stream is NULL");
-  gg__hstream_t *s = stream;
+  gg__hstream_t *s;
+  int rc = gg__hstream_own(stream, "gg_host_stream_release", &s);
+  if (rc < 0) return rc;
   atomic_store(&s->held, false);
   atomic_store(&s->completed, atomic_load(&s->submitted));
   return 0;
 }
 
 int gg_host_stream_destroy(void *stream) {
-  gg__hstream_unref(stream);
+  if (!stream) return 0;
+  pthread_mutex_lock(&gg__hlive.lock);
+  gg__hstream_t **slot = gg__hlive_slot(stream), *s = *slot;
+  if (s) *slot = s->next_live; /* invalid from now on; events recorded on it keep it in memory */
+  pthread_mutex_unlock(&gg__hlive.lock);
+  if (!s)
+    return gg__err(GG_EINVAL,
+                   "gg_host_stream_destroy: %p is not a live stream made by gg_host_stream_create()", stream);
+  gg__hstream_unref(s);
   return 0;
 }
 
@@ -374,17 +451,23 @@ static int gg__h_event_create(gg__dev_t *d, void **ev) {
 static int gg__h_event_record(gg__dev_t *d, void *ev, void *stream) {
   (void)d;
   int rc = gg__op(GG__OP_event_record);
-  if (rc < 0 || (rc = gg__hcap_touch(stream, "event_record")) < 0) return rc;
+  gg__hstream_t *s;
+  const void *key;
+  if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: event_record", true, &s, &key)) < 0) return rc;
+  if ((rc = gg__hcap_touch(key, "event_record")) < 0) {
+    gg__hstream_unref(s);
+    return rc;
+  }
   gg__hevent_t *e = ev;
-  gg__hstream_t *s = stream;
-  e->rec_key = stream, e->recorded = true;
+  e->rec_key = key, e->recorded = true;
   gg__hstream_unref(e->stream);
   e->stream = NULL;
   e->busy_ticket = gg__host.busy ? atomic_fetch_add(&gg__busy_submitted, 1) + 1 : 0;
   if (s && atomic_load(&s->held)) {
-    atomic_fetch_add(&s->refs, 1);
-    e->stream = s;
+    e->stream = s; /* keeps the reference taken above */
     e->ticket = atomic_fetch_add(&s->submitted, 1) + 1;
+  } else {
+    gg__hstream_unref(s);
   }
   return 0;
 }
@@ -424,8 +507,11 @@ static int gg__h_event_destroy(gg__dev_t *d, void *ev) {
 static int gg__h_stream_sync(gg__dev_t *d, void *stream) {
   (void)d;
   int rc = gg__op(GG__OP_stream_sync);
-  if (rc < 0 || (rc = gg__hcap_touch(stream, "stream_sync")) < 0) return rc;
-  gg__hstream_t *s = stream;
+  gg__hstream_t *s;
+  const void *key;
+  if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: stream_sync", false, &s, &key)) < 0 ||
+      (rc = gg__hcap_touch(key, "stream_sync")) < 0)
+    return rc;
   /* A held stream stands for one with a kernel still running: waiting for it would never return. */
   if (s && (atomic_load(&s->held) || atomic_load(&s->completed) < atomic_load(&s->submitted)))
     return gg__err(GG_ETIMEDOUT, "host backend: stream is held with pending work; release it first");
@@ -436,11 +522,20 @@ static int gg__h_stream_sync(gg__dev_t *d, void *stream) {
 static int gg__h_stream_query(gg__dev_t *d, void *stream) {
   (void)d;
   int rc = gg__op(GG__OP_stream_query);
-  if (rc < 0 || (rc = gg__hcap_touch(stream, "stream_query")) < 0) return rc;
-  gg__hstream_t *s = stream;
+  gg__hstream_t *s;
+  const void *key;
+  if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: stream_query", false, &s, &key)) < 0 ||
+      (rc = gg__hcap_touch(key, "stream_query")) < 0)
+    return rc;
   /* A held stream stands for one with a kernel still running: it is busy whatever was recorded. */
   if (gg__host.busy) return 0;
   return !s || (!atomic_load(&s->held) && atomic_load(&s->completed) >= atomic_load(&s->submitted));
+}
+
+static int gg__h_stream_check(gg__dev_t *d, void *stream, const char *op) {
+  (void)d;
+  gg__hstream_t *s;
+  return gg__hstream_get(stream, op, false, &s, NULL);
 }
 
 /* ---- memory ------------------------------------------------------------------------------------------- */
@@ -706,6 +801,7 @@ static const gg__backend_ops_t gg__host_ops = {
     .event_destroy = gg__h_event_destroy,
     .stream_sync = gg__h_stream_sync,
     .stream_query = gg__h_stream_query,
+    .stream_check = gg__h_stream_check,
     .stream_capture = gg__h_stream_capture,
     .graph_retain = gg__h_graph_retain,
     .ctx_reset = gg__h_ctx_reset,
@@ -720,9 +816,8 @@ static int gg__host_configure(void) {
   int rc;
   if ((v = gg__env("GPUGUARD_HOST_CAPACITY")) && (rc = gg__parse_size("GPUGUARD_HOST_CAPACITY", v, &cap)) < 0)
     return rc;
-  if ((v = gg__env("GPUGUARD_HOST_GRANULARITY")) &&
-      (rc = gg__parse_size("GPUGUARD_HOST_GRANULARITY", v, &gran)) < 0)
-    return rc;
+  const char *gv = gg__env("GPUGUARD_HOST_GRANULARITY"); /* kept: the check below names it */
+  if (gv && (rc = gg__parse_size("GPUGUARD_HOST_GRANULARITY", gv, &gran)) < 0) return rc;
   if ((v = gg__env("GPUGUARD_HOST_VMM")) && (rc = gg__parse_bool("GPUGUARD_HOST_VMM", v, &vmm)) < 0)
     return rc;
   if ((v = gg__env("GPUGUARD_HOST_POPULATE")) &&
@@ -732,7 +827,8 @@ static int gg__host_configure(void) {
     return rc;
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   if (gran < page || (gran & (gran - 1)))
-    return gg__err(GG_EINVAL, "GPUGUARD_HOST_GRANULARITY='%s': must be a power of two >= %zu", v, page);
+    return gg__err(GG_EINVAL, "GPUGUARD_HOST_GRANULARITY='%s': must be a power of two >= %zu", gv ? gv : "",
+                   page);
   if (cap == 0) return gg__err(GG_EINVAL, "GPUGUARD_HOST_CAPACITY: must be more than 0 bytes");
   if ((v = gg__env("GPUGUARD_HOST_RANGE_UNMAP")) &&
       (rc = gg__parse_bool("GPUGUARD_HOST_RANGE_UNMAP", v, &range_unmap)) < 0)
@@ -768,8 +864,14 @@ int gg__host_props(int index, gg__dev_props_t *p) {
 
 /* fork() while another thread holds the simulated device's lock would leave it held in the child, whose
  * first open would hang: the lock is taken around fork. The forking thread owns it in the child. */
-void gg__host_fork_prepare(void) { pthread_mutex_lock(&gg__host.lock); }
-void gg__host_fork_release(void) { pthread_mutex_unlock(&gg__host.lock); }
+void gg__host_fork_prepare(void) {
+  pthread_mutex_lock(&gg__host.lock);
+  pthread_mutex_lock(&gg__hlive.lock);
+}
+void gg__host_fork_release(void) {
+  pthread_mutex_unlock(&gg__hlive.lock);
+  pthread_mutex_unlock(&gg__host.lock);
+}
 
 int gg__host_open(int index, gg__dev_t **out) {
   if (index != 0)

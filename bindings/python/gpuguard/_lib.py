@@ -131,7 +131,7 @@ CLEANUP_FN = ctypes.CFUNCTYPE(None, c_void_p)
 class SpawnOptions(Structure):
     _fields_ = [("size", c_size_t), ("new_process_group", c_int), ("env", POINTER(c_char_p)),
                 ("stdin_fd", c_int), ("stdout_fd", c_int), ("stderr_fd", c_int), ("cwd", c_char_p),
-                ("death_signal", c_int), ("close_device_fds", c_int)]
+                ("death_signal", c_int), ("close_device_fds", c_int), ("pid_ns", c_int)]
 
 
 class SessionRecord(Structure):
@@ -210,6 +210,7 @@ FUNCTIONS: List[Tuple[str, list, Any, bool]] = [
     ("gg_spawn_options_init", [POINTER(SpawnOptions)], None, False),
     ("gg_proc_spawn", [c_void_p, POINTER(c_char_p), POINTER(SpawnOptions), POINTER(c_int)], _STATUS, True),
     ("gg_proc_adopt_ex", [c_void_p, c_int, c_ulonglong], _STATUS, True),
+    ("gg_proc_pid_ns_probe", [], _STATUS, False),  # 1 or 2 when available: not an error code
     ("gg_proc_arm_child", [], _STATUS, True),
     ("gg_proc_set_subreaper", [c_int], _STATUS, True),
     ("gg_proc_close_device_fds", [], _STATUS, True),

@@ -157,7 +157,7 @@ class Arena:
     @property
     def name(self) -> str:
         """The arena's name."""
-        return C.gg_arena_name(self._handle()).decode()
+        return C.gg_arena_name(self._handle()).decode(errors="replace")
 
     @property
     def backend(self) -> str:

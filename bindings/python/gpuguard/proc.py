@@ -26,14 +26,17 @@ def _b(s: Union[str, bytes, "os.PathLike[str]"]) -> bytes:
 def spawn(argv: Sequence[PathLike], guard: Optional[Guard] = None, env: Optional[Mapping[str, str]] = None,
           cwd: Optional[PathLike] = None, new_process_group: bool = False, close_device_fds: bool = False,
           stdin: Optional[int] = None, stdout: Optional[int] = None, stderr: Optional[int] = None,
-          death_signal: bool = True) -> int:
+          death_signal: bool = True, pid_ns: str = "off") -> int:
     """Starts ``argv`` as a child in ``guard``'s set (None: the default set) and returns its pid.
 
     The child gets SIGKILL when this process dies (``death_signal``; tied to the process, not the calling
     thread), and is ended by the guard's teardown or ``teardown()``. ``env`` replaces the environment
     (None inherits ours); ``stdin``/``stdout``/``stderr`` are file descriptors (None inherits);
     ``new_process_group`` makes the child lead its own group (teardown signals the group);
-    ``close_device_fds`` closes inherited /dev/nvidia* descriptors before exec.
+    ``close_device_fds`` closes inherited /dev/nvidia* descriptors before exec. ``pid_ns`` ("off", "auto"
+    or "on") runs the child in its own PID namespace, so that all of it dies with this process; the pid
+    returned is then the namespace's keeper (see gg_spawn_pid_ns_t); ``pid_ns_probe()`` says whether
+    the system allows one.
     Raises NotFoundError for a missing program, PermissionError_ when it may not run."""
     from .errors import check_no_nul
     args = [check_no_nul("gpuguard.spawn", "argument", _b(a)) for a in argv]
@@ -54,12 +57,23 @@ def spawn(argv: Sequence[PathLike], guard: Optional[Guard] = None, env: Optional
     opts.new_process_group = int(new_process_group)
     opts.close_device_fds = int(close_device_fds)
     opts.death_signal = int(death_signal)
+    modes = {"off": 0, "auto": 1, "on": 2}
+    if pid_ns not in modes:
+        from .errors import GG_EINVAL, InvalidArgumentError
+        raise InvalidArgumentError("gpuguard.spawn: pid_ns %r: 'off', 'auto' or 'on' expected" % (pid_ns,),
+                                   GG_EINVAL, "GG_EINVAL")
+    opts.pid_ns = modes[pid_ns]
     opts.stdin_fd = -1 if stdin is None else stdin
     opts.stdout_fd = -1 if stdout is None else stdout
     opts.stderr_fd = -1 if stderr is None else stderr
     pid = c_int(0)
     C.gg_proc_spawn(_guard_handle(guard), c_argv, byref(opts), byref(pid))
     return pid.value
+
+
+def pid_ns_probe() -> bool:
+    """Whether ``spawn(..., pid_ns="on")`` can work here (root, or unprivileged user namespaces)."""
+    return C.gg_proc_pid_ns_probe() > 0
 
 
 def adopt(pid: int, guard: Optional[Guard] = None, start_time: Optional[int] = None) -> None:
@@ -140,7 +154,7 @@ def registry_list() -> List[Dict[str, Any]]:
             break
     return [{
         "pid": r.pid, "ppid": r.ppid, "start_time": r.start_time, "session": r.session.decode(),
-        "role": r.role.decode(), "devices": r.devices.decode(), "command": r.command.decode(errors="replace"),
+        "role": r.role.decode(), "devices": r.devices.decode(errors="replace"), "command": r.command.decode(errors="replace"),
         "stale": bool(r.stale), "parent_alive": bool(r.parent_alive),
     } for r in rows[:min(count.value, len(rows))]]
 

@@ -2,6 +2,7 @@
 start-time check that refuses a reused pid), the default set, errors, subreaper and the registry."""
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -131,3 +132,32 @@ def test_arm_child_close_device_fds_registry_and_orphans(tmp_path, monkeypatch):
         os.environ.pop("GPUGUARD_SESSION", None)
     assert [r for r in gpuguard.registry_list() if r["pid"] == os.getpid()] == []
     assert isinstance(gpuguard.orphans(), list)
+
+
+def test_spawn_in_a_pid_namespace_dies_with_its_keeper(tmp_path):
+    """spawn(pid_ns="on"): the job is pid 2 of its own namespace; killing the keeper (what this process's
+    death does through the death signal) ends every process of the job, a setsid'd one included."""
+    if not gpuguard.pid_ns_probe():
+        pytest.skip("PID namespaces refused here")
+    out = tmp_path / "out"
+    with open(out, "w") as f:
+        keeper = gpuguard.spawn(["sh", "-c", "echo $$; setsid sleep 303.25 & wait"], stdout=f.fileno(),
+                                pid_ns="on")
+    for _ in range(500):
+        if out.read_text().strip() and subprocess.run(["pgrep", "-fx", "sleep 303.25"],
+                                                      capture_output=True).stdout.strip():
+            break
+        time.sleep(0.01)
+    assert out.read_text().strip() == "2"
+    daemon = int(subprocess.run(["pgrep", "-fx", "sleep 303.25"], capture_output=True, text=True).stdout.split()[0])
+    os.kill(keeper, signal.SIGKILL)
+    for _ in range(500):
+        if not os.path.exists("/proc/%d" % daemon) or open("/proc/%d/stat" % daemon).read().split(")")[1].split()[0] == "Z":
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(daemon, signal.SIGKILL)
+        raise AssertionError("the setsid'd daemon outlived the namespace's keeper")
+    gpuguard.teardown(grace_ms=1000)
+    with pytest.raises(gpuguard.InvalidArgumentError, match="pid_ns"):
+        gpuguard.spawn(["true"], pid_ns="maybe")

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# cli_reap_trust.sh BUILD SRC — `gpuguard reap --yes` kills nothing it should not (issue 16 items 3-5):
+# a live runner started with a dead session's GPUGUARD_SESSION (item 5); a live job in another PID
+# namespace sharing the registry (item 3, root); another user's process in an orphan's process group
+# (item 4, root, with a second uid: `gpuguard-other`, created with useradd when absent). The real
+# orphan next to them is ended each time. Parts that need root are skipped, saying so, without it.
+set -euo pipefail
+build=$1
+g="$(cd "$build" && pwd)/gpuguard"
+tmp=$(mktemp -d)
+chmod 755 "$tmp"
+unset GPUGUARD_SESSION
+export GPUGUARD_REGISTRY_DIR="$tmp/reg"
+keep=()
+cleanup() { for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+tag=$$
+pids_of() { pgrep -f "^sleep $1$" || true; }
+wait_for() { for i in $(seq 1 500); do [ -n "$(pids_of "$1")" ] && return 0; sleep 0.02; done; fail "'sleep $1' never started"; }
+
+# A dead session: its runner SIGKILLed, its job (the orphan) left behind.
+"$g" run -- sh -c "sleep 71.$tag & wait" 2>/dev/null & dead_runner=$!
+keep+=($dead_runner)
+wait_for 71.$tag
+orphan=$(pids_of 71.$tag); keep+=($orphan)
+dead_session=$(tr '\0' '\n' < /proc/$orphan/environ | sed -n 's/^GPUGUARD_SESSION=//p')
+[ -n "$dead_session" ] || fail "the job has no session"
+kill -9 $dead_runner; wait $dead_runner 2>/dev/null || true
+
+# Item 5: a live runner given the dead session's id.
+GPUGUARD_SESSION=$dead_session "$g" run -- sleep 72.$tag 2>"$tmp/spoof.err" & spoof=$!
+keep+=($spoof)
+wait_for 72.$tag
+keep+=($(pids_of 72.$tag))
+grep -q "no live leader" "$tmp/spoof.err" || fail "the runner joined the dead session silently"
+
+# Item 3: a live job in its own PID namespace, same registry (root only).
+ns=no
+if [ "$(id -u)" = 0 ] && unshare --pid --fork --mount-proc true 2>/dev/null; then
+  unshare --pid --fork --mount-proc "$g" run -- sleep 73.$tag 2>/dev/null & nsjob=$!
+  keep+=($nsjob)
+  wait_for 73.$tag
+  keep+=($(pids_of 73.$tag))
+  ns=yes
+else
+  echo "SKIP part: a job in another PID namespace (needs root and unshare)"
+fi
+
+"$g" reap --yes --grace 300 > "$tmp/reap" 2>&1 || { cat "$tmp/reap"; fail "reap failed"; }
+for i in $(seq 1 300); do [ -d /proc/$orphan ] || break; sleep 0.02; done
+[ ! -d /proc/$orphan ] || { cat "$tmp/reap"; fail "the real orphan $orphan was not ended"; }
+kill -0 $spoof 2>/dev/null || { cat "$tmp/reap"; fail "item 5: reap killed the live runner given a dead session's id"; }
+[ -n "$(pids_of 72.$tag)" ] || fail "item 5: reap killed the live runner's job"
+echo "item 5: the live runner with a dead session's id and its job survive reap; the orphan was ended"
+if [ $ns = yes ]; then
+  [ -n "$(pids_of 73.$tag)" ] || { cat "$tmp/reap"; fail "item 3: reap killed a live job of another PID namespace"; }
+  echo "item 3: the job in another PID namespace survives reap"
+fi
+
+# Item 4: another user's process in an orphan's process group (root and a second uid).
+if [ "$(id -u)" != 0 ] || ! command -v setpriv >/dev/null; then
+  echo "SKIP part: another user's process in the orphan's group (needs root and setpriv)"
+  exit 0
+fi
+id gpuguard-other >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin gpuguard-other
+other=$(id -u gpuguard-other)
+"$g" run -- setsid sh -c "sleep 74.$tag & setpriv --reuid=$other --regid=$other --clear-groups sleep 75.$tag & wait" \
+  2>/dev/null & runner=$!
+keep+=($runner)
+wait_for 74.$tag; wait_for 75.$tag
+mine=$(pids_of 74.$tag) theirs=$(pids_of 75.$tag)
+keep+=($mine $theirs)
+[ "$(ps -o pgid= -p $mine)" = "$(ps -o pgid= -p $theirs)" ] || fail "the two are not in one group"
+kill -9 $runner; wait $runner 2>/dev/null || true
+for i in $(seq 1 300); do grep -q "^PPid:[[:space:]]*1$" /proc/$mine/status 2>/dev/null && break; sleep 0.02; done
+"$g" reap --yes --grace 300 > "$tmp/reap2" 2>&1 || { cat "$tmp/reap2"; fail "reap failed"; }
+for i in $(seq 1 300); do [ -d /proc/$mine ] || break; sleep 0.02; done
+[ ! -d /proc/$mine ] || { cat "$tmp/reap2"; fail "item 4: our orphan $mine was not ended"; }
+kill -0 $theirs 2>/dev/null || { cat "$tmp/reap2"; fail "item 4: reap signalled another user's process ($theirs)"; }
+echo "item 4: reap ended our orphans in the group and left uid $other's process alone"

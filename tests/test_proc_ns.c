@@ -1,0 +1,118 @@
+/* test_proc_ns.c — gg_proc_spawn() with a PID namespace: the job is pid 2 of its own namespace, its
+ * status comes back through the keeper, a teardown ends it, and when the spawning process is SIGKILLed
+ * the kernel ends every process of the job, a setsid'd daemon included. Skipped (77) where the system
+ * refuses namespaces; bad values refused. */
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gg_test.h"
+#include "procfs_internal.h"
+
+static int setup(void **state) {
+  (void)state;
+  if (gg_proc_pid_ns_probe() < 0) {
+    printf("SKIP: %s\n", gg_last_error());
+    exit(77);
+  }
+  return 0;
+}
+
+static bool read_line(int fd, char *buf, size_t cap) {
+  size_t n = 0;
+  while (n + 1 < cap) {
+    ssize_t r = read(fd, buf + n, 1);
+    if (r <= 0 || buf[n] == '\n') break;
+    n++;
+  }
+  buf[n] = '\0';
+  return n > 0;
+}
+
+static void test_job_is_pid_2_and_status_passes(void **state) {
+  (void)state;
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  gg_spawn_options_t o;
+  gg_spawn_options_init(&o);
+  o.pid_ns = GG_SPAWN_PID_NS_ON, o.stdout_fd = p[1];
+  const char *argv[] = {"/bin/sh", "-c", "echo $$; exit 5", NULL};
+  pid_t keeper;
+  gg_assert_ok(gg_proc_spawn(NULL, argv, &o, &keeper));
+  close(p[1]);
+  char line[64];
+  assert_true(read_line(p[0], line, sizeof line));
+  assert_string_equal(line, "2");
+  close(p[0]);
+  gg_proc_receipt_t *r = NULL;
+  for (int i = 0; i < 500; i++) { /* let it exit by itself */
+    gg__pinfo_t info;
+    if (gg__proc_read_stat(keeper, &info) != 0 || info.state == 'Z') break;
+    usleep(10000);
+  }
+  gg_assert_ok(gg_proc_teardown_ex(NULL, 2000, &r));
+  assert_int_equal(r->procs[0].pid, keeper);
+  assert_int_equal(r->procs[0].end, GG_PROC_EXITED);
+  assert_int_equal(r->procs[0].code, 5);
+  gg_proc_receipt_free(r);
+  o.pid_ns = 3;
+  gg_assert_fails(gg_proc_spawn(NULL, argv, &o, NULL), GG_EINVAL, "pid_ns 3");
+}
+
+static pid_t find_by_cmdline(const char *want) {
+  char cmd[256];
+  for (pid_t pid = 2; pid < 4194304; pid++) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d", (int)pid);
+    if (access(path, F_OK) != 0) continue;
+    gg__proc_cmdline(pid, cmd, sizeof cmd);
+    if (strcmp(cmd, want) == 0) return pid;
+    if (pid > 100000) break; /* enough for a test machine's pids */
+  }
+  return 0;
+}
+
+static void test_sigkilled_spawner_takes_the_whole_job(void **state) {
+  (void)state;
+  char daemon[64];
+  snprintf(daemon, sizeof daemon, "sleep 301.%d", (int)getpid());
+  int ready[2];
+  assert_int_equal(pipe(ready), 0);
+  pid_t spawner = fork();
+  if (spawner == 0) {
+    gg_spawn_options_t o;
+    gg_spawn_options_init(&o);
+    o.pid_ns = GG_SPAWN_PID_NS_ON;
+    char script[160];
+    snprintf(script, sizeof script, "setsid %s & sleep 302 & wait", daemon);
+    const char *argv[] = {"/bin/sh", "-c", script, NULL};
+    if (gg_proc_spawn(NULL, argv, &o, NULL) != 0) _exit(1);
+    if (write(ready[1], "r", 1) != 1) _exit(1);
+    pause();
+    _exit(0);
+  }
+  close(ready[1]);
+  char c;
+  assert_int_equal(read(ready[0], &c, 1), 1);
+  pid_t d = 0;
+  for (int i = 0; i < 300 && !d; i++, usleep(10000)) d = find_by_cmdline(daemon);
+  assert_true(d > 0);
+  kill(spawner, SIGKILL);
+  waitpid(spawner, NULL, 0);
+  bool gone = false;
+  for (int i = 0; i < 500 && !gone; i++, usleep(10000)) {
+    gg__pinfo_t info;
+    gone = gg__proc_read_stat(d, &info) != 0 || info.state == 'Z';
+  }
+  if (!gone) kill(d, SIGKILL);
+  assert_true(gone);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_job_is_pid_2_and_status_passes),
+      cmocka_unit_test(test_sigkilled_spawner_takes_the_whole_job),
+  };
+  return cmocka_run_group_tests(tests, setup, NULL);
+}
