@@ -2,7 +2,7 @@
 # fuzz_cli.sh BUILD SRC — a bounded-time fuzzer of the command line and of the library's environment
 # parsing: random commands, flags, values and GPUGUARD_* garbage against the built `gpuguard`. Each run
 # must end within 10 s (no hang), by exit, not by a signal (no crash), with a status in the documented
-# set: 0, 1 (failure), 2 (usage), and for `run` 126/127 (CMD not runnable / not found) or CMD's own
+# set: 0, 1 (failure), 2 (usage), 3 for `ps` without a GPU, and for `run` 126/127 (CMD not runnable / not found) or CMD's own
 # (the fuzzer's commands exit 0, 1 or 3). Nothing destructive: `reap` never gets --yes, the registry is
 # always a fresh directory under a temporary one. FUZZ_SECONDS (default 25) and FUZZ_SEED change it.
 set -euo pipefail
@@ -54,6 +54,8 @@ while time.monotonic() < t_end:
         c = rnd.choice(cmds)
         argv += ["--"] + c if rnd.random() < 0.9 else c
         ok |= {3, 126, 127}
+    if sub == "ps":
+        ok.add(3)  # no NVIDIA GPU on this machine (`gpuguard ps --help`)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUGUARD_")}
     env["GPUGUARD_BACKEND"] = "host"
     for name in rnd.sample(env_names, rnd.randint(0, 4)):
