@@ -10,7 +10,8 @@
 /* Every address and size the arena hands around is a multiple of this. */
 #define GG__QUANTUM ((size_t)256)
 
-enum { GG__BLOCK_SPARE, GG__BLOCK_FREE, GG__BLOCK_TOP, GG__BLOCK_USED, GG__BLOCK_PENDING };
+/* CACHED: held by a thread's cache of the arena (arena_cache.c), free there or handed out from it. */
+enum { GG__BLOCK_SPARE, GG__BLOCK_FREE, GG__BLOCK_TOP, GG__BLOCK_USED, GG__BLOCK_PENDING, GG__BLOCK_CACHED };
 
 /* One contiguous piece of mapped device memory, described on the host (device memory holds no
  * headers). The links mean different things by state: FREE: treap children; USED: the scope's list
