@@ -211,13 +211,13 @@ static void gg__tc_sweep(gg__tcache_t *only) {
   gg__tcache_t **pp = &gg__tc_mine;
   while (*pp) {
     gg__tcache_t *c = *pp;
-    if ((only && c != only) || atomic_load(&c->attached)) {
+    bool parent = c->fork_gen != gg__fork_generation(); /* its arena refuses use here; its lock may be held */
+    if ((only && c != only) || (!parent && atomic_load(&c->attached))) {
       pp = &c->next;
       continue;
     }
     *pp = c->next;
-    gg__tc_lock(c); /* the detaching thread may still be leaving the lock */
-    gg__tc_unlock(c);
+    if (!parent) gg__tc_lock(c), gg__tc_unlock(c); /* the detaching thread may still be leaving the lock */
     free(c);
   }
   gg__tc_set_head(gg__tc_mine);
@@ -245,6 +245,7 @@ static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
     gg__tc_set_nlive(c, 0);
   }
   a->in_use += c->d_bytes, a->n_allocs += c->d_allocs, a->n_frees += c->d_frees;
+  a->probe.cached_allocs += c->d_allocs;
   if (c->peak > a->peak_in_use) a->peak_in_use = c->peak;
   if (a->in_use > a->peak_in_use) a->peak_in_use = a->in_use;
   atomic_store_explicit(&a->in_use_seen, a->in_use, memory_order_relaxed);
