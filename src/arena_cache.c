@@ -145,9 +145,14 @@ static void gg__tc_advance(gg_arena_t *a, uint64_t epoch) {
   while (s < epoch && !atomic_compare_exchange_weak(&a->safe_epoch, &s, epoch)) continue;
 }
 
-void gg__tcache_settle(gg_arena_t *a, uint64_t epoch) { gg__tc_advance(a, epoch); }
+void gg__tcache_settle(gg_arena_t *a, uint64_t epoch) {
+  if (epoch) gg__tc_advance(a, epoch);
+}
 
-uint64_t gg__tcache_epoch_next(gg_arena_t *a) { return atomic_fetch_add(&a->free_epoch, 1) + 1; }
+/* Without caches (arena lock held) no ticket is out: the arena's own checks skip the atomics. */
+uint64_t gg__tcache_epoch_next(gg_arena_t *a) {
+  return a->caches ? atomic_fetch_add(&a->free_epoch, 1) + 1 : 0;
+}
 
 /* Asks the stream whether the work queued before the free of `ticket` is done, at most once per
  * GG__TC_BACKOFF calls while it is busy. The epoch is advanced first, so frees after the question get a
@@ -155,7 +160,7 @@ uint64_t gg__tcache_epoch_next(gg_arena_t *a) { return atomic_fetch_add(&a->free
 static bool gg__tc_checkpoint(gg_arena_t *a, gg__tcache_t *c, uint64_t ticket) {
   if (c->backoff) return c->backoff--, false;
   uint64_t cur = atomic_load(&a->free_epoch);
-  if (cur <= ticket) cur = gg__tcache_epoch_next(a);
+  if (cur <= ticket) cur = atomic_fetch_add(&a->free_epoch, 1) + 1;
   gg__err_saved_t saved;
   gg__err_save(&saved);
   int idle = a->ops->stream_query(a->dev, a->stream);

@@ -260,7 +260,8 @@ void gg__tcache_reset_peak(gg_arena_t *a);
 const char *gg__tcache_census(gg_arena_t *a, void (*add)(void *ctx, const gg__block_t *b, bool live),
                               void *ctx);
 size_t gg__tcache_records(gg_arena_t *a);
-/* The free epoch, advanced; and: tickets below `epoch` are reusable (the stream ran the work before). */
+/* Arena locked: the free epoch, advanced (0 when no cache exists: no ticket is out); and: tickets below
+ * `epoch` are reusable (the stream ran the work queued before it; 0: nothing to do). */
 uint64_t gg__tcache_epoch_next(gg_arena_t *a);
 void gg__tcache_settle(gg_arena_t *a, uint64_t epoch);
 
