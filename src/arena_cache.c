@@ -14,9 +14,11 @@
  *  - scopes: the cache is bypassed while a scope is open (scopes_open, read under the cache's lock), and
  *    gg_scope_begin sets it and then takes every cache's lock: an allocation is linearised before the
  *    scope (an outermost block) or after it (the arena's own path, owned by the scope);
- *  - the stream: a free on a tracking arena takes the arena's free epoch as its ticket; the block is
- *    handed out again only once safe_epoch passed the ticket: the stream was found idle, or a batch
- *    event recorded after the ticket completed (arena_release.c), after the epoch was advanced;
+ *  - the stream: a free on a tracking arena takes its cache's epoch as its ticket; the block is handed
+ *    out again only once the cache's safe epoch passed the ticket: the epoch is advanced, then the
+ *    stream is found idle, or an event the cache records on it then completes. Epochs are per cache
+ *    (the frees and the advance are its own thread's, in program order), so no line is shared between
+ *    threads on this path;
  *  - lifetime: caches hang in the arena's list (arena lock) and in their thread's list (thread-local);
  *    destroy and teardown detach them under both locks before any device resource goes; a thread that
  *    exits gives its caches back, or leaves them to the arena (orphans) when that cannot be done.
@@ -41,7 +43,7 @@
 
 typedef struct gg__tc_entry {
   gg__block_t *rec;
-  uint64_t ticket; /* the arena's free epoch at the free; 0: reusable at once */
+  uint64_t ticket; /* the cache's epoch at the free; 0: reusable at once */
   bool ordered;    /* freed in stream order (the plugin) */
 } gg__tc_entry_t;
 
@@ -72,6 +74,10 @@ struct gg__tcache {
   size_t d_bytes, peak;  /* since the last publish: live bytes, highest total seen by this thread */
   unsigned long long d_allocs, d_frees;
   unsigned backoff;
+  uint64_t epoch, safe; /* tickets below `safe` are reusable */
+  void *event; /* recorded on the arena's stream when it was busy, covering tickets below event_epoch */
+  uint64_t event_epoch;      /* 0: no event out */
+  unsigned long long events; /* recorded since the last publish, for the arena's probe */
 };
 
 /* This thread's caches, most recently used first. Initial-exec: one pointer of static TLS spares a
@@ -139,35 +145,34 @@ static gg__tc_class_t *gg__tc_class_claim(gg__tcache_t *c, size_t size) {
   return k;
 }
 
-/* Tickets below `epoch` are reusable now. */
-static void gg__tc_advance(gg_arena_t *a, uint64_t epoch) {
-  uint64_t s = atomic_load(&a->safe_epoch);
-  while (s < epoch && !atomic_compare_exchange_weak(&a->safe_epoch, &s, epoch)) continue;
-}
-
-void gg__tcache_settle(gg_arena_t *a, uint64_t epoch) {
-  if (epoch) gg__tc_advance(a, epoch);
-}
-
-/* Without caches (arena lock held) no ticket is out: the arena's own checks skip the atomics. */
-uint64_t gg__tcache_epoch_next(gg_arena_t *a) {
-  return a->caches ? atomic_fetch_add(&a->free_epoch, 1) + 1 : 0;
-}
-
-/* Asks the stream whether the work queued before the free of `ticket` is done, at most once per
- * GG__TC_BACKOFF calls while it is busy. The epoch is advanced first, so frees after the question get a
- * later ticket (never blocks; a failed query only delays reuse). */
-static bool gg__tc_checkpoint(gg_arena_t *a, gg__tcache_t *c, uint64_t ticket) {
-  if (c->backoff) return c->backoff--, false;
-  uint64_t cur = atomic_load(&a->free_epoch);
-  if (cur <= ticket) cur = atomic_fetch_add(&a->free_epoch, 1) + 1;
+/* Whether the work queued before the frees of tickets below the cache's epoch is done: the epoch is
+ * advanced first (later frees get a later ticket), then an event recorded earlier is asked, then the stream;
+ * while it is busy an event is recorded, so a stream that never runs dry still lets blocks come back.
+ * Never blocks; failures only delay reuse (this thread's error detail is kept). */
+static void gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  int idle = a->ops->stream_query(a->dev, a->stream);
+  if (c->event_epoch && a->ops->event_query(a->dev, c->event) == 1) {
+    if (c->event_epoch > c->safe) c->safe = c->event_epoch;
+    c->event_epoch = 0;
+  }
+  uint64_t cur = ++c->epoch;
+  if (a->ops->stream_query(a->dev, a->stream) == 1) {
+    c->safe = cur, c->event_epoch = 0;
+  } else if (!c->event_epoch && (c->event || a->ops->event_create(a->dev, &c->event) == 0) &&
+             a->ops->event_record(a->dev, c->event, a->stream) == 0) {
+    c->event_epoch = cur, c->events++;
+  }
   gg__err_restore(&saved);
-  if (idle != 1) return (c->backoff = GG__TC_BACKOFF), false;
-  gg__tc_advance(a, cur);
-  return true;
+}
+
+/* For the oldest free of a class: asks (at most once per GG__TC_BACKOFF calls while the stream is busy). */
+static bool gg__tc_checkpoint(gg_arena_t *a, gg__tcache_t *c, uint64_t ticket) {
+  if (c->backoff) return c->backoff--, false;
+  gg__tc_ask_stream(a, c);
+  if (ticket < c->safe) return true;
+  c->backoff = GG__TC_BACKOFF;
+  return false;
 }
 
 /* The most free blocks a class of `size` holds. */
@@ -176,8 +181,8 @@ static unsigned gg__tc_cap(size_t size) {
   return n < 2 ? 2 : n > GG__TC_RING ? GG__TC_RING : (unsigned)n;
 }
 
-static bool gg__tc_reusable(const gg_arena_t *a, const gg__tc_entry_t *e, uint64_t safe) {
-  return !a->track || e->ordered || e->ticket < safe;
+static bool gg__tc_reusable(const gg_arena_t *a, const gg__tcache_t *c, const gg__tc_entry_t *e) {
+  return !a->track || e->ordered || e->ticket < c->safe;
 }
 
 /* The tag the caller asked for, when it is the cache's: the interned text, without the arena's lock. */
@@ -250,11 +255,11 @@ static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
     gg__tc_set_nlive(c, 0);
   }
   a->in_use += c->d_bytes, a->n_allocs += c->d_allocs, a->n_frees += c->d_frees;
-  a->probe.cached_allocs += c->d_allocs;
+  a->probe.cached_allocs += c->d_allocs, a->probe.events_recorded += c->events;
   if (c->peak > a->peak_in_use) a->peak_in_use = c->peak;
   if (a->in_use > a->peak_in_use) a->peak_in_use = a->in_use;
   atomic_store_explicit(&a->in_use_seen, a->in_use, memory_order_relaxed);
-  c->d_bytes = c->peak = 0, c->d_allocs = c->d_frees = 0;
+  c->d_bytes = c->peak = 0, c->d_allocs = c->d_frees = c->events = 0;
   return 0;
 }
 
@@ -264,13 +269,12 @@ static int gg__tc_give_back_class(gg_arena_t *a, gg__tcache_t *c, gg__tc_class_t
   if (!k->n) return 0;
   int rc = gg__freelist_reserve(&a->freelist, k->n);
   if (rc < 0) return rc;
-  uint64_t safe = atomic_load(&a->safe_epoch);
   for (; k->n; k->n--, k->head = (k->head + 1) % GG__TC_RING) {
     gg__tc_entry_t *e = &k->ring[k->head];
     gg__block_t *b = e->rec;
     c->free_bytes -= b->size;
     if (a->track && e->ordered) a->ordered_released = true; /* trim waits for the stream before unmapping */
-    gg__arena_release(a, b->addr, b->size, b->seg, b, gg__tc_reusable(a, e, safe));
+    gg__arena_release(a, b->addr, b->size, b->seg, b, gg__tc_reusable(a, c, e));
   }
   k->head = 0;
   return 0;
@@ -280,6 +284,17 @@ static int gg__tc_give_back_all(gg_arena_t *a, gg__tcache_t *c) {
   int rc = 0;
   for (int i = 0; i < GG__TC_CLASSES; i++) GG_KEEP_FIRST(rc, gg__tc_give_back_class(a, c, &c->cls[i]));
   return rc;
+}
+
+/* Arena and cache locked, the device still open: the cache's event goes (what it covered goes back to
+ * the arena as pending, or was given back already). */
+static void gg__tc_drop_event(gg_arena_t *a, gg__tcache_t *c) {
+  if (!c->event) return;
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  a->ops->event_destroy(a->dev, c->event);
+  gg__err_restore(&saved);
+  c->event = NULL, c->event_epoch = 0;
 }
 
 static void gg__tc_unlink(gg_arena_t *a, gg__tcache_t *c) {
@@ -294,6 +309,7 @@ static void gg__tc_unlink(gg_arena_t *a, gg__tcache_t *c) {
 /* Arena locked, cache not. An orphan that publishing and giving back emptied is freed. */
 static void gg__tc_drop_if_empty_orphan(gg_arena_t *a, gg__tcache_t *c) {
   if (!c->orphan || gg__tc_nlive(c) || c->free_bytes) return;
+  gg__tc_drop_event(a, c);
   gg__tc_unlink(a, c);
   free(c);
 }
@@ -319,6 +335,7 @@ static void gg__tc_thread_exit(void *head) {
     bool keep = false;
     if (atomic_load(&c->attached)) {
       if (gg__tc_publish(a, c) == 0 && gg__tc_give_back_all(a, c) == 0) {
+        gg__tc_drop_event(a, c);
         atomic_store(&c->attached, false);
         gg__tc_unlink(a, c);
       } else {
@@ -347,8 +364,7 @@ bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag,
     gg__tc_entry_t *e = &k->ring[k->head];
     /* The oldest free still waits: while the class is still growing, the arena's path adds blocks (one
      * stream query per ring then covers more pairs); once full, the stream is asked. */
-    if (gg__tc_reusable(a, e, atomic_load(&a->safe_epoch)) ||
-        (k->batch >= gg__tc_cap(size) && gg__tc_checkpoint(a, c, e->ticket))) {
+    if (gg__tc_reusable(a, c, e) || (k->batch >= gg__tc_cap(size) && gg__tc_checkpoint(a, c, e->ticket))) {
       gg__block_t *b = e->rec;
       k->head = (k->head + 1) % GG__TC_RING, k->n--;
       c->free_bytes -= size;
@@ -376,8 +392,7 @@ bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered) {
       (b = gg__tc_live_take(c, (uintptr_t)ptr))) {
     gg__tc_class_t *k = gg__tc_class_claim(c, b->size);
     if (k && k->n < GG__TC_RING && c->free_bytes + b->size <= GG__TC_BYTES) {
-      /* The ticket is read after the caller queued its work: see gg__tc_checkpoint. */
-      uint64_t ticket = a->track && !ordered ? atomic_load(&a->free_epoch) : 0;
+      uint64_t ticket = a->track && !ordered ? c->epoch : 0; /* see gg__tc_ask_stream */
       k->ring[(k->head + k->n++) % GG__TC_RING] = (gg__tc_entry_t){b, ticket, ordered};
       c->free_bytes += b->size;
       c->d_bytes -= b->size, c->d_frees++;
@@ -400,6 +415,7 @@ static gg__tcache_t *gg__tc_create(gg_arena_t *a) {
   gg__tcache_t *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->arena = a, c->arena_id = a->id, c->fork_gen = a->fork_gen;
+  c->epoch = c->safe = 1; /* ticket 0 (blocks carved from free memory) is reusable at once */
   atomic_init(&c->lock, 0);
   atomic_init(&c->attached, true);
   c->a_next = a->caches;
@@ -538,6 +554,7 @@ void gg__tcache_detach_all(gg_arena_t *a) {
   while (a->caches) {
     gg__tcache_t *c = a->caches;
     gg__tc_lock(c);
+    gg__tc_drop_event(a, c);
     gg__tc_unlink(a, c);
     atomic_store(&c->attached, false);
     bool orphan = c->orphan;
@@ -548,9 +565,10 @@ void gg__tcache_detach_all(gg_arena_t *a) {
 
 void gg__tcache_add_stats(gg_arena_t *a, gg_arena_stats_t *s) {
   size_t unsafe = 0;
-  bool settled = !a->track;
   for (gg__tcache_t *c = a->caches; c; c = c->a_next) {
+    bool asked = false;
     gg__tc_lock(c);
+    s->n_events += c->events;
     s->bytes_in_use += c->d_bytes, s->n_live += gg__tc_nlive(c);
     s->n_allocs += c->d_allocs, s->n_frees += c->d_frees;
     if (c->peak > s->peak_in_use) s->peak_in_use = c->peak;
@@ -558,9 +576,10 @@ void gg__tcache_add_stats(gg_arena_t *a, gg_arena_stats_t *s) {
       gg__tc_class_t *k = &c->cls[i];
       for (unsigned j = 0; j < k->n; j++) {
         const gg__tc_entry_t *e = &k->ring[(k->head + j) % GG__TC_RING];
-        if (gg__tc_reusable(a, e, atomic_load(&a->safe_epoch))) continue;
-        /* Cached frees still waiting count as pending: one stream query may settle all of them. */
-        if (!settled && (settled = true, gg__tc_checkpoint(a, c, e->ticket))) continue;
+        if (gg__tc_reusable(a, c, e)) continue;
+        /* Cached frees still waiting count as pending: one question may settle all of them. */
+        if (!asked && (asked = true)) gg__tc_ask_stream(a, c);
+        if (gg__tc_reusable(a, c, e)) continue;
         unsafe += k->size;
       }
     }

@@ -71,7 +71,6 @@ typedef struct gg__batch {
   void *event;
   gg__block_t *head;
   size_t bytes, count;
-  uint64_t epoch; /* the free epoch after its event was recorded: cached frees before it are covered */
 } gg__batch_t;
 
 struct gg_arena {
@@ -131,10 +130,8 @@ struct gg_arena {
   /* Threads' caches (arena_cache.c). Read by them without the arena's lock, each on its own line. */
   unsigned long long id; /* unique in the process: a cache of a dead arena never matches a new one */
   gg__tcache_t *caches;  /* under the arena's lock */
-  _Alignas(64) atomic_bool scopes_open;
-  _Atomic uint64_t safe_epoch;              /* cached frees with a ticket below it are reusable */
-  _Alignas(64) _Atomic uint64_t free_epoch; /* the ticket a cached free takes */
-  _Alignas(64) _Atomic size_t in_use_seen;  /* in_use, for the caches' peak */
+  _Alignas(64) atomic_bool scopes_open;    /* written only as scopes begin and end */
+  _Alignas(64) _Atomic size_t in_use_seen; /* in_use, for the caches' peak (written by the locked path) */
   _Alignas(64) char gg__pad;
 };
 
@@ -260,9 +257,4 @@ void gg__tcache_reset_peak(gg_arena_t *a);
 const char *gg__tcache_census(gg_arena_t *a, void (*add)(void *ctx, const gg__block_t *b, bool live),
                               void *ctx);
 size_t gg__tcache_records(gg_arena_t *a);
-/* Arena locked: the free epoch, advanced (0 when no cache exists: no ticket is out); and: tickets below
- * `epoch` are reusable (the stream ran the work queued before it; 0: nothing to do). */
-uint64_t gg__tcache_epoch_next(gg_arena_t *a);
-void gg__tcache_settle(gg_arena_t *a, uint64_t epoch);
-
 #endif

@@ -44,12 +44,11 @@ static int gg__batch_record(gg_arena_t *a) {
     if ((rc = a->ops->event_create(a->dev, &ev)) < 0) return rc;
     a->events_made++;
   }
-  uint64_t epoch = gg__tcache_epoch_next(a); /* before the record: cached frees before it are covered */
   if ((rc = a->ops->event_record(a->dev, ev, a->stream)) < 0) {
     a->spare_events[a->n_spare_events++] = ev;
     return rc;
   }
-  a->open.event = ev, a->open.epoch = epoch;
+  a->open.event = ev;
   a->closed[a->closed_end++] = a->open;
   memset(&a->open, 0, sizeof a->open);
   a->probe.events_recorded++;
@@ -65,7 +64,6 @@ static int gg__batch_merge(gg_arena_t *a, gg__batch_t *b) {
     gg__freelist_put(&a->freelist, r->addr, r->size, r->seg, r);
   }
   a->pending -= b->bytes;
-  if (b->epoch) gg__tcache_settle(a, b->epoch); /* its event completed */
   if (b->event) a->spare_events[a->n_spare_events++] = b->event;
   memset(b, 0, sizeof *b);
   a->probe.batches_merged++;
@@ -103,9 +101,7 @@ static int gg__reclaim_finished_step(gg_arena_t *a, void *unused) {
   (void)unused;
   if (a->open.count || a->closed_head != a->closed_end) {
     a->probe.stream_queries++;
-    uint64_t epoch = gg__tcache_epoch_next(a);
     if (a->ops->stream_query(a->dev, a->stream) == 1) {
-      gg__tcache_settle(a, epoch);
       if (!a->open.count || gg__batch_merge(a, &a->open) == 0) gg__merge_recorded(a, a->closed_end);
       return 0;
     }
@@ -148,9 +144,7 @@ int gg__arena_wait_pending(gg_arena_t *a) {
   if (gg__arena_quietly(a, gg__wait_newest_event, NULL) < 0) {
     /* No event to wait on, or waiting on it failed: the whole stream covers every batch, open too. */
     a->probe.stream_waits++;
-    uint64_t epoch = gg__tcache_epoch_next(a);
     if ((rc = a->ops->stream_sync(a->dev, a->stream)) < 0) return rc;
-    gg__tcache_settle(a, epoch);
     if (a->open.count && (rc = gg__batch_merge(a, &a->open)) < 0) return rc;
   }
   gg__merge_recorded(a, a->closed_end);
