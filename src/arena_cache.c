@@ -59,8 +59,8 @@ struct gg__tcache {
   atomic_int lock;      /* a spin lock: its thread takes it on every call, others almost never */
   atomic_bool attached; /* false once its arena is destroyed, torn down or let it go */
   bool orphan;          /* its thread exited: the arena owns it (arena lock) */
-  gg_arena_t
-      *arena; /* the key, with the arena's unique id: an address reused by a later arena never matches */
+  /* The key: the arena and its unique id, so an address reused by a later arena never matches. */
+  gg_arena_t *arena;
   unsigned long long arena_id;
   unsigned fork_gen;
   gg__tcache_t *next;            /* its thread's caches (that thread only) */
