@@ -481,11 +481,13 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
   /* Published first: a locked allocation raises the peak from the arena's own counters. */
   if (gg__tc_publish(a, c) == 0 && cacheable) {
     gg__tc_class_t *k = gg__tc_class(c, size);
-    if (!k) { /* the least recently refilled class gives its slot */
+    if (!k) { /* a size seen the first time only takes a slot (the least recently used): sizes that do
+               * not come back (a random mix) cost no refill, only the arena's path as before */
       for (int i = 0; i < GG__TC_CLASSES; i++)
         if (!k || c->cls[i].n < k->n || (c->cls[i].n == k->n && c->cls[i].used < k->used)) k = &c->cls[i];
-      if (gg__tc_give_back_class(a, c, k) < 0) k = NULL;
-      if (k) k->size = size, k->head = 0, k->batch = 0;
+      if (gg__tc_give_back_class(a, c, k) == 0)
+        k->size = size, k->head = 0, k->batch = 0, k->used = ++c->clock;
+      k = NULL;
     }
     /* A refill never maps: it takes a share of the free memory as it is, so it cannot raise peak
      * mapped by itself (the ladder gives caches back before it grows). */
@@ -541,6 +543,9 @@ bool gg__tcache_give_back_all(gg_arena_t *a, bool publish) {
     next = c->a_next;
     gg__tc_lock(c);
     any |= c->free_bytes != 0;
+    /* Asked first: blocks whose work is done go back as free memory, not as pending releases (a large
+     * allocation that needs them then fits without a wait, a trim or a growth). */
+    if (c->free_bytes && a->track) gg__tc_ask_stream(a, c);
     if (publish || c->orphan) gg__tc_publish(a, c);
     gg__tc_give_back_all(a, c);
     gg__tc_unlock(c);
