@@ -3,6 +3,7 @@
  * it runs the gpuguard rows on the host backend and says the CUDA columns were skipped. */
 #include <cuda_runtime.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -298,6 +299,128 @@ static void bench_scopes(void) {
   }
 }
 
+/* ---- threads: several threads allocating on one arena at once ---------------------------------- */
+
+typedef enum { T_GG, T_GG_NOSTREAM, T_GG_OWN, T_ASYNC, T_ASYNC_OWN, T_COUNT } thread_kind_t;
+static const char *const thread_kind_names[T_COUNT] = {
+    "gpuguard, one arena", "gpuguard no-stream, one arena", "gpuguard, per-thread stream (one arena each)",
+    "cudaMallocAsync, one stream", "cudaMallocAsync, per-thread stream"};
+
+typedef struct thread_run {
+  thread_kind_t kind;
+  gg_arena_t *arena; /* the shared one, or this thread's own (T_GG_OWN) */
+  cudaStream_t stream;
+  const size_t *sizes;
+  int nsizes;
+  unsigned long long pairs;
+  pthread_barrier_t *start;
+  const volatile int *stop;
+} thread_run_t;
+
+static void *thread_pairs(void *arg) {
+  thread_run_t *r = (thread_run_t *)arg;
+  pthread_barrier_wait(r->start);
+  unsigned long long n = 0;
+  for (int i = 0; !*r->stop; i++) {
+    for (int k = 0; k < 64; k++, i++) { /* the stop flag is read once per 64 pairs */
+      size_t size = r->sizes[i % r->nsizes];
+      void *p = NULL;
+      if (r->kind < T_ASYNC) {
+        GG(gg_alloc(r->arena, size, &p));
+        GG(gg_free(r->arena, p));
+      } else {
+        CU(cudaMallocAsync(&p, size, r->stream));
+        CU(cudaFreeAsync(p, r->stream));
+      }
+    }
+    n += 64;
+  }
+  r->pairs = n;
+  return NULL;
+}
+
+/* Aggregate pairs per second of `threads` threads doing alloc+free pairs for about 250 ms. */
+static double thread_rate(thread_kind_t kind, int threads, const size_t *sizes, int nsizes) {
+  enum { MAXT = 16 };
+  static volatile int stop;
+  pthread_t tid[MAXT];
+  thread_run_t run[MAXT];
+  cudaStream_t own_stream[MAXT] = {};
+  void *host_stream[MAXT] = {};
+  gg_arena_t *own[MAXT] = {};
+  gg_arena_t *shared = NULL;
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, (unsigned)threads + 1);
+  gg_arena_options_t o;
+  gg_arena_options_init(&o);
+  o.name = "threads";
+  if (kind == T_GG || kind == T_GG_NOSTREAM) {
+    o.stream = (void *)stream, o.flags = kind == T_GG_NOSTREAM ? GG_ARENA_NO_STREAM : 0;
+    GG(gg_arena_create(&shared, &o));
+  }
+  for (int t = 0; t < threads; t++) {
+    if (kind == T_ASYNC_OWN) CU(cudaStreamCreateWithFlags(&own_stream[t], cudaStreamNonBlocking));
+    if (kind == T_GG_OWN) {
+      if (gpu)
+        CU(cudaStreamCreateWithFlags(&own_stream[t], cudaStreamNonBlocking));
+      else
+        GG(gg_host_stream_create(&host_stream[t]));
+      o.stream = gpu ? (void *)own_stream[t] : host_stream[t];
+      GG(gg_arena_create(&own[t], &o));
+    }
+    run[t] = (thread_run_t){kind, kind == T_GG_OWN ? own[t] : shared, kind == T_ASYNC_OWN ? own_stream[t] : stream,
+                            sizes, nsizes, 0, &start, &stop};
+  }
+  stop = 0;
+  for (int t = 0; t < threads; t++) pthread_create(&tid[t], NULL, thread_pairs, &run[t]);
+  pthread_barrier_wait(&start);
+  double t0 = now_ns();
+  struct timespec d = {0, 250 * 1000 * 1000};
+  nanosleep(&d, NULL);
+  stop = 1;
+  unsigned long long pairs = 0;
+  for (int t = 0; t < threads; t++) pthread_join(tid[t], NULL), pairs += run[t].pairs;
+  double secs = (now_ns() - t0) / 1e9;
+  if (gpu) CU(cudaDeviceSynchronize());
+  for (int t = 0; t < threads; t++) {
+    if (own[t]) GG(gg_arena_destroy(own[t]));
+    if (own_stream[t]) CU(cudaStreamDestroy(own_stream[t]));
+    if (host_stream[t]) gg_host_stream_destroy(host_stream[t]);
+  }
+  if (shared) GG(gg_arena_destroy(shared));
+  pthread_barrier_destroy(&start);
+  return (double)pairs / secs;
+}
+
+static void bench_threads(void) {
+  static const size_t four_k[] = {4 * KiB};
+  static const size_t mixed[] = {256, 4 * KiB, 1 * KiB, 16 * KiB, 512, 64 * KiB, 2 * KiB, 8 * KiB};
+  static const int counts[] = {1, 2, 4, 8, 16};
+  printf("\n## threads: alloc+free pairs on one arena from 1..16 threads, aggregate M pairs/s (x one thread's "
+         "rate)\n\n");
+  printf("| size | allocator | 1 | 2 | 4 | 8 | 16 |\n|---|---|---|---|---|---|---|\n");
+  for (int row = 0; row < 2; row++) {
+    for (int k = 0; k < T_COUNT; k++) {
+      printf("| %s | %s |", row ? "mix 256 B..64 KiB" : "4 KiB", thread_kind_names[k]);
+      if ((k == T_ASYNC || k == T_ASYNC_OWN) && !gpu) {
+        printf(" skipped (no CUDA device) | | | | |\n");
+        continue;
+      }
+      double one = 0;
+      for (int c = 0; c < 5; c++) {
+        double r = thread_rate((thread_kind_t)k, counts[c], row ? mixed : four_k, row ? 8 : 1);
+        if (c == 0) one = r;
+        printf(" %.2f (%.1fx) |", r / 1e6, one > 0 ? r / one : 0);
+      }
+      printf("\n");
+      fflush(stdout);
+    }
+  }
+  printf("\ngoal: gpuguard, one arena: >= 4x one thread's rate at 8 threads, never below it. 'gpuguard, "
+         "per-thread stream' gives each thread an arena of its own tracking that thread's stream (an arena "
+         "tracks one stream; threads on other streams of one arena are the 'one arena' rows).\n");
+}
+
 /* ---- fragmentation on a training-like sequence ------------------------------------------------- */
 
 typedef struct seq_alloc {
@@ -494,6 +617,7 @@ int main(void) {
   bench_pairs();
   bench_churn();
   bench_scopes();
+  bench_threads();
   for (int k = 0; k < 2; k++) GG(gg_arena_destroy(arena[k]));
   bench_fragmentation();
   bench_trim();

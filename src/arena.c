@@ -221,6 +221,8 @@ int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
     return rc;
   }
   pthread_mutex_init(&a->lock, NULL);
+  static atomic_ullong ids;
+  a->id = atomic_fetch_add(&ids, 1) + 1;
   a->fork_gen = a->dev->fork_gen, a->magic = GG__MAGIC;
   /* A live guard of this device tears the arena down with its other cleanups, LIFO. */
   if ((rc = gg__guard_attach(a->ops->name, o.device, &gg__arena_attach_ops, a, &a->guard_token)) < 0) {
@@ -263,6 +265,7 @@ static void gg__arena_guard_teardown(void *obj) {
   pthread_mutex_lock(&a->lock);
   if (a->magic == GG__MAGIC) {
     a->magic = GG__TORN;
+    gg__tcache_detach_all(a); /* before the device goes: a cache may be asking the stream */
     gg__arena_quietly(a, gg__release_device_or_say, NULL);
   }
   pthread_mutex_unlock(&a->lock);
@@ -303,6 +306,7 @@ int gg_arena_destroy(gg_arena_t *a) {
   pthread_mutex_lock(&a->lock);
   bool torn = a->magic == GG__TORN;
   atomic_store(&a->magic, GG__DEAD);
+  gg__tcache_detach_all(a);
   if (!torn) rc = gg__release_device(a);
   gg__arena_free_metadata(a);
   pthread_mutex_unlock(&a->lock);
@@ -325,6 +329,7 @@ int gg_arena_stats(gg_arena_t *a, gg_arena_stats_t *stats) {
     /* Memory whose work is done counts as free: one event record and a query, never a wait. */
     if (a->track) gg__arena_reclaim_finished(a);
     gg__arena_fill_stats(a, stats);
+    gg__tcache_add_stats(a, stats);
   }
   gg__arena_leave(a);
   return rc;
@@ -343,9 +348,11 @@ int gg_arena_foreach_block(gg_arena_t *a, gg_block_visitor_t visit, void *user) 
     gg__arena_leave(a);
     return gg__err(GG_EINVAL, "gg_arena_foreach_block: visit is NULL");
   }
-  gg_block_info_t *v = malloc((a->n_live ? a->n_live : 1) * sizeof *v);
+  rc = gg__tcache_publish_all(a); /* blocks threads' caches handed out are listed too */
+  gg_block_info_t *v = rc < 0 ? NULL : malloc((a->n_live ? a->n_live : 1) * sizeof *v);
   size_t n = 0;
-  if (!v) {
+  if (rc < 0) {
+  } else if (!v) {
     rc = gg__err(GG_ENOMEM, "gg_arena_foreach_block: out of host memory for %llu blocks", a->n_live);
   } else {
     for (size_t i = 0; i < a->used.cap; i++) {
@@ -378,22 +385,28 @@ const char *gg_arena_backend(const gg_arena_t *a) {
 
 /* ---- copies that prove memory is real ------------------------------------------------------------- */
 
+/* Whether [p, p+n) lies inside one live block the arena's own structures hold. */
+static bool gg__in_live_block(const gg_arena_t *a, uintptr_t p, size_t n) {
+  long i = gg__bump_find(a, p);
+  if (i >= 0) {
+    const gg__bump_entry_t *e = &a->bump[i];
+    return e->live && p >= e->ptr && p + n <= e->ptr + e->req;
+  }
+  const gg__block_t *b = gg__addr_map_get(&a->used, p);
+  for (size_t k = 0; !b && k < a->used.cap; k++) {
+    const gg__block_t *c = a->used.slots[k].val;
+    if (c && p >= c->addr && p < c->addr + c->size) b = c;
+  }
+  return b && p + n <= b->addr + b->req;
+}
+
 /* 0 when [p, p+n) lies inside one live block of the arena. */
 static int gg__check_range(gg_arena_t *a, const char *call, uintptr_t p, size_t n) {
   if (!p) return gg__err(GG_EINVAL, "%s: device pointer is NULL", call);
   if (p > UINTPTR_MAX - n) return gg__err(GG_EINVAL, "%s: range wraps around", call);
-  long i = gg__bump_find(a, p);
-  if (i >= 0) {
-    const gg__bump_entry_t *e = &a->bump[i];
-    if (e->live && p >= e->ptr && p + n <= e->ptr + e->req) return 0;
-  } else {
-    const gg__block_t *b = gg__addr_map_get(&a->used, p);
-    for (size_t k = 0; !b && k < a->used.cap; k++) {
-      const gg__block_t *c = a->used.slots[k].val;
-      if (c && p >= c->addr && p < c->addr + c->size) b = c;
-    }
-    if (b && p + n <= b->addr + b->req) return 0;
-  }
+  if (gg__in_live_block(a, p, n)) return 0;
+  /* A block a thread's cache handed out is found once the caches published theirs. */
+  if (gg__tcache_publish_all(a) > 0 && gg__in_live_block(a, p, n)) return 0;
   return gg__err(GG_EINVAL, "%s: %zu bytes at %#jx do not lie inside one live block of arena '%s'", call, n,
                  (uintmax_t)p, a->name);
 }
@@ -436,6 +449,7 @@ int gg_arena_reset_peak(gg_arena_t *a) {
   int rc = gg__arena_enter(a, "gg_arena_reset_peak");
   if (rc < 0) return rc;
   a->peak_in_use = a->in_use, a->peak_mapped = a->mapped;
+  gg__tcache_reset_peak(a);
   gg__arena_leave(a);
   return 0;
 }

@@ -9,8 +9,6 @@
 #include "arena_impl.h"
 #include "internal.h"
 
-#define GG__TAG_MAX 63 /* longer tags are cut */
-
 /* ---- tags ---------------------------------------------------------------------------------------- */
 
 static uint64_t gg__strhash(const char *s, size_t n) {
@@ -154,6 +152,7 @@ static int gg__reclaim_and_wait(gg_arena_t *a, void *ctx) {
 
 /* Step, after a growth found no memory: wait for the stream so every pending release counts. */
 static void gg__step_wait_for_stream(gg_arena_t *a, gg__request_t *q) {
+  gg__tcache_give_back_all(a, false); /* what threads' caches hold counts too */
   if (!a->pending && !gg__bump_dead_bytes(a)) return;
   gg__arena_quietly(a, gg__reclaim_and_wait, q);
   gg__arena_promote(a);
@@ -179,11 +178,17 @@ static bool gg__step_give_back_free_chunks(gg_arena_t *a, gg__request_t *q) {
   return true;
 }
 
+/* Step: free blocks threads' caches hold go back before anything is mapped for this request. */
+static int gg__step_give_back_cached(gg_arena_t *a, gg__request_t *q) {
+  return gg__tcache_give_back_all(a, false) ? gg__step_free_list(a, q) : 0;
+}
+
 /* The ladder, in the order tried. 1 when allocated, or an error. */
 static int gg__climb(gg_arena_t *a, gg__request_t *q) {
   int rc;
   if ((rc = gg__step_free_list(a, q)) != 0) return rc;
   if ((rc = gg__step_reclaim(a, q)) != 0) return rc;
+  if ((rc = gg__step_give_back_cached(a, q)) != 0) return rc;
   if ((rc = gg__step_trim_before_growth(a, q)) != 0) return rc;
   if ((rc = gg__step_grow(a, q)) == GG_ENOMEM)
     gg__step_wait_for_stream(a, q);
@@ -198,6 +203,9 @@ static int gg__climb(gg_arena_t *a, gg__request_t *q) {
 
 /* ---- public calls -------------------------------------------------------------------------------- */
 
+static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t size, const char *tag,
+                            void **ptr, void *caller);
+
 /* caller: the return address of the public call, where a recorded site starts (GG_ARENA_BACKTRACE). */
 static int gg__alloc(gg_arena_t *a, size_t size, size_t align, const char *tag, void **ptr, void *caller) {
   int rc = gg__arena_valid(a, "gg_alloc");
@@ -210,15 +218,31 @@ static int gg__alloc(gg_arena_t *a, size_t size, size_t align, const char *tag, 
   if (align < GG__QUANTUM) align = GG__QUANTUM;
   if (size > SIZE_MAX - align)
     return gg__err(GG_EINVAL, "gg_alloc: size %zu with alignment %zu overflows when rounded", size, align);
-  gg__request_t q; /* not zero-initialised: clearing `why` every call cost a fifth of a small pair */
-  q.size = gg__rounded_size(size), q.align = align, q.asked = size, q.tag = NULL, q.ptr = 0, q.why[0] = '\0';
+  /* First this thread's cache, without the arena's lock (not when sites are recorded: each needs its own). */
+  size_t rounded = gg__rounded_size(size);
+  if (align == GG__QUANTUM && rounded <= GG__TC_MAX_SIZE && !gg__arena_records_sites(a) &&
+      gg__tcache_alloc(a, rounded, size, tag, ptr))
+    return 0;
+  return gg__alloc_locked(a, rounded, align, size, tag, ptr, caller);
+}
+
+/* The arena's own path for one allocation. */
+static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t size, const char *tag,
+                            void **ptr, void *caller) {
+  gg__request_t q; /* not zeroed as a whole: `why` alone is 400 bytes, ~40 ns on every call */
+  q.size = rounded, q.align = align, q.asked = size, q.tag = NULL, q.ptr = 0, q.why[0] = '\0';
+  bool sites = gg__arena_records_sites(a);
+  int rc;
   if ((rc = gg__arena_lock_counted(a, "gg_alloc")) < 0) return rc;
   if (q.size > a->capacity)
     rc = gg__step_out_of_memory(a, &q, "the request exceeds the capacity");
-  else if ((rc = gg__intern(a, tag, &q.tag)) == 0 && (rc = gg__climb(a, &q)) > 0) {
+  else if ((rc = gg__intern(a, tag, &q.tag)) == 0 &&
+           (sites || (rc = gg__tcache_alloc_locked(a, q.size, size, align, q.tag, &q.ptr)) == 0) &&
+           (rc = gg__climb(a, &q)) > 0) {
     gg__arena_count_alloc(a, q.size), rc = 0;
-    if (GG__UNLIKELY(gg__arena_records_sites(a))) gg__site_note(a, q.ptr, caller);
-  }
+    if (GG__UNLIKELY(sites)) gg__site_note(a, q.ptr, caller);
+  } else if (rc > 0) /* served by the cache, which counts it */
+    rc = 0;
   gg__arena_leave(a);
   if (rc == 0) *ptr = (void *)q.ptr;
   return rc;
@@ -273,6 +297,8 @@ static int gg__free_bump_entry(gg_arena_t *a, size_t i, uintptr_t p, bool ordere
 /* Frees the block record that starts at p. */
 static int gg__free_block(gg_arena_t *a, uintptr_t p, bool ordered) {
   gg__block_t *b = gg__addr_map_del(&a->used, p);
+  /* Not the arena's: a thread's cache may have handed it out (a free on another thread). */
+  if (!b && gg__tcache_publish_all(a) > 0) b = gg__addr_map_del(&a->used, p);
   if (!b) return gg__bad_free(a, p);
   gg__frame_unlink(a, b);
   gg__arena_count_release(a, b->size, 1);
@@ -296,8 +322,10 @@ static int gg__free_locked(gg_arena_t *a, void *ptr, bool ordered) {
 }
 
 int gg_free(gg_arena_t *a, void *ptr) {
-  int rc = gg__arena_enter(a, "gg_free");
+  int rc = gg__arena_valid(a, "gg_free");
   if (rc < 0) return rc;
+  if (ptr && gg__tcache_free(a, ptr, false)) return 0; /* a block this thread's cache handed out */
+  if ((rc = gg__arena_lock_counted(a, "gg_free")) < 0) return rc;
   rc = gg__free_locked(a, ptr, false);
   gg__arena_leave(a);
   return rc;
@@ -319,8 +347,11 @@ static int gg__wait_other_locked(gg_arena_t *a, void *stream) {
 
 int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *synced) {
   *synced = 0;
-  int rc = gg__arena_enter(a, "gg_torch_free");
+  int rc = gg__arena_valid(a, "gg_torch_free");
   if (rc < 0) return rc;
+  /* On the arena's own stream (or none tracked) no wait is needed: the cache may take it back. */
+  if (ptr && (!a->track || gg__norm_stream(stream) == a->stream) && gg__tcache_free(a, ptr, true)) return 0;
+  if ((rc = gg__arena_lock_counted(a, "gg_torch_free")) < 0) return rc;
   /* Stream-ordered, as PyTorch's own allocator: a block freed on the arena's stream is reusable at once
    * by later work on that stream, which the stream runs after the work before the free; an allocation
    * for another stream waits for the arena's stream first (gg__arena_alloc_on). A block freed on

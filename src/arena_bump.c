@@ -144,6 +144,10 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
       0) {
     a->frames[a->n_frames++] = (gg__frame_t){.id = ++a->serial, .bump_first = a->bump_count};
     scope->arena = a, scope->id = a->serial;
+    /* Threads' caches are bypassed from here on; giving their free blocks back takes each cache's lock,
+     * so an allocation a cache was serving meanwhile is over before the scope begins. */
+    atomic_store(&a->scopes_open, true);
+    gg__tcache_give_back_all(a, false);
   }
   gg__arena_leave(a);
   return rc;
@@ -190,6 +194,7 @@ static int gg__scope_release(gg_arena_t *a) {
   a->bump_live_bytes -= f->bump_bytes;
   gg__bump_cut(a, f->bump_first, false);
   a->n_frames--;
+  atomic_store(&a->scopes_open, a->n_frames > 1);
   gg__arena_after_release(a);
   if (a->n_frames == 1 && (a->flags & GG_ARENA_TRIM_ON_SCOPE_EXIT)) rc = gg__arena_trim_locked(a, 0);
   return rc;

@@ -18,7 +18,7 @@ int gg__arena_probe(gg_arena_t *a, gg__arena_probe_t *out) {
 
 /* ---- regions: every piece of mapped memory, whatever structure holds it -------------------------- */
 
-enum { GG__REGION_FREE, GG__REGION_USED, GG__REGION_PENDING, GG__REGION_RUN };
+enum { GG__REGION_FREE, GG__REGION_USED, GG__REGION_PENDING, GG__REGION_RUN, GG__REGION_CACHED };
 
 typedef struct gg__region {
   uintptr_t addr;
@@ -33,6 +33,7 @@ typedef struct gg__census {
   size_t n, cap;
   size_t live, live_bytes;           /* USED records */
   size_t bump_live, bump_live_bytes; /* live entries of the bump log */
+  bool bad_cached;
 } gg__census_t;
 
 static void gg__census_add(gg__census_t *c, uintptr_t addr, size_t size, int kind, void *seg) {
@@ -120,6 +121,19 @@ static const char *gg__check_bump_runs(const gg_arena_t *a, gg__census_t *c) {
   return NULL;
 }
 
+/* Records threads' caches hold: CACHED, and each cache's own bookkeeping right. */
+static void gg__census_add_cached(void *ctx, const gg__block_t *b, bool live) {
+  gg__census_t *c = ctx;
+  (void)live;
+  if (b->state != GG__BLOCK_CACHED) c->bad_cached = true;
+  gg__census_add(c, b->addr, b->size, GG__REGION_CACHED, b->seg);
+}
+
+static const char *gg__check_caches(gg_arena_t *a, gg__census_t *c) {
+  const char *w = gg__tcache_census(a, gg__census_add_cached, c);
+  return w ? w : c->bad_cached ? "a cached record is not CACHED" : NULL;
+}
+
 /* Each scope's part of the log, and the counters every scope and the arena keep of live memory. */
 static const char *gg__check_scope_marks(const gg_arena_t *a, const gg__census_t *c) {
   unsigned long long live = 0;
@@ -186,11 +200,11 @@ static const char *gg__check_chunks(const gg_arena_t *a, size_t total, size_t fr
   return NULL;
 }
 
-static const char *gg__check_locked(const gg_arena_t *a, gg__census_t *c) {
+static const char *gg__check_locked(gg_arena_t *a, gg__census_t *c) {
   const char *w;
   size_t total = 0, free_bytes = 0;
   if ((w = gg__check_free(a, c)) || (w = gg__check_used(a, c)) || (w = gg__check_batches(a, c)) ||
-      (w = gg__check_bump_runs(a, c)) || (w = gg__check_scope_marks(a, c)) ||
+      (w = gg__check_bump_runs(a, c)) || (w = gg__check_scope_marks(a, c)) || (w = gg__check_caches(a, c)) ||
       (w = gg__check_tiling(a, c, &total, &free_bytes)))
     return w;
   return gg__check_chunks(a, total, free_bytes);
@@ -199,7 +213,8 @@ static const char *gg__check_locked(const gg_arena_t *a, gg__census_t *c) {
 int gg__arena_check(gg_arena_t *a) {
   int rc = gg__arena_enter(a, "gg__arena_check");
   if (rc < 0) return rc;
-  gg__census_t c = {.cap = a->freelist.count + 2 + a->used.n + a->run_count + a->open.count + 1};
+  gg__census_t c = {.cap = a->freelist.count + 2 + a->used.n + a->run_count + a->open.count + 1 +
+                           gg__tcache_records(a)};
   for (size_t k = a->closed_head; k < a->closed_end; k++) c.cap += a->closed[k].count;
   c.r = malloc(c.cap * sizeof *c.r);
   const char *w = c.r ? gg__check_locked(a, &c) : "out of host memory";

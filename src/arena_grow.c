@@ -225,6 +225,7 @@ static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool *gon
 /* A free block that covers chunks is split around them; a failed unmap leaves the rest as it was. */
 int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
   int rc;
+  gg__tcache_give_back_all(a, false); /* threads' caches keep no free memory mapped */
   if ((rc = gg__bump_flush(a)) < 0 || (rc = gg__arena_wait_pending(a)) < 0) return rc;
   if (!a->n_chunks) return 0;
   /* Releases made in stream order (the framework plugin) are free at once but may still be read by

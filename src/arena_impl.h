@@ -1,10 +1,11 @@
 /* arena_impl.h — what the arena's own files (src/arena*.c) share and nobody else sees: the arena
  * structure and the functions one part of the arena calls in another.
  *
- * Memory of an arena is, at any moment, tiled exactly by four kinds of pieces (arena_check.c proves
+ * Memory of an arena is, at any moment, tiled exactly by five kinds of pieces (arena_check.c proves
  * it): free blocks (the size-class lists of freelist.c, plus the bump block "top"), USED block records
  * (allocations served by best fit, or flushed from the bump log), PENDING records (released, waiting
- * for the stream), and runs of the bump log (allocations carved from top, live or freed).
+ * for the stream), runs of the bump log (allocations carved from top, live or freed), and CACHED
+ * records that threads' caches hold (free there, or handed out and not yet published).
  *
  *   arena.c          handles, create and destroy, the live list, quarantine, fork, stats, copies
  *   arena_alloc.c    one allocation (the ladder of steps, free list to out of memory) and one free
@@ -12,6 +13,7 @@
  *   arena_bump.c     the bump log and scopes
  *   arena_grow.c     growth (mapping chunks), moving top, trim
  *   arena_check.c    the invariant checker and the probe, for tests
+ *   arena_cache.c    per-thread caches: alloc+free pairs without the arena's lock
  *
  * Every function here runs with the arena's lock held unless it says otherwise. */
 #ifndef GG_ARENA_IMPL_H
@@ -41,6 +43,10 @@ typedef struct gg__site {
   void *pc[GG__SITE_FRAMES];
 } gg__site_t;
 typedef struct gg__sites gg__sites_t;
+#define GG__TAG_MAX     63                 /* longer tags are cut */
+#define GG__TC_MAX_SIZE ((size_t)64 << 10) /* larger requests always take the arena's lock */
+
+typedef struct gg__tcache gg__tcache_t;
 
 /* One allocation carved from top. The log is sorted by address; consecutive entries of a run tile
  * memory without gaps, so cutting the log's tail releases a whole run as one range. */
@@ -130,6 +136,13 @@ struct gg_arena {
   bool on_live;
   bool ordered_released; /* stream-ordered releases since the last trim: unmapping must wait for the stream */
   gg__sites_t *sites;    /* allocation sites (GG_ARENA_BACKTRACE), or NULL; set at creation only */
+
+  /* Threads' caches (arena_cache.c). Read by them without the arena's lock, each on its own line. */
+  unsigned long long id; /* unique in the process: a cache of a dead arena never matches a new one */
+  gg__tcache_t *caches;  /* under the arena's lock */
+  _Alignas(64) atomic_bool scopes_open;    /* written only as scopes begin and end */
+  _Alignas(64) _Atomic size_t in_use_seen; /* in_use, for the caches' peak (written by the locked path) */
+  _Alignas(64) char gg__pad;
 };
 
 static inline size_t gg__rounded_size(size_t req) { return (req + GG__QUANTUM - 1) & ~(GG__QUANTUM - 1); }
@@ -171,9 +184,11 @@ int gg__arena_quietly(gg_arena_t *a, int (*step)(gg_arena_t *a, void *ctx), void
 static inline void gg__arena_count_alloc(gg_arena_t *a, size_t n) {
   a->in_use += n, a->n_live++, a->n_allocs++;
   if (a->in_use > a->peak_in_use) a->peak_in_use = a->in_use;
+  atomic_store_explicit(&a->in_use_seen, a->in_use, memory_order_relaxed);
 }
 static inline void gg__arena_count_release(gg_arena_t *a, size_t bytes, unsigned long long blocks) {
   a->in_use -= bytes, a->n_live -= blocks, a->n_frees += blocks;
+  atomic_store_explicit(&a->in_use_seen, a->in_use, memory_order_relaxed);
 }
 void gg__arena_fill_stats(const gg_arena_t *a, gg_arena_stats_t *s);
 
@@ -244,4 +259,30 @@ int gg__arena_trim_locked(gg_arena_t *a, size_t keep);
 /* Unmaps every chunk (destroy, teardown) and frees the records; the first error (every chunk is tried). */
 int gg__arena_unmap_all(gg_arena_t *a);
 
+/* ---- arena_cache.c ------------------------------------------------------------------------------- */
+
+/* Without the arena's lock, on a handle gg__arena_valid() accepted. Serve an allocation of `size`
+ * (rounded; the default alignment) from this thread's cache, or take back a block the cache handed out;
+ * false: the arena's own path must do it. */
+bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag, void **ptr);
+bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered);
+/* Refills this thread's cache with blocks of `size` carved from free memory as it is and hands one out
+ * (1); 0 when the request is not for the cache or nothing fits (the ladder takes over). Publishes the
+ * cache first either way, so the arena's counters are this thread's too. */
+int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t align, const char *tag,
+                            uintptr_t *ptr);
+/* Publishes every cache's live blocks as USED records; how many, or GG_ENOMEM. */
+int gg__tcache_publish_all(gg_arena_t *a);
+/* Every cache's free blocks back to the arena (publishing too, with `publish`); errors keep them.
+ * Whether any came back. */
+bool gg__tcache_give_back_all(gg_arena_t *a, bool publish);
+/* Destroy and teardown: every cache lets go of the arena (its blocks go with the arena's memory). */
+void gg__tcache_detach_all(gg_arena_t *a);
+/* Adds the caches' deltas (and cached frees still waiting for the stream, as pending) to stats. */
+void gg__tcache_add_stats(gg_arena_t *a, gg_arena_stats_t *s);
+void gg__tcache_reset_peak(gg_arena_t *a);
+/* For the checker: every cached record, and what is wrong with a cache's own bookkeeping, or NULL. */
+const char *gg__tcache_census(gg_arena_t *a, void (*add)(void *ctx, const gg__block_t *b, bool live),
+                              void *ctx);
+size_t gg__tcache_records(gg_arena_t *a);
 #endif

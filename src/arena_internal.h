@@ -18,6 +18,7 @@ typedef struct gg__arena_probe {
   unsigned long long events_queried;  /* non-blocking completion checks */
   unsigned long long stream_queries;  /* stream idle checks (settle everything without an event) */
   unsigned long long batches_merged;  /* batches whose memory became reusable */
+  unsigned long long cached_allocs;   /* allocations threads' caches served (counted as they publish) */
   size_t bump_entries;                /* entries in the bump log now */
   size_t free_blocks;                 /* blocks in the free lists now (top excluded) */
   size_t top_bytes;                   /* bytes left in the bump block now */

@@ -33,6 +33,11 @@
  *   7. arena globals (arena.c: the live-arena list, then the quarantine); then an arena's own lock
  *   8. the host backend's simulated device (backend/host.c), a leaf: arena create, map and unmap take it
  *
+ * Per-thread caches of an arena (arena_cache.c) have a lock each, taken under their arena's lock (never
+ * the other way round) and never held across a call that takes one of the above. They are per-object
+ * locks: the child never takes one (its thread's caches belong to parent arenas, which refuse use there,
+ * and its exit frees them without locking).
+ *
  * The watchdog's lock and per-object locks are not taken here: the child starts its own watchdog, and
  * objects of the parent refuse use in the child (fork generation). Nothing is called with one of
  * these held that takes one above it: gg_proc_spawn asks the guard layer about its guard before it

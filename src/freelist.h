@@ -19,7 +19,8 @@
 #define GG__CLASSES       (GG__EXACT_CLASSES + 49 * GG__SUB_CLASSES) /* up to 2^56 quanta */
 #define GG__CLASS_WORDS   ((GG__CLASSES + 63) / 64)
 
-enum { GG__BLOCK_SPARE, GG__BLOCK_FREE, GG__BLOCK_TOP, GG__BLOCK_USED, GG__BLOCK_PENDING };
+/* CACHED: held by a thread's cache of the arena (arena_cache.c), free there or handed out from it. */
+enum { GG__BLOCK_SPARE, GG__BLOCK_FREE, GG__BLOCK_TOP, GG__BLOCK_USED, GG__BLOCK_PENDING, GG__BLOCK_CACHED };
 
 /* One contiguous piece of mapped device memory, described on the host (device memory holds no
  * headers). The links mean different things by state: FREE: its size class's list, USED: its scope's

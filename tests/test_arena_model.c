@@ -1,7 +1,12 @@
 /* test_arena_model.c — randomized model check: thousands of random alloc/free/scope/trim operations on
  * the host backend against a plain reference model. After every operation: no overlap, alignment,
  * statistics equal to the model's, and the arena's own full consistency check; regularly, every byte
- * of every live block still holds what was written. Seed: fixed, or GG_TEST_SEED to reproduce. */
+ * of every live block still holds what was written. Seed: fixed, or GG_TEST_SEED to reproduce.
+ * The threaded runs do the same from 8 and 16 threads on one arena (with frees of other threads' blocks,
+ * scopes every thread allocates in, trims, stats and checks among them), with exact totals whenever
+ * the threads are paused. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "arena_internal.h"
@@ -220,6 +225,253 @@ static int ops_count(void) {
   return v && *v ? atoi(v) : 6000;
 }
 
+/* ---- many threads on one arena ------------------------------------------------------------------- */
+
+#define TM_THREADS 16
+#define TM_SLOTS   48
+#define TM_MAIL    128
+
+typedef struct tblock {
+  unsigned char *ptr;
+  size_t size;
+  int depth;
+  unsigned char fill;
+} tblock_t;
+
+typedef struct tworker {
+  int id;
+  unsigned long long rng;
+  tblock_t b[TM_SLOTS];
+  int n;
+  unsigned long long allocs, frees, ops[8];
+  size_t in_use;
+  char error[300];
+} tworker_t;
+
+/* Ordinary operations run under the gate's read side; scope begins and ends, and exact totals, under
+ * its write side, with every other thread paused between two operations. */
+static struct {
+  gg_arena_t *arena;
+  pthread_rwlock_t gate;
+  pthread_mutex_t mail_lock; /* blocks handed from one thread to another, freed by whoever takes them */
+  tblock_t mail[TM_MAIL];
+  int n_mail;
+  size_t mail_in_use;
+  gg_scope_t scopes[8];
+  int depth;
+  unsigned long long scope_frees;
+  int n_threads, ops;
+  tworker_t w[TM_THREADS];
+  atomic_bool stop;
+} tm;
+
+static unsigned trnd(tworker_t *w, unsigned n) {
+  w->rng ^= w->rng >> 12, w->rng ^= w->rng << 25, w->rng ^= w->rng >> 27;
+  return (unsigned)((w->rng * 2685821657736338717ull) >> 33) % n;
+}
+
+static bool tblock_intact(const tblock_t *b) {
+  for (size_t i = 0; i < b->size; i += 61)
+    if (b->ptr[i] != b->fill) return false;
+  return b->ptr[b->size - 1] == b->fill;
+}
+
+#define TFAIL(w, ...)                                      \
+  do {                                                     \
+    snprintf((w)->error, sizeof (w)->error, __VA_ARGS__); \
+    atomic_store(&tm.stop, true);                          \
+    return false;                                          \
+  } while (0)
+
+/* Write side held: the totals of every thread's model against the arena's statistics, its full
+ * check, and every live block's contents. */
+static bool tm_exact(tworker_t *me) {
+  size_t in_use = tm.mail_in_use;
+  unsigned long long live = (unsigned long long)tm.n_mail, allocs = 0, frees = tm.scope_frees;
+  for (int t = 0; t < tm.n_threads; t++) {
+    const tworker_t *w = &tm.w[t];
+    in_use += w->in_use, live += (unsigned long long)w->n, allocs += w->allocs, frees += w->frees;
+    for (int i = 0; i < w->n; i++)
+      if (!tblock_intact(&w->b[i])) TFAIL(me, "thread %d's block %p was overwritten", t, (void *)w->b[i].ptr);
+  }
+  for (int i = 0; i < tm.n_mail; i++)
+    if (!tblock_intact(&tm.mail[i])) TFAIL(me, "a handed-over block %p was overwritten", (void *)tm.mail[i].ptr);
+  gg_arena_stats_t s;
+  if (gg_arena_stats(tm.arena, &s) < 0 || gg__arena_check(tm.arena) < 0) TFAIL(me, "%s", gg_last_error());
+  if (s.bytes_in_use != in_use || s.n_live != live || s.n_allocs != allocs || s.n_frees != frees ||
+      s.scope_depth != tm.depth || s.peak_in_use < s.bytes_in_use)
+    TFAIL(me, "stats: in use %zu (model %zu), live %llu (%llu), allocs %llu (%llu), frees %llu (%llu), depth %d (%d), peak %zu",
+          s.bytes_in_use, in_use, s.n_live, live, s.n_allocs, allocs, s.n_frees, frees, s.scope_depth, tm.depth,
+          s.peak_in_use);
+  return true;
+}
+
+/* Write side held: a scope begins (every thread's next allocations belong to it) or the innermost one
+ * ends (whichever thread allocated its blocks, and whichever cached them). */
+static bool tm_scope_op(tworker_t *w) {
+  if (trnd(w, 2)) return tm_exact(w);              /* totals alone */
+  if (tm.depth < 6 && (tm.depth == 0 || !trnd(w, 4))) { /* scopes stay short: caches run between */
+    if (gg_scope_begin(tm.arena, &tm.scopes[tm.depth]) < 0) TFAIL(w, "scope begin: %s", gg_last_error());
+    tm.depth++;
+    return tm_exact(w);
+  }
+  for (int t = 0; t < tm.n_threads; t++) {
+    tworker_t *o = &tm.w[t];
+    for (int i = o->n - 1; i >= 0; i--)
+      if (o->b[i].depth == tm.depth) o->in_use -= rounded(o->b[i].size), tm.scope_frees++, o->b[i] = o->b[--o->n];
+  }
+  for (int i = tm.n_mail - 1; i >= 0; i--)
+    if (tm.mail[i].depth == tm.depth)
+      tm.mail_in_use -= rounded(tm.mail[i].size), tm.scope_frees++, tm.mail[i] = tm.mail[--tm.n_mail];
+  if (gg_scope_end(&tm.scopes[--tm.depth]) < 0) TFAIL(w, "scope end: %s", gg_last_error());
+  return tm_exact(w);
+}
+
+/* Read side held: one ordinary operation. */
+static bool tm_op(tworker_t *w, unsigned op) {
+  if (op < 40) { /* allocate */
+    if (w->n == TM_SLOTS) return true;
+    unsigned r = trnd(w, 100);
+    size_t size = r < 70 ? 1 + trnd(w, 4096) : r < 95 ? 4096 + trnd(w, 60 * 1024) : 64 * 1024 + trnd(w, 192 * 1024);
+    size_t align = trnd(w, 8) ? 0 : 4096;
+    void *p;
+    if (gg_alloc_ex(tm.arena, size, align, trnd(w, 3) ? NULL : "t", &p) < 0) TFAIL(w, "alloc %zu: %s", size, gg_last_error());
+    if ((uintptr_t)p % (align ? align : 256)) TFAIL(w, "block %p is not aligned to %zu", p, align);
+    tblock_t *b = &w->b[w->n++];
+    *b = (tblock_t){p, size, tm.depth, (unsigned char)(w->id * 16 + trnd(w, 16) + 1)};
+    memset(p, b->fill, size);
+    w->in_use += rounded(size), w->allocs++, w->ops[0]++;
+  } else if (op < 70) { /* free one of its own */
+    if (!w->n) return true;
+    int i = (int)trnd(w, (unsigned)w->n);
+    if (!tblock_intact(&w->b[i])) TFAIL(w, "block %p was overwritten", (void *)w->b[i].ptr);
+    if (gg_free(tm.arena, w->b[i].ptr) < 0) TFAIL(w, "free: %s", gg_last_error());
+    w->in_use -= rounded(w->b[i].size), w->frees++, w->ops[1]++;
+    w->b[i] = w->b[--w->n];
+  } else if (op < 78) { /* hand one to whichever thread takes it */
+    if (!w->n) return true;
+    int i = (int)trnd(w, (unsigned)w->n);
+    pthread_mutex_lock(&tm.mail_lock);
+    if (tm.n_mail < TM_MAIL) {
+      tm.mail[tm.n_mail++] = w->b[i], tm.mail_in_use += rounded(w->b[i].size);
+      w->in_use -= rounded(w->b[i].size), w->b[i] = w->b[--w->n], w->ops[2]++;
+    }
+    pthread_mutex_unlock(&tm.mail_lock);
+  } else if (op < 86) { /* free one another thread allocated */
+    pthread_mutex_lock(&tm.mail_lock);
+    tblock_t b = {0};
+    if (tm.n_mail) {
+      int i = (int)trnd(w, (unsigned)tm.n_mail);
+      b = tm.mail[i], tm.mail[i] = tm.mail[--tm.n_mail];
+    }
+    pthread_mutex_unlock(&tm.mail_lock);
+    if (!b.ptr) return true;
+    if (!tblock_intact(&b)) TFAIL(w, "handed-over block %p was overwritten", (void *)b.ptr);
+    if (gg_free(tm.arena, b.ptr) < 0) TFAIL(w, "free of another thread's block: %s", gg_last_error());
+    pthread_mutex_lock(&tm.mail_lock);
+    tm.mail_in_use -= rounded(b.size);
+    pthread_mutex_unlock(&tm.mail_lock);
+    w->frees++, w->ops[3]++;
+  } else if (op < 90) { /* a copy into one of its blocks: the arena must find it wherever it is cached */
+    if (!w->n) return true;
+    tblock_t *b = &w->b[trnd(w, (unsigned)w->n)];
+    unsigned char buf[64];
+    size_t n = b->size < sizeof buf ? b->size : sizeof buf;
+    memset(buf, b->fill, n);
+    if (gg_arena_copy_to_device(tm.arena, b->ptr, buf, n) < 0) TFAIL(w, "copy: %s", gg_last_error());
+    w->ops[4]++;
+  } else if (op < 94) { /* statistics and the full check, while the others run */
+    gg_arena_stats_t s;
+    if (gg_arena_stats(tm.arena, &s) < 0) TFAIL(w, "stats: %s", gg_last_error());
+    if (s.peak_in_use < s.bytes_in_use || s.n_frees > s.n_allocs || s.bytes_in_use > s.bytes_mapped)
+      TFAIL(w, "stats inconsistent: peak %zu, in use %zu, mapped %zu", s.peak_in_use, s.bytes_in_use, s.bytes_mapped);
+    if (gg__arena_check(tm.arena) < 0) TFAIL(w, "%s", gg_last_error());
+    w->ops[5]++;
+  } else if (op < 96) {
+    if (gg_arena_trim(tm.arena, trnd(w, 2) ? 0 : 4 * MiB) < 0) TFAIL(w, "trim: %s", gg_last_error());
+    w->ops[6]++;
+  }
+  return true;
+}
+
+static void *tm_worker(void *arg) {
+  tworker_t *w = arg;
+  for (int step = 0; step < tm.ops && !atomic_load(&tm.stop); step++) {
+    unsigned op = trnd(w, 100);
+    bool ok;
+    if (op >= 96) {
+      pthread_rwlock_wrlock(&tm.gate);
+      ok = tm_scope_op(w);
+      w->ops[7]++;
+    } else {
+      pthread_rwlock_rdlock(&tm.gate);
+      ok = tm_op(w, op);
+    }
+    pthread_rwlock_unlock(&tm.gate);
+    if (!ok) break;
+  }
+  return NULL;
+}
+
+static void run_threads(int threads, unsigned long long seed, int ops) {
+  printf("threaded model run: %d threads, seed %llu, %d operations each\n", threads, seed, ops);
+  void *stream = NULL;
+  gg_assert_ok(gg_host_stream_create(&stream));
+  gg_arena_options_t o;
+  gg_arena_options_init(&o);
+  o.capacity = 48 * MiB, o.chunk_size = 256 * KiB, o.stream = stream, o.name = "threads";
+  memset(&tm, 0, sizeof tm);
+  gg_assert_ok(gg_arena_create(&tm.arena, &o));
+  pthread_rwlock_init(&tm.gate, NULL);
+  pthread_mutex_init(&tm.mail_lock, NULL);
+  tm.n_threads = threads, tm.ops = ops;
+  pthread_t tid[TM_THREADS];
+  for (int t = 0; t < threads; t++) {
+    tm.w[t].id = t, tm.w[t].rng = seed * 7919 + (unsigned long long)t + 1;
+    pthread_create(&tid[t], NULL, tm_worker, &tm.w[t]);
+  }
+  for (int t = 0; t < threads; t++) pthread_join(tid[t], NULL);
+  for (int t = 0; t < threads; t++)
+    if (tm.w[t].error[0]) fail_msg("thread %d: %s (reproduce with GG_TEST_SEED=%llu)", t, tm.w[t].error, seed);
+  tworker_t *w = &tm.w[0]; /* the threads are gone: their caches went back to the arena */
+  if (!tm_exact(w)) fail_msg("after the threads: %s", w->error);
+  gg__arena_probe_t pr;
+  gg_assert_ok(gg__arena_probe(tm.arena, &pr));
+  printf("  %llu allocations served by the threads' caches\n", pr.cached_allocs);
+  assert_true(pr.cached_allocs > 0);
+  unsigned long long sum[8] = {0};
+  for (int t = 0; t < threads; t++)
+    for (int k = 0; k < 8; k++) sum[k] += tm.w[t].ops[k];
+  printf("  allocs %llu, own frees %llu, handed over %llu, freed by another thread %llu, copies %llu, "
+         "stats+checks %llu, trims %llu, scope ops %llu\n",
+         sum[0], sum[1], sum[2], sum[3], sum[4], sum[5], sum[6], sum[7]);
+  for (int t = 0; t < threads; t++)
+    for (int i = 0; i < tm.w[t].n; i++) gg_assert_ok(gg_free(tm.arena, tm.w[t].b[i].ptr));
+  for (int i = 0; i < tm.n_mail; i++) gg_assert_ok(gg_free(tm.arena, tm.mail[i].ptr));
+  while (tm.depth) gg_assert_ok(gg_scope_end(&tm.scopes[--tm.depth]));
+  gg_arena_stats_t s;
+  gg_assert_ok(gg_arena_stats(tm.arena, &s));
+  assert_int_equal(s.bytes_in_use, 0);
+  assert_int_equal(s.n_live, 0);
+  gg_assert_ok(gg__arena_check(tm.arena));
+  gg_assert_ok(gg_arena_trim(tm.arena, 0));
+  gg_assert_ok(gg_arena_stats(tm.arena, &s));
+  assert_int_equal(s.bytes_mapped, 0); /* nothing stayed in a cache */
+  gg_assert_ok(gg_arena_destroy(tm.arena));
+  pthread_rwlock_destroy(&tm.gate);
+  pthread_mutex_destroy(&tm.mail_lock);
+  gg_host_stream_destroy(stream);
+}
+
+static void test_threads_8(void **state) {
+  (void)state;
+  run_threads(8, seed_from_env(8), ops_count() / 2);
+}
+static void test_threads_16(void **state) {
+  (void)state;
+  run_threads(16, seed_from_env(16), ops_count() / 4);
+}
+
 static int setup(void **state) {
   (void)state;
   setenv("GPUGUARD_BACKEND", "host", 1);
@@ -359,6 +611,8 @@ int main(void) {
       cmocka_unit_test(test_freelist_best_fit_across_classes),
       cmocka_unit_test(test_freelist_alignment),
       cmocka_unit_test(test_freelist_coalescing_across_classes),
+      cmocka_unit_test_setup(test_threads_8, setup),
+      cmocka_unit_test_setup(test_threads_16, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -75,7 +75,7 @@ typedef struct gg_arena_stats {
   size_t bytes_in_use;              /**< bytes in live blocks (sizes rounded up to a multiple of 256) */
   size_t bytes_mapped;              /**< physical memory mapped now */
   size_t bytes_reserved;            /**< address space reserved (the capacity) */
-  size_t peak_in_use;               /**< highest bytes_in_use since creation */
+  size_t peak_in_use;               /**< highest bytes_in_use since creation (threads: docs/arena.md) */
   size_t peak_mapped;               /**< highest bytes_mapped since creation */
   size_t largest_free_block;        /**< largest block of mapped memory that is free */
   unsigned long long n_live;        /**< live blocks */
