@@ -352,8 +352,8 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
   for (int i = 0; i < 3; i++)
     if (src[i] >= 0 && dup2(src[i], i) < 0) gg__child_fail(errfd, GG__STEP_STDIO);
   if (r->opts.close_device_fds) gg__close_fds_matching("/dev/nvidia");
-  gg__pid_ns_child(r->opts.pid_ns, r->opts.pid_ns_grace_ms, errfd,
-                   GG__STEP_PIDNS); /* older callers: defaults */
+  /* Callers built before pid_ns passed a smaller size: they get the defaults (OFF). */
+  gg__pid_ns_child(r->opts.pid_ns, r->opts.pid_ns_grace_ms, errfd, GG__STEP_PIDNS);
   /* The spawn thread blocks every signal and the program may have handlers or ignored signals: the
    * child starts from the defaults and an empty mask. */
   for (int sig = 1; sig < NSIG; sig++)
