@@ -352,7 +352,8 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
   for (int i = 0; i < 3; i++)
     if (src[i] >= 0 && dup2(src[i], i) < 0) gg__child_fail(errfd, GG__STEP_STDIO);
   if (r->opts.close_device_fds) gg__close_fds_matching("/dev/nvidia");
-  gg__pid_ns_child(r->opts.pid_ns, errfd, GG__STEP_PIDNS); /* older callers: OFF, from the defaults */
+  /* Callers built before pid_ns passed a smaller size: they get the defaults (OFF). */
+  gg__pid_ns_child(r->opts.pid_ns, r->opts.pid_ns_grace_ms, errfd, GG__STEP_PIDNS);
   /* The spawn thread blocks every signal and the program may have handlers or ignored signals: the
    * child starts from the defaults and an empty mask. */
   for (int sig = 1; sig < NSIG; sig++)
@@ -445,6 +446,7 @@ void gg_spawn_options_init(gg_spawn_options_t *opts) {
   opts->size = sizeof *opts;
   opts->stdin_fd = opts->stdout_fd = opts->stderr_fd = -1;
   opts->death_signal = 1;
+  opts->pid_ns_grace_ms = 1000;
 }
 
 /* A name without '/' is found in our PATH here, in the parent: execvp in the child may allocate. */
@@ -514,6 +516,9 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
   }
   if (r.opts.pid_ns < GG_SPAWN_PID_NS_OFF || r.opts.pid_ns > GG_SPAWN_PID_NS_ON)
     return gg__err(GG_EINVAL, "gg_proc_spawn: pid_ns %d is not a gg_spawn_pid_ns_t", r.opts.pid_ns);
+  if (r.opts.pid_ns_grace_ms < 0 || r.opts.pid_ns_grace_ms > GG_PROC_GRACE_MAX_MS)
+    return gg__err(GG_EINVAL, "gg_proc_spawn: pid_ns_grace_ms %d is outside 0..%d", r.opts.pid_ns_grace_ms,
+                   GG_PROC_GRACE_MAX_MS);
   const int fds[3] = {r.opts.stdin_fd, r.opts.stdout_fd, r.opts.stderr_fd};
   for (int i = 0; i < 3; i++)
     if (fds[i] < -1 || (fds[i] >= 0 && fcntl(fds[i], F_GETFD) < 0))

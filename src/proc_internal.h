@@ -59,7 +59,7 @@ void gg__proc_set_key_check(gg__proc_key_check_fn fn);
  * namespace, or the child itself when mode is OFF, or AUTO and namespaces are refused); the keeper and
  * the init never return. With ON and namespaces refused, writes {fail_step, errno} to errfd and exits
  * 127, as the caller's other steps do. */
-void gg__pid_ns_child(int mode, int errfd, int fail_step);
+void gg__pid_ns_child(int mode, int grace_ms, int errfd, int fail_step);
 
 /* fork.c's handler calls these in the lock order (see fork.c). */
 void gg__proc_fork_prepare(void);

@@ -125,9 +125,9 @@ static int gg__wait_for(pid_t who, int *status, const sigset_t *set, pid_t forwa
 }
 
 /* The init (pid 1 of the namespace): runs the job as pid 2, passes signals on, reaps every orphan of the
- * namespace, and when the job ends gives the rest a moment after SIGTERM before it exits itself — at
+ * namespace, and when the job ends gives the rest grace_ms after SIGTERM before it exits itself — at
  * which point the kernel kills whatever is left. The job's wait status goes to the keeper. */
-static void gg__init(int alive_fd, int status_fd, int errfd, const sigset_t *set) {
+static void gg__init(int alive_fd, int status_fd, int errfd, const sigset_t *set, int grace_ms) {
   /* Dies with the keeper. It may have died before the arming: its end of alive_fd says so. */
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) _exit(127);
   struct pollfd pf = {.fd = alive_fd, .events = POLLIN};
@@ -145,13 +145,13 @@ static void gg__init(int alive_fd, int status_fd, int errfd, const sigset_t *set
   gg__wait_for(job, &st, set, job, true, -1);
   kill(-1, SIGTERM); /* from a namespace's init: every other process of the namespace */
   int ignored;
-  gg__wait_for(0, &ignored, set, 0, true, 1000);
+  gg__wait_for(0, &ignored, set, 0, true, grace_ms);
   ssize_t w = write(status_fd, &st, sizeof st);
   (void)w;
   _exit(0);
 }
 
-void gg__pid_ns_child(int mode, int errfd, int fail_step) {
+void gg__pid_ns_child(int mode, int grace_ms, int errfd, int fail_step) {
   if (mode == GG_SPAWN_PID_NS_OFF) return;
   int how = gg__enter();
   if (how < 0) {
@@ -170,7 +170,7 @@ void gg__pid_ns_child(int mode, int errfd, int fail_step) {
   if (init < 0) _exit(127);
   if (init == 0) {
     close(alive[1]), close(status[0]);
-    gg__init(alive[0], status[1], errfd, &set);
+    gg__init(alive[0], status[1], errfd, &set, grace_ms);
     sigprocmask(SIG_UNBLOCK, &set, NULL); /* the job: the caller resets every disposition too */
     return;
   }

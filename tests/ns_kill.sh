@@ -59,6 +59,20 @@ for mode in on off; do
     for p in $(job_pids); do kill -9 $p; done
   fi
 done
+# When the job ends, what is left of the namespace gets --grace after SIGTERM (it had one second once):
+# a leftover that needs 1.5 s to finish after TERM finishes with --grace 4000, and is cut short by 500.
+left='trap "sleep 1.5; echo finished > $0; exit 0" TERM; while :; do sleep 0.05; done'
+for grace in 4000 500; do
+  rm -f "$tmp/left.$grace"
+  "$g" run --pid-ns=on --grace $grace -- sh -c "sh -c '$left' $tmp/left.$grace & sleep 0.3" 2>/dev/null ||
+    fail "the job with a leftover failed (--grace $grace)"
+  if [ $grace = 4000 ]; then
+    [ -e "$tmp/left.$grace" ] || fail "--pid-ns: the leftover did not get --grace 4000 to finish"
+  else
+    [ ! -e "$tmp/left.$grace" ] || fail "--pid-ns: the leftover outlived --grace 500"
+  fi
+done
+echo "--pid-ns: leftovers get --grace after SIGTERM"
 set +e; "$g" run --pid-ns=bogus -- true 2>/dev/null; rc=$?; set -e
 [ $rc = 2 ] || fail "--pid-ns=bogus exited $rc, wanted 2"
 echo "ok"

@@ -45,12 +45,25 @@ static gg_process_t row_of(pid_t pid, const pid_t *pids, int n) {
   return rows[0];
 }
 
+/* Returns once the child has exec'd: before that its /proc environment is still this process's
+ * initial one (a session set with setenv() since is not in it), and classifying it then was a race the
+ * guarded-session test lost about once in 17 runs. */
 static pid_t start_sleeper(void) {
   pid_t p = fork();
   if (p == 0) {
     execlp("sleep", "sleep", "30", (char *)NULL);
     _exit(127);
   }
+  char path[64], comm[32];
+  snprintf(path, sizeof path, "/proc/%d/comm", (int)p);
+  for (int i = 0; i < 2500; i++) {
+    FILE *f = fopen(path, "r");
+    bool slept = f && fgets(comm, sizeof comm, f) && strcmp(comm, "sleep\n") == 0;
+    if (f) fclose(f);
+    if (slept) return p;
+    usleep(2000);
+  }
+  fail_msg("child %d did not exec sleep", (int)p);
   return p;
 }
 

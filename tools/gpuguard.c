@@ -499,7 +499,7 @@ static int run_start(const run_opts_t *o, run_env_t *env, job_result_t *r) {
   env->have_dev = gg_device_info((int)o->device, &env->dev) == 0;
   gg_spawn_options_t so;
   gg_spawn_options_init(&so);
-  so.pid_ns = o->pid_ns;
+  so.pid_ns = o->pid_ns, so.pid_ns_grace_ms = (int)o->grace; /* the rest of the namespace gets --grace too */
   if (o->pid_ns == GG_SPAWN_PID_NS_AUTO && gg_proc_pid_ns_probe() < 0) /* one line, then today's design */
     fprintf(stderr, "gpuguard run: no PID namespace for the job (%s); running it without one\n",
             gg_last_error());

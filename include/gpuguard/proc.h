@@ -57,6 +57,9 @@ typedef struct gg_spawn_options {
   int pid_ns;            /**< GG_SPAWN_PID_NS_OFF (default), _AUTO or _ON: run the child in its own
                               PID namespace (see gg_spawn_pid_ns_t). Appended in 0.2: callers built
                               before it pass a smaller size and get OFF */
+  int pid_ns_grace_ms;   /**< with a PID namespace: when the program ends, how long the rest of the
+                              namespace has after SIGTERM before the kernel kills it (0 to
+                              GG_PROC_GRACE_MAX_MS; default 1000). Appended in 0.2, after pid_ns */
 } gg_spawn_options_t;
 
 /** Where a spawned child runs (gg_spawn_options_t::pid_ns).
@@ -67,8 +70,9 @@ typedef struct gg_spawn_options {
  *  namespace's orphans. The keeper exits with the program's status (or dies of its signal). The
  *  guarantee: when the keeper dies — this process SIGKILLed and the death signal fired, or a teardown
  *  — the init dies, and the kernel kills every process of the namespace at once, double-forked
- *  daemons included. When the program ends, the rest of the namespace gets SIGTERM and one second
- *  before the init exits (and the kernel kills what is left). The namespace has its own /proc (a
+ *  daemons included. When the program ends, the rest of the namespace gets SIGTERM and
+ *  gg_spawn_options_t::pid_ns_grace_ms (default one second) before the init exits (and the kernel
+ *  kills what is left). The namespace has its own /proc (a
  *  private mount namespace), so `ps` inside shows its pids; from outside every process keeps its
  *  ordinary pid (NVML and `gpuguard ps` see those). As root the namespace is made directly; otherwise
  *  through an unprivileged user namespace mapping our uid and gid onto themselves, where the system
