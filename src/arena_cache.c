@@ -150,8 +150,8 @@ static gg__tc_class_t *gg__tc_class_claim(gg__tcache_t *c, size_t size) {
  * while it is busy an event is recorded, so a stream that never runs dry still lets blocks come back.
  * Never blocks; failures only delay reuse (this thread's error detail is kept). */
 static void gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
-  gg__err_saved_t saved;
-  gg__err_save(&saved);
+  gg__err_quiet_t quiet; /* the detail is copied only if a driver call fails */
+  gg__err_quiet_begin(&quiet);
   if (c->event_epoch && a->ops->event_query(a->dev, c->event) == 1) {
     if (c->event_epoch > c->safe) c->safe = c->event_epoch;
     c->event_epoch = 0;
@@ -163,7 +163,7 @@ static void gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
              a->ops->event_record(a->dev, c->event, a->stream) == 0) {
     c->event_epoch = cur, c->events++;
   }
-  gg__err_restore(&saved);
+  gg__err_quiet_end(&quiet);
 }
 
 /* For the oldest free of a class: asks (at most once per GG__TC_BACKOFF calls while the stream is busy). */
@@ -290,10 +290,10 @@ static int gg__tc_give_back_all(gg_arena_t *a, gg__tcache_t *c) {
  * the arena as pending, or was given back already). */
 static void gg__tc_drop_event(gg_arena_t *a, gg__tcache_t *c) {
   if (!c->event) return;
-  gg__err_saved_t saved;
-  gg__err_save(&saved);
+  gg__err_quiet_t quiet; /* the detail is copied only if a driver call fails */
+  gg__err_quiet_begin(&quiet);
   a->ops->event_destroy(a->dev, c->event);
-  gg__err_restore(&saved);
+  gg__err_quiet_end(&quiet);
   c->event = NULL, c->event_epoch = 0;
 }
 
