@@ -162,13 +162,16 @@ static bool gg__tc_safe_for(const gg_arena_t *a, uint64_t ticket) {
  * back. One thread asks at a time (another one asking serves this cache too). Never blocks; failures
  * only delay reuse (this thread's error detail is kept). */
 static void gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
+  gg__err_quiet_t quiet; /* the detail is copied only if a driver call fails */
+  gg__err_quiet_begin(&quiet);
   if (c->event_epoch && a->ops->event_query(a->dev, c->event) == 1) {
     gg__tc_raise_safe(a, c->event_epoch);
     c->event_epoch = 0;
   }
-  if (atomic_exchange_explicit(&a->tc_asking, true, memory_order_acquire)) return;
-  gg__err_saved_t saved;
-  gg__err_save(&saved);
+  if (atomic_exchange_explicit(&a->tc_asking, true, memory_order_acquire)) {
+    gg__err_quiet_end(&quiet);
+    return;
+  }
   uint64_t cur = atomic_fetch_add(&a->tc_epoch, 1) + 1; /* frees from now on are not covered */
   if (a->ops->stream_query(a->dev, a->stream) == 1) {
     gg__tc_raise_safe(a, cur);
@@ -178,7 +181,7 @@ static void gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
     c->event_epoch = cur, c->events++;
   }
   atomic_store_explicit(&a->tc_asking, false, memory_order_release);
-  gg__err_restore(&saved);
+  gg__err_quiet_end(&quiet);
 }
 
 /* For the oldest free of a class: asks (at most once per GG__TC_BACKOFF calls while the stream is busy). */
@@ -305,10 +308,10 @@ static int gg__tc_give_back_all(gg_arena_t *a, gg__tcache_t *c) {
  * the arena as pending, or was given back already). */
 static void gg__tc_drop_event(gg_arena_t *a, gg__tcache_t *c) {
   if (!c->event) return;
-  gg__err_saved_t saved;
-  gg__err_save(&saved);
+  gg__err_quiet_t quiet; /* the detail is copied only if a driver call fails */
+  gg__err_quiet_begin(&quiet);
   a->ops->event_destroy(a->dev, c->event);
-  gg__err_restore(&saved);
+  gg__err_quiet_end(&quiet);
   c->event = NULL, c->event_epoch = 0;
 }
 
