@@ -41,6 +41,7 @@
 #define GG__TC_BYTES       ((size_t)8 << 20) /* free bytes per cache */
 #define GG__TC_LIVE_SLOTS  128               /* handed out and not yet published: at most half of this */
 #define GG__TC_BACKOFF     16                /* allocations that do not ask a busy stream again */
+#define GG__TC_TRIES       8                 /* questions a checkpoint waits for before the locked path */
 
 typedef struct gg__tc_entry {
   gg__block_t *rec;
@@ -161,7 +162,7 @@ static bool gg__tc_safe_for(const gg_arena_t *a, uint64_t ticket) {
  * stream; while it is busy an event is recorded, so a stream that never runs dry still lets blocks come
  * back. One thread asks at a time (another one asking serves this cache too). Never blocks; failures
  * only delay reuse (this thread's error detail is kept). */
-static bool gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
+static int gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
   gg__err_quiet_t quiet; /* the detail is copied only if a driver call fails */
   gg__err_quiet_begin(&quiet);
   if (c->event_epoch && a->ops->event_query(a->dev, c->event) == 1) {
@@ -170,10 +171,11 @@ static bool gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
   }
   if (atomic_exchange_explicit(&a->tc_asking, true, memory_order_acquire)) {
     gg__err_quiet_end(&quiet);
-    return false;
+    return -1;
   }
   uint64_t cur = atomic_fetch_add(&a->tc_epoch, 1) + 1; /* frees from now on are not covered */
-  if (a->ops->stream_query(a->dev, a->stream) == 1) {
+  int idle = a->ops->stream_query(a->dev, a->stream) == 1;
+  if (idle) {
     gg__tc_raise_safe(a, cur);
     c->event_epoch = 0;
   } else if (!c->event_epoch && (c->event || a->ops->event_create(a->dev, &c->event) == 0) &&
@@ -182,7 +184,7 @@ static bool gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
   }
   atomic_store_explicit(&a->tc_asking, false, memory_order_release);
   gg__err_quiet_end(&quiet);
-  return true;
+  return idle;
 }
 
 /* Waits until no thread is asking the stream: one query, a few hundred nanoseconds, against microseconds
@@ -192,17 +194,21 @@ static void gg__tc_await_asker(gg_arena_t *a) {
     if (spins >= 64) sched_yield(); /* the asker may be descheduled: do not burn its core */
 }
 
-/* For the oldest free of a class: asks (at most once per GG__TC_BACKOFF calls while the stream is busy).
- * When another thread is asking, its answer is awaited: it covers this ticket too when the free came
- * before its question, so threads share one query instead of queueing on the driver's lock. */
+/* For the oldest free of a class: asks, or awaits the answer of the thread asking (it covers this ticket
+ * when the free came before its question), so threads share queries instead of queueing on the driver's
+ * lock. A stream found busy is not asked again for GG__TC_BACKOFF allocations of this cache. */
 static bool gg__tc_checkpoint(gg_arena_t *a, gg__tcache_t *c, uint64_t ticket) {
   if (c->backoff) return c->backoff--, false;
-  for (int tries = 0; tries < 2 && !gg__tc_ask_stream(a, c); tries++) {
-    gg__tc_await_asker(a);
+  for (int tries = 0; tries < GG__TC_TRIES; tries++) {
+    int asked = gg__tc_ask_stream(a, c);
+    if (gg__tc_safe_for(a, ticket)) return true;
+    if (asked == 0) {
+      c->backoff = GG__TC_BACKOFF;
+      return false;
+    }
+    if (asked < 0) gg__tc_await_asker(a);
     if (gg__tc_safe_for(a, ticket)) return true;
   }
-  if (gg__tc_safe_for(a, ticket)) return true;
-  c->backoff = GG__TC_BACKOFF;
   return false;
 }
 
