@@ -223,6 +223,7 @@ int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
   pthread_mutex_init(&a->lock, NULL);
   static atomic_ullong ids;
   a->id = atomic_fetch_add(&ids, 1) + 1;
+  atomic_init(&a->tc_epoch, 1), atomic_init(&a->tc_safe, 1); /* ticket 0 is reusable at once */
   a->fork_gen = a->dev->fork_gen, a->magic = GG__MAGIC;
   /* A live guard of this device tears the arena down with its other cleanups, LIFO. */
   if ((rc = gg__guard_attach(a->ops->name, o.device, &gg__arena_attach_ops, a, &a->guard_token)) < 0) {

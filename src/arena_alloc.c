@@ -178,8 +178,13 @@ static bool gg__step_give_back_free_chunks(gg_arena_t *a, gg__request_t *q) {
   return true;
 }
 
-/* Step: free blocks threads' caches hold go back before anything is mapped for this request. */
+/* Step: free blocks threads' caches hold go back before anything is mapped for a large request. A
+ * request a cache could serve maps one chunk at most instead: giving back every thread's cache to find a
+ * few KiB sent sixteen threads on an H200 host back to the arena's lock for their refills, over and over
+ * (their rate fell below one thread's). Caches still go back before an out-of-memory error (the
+ * ladder's wait step), at a scope's start and on a trim. */
 static int gg__step_give_back_cached(gg_arena_t *a, gg__request_t *q) {
+  if (q->size <= GG__TC_MAX_SIZE) return 0;
   return gg__tcache_give_back_all(a, false) ? gg__step_free_list(a, q) : 0;
 }
 

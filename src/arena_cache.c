@@ -14,11 +14,12 @@
  *  - scopes: the cache is bypassed while a scope is open (scopes_open, read under the cache's lock), and
  *    gg_scope_begin sets it and then takes every cache's lock: an allocation is linearised before the
  *    scope (an outermost block) or after it (the arena's own path, owned by the scope);
- *  - the stream: a free on a tracking arena takes its cache's epoch as its ticket; the block is handed
- *    out again only once the cache's safe epoch passed the ticket: the epoch is advanced, then the
- *    stream is found idle, or an event the cache records on it then completes. Epochs are per cache
- *    (the frees and the advance are its own thread's, in program order), so no line is shared between
- *    threads on this path;
+ *  - the stream: a free on a tracking arena takes the arena's cache epoch as its ticket; the block is
+ *    handed out again only once the safe epoch passed the ticket: a thread advances the epoch, then finds
+ *    the stream idle, or an event it records on it then completes. The epoch and the safe mark are shared
+ *    by every cache of the arena (each on its own line, written once per observation, read on the
+ *    path): one observation serves all threads, and one thread asks at a time — the driver serialises
+ *    stream queries, so a query per thread made eight threads no faster than one;
  *  - lifetime: caches hang in the arena's list (arena lock) and in their thread's list (thread-local);
  *    destroy and teardown detach them under both locks before any device resource goes; a thread that
  *    exits gives its caches back, or leaves them to the arena (orphans) when that cannot be done.
@@ -34,12 +35,13 @@
 #include "internal.h"
 
 #define GG__TC_CLASSES     8                 /* sizes per cache */
-#define GG__TC_RING        32                /* free blocks per size */
+#define GG__TC_RING        64                /* free blocks per size: one stream query serves a ring */
 #define GG__TC_CLASS_BYTES ((size_t)1 << 20) /* free bytes per size, a refill's worth */
 #define GG__TC_SHARE       8                 /* a refill takes at most 1/8 of the free memory */
 #define GG__TC_BYTES       ((size_t)8 << 20) /* free bytes per cache */
 #define GG__TC_LIVE_SLOTS  128               /* handed out and not yet published: at most half of this */
 #define GG__TC_BACKOFF     16                /* allocations that do not ask a busy stream again */
+#define GG__TC_TRIES       8                 /* questions a checkpoint waits for before the locked path */
 
 typedef struct gg__tc_entry {
   gg__block_t *rec;
@@ -74,7 +76,6 @@ struct gg__tcache {
   size_t d_bytes, peak;  /* since the last publish: live bytes, highest total seen by this thread */
   unsigned long long d_allocs, d_frees;
   unsigned backoff;
-  uint64_t epoch, safe; /* tickets below `safe` are reusable */
   void *event; /* recorded on the arena's stream when it was busy, covering tickets below event_epoch */
   uint64_t event_epoch;      /* 0: no event out */
   unsigned long long events; /* recorded since the last publish, for the arena's probe */
@@ -145,33 +146,69 @@ static gg__tc_class_t *gg__tc_class_claim(gg__tcache_t *c, size_t size) {
   return k;
 }
 
-/* Whether the work queued before the frees of tickets below the cache's epoch is done: the epoch is
- * advanced first (later frees get a later ticket), then an event recorded earlier is asked, then the stream;
- * while it is busy an event is recorded, so a stream that never runs dry still lets blocks come back.
- * Never blocks; failures only delay reuse (this thread's error detail is kept). */
-static void gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
+/* Raises the arena's safe mark to `to` (never lowers it). */
+static void gg__tc_raise_safe(gg_arena_t *a, uint64_t to) {
+  uint64_t cur = atomic_load(&a->tc_safe);
+  while (cur < to && !atomic_compare_exchange_weak(&a->tc_safe, &cur, to)) {
+  }
+}
+
+static bool gg__tc_safe_for(const gg_arena_t *a, uint64_t ticket) {
+  return ticket < atomic_load_explicit(&((gg_arena_t *)a)->tc_safe, memory_order_acquire);
+}
+
+/* Whether the work queued before the frees of tickets below the arena's epoch is done: the epoch is
+ * advanced first (later frees get a later ticket), then this cache's earlier event is asked, then the
+ * stream; while it is busy an event is recorded, so a stream that never runs dry still lets blocks come
+ * back. One thread asks at a time (another one asking serves this cache too). Never blocks; failures
+ * only delay reuse (this thread's error detail is kept). */
+static int gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
   gg__err_quiet_t quiet; /* the detail is copied only if a driver call fails */
   gg__err_quiet_begin(&quiet);
   if (c->event_epoch && a->ops->event_query(a->dev, c->event) == 1) {
-    if (c->event_epoch > c->safe) c->safe = c->event_epoch;
+    gg__tc_raise_safe(a, c->event_epoch);
     c->event_epoch = 0;
   }
-  uint64_t cur = ++c->epoch;
-  if (a->ops->stream_query(a->dev, a->stream) == 1) {
-    c->safe = cur, c->event_epoch = 0;
+  if (atomic_exchange_explicit(&a->tc_asking, true, memory_order_acquire)) {
+    gg__err_quiet_end(&quiet);
+    return -1;
+  }
+  uint64_t cur = atomic_fetch_add(&a->tc_epoch, 1) + 1; /* frees from now on are not covered */
+  int idle = a->ops->stream_query(a->dev, a->stream) == 1;
+  if (idle) {
+    gg__tc_raise_safe(a, cur);
+    c->event_epoch = 0;
   } else if (!c->event_epoch && (c->event || a->ops->event_create(a->dev, &c->event) == 0) &&
              a->ops->event_record(a->dev, c->event, a->stream) == 0) {
     c->event_epoch = cur, c->events++;
   }
+  atomic_store_explicit(&a->tc_asking, false, memory_order_release);
   gg__err_quiet_end(&quiet);
+  return idle;
 }
 
-/* For the oldest free of a class: asks (at most once per GG__TC_BACKOFF calls while the stream is busy). */
+/* Waits until no thread is asking the stream: one query, a few hundred nanoseconds, against microseconds
+ * for the arena's locked path the caller would take instead. */
+static void gg__tc_await_asker(gg_arena_t *a) {
+  for (unsigned spins = 0; atomic_load_explicit(&a->tc_asking, memory_order_acquire); spins++)
+    if (spins >= 64) sched_yield(); /* the asker may be descheduled: do not burn its core */
+}
+
+/* For the oldest free of a class: asks, or awaits the answer of the thread asking (it covers this ticket
+ * when the free came before its question), so threads share queries instead of queueing on the driver's
+ * lock. A stream found busy is not asked again for GG__TC_BACKOFF allocations of this cache. */
 static bool gg__tc_checkpoint(gg_arena_t *a, gg__tcache_t *c, uint64_t ticket) {
   if (c->backoff) return c->backoff--, false;
-  gg__tc_ask_stream(a, c);
-  if (ticket < c->safe) return true;
-  c->backoff = GG__TC_BACKOFF;
+  for (int tries = 0; tries < GG__TC_TRIES; tries++) {
+    int asked = gg__tc_ask_stream(a, c);
+    if (gg__tc_safe_for(a, ticket)) return true;
+    if (asked == 0) {
+      c->backoff = GG__TC_BACKOFF;
+      return false;
+    }
+    if (asked < 0) gg__tc_await_asker(a);
+    if (gg__tc_safe_for(a, ticket)) return true;
+  }
   return false;
 }
 
@@ -181,8 +218,8 @@ static unsigned gg__tc_cap(size_t size) {
   return n < 2 ? 2 : n > GG__TC_RING ? GG__TC_RING : (unsigned)n;
 }
 
-static bool gg__tc_reusable(const gg_arena_t *a, const gg__tcache_t *c, const gg__tc_entry_t *e) {
-  return !a->track || e->ordered || e->ticket < c->safe;
+static bool gg__tc_reusable(const gg_arena_t *a, const gg__tc_entry_t *e) {
+  return !a->track || e->ordered || gg__tc_safe_for(a, e->ticket);
 }
 
 /* The tag the caller asked for, when it is the cache's: the interned text, without the arena's lock. */
@@ -274,7 +311,7 @@ static int gg__tc_give_back_class(gg_arena_t *a, gg__tcache_t *c, gg__tc_class_t
     gg__block_t *b = e->rec;
     c->free_bytes -= b->size;
     if (a->track && e->ordered) a->ordered_released = true; /* trim waits for the stream before unmapping */
-    gg__arena_release(a, b->addr, b->size, b->seg, b, gg__tc_reusable(a, c, e));
+    gg__arena_release(a, b->addr, b->size, b->seg, b, gg__tc_reusable(a, e));
   }
   k->head = 0;
   return 0;
@@ -364,7 +401,7 @@ bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag,
     gg__tc_entry_t *e = &k->ring[k->head];
     /* The oldest free still waits: while the class is still growing, the arena's path adds blocks (one
      * stream query per ring then covers more pairs); once full, the stream is asked. */
-    if (gg__tc_reusable(a, c, e) || (k->batch >= gg__tc_cap(size) && gg__tc_checkpoint(a, c, e->ticket))) {
+    if (gg__tc_reusable(a, e) || (k->batch >= gg__tc_cap(size) && gg__tc_checkpoint(a, c, e->ticket))) {
       gg__block_t *b = e->rec;
       k->head = (k->head + 1) % GG__TC_RING, k->n--;
       c->free_bytes -= size;
@@ -392,7 +429,7 @@ bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered) {
       (b = gg__tc_live_take(c, (uintptr_t)ptr))) {
     gg__tc_class_t *k = gg__tc_class_claim(c, b->size);
     if (k && k->n < GG__TC_RING && c->free_bytes + b->size <= GG__TC_BYTES) {
-      uint64_t ticket = a->track && !ordered ? c->epoch : 0; /* see gg__tc_ask_stream */
+      uint64_t ticket = a->track && !ordered ? atomic_load(&a->tc_epoch) : 0; /* see gg__tc_ask_stream */
       k->ring[(k->head + k->n++) % GG__TC_RING] = (gg__tc_entry_t){b, ticket, ordered};
       c->free_bytes += b->size;
       c->d_bytes -= b->size, c->d_frees++;
@@ -415,7 +452,6 @@ static gg__tcache_t *gg__tc_create(gg_arena_t *a) {
   gg__tcache_t *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   c->arena = a, c->arena_id = a->id, c->fork_gen = a->fork_gen;
-  c->epoch = c->safe = 1; /* ticket 0 (blocks carved from free memory) is reusable at once */
   atomic_init(&c->lock, 0);
   atomic_init(&c->attached, true);
   c->a_next = a->caches;
@@ -581,10 +617,10 @@ void gg__tcache_add_stats(gg_arena_t *a, gg_arena_stats_t *s) {
       gg__tc_class_t *k = &c->cls[i];
       for (unsigned j = 0; j < k->n; j++) {
         const gg__tc_entry_t *e = &k->ring[(k->head + j) % GG__TC_RING];
-        if (gg__tc_reusable(a, c, e)) continue;
+        if (gg__tc_reusable(a, e)) continue;
         /* Cached frees still waiting count as pending: one question may settle all of them. */
         if (!asked && (asked = true)) gg__tc_ask_stream(a, c);
-        if (gg__tc_reusable(a, c, e)) continue;
+        if (gg__tc_reusable(a, e)) continue;
         unsafe += k->size;
       }
     }
