@@ -146,9 +146,9 @@ struct gg_arena {
    * thread about to ask the stream advances it, and when the stream (or an event recorded after the
    * advance) says the work is done, tickets below the advanced value are safe. One observation, by any
    * thread, serves every cache: the driver serialises stream queries, so per-thread ones do not scale. */
-  _Alignas(64) _Atomic uint64_t tc_epoch;  /* written only by a thread about to ask the stream */
-  _Alignas(64) _Atomic uint64_t tc_safe;   /* tickets below it are reusable (raised, never lowered) */
-  _Alignas(64) atomic_bool tc_asking;      /* a thread is asking the stream: the others do not */
+  _Alignas(64) _Atomic uint64_t tc_epoch; /* written only by a thread about to ask the stream */
+  _Alignas(64) _Atomic uint64_t tc_safe;  /* tickets below it are reusable (raised, never lowered) */
+  _Alignas(64) atomic_bool tc_asking;     /* a thread is asking the stream: the others do not */
   _Alignas(64) char gg__pad;
 };
 
