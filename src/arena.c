@@ -285,6 +285,7 @@ static const gg__attach_ops_t gg__arena_attach_ops = {"arena", gg__arena_guard_t
 static void gg__arena_free_metadata(gg_arena_t *a) {
   gg__arena_tags_free(a);
   gg__sites_free(a);
+  for (size_t d = 0; d < a->frames_cap; d++) free(a->frames[d].recs);
   free(a->chunks), free(a->spare_events), free(a->closed), free(a->bump), free(a->runs), free(a->frames);
   gg__freelist_free(&a->freelist);
   gg__addr_map_free(&a->used);

@@ -101,6 +101,7 @@ static int gg__step_free_list(gg_arena_t *a, gg__request_t *q) {
   int rc = gg__freelist_reserve(&a->freelist, 3);
   if (rc == 0) rc = gg__addr_map_reserve(&a->used, 1);
   if (rc == 0) rc = gg__bump_reserve(a);
+  if (rc == 0) rc = gg__frame_reserve(a, a->n_frames - 1, 1);
   return rc < 0 ? rc : gg__take_free(a, q);
 }
 

@@ -89,8 +89,10 @@ static void gg__bump_flush_run(gg_arena_t *a, size_t ri) {
 int gg__bump_flush(gg_arena_t *a) {
   if (!a->bump_count) return 0;
   size_t live = 0;
-  for (int d = 0; d < a->n_frames; d++) live += a->frames[d].bump_live;
-  int rc = gg__freelist_reserve(&a->freelist, live + a->bump_count + a->run_count + 1);
+  int rc = 0;
+  for (int d = 0; d < a->n_frames && rc == 0; d++)
+    live += a->frames[d].bump_live, rc = gg__frame_reserve(a, d, a->frames[d].bump_live);
+  if (rc == 0) rc = gg__freelist_reserve(&a->freelist, live + a->bump_count + a->run_count + 1);
   if (rc == 0) rc = gg__addr_map_reserve(&a->used, live);
   if (rc < 0) return rc;
   for (size_t ri = 0; ri < a->run_count; ri++) gg__bump_flush_run(a, ri);
@@ -122,27 +124,43 @@ long gg__bump_find(const gg_arena_t *a, uintptr_t p) {
 
 void gg__frame_link(gg_arena_t *a, gg__block_t *b) {
   gg__frame_t *f = &a->frames[b->depth];
+  if (b->depth) {
+    f->recs[f->n_blocks] = b, b->slot = f->n_blocks++;
+    return;
+  }
   b->l = NULL, b->r = f->blocks;
   if (f->blocks) f->blocks->l = b;
   f->blocks = b, f->n_blocks++;
 }
 
+/* In a scope the last record moves into the hole: O(1), and a block freed right after it was allocated
+ * (the usual order) is the last one already. */
 void gg__frame_unlink(gg_arena_t *a, gg__block_t *b) {
+  gg__frame_t *f = &a->frames[b->depth];
+  if (b->depth) {
+    gg__block_t *last = f->recs[--f->n_blocks];
+    f->recs[b->slot] = last, last->slot = b->slot;
+    return;
+  }
   if (b->l)
     b->l->r = b->r;
   else
-    a->frames[b->depth].blocks = b->r;
+    f->blocks = b->r;
   if (b->r) b->r->l = b->l;
-  a->frames[b->depth].n_blocks--;
+  f->n_blocks--;
 }
 
 int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
   if (!scope) return gg__err(GG_EINVAL, "gg_scope_begin: scope is NULL");
   int rc = gg__arena_enter(a, "gg_scope_begin");
   if (rc < 0) return rc;
+  size_t cap = a->frames_cap;
   if ((rc = gg__arena_grow_array(&a->frames, &a->frames_cap, (size_t)a->n_frames + 1, sizeof *a->frames)) ==
       0) {
-    a->frames[a->n_frames++] = (gg__frame_t){.id = ++a->serial, .bump_first = a->bump_count};
+    /* New frames start with no array; a frame's array outlives its scope, for the next one at its depth. */
+    memset(a->frames + cap, 0, (a->frames_cap - cap) * sizeof *a->frames);
+    gg__frame_t *f = &a->frames[a->n_frames++];
+    *f = (gg__frame_t){.id = ++a->serial, .bump_first = a->bump_count, .recs = f->recs, .recs_cap = f->recs_cap};
     scope->arena = a, scope->id = a->serial;
     /* Threads' caches are bypassed from here on; giving their free blocks back takes each cache's lock,
      * so an allocation a cache was serving meanwhile is over before the scope begins. */
@@ -153,28 +171,30 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
   return rc;
 }
 
-#define GG__SCOPE_AHEAD 8 /* blocks a scope end looks ahead to start loading their map slots */
+#define GG__SCOPE_AHEAD 8 /* records a scope end looks ahead to start loading their map slots */
 
 /* Ends the innermost scope: records first, in O(blocks) with no search (a run of blocks that touch in
- * list order, as blocks carved one after another from the front of a free block do, is released as
- * one range); then the log's tail, whatever its length, in O(runs cut). */
+ * allocation order, as blocks carved one after another from the front of a free block do, is released
+ * as one range); then the log's tail, whatever its length, in O(runs cut). The records are an array, so
+ * loads start far ahead: the record 2 x GG__SCOPE_AHEAD on, the map slots of the one GG__SCOPE_AHEAD on. */
 static int gg__scope_release(gg_arena_t *a) {
   gg__frame_t *f = &a->frames[a->n_frames - 1];
   int rc = gg__freelist_reserve(&a->freelist, a->run_count + 1 + f->n_blocks);
   if (rc < 0) return rc;
-  gg__block_t *run = NULL, *ahead = f->blocks; /* run: the range being gathered, in a record of its own */
-  for (int i = 0; ahead && i < GG__SCOPE_AHEAD; i++) ahead = ahead->r;
-  for (gg__block_t *b = f->blocks, *next; b; b = next) {
-    next = b->r;
-    if (ahead) {
+  gg__block_t *run = NULL; /* the range being gathered, in a record of its own */
+  gg__block_t **recs = f->recs;
+  size_t n = f->n_blocks, bytes = 0;
+  for (size_t i = 0; i < n && i < 2 * GG__SCOPE_AHEAD; i++) gg__prefetch(recs[i]);
+  for (size_t i = 0; i < n; i++) {
+    if (i + 2 * GG__SCOPE_AHEAD < n) gg__prefetch(recs[i + 2 * GG__SCOPE_AHEAD]);
+    if (i + GG__SCOPE_AHEAD < n) {
+      const gg__block_t *ahead = recs[i + GG__SCOPE_AHEAD];
       gg__addr_map_prefetch(&a->used, ahead->addr);
-      if (ahead->r) gg__prefetch(ahead->r);
       if (!a->track) gg__freelist_prefetch(&a->freelist, ahead->addr, ahead->size); /* released at once */
-      ahead = ahead->r;
     }
+    gg__block_t *b = recs[i];
     gg__addr_map_del(&a->used, b->addr);
-    gg__arena_count_release(a, b->size, 1);
-    a->probe.blocks_visited++;
+    bytes += b->size;
     if (run && b->seg == run->seg && b->addr + b->size == run->addr) { /* just below the run */
       run->addr = b->addr, run->size += b->size;
       gg__freelist_give_record(&a->freelist, b);
@@ -189,7 +209,9 @@ static int gg__scope_release(gg_arena_t *a) {
     run = b;
   }
   if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, false);
-  f->blocks = NULL, f->n_blocks = 0;
+  gg__arena_count_release(a, bytes, n);
+  a->probe.blocks_visited += n;
+  f->n_blocks = 0;
   gg__arena_count_release(a, f->bump_bytes, f->bump_live);
   a->bump_live_bytes -= f->bump_bytes;
   gg__bump_cut(a, f->bump_first, false);

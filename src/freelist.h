@@ -23,13 +23,18 @@
 enum { GG__BLOCK_SPARE, GG__BLOCK_FREE, GG__BLOCK_TOP, GG__BLOCK_USED, GG__BLOCK_PENDING, GG__BLOCK_CACHED };
 
 /* One contiguous piece of mapped device memory, described on the host (device memory holds no
- * headers). The links mean different things by state: FREE: its size class's list, USED: its scope's
- * list (l = previous, r = next); PENDING and SPARE: r = next in the batch or pool. */
+ * headers). The links mean different things by state: FREE: its size class's list, USED outside any
+ * scope: frame 0's list (l = previous, r = next), USED in a scope: `slot` in the scope's array; PENDING
+ * and SPARE: r = next in the batch or pool. */
 typedef struct gg__block {
   uintptr_t addr;
   size_t size;
   void *seg; /* the chunk, on backends without one contiguous range; blocks never merge across */
-  struct gg__block *l, *r;
+  union {
+    struct gg__block *l;
+    size_t slot; /* USED in a scope (depth > 0): its index in the scope's array of records */
+  };
+  struct gg__block *r;
   const char *tag; /* USED: interned tag, "" for none */
   size_t req;      /* USED: bytes requested */
   int depth;       /* USED: scope depth at allocation */
