@@ -160,7 +160,8 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
     /* New frames start with no array; a frame's array outlives its scope, for the next one at its depth. */
     memset(a->frames + cap, 0, (a->frames_cap - cap) * sizeof *a->frames);
     gg__frame_t *f = &a->frames[a->n_frames++];
-    *f = (gg__frame_t){.id = ++a->serial, .bump_first = a->bump_count, .recs = f->recs, .recs_cap = f->recs_cap};
+    *f = (gg__frame_t){
+        .id = ++a->serial, .bump_first = a->bump_count, .recs = f->recs, .recs_cap = f->recs_cap};
     scope->arena = a, scope->id = a->serial;
     /* Threads' caches are bypassed from here on; giving their free blocks back takes each cache's lock,
      * so an allocation a cache was serving meanwhile is over before the scope begins. */

@@ -71,7 +71,8 @@ static const char *gg__check_used(const gg_arena_t *a, gg__census_t *c) {
   }
   size_t in_frames = 0, n = 0;
   for (const gg__block_t *b = a->frames[0].blocks; b; b = b->r, n++) {
-    if (b->depth != 0 || gg__addr_map_get(&a->used, b->addr) != b) return "a scope lists a block it does not own";
+    if (b->depth != 0 || gg__addr_map_get(&a->used, b->addr) != b)
+      return "a scope lists a block it does not own";
     if (b->r && b->r->l != b) return "the outermost frame's list has a broken back link";
   }
   if (n != a->frames[0].n_blocks) return "the outermost frame's count disagrees with its list";
@@ -81,7 +82,8 @@ static const char *gg__check_used(const gg_arena_t *a, gg__census_t *c) {
     if (f->n_blocks > f->recs_cap) return "a scope holds more records than its array has room for";
     for (size_t i = 0; i < f->n_blocks; i++) {
       const gg__block_t *b = f->recs[i];
-      if (b->depth != d || gg__addr_map_get(&a->used, b->addr) != b) return "a scope lists a block it does not own";
+      if (b->depth != d || gg__addr_map_get(&a->used, b->addr) != b)
+        return "a scope lists a block it does not own";
       if (b->slot != i) return "a scope's record does not know its place in the scope's array";
     }
     in_frames += f->n_blocks;

@@ -72,7 +72,7 @@ typedef struct gg__frame {
   /* A scope: its USED block records, an array its end walks without chasing links (so it can load
    * records and map slots far ahead); kept with its room for the next scope at this depth. */
   gg__block_t **recs;
-  size_t n_blocks, recs_cap; /* records it owns (list or array); room in recs */
+  size_t n_blocks, recs_cap;    /* records it owns (list or array); room in recs */
   size_t bump_first;            /* its bump entries are [bump_first, next frame's bump_first) */
   unsigned long long bump_live; /* live entries among them, and their bytes */
   size_t bump_bytes;
