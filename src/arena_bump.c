@@ -79,7 +79,7 @@ static void gg__bump_flush_run(gg_arena_t *a, size_t ri) {
     b->addr = e->ptr, b->size = gg__rounded_size(e->req), b->seg = seg, b->state = GG__BLOCK_USED;
     b->req = e->req, b->tag = e->tag, b->depth = e->depth;
     gg__frame_link(a, b);
-    gg__addr_map_put(&a->used, b->addr, b);
+    gg__addr_map_put(gg__used_map(a, b->depth), b->addr, b);
     a->probe.blocks_visited++;
   }
   if (hole_len) gg__arena_release(a, hole, hole_len, seg, NULL, !tracked);
@@ -90,10 +90,12 @@ int gg__bump_flush(gg_arena_t *a) {
   if (!a->bump_count) return 0;
   size_t live = 0;
   int rc = 0;
-  for (int d = 0; d < a->n_frames && rc == 0; d++)
-    live += a->frames[d].bump_live, rc = gg__frame_reserve(a, d, a->frames[d].bump_live);
+  for (int d = 0; d < a->n_frames && rc == 0; d++) {
+    size_t k = a->frames[d].bump_live;
+    live += k, rc = gg__frame_reserve(a, d, k);
+    if (rc == 0) rc = gg__addr_map_reserve(gg__used_map(a, d), k);
+  }
   if (rc == 0) rc = gg__freelist_reserve(&a->freelist, live + a->bump_count + a->run_count + 1);
-  if (rc == 0) rc = gg__addr_map_reserve(&a->used, live);
   if (rc < 0) return rc;
   for (size_t ri = 0; ri < a->run_count; ri++) gg__bump_flush_run(a, ri);
   a->bump_count = a->run_count = a->bump_bytes = a->bump_live_bytes = 0;
@@ -121,6 +123,39 @@ long gg__bump_find(const gg_arena_t *a, uintptr_t p) {
 }
 
 /* ---- scopes -------------------------------------------------------------------------------------- */
+
+gg__block_t *gg__used_get(const gg_arena_t *a, uintptr_t p) {
+  for (int d = a->n_frames - 1; d > 0; d--) {
+    gg__block_t *b = gg__addr_map_get(&a->frames[d].used, p);
+    if (b) return b;
+  }
+  return gg__addr_map_get(&a->used, p);
+}
+
+gg__block_t *gg__used_take(gg_arena_t *a, uintptr_t p) {
+  for (int d = a->n_frames - 1; d > 0; d--) {
+    gg__block_t *b = gg__addr_map_del(&a->frames[d].used, p);
+    if (b) return b;
+  }
+  return gg__addr_map_del(&a->used, p);
+}
+
+const gg__block_t *gg__used_holding(const gg_arena_t *a, uintptr_t p) {
+  for (int d = 0; d < a->n_frames; d++) {
+    const gg__addr_map_t *m = d ? &a->frames[d].used : &a->used;
+    for (size_t i = 0; i < m->cap; i++) {
+      const gg__block_t *b = m->slots[i].val;
+      if (b && p >= b->addr && p < b->addr + b->size) return b;
+    }
+  }
+  return NULL;
+}
+
+size_t gg__used_count(const gg_arena_t *a) {
+  size_t n = a->used.n;
+  for (int d = 1; d < a->n_frames; d++) n += a->frames[d].used.n;
+  return n;
+}
 
 void gg__frame_link(gg_arena_t *a, gg__block_t *b) {
   gg__frame_t *f = &a->frames[b->depth];
@@ -160,8 +195,11 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
     /* New frames start with no array; a frame's array outlives its scope, for the next one at its depth. */
     memset(a->frames + cap, 0, (a->frames_cap - cap) * sizeof *a->frames);
     gg__frame_t *f = &a->frames[a->n_frames++];
-    *f = (gg__frame_t){
-        .id = ++a->serial, .bump_first = a->bump_count, .recs = f->recs, .recs_cap = f->recs_cap};
+    *f = (gg__frame_t){.id = ++a->serial,
+                       .bump_first = a->bump_count,
+                       .recs = f->recs,
+                       .recs_cap = f->recs_cap,
+                       .used = f->used};
     scope->arena = a, scope->id = a->serial;
     /* Threads' caches are bypassed from here on; giving their free blocks back takes each cache's lock,
      * so an allocation a cache was serving meanwhile is over before the scope begins. */
@@ -174,10 +212,21 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
 
 #define GG__SCOPE_AHEAD 8 /* records a scope end looks ahead to start loading their map slots */
 
+/* Empties a scope's map of records whole: cleared for the next scope at its depth when it is dense
+ * enough that clearing costs a few bytes a block, else given back (the next scope grows its own). */
+static void gg__frame_used_clear(gg__frame_t *f, size_t blocks) {
+  gg__addr_map_t *m = &f->used;
+  if (m->cap > 8 * blocks + 64)
+    gg__addr_map_free(m);
+  else if (m->n)
+    memset(m->slots, 0, m->cap * sizeof *m->slots), m->n = 0;
+}
+
 /* Ends the innermost scope: records first, in O(blocks) with no search (a run of blocks that touch in
  * allocation order, as blocks carved one after another from the front of a free block do, is released
  * as one range); then the log's tail, whatever its length, in O(runs cut). The records are an array, so
- * loads start far ahead: the record 2 x GG__SCOPE_AHEAD on, the map slots of the one GG__SCOPE_AHEAD on. */
+ * loads start far ahead: the record 2 x GG__SCOPE_AHEAD on, the free-list slots of the one
+ * GG__SCOPE_AHEAD on. The scope's own map of records is emptied at once, not record by record. */
 static int gg__scope_release(gg_arena_t *a) {
   gg__frame_t *f = &a->frames[a->n_frames - 1];
   int rc = gg__freelist_reserve(&a->freelist, a->run_count + 1 + f->n_blocks);
@@ -190,11 +239,9 @@ static int gg__scope_release(gg_arena_t *a) {
     if (i + 2 * GG__SCOPE_AHEAD < n) gg__prefetch(recs[i + 2 * GG__SCOPE_AHEAD]);
     if (i + GG__SCOPE_AHEAD < n) {
       const gg__block_t *ahead = recs[i + GG__SCOPE_AHEAD];
-      gg__addr_map_prefetch(&a->used, ahead->addr);
       if (!a->track) gg__freelist_prefetch(&a->freelist, ahead->addr, ahead->size); /* released at once */
     }
     gg__block_t *b = recs[i];
-    gg__addr_map_del(&a->used, b->addr);
     bytes += b->size;
     if (run && b->seg == run->seg && b->addr + b->size == run->addr) { /* just below the run */
       run->addr = b->addr, run->size += b->size;
@@ -212,6 +259,7 @@ static int gg__scope_release(gg_arena_t *a) {
   if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, false);
   gg__arena_count_release(a, bytes, n);
   a->probe.blocks_visited += n;
+  gg__frame_used_clear(f, n);
   f->n_blocks = 0;
   gg__arena_count_release(a, f->bump_bytes, f->bump_live);
   a->bump_live_bytes -= f->bump_bytes;
