@@ -210,7 +210,8 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
   return rc;
 }
 
-#define GG__SCOPE_AHEAD 8 /* records a scope end looks ahead to start loading their map slots */
+/* A scope end starts loading free-list slots this many records ahead, and records twice as far. */
+#define GG__SCOPE_AHEAD 16
 
 /* Empties a scope's map of records whole: cleared for the next scope at its depth when it is dense
  * enough that clearing costs a few bytes a block, else given back (the next scope grows its own). */
