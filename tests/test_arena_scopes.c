@@ -71,8 +71,10 @@ static void expect_live(gg_arena_t *a, model_t *m) {
   model_t got = {0};
   gg_assert_ok(gg_arena_foreach_block(a, collect, &got));
   assert_int_equal(got.n, m->n);
-  qsort(m->v, m->n, sizeof *m->v, live_cmp);
-  qsort(got.v, got.n, sizeof *got.v, live_cmp);
+  if (m->n) { /* qsort wants a non-NULL array even when empty */
+    qsort(m->v, m->n, sizeof *m->v, live_cmp);
+    qsort(got.v, got.n, sizeof *got.v, live_cmp);
+  }
   for (size_t i = 0; i < m->n; i++) {
     assert_int_equal(got.v[i].p, m->v[i].p);
     assert_int_equal(got.v[i].depth, m->v[i].depth);
