@@ -286,6 +286,7 @@ static const gg__attach_ops_t gg__arena_attach_ops = {"arena", gg__arena_guard_t
 static void gg__arena_free_metadata(gg_arena_t *a) {
   gg__arena_tags_free(a);
   gg__sites_free(a);
+  for (size_t d = 0; d < a->frames_cap; d++) free(a->frames[d].recs), gg__addr_map_free(&a->frames[d].used);
   free(a->chunks), free(a->spare_events), free(a->closed), free(a->bump), free(a->runs), free(a->frames);
   gg__freelist_free(&a->freelist);
   gg__addr_map_free(&a->used);
@@ -356,9 +357,12 @@ int gg_arena_foreach_block(gg_arena_t *a, gg_block_visitor_t visit, void *user) 
   } else if (!v) {
     rc = gg__err(GG_ENOMEM, "gg_arena_foreach_block: out of host memory for %llu blocks", a->n_live);
   } else {
-    for (size_t i = 0; i < a->used.cap; i++) {
-      const gg__block_t *b = a->used.slots[i].val;
-      if (b) v[n++] = (gg_block_info_t){(void *)b->addr, b->req, b->tag, b->depth, 0, NULL};
+    for (int d = 0; d < a->n_frames; d++) {
+      const gg__addr_map_t *m = gg__used_map(a, d);
+      for (size_t i = 0; i < m->cap; i++) {
+        const gg__block_t *b = m->slots[i].val;
+        if (b) v[n++] = (gg_block_info_t){(void *)b->addr, b->req, b->tag, b->depth, 0, NULL};
+      }
     }
     for (size_t i = 0; i < a->bump_count; i++) {
       const gg__bump_entry_t *e = &a->bump[i];
@@ -393,11 +397,8 @@ static bool gg__in_live_block(const gg_arena_t *a, uintptr_t p, size_t n) {
     const gg__bump_entry_t *e = &a->bump[i];
     return e->live && p >= e->ptr && p + n <= e->ptr + e->req;
   }
-  const gg__block_t *b = gg__addr_map_get(&a->used, p);
-  for (size_t k = 0; !b && k < a->used.cap; k++) {
-    const gg__block_t *c = a->used.slots[k].val;
-    if (c && p >= c->addr && p < c->addr + c->size) b = c;
-  }
+  const gg__block_t *b = gg__used_get(a, p);
+  if (!b) b = gg__used_holding(a, p);
   return b && p + n <= b->addr + b->req;
 }
 

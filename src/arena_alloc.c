@@ -80,7 +80,7 @@ static bool gg__take_free(gg_arena_t *a, gg__request_t *q) {
     uintptr_t p = b->addr;
     b->state = GG__BLOCK_USED, b->req = q->asked, b->tag = q->tag, b->depth = a->n_frames - 1;
     gg__frame_link(a, b);
-    gg__addr_map_put(&a->used, p, b);
+    gg__addr_map_put(gg__used_map(a, b->depth), p, b);
     q->ptr = p;
     return true;
   }
@@ -99,8 +99,9 @@ static bool gg__take_free(gg_arena_t *a, gg__request_t *q) {
  * half-way. 1: allocated; 0: no room; or an error. */
 static int gg__step_free_list(gg_arena_t *a, gg__request_t *q) {
   int rc = gg__freelist_reserve(&a->freelist, 3);
-  if (rc == 0) rc = gg__addr_map_reserve(&a->used, 1);
+  if (rc == 0) rc = gg__addr_map_reserve(gg__used_map(a, a->n_frames - 1), 1);
   if (rc == 0) rc = gg__bump_reserve(a);
+  if (rc == 0) rc = gg__frame_reserve(a, a->n_frames - 1, 1);
   return rc < 0 ? rc : gg__take_free(a, q);
 }
 
@@ -265,12 +266,10 @@ int gg_alloc_ex(gg_arena_t *a, size_t size, size_t align, const char *tag, void 
 
 /* Says why p is not a live block: the message is the whole value of the error path. */
 static int gg__bad_free(gg_arena_t *a, uintptr_t p) {
-  for (size_t i = 0; i < a->used.cap; i++) {
-    const gg__block_t *b = a->used.slots[i].val;
-    if (b && p > b->addr && p < b->addr + b->size)
-      return gg__err(GG_EINVAL, "gg_free: %#jx points into the middle of the block at %#jx (%zu bytes)",
-                     (uintmax_t)p, (uintmax_t)b->addr, b->req);
-  }
+  const gg__block_t *b = gg__used_holding(a, p);
+  if (b && p > b->addr)
+    return gg__err(GG_EINVAL, "gg_free: %#jx points into the middle of the block at %#jx (%zu bytes)",
+                   (uintmax_t)p, (uintmax_t)b->addr, b->req);
   size_t i = gg__chunk_index(a, p + 1);
   if (i > 0 && p < a->chunks[i - 1]->ptr + a->chunks[i - 1]->size)
     return gg__err(GG_EINVAL, "gg_free: %#jx is not a live block of arena '%s' (double free?)", (uintmax_t)p,
@@ -301,15 +300,15 @@ static int gg__free_bump_entry(gg_arena_t *a, size_t i, uintptr_t p, bool ordere
 
 /* Frees the block record that starts at p. */
 static int gg__free_block(gg_arena_t *a, uintptr_t p, bool ordered) {
-  gg__block_t *b = gg__addr_map_del(&a->used, p);
+  gg__block_t *b = gg__used_take(a, p);
   /* Not the arena's: a thread's cache may have handed it out (a free on another thread). */
-  if (!b && gg__tcache_publish_all(a) > 0) b = gg__addr_map_del(&a->used, p);
+  if (!b && gg__tcache_publish_all(a) > 0) b = gg__used_take(a, p);
   if (!b) return gg__bad_free(a, p);
   gg__frame_unlink(a, b);
   gg__arena_count_release(a, b->size, 1);
   int rc = gg__freelist_reserve(&a->freelist, 1); /* merging may need a map slot; the record is b's own */
   if (rc < 0) {                                   /* keep the block live: nothing changed */
-    gg__frame_link(a, b), gg__addr_map_put(&a->used, p, b);
+    gg__frame_link(a, b), gg__addr_map_put(gg__used_map(a, b->depth), p, b);
     a->in_use += b->size, a->n_live++, a->n_frees--;
     return rc;
   }

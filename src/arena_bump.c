@@ -79,7 +79,7 @@ static void gg__bump_flush_run(gg_arena_t *a, size_t ri) {
     b->addr = e->ptr, b->size = gg__rounded_size(e->req), b->seg = seg, b->state = GG__BLOCK_USED;
     b->req = e->req, b->tag = e->tag, b->depth = e->depth;
     gg__frame_link(a, b);
-    gg__addr_map_put(&a->used, b->addr, b);
+    gg__addr_map_put(gg__used_map(a, b->depth), b->addr, b);
     a->probe.blocks_visited++;
   }
   if (hole_len) gg__arena_release(a, hole, hole_len, seg, NULL, !tracked);
@@ -89,9 +89,13 @@ static void gg__bump_flush_run(gg_arena_t *a, size_t ri) {
 int gg__bump_flush(gg_arena_t *a) {
   if (!a->bump_count) return 0;
   size_t live = 0;
-  for (int d = 0; d < a->n_frames; d++) live += a->frames[d].bump_live;
-  int rc = gg__freelist_reserve(&a->freelist, live + a->bump_count + a->run_count + 1);
-  if (rc == 0) rc = gg__addr_map_reserve(&a->used, live);
+  int rc = 0;
+  for (int d = 0; d < a->n_frames && rc == 0; d++) {
+    size_t k = a->frames[d].bump_live;
+    live += k, rc = gg__frame_reserve(a, d, k);
+    if (rc == 0) rc = gg__addr_map_reserve(gg__used_map(a, d), k);
+  }
+  if (rc == 0) rc = gg__freelist_reserve(&a->freelist, live + a->bump_count + a->run_count + 1);
   if (rc < 0) return rc;
   for (size_t ri = 0; ri < a->run_count; ri++) gg__bump_flush_run(a, ri);
   a->bump_count = a->run_count = a->bump_bytes = a->bump_live_bytes = 0;
@@ -120,29 +124,82 @@ long gg__bump_find(const gg_arena_t *a, uintptr_t p) {
 
 /* ---- scopes -------------------------------------------------------------------------------------- */
 
+gg__block_t *gg__used_get(const gg_arena_t *a, uintptr_t p) {
+  for (int d = a->n_frames - 1; d > 0; d--) {
+    gg__block_t *b = gg__addr_map_get(&a->frames[d].used, p);
+    if (b) return b;
+  }
+  return gg__addr_map_get(&a->used, p);
+}
+
+gg__block_t *gg__used_take(gg_arena_t *a, uintptr_t p) {
+  for (int d = a->n_frames - 1; d > 0; d--) {
+    gg__block_t *b = gg__addr_map_del(&a->frames[d].used, p);
+    if (b) return b;
+  }
+  return gg__addr_map_del(&a->used, p);
+}
+
+const gg__block_t *gg__used_holding(const gg_arena_t *a, uintptr_t p) {
+  for (int d = 0; d < a->n_frames; d++) {
+    const gg__addr_map_t *m = d ? &a->frames[d].used : &a->used;
+    for (size_t i = 0; i < m->cap; i++) {
+      const gg__block_t *b = m->slots[i].val;
+      if (b && p >= b->addr && p < b->addr + b->size) return b;
+    }
+  }
+  return NULL;
+}
+
+size_t gg__used_count(const gg_arena_t *a) {
+  size_t n = a->used.n;
+  for (int d = 1; d < a->n_frames; d++) n += a->frames[d].used.n;
+  return n;
+}
+
 void gg__frame_link(gg_arena_t *a, gg__block_t *b) {
   gg__frame_t *f = &a->frames[b->depth];
+  if (b->depth) {
+    f->recs[f->n_blocks] = b, b->slot = f->n_blocks++;
+    return;
+  }
   b->l = NULL, b->r = f->blocks;
   if (f->blocks) f->blocks->l = b;
   f->blocks = b, f->n_blocks++;
 }
 
+/* In a scope the last record moves into the hole: O(1), and a block freed right after it was allocated
+ * (the usual order) is the last one already. */
 void gg__frame_unlink(gg_arena_t *a, gg__block_t *b) {
+  gg__frame_t *f = &a->frames[b->depth];
+  if (b->depth) {
+    gg__block_t *last = f->recs[--f->n_blocks];
+    f->recs[b->slot] = last, last->slot = b->slot;
+    return;
+  }
   if (b->l)
     b->l->r = b->r;
   else
-    a->frames[b->depth].blocks = b->r;
+    f->blocks = b->r;
   if (b->r) b->r->l = b->l;
-  a->frames[b->depth].n_blocks--;
+  f->n_blocks--;
 }
 
 int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
   if (!scope) return gg__err(GG_EINVAL, "gg_scope_begin: scope is NULL");
   int rc = gg__arena_enter(a, "gg_scope_begin");
   if (rc < 0) return rc;
+  size_t cap = a->frames_cap;
   if ((rc = gg__arena_grow_array(&a->frames, &a->frames_cap, (size_t)a->n_frames + 1, sizeof *a->frames)) ==
       0) {
-    a->frames[a->n_frames++] = (gg__frame_t){.id = ++a->serial, .bump_first = a->bump_count};
+    /* New frames start with no array; a frame's array outlives its scope, for the next one at its depth. */
+    memset(a->frames + cap, 0, (a->frames_cap - cap) * sizeof *a->frames);
+    gg__frame_t *f = &a->frames[a->n_frames++];
+    *f = (gg__frame_t){.id = ++a->serial,
+                       .bump_first = a->bump_count,
+                       .recs = f->recs,
+                       .recs_cap = f->recs_cap,
+                       .used = f->used};
     scope->arena = a, scope->id = a->serial;
     /* Threads' caches are bypassed from here on; giving their free blocks back takes each cache's lock,
      * so an allocation a cache was serving meanwhile is over before the scope begins. */
@@ -153,28 +210,40 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
   return rc;
 }
 
-#define GG__SCOPE_AHEAD 8 /* blocks a scope end looks ahead to start loading their map slots */
+/* A scope end starts loading free-list slots this many records ahead, and records twice as far. */
+#define GG__SCOPE_AHEAD 16
+
+/* Empties a scope's map of records whole: cleared for the next scope at its depth when it is dense
+ * enough that clearing costs a few bytes a block, else given back (the next scope grows its own). */
+static void gg__frame_used_clear(gg__frame_t *f, size_t blocks) {
+  gg__addr_map_t *m = &f->used;
+  if (m->cap > 8 * blocks + 64)
+    gg__addr_map_free(m);
+  else if (m->n)
+    memset(m->slots, 0, m->cap * sizeof *m->slots), m->n = 0;
+}
 
 /* Ends the innermost scope: records first, in O(blocks) with no search (a run of blocks that touch in
- * list order, as blocks carved one after another from the front of a free block do, is released as
- * one range); then the log's tail, whatever its length, in O(runs cut). */
+ * allocation order, as blocks carved one after another from the front of a free block do, is released
+ * as one range); then the log's tail, whatever its length, in O(runs cut). The records are an array, so
+ * loads start far ahead: the record 2 x GG__SCOPE_AHEAD on, the free-list slots of the one
+ * GG__SCOPE_AHEAD on. The scope's own map of records is emptied at once, not record by record. */
 static int gg__scope_release(gg_arena_t *a) {
   gg__frame_t *f = &a->frames[a->n_frames - 1];
   int rc = gg__freelist_reserve(&a->freelist, a->run_count + 1 + f->n_blocks);
   if (rc < 0) return rc;
-  gg__block_t *run = NULL, *ahead = f->blocks; /* run: the range being gathered, in a record of its own */
-  for (int i = 0; ahead && i < GG__SCOPE_AHEAD; i++) ahead = ahead->r;
-  for (gg__block_t *b = f->blocks, *next; b; b = next) {
-    next = b->r;
-    if (ahead) {
-      gg__addr_map_prefetch(&a->used, ahead->addr);
-      if (ahead->r) gg__prefetch(ahead->r);
+  gg__block_t *run = NULL; /* the range being gathered, in a record of its own */
+  gg__block_t **recs = f->recs;
+  size_t n = f->n_blocks, bytes = 0;
+  for (size_t i = 0; i < n && i < 2 * GG__SCOPE_AHEAD; i++) gg__prefetch(recs[i]);
+  for (size_t i = 0; i < n; i++) {
+    if (i + 2 * GG__SCOPE_AHEAD < n) gg__prefetch(recs[i + 2 * GG__SCOPE_AHEAD]);
+    if (i + GG__SCOPE_AHEAD < n) {
+      const gg__block_t *ahead = recs[i + GG__SCOPE_AHEAD];
       if (!a->track) gg__freelist_prefetch(&a->freelist, ahead->addr, ahead->size); /* released at once */
-      ahead = ahead->r;
     }
-    gg__addr_map_del(&a->used, b->addr);
-    gg__arena_count_release(a, b->size, 1);
-    a->probe.blocks_visited++;
+    gg__block_t *b = recs[i];
+    bytes += b->size;
     if (run && b->seg == run->seg && b->addr + b->size == run->addr) { /* just below the run */
       run->addr = b->addr, run->size += b->size;
       gg__freelist_give_record(&a->freelist, b);
@@ -189,7 +258,10 @@ static int gg__scope_release(gg_arena_t *a) {
     run = b;
   }
   if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, false);
-  f->blocks = NULL, f->n_blocks = 0;
+  gg__arena_count_release(a, bytes, n);
+  a->probe.blocks_visited += n;
+  gg__frame_used_clear(f, n);
+  f->n_blocks = 0;
   gg__arena_count_release(a, f->bump_bytes, f->bump_live);
   a->bump_live_bytes -= f->bump_bytes;
   gg__bump_cut(a, f->bump_first, false);

@@ -59,24 +59,42 @@ static const char *gg__check_free(const gg_arena_t *a, gg__census_t *c) {
   return NULL;
 }
 
-/* USED records: the map by address and the scopes' lists hold the same blocks. */
+/* USED records: each frame's map by address and its list or array hold the same blocks. */
 static const char *gg__check_used(const gg_arena_t *a, gg__census_t *c) {
-  for (size_t i = 0; i < a->used.cap && c->n < c->cap; i++) {
-    const gg__block_t *b = a->used.slots[i].val;
-    if (!b) continue;
-    if (b->state != GG__BLOCK_USED || b->addr != a->used.slots[i].key) return "a used record is not USED";
-    if (b->size != gg__rounded_size(b->req)) return "a used record's size does not match its request";
-    gg__census_add(c, b->addr, b->size, GG__REGION_USED, b->seg);
-    c->live++, c->live_bytes += b->size;
-  }
-  size_t in_frames = 0;
-  for (int d = 0; d < a->n_frames; d++)
-    for (const gg__block_t *b = a->frames[d].blocks; b; b = b->r) {
-      if (b->depth != d || gg__addr_map_get(&a->used, b->addr) != b)
-        return "a scope lists a block it does not own";
-      in_frames++;
+  for (int d = 0; d < a->n_frames; d++) {
+    const gg__addr_map_t *m = d ? &a->frames[d].used : &a->used;
+    for (size_t i = 0; i < m->cap && c->n < c->cap; i++) {
+      const gg__block_t *b = m->slots[i].val;
+      if (!b) continue;
+      if (b->state != GG__BLOCK_USED || b->addr != m->slots[i].key) return "a used record is not USED";
+      if (b->depth != d) return "a used record is in another scope's map";
+      if (b->size != gg__rounded_size(b->req)) return "a used record's size does not match its request";
+      gg__census_add(c, b->addr, b->size, GG__REGION_USED, b->seg);
+      c->live++, c->live_bytes += b->size;
     }
-  return in_frames != a->used.n ? "scope lists and the used map disagree" : NULL;
+  }
+  for (int d = a->n_frames; d < (int)a->frames_cap; d++)
+    if (a->frames[d].used.n || a->frames[d].n_blocks) return "a scope that ended still holds records";
+  size_t in_frames = 0, n = 0;
+  for (const gg__block_t *b = a->frames[0].blocks; b; b = b->r, n++) {
+    if (b->depth != 0 || gg__addr_map_get(&a->used, b->addr) != b)
+      return "a scope lists a block it does not own";
+    if (b->r && b->r->l != b) return "the outermost frame's list has a broken back link";
+  }
+  if (n != a->frames[0].n_blocks) return "the outermost frame's count disagrees with its list";
+  in_frames += n;
+  for (int d = 1; d < a->n_frames; d++) {
+    const gg__frame_t *f = &a->frames[d];
+    if (f->n_blocks > f->recs_cap) return "a scope holds more records than its array has room for";
+    for (size_t i = 0; i < f->n_blocks; i++) {
+      const gg__block_t *b = f->recs[i];
+      if (b->depth != d || gg__addr_map_get(&f->used, b->addr) != b)
+        return "a scope lists a block it does not own";
+      if (b->slot != i) return "a scope's record does not know its place in the scope's array";
+    }
+    in_frames += f->n_blocks;
+  }
+  return in_frames != gg__used_count(a) ? "scope lists and the used maps disagree" : NULL;
 }
 
 /* PENDING records: the recorded batches and the open one, against their totals. */
@@ -213,7 +231,7 @@ static const char *gg__check_locked(gg_arena_t *a, gg__census_t *c) {
 int gg__arena_check(gg_arena_t *a) {
   int rc = gg__arena_enter(a, "gg__arena_check");
   if (rc < 0) return rc;
-  gg__census_t c = {.cap = a->freelist.count + 2 + a->used.n + a->run_count + a->open.count + 1 +
+  gg__census_t c = {.cap = a->freelist.count + 2 + gg__used_count(a) + a->run_count + a->open.count + 1 +
                            gg__tcache_records(a)};
   for (size_t k = a->closed_head; k < a->closed_end; k++) c.cap += a->closed[k].count;
   c.r = malloc(c.cap * sizeof *c.r);

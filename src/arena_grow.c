@@ -43,7 +43,7 @@ size_t gg__chunk_index(const gg_arena_t *a, uintptr_t p) {
 static size_t gg__gap_fit(const gg_arena_t *a, uintptr_t gs, uintptr_t ge, size_t n, size_t al) {
   if (ge <= gs) return 0;
   const gg__block_t *t = a->freelist.top,
-                    *l = (t && t->addr + t->size == gs) ? t : gg__addr_map_get(&a->freelist.by_end, gs);
+                    *l = (t && t->addr + t->size == gs) ? t : gg__freelist_ending_at(&a->freelist, gs);
   uintptr_t start = l ? l->addr : gs, p = gg__align_up(start, al);
   if (p < start || p > ge || ge - p < n) return 0;
   size_t m = p + n > gs ? (size_t)gg__align_up(p + n - gs, a->granularity) : a->granularity;

@@ -68,8 +68,14 @@ typedef struct gg__bump_run {
 /* A scope (frame 0 stands for "outside any scope" and never ends). */
 typedef struct gg__frame {
   unsigned long long id;
-  gg__block_t *blocks; /* its USED block records, newest first */
-  size_t n_blocks;
+  gg__block_t *blocks; /* frame 0: its USED block records, a list (threads' caches publish into it) */
+  /* A scope: its USED block records, an array its end walks without chasing links (so it can load
+   * records and map slots far ahead); kept with its room for the next scope at this depth. */
+  gg__block_t **recs;
+  size_t n_blocks, recs_cap; /* records it owns (list or array); room in recs */
+  /* A scope: the same records by address (frame 0's are the arena's `used`). Its end empties the map
+   * whole instead of deleting record by record, and keeps it for the next scope at this depth. */
+  gg__addr_map_t used;
   size_t bump_first;            /* its bump entries are [bump_first, next frame's bump_first) */
   unsigned long long bump_live; /* live entries among them, and their bytes */
   size_t bump_bytes;
@@ -235,7 +241,21 @@ void gg__bump_pop_dead(gg_arena_t *a);
 int gg__bump_flush(gg_arena_t *a);
 /* The log entry whose memory holds p, or -1. */
 long gg__bump_find(const gg_arena_t *a, uintptr_t p);
-/* Links a USED record into (or out of) its scope's list of blocks. */
+/* Room for k more records in scope d's array (frame 0 needs none). 0 or GG_ENOMEM. */
+static inline int gg__frame_reserve(gg_arena_t *a, int d, size_t k) {
+  gg__frame_t *f = &a->frames[d];
+  return d == 0 ? 0 : gg__arena_grow_array(&f->recs, &f->recs_cap, f->n_blocks + k, sizeof *f->recs);
+}
+/* The map of depth d's USED records: frame 0's is the arena's own (threads' caches publish into it). */
+static inline gg__addr_map_t *gg__used_map(gg_arena_t *a, int d) { return d ? &a->frames[d].used : &a->used; }
+/* The USED record at p (innermost scope first), or NULL; take also removes it from its map. */
+gg__block_t *gg__used_get(const gg_arena_t *a, uintptr_t p);
+gg__block_t *gg__used_take(gg_arena_t *a, uintptr_t p);
+/* The USED record whose memory holds p, or NULL: a scan of every map, for error messages and checks. */
+const gg__block_t *gg__used_holding(const gg_arena_t *a, uintptr_t p);
+/* USED records in all maps. */
+size_t gg__used_count(const gg_arena_t *a);
+/* Links a USED record into (or out of) its scope's blocks; linking into a scope needs a reservation. */
 void gg__frame_link(gg_arena_t *a, gg__block_t *b);
 void gg__frame_unlink(gg_arena_t *a, gg__block_t *b);
 

@@ -49,7 +49,7 @@ static bool gg__at_put(struct gg__site_slot *at, size_t cap, uintptr_t key, cons
 }
 
 static bool gg__block_live_at(const gg_arena_t *a, uintptr_t p) {
-  if (gg__addr_map_get(&a->used, p)) return true;
+  if (gg__used_get(a, p)) return true;
   long i = gg__bump_find(a, p);
   return i >= 0 && a->bump[i].live && a->bump[i].ptr == p;
 }

@@ -64,13 +64,87 @@ void gg__addr_map_free(gg__addr_map_t *m) {
   memset(m, 0, sizeof *m);
 }
 
+/* ---- boundary map ------------------------------------------------------------------------------ */
+
+typedef struct gg__bound gg__bound_t;
+
+static int gg__bounds_grow(gg__bounds_t *m, size_t want) {
+  size_t cap = m->cap ? m->cap : 64;
+  while (want > cap / 2) cap *= 2;
+  if (cap == m->cap) return 0;
+  gg__bound_t *s = calloc(cap, sizeof *s);
+  if (!s) return gg__err(GG_ENOMEM, "arena: out of host memory for block metadata (%zu slots)", cap);
+  for (size_t i = 0; i < m->cap; i++) {
+    if (!m->slots[i].key) continue;
+    size_t j = gg__addr_hash(m->slots[i].key, cap);
+    while (s[j].key) j = (j + 1) & (cap - 1);
+    s[j] = m->slots[i];
+  }
+  free(m->slots);
+  m->slots = s, m->cap = cap;
+  return 0;
+}
+
+/* The slot holding key, or the empty slot where it would go. */
+static size_t gg__bounds_probe(const gg__bounds_t *m, uintptr_t key) {
+  size_t j = gg__addr_hash(key, m->cap);
+  while (m->slots[j].key && m->slots[j].key != key) j = (j + 1) & (m->cap - 1);
+  return j;
+}
+
+static const gg__bound_t *gg__bounds_find(const gg__bounds_t *m, uintptr_t key) {
+  if (!m->cap) return NULL;
+  const gg__bound_t *s = &m->slots[gg__bounds_probe(m, key)];
+  return s->key ? s : NULL;
+}
+
+/* The slot for key at index j (from gg__bounds_probe), taken if it was empty. Needs room. */
+static gg__bound_t *gg__bounds_take(gg__bounds_t *m, size_t j, uintptr_t key) {
+  gg__bound_t *s = &m->slots[j];
+  if (!s->key) s->key = key, s->above = s->below = NULL, m->n++;
+  return s;
+}
+
+static gg__bound_t *gg__bounds_at(gg__bounds_t *m, uintptr_t key) {
+  return gg__bounds_take(m, gg__bounds_probe(m, key), key);
+}
+
+/* Empties one side of key's slot (which must exist); the slot goes once both sides are empty. */
+static void gg__bounds_clear(gg__bounds_t *m, uintptr_t key, bool above) {
+  size_t mask = m->cap - 1, j = gg__bounds_probe(m, key);
+  gg__bound_t *s = &m->slots[j];
+  if (above)
+    s->above = NULL;
+  else
+    s->below = NULL;
+  if (s->above || s->below) return;
+  /* Backward shift: pull later members of the probe run into the hole so lookups never stop early. */
+  for (size_t k = (j + 1) & mask; m->slots[k].key; k = (k + 1) & mask) {
+    size_t home = gg__addr_hash(m->slots[k].key, m->cap);
+    if (((k - home) & mask) >= ((k - j) & mask)) m->slots[j] = m->slots[k], j = k;
+  }
+  memset(&m->slots[j], 0, sizeof m->slots[j]);
+  m->n--;
+}
+
+static gg__block_t *gg__freelist_starting_at(const gg__freelist_t *fl, uintptr_t addr) {
+  const gg__bound_t *s = gg__bounds_find(&fl->bounds, addr);
+  return s ? s->above : NULL;
+}
+
+gg__block_t *gg__freelist_ending_at(const gg__freelist_t *fl, uintptr_t addr) {
+  const gg__bound_t *s = gg__bounds_find(&fl->bounds, addr);
+  return s ? s->below : NULL;
+}
+
 /* ---- record pool ------------------------------------------------------------------------------- */
 
 #define GG__SLAB_RECORDS 256
 
 int gg__freelist_reserve_slow(gg__freelist_t *fl, size_t k) {
   int rc;
-  if ((rc = gg__addr_map_reserve(&fl->by_start, k)) < 0 || (rc = gg__addr_map_reserve(&fl->by_end, k)) < 0)
+  if (fl->bounds.n + 2 * k > fl->bounds.cap / 2 &&
+      (rc = gg__bounds_grow(&fl->bounds, fl->bounds.n + 2 * k)) < 0)
     return rc;
   while (fl->n_spare < k) {
     void **slabs = realloc(fl->slabs, (fl->n_slabs + 1) * sizeof *slabs);
@@ -99,8 +173,7 @@ void gg__freelist_give_record(gg__freelist_t *fl, gg__block_t *b) {
 void gg__freelist_free(gg__freelist_t *fl) {
   for (size_t i = 0; i < fl->n_slabs; i++) free(fl->slabs[i]);
   free(fl->slabs);
-  gg__addr_map_free(&fl->by_start);
-  gg__addr_map_free(&fl->by_end);
+  free(fl->bounds.slots);
   memset(fl, 0, sizeof *fl);
 }
 
@@ -179,15 +252,15 @@ static bool gg__smaller(const gg__block_t *a, const gg__block_t *b) {
 static void gg__freelist_link(gg__freelist_t *fl, gg__block_t *b) {
   b->state = GG__BLOCK_FREE;
   gg__class_link(fl, b);
-  gg__addr_map_put(&fl->by_start, b->addr, b);
-  gg__addr_map_put(&fl->by_end, b->addr + b->size, b);
+  gg__bounds_at(&fl->bounds, b->addr)->above = b;
+  gg__bounds_at(&fl->bounds, b->addr + b->size)->below = b;
   fl->count++;
 }
 
 void gg__freelist_remove(gg__freelist_t *fl, gg__block_t *b) {
   gg__class_unlink(fl, b);
-  gg__addr_map_del(&fl->by_start, b->addr);
-  gg__addr_map_del(&fl->by_end, b->addr + b->size);
+  gg__bounds_clear(&fl->bounds, b->addr, true);
+  gg__bounds_clear(&fl->bounds, b->addr + b->size, false);
   fl->count--, fl->bytes -= b->size;
   b->l = b->r = NULL;
 }
@@ -204,9 +277,11 @@ void gg__freelist_put_plain(gg__freelist_t *fl, uintptr_t addr, size_t size, voi
 static void gg__freelist_reshape(gg__freelist_t *fl, gg__block_t *b, uintptr_t addr, size_t size) {
   bool reclass = gg__class_of(size) != gg__class_of(b->size);
   if (reclass) gg__class_unlink(fl, b);
-  if (addr != b->addr) gg__addr_map_del(&fl->by_start, b->addr), gg__addr_map_put(&fl->by_start, addr, b);
+  if (addr != b->addr)
+    gg__bounds_clear(&fl->bounds, b->addr, true), gg__bounds_at(&fl->bounds, addr)->above = b;
   if (addr + size != b->addr + b->size)
-    gg__addr_map_del(&fl->by_end, b->addr + b->size), gg__addr_map_put(&fl->by_end, addr + size, b);
+    gg__bounds_clear(&fl->bounds, b->addr + b->size, false),
+        gg__bounds_at(&fl->bounds, addr + size)->below = b;
   b->addr = addr, b->size = size;
   if (reclass) gg__class_link(fl, b);
 }
@@ -217,7 +292,7 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
   /* The neighbour below: top, or a listed block ending where this range starts. */
   if (t && t->seg == seg && t->addr + t->size == addr) {
     t->size += size;
-    if ((n = gg__addr_map_get(&fl->by_start, addr + size)) && n->seg == seg) {
+    if ((n = gg__freelist_starting_at(fl, addr + size)) && n->seg == seg) {
       gg__freelist_remove(fl, n);
       fl->bytes += n->size, t->size += n->size;
       gg__freelist_give_record(fl, n);
@@ -225,7 +300,11 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
     if (rec) gg__freelist_give_record(fl, rec);
     return t;
   }
-  if ((lo = gg__addr_map_get(&fl->by_end, addr)) && lo->seg != seg) lo = NULL;
+  /* The slots of both boundaries: a range with no free neighbour lists itself in them as they are. */
+  size_t j_lo = fl->bounds.cap ? gg__bounds_probe(&fl->bounds, addr) : 0;
+  if ((lo = fl->bounds.cap && fl->bounds.slots[j_lo].key ? fl->bounds.slots[j_lo].below : NULL) &&
+      lo->seg != seg)
+    lo = NULL;
   /* The neighbour above: top (which then grows down over the range and lo), or a listed block. */
   if (t && t->seg == seg && t->addr == addr + size) {
     if (lo) {
@@ -237,7 +316,10 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
     if (rec) gg__freelist_give_record(fl, rec);
     return t;
   }
-  if ((n = gg__addr_map_get(&fl->by_start, addr + size)) && n->seg != seg) n = NULL;
+  size_t j_hi = fl->bounds.cap ? gg__bounds_probe(&fl->bounds, addr + size) : 0;
+  if ((n = fl->bounds.cap && fl->bounds.slots[j_hi].key ? fl->bounds.slots[j_hi].above : NULL) &&
+      n->seg != seg)
+    n = NULL;
   if (lo || n) { /* grow a neighbour in place; the range's own record is not needed */
     if (rec) gg__freelist_give_record(fl, rec);
     if (lo && n) {
@@ -250,8 +332,14 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
   }
   if (!rec) rec = gg__freelist_take_record(fl);
   memset(rec, 0, sizeof *rec);
-  rec->addr = addr, rec->size = size, rec->seg = seg;
-  gg__freelist_link(fl, rec);
+  rec->addr = addr, rec->size = size, rec->seg = seg, rec->state = GG__BLOCK_FREE;
+  gg__class_link(fl, rec);
+  gg__bounds_take(&fl->bounds, j_lo, addr)->above = rec;
+  /* Taking the low slot moves nothing, unless it was the very slot the high boundary would take. */
+  if (j_hi == j_lo && fl->bounds.slots[j_hi].key != addr + size)
+    j_hi = gg__bounds_probe(&fl->bounds, addr + size);
+  gg__bounds_take(&fl->bounds, j_hi, addr + size)->below = rec;
+  fl->count++;
   return rec;
 }
 
@@ -350,9 +438,8 @@ static const char *gg__class_check(const gg__freelist_t *fl, unsigned c, size_t 
     if (b->state != GG__BLOCK_FREE) return "a listed block is not FREE";
     if (b->l != prev) return "a class list's back link is broken";
     if (gg__class_of(b->size) != c) return "a free block is in the wrong size class";
-    if (gg__addr_map_get(&fl->by_start, b->addr) != b ||
-        gg__addr_map_get(&fl->by_end, b->addr + b->size) != b)
-      return "a free block is missing from the boundary maps";
+    if (gg__freelist_starting_at(fl, b->addr) != b || gg__freelist_ending_at(fl, b->addr + b->size) != b)
+      return "a free block is missing from the boundary map";
     (*n)++, *bytes += b->size;
   }
   return NULL;
@@ -365,7 +452,19 @@ const char *gg__freelist_check(const gg__freelist_t *fl) {
     if ((w = gg__class_check(fl, c, &n, &bytes))) return w;
   for (unsigned i = 0; i < GG__CLASS_WORDS; i++)
     if (((fl->words >> i) & 1) != (fl->bits[i] != 0)) return "the class word summary disagrees with the bits";
-  if (n != fl->count || fl->by_start.n != n || fl->by_end.n != n) return "free block count mismatch";
+  if (n != fl->count) return "free block count mismatch";
+  /* Every slot names listed blocks only (each found above, so n of each side means no stale one). */
+  size_t keys = 0, above = 0, below = 0;
+  for (size_t i = 0; i < fl->bounds.cap; i++) {
+    const gg__bound_t *s = &fl->bounds.slots[i];
+    if (!s->key) continue;
+    if (!s->above && !s->below) return "an empty boundary slot was left in the map";
+    if ((s->above && s->above->addr != s->key) || (s->below && s->below->addr + s->below->size != s->key))
+      return "a boundary slot names a block that does not start or end there";
+    keys++, above += s->above != NULL, below += s->below != NULL;
+  }
+  if (keys != fl->bounds.n || above != n || below != n)
+    return "the boundary map's counts disagree with the lists";
   if (bytes != fl->bytes) return "free byte count mismatch";
   if (fl->top && fl->top->state != GG__BLOCK_TOP) return "top is not marked TOP";
   return NULL;

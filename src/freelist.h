@@ -23,13 +23,18 @@
 enum { GG__BLOCK_SPARE, GG__BLOCK_FREE, GG__BLOCK_TOP, GG__BLOCK_USED, GG__BLOCK_PENDING, GG__BLOCK_CACHED };
 
 /* One contiguous piece of mapped device memory, described on the host (device memory holds no
- * headers). The links mean different things by state: FREE: its size class's list, USED: its scope's
- * list (l = previous, r = next); PENDING and SPARE: r = next in the batch or pool. */
+ * headers). The links mean different things by state: FREE: its size class's list, USED outside any
+ * scope: frame 0's list (l = previous, r = next), USED in a scope: `slot` in the scope's array; PENDING
+ * and SPARE: r = next in the batch or pool. */
 typedef struct gg__block {
   uintptr_t addr;
   size_t size;
   void *seg; /* the chunk, on backends without one contiguous range; blocks never merge across */
-  struct gg__block *l, *r;
+  union {
+    struct gg__block *l;
+    size_t slot; /* USED in a scope (depth > 0): its index in the scope's array of records */
+  };
+  struct gg__block *r;
   const char *tag; /* USED: interned tag, "" for none */
   size_t req;      /* USED: bytes requested */
   int depth;       /* USED: scope depth at allocation */
@@ -73,16 +78,28 @@ gg__block_t *gg__addr_map_get(const gg__addr_map_t *m, uintptr_t key);
 gg__block_t *gg__addr_map_del(gg__addr_map_t *m, uintptr_t key);
 void gg__addr_map_free(gg__addr_map_t *m);
 
+/* Boundary address → the listed free block that starts there and the one that ends there (two only
+ * where chunks of different segments touch). One map for both ends: a released range asks about its two
+ * boundaries and, when it has no free neighbour, lists itself in the same two slots (two cache lines, not
+ * four). Open addressing, linear probing, backward-shift deletion; a slot goes when both sides are empty. */
+typedef struct gg__bounds {
+  struct gg__bound {
+    uintptr_t key;
+    struct gg__block *above, *below; /* starts at key, ends at key */
+    uintptr_t pad_;                  /* 32 bytes: two slots per cache line, none across two */
+  } * slots;
+  size_t cap, n; /* cap is 0 or a power of two; n <= cap / 2 */
+} gg__bounds_t;
+
 typedef struct gg__freelist {
   gg__block_t *heads[GG__CLASSES]; /* free blocks except top, one list per size class */
   uint64_t bits[GG__CLASS_WORDS];  /* bit c: class c's list is not empty */
   uint32_t words;                  /* bit w: bits[w] is not zero */
-  gg__addr_map_t by_start;         /* the same blocks by first address */
-  gg__addr_map_t by_end;           /* and by end address, so a released range finds both neighbours in O(1) */
-  gg__block_t *top;                /* the bump block (free, in no class list; size may be 0) or NULL */
-  size_t bytes;                    /* free bytes, top included */
-  size_t count;                    /* blocks in the class lists */
-  gg__block_t *spare;              /* the record pool */
+  gg__bounds_t bounds; /* the same blocks by both ends: a released range finds its neighbours in O(1) */
+  gg__block_t *top;    /* the bump block (free, in no class list; size may be 0) or NULL */
+  size_t bytes;        /* free bytes, top included */
+  size_t count;        /* blocks in the class lists */
+  gg__block_t *spare;  /* the record pool */
   size_t n_spare;
   void **slabs;
   size_t n_slabs;
@@ -94,10 +111,7 @@ void gg__freelist_free(
 int gg__freelist_reserve_slow(gg__freelist_t *fl, size_t k);
 /* Makes the next `k` record takes and `k` free-block insertions infallible. 0 or GG_ENOMEM. */
 static inline int gg__freelist_reserve(gg__freelist_t *fl, size_t k) {
-  if (__builtin_expect(fl->n_spare >= k && fl->by_start.n + k <= fl->by_start.cap / 2 &&
-                           fl->by_end.n + k <= fl->by_end.cap / 2,
-                       1))
-    return 0;
+  if (__builtin_expect(fl->n_spare >= k && fl->bounds.n + 2 * k <= fl->bounds.cap / 2, 1)) return 0;
   return gg__freelist_reserve_slow(fl, k);
 }
 gg__block_t *gg__freelist_take_record(gg__freelist_t *fl); /* needs a reservation */
@@ -107,11 +121,14 @@ void gg__freelist_give_record(gg__freelist_t *fl, gg__block_t *b);
  * included: a range touching top grows top). `rec` is a record to reuse, or NULL (then one is taken
  * from the reservation). Returns the block the range ended up in. */
 gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg, gg__block_t *rec);
-/* Starts loading what gg__freelist_put(addr, size) will look at: the boundary map slots of both ends. */
+/* Starts loading what gg__freelist_put(addr, size) will look at: the boundary slots of both ends. */
 static inline void gg__freelist_prefetch(const gg__freelist_t *fl, uintptr_t addr, size_t size) {
-  gg__addr_map_prefetch(&fl->by_end, addr), gg__addr_map_prefetch(&fl->by_start, addr + size);
-  gg__addr_map_prefetch(&fl->by_start, addr), gg__addr_map_prefetch(&fl->by_end, addr + size);
+  if (!fl->bounds.cap) return;
+  gg__prefetch(&fl->bounds.slots[gg__addr_hash(addr, fl->bounds.cap)]);
+  gg__prefetch(&fl->bounds.slots[gg__addr_hash(addr + size, fl->bounds.cap)]);
 }
+/* The listed free block that ends at addr, or NULL. */
+gg__block_t *gg__freelist_ending_at(const gg__freelist_t *fl, uintptr_t addr);
 /* Adds a free block that has no free neighbour (callers know it: pieces of a block already maximal). */
 void gg__freelist_put_plain(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg);
 /* Removes a listed free block from the free memory; the record stays the caller's. */
