@@ -234,6 +234,7 @@ static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t 
   bool sites = gg__arena_records_sites(a);
   int rc;
   if ((rc = gg__arena_lock_counted(a, "gg_alloc")) < 0) return rc;
+  if (a->open.repeat != q.size) a->open.repeat = 0; /* another size: the open batch no longer repeats */
   if (q.size > a->capacity)
     rc = gg__step_out_of_memory(a, &q, "the request exceeds the capacity");
   else if ((rc = gg__intern(a, tag, &q.tag)) == 0 &&

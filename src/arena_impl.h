@@ -80,6 +80,8 @@ typedef struct gg__batch {
   void *event;
   gg__block_t *head;
   size_t bytes, count;
+  size_t repeat; /* open batch: the size every release in it has while nothing of another size was
+                  * allocated since it opened (a loop's temporary freed again and again); else 0 */
 } gg__batch_t;
 
 struct gg_arena {
@@ -119,6 +121,7 @@ struct gg_arena {
   void **spare_events; /* spare events, and room for every event ever made */
   size_t n_spare_events, events_cap, events_made;
   size_t pending; /* bytes in batches */
+  bool idle_seen; /* the last stream query found the arena's stream idle */
 
   gg__chunk_t **chunks; /* by address */
   size_t n_chunks, chunks_cap;

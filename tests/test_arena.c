@@ -537,6 +537,54 @@ static void test_stream_safe_reuse(void **state) {
   gg_host_stream_destroy(st);
 }
 
+/* One size freed again and again with nothing else allocated between (a loop's temporary) shares one
+ * stream query among more pairs while the stream was last seen idle; a freed block still never comes back
+ * while the work queued before its free runs. */
+static void test_repeated_pairs_share_a_query(void **state) {
+  (void)state;
+  void *st;
+  gg_assert_ok(gg_host_stream_create(&st));
+  gg_arena_t *a = mk(64 * MiB, 8 * MiB, 0, st);
+  void *p, *q;
+  for (int i = 0; i < 8; i++) {
+    gg_assert_ok(gg_alloc(a, 2 * MiB, &p));
+    gg_assert_ok(gg_free(a, p));
+  }
+  gg_host_fault_set(NULL); /* resets the op counters */
+  for (int i = 0; i < 300; i++) {
+    gg_assert_ok(gg_alloc(a, 2 * MiB, &p));
+    gg_assert_ok(gg_free(a, p));
+  }
+  unsigned long long same = gg_host_op_count("stream_query") + gg_host_op_count("event_query");
+  gg_host_fault_set(NULL);
+  for (int i = 0; i < 300; i++) { /* another size allocated between: each batch closes as before */
+    gg_assert_ok(gg_alloc(a, i % 2 ? 3 * MiB : 2 * MiB, &p));
+    gg_assert_ok(gg_free(a, p));
+  }
+  unsigned long long mixed = gg_host_op_count("stream_query") + gg_host_op_count("event_query");
+  printf("300 pairs of 2 MiB: %llu queries; 300 pairs of 2 and 3 MiB: %llu\n", same, mixed);
+  assert_true(same <= 110); /* 150 when every second free closed its batch */
+  assert_true(mixed >= 140); /* the usual rule: two frees worth half a chunk */
+  assert_int_equal(stats(a).bytes_mapped, 8 * MiB); /* room the chunk had, nothing mapped for it */
+  /* The stream was last seen idle; now a kernel runs. Blocks freed meanwhile wait for it. */
+  gg_assert_ok(gg_host_stream_hold(st));
+  void *freed[16];
+  int n = 0;
+  for (int i = 0; i < 16; i++) {
+    gg_assert_ok(gg_alloc(a, 2 * MiB, &p));
+    for (int k = 0; k < n; k++) assert_ptr_not_equal(p, freed[k]);
+    gg_assert_ok(gg_free(a, p));
+    freed[n++] = p;
+  }
+  assert_true(stats(a).bytes_mapped > 8 * MiB); /* they could not be reused: more was mapped */
+  gg_assert_ok(gg_host_stream_release(st));
+  gg_assert_ok(gg_alloc(a, 2 * MiB, &q));
+  gg_assert_ok(gg_free(a, q));
+  gg_assert_ok(gg__arena_check(a));
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_host_stream_destroy(st);
+}
+
 static void test_no_stream_immediate_reuse(void **state) {
   (void)state;
   gg_arena_t *a = mk(8 * MiB, 0, GG_ARENA_NO_STREAM, NULL);
@@ -598,6 +646,7 @@ int main(void) {
       cmocka_unit_test_setup(test_over_capacity_message, setup),
       cmocka_unit_test_setup(test_no_vmm, setup),
       cmocka_unit_test_setup(test_stream_safe_reuse, setup),
+      cmocka_unit_test_setup(test_repeated_pairs_share_a_query, setup),
       cmocka_unit_test_setup(test_no_stream_immediate_reuse, setup),
       cmocka_unit_test_setup(test_destroy_with_live_blocks, setup),
       cmocka_unit_test_setup(test_fork_child_refused, setup),
