@@ -9,7 +9,7 @@
 #define GG__BATCH_MAX   1024 /* releases per batch before its event is recorded anyway */
 #define GG__CLOSE_MIN   2    /* releases a batch needs before a small share of memory closes it */
 #define GG__MERGE_AHEAD 8    /* releases a merge looks ahead to start loading their map slots */
-#define GG__REPEAT_MAX  16   /* releases of one repeated size a batch takes before the usual rule applies */
+#define GG__PAIRS_MAX   16   /* releases a batch of alloc+free pairs holds before it closes anyway */
 
 void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__block_t *rec,
                        bool ordered) {
@@ -20,7 +20,7 @@ void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg
   if (!rec) rec = gg__freelist_take_record(&a->freelist);
   memset(rec, 0, sizeof *rec);
   rec->addr = addr, rec->size = size, rec->seg = seg, rec->state = GG__BLOCK_PENDING;
-  a->open.repeat = !a->open.count || a->open.repeat == size ? size : 0;
+  if (++a->releases_since_alloc > 1) a->open.mixed = true;
   rec->r = a->open.head, a->open.head = rec;
   a->open.bytes += size, a->open.count++, a->pending += size;
 }
@@ -125,19 +125,31 @@ void gg__arena_reclaim_finished(gg_arena_t *a) { gg__arena_quietly(a, gg__reclai
  * freed from before later allocations land above them (training-like sequence: peak mapped / peak in
  * use 1.006, against 1.05-1.10 when batches close only as memory runs out), while small and mid-sized
  * frees share an event among 16-1024 of them.
- * One size freed again and again with nothing else allocated between (alloc+free of a temporary in a
- * loop) waits for up to GG__REPEAT_MAX releases, or for an allocation that finds no room, while the
- * stream was last seen idle: only those same-sized temporaries land elsewhere meanwhile, and the one
- * query at the end settles them all (2 MiB pairs: a query every 3 pairs instead of 2; closing later in
- * general, any sizes, raised the training-like ratio to 1.02-1.05). On a busy stream events are
- * recorded early as before, so they are complete by the time their memory is needed. */
+ * Alloc+free pairs (each allocation right after at most one free, and freed before the next one) keep
+ * the batch open past that rule, up to GG__PAIRS_MAX releases or an allocation that finds no room,
+ * while the stream was last seen idle: only blocks that were freed at once land elsewhere meanwhile,
+ * and one query settles them all (2 MiB pairs: a query every 3-4 pairs instead of 2; a random mix of
+ * sizes: 0.15 per pair instead of 0.25). The first allocation that breaks the pattern closes the batch
+ * before it is placed (gg__arena_before_alloc), so the training-like ratios stay 1.0063 and 1.0037
+ * (closing later in general raised them to 1.02-1.05). On a busy stream events are recorded as early
+ * as before, so they are complete by the time their memory is needed. */
 void gg__arena_after_release(gg_arena_t *a) {
   if (!a->track) return;
   size_t c = a->open.count, b = a->open.bytes;
-  if (a->open.repeat && a->idle_seen && c < GG__REPEAT_MAX) return;
   size_t share = a->mapped / 256 > a->chunk_size / 2 ? a->mapped / 256 : a->chunk_size / 2;
   if (c < GG__BATCH_MAX && (c < GG__CLOSE_MIN || b < share)) return;
+  if (!a->open.mixed && a->idle_seen && c < GG__PAIRS_MAX) {
+    a->open.deferred = true;
+    return;
+  }
   gg__arena_reclaim_finished(a);
+}
+
+void gg__arena_before_alloc(gg_arena_t *a) {
+  a->releases_since_alloc = 0;
+  if (!a->open.count) return;
+  if (a->placed_open) a->open.mixed = true; /* made while releases waited, and still live */
+  if (a->open.deferred && a->open.mixed) gg__arena_reclaim_finished(a);
 }
 
 /* ---- waiting ------------------------------------------------------------------------------------- */
