@@ -192,7 +192,73 @@ static void bench_training(const char *label, size_t hidden, size_t batch, size_
   GG(gg_arena_destroy(a));
 }
 
+/* ---- a recorded trace, stream-tracked ------------------------------------------------------------ */
+
+typedef struct slot {
+  unsigned long long key; /* the address in the trace; 0: empty */
+  void *p;
+} slot_t;
+
+static slot_t *find(slot_t *t, size_t cap, unsigned long long k) {
+  size_t i = (size_t)(k * 0x9E3779B97F4A7C15ull) & (cap - 1);
+  while (t[i].key && t[i].key != k) i = (i + 1) & (cap - 1);
+  return &t[i];
+}
+
+/* One chunk size: peak mapped / peak in use and driver calls per operation. Traces recorded by the
+ * plugin may reuse an address only after its free, so a table keyed by address is enough (a freed slot
+ * keeps its key with a NULL pointer). */
+static int replay(const char *path, size_t chunk) {
+  char cmd[4200];
+  if (snprintf(cmd, sizeof cmd, "gzip -dcf '%s'", path) >= (int)sizeof cmd) return -1;
+  FILE *f = popen(cmd, "r");
+  if (!f) return -1;
+  gg_arena_options_t o;
+  gg_arena_options_init(&o);
+  o.name = "trace", o.chunk_size = chunk;
+  gg_arena_t *a;
+  GG(gg_arena_create(&a, &o));
+  size_t cap = (size_t)1 << 22, ops = 0;
+  slot_t *t = calloc(cap, sizeof *t);
+  unsigned long long c0 = driver_calls();
+  char line[256];
+  while (t && fgets(line, sizeof line, f)) {
+    char op;
+    unsigned long long addr, size = 0;
+    if (line[0] == '#' || sscanf(line, " %c %llx %llu", &op, &addr, &size) < 2 || !addr) continue;
+    slot_t *s = find(t, cap, addr);
+    if (op == 'a' && size) {
+      s->key = addr;
+      GG(gg_alloc(a, (size_t)size, &s->p));
+      ops++;
+    } else if (op == 'f' && s->key && s->p) {
+      GG(gg_free(a, s->p));
+      s->p = NULL, ops++;
+    }
+  }
+  pclose(f);
+  gg_arena_stats_t st;
+  GG(gg_arena_stats(a, &st));
+  printf("| %s | %zu MiB | %.0f | %.0f | %.4f | %.4f |\n", path, chunk >> 20, st.peak_in_use / (double)MiB,
+         st.peak_mapped / (double)MiB, (double)st.peak_mapped / (double)st.peak_in_use,
+         (double)(driver_calls() - c0) / (double)(ops ? ops : 1));
+  free(t);
+  GG(gg_arena_destroy(a));
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc > 2 && strcmp(argv[1], "--trace") == 0) {
+    setenv("GPUGUARD_BACKEND", "host", 0);
+    setenv("GPUGUARD_HOST_CAPACITY", "48G", 0);
+    setenv("GPUGUARD_HOST_POPULATE", "0", 0);
+    printf("| trace (gg_alloc/gg_free, stream-tracked, idle stream) | chunk | peak in use MiB | peak mapped "
+           "MiB | "
+           "ratio | driver calls per op |\n|---|---|---|---|---|---|\n");
+    for (int i = 3; i < argc; i++)
+      if (replay(argv[2], (size_t)atoi(argv[i]) << 20) < 0) return 1;
+    return 0;
+  }
   int only = argc > 2 ? atoi(argv[1]) : -1, steps = argc > 2 ? atoi(argv[2]) : 0;
   setenv("GPUGUARD_BACKEND", "host", 0);
   setenv("GPUGUARD_HOST_CAPACITY", "24G", 0);

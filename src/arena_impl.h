@@ -126,6 +126,7 @@ struct gg_arena {
   uintptr_t placed_open;       /* the last allocation, when made while the open batch had releases and
                                 * not freed since; else 0 */
   size_t releases_since_alloc; /* into the open batch since the last allocation */
+  unsigned pair_streak;        /* allocations in a row that followed the alloc+free pattern (saturates) */
 
   gg__chunk_t **chunks; /* by address */
   size_t n_chunks, chunks_cap;

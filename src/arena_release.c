@@ -10,6 +10,7 @@
 #define GG__CLOSE_MIN   2    /* releases a batch needs before a small share of memory closes it */
 #define GG__MERGE_AHEAD 8    /* releases a merge looks ahead to start loading their map slots */
 #define GG__PAIRS_MAX   16   /* releases a batch of alloc+free pairs holds before it closes anyway */
+#define GG__PAIRS_RUN   4    /* allocations in a row in that pattern before a batch is kept open for it */
 
 void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__block_t *rec,
                        bool ordered) {
@@ -125,20 +126,22 @@ void gg__arena_reclaim_finished(gg_arena_t *a) { gg__arena_quietly(a, gg__reclai
  * freed from before later allocations land above them (training-like sequence: peak mapped / peak in
  * use 1.006, against 1.05-1.10 when batches close only as memory runs out), while small and mid-sized
  * frees share an event among 16-1024 of them.
- * Alloc+free pairs (each allocation right after at most one free, and freed before the next one) keep
- * the batch open past that rule, up to GG__PAIRS_MAX releases or an allocation that finds no room,
- * while the stream was last seen idle: only blocks that were freed at once land elsewhere meanwhile,
- * and one query settles them all (2 MiB pairs: a query every 3-4 pairs instead of 2; a random mix of
- * sizes: 0.15 per pair instead of 0.25). The first allocation that breaks the pattern closes the batch
- * before it is placed (gg__arena_before_alloc), so the training-like ratios stay 1.0063 and 1.0037
- * (closing later in general raised them to 1.02-1.05). On a busy stream events are recorded as early
- * as before, so they are complete by the time their memory is needed. */
+ * Alloc+free pairs (each allocation right after at most one free, and freed before the next one), once
+ * GG__PAIRS_RUN allocations in a row followed that pattern, keep the batch open past that rule, up to
+ * GG__PAIRS_MAX releases or an allocation that finds no room, while the stream was last seen idle: only
+ * blocks that were freed at once land elsewhere meanwhile, and one query settles them all (2 MiB pairs:
+ * a query every 3-4 pairs instead of 2; a random mix of sizes: 0.16 per pair instead of 0.25). The
+ * allocation after one that broke the pattern closes the batch before it is placed
+ * (gg__arena_before_alloc); with the run required first, the training-like sequence and the recorded
+ * traces replayed through gg_alloc/gg_free keep their ratios exactly (closing later in general raised
+ * the training-like ratio to 1.02-1.05, and without the run one trace moved by +-0.5%). On a busy stream
+ * events are recorded as early as before, so they are complete by the time their memory is needed. */
 void gg__arena_after_release(gg_arena_t *a) {
   if (!a->track) return;
   size_t c = a->open.count, b = a->open.bytes;
   size_t share = a->mapped / 256 > a->chunk_size / 2 ? a->mapped / 256 : a->chunk_size / 2;
   if (c < GG__BATCH_MAX && (c < GG__CLOSE_MIN || b < share)) return;
-  if (!a->open.mixed && a->idle_seen && c < GG__PAIRS_MAX) {
+  if (!a->open.mixed && a->idle_seen && c < GG__PAIRS_MAX && a->pair_streak >= GG__PAIRS_RUN) {
     a->open.deferred = true;
     return;
   }
@@ -146,6 +149,10 @@ void gg__arena_after_release(gg_arena_t *a) {
 }
 
 void gg__arena_before_alloc(gg_arena_t *a) {
+  if (a->placed_open || a->releases_since_alloc > 1)
+    a->pair_streak = 0;
+  else if (a->pair_streak < GG__PAIRS_RUN)
+    a->pair_streak++;
   a->releases_since_alloc = 0;
   if (!a->open.count) return;
   if (a->placed_open) a->open.mixed = true; /* made while releases waited, and still live */
