@@ -240,6 +240,7 @@ static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t 
   bool sites = gg__arena_records_sites(a);
   int rc;
   if ((rc = gg__arena_lock_counted(a, "gg_alloc")) < 0) return rc;
+  if (a->track) gg__arena_before_alloc(a);
   if (q.size > a->capacity)
     rc = gg__step_out_of_memory(a, &q, "the request exceeds the capacity");
   else if ((rc = gg__intern(a, tag, &q.tag)) == 0 &&
@@ -249,6 +250,7 @@ static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t 
     if (GG__UNLIKELY(sites)) gg__site_note(a, q.ptr, caller);
   } else if (rc > 0) /* served by the cache, which counts it */
     rc = 0;
+  if (rc == 0) a->placed_open = a->open.count ? q.ptr : 0;
   gg__arena_leave(a);
   if (rc == 0) *ptr = (void *)q.ptr;
   return rc;
@@ -321,6 +323,7 @@ static int gg__free_block(gg_arena_t *a, uintptr_t p, bool ordered) {
 static int gg__free_locked(gg_arena_t *a, void *ptr, bool ordered) {
   if (!ptr) return gg__err(GG_EINVAL, "gg_free: ptr is NULL");
   uintptr_t p = (uintptr_t)ptr;
+  if (p == a->placed_open) a->placed_open = 0; /* freed before the next allocation: a pair */
   long i = gg__bump_find(a, p);
   return i >= 0 ? gg__free_bump_entry(a, (size_t)i, p, ordered) : gg__free_block(a, p, ordered);
 }

@@ -86,6 +86,9 @@ typedef struct gg__batch {
   void *event;
   gg__block_t *head;
   size_t bytes, count;
+  bool mixed;    /* open batch: since it opened, an allocation came after two or more releases, or one
+                  * made meanwhile was still live at the next (not alloc+free pairs) */
+  bool deferred; /* open batch: the usual rule would have closed it; kept open as pairs only */
 } gg__batch_t;
 
 struct gg_arena {
@@ -124,7 +127,12 @@ struct gg_arena {
   size_t closed_head, closed_end, closed_cap;
   void **spare_events; /* spare events, and room for every event ever made */
   size_t n_spare_events, events_cap, events_made;
-  size_t pending; /* bytes in batches */
+  size_t pending;              /* bytes in batches */
+  bool idle_seen;              /* the last stream query found the arena's stream idle */
+  uintptr_t placed_open;       /* the last allocation, when made while the open batch had releases and
+                                * not freed since; else 0 */
+  size_t releases_since_alloc; /* into the open batch since the last allocation */
+  unsigned pair_streak;        /* allocations in a row that followed the alloc+free pattern (saturates) */
 
   gg__chunk_t **chunks; /* by address */
   size_t n_chunks, chunks_cap;
@@ -217,6 +225,9 @@ void gg__arena_tags_free(gg_arena_t *a);
 void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__block_t *rec, bool ordered);
 /* After releases: closes the open batch once it is large enough (never blocks, failures only delay). */
 void gg__arena_after_release(gg_arena_t *a);
+/* Under the lock, before an allocation of a tracking arena: a batch kept open for alloc+free pairs
+ * closes when the allocation pattern is no longer pairs (see gg__arena_after_release). */
+void gg__arena_before_alloc(gg_arena_t *a);
 /* Never blocks and never fails: makes reusable what the stream has finished with (a failure only
  * delays reuse; this thread's error detail is left as it was). */
 void gg__arena_reclaim_finished(gg_arena_t *a);

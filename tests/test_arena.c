@@ -537,6 +537,61 @@ static void test_stream_safe_reuse(void **state) {
   gg_host_stream_destroy(st);
 }
 
+/* Alloc+free pairs (each block freed before the next allocation) share one stream query among more
+ * pairs while the stream was last seen idle, whatever their sizes; an allocation that stays live while
+ * releases wait gets the usual rule back; a freed block still never comes back while the work queued
+ * before its free runs. */
+static void test_pairs_share_a_query(void **state) {
+  (void)state;
+  void *st;
+  gg_assert_ok(gg_host_stream_create(&st));
+  gg_arena_t *a = mk(64 * MiB, 8 * MiB, 0, st);
+  void *p, *q = NULL;
+  for (int i = 0; i < 8; i++) {
+    gg_assert_ok(gg_alloc(a, 2 * MiB, &p));
+    gg_assert_ok(gg_free(a, p));
+  }
+  unsigned long long n[3];
+  for (int run = 0; run < 3; run++) {
+    gg_host_fault_set(NULL); /* resets the op counters */
+    for (int i = 0; i < 300; i++) {
+      gg_assert_ok(gg_alloc(a, run == 1 && i % 2 ? 3 * MiB : 2 * MiB, &p));
+      if (run == 2) { /* the block allocated before this one is freed after it: not pairs */
+        if (q) gg_assert_ok(gg_free(a, q));
+        q = p;
+      } else {
+        gg_assert_ok(gg_free(a, p));
+      }
+    }
+    n[run] = gg_host_op_count("stream_query") + gg_host_op_count("event_query");
+  }
+  gg_assert_ok(gg_free(a, q));
+  printf("300 pairs of 2 MiB: %llu queries; of 2 and 3 MiB: %llu; overlapping 2 MiB blocks: %llu\n", n[0],
+         n[1], n[2]);
+  /* The usual rule closes a batch every second free of 2 MiB (two frees worth half a chunk): 150. */
+  assert_true(n[0] <= 110);
+  assert_true(n[1] <= 130);
+  assert_true(n[2] >= 140);
+  assert_int_equal(stats(a).bytes_mapped, 8 * MiB); /* pairs used room the chunk had: nothing mapped */
+  /* The stream was last seen idle; now a kernel runs. Blocks freed meanwhile wait for it. */
+  gg_assert_ok(gg_host_stream_hold(st));
+  void *freed[16];
+  int k = 0;
+  for (int i = 0; i < 16; i++) {
+    gg_assert_ok(gg_alloc(a, 2 * MiB, &p));
+    for (int j = 0; j < k; j++) assert_ptr_not_equal(p, freed[j]);
+    gg_assert_ok(gg_free(a, p));
+    freed[k++] = p;
+  }
+  assert_true(stats(a).bytes_mapped > 8 * MiB); /* none could be reused: more was mapped */
+  gg_assert_ok(gg_host_stream_release(st));
+  gg_assert_ok(gg_alloc(a, 2 * MiB, &q));
+  gg_assert_ok(gg_free(a, q));
+  gg_assert_ok(gg__arena_check(a));
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_host_stream_destroy(st);
+}
+
 static void test_no_stream_immediate_reuse(void **state) {
   (void)state;
   gg_arena_t *a = mk(8 * MiB, 0, GG_ARENA_NO_STREAM, NULL);
@@ -598,6 +653,7 @@ int main(void) {
       cmocka_unit_test_setup(test_over_capacity_message, setup),
       cmocka_unit_test_setup(test_no_vmm, setup),
       cmocka_unit_test_setup(test_stream_safe_reuse, setup),
+      cmocka_unit_test_setup(test_pairs_share_a_query, setup),
       cmocka_unit_test_setup(test_no_stream_immediate_reuse, setup),
       cmocka_unit_test_setup(test_destroy_with_live_blocks, setup),
       cmocka_unit_test_setup(test_fork_child_refused, setup),
