@@ -281,10 +281,10 @@ static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
     int rc = gg__addr_map_reserve(&a->used, n_live);
     if (rc < 0) return rc;
     a->n_live += n_live;
-    for (size_t i = 0; i < GG__TC_LIVE_SLOTS; i++) {
+    for (size_t i = 0, left = n_live; left; i++) { /* stops at the last one: most slots are empty */
       gg__block_t *b = c->live[i];
       if (!b) continue;
-      c->live[i] = NULL;
+      c->live[i] = NULL, left--;
       b->state = GG__BLOCK_USED, b->depth = 0;
       gg__frame_link(a, b);
       gg__addr_map_put(&a->used, b->addr, b);
