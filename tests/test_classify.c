@@ -18,6 +18,7 @@ static int setup(void **state) {
   mkdir(regdir, 0700);
   setenv("GPUGUARD_REGISTRY_DIR", regdir, 1);
   setenv("GPUGUARD_NVML_LIBRARY", GG_FAKE_NVML, 1);
+  setenv("GPUGUARD_TEST_PIDNS", "initial", 1); /* the stand-in NVML lists pids of our /proc */
   unsetenv("FAKE_NVML_LOG");
   unsetenv("GPUGUARD_SESSION");
   return 0;
