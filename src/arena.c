@@ -235,11 +235,22 @@ int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
   return 0;
 }
 
+/* How long the guard's teardown of an arena waits for the work of every stream before unmapping. */
+#define GG__TEARDOWN_SYNC_MS 2000
+
 /* Gives every device resource back: events, chunks, the range, the device. Lock held. */
-static int gg__release_device(gg_arena_t *a) {
+static int gg__release_device(gg_arena_t *a, bool whole_ctx) {
   int rc = 0;
-  /* Live blocks may still be in use by queued work: wait for the stream before unmapping. */
-  if (a->track && a->mapped) GG_KEEP_FIRST(rc, a->ops->stream_sync(a->dev, a->stream));
+  /* Live blocks may still be in use by queued work: wait before unmapping. gg_arena_destroy() waits for
+   * the arena's stream, as its caller promised the rest. At the guard's teardown (exit, a signal) the
+   * program can no longer wait itself, and its kernels on other streams may use the arena's memory
+   * too: the whole context is waited for, bounded (a kernel that never ends, say one waiting for a
+   * dead peer, must not hang the exit; the watchdog's limit is the guard's, this one is per arena). On
+   * timeout the memory is unmapped anyway, as at process exit, and the detail says so. */
+  int sync = whole_ctx && a->mapped && a->ops->ctx_sync ? a->ops->ctx_sync(a->dev, GG__TEARDOWN_SYNC_MS) : 1;
+  if (sync != 0 && sync != GG_ETIMEDOUT && a->track && a->mapped)
+    sync = a->ops->stream_sync(a->dev, a->stream); /* no context wait (refused, or not asked): our stream */
+  if (sync < 0) GG_KEEP_FIRST(rc, sync);
   GG_KEEP_FIRST(rc, gg__arena_events_destroy(a));
   GG_KEEP_FIRST(rc, gg__arena_unmap_all(a));
   GG_KEEP_FIRST(rc, a->ops->va_release(a->dev, a->base, a->capacity));
@@ -252,7 +263,7 @@ static int gg__release_device(gg_arena_t *a) {
 
 static int gg__release_device_or_say(gg_arena_t *a, void *unused) {
   (void)unused;
-  int rc = gg__release_device(a);
+  int rc = gg__release_device(a, true);
   if (rc < 0)
     fprintf(stderr, "gpuguard: arena '%s': giving its memory back at the guard's teardown: %s\n", a->name,
             gg_last_error());
@@ -309,7 +320,7 @@ int gg_arena_destroy(gg_arena_t *a) {
   bool torn = a->magic == GG__TORN;
   atomic_store(&a->magic, GG__DEAD);
   gg__tcache_detach_all(a);
-  if (!torn) rc = gg__release_device(a);
+  if (!torn) rc = gg__release_device(a, false);
   gg__arena_free_metadata(a);
   pthread_mutex_unlock(&a->lock);
   /* Calls that counted themselves before the handle died leave at once (they find it dead); the lock

@@ -87,29 +87,80 @@ static int gg__kill_known(pid_t pid, int pidfd, unsigned long long start) {
   return kill(pid, SIGKILL) == 0;
 }
 
+/* ---- a process group, only as far as it is ours ------------------------------------------------------ */
+
+typedef struct gg__group {
+  pid_t pgrp, me;
+  int sig;
+  bool foreign; /* some member runs as another user */
+  bool send;    /* second pass: signal our members one by one */
+} gg__group_t;
+
+static int gg__group_visit(const gg__pinfo_t *p, void *user) {
+  gg__group_t *g = user;
+  if (p->pgrp != g->pgrp || p->pid == g->me || p->state == 'Z' || p->state == 'X') return 0;
+  uid_t uid;
+  bool mine = gg__proc_uid(p->pid, &uid) == 0 && uid == getuid();
+  if (!g->send) {
+    g->foreign |= !mine;
+    return 0;
+  }
+  if (mine && p->pid > 1) kill(p->pid, g->sig);
+  return 0;
+}
+
+int gg__proc_signal_group(pid_t pgrp, int sig) {
+  if (pgrp <= 1 || pgrp == getpgrp()) return 0;
+  gg__group_t g = {.pgrp = pgrp, .me = getpid(), .sig = sig};
+  int rc = gg__proc_walk(gg__group_visit, &g);
+  if (rc < 0) return rc; /* cannot see the members: signal none */
+  if (!g.foreign) {
+    kill(-pgrp, sig);
+    return 0;
+  }
+  g.send = true;
+  gg__proc_walk(gg__group_visit, &g);
+  return 1;
+}
+
+/* The group `pid` leads, when pid is still held by the process recorded with `start` (0: not recorded;
+ * pid is then an unreaped child of ours, which cannot be reused). A reused pid has another start time,
+ * and only the same process can still lead the group numbered after it. */
+static void gg__fatal_group(pid_t pid, unsigned long long start) {
+  gg__pinfo_t info;
+  if (gg__proc_read_stat(pid, &info) == 0 && info.pgrp == pid && (!start || info.start == start))
+    gg__proc_signal_group(pid, SIGKILL);
+}
+
 static int gg__fatal_child(const gg__pinfo_t *info, void *user) {
   pid_t me = *(const pid_t *)user;
-  /* Our child (alive or zombie): its pid cannot be reused until we reap it, so kill() is exact. */
-  if (info->ppid == me && info->pid > 1 && info->pid != me) {
+  /* Our child (alive or zombie): its pid cannot be reused until we reap it, so kill() is exact. One
+   * running as another user (a setuid program) is not ours to end, as in the teardown's sweep. */
+  uid_t uid;
+  if (info->ppid == me && info->pid > 1 && info->pid != me && gg__proc_uid(info->pid, &uid) == 0 &&
+      uid == getuid()) {
     kill(info->pid, SIGKILL);
-    if (info->pgrp == info->pid && info->pgrp != getpgrp()) kill(-info->pid, SIGKILL);
+    if (info->pgrp == info->pid) gg__fatal_group(info->pid, info->start);
   }
   return 0;
 }
 
+/* Trap: kill(-pgid) from here once reached whatever the group held, another user's process too (a
+ * setuid program the job ran, or root's runner), and a group numbered after a leader whose pid was
+ * reused. A pidfd names one process, never its group, so it cannot make kill(-pgid) exact by itself:
+ * the leader is proven first (pidfd, or pid + start time re-read after the kill), then the group is
+ * scanned in /proc (open/read/getdents64 only) and, when a member runs as another user, only our
+ * members are signalled, one by one. */
 void gg__proc_fatal_kill(int sig, void *user) {
   (void)sig, (void)user;
   int saved = errno;
   pid_t me = getpid();
   if (atomic_load(&gg__snap_owner) == (int)me) {
-    pid_t group = getpgrp();
     for (int i = 0; i < GG__SNAP_MAX; i++) {
       pid_t pid = atomic_load(&gg__snap[i].pid);
       if (pid <= 1) continue;
-      int held = gg__kill_known(pid, atomic_load(&gg__snap[i].pidfd), atomic_load(&gg__snap[i].start));
-      gg__pinfo_t info;
-      if (held && gg__proc_read_stat(pid, &info) == 0 && info.pgrp == pid && pid != group)
-        kill(-pid, SIGKILL);
+      unsigned long long start = atomic_load(&gg__snap[i].start);
+      if (gg__kill_known(pid, atomic_load(&gg__snap[i].pidfd), start)) gg__fatal_group(pid, start);
     }
   }
   int sub = 0;
@@ -479,15 +530,20 @@ static int gg__resolve(const char *name, char *out, size_t cap) {
   return gg__err(GG_ENOTFOUND, "gg_proc_spawn: '%s' not found in PATH", name);
 }
 
-/* The child's environment: the caller's, plus GPUGUARD_SESSION when we have one and it lacks it. */
-static int gg__child_env(char *const *env, char ***out, char **owned) {
+/* The child's environment, built here and given to execve(): the process environment is never written
+ * (setenv() with threads running races with their getenv()). An environment the caller passed keeps its
+ * own GPUGUARD_SESSION and gets ours only when it has none; an inherited one (environ) has ours in place
+ * of any it carries (which may name a dead session this process did not join). */
+static int gg__child_env(char *const *env, bool explicit_env, char ***out, char **owned) {
   *out = NULL, *owned = NULL;
   char session[40];
   gg_registry_session(session, sizeof session);
   if (!env || !session[0]) return 0;
-  size_t n = 0;
+  size_t n = 0, kept = 0;
   for (; env[n]; n++)
-    if (strncmp(env[n], "GPUGUARD_SESSION=", 17) == 0) return 0;
+    if (strncmp(env[n], "GPUGUARD_SESSION=", 17) == 0) {
+      if (explicit_env || strcmp(env[n] + 17, session) == 0) return 0;
+    }
   char **e = malloc((n + 2) * sizeof *e);
   size_t len = strlen(session) + 18;
   char *kv = malloc(len);
@@ -496,8 +552,9 @@ static int gg__child_env(char *const *env, char ***out, char **owned) {
     return gg__err(GG_ENOMEM, "gg_proc_spawn: out of host memory");
   }
   snprintf(kv, len, "GPUGUARD_SESSION=%s", session);
-  memcpy(e, env, n * sizeof *e);
-  e[n] = kv, e[n + 1] = NULL;
+  for (size_t i = 0; i < n; i++)
+    if (strncmp(env[i], "GPUGUARD_SESSION=", 17) != 0) e[kept++] = env[i];
+  e[kept] = kv, e[kept + 1] = NULL;
   *out = e, *owned = kv;
   return 0;
 }
@@ -539,7 +596,7 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
   char path[4096];
   if ((rc = gg__resolve(argv[0], path, sizeof path)) != 0) return rc;
   char **env = NULL, *kv = NULL;
-  if ((rc = gg__child_env(r.opts.env, &env, &kv)) != 0) return rc;
+  if ((rc = gg__child_env(r.opts.env ? r.opts.env : environ, r.opts.env != NULL, &env, &kv)) != 0) return rc;
   r.path = path;
   r.argv = (char *const *)argv; /* execve's prototype predates const; it does not write */
   r.envp = env ? env : r.opts.env ? r.opts.env : environ;

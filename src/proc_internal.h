@@ -48,6 +48,12 @@ void gg__proc_forget_set(const void *guard_key);
  * guard layer adds it to signal.c's crash-hook table. */
 void gg__proc_fatal_kill(int sig, void *user);
 
+/* [AS-safe] Sends sig to process group pgrp only as far as it is ours: as a whole (kill(-pgrp)) when
+ * every member runs as our real uid, else to each member of ours one by one. Never our own group or
+ * pgrp <= 1. Returns 0 (whole group), 1 (another user's member was there: ours only), or -errno when
+ * /proc cannot be read (then nothing is signalled). The caller proves the group is the one it means. */
+int gg__proc_signal_group(pid_t pgrp, int sig);
+
 /* The guard layer vouches for a guard key before a child is recorded for it: fn returns 0 when key
  * is a live guard that is not being torn down, else GG_EINVAL / GG_ESTATE with a message naming call.
  * Set once by guard.c before its first guard exists; without it every non-NULL key is accepted. */

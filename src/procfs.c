@@ -98,8 +98,11 @@ int gg__proc_uid(pid_t pid, uid_t *uid) {
   gg__proc_path(path, sizeof path, pid, "status");
   ssize_t len = gg__read_small(path, buf, sizeof buf);
   if (len < 0) return (int)len;
-  const char *line = strstr(buf, "\nUid:");
-  if (!line) return -EINVAL;
+  /* A plain scan rather than strstr(): the fatal path asks this too (async-signal-safe). */
+  const char *line = buf;
+  while (*line && !(line[0] == '\n' && line[1] == 'U' && line[2] == 'i' && line[3] == 'd' && line[4] == ':'))
+    line++;
+  if (!*line) return -EINVAL;
   const char *p = line + 5;
   while (*p == '\t' || *p == ' ') p++;
   if (*p < '0' || *p > '9') return -EINVAL;

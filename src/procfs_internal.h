@@ -20,7 +20,7 @@ int gg__proc_read_stat(pid_t pid, gg__pinfo_t *out);
  * another pid namespace than ours (unshare --pid without remounting /proc): /proc/PID would be another
  * process there. */
 int gg__proc_read_self(gg__pinfo_t *out);
-/* Real uid of PID from /proc/PID/status. 0 or -errno. */
+/* [AS-safe] Real uid of PID from /proc/PID/status. 0 or -errno. */
 int gg__proc_uid(pid_t pid, uid_t *uid);
 /* The inode of PID's pid namespace (readlink /proc/PID/ns/pid: "pid:[INODE]"; PID 0: this process,
  * through /proc/self). 0 or -errno (EACCES for another user's process). */

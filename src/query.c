@@ -93,6 +93,12 @@ const char *gg_process_class_name(gg_process_class_t cls) {
   return "unknown";
 }
 
+/* A row whose pid names no process we can tell: only the driver's figures are known. */
+static void gg__row_unjoined(gg_process_t *row) {
+  row->state = '?';
+  snprintf(row->user, sizeof row->user, "?");
+}
+
 /* Fills the /proc side of a row and a first classification (the session registry refines it). */
 static void gg__join_proc(gg_process_t *row, uid_t me) {
   gg__pinfo_t st;
@@ -108,9 +114,7 @@ static void gg__join_proc(gg_process_t *row, uid_t me) {
       snprintf(row->user, sizeof row->user, "%u", (unsigned)uid);
     if (uid != me) row->cls = GG_PROCESS_FOREIGN;
   } else {
-    /* Another PID namespace (a container) or already gone: only the driver's figures are known. */
-    row->state = '?';
-    snprintf(row->user, sizeof row->user, "?");
+    gg__row_unjoined(row); /* another PID namespace (a container) or already gone */
   }
 }
 
@@ -207,6 +211,20 @@ static void gg__classify(gg_process_t *row, const gg__sessions_t *s) {
   }
 }
 
+/* The initial pid namespace's inode (PROC_PID_INIT_INO, fixed by the kernel since 3.8). */
+#define GG__INIT_PIDNS_INO 0xEFFFFFFCULL
+
+/* Can NVML's pids be taken as pids of our /proc? In the initial pid namespace they are. In any other (a
+ * container) the driver gives host pids (older drivers) or pids of the caller's namespace (newer ones),
+ * and nothing says which: pid 40 of the host may be pid 40 here too, another process (issue 16 item 16).
+ * GPUGUARD_TEST_PIDNS ("initial" or "child") lets tests choose. */
+static bool gg__nvml_pids_local(void) {
+  const char *t = gg__env("GPUGUARD_TEST_PIDNS");
+  if (t) return strcmp(t, "child") != 0;
+  unsigned long long ino = 0;
+  return gg__proc_pidns(0, &ino) != 0 || ino == GG__INIT_PIDNS_INO;
+}
+
 int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
   if (!count) return gg__err(GG_EINVAL, "gg_process_list: count is NULL");
   if (!rows && cap) return gg__err(GG_EINVAL, "gg_process_list: rows is NULL but cap is %zu", cap);
@@ -261,6 +279,7 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
   size_t total = 0;
   gg__sessions_t sessions;
   gg__sessions_load(&sessions);
+  bool local = gg__nvml_pids_local();
   for (size_t i = 0; i < ngp + nfd; i++) {
     int pid = i < ngp ? (int)gp[i].pid : fdp[i - ngp];
     bool listed = false;
@@ -273,7 +292,15 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
       row->device = device;
       row->used_bytes = i < ngp ? gp[i].used : -1;
       row->cls = (i >= ngp && nvml) ? GG_PROCESS_FD_HOLDER : GG_PROCESS_UNKNOWN;
-      gg__join_proc(row, me);
+      /* Outside the initial pid namespace a driver's pid is joined with /proc only when that process
+       * of ours holds the device open (so it is a GPU process here); the rest are shown unjoined, never
+       * as whatever unrelated process has that number here. */
+      bool held = local || i >= ngp;
+      for (size_t j = 0; !held && j < nfd; j++) held = fdp[j] == pid;
+      if (held)
+        gg__join_proc(row, me);
+      else
+        gg__row_unjoined(row);
       if (row->cls != GG_PROCESS_FD_HOLDER) gg__classify(row, &sessions);
     }
     total++;

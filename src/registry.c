@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -158,7 +159,10 @@ static pid_t gg__session_pid;
 static void gg__session_init(int dfd, const char *dir) {
   if (gg__session[0] && gg__session_pid == getpid()) return;
   gg__session_pid = getpid();
-  const char *inherited = gg__env("GPUGUARD_SESSION");
+  /* A forked child holds its parent's session in memory (the environment is never written: below). */
+  char forked[sizeof gg__session];
+  gg__strlcpy(forked, gg__session, sizeof forked);
+  const char *inherited = forked[0] ? forked : gg__env("GPUGUARD_SESSION");
   if (inherited && gg__session_ok(inherited)) {
     gg__leader_find_t f = {inherited, false};
     gg__err_saved_t saved;
@@ -186,7 +190,8 @@ static void gg__session_init(int dfd, const char *dir) {
   }
   for (size_t i = 0; i < sizeof raw; i++) snprintf(gg__session + 2 * i, 3, "%02x", raw[i]);
   gg__strlcpy(gg__role, "leader", sizeof gg__role);
-  setenv("GPUGUARD_SESSION", gg__session, 1); /* children spawned from now on inherit it */
+  /* Not setenv(): it races with getenv() on every other thread (the C library's environment has no
+   * lock readers take). gg_proc_spawn() gives the id to its children in their own environment array. */
 }
 
 /* Keeps a record one line per field: newlines and other control bytes in free text become '?'. */
@@ -390,6 +395,50 @@ static unsigned long long gg__my_pidns(void) {
   return gg__proc_pidns(0, &ns) == 0 ? ns : 0;
 }
 
+/* Reads and judges record `name` of dfd (written by pid `pid`): 0 when it is a valid record of ours,
+ * -1 when it was skipped (with a warning naming `shown`, unless it vanished). */
+static int gg__reg_read(int dfd, const char *name, const char *shown, pid_t pid, unsigned long long my_ns,
+                        gg__rec_t *rec) {
+  int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT)
+      gg__warn(shown, "cannot open it (%s)", errno == ELOOP ? "a symlink" : strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  char text[GG__REC_MAX + 1];
+  ssize_t len = -1;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    gg__warn(shown, "not a regular file");
+  else if (st.st_uid != geteuid())
+    gg__warn(shown, "owned by uid %u, not by us", (unsigned)st.st_uid);
+  else if (st.st_mode & 022)
+    gg__warn(shown, "writable by group or others");
+  else if (st.st_size > GG__REC_MAX)
+    gg__warn(shown, "larger than a record can be");
+  else
+    len = read(fd, text, GG__REC_MAX);
+  close(fd);
+  if (len < 0) return -1;
+  text[len] = '\0';
+  if (memchr(text, '\0', (size_t)len) || !gg__parse_record(text, pid, rec)) {
+    gg__warn(shown, "corrupt record");
+    return -1;
+  }
+  gg_session_record_t *r = &rec->r;
+  rec->foreign = rec->pidns && my_ns && rec->pidns != my_ns;
+  if (rec->foreign) {
+    bool parent_alive;
+    r->stale = gg__foreign_stale(rec, &parent_alive);
+    r->parent_alive = parent_alive;
+  } else {
+    gg__pinfo_t info;
+    r->stale = gg__proc_read_stat(r->pid, &info) != 0 || info.start != r->start_time || info.state == 'Z';
+    r->parent_alive = r->ppid > 0 && gg__proc_read_stat(r->ppid, &info) == 0 && info.state != 'Z';
+  }
+  return 0;
+}
+
 /* Under gg__reg_lock: reads every valid record in dfd; the rest is warned about and skipped. */
 static int gg__reg_scan(int dfd, const char *call, const char *dir, gg__rec_fn fn, void *user) {
   int dfd2 = dup(dfd);
@@ -403,7 +452,7 @@ static int gg__reg_scan(int dfd, const char *call, const char *dir, gg__rec_fn f
   const struct dirent *e;
   while ((e = readdir(d))) {
     const char *name = e->d_name;
-    if (name[0] == '.') continue; /* ".", "..", and records being written */
+    if (name[0] == '.') continue; /* ".", "..", and records being written or pruned */
     char *end = NULL;
     errno = 0;
     long pid = strtol(name, &end, 10);
@@ -411,44 +460,8 @@ static int gg__reg_scan(int dfd, const char *call, const char *dir, gg__rec_fn f
       gg__warn(name, "not a record name (PID.rec)");
       continue;
     }
-    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno != ENOENT)
-        gg__warn(name, "cannot open it (%s)", errno == ELOOP ? "a symlink" : strerror(errno));
-      continue;
-    }
-    struct stat st;
-    char text[GG__REC_MAX + 1];
-    ssize_t len = -1;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-      gg__warn(name, "not a regular file");
-    else if (st.st_uid != geteuid())
-      gg__warn(name, "owned by uid %u, not by us", (unsigned)st.st_uid);
-    else if (st.st_mode & 022)
-      gg__warn(name, "writable by group or others");
-    else if (st.st_size > GG__REC_MAX)
-      gg__warn(name, "larger than a record can be");
-    else
-      len = read(fd, text, GG__REC_MAX);
-    close(fd);
-    if (len < 0) continue;
-    text[len] = '\0';
     gg__rec_t rec;
-    if (memchr(text, '\0', (size_t)len) || !gg__parse_record(text, (pid_t)pid, &rec)) {
-      gg__warn(name, "corrupt record");
-      continue;
-    }
-    gg_session_record_t *r = &rec.r;
-    rec.foreign = rec.pidns && my_ns && rec.pidns != my_ns;
-    if (rec.foreign) {
-      bool parent_alive;
-      r->stale = gg__foreign_stale(&rec, &parent_alive);
-      r->parent_alive = parent_alive;
-    } else {
-      gg__pinfo_t info;
-      r->stale = gg__proc_read_stat(r->pid, &info) != 0 || info.start != r->start_time || info.state == 'Z';
-      r->parent_alive = r->ppid > 0 && gg__proc_read_stat(r->ppid, &info) == 0 && info.state != 'Z';
-    }
+    if (gg__reg_read(dfd, name, name, (pid_t)pid, my_ns, &rec) != 0) continue;
     if ((rc = fn(dfd, name, &rec, user)) != 0) break;
   }
   closedir(d);
@@ -497,8 +510,39 @@ int gg_registry_list(gg_session_record_t *rows, size_t cap, size_t *count) {
   return gg__registry_list_ns(rows, NULL, cap, count);
 }
 
+static void (*_Atomic gg__prune_hook)(int dfd, const char *name);
+void gg__registry_test_prune_hook(void (*fn)(int dfd, const char *name)) {
+  atomic_store(&gg__prune_hook, fn);
+}
+
+/* rename() that fails with EEXIST instead of replacing a file at `to`. */
+static int gg__rename_noreplace(int dfd, const char *from, const char *to) {
+#ifdef SYS_renameat2
+  return (int)syscall(SYS_renameat2, dfd, from, dfd, to, 1 /* RENAME_NOREPLACE */);
+#else
+  if (linkat(dfd, from, dfd, to, 0) != 0) return -1;
+  return unlinkat(dfd, from, 0);
+#endif
+}
+
+/* Trap: the record judged stale may be replaced before it is removed (its pid reused by a process
+ * that registered since, renaming its fresh record over the name): unlinking by name would remove a
+ * live record. So the file is first renamed to a name of our own, which atomically makes whatever is
+ * there ours alone, and judged again there: still stale, it goes; live, it is put back under its name
+ * unless a newer record took the name meanwhile (then that newer one is the process's record). */
 static int gg__prune_one(int dfd, const char *name, const gg__rec_t *r, void *user) {
-  if (r->r.stale && unlinkat(dfd, name, 0) == 0) ++*(size_t *)user;
+  if (!r->r.stale) return 0;
+  void (*hook)(int, const char *) = atomic_load(&gg__prune_hook);
+  if (hook) hook(dfd, name);
+  char mine[96];
+  snprintf(mine, sizeof mine, ".prune.%d.%s", (int)getpid(), name);
+  if (renameat(dfd, name, dfd, mine) != 0) return 0; /* gone already */
+  gg__rec_t again;
+  if (gg__reg_read(dfd, mine, name, r->r.pid, gg__my_pidns(), &again) == 0 && again.r.stale) {
+    if (unlinkat(dfd, mine, 0) == 0) ++*(size_t *)user;
+  } else if (gg__rename_noreplace(dfd, mine, name) != 0) {
+    unlinkat(dfd, mine, 0);
+  }
   return 0;
 }
 

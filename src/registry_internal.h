@@ -14,6 +14,10 @@ void gg__registry_fatal_unlink(void);
  * nothing here; foreign may be NULL). */
 int gg__registry_list_ns(gg_session_record_t *rows, unsigned char *foreign, size_t cap, size_t *count);
 
+/* Test hook: fn(dfd, name) runs in gg_registry_prune() after a record was judged stale and before it
+ * is removed (where another process may replace it). NULL turns it off. */
+void gg__registry_test_prune_hook(void (*fn)(int dfd, const char *name));
+
 /* fork.c's handler calls these in the lock order (see fork.c): take the lock, then release it. */
 void gg__registry_fork_prepare(void);
 void gg__registry_fork_parent(void);

@@ -329,6 +329,7 @@ static struct {
   pthread_mutex_t lock;
   pthread_cond_t cond;    /* CLOCK_MONOTONIC */
   unsigned long long seq; /* bumped at every arm and disarm: the thread then looks again */
+  bool quit;              /* the guard thread could not start: the watchdog ends too (gg__start) */
   gg__wd_slot_t slot[GG__WD_SLOTS];
 } gg__wd;
 
@@ -385,6 +386,10 @@ static void *gg__watchdog_main(void *arg) {
   pthread_mutex_lock(&gg__wd.lock);
   gg__wd_slot_t *due = NULL;
   while (!due) {
+    if (gg__wd.quit) {
+      pthread_mutex_unlock(&gg__wd.lock);
+      return NULL;
+    }
     gg__wd_slot_t *first = NULL;
     for (int i = 0; i < GG__WD_SLOTS; i++)
       if (gg__wd.slot[i].armed && (!first || gg__ts_before(&gg__wd.slot[i].deadline, &first->deadline)))
@@ -463,14 +468,18 @@ static void *gg__guard_main(void *arg) {
   }
 }
 
-/* Creates a thread with every signal blocked, so handlers run on the application's threads. */
-static int gg__spawn(pthread_t *t, void *(*fn)(void *), void *arg) {
+/* Test hook: the Nth thread gg__start() creates fails as pthread_create does without resources. */
+static atomic_int gg__fail_thread;
+void gg__sig_test_fail_start(int nth) { atomic_store(&gg__fail_thread, nth); }
+
+/* Creates a joinable thread with every signal blocked, so handlers run on the application's threads. */
+static int gg__spawn(pthread_t *t, void *(*fn)(void *), void *arg, int nth) {
+  if (atomic_load(&gg__fail_thread) == nth) return EAGAIN;
   sigset_t all, prev;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, &prev);
   int e = pthread_create(t, NULL, fn, arg);
   pthread_sigmask(SIG_SETMASK, &prev, NULL);
-  if (e == 0) pthread_detach(*t);
   return e;
 }
 
@@ -492,16 +501,25 @@ static int gg__start(void) {
   pthread_cond_init(&gg__wd.cond, &ca);
   pthread_condattr_destroy(&ca);
   for (int i = 0; i < GG__WD_SLOTS; i++) gg__wd.slot[i].armed = false;
-  pthread_t t;
-  int e = gg__spawn(&t, gg__watchdog_main, NULL);
-  if (e == 0) {
-    e = gg__spawn(&t, gg__guard_main, (void *)(intptr_t)fds[0]);
-    /* The watchdog waits unarmed forever: harmless if the guard thread could not start. */
+  gg__wd.quit = false;
+  pthread_t wd, guard;
+  int e = gg__spawn(&wd, gg__watchdog_main, NULL, 1);
+  const char *which = "watchdog";
+  if (e == 0 && (e = gg__spawn(&guard, gg__guard_main, (void *)(intptr_t)fds[0], 2)) != 0) {
+    /* Trap: a watchdog left waiting here would sit on the lock and condition variable that the next
+     * gg__start() initialises again. It is told to end and joined: nothing is left behind. */
+    which = "guard";
+    pthread_mutex_lock(&gg__wd.lock);
+    gg__wd.quit = true;
+    pthread_cond_broadcast(&gg__wd.cond);
+    pthread_mutex_unlock(&gg__wd.lock);
+    pthread_join(wd, NULL);
   }
   if (e != 0) {
     close(fds[0]), close(fds[1]);
-    return gg__err(GG_ENOMEM, "gg_guard_create: cannot start the guard threads: %s", strerror(e));
+    return gg__err(GG_ENOMEM, "gg_guard_create: cannot start the %s thread: %s", which, strerror(e));
   }
+  pthread_detach(wd), pthread_detach(guard);
   gg__sig.pipe_r = fds[0];
   atomic_store(&gg__sig.pipe_w, fds[1]);
   atomic_store(&gg__sig.pid, (int)getpid());

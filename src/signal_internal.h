@@ -40,6 +40,9 @@ unsigned gg__bit_of_sig(int sig);
  * generation), remembers on_signal, and installs the handlers of `mask` (refcounted per signal;
  * previous actions saved). */
 int gg__sig_acquire(unsigned mask, gg__sig_teardown_fn on_signal);
+/* Test hook: the nth thread the next start creates (1 the watchdog, 2 the guard thread; 0 none) fails
+ * with EAGAIN, as pthread_create does when the process is out of threads. */
+void gg__sig_test_fail_start(int nth);
 /* Drops one use of each signal of mask; restores the saved action of a signal whose last user left
  * (when ours is still installed). */
 void gg__sig_release(unsigned mask);

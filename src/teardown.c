@@ -93,42 +93,11 @@ static bool gg__poll_exited(gg__target_t *t) {
   return t->exited;
 }
 
-/* ---- a process group, only as far as it is ours ---------------------------------------------------------
- */
-
-typedef struct gg__group {
-  pid_t pgrp, me;
-  int sig;
-  bool foreign; /* some member runs as another user */
-  bool send;    /* second pass: signal our members one by one */
-} gg__group_t;
-
-static int gg__group_visit(const gg__pinfo_t *p, void *user) {
-  gg__group_t *g = user;
-  if (p->pgrp != g->pgrp || p->pid == g->me || p->state == 'Z' || p->state == 'X') return 0;
-  uid_t uid;
-  bool mine = gg__proc_uid(p->pid, &uid) == 0 && uid == getuid();
-  if (!g->send) {
-    g->foreign |= !mine;
-    return 0;
-  }
-  if (mine && p->pid > 1) kill(p->pid, g->sig);
-  return 0;
-}
-
 /* kill(-pgrp) would reach every member, another user's too (root's teardown, or a setuid program in the
  * job's group: issue 16 item 4). When a member is not ours, the group is not signalled as a whole: each
  * member of ours is, and the receipt says so (GG_PROC_SENT_GROUP_FOREIGN). */
-static void gg__signal_group(gg__td_t *td, pid_t pgrp, int sig, unsigned *sent) {
-  gg__group_t g = {.pgrp = pgrp, .me = td->me, .sig = sig};
-  if (gg__proc_walk(gg__group_visit, &g) < 0) return; /* cannot see the members: signal none */
-  if (!g.foreign) {
-    kill(-pgrp, sig);
-    return;
-  }
-  *sent |= GG_PROC_SENT_GROUP_FOREIGN;
-  g.send = true;
-  gg__proc_walk(gg__group_visit, &g);
+static void gg__signal_group(pid_t pgrp, int sig, unsigned *sent) {
+  if (gg__proc_signal_group(pgrp, sig) == 1) *sent |= GG_PROC_SENT_GROUP_FOREIGN;
 }
 
 static atomic_bool gg__mute;
@@ -157,7 +126,7 @@ static void gg__send(gg__td_t *td, gg__target_t *t, int sig, unsigned flag) {
   gg__pinfo_t info;
   if (gg__proc_read_stat(pid, &info) == 0 && info.pgrp == pid && pid != getpgrp() &&
       (!t->kid.start || info.start == t->kid.start))
-    gg__signal_group(td, pid, sig, &t->out.sent);
+    gg__signal_group(pid, sig, &t->out.sent);
 }
 
 /* ---- discovery: descendants, group members and (as subreaper) orphans of the targets ------------------ */

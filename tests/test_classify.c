@@ -18,6 +18,7 @@ static int setup(void **state) {
   mkdir(regdir, 0700);
   setenv("GPUGUARD_REGISTRY_DIR", regdir, 1);
   setenv("GPUGUARD_NVML_LIBRARY", GG_FAKE_NVML, 1);
+  setenv("GPUGUARD_TEST_PIDNS", "initial", 1); /* the stand-in NVML lists pids of our /proc */
   unsetenv("FAKE_NVML_LOG");
   unsetenv("GPUGUARD_SESSION");
   return 0;
@@ -67,6 +68,18 @@ static pid_t start_sleeper(void) {
   return p;
 }
 
+/* A sleeper started by gg_proc_spawn, which gives it this process's session in its own environment
+ * (the process environment is never written). No death signal: it must outlive a dying leader. */
+static pid_t spawn_sleeper(void) {
+  gg_spawn_options_t o;
+  gg_spawn_options_init(&o);
+  o.death_signal = 0;
+  const char *argv[] = {"sleep", "30", NULL};
+  pid_t p = -1;
+  gg_assert_ok(gg_proc_spawn(NULL, argv, &o, &p)); /* returns once it has exec'd */
+  return p;
+}
+
 /* Waits until pid's parent is no longer `was` (it was reparented), up to 5 s. */
 static void wait_reparented(pid_t pid, pid_t was) {
   gg__pinfo_t info;
@@ -96,7 +109,7 @@ static void test_guarded_session(void **state) {
   gg_assert_ok(gg_registry_register("0")); /* this process leads a new session... */
   char session[40];
   gg_assert_ok(gg_registry_session(session, sizeof session));
-  pid_t s = start_sleeper(); /* ...which its exec'd child inherits through the environment */
+  pid_t s = spawn_sleeper(); /* ...which its spawned child gets in its environment */
   pid_t both[2] = {getpid(), s};
   gg_process_t me = row_of(getpid(), both, 2), child = row_of(s, both, 2);
   assert_int_equal(me.cls, GG_PROCESS_GUARDED);
@@ -116,7 +129,7 @@ static void test_orphan_of_a_dead_leader(void **state) {
   if (leader == 0) {
     /* A leader that starts a worker and dies without unregistering (as after SIGKILL). */
     if (gg_registry_register("0") != 0) _exit(1);
-    pid_t w = start_sleeper();
+    pid_t w = spawn_sleeper();
     if (write(fds[1], &w, sizeof w) != sizeof w) _exit(1);
     _exit(0);
   }

@@ -69,6 +69,65 @@ static void test_teardown_releases_attached_arena(void **state) {
   gg_assert_fails(gg_arena_destroy(a), GG_EINVAL, "not a live arena");
 }
 
+/* Teardown waits for every stream of the context, not only the arena's, before unmapping: a kernel on
+ * another stream may use the arena's memory (issue 16 item 16). A held host stream stands for such a
+ * kernel; a thread releases it once the teardown is seen waiting, and checks nothing was unmapped yet. */
+typedef struct keeper {
+  void *busy;
+  unsigned long long u0; /* unmaps before the teardown */
+} keeper_t;
+
+static void *stream_keeper(void *arg) {
+  void *busy = ((keeper_t *)arg)->busy;
+  unsigned long long u0 = ((keeper_t *)arg)->u0;
+  /* Until the teardown waits on the context (ctx_sync counted) or has unmapped already; 10 s at most. */
+  for (int i = 0; i < 10000 && gg_host_op_count("ctx_sync") == 0 &&
+                  gg_host_op_count("unmap") + gg_host_op_count("unmap_range") == u0;
+       i++)
+    usleep(1000);
+  bool early = gg_host_op_count("unmap") + gg_host_op_count("unmap_range") != u0;
+  gg_host_stream_release(busy);
+  return (void *)(intptr_t)early;
+}
+
+static void test_teardown_waits_for_other_streams(void **state) {
+  (void)state;
+  gg_host_fault_set(NULL); /* counters from zero */
+  gg_guard_t *g = quiet_guard(NULL);
+  gg_arena_t *a = arena("shared-by-kernels");
+  void *p = NULL, *busy = NULL;
+  gg_assert_ok(gg_alloc(a, 2 * MiB, &p));
+  gg_assert_ok(gg_host_stream_create(&busy));
+  gg_assert_ok(gg_host_stream_hold(busy)); /* a kernel on a second stream, using p */
+  keeper_t k = {busy, gg_host_op_count("unmap") + gg_host_op_count("unmap_range")};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, stream_keeper, &k), 0);
+  gg_assert_ok(gg_guard_destroy(g));
+  void *early = NULL;
+  pthread_join(t, &early);
+  assert_null(early); /* nothing was unmapped while the other stream still ran */
+  assert_true(gg_host_op_count("unmap") + gg_host_op_count("unmap_range") > 0);
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_ok(gg_host_stream_destroy(busy));
+}
+
+/* A kernel that never ends does not hang the teardown: the wait is bounded, and the memory then goes
+ * back anyway (as at process exit). */
+static void test_teardown_bounded_when_a_stream_never_ends(void **state) {
+  (void)state;
+  size_t free0 = device_free();
+  gg_guard_t *g = quiet_guard(NULL);
+  gg_arena_t *a = arena("stuck");
+  void *p = NULL, *busy = NULL;
+  gg_assert_ok(gg_alloc(a, 2 * MiB, &p));
+  gg_assert_ok(gg_host_stream_create(&busy));
+  gg_assert_ok(gg_host_stream_hold(busy));
+  gg_assert_ok(gg_guard_destroy(g)); /* returns: bounded */
+  assert_int_equal(device_free(), free0);
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_ok(gg_host_stream_destroy(busy));
+}
+
 static void test_destroyed_first_detaches(void **state) {
   (void)state;
   gg_guard_t *g = quiet_guard(NULL);
@@ -322,6 +381,8 @@ static void test_gg_auto_arena(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_teardown_releases_attached_arena, setup),
+      cmocka_unit_test_setup(test_teardown_waits_for_other_streams, setup),
+      cmocka_unit_test_setup(test_teardown_bounded_when_a_stream_never_ends, setup),
       cmocka_unit_test_setup(test_destroyed_first_detaches, setup),
       cmocka_unit_test_setup(test_lifo_with_cleanups, setup),
       cmocka_unit_test_setup(test_cleanup_destroys_arena, setup),

@@ -15,6 +15,7 @@ static char log_path[64];
 static int setup(void **state) {
   (void)state;
   setenv("GPUGUARD_NVML_LIBRARY", GG_FAKE_NVML, 1);
+  setenv("GPUGUARD_TEST_PIDNS", "initial", 1); /* the stand-in NVML lists pids of our /proc */
   snprintf(log_path, sizeof log_path, "/tmp/gg_fake_nvml_%d.log", (int)getpid());
   unlink(log_path);
   setenv("FAKE_NVML_LOG", log_path, 1);

@@ -9,6 +9,7 @@
 
 #include "gg_test.h"
 #include "procfs_internal.h"
+#include "registry_internal.h"
 
 static char dir[64];
 
@@ -74,7 +75,7 @@ static void test_register_list_unregister(void **state) {
   char session[40];
   gg_assert_ok(gg_registry_session(session, sizeof session));
   assert_string_equal(session, rows[0].session);
-  assert_string_equal(getenv("GPUGUARD_SESSION"), session); /* exported for children */
+  assert_null(getenv("GPUGUARD_SESSION")); /* never setenv(): spawned children get it in their own envp */
 
   /* A forked worker inherits the session; after it dies without unregistering, its record is stale. */
   pid_t kid = fork();
@@ -102,16 +103,22 @@ static void test_register_list_unregister(void **state) {
   gg_assert_ok(gg_registry_unregister()); /* twice is fine */
 }
 
+/* A record of this process's pid with a start time `delta` ticks off its own, in text (for name). */
+static int self_record(char *text, size_t cap, char *name, size_t name_cap, unsigned long long delta,
+                       const char *session) {
+  gg__pinfo_t me;
+  assert_int_equal(gg__proc_read_stat(getpid(), &me), 0);
+  snprintf(name, name_cap, "%d.rec", (int)getpid());
+  return snprintf(text, cap,
+                  "gpuguard-record 1\npid %d\nstart %llu\nppid 1\nsession %s\nrole leader\ndevices \ncmd x\n",
+                  (int)getpid(), me.start + delta, session);
+}
+
 /* A record whose pid now names another process (different start time) is stale too. */
 static void test_stale_by_start_time(void **state) {
   (void)state;
-  gg__pinfo_t me;
-  assert_int_equal(gg__proc_read_stat(getpid(), &me), 0);
   char text[256], name[32];
-  snprintf(text, sizeof text,
-           "gpuguard-record 1\npid %d\nstart %llu\nppid 1\nsession ab12\nrole leader\ndevices \ncmd x\n",
-           (int)getpid(), me.start + 5);
-  snprintf(name, sizeof name, "%d.rec", (int)getpid());
+  self_record(text, sizeof text, name, sizeof name, 5, "ab12");
   write_file(name, text, 0600);
   gg_session_record_t row;
   size_t n = 0;
@@ -121,6 +128,43 @@ static void test_stale_by_start_time(void **state) {
   size_t removed = 0;
   gg_assert_ok(gg_registry_prune(&removed));
   assert_int_equal(removed, 1);
+}
+
+/* Between prune's judgement and the removal, the process whose pid the stale record names registers
+ * (rename over the name, as gg_registry_register does): its live record must stay (issue 16 item 16). */
+static void replace_with_live(int dfd, const char *name) {
+  char text[256], mine[32];
+  int len = self_record(text, sizeof text, mine, sizeof mine, 0, "cd34");
+  int fd = openat(dfd, ".live.tmp", O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, text, (size_t)len), len);
+  close(fd);
+  assert_int_equal(renameat(dfd, ".live.tmp", dfd, name), 0);
+}
+
+static void test_prune_keeps_a_record_replaced_meanwhile(void **state) {
+  (void)state;
+  char text[256], name[32];
+  self_record(text, sizeof text, name, sizeof name, 5, "ab12");
+  write_file(name, text, 0600);
+  gg__registry_test_prune_hook(replace_with_live);
+  size_t removed = 9;
+  int rc = gg_registry_prune(&removed);
+  gg__registry_test_prune_hook(NULL);
+  gg_assert_ok(rc);
+  assert_int_equal(removed, 0);
+  gg_session_record_t row;
+  size_t n = 0;
+  gg_assert_ok(gg_registry_list(&row, 1, &n));
+  assert_int_equal(n, 1); /* the live record is there, under its own name, nothing else */
+  assert_false(row.stale);
+  assert_string_equal(row.session, "cd34");
+  /* Without the replacement, the stale record still goes. */
+  write_file(name, text, 0600);
+  gg_assert_ok(gg_registry_prune(&removed));
+  assert_int_equal(removed, 1);
+  gg_assert_ok(gg_registry_list(&row, 1, &n));
+  assert_int_equal(n, 0);
 }
 
 /* Garbage, foreign-looking and symlinked records are skipped (with a warning), never listed. */
@@ -205,6 +249,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_register_list_unregister, setup, teardown),
       cmocka_unit_test_setup_teardown(test_stale_by_start_time, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_prune_keeps_a_record_replaced_meanwhile, setup, teardown),
       cmocka_unit_test_setup_teardown(test_garbage_skipped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unsafe_dir_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_default_location, setup, teardown),

@@ -52,7 +52,7 @@ static unsigned long long start_of(pid_t pid) {
 }
 
 /* In a child: registers with GPUGUARD_SESSION=session; exits 0 when the role is `want` (and, as a
- * leader, the session is a new one, exported to its own children). */
+ * leader, the session is a new one, the one its spawned children get). */
 static int register_as(const char *session, const char *want) {
   pid_t kid = fork();
   assert_true(kid >= 0);
@@ -67,7 +67,8 @@ static int register_as(const char *session, const char *want) {
       if (strcmp(rows[i].role, want) != 0) _exit(12);
       bool joined = strcmp(rows[i].session, session) == 0;
       if (joined != (strcmp(want, "worker") == 0)) _exit(13);
-      if (strcmp(getenv("GPUGUARD_SESSION"), rows[i].session) != 0) _exit(14);
+      char mine[40];
+      if (gg_registry_session(mine, sizeof mine) != 0 || strcmp(mine, rows[i].session) != 0) _exit(14);
       gg_registry_unregister();
       _exit(0);
     }

@@ -129,6 +129,7 @@ static void test_telemetry_and_not_self(void **state) {
   char procs[64];
   snprintf(procs, sizeof procs, "%d:4096", (int)getpid());
   setenv("GPUGUARD_NVML_LIBRARY", GG_FAKE_NVML, 1);
+  setenv("GPUGUARD_TEST_PIDNS", "initial", 1); /* the stand-in NVML lists pids of our /proc */
   setenv("FAKE_NVML_PROCS", procs, 1);
   setenv("FAKE_NVML_TELEMETRY", "87,40,61,412500,700000", 1);
   char *prom = render(GG_FORMAT_PROMETHEUS, GG_REPORT_DEVICES | GG_REPORT_PROCESSES);

@@ -1,18 +1,25 @@
 /* test_teardown_users.c — a teardown never signals another user's process (issue 16 item 4): a tracked
  * process leading a group that holds another user's process gets its group signalled member by member,
- * ours only, and the receipt says so. Needs root (to run a process as another uid); skipped otherwise. */
+ * ours only, and the receipt says so; the fatal path (crash hooks) keeps the same rule. Needs root (to
+ * run a process as another uid); skipped otherwise. */
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "gg_test.h"
 #include "proc_internal.h"
 
-static void test_foreign_member_of_a_group_is_spared(void **state) {
-  (void)state;
-  if (geteuid() != 0) skip();
+/* A process group led by a sleeping child, with a member of ours and one of uid 65534 (returned once
+ * it runs as that user); -1 in *leader when something failed. */
+typedef struct group3 {
+  pid_t leader, ours, foreign;
+} group3_t;
+
+static group3_t make_group(void) {
+  group3_t g = {-1, -1, -1};
   int sync[2];
-  assert_int_equal(pipe(sync), 0);
+  if (pipe(sync) != 0) return g;
   pid_t leader = fork();
   if (leader == 0) {
     setpgid(0, 0);
@@ -35,7 +42,18 @@ static void test_foreign_member_of_a_group_is_spared(void **state) {
     _exit(0);
   }
   char c;
-  assert_int_equal(read(sync[0], &c, 1), 1);
+  bool ran = read(sync[0], &c, 1) == 1;
+  close(sync[0]), close(sync[1]);
+  if (ran) g = (group3_t){leader, ours, foreign};
+  return g;
+}
+
+static void test_foreign_member_of_a_group_is_spared(void **state) {
+  (void)state;
+  if (geteuid() != 0) skip();
+  group3_t g = make_group();
+  assert_true(g.leader > 0);
+  pid_t leader = g.leader, ours = g.ours, foreign = g.foreign;
   gg_assert_ok(gg_proc_adopt(NULL, leader));
   gg_proc_receipt_t *r = NULL;
   gg_assert_ok(gg_proc_teardown_ex(NULL, 2000, &r));
@@ -78,10 +96,53 @@ static void test_group_of_ours_is_signalled(void **state) {
   gg_proc_receipt_free(r);
 }
 
+/* In a child of the test: a group led by `leader` with a member of ours and one of uid 65534; the fatal
+ * path runs (tracked: through the snapshot; subreaper: through the walk of our children). Exits 0 when
+ * our member died and the other user's member still runs, 1 when the other user's member was killed. */
+static int fatal_path_case(bool tracked) {
+  if (!tracked && prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) return 11;
+  group3_t g = make_group();
+  if (g.leader <= 0) return 12;
+  pid_t leader = g.leader, ours = g.ours, foreign = g.foreign;
+  if (tracked && gg_proc_adopt(NULL, leader) != 0) return 13;
+  gg__proc_fatal_kill(SIGSEGV, NULL);
+  int st;
+  if (waitpid(ours, &st, 0) != ours || !WIFSIGNALED(st)) return 14; /* ours went */
+  waitpid(leader, NULL, 0);
+  bool spared = waitpid(foreign, &st, WNOHANG) == 0;
+  kill(foreign, SIGKILL);
+  waitpid(foreign, NULL, 0);
+  return spared ? 0 : 1;
+}
+
+static void run_fatal_case(bool tracked) {
+  if (geteuid() != 0) skip();
+  pid_t kid = fork();
+  if (kid == 0) _exit(fatal_path_case(tracked));
+  int st = 0;
+  assert_int_equal(waitpid(kid, &st, 0), kid);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0); /* 1: another user's process got SIGKILL from our crash */
+}
+
+/* The crash path (async-signal-safe) spares another user's member of a tracked child's group. */
+static void test_fatal_path_spares_foreign_member_tracked(void **state) {
+  (void)state;
+  run_fatal_case(true);
+}
+
+/* The same through the subreaper's sweep of its children. */
+static void test_fatal_path_spares_foreign_member_subreaper(void **state) {
+  (void)state;
+  run_fatal_case(false);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_foreign_member_of_a_group_is_spared),
       cmocka_unit_test(test_group_of_ours_is_signalled),
+      cmocka_unit_test(test_fatal_path_spares_foreign_member_tracked),
+      cmocka_unit_test(test_fatal_path_spares_foreign_member_subreaper),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,7 +27,10 @@
  *  Under a guard: an arena created while a guard (see @ref gg_guard) of the same backend and device
  *  lives attaches itself to the newest such guard. The guard's teardown (explicit, at exit() or on a
  *  signal) gives the arena's device memory back, LIFO with the guard's other cleanups, after listing its
- *  live blocks in the leak report; the handle stays valid, every call on it but gg_arena_destroy() then
+ *  live blocks in the leak report. Before unmapping it waits for the work queued on every stream of the
+ *  context (kernels on other streams may use the memory too; gg_arena_destroy() waits for the arena's
+ *  stream only), at most 2 s per arena: past that the memory is unmapped anyway, as at process exit,
+ *  and stderr says so. The handle stays valid, every call on it but gg_arena_destroy() then
  *  fails with GG_ESTATE, and gg_arena_destroy() frees it. An arena destroyed first detaches itself.
  *
  *  Use after destroy: a destroyed handle stays readable for the next 64 destroys, so a late call on it

@@ -34,7 +34,8 @@ GG_BEGIN_DECLS
  *  fail with GG_ENOMEM instead of GG_EDRIVER. OP is one of: open, mem_info, reserve, release, map,
  *  unmap, unmap_range (one unmap spanning several chunks: trim and destroy), copy, set, event_create,
  *  event_record, event_query, event_sync, event_destroy, stream_sync, stream_query, ctx_reset,
- *  stream_capture, graph_retain. NULL or "" disarms every fault.
+ *  stream_capture, graph_retain, ctx_sync (a wait for every stream: the guard's teardown of an arena).
+ *  NULL or "" disarms every fault.
  *  @return 0, or GG_EINVAL naming the bad part of the spec (the previous spec then stays armed).
  *  Thread-safe. Example: `gg_host_fault_set("map:3,unmap:1+")`. */
 GG_API int gg_host_fault_set(const char *spec);

@@ -27,7 +27,8 @@
  *  - **Fork.** After fork(), sets inherited from the parent refuse use in the child (GG_ESTATE: create
  *    a new guard there); the child never signals its parent's children, and the default set starts
  *    empty in the child.
- *  - **Environment.** GPUGUARD_SESSION carries the session id to children (see @ref gg_registry).
+ *  - **Environment.** Each spawned child gets GPUGUARD_SESSION (the session id, see @ref gg_registry) in
+ *    an environment array built for it; the process environment is never written.
  *  @{ */
 
 GG_BEGIN_DECLS
@@ -285,9 +286,10 @@ GG_API int gg_registry_dir(char *buf, size_t cap);
 /** Records this process in the registry (again: replaces its record). The role is "worker" with the
  *  inherited session when GPUGUARD_SESSION is set and that session's leader is alive, runs as us and
  *  is our ancestor (a leader recorded in another PID namespace counts, unproven); else "leader" (with
- *  a line on stderr when an inherited id was not joined) with a new random session id, which
- *  is then exported as GPUGUARD_SESSION (setenv: call before starting threads that read the
- *  environment) so children inherit it.
+ *  a line on stderr when an inherited id was not joined) with a new random session id. The process
+ *  environment is never written (setenv races with getenv on other threads): gg_proc_spawn() puts
+ *  GPUGUARD_SESSION into each child's own environment, and forked children keep the id in memory; a
+ *  program that starts children by other means passes gg_registry_session() to them itself.
  *  @param devices the devices used, free text such as "0,1"; NULL for none.
  *  @return 0, or the errors of gg_registry_dir(), GG_EIO when the record cannot be written.
  *  Thread-safe with respect to other registry calls. */

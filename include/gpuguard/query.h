@@ -93,7 +93,10 @@ GG_API int gg_device_telemetry(int device, gg_device_telemetry_t *t);
 /** Lists the processes holding device @p device: from NVML (libnvidia-ml.so.1, loaded for the call and
  *  shut down after it; GPUGUARD_NVML_LIBRARY names another file), with the memory each holds; where
  *  NVML is missing, from a scan of /proc/PID/fd for /dev/nvidia* (memory unknown). Each row is joined
- *  with /proc (user, state, parent, start time, command) and classified.
+ *  with /proc (user, state, parent, start time, command) and classified. Outside the initial PID
+ *  namespace (in a container) the driver's pids may be the host's: a row is then joined only when the
+ *  process of that pid here holds the device open; the others keep the driver's pid and memory, with
+ *  state '?' and user "?" (a process outside this namespace, or one whose descriptors we cannot read).
  *  @param device the device ordinal.
  *  @param[out] rows array of @p cap rows (may be NULL when cap is 0, to ask for the count).
  *  @param cap rows available.

@@ -77,6 +77,10 @@ typedef struct gg__backend_ops {
    * of its own, when that graph and every executable graph made from it are destroyed (and their
    * launches done). destroy must not call the driver: it only marks. On failure destroy is never called. */
   int (*graph_retain)(gg__dev_t *d, void *stream, void (*destroy)(void *user), void *user);
+  /* Waits until all work queued on the device's context so far, on every stream, is done, at most
+   * timeout_ms (< 0: no limit). GG_ETIMEDOUT when the limit passed first (the work may still run; the
+   * wait is not cancelled on cuda, where it goes on on a thread of its own). */
+  int (*ctx_sync)(gg__dev_t *d, int timeout_ms);
   /* Destroy every resource of the device's primary context (opt-in, for processes owning the device). */
   int (*ctx_reset)(gg__dev_t *d);
   /* Release what open() took (the primary context retain) and free d. */

@@ -2,10 +2,13 @@
  * device's primary context, and virtual memory management with a cuMemAlloc fallback. */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/backend.h"
 #include "internal.h"
@@ -555,6 +558,100 @@ static int gg__c_graph_retain(gg__dev_t *d, void *stream, void (*destroy)(void *
   return gg__ctx_done(&s, r, what);
 }
 
+/* A bounded cuCtxSynchronize: the driver has no timed form, so the wait runs on a thread of its own
+ * that holds its own retain of the primary context (the caller may close the device meanwhile), and the
+ * caller waits for it at most timeout_ms. On timeout the thread is left to finish by itself. */
+typedef struct gg__csync {
+  pthread_mutex_t lock;
+  pthread_cond_t cond; /* CLOCK_MONOTONIC */
+  int refs;            /* the caller and the thread: the last one frees */
+  bool done;
+  CUresult r;
+  CUdevice dev;
+  CUcontext ctx;
+} gg__csync_t;
+
+static void gg__csync_put(gg__csync_t *s) {
+  pthread_mutex_lock(&s->lock);
+  bool last = --s->refs == 0;
+  pthread_mutex_unlock(&s->lock);
+  if (!last) return;
+  pthread_cond_destroy(&s->cond);
+  pthread_mutex_destroy(&s->lock);
+  free(s);
+}
+
+static void *gg__csync_main(void *arg) {
+  gg__csync_t *s = arg;
+  CUcontext dummy;
+  CUresult r = gg__cu.fn_cuCtxPushCurrent(s->ctx);
+  if (r == CUDA_SUCCESS) {
+    r = gg__cu.fn_cuCtxSynchronize();
+    gg__cu.fn_cuCtxPopCurrent(&dummy);
+  }
+  gg__cu.fn_cuDevicePrimaryCtxRelease(s->dev);
+  pthread_mutex_lock(&s->lock);
+  s->r = r, s->done = true;
+  pthread_cond_signal(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+  gg__csync_put(s);
+  return NULL;
+}
+
+static int gg__c_ctx_sync(gg__dev_t *d, int timeout_ms) {
+  if (timeout_ms < 0) GG__CU_IN_CTX(d, gg__cu.fn_cuCtxSynchronize(), "cuCtxSynchronize");
+  gg__cudev_t *c = d->impl;
+  int rc = gg__check_fork(d->fork_gen, "cuda backend");
+  if (rc < 0) return rc;
+  gg__csync_t *s = calloc(1, sizeof *s);
+  if (!s) return gg__err(GG_ENOMEM, "cuda backend: ctx_sync: out of host memory");
+  CUresult r = gg__cu.fn_cuDevicePrimaryCtxRetain(&s->ctx, c->dev);
+  if (r != CUDA_SUCCESS) {
+    free(s);
+    return gg__cu_fail(r, "cuDevicePrimaryCtxRetain");
+  }
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&s->lock, NULL);
+  pthread_cond_init(&s->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  s->refs = 2, s->dev = c->dev;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* signals go to the program's threads */
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t t;
+  int e = pthread_create(&t, &attr, gg__csync_main, s);
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (e != 0) {
+    gg__cu.fn_cuDevicePrimaryCtxRelease(c->dev);
+    s->refs = 1;
+    gg__csync_put(s);
+    return gg__err(GG_EIO, "cuda backend: ctx_sync: cannot start its thread: %s", strerror(e));
+  }
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  long long ns = until.tv_nsec + (long long)(timeout_ms % 1000) * 1000000LL;
+  until.tv_sec += timeout_ms / 1000 + (time_t)(ns / 1000000000LL), until.tv_nsec = (long)(ns % 1000000000LL);
+  pthread_mutex_lock(&s->lock);
+  int w = 0;
+  while (!s->done && w != ETIMEDOUT) w = pthread_cond_timedwait(&s->cond, &s->lock, &until);
+  bool done = s->done;
+  r = s->r;
+  pthread_mutex_unlock(&s->lock);
+  gg__csync_put(s);
+  if (!done)
+    return gg__err(GG_ETIMEDOUT,
+                   "cuda backend: cuCtxSynchronize did not return within %d ms: a kernel on some "
+                   "stream still runs",
+                   timeout_ms);
+  return r == CUDA_SUCCESS ? 0 : gg__cu_fail(r, "cuCtxSynchronize");
+}
+
 static int gg__c_ctx_reset(gg__dev_t *d) {
   gg__cudev_t *c = d->impl;
   int rc = gg__check_fork(d->fork_gen, "cuda backend");
@@ -592,6 +689,7 @@ static const gg__backend_ops_t gg__cuda_ops = {
     .stream_query = gg__c_stream_query,
     .stream_capture = gg__c_stream_capture,
     .graph_retain = gg__c_graph_retain,
+    .ctx_sync = gg__c_ctx_sync,
     .ctx_reset = gg__c_ctx_reset,
     .close = gg__c_close,
 };

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -37,7 +38,8 @@
   X(stream_query)       \
   X(ctx_reset)          \
   X(stream_capture)     \
-  X(graph_retain)
+  X(graph_retain)       \
+  X(ctx_sync)
 
 enum gg__host_op {
 #define GG__OP_ENUM(n) GG__OP_##n,
@@ -519,6 +521,36 @@ static int gg__h_stream_sync(gg__dev_t *d, void *stream) {
   return 0;
 }
 
+/* Is some live stream busy (held, or with work recorded and not yet completed)? */
+static bool gg__hlive_busy(void) {
+  bool busy = false;
+  pthread_mutex_lock(&gg__hlive.lock);
+  for (int b = 0; b < GG__HLIVE_BUCKETS && !busy; b++)
+    for (const gg__hstream_t *s = gg__hlive.bucket[b]; s && !busy; s = s->next_live)
+      busy = atomic_load(&s->held) || atomic_load(&s->completed) < atomic_load(&s->submitted);
+  pthread_mutex_unlock(&gg__hlive.lock);
+  return busy;
+}
+
+/* cuCtxSynchronize: every stream of the simulated device. A held stream stands for a kernel still
+ * running: it is waited for until released, up to the limit. */
+static int gg__h_ctx_sync(gg__dev_t *d, int timeout_ms) {
+  (void)d;
+  int rc = gg__op(GG__OP_ctx_sync);
+  if (rc < 0 || (rc = gg__hcap_touch(NULL, "ctx_sync")) < 0) return rc;
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (gg__hlive_busy()) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long long ms = (long long)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
+    if (timeout_ms >= 0 && ms >= timeout_ms)
+      return gg__err(GG_ETIMEDOUT, "host backend: ctx_sync: a stream still has work after %d ms", timeout_ms);
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  }
+  gg__busy_catch_up();
+  return 0;
+}
+
 static int gg__h_stream_query(gg__dev_t *d, void *stream) {
   (void)d;
   int rc = gg__op(GG__OP_stream_query);
@@ -804,6 +836,7 @@ static const gg__backend_ops_t gg__host_ops = {
     .stream_check = gg__h_stream_check,
     .stream_capture = gg__h_stream_capture,
     .graph_retain = gg__h_graph_retain,
+    .ctx_sync = gg__h_ctx_sync,
     .ctx_reset = gg__h_ctx_reset,
     .close = gg__h_close,
 };
