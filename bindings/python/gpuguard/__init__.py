@@ -13,7 +13,7 @@ from .errors import (DriverError, GpuGuardError, InvalidArgumentError, IOError_,
                      TimeoutError_)
 from .guard import DEFAULT_SIGNALS, SIGHUP, SIGINT, SIGNALS_FATAL, SIGQUIT, SIGTERM, Guard
 from .proc import (adopt, arm_child, close_device_fds, orphans, pid_ns_probe, registry_list, registry_register,
-                   registry_unregister, set_subreaper, spawn, teardown)
+                   registry_session, registry_unregister, set_subreaper, spawn, teardown)
 from .query import device_count, device_info, processes
 
 # Memory diagnostics, imported on first use so that `import gpuguard` stays light (none imports torch).
@@ -48,7 +48,7 @@ __all__ = [
     "OutOfMemoryError", "PermissionError_", "StateError", "TimeoutError_", "device_count", "device_info",
     "processes", "version", "Guard", "DEFAULT_SIGNALS", "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT",
     "SIGNALS_FATAL", "spawn", "adopt", "teardown", "arm_child", "set_subreaper", "close_device_fds",
-    "registry_list", "registry_register", "registry_unregister", "orphans", "pid_ns_probe",
+    "registry_list", "registry_register", "registry_session", "registry_unregister", "orphans", "pid_ns_probe",
     "holders", "Holders", "rounds", "MemoryGrowthWarning", "record", "monitor", "Monitor",
     "load_ipython_extension", "unload_ipython_extension",
 ]

@@ -221,6 +221,7 @@ FUNCTIONS: List[Tuple[str, list, Any, bool]] = [
     ("gg_registry_list", [POINTER(SessionRecord), c_size_t, POINTER(c_size_t)], _STATUS, True),
     ("gg_registry_register", [c_char_p], _STATUS, True),
     ("gg_registry_unregister", [], _STATUS, True),
+    ("gg_registry_session", [c_char_p, c_size_t], _STATUS, True),
     ("gg_orphan_list", [POINTER(Process), c_size_t, POINTER(c_size_t)], _STATUS, True),
     # the allocator plugin (PyTorch calls gg_torch_alloc/gg_torch_free itself; tests call them here)
     ("gg_plugin_set_arena", [c_int, c_void_p], _STATUS, True),

@@ -133,8 +133,18 @@ def close_device_fds() -> int:
 def registry_register(devices: Optional[str] = None) -> None:
     """Records this process in the per-user session registry (a leader with a new session id, or a worker
     of the session in GPUGUARD_SESSION), so ``gpuguard ps``/``orphans()`` can tell live workers from
-    orphans."""
+    orphans. The session id is also put into ``os.environ`` (the C library never writes the process
+    environment), so children started from Python (``subprocess``, ``multiprocessing``'s spawn and
+    forkserver workers) join the session as children started by :func:`spawn` do."""
     C.gg_registry_register(enc(devices))
+    os.environ["GPUGUARD_SESSION"] = registry_session()
+
+
+def registry_session() -> str:
+    """This process's session id ("" before registering or inheriting one)."""
+    buf = create_string_buffer(64)
+    C.gg_registry_session(buf, len(buf))
+    return buf.value.decode()
 
 
 def registry_unregister() -> None:

@@ -127,6 +127,13 @@ def test_arm_child_close_device_fds_registry_and_orphans(tmp_path, monkeypatch):
     try:
         rows = [r for r in gpuguard.registry_list() if r["pid"] == os.getpid()]
         assert rows and rows[0]["role"] == "leader" and rows[0]["devices"] == "0" and not rows[0]["stale"]
+        # The C library leaves the process environment alone; the binding exports the id, so a child
+        # started by subprocess (or multiprocessing's spawn) joins the session.
+        session = gpuguard.registry_session()
+        assert session and rows[0]["session"] == session and os.environ["GPUGUARD_SESSION"] == session
+        seen = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('GPUGUARD_SESSION', ''))"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        assert seen == session
     finally:
         gpuguard.registry_unregister()
         os.environ.pop("GPUGUARD_SESSION", None)
