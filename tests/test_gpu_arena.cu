@@ -162,6 +162,42 @@ static void test_stream_safe_reuse_long_kernel(void **state) {
   CUDA_OK(cudaStreamDestroy(s));
 }
 
+/* A guard's teardown waits for work on every stream of the context before it unmaps: a kernel on a
+ * stream the arena does not track, still writing into arena memory, finishes first (before the wait for
+ * the whole context, its late write hit unmapped memory: an illegal address that kills the context). */
+static void test_teardown_waits_for_other_streams(void **state) {
+  (void)state;
+  int khz = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  gg_guard_options_t go;
+  gg_guard_options_init(&go);
+  go.signals = 0, go.run_at_exit = false, go.leak_report = "none", go.name = "gpu-teardown-streams";
+  gg_guard_t *g = NULL;
+  gg_assert_ok(gg_guard_create(&g, &go));
+  cudaStream_t tracked, other;
+  CUDA_OK(cudaStreamCreate(&tracked));
+  CUDA_OK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  gg_arena_t *a = make(64 * MiB, 64 * MiB, tracked, "teardown-streams");
+  void *p = NULL;
+  gg_assert_ok(gg_alloc(a, 32 * MiB, &p));
+  double t0 = now_ms();
+  spin_then_write<<<1, 256, 0, other>>>((unsigned *)p, 32 * MiB / sizeof(unsigned), 300LL * khz, 0xBEEFu);
+  CUDA_OK(cudaGetLastError());
+  assert_int_equal(cudaStreamQuery(other), cudaErrorNotReady);
+  gg_assert_ok(gg_guard_destroy(g)); /* tears the arena down: its memory goes back to the driver */
+  double t1 = now_ms();
+  cudaError_t q = cudaStreamQuery(other), sync = cudaDeviceSynchronize();
+  printf("teardown with a 300 ms kernel on an untracked stream writing arena memory: returned after %.1f ms; "
+         "the kernel was %s then; device sync after: %s\n",
+         t1 - t0, q == cudaSuccess ? "done" : "still running", cudaGetErrorString(sync));
+  assert_int_equal(q, cudaSuccess); /* it was waited for before the unmap */
+  assert_int_equal(sync, cudaSuccess);
+  gg_assert_fails(gg_alloc(a, 256, &p), GG_ESTATE, "torn down by its guard");
+  gg_assert_ok(gg_arena_destroy(a));
+  CUDA_OK(cudaStreamDestroy(tracked));
+  CUDA_OK(cudaStreamDestroy(other));
+}
+
 int main(void) {
   gg_test_require_cuda();
   const struct CMUnitTest tests[] = {
@@ -169,6 +205,7 @@ int main(void) {
       cmocka_unit_test(test_kernel_writes_read_back_no_vmm),
       cmocka_unit_test(test_trim_returns_memory_to_driver),
       cmocka_unit_test(test_stream_safe_reuse_long_kernel),
+      cmocka_unit_test(test_teardown_waits_for_other_streams), /* last: without the wait it kills the context */
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
