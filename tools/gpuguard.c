@@ -446,6 +446,14 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       {"device", required_argument, 0, 'd'}, {"pid-ns", optional_argument, 0, 'p'},
       {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
   *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_AUTO, .receipt_fd = -1};
+  /* The default comes from GPUGUARD_PID_NS when it is set (empty counts as unset); --pid-ns beats it.
+   * A bad value is refused even then: a typo in a site-wide setting should not go unnoticed. */
+  const char *env_ns = getenv("GPUGUARD_PID_NS");
+  if (env_ns && *env_ns && (o->pid_ns = parse_pid_ns(env_ns)) < 0) {
+    char why[160];
+    snprintf(why, sizeof why, "GPUGUARD_PID_NS='%.80s': auto, on or off expected", env_ns);
+    return bad_usage("%s", why);
+  }
   int opt;
   while ((opt = next_opt(argc, argv, longs)) != -1) {
     if (opt == 'h') return usage(stdout, current), 0;
