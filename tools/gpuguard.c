@@ -524,6 +524,7 @@ static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
               "line). Why: %s\n",
               gg_last_error());
   }
+  if (!o->in_ns) so.pid_ns = GG_SPAWN_PID_NS_OFF; /* refused: the spawn need not try again */
   int rc = gg_proc_spawn(NULL, (const char *const *)o->cmd, &so, &r->pid);
   if (rc == 0) return -1;
   fprintf(stderr, "gpuguard run: %s\n", gg_last_error());

@@ -66,10 +66,11 @@ typedef struct gg_spawn_options {
  *
  *  With a PID namespace, the pid gg_proc_spawn() returns is a small keeper process in ours; its child
  *  is the namespace's init (pid 1 there), which runs the program as pid 2, passes signals on (those of
- *  gg_proc_job_signals(), SIGCONT and SIGWINCH), and reaps the namespace's orphans. The keeper exits with the
- * program's status (or dies of its signal). The guarantee: when the keeper dies — this process SIGKILLed and
- * the death signal fired, or a teardown — the init dies, and the kernel kills every process of the namespace
- * at once, double-forked daemons included. When the program ends, the rest of the namespace gets SIGTERM and
+ *  gg_proc_job_signals(), SIGCONT and SIGWINCH), and reaps the namespace's orphans. The keeper exits
+ *  with the program's status (or dies of its signal). The guarantee: when the keeper dies — this
+ *  process SIGKILLed and the death signal fired, or a teardown — the init dies, and the kernel kills
+ *  every process of the namespace at once, double-forked daemons included. When the program ends, the
+ *  rest of the namespace gets SIGTERM and
  *  gg_spawn_options_t::pid_ns_grace_ms (default one second) before the init exits (and the kernel
  *  kills what is left). The namespace has its own /proc (a
  *  private mount namespace), so `ps` inside shows its pids; from outside every process keeps its
