@@ -127,7 +127,8 @@ expect_rc 127 $g run --receipt "$tmp/never.json" -- /nonexistent/cmd
 [ ! -e "$tmp/never.json" ] || fail "a receipt file was left for a job that never started"
 # The receipt tells the job's truth: its command, its parent, its exit status; a background child that
 # outlived it is "reparented", not "orphan"; stderr says when the grace period starts and SIGKILL goes.
-job='(trap "" TERM; : >"$0/ready"; sleep 67) & while [ ! -e "$0/ready" ]; do sleep 0.01; done; exit 3'
+tag=$$ # in the sleeps' durations: other worktrees run this script at once
+job='(trap "" TERM; : >"$0/ready"; sleep 67.'$tag') & while [ ! -e "$0/ready" ]; do sleep 0.01; done; exit 3'
 expect_rc 3 $g run --pid-ns=off --grace 200 --receipt "$tmp/r.json" -- sh -c "$job" "$tmp"
 grep -q "got SIGTERM and a grace period of" "$tmp/err" || { cat "$tmp/err"; fail "no line when the grace period starts"; }
 grep -q "SIGKILL sent to" "$tmp/err" || { cat "$tmp/err"; fail "no line when SIGKILL is sent"; }
@@ -138,7 +139,7 @@ procs = d["teardown"]["processes"]
 job = [p for p in procs if p["pid"] == d["pid"]]
 assert len(job) == 1, procs
 job = job[0]
-assert job["command"].startswith("sh -c (trap \"\" TERM; : >\"$0/ready\"; sleep 67) &"), job
+assert job["command"].startswith("sh -c (trap \"\" TERM; : >\"$0/ready\"; sleep 67."), job
 assert job["ppid"] > 1 and job["end"] == "exited" and job["code"] == 3, job
 assert d["exit"] == {"status": 3, "signal": None} and d["exit_code"] == 3, d
 assert d["pid_ns"] is (mode == "on"), d
@@ -154,7 +155,7 @@ rm -f "$tmp/ready"
 if $g run --pid-ns=on -- true 2>"$tmp/ns.err"; then
   expect_rc 3 $g run --grace 200 --receipt "$tmp/r.json" -- sh -c "$job" "$tmp"
   python3 "$tmp/receipt.py" "$tmp/r.json" on
-  ! pgrep -x -f "sleep 67" >/dev/null || fail "--pid-ns=on: the leftover that ignores TERM outlived the job"
+  ! pgrep -x -f "sleep 67.$tag" >/dev/null || fail "--pid-ns=on: the leftover that ignores TERM outlived the job"
   # GPUGUARD_PID_NS sets the default; --pid-ns beats it.
   GPUGUARD_PID_NS=off expect_rc 0 $g run --receipt "$tmp/e.json" -- true
   python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["pid_ns"] is False' "$tmp/e.json"
@@ -165,17 +166,17 @@ if $g run --pid-ns=on -- true 2>"$tmp/ns.err"; then
   ! grep -q "PID namespace" "$tmp/err" || fail "a line about namespaces where one was made: $(cat "$tmp/err")"
   # ps from outside: a namespaced job's process by its host pid, guarded (its session is live), its
   # parent the namespace's init (a host pid too), not an orphan.
-  $g run -- sh -c 'sleep 69.25 & wait' 2>/dev/null & nsrun=$!
-  for i in $(seq 1 500); do nsjob=$(pgrep -x -f "sleep 69.25" || true); [ -n "$nsjob" ] && break; sleep 0.02; done
+  $g run -- sh -c "sleep 69.$tag & wait" 2>/dev/null & nsrun=$!
+  for i in $(seq 1 500); do nsjob=$(pgrep -x -f "sleep 69.$tag" || true); [ -n "$nsjob" ] && break; sleep 0.02; done
   [ -n "$nsjob" ] || fail "the namespaced job did not start"
   FAKE_NVML_PROCS="$nsjob:2097152" expect_rc 0 $g ps --json
   kill -TERM $nsrun; wait $nsrun 2>/dev/null || true
-  python3 - "$tmp/out" $nsjob <<'PY'
+  python3 - "$tmp/out" $nsjob $tag <<'PY'
 import json, sys
 rows = {p["pid"]: p for p in json.load(open(sys.argv[1]))["processes"]}
 me = int(sys.argv[2])
 assert me in rows, (me, rows)
-assert rows[me]["used_bytes"] == 2097152 and rows[me]["command"] == "sleep 69.25", rows[me]
+assert rows[me]["used_bytes"] == 2097152 and rows[me]["command"] == "sleep 69." + sys.argv[3], rows[me]
 assert rows[me]["class"] == "guarded" and rows[me]["orphan"] is False and rows[me]["ppid"] > 1, rows[me]
 PY
   echo "run --pid-ns: receipt, GPUGUARD_PID_NS, and ps from outside (host pid $nsjob, guarded)"

@@ -19,8 +19,14 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 export GPUGUARD_BACKEND=host GPUGUARD_REGISTRY_DIR=$tmp/registry
 unset GPUGUARD_SESSION
-# pids whose whole command line is $1 (a regex: its dots match themselves too)
-pids_of() { pgrep -x -f "$1" || true; }
+# pids whose whole command line is $1 (a regex: its dots match themselves too), started by this test:
+# they carry its registry directory in their environment (other worktrees run this script at once).
+pids_of() {
+  for p in $(pgrep -x -f "$1"); do
+    tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qxF "GPUGUARD_REGISTRY_DIR=$tmp/registry" && echo $p
+  done
+  true
+}
 ms() { date +%s%3N; }
 modes="off on"
 if ! $g run --pid-ns=on -- true 2>"$tmp/ns.err"; then

@@ -133,13 +133,13 @@ grep -q ORPHAN "$tmp/plain.txt" || fail "no orphan in the plain view"
 # A live job in a PID namespace (the default where allowed): watch shows its process by its host pid,
 # guarded, next to the orphan.
 if $g run --pid-ns=on -- true 2>"$tmp/ns.err"; then
-  $g run --pid-ns=on -- sh -c 'sleep 69.75 & wait' 2>/dev/null & nsrun=$!
+  $g run --pid-ns=on -- sh -c "sleep 69.$$ & wait" 2>/dev/null & nsrun=$!
   keep+=($nsrun)
-  for i in $(seq 1 500); do nsjob=$(pgrep -f -x 'sleep 69.75' || true); [ -n "$nsjob" ] && break; sleep 0.02; done
+  for i in $(seq 1 500); do nsjob=$(pgrep -f -x "sleep 69.$$" || true); [ -n "$nsjob" ] && break; sleep 0.02; done
   [ -n "$nsjob" ] || fail "the namespaced job did not start"
   FAKE_NVML_PROCS="$orphan:1048576,$nsjob:2097152" COLUMNS=200 $g watch --count 1 >"$tmp/ns.txt"
   kill -TERM $nsrun; wait $nsrun 2>/dev/null || true
-  grep -qE "^0 +$nsjob +[0-9]+ .* 2\.0 MiB +guarded +sleep 69\.75" "$tmp/ns.txt" ||
+  grep -qE "^0 +$nsjob +[0-9]+ .* 2\.0 MiB +guarded +sleep 69\.$$" "$tmp/ns.txt" ||
     { cat "$tmp/ns.txt"; fail "watch does not show the namespaced job's host pid $nsjob as guarded"; }
   grep -q ORPHAN "$tmp/ns.txt" || fail "the orphan is gone from the view"
   echo "watch: a job in a PID namespace is shown by its host pid ($nsjob), guarded"
