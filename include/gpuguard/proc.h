@@ -94,8 +94,9 @@ GG_API int gg_proc_pid_ns_probe(void);
  *  SIGALRM, SIGPIPE, SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ, SIGIO, SIGPWR, SIGSTKFLT and SIGRTMIN to
  *  SIGRTMAX); not SIGKILL and SIGSTOP, which cannot be taken, nor the faults (SIGSEGV, SIGBUS, SIGFPE,
  *  SIGILL, SIGABRT, SIGTRAP, SIGSYS), which are a process's own. A PID namespace's keeper (see
- *  gg_spawn_pid_ns_t) passes every one of them on, so none of them ends the keeper, and with it the
- *  namespace, before the job has had its say. `gpuguard run` takes exactly these.
+ *  gg_spawn_pid_ns_t) passes every one of them on to the program; any other signal sent to the keeper
+ *  stays pending there (it blocks them all) and never reaches the program. `gpuguard run` takes
+ *  exactly these.
  *  @param[out] sigs receives up to @p cap signal numbers; may be NULL to count them.
  *  @param cap the room in @p sigs.
  *  @return how many signals the list has (more than @p cap means it was cut). Thread-safe and
