@@ -42,9 +42,11 @@ static void gg__fmt_map(char *buf, size_t cap, unsigned id) {
 
 /* [AS-safe] Makes this (single-threaded) process's next child the first process of a new PID namespace
  * with its own mount namespace (for its /proc). As root directly; else through a new user namespace
- * that maps our uid and gid onto themselves. 1: root path, 2: user-namespace path, -1 with errno. */
-static int gg__enter(void) {
+ * that maps our uid and gid onto themselves. 1: root path, 2: user-namespace path, -1 with errno (the
+ * user namespace's refusal; *direct, when not NULL, gets the direct attempt's). */
+static int gg__enter(int *direct) {
   if (unshare(CLONE_NEWPID | CLONE_NEWNS) == 0) return 1;
+  if (direct) *direct = errno;
   unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
   if (unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS) != 0) return -1;
   char map[48];
@@ -64,40 +66,85 @@ static void gg__mount_proc(void) {
   mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 }
 
+/* Why the system refused an unprivileged user namespace, from unshare's errno (for the probe's message). */
+static const char *gg__userns_hint(int e) {
+  switch (e) {
+  case ENOSPC: return ": user.max_user_namespaces is 0 or used up";
+  case EPERM: return ": kernel.unprivileged_userns_clone=0, an AppArmor or seccomp policy, or a chroot";
+  case EINVAL: return ": a kernel without user namespaces";
+  default: return "";
+  }
+}
+
 int gg_proc_pid_ns_probe(void) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return gg__err(GG_EIO, "gg_proc_pid_ns_probe: pipe: %s", strerror(errno));
   pid_t kid = fork();
-  if (kid < 0) return gg__err(GG_EIO, "gg_proc_pid_ns_probe: fork: %s", strerror(errno));
+  if (kid < 0) {
+    int e = errno;
+    close(p[0]), close(p[1]);
+    return gg__err(GG_EIO, "gg_proc_pid_ns_probe: fork: %s", strerror(e));
+  }
   if (kid == 0) {
-    int how = gg__enter();
-    if (how < 0) _exit(100 + errno % 100);
+    close(p[0]);
+    int why[2] = {0, 0};
+    int how = gg__enter(&why[0]);
+    if (how < 0) {
+      why[1] = errno;
+      ssize_t w = write(p[1], why, sizeof why);
+      (void)w;
+      _exit(100);
+    }
     pid_t init = fork(); /* the namespace exists once its first process does */
     if (init == 0) _exit(getpid() == 1 ? 0 : 1);
     int st = 0;
     if (init < 0 || waitpid(init, &st, 0) != init || !WIFEXITED(st) || WEXITSTATUS(st) != 0) _exit(99);
     _exit(how);
   }
-  int st = 0;
+  close(p[1]);
+  int why[2] = {0, 0}, st = 0;
+  ssize_t got;
+  do got = read(p[0], why, sizeof why);
+  while (got < 0 && errno == EINTR);
+  close(p[0]);
   while (waitpid(kid, &st, 0) < 0 && errno == EINTR) {
   }
   int code = WIFEXITED(st) ? WEXITSTATUS(st) : 98;
   if (code == 1 || code == 2) return code;
-  if (code >= 100 && code < 200)
+  if (code == 100 && got == (ssize_t)sizeof why)
     return gg__err(GG_ENOTSUP,
-                   "gg_proc_pid_ns_probe: no PID namespace: unshare refused (%s) as uid %u, and no "
-                   "unprivileged user namespace either (kernel.unprivileged_userns_clone, "
-                   "user.max_user_namespaces, or a container's seccomp profile)",
-                   strerror(code - 100), (unsigned)geteuid());
+                   "gg_proc_pid_ns_probe: no PID namespace as uid %u: unshare(CLONE_NEWPID) refused (%s), "
+                   "and an unprivileged user namespace too (%s%s)",
+                   (unsigned)geteuid(), strerror(why[0]), strerror(why[1]), gg__userns_hint(why[1]));
   return gg__err(GG_ENOTSUP, "gg_proc_pid_ns_probe: no PID namespace: its first process could not start");
 }
 
 /* ---- the keeper and the init --------------------------------------------------------------------------- */
 
-/* Signals a job gets from a terminal or a supervisor; the keeper and the init pass them on. */
+/* Every signal whose default action ends a process and that a program may send on purpose: the faults
+ * (SIGSEGV, ...) are a process's own bugs; SIGKILL and SIGSTOP cannot be taken. The one list: the CLI's
+ * runner takes these (gg_proc_job_signals), the keeper and the init pass them on, so none of them can
+ * end the keeper without the job's teardown. */
+static const int gg__job_sigs[] = {SIGINT,    SIGTERM, SIGHUP,  SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM,  SIGPIPE,
+                                   SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ, SIGIO,   SIGPWR,  SIGSTKFLT};
+
+size_t gg_proc_job_signals(int *sigs, size_t cap) {
+  size_t n = 0;
+  for (size_t i = 0; i < sizeof gg__job_sigs / sizeof gg__job_sigs[0]; i++, n++)
+    if (sigs && n < cap) sigs[n] = gg__job_sigs[i];
+  for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++, n++)
+    if (sigs && n < cap) sigs[n] = sig;
+  return n;
+}
+
+/* [AS-safe] The keeper's and the init's set: the job signals, SIGCONT and SIGWINCH (harmless, but the
+ * job should see them), and SIGCHLD (read with the rest). */
 static void gg__forwarded(sigset_t *set) {
-  static const int sigs[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT, SIGUSR1, SIGUSR2,
-                             SIGALRM, SIGPIPE, SIGXCPU, SIGCONT, SIGWINCH};
   sigemptyset(set);
-  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaddset(set, sigs[i]);
+  for (size_t i = 0; i < sizeof gg__job_sigs / sizeof gg__job_sigs[0]; i++) sigaddset(set, gg__job_sigs[i]);
+  for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++) sigaddset(set, sig);
+  sigaddset(set, SIGCONT);
+  sigaddset(set, SIGWINCH);
   sigaddset(set, SIGCHLD);
 }
 
@@ -153,7 +200,7 @@ static void gg__init(int alive_fd, int status_fd, int errfd, const sigset_t *set
 
 void gg__pid_ns_child(int mode, int grace_ms, int errfd, int fail_step) {
   if (mode == GG_SPAWN_PID_NS_OFF) return;
-  int how = gg__enter();
+  int how = gg__enter(NULL);
   if (how < 0) {
     if (mode == GG_SPAWN_PID_NS_AUTO) return; /* today's design: the caller said so once already */
     int msg[2] = {fail_step, errno};

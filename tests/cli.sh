@@ -3,7 +3,9 @@
 # missing option values, JSON that parses, Prometheus text that a real parser (prometheus_client)
 # accepts (every series labelled gpu and UUID, no empty family, valid UTF-8), --prom-file that follows no
 # planted symlink, ps that never lists itself and prints no raw control characters, `run` that checks its
-# options before starting the job and writes a truthful receipt.
+# options before starting the job and writes a truthful receipt — without a PID namespace (--pid-ns=off,
+# also the fallback) and, where the system allows one, with it (the default); GPUGUARD_PID_NS sets the
+# default and a bad value is a usage error; `ps` from outside shows a namespaced job by its host pids.
 # Arguments: build dir, source dir.
 set -euo pipefail
 build=$1
@@ -125,22 +127,70 @@ expect_rc 127 $g run --receipt "$tmp/never.json" -- /nonexistent/cmd
 [ ! -e "$tmp/never.json" ] || fail "a receipt file was left for a job that never started"
 # The receipt tells the job's truth: its command, its parent, its exit status; a background child that
 # outlived it is "reparented", not "orphan"; stderr says when the grace period starts and SIGKILL goes.
-expect_rc 3 $g run --grace 200 --receipt "$tmp/r.json" -- sh -c \
-  '(trap "" TERM; : >"$0/ready"; sleep 67) & while [ ! -e "$0/ready" ]; do sleep 0.01; done; exit 3' "$tmp"
+tag=$$ # in the sleeps' durations: other worktrees run this script at once
+job='(trap "" TERM; : >"$0/ready"; sleep 67.'$tag') & while [ ! -e "$0/ready" ]; do sleep 0.01; done; exit 3'
+expect_rc 3 $g run --pid-ns=off --grace 200 --receipt "$tmp/r.json" -- sh -c "$job" "$tmp"
 grep -q "got SIGTERM and a grace period of" "$tmp/err" || { cat "$tmp/err"; fail "no line when the grace period starts"; }
 grep -q "SIGKILL sent to" "$tmp/err" || { cat "$tmp/err"; fail "no line when SIGKILL is sent"; }
-python3 - "$tmp/r.json" <<'PY'
+cat > "$tmp/receipt.py" <<'PY'
 import json, sys
-d = json.load(open(sys.argv[1]))
+d, mode = json.load(open(sys.argv[1])), sys.argv[2]
 procs = d["teardown"]["processes"]
 job = [p for p in procs if p["pid"] == d["pid"]]
 assert len(job) == 1, procs
 job = job[0]
-assert job["command"].startswith("sh -c (trap \"\" TERM; : >\"$0/ready\"; sleep 67) &"), job
+assert job["command"].startswith("sh -c (trap \"\" TERM; : >\"$0/ready\"; sleep 67."), job
 assert job["ppid"] > 1 and job["end"] == "exited" and job["code"] == 3, job
+assert d["exit"] == {"status": 3, "signal": None} and d["exit_code"] == 3, d
+assert d["pid_ns"] is (mode == "on"), d
 assert all(p["found"] != "orphan" for p in procs), procs
-assert any(p["found"] in ("descendant", "reparented") and "KILL" in p["sent"] for p in procs), procs
+if mode == "off":
+    assert any(p["found"] in ("descendant", "reparented") and "KILL" in p["sent"] for p in procs), procs
+else:  # the namespace's init gave the leftover SIGTERM and --grace; the kernel ended it with the init
+    assert len(procs) == 1, procs
 PY
+python3 "$tmp/receipt.py" "$tmp/r.json" off
+# The same job in a PID namespace (the default where the system allows one).
+rm -f "$tmp/ready"
+if $g run --pid-ns=on -- true 2>"$tmp/ns.err"; then
+  expect_rc 3 $g run --grace 200 --receipt "$tmp/r.json" -- sh -c "$job" "$tmp"
+  python3 "$tmp/receipt.py" "$tmp/r.json" on
+  ! pgrep -x -f "sleep 67.$tag" >/dev/null || fail "--pid-ns=on: the leftover that ignores TERM outlived the job"
+  # GPUGUARD_PID_NS sets the default; --pid-ns beats it.
+  GPUGUARD_PID_NS=off expect_rc 0 $g run --receipt "$tmp/e.json" -- true
+  python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["pid_ns"] is False' "$tmp/e.json"
+  GPUGUARD_PID_NS=off expect_rc 0 $g run --pid-ns --receipt "$tmp/e.json" -- true
+  python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["pid_ns"] is True' "$tmp/e.json"
+  GPUGUARD_PID_NS=on expect_rc 0 $g run --receipt "$tmp/e.json" -- true
+  python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["pid_ns"] is True' "$tmp/e.json"
+  ! grep -q "PID namespace" "$tmp/err" || fail "a line about namespaces where one was made: $(cat "$tmp/err")"
+  # ps from outside: a namespaced job's process by its host pid, guarded (its session is live), its
+  # parent the namespace's init (a host pid too), not an orphan.
+  $g run -- sh -c "sleep 69.$tag & wait" 2>/dev/null & nsrun=$!
+  for i in $(seq 1 500); do nsjob=$(pgrep -x -f "sleep 69.$tag" || true); [ -n "$nsjob" ] && break; sleep 0.02; done
+  [ -n "$nsjob" ] || fail "the namespaced job did not start"
+  FAKE_NVML_PROCS="$nsjob:2097152" expect_rc 0 $g ps --json
+  kill -TERM $nsrun; wait $nsrun 2>/dev/null || true
+  python3 - "$tmp/out" $nsjob $tag <<'PY'
+import json, sys
+rows = {p["pid"]: p for p in json.load(open(sys.argv[1]))["processes"]}
+me = int(sys.argv[2])
+assert me in rows, (me, rows)
+assert rows[me]["used_bytes"] == 2097152 and rows[me]["command"] == "sleep 69." + sys.argv[3], rows[me]
+assert rows[me]["class"] == "guarded" and rows[me]["orphan"] is False and rows[me]["ppid"] > 1, rows[me]
+PY
+  echo "run --pid-ns: receipt, GPUGUARD_PID_NS, and ps from outside (host pid $nsjob, guarded)"
+else
+  echo "SKIP part: the job in a PID namespace: refused here: $(cat "$tmp/ns.err")"
+fi
+# A bad GPUGUARD_PID_NS is a usage error that names it (also next to --pid-ns), and the job never runs.
+for bad in maybe ON 2 ' on'; do
+  GPUGUARD_PID_NS="$bad" expect_rc 2 $g run -- touch "$tmp/started"
+  grep -q "GPUGUARD_PID_NS='$bad': auto, on or off expected" "$tmp/err" || { cat "$tmp/err"; fail "GPUGUARD_PID_NS='$bad' not named"; }
+  GPUGUARD_PID_NS="$bad" expect_rc 2 $g run --pid-ns=off -- touch "$tmp/started"
+done
+[ ! -e "$tmp/started" ] || fail "the job ran although GPUGUARD_PID_NS was bad"
+GPUGUARD_PID_NS= expect_rc 0 $g run --pid-ns=off -- true
 
 # No GPU at all: ps says so, text and --json with the same status (3).
 if ! [ -e /dev/nvidiactl ]; then

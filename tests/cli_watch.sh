@@ -20,8 +20,9 @@ export GPUGUARD_BACKEND=host GPUGUARD_REGISTRY_DIR=$tmp/registry
 export GPUGUARD_NVML_LIBRARY=$build/tests/libfake_nvml.so FAKE_NVML_TELEMETRY=87,40,61,412500,700000
 unset GPUGUARD_SESSION NO_COLOR COLUMNS LINES
 
-# An orphan of a dead session: the runner is SIGKILLed, its job's sleep lives on.
-$g run -- sh -c 'sleep 68.5 & wait' &
+# An orphan of a dead session: the runner (without a PID namespace, the fallback design) is SIGKILLed,
+# its job's sleep lives on.
+$g run --pid-ns=off -- sh -c 'sleep 68.5 & wait' &
 runner=$!
 keep+=($runner)
 for i in $(seq 1 500); do orphan=$(pgrep -f -x 'sleep 68.5' || true); [ -n "$orphan" ] && break; sleep 0.02; done
@@ -128,6 +129,23 @@ COLUMNS=50 $g watch --count 1 >"$tmp/plain.txt"
 ! grep -q $'\e' "$tmp/plain.txt" || fail "escape sequences written to a pipe"
 awk 'length($0) > 50 { exit 1 }' "$tmp/plain.txt" || fail "a line is wider than COLUMNS"
 grep -q ORPHAN "$tmp/plain.txt" || fail "no orphan in the plain view"
+
+# A live job in a PID namespace (the default where allowed): watch shows its process by its host pid,
+# guarded, next to the orphan.
+if $g run --pid-ns=on -- true 2>"$tmp/ns.err"; then
+  $g run --pid-ns=on -- sh -c "sleep 69.$$ & wait" 2>/dev/null & nsrun=$!
+  keep+=($nsrun)
+  for i in $(seq 1 500); do nsjob=$(pgrep -f -x "sleep 69.$$" || true); [ -n "$nsjob" ] && break; sleep 0.02; done
+  [ -n "$nsjob" ] || fail "the namespaced job did not start"
+  FAKE_NVML_PROCS="$orphan:1048576,$nsjob:2097152" COLUMNS=200 $g watch --count 1 >"$tmp/ns.txt"
+  kill -TERM $nsrun; wait $nsrun 2>/dev/null || true
+  grep -qE "^0 +$nsjob +[0-9]+ .* 2\.0 MiB +guarded +sleep 69\.$$" "$tmp/ns.txt" ||
+    { cat "$tmp/ns.txt"; fail "watch does not show the namespaced job's host pid $nsjob as guarded"; }
+  grep -q ORPHAN "$tmp/ns.txt" || fail "the orphan is gone from the view"
+  echo "watch: a job in a PID namespace is shown by its host pid ($nsjob), guarded"
+else
+  echo "SKIP part: a job in a PID namespace: refused here: $(cat "$tmp/ns.err")"
+fi
 
 # --record: JSON lines that continue across runs, read by gpuguard.timeline.load and drawn by
 # `gpuguard plot` (python3 -m gpuguard.plot); a clear error when Python cannot be run.

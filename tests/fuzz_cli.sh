@@ -29,7 +29,7 @@ flags = {"ps": ["--json", "--all-users", "--device", "--help", "--bogus"],
 cmds = [["true"], ["false"], ["sh", "-c", "exit 3"], ["/nonexistent"], ["/etc/passwd"], []]
 env_names = ["GPUGUARD_BACKEND", "GPUGUARD_HOST_CAPACITY", "GPUGUARD_HOST_GRANULARITY", "GPUGUARD_HOST_VMM",
              "GPUGUARD_HOST_FAULT", "GPUGUARD_HOST_POPULATE", "GPUGUARD_HOST_BUSY", "GPUGUARD_SESSION",
-             "GPUGUARD_REPORT", "GPUGUARD_LOG", "XDG_RUNTIME_DIR"]
+             "GPUGUARD_REPORT", "GPUGUARD_LOG", "GPUGUARD_PID_NS", "XDG_RUNTIME_DIR"]
 allowed = {0, 1, 2}
 t_end, n, worst = time.monotonic() + budget, 0, 0.0
 while time.monotonic() < t_end:

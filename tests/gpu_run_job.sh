@@ -3,6 +3,8 @@
 # each hold 1 GiB, SIGKILL the trainer: nothing is left and the receipt shows the device's free memory
 # back; (2) SIGKILL the runner itself: the workers survive as orphans of a dead session, `gpuguard ps`
 # shows them as ORPHAN until `gpuguard reap --yes` ends them and the memory comes back.
+# Both with --pid-ns=off: the design without a PID namespace (the fallback where namespaces are refused;
+# the job's pids in the ready files are host pids only then). gpu_ns_kill.sh covers the namespace.
 # Arguments: build dir, source dir.
 set -euo pipefail
 build=$1 src=$2
@@ -21,7 +23,7 @@ base=$(free_mib)
 echo "device free memory before: $base MiB"
 
 # 1. The trainer is SIGKILLed under `gpuguard run`: the runner ends its workers.
-$g run --grace 2000 --receipt "$tmp/r1.json" -- python3 "$src/tests/gpu_job.py" "$tmp/ready1" &
+$g run --pid-ns=off --grace 2000 --receipt "$tmp/r1.json" -- python3 "$src/tests/gpu_job.py" "$tmp/ready1" &
 runner=$!
 wait_file "$tmp/ready1"
 echo "job 1 holds: $(( base - $(free_mib) )) MiB (trainer + 3 workers: $(cat "$tmp/ready1"))"
@@ -47,7 +49,7 @@ PY
 echo "job 1: runner done ${t_run} ms after the SIGKILL; no holder left after ${t_gone} ms; free now $(free_mib) MiB"
 
 # 2. The runner itself is SIGKILLed: the workers outlive it, holding a dead session's memory.
-$g run -- python3 "$src/tests/gpu_job.py" "$tmp/ready2" &
+$g run --pid-ns=off -- python3 "$src/tests/gpu_job.py" "$tmp/ready2" &
 runner=$!
 wait_file "$tmp/ready2"
 kill -9 $runner

@@ -1,9 +1,11 @@
 /* test_proc_ns.c — gg_proc_spawn() with a PID namespace: the job is pid 2 of its own namespace, its
- * status comes back through the keeper, a teardown ends it, and when the spawning process is SIGKILLed
- * the kernel ends every process of the job, a setsid'd daemon included. Skipped (77) where the system
- * refuses namespaces; bad values refused. */
+ * status comes back through the keeper, a teardown ends it, every signal of gg_proc_job_signals() sent
+ * to the keeper reaches the job (none ends the keeper first), and when the spawning process is
+ * SIGKILLed the kernel ends every process of the job, a setsid'd daemon included. Skipped (77) where
+ * the system refuses namespaces; bad values refused. */
 #include <signal.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,6 +62,63 @@ static void test_job_is_pid_2_and_status_passes(void **state) {
   gg_assert_fails(gg_proc_spawn(NULL, argv, &o, NULL), GG_EINVAL, "pid_ns 3");
 }
 
+/* The one list: what a runner takes and the keeper passes on. Catchable, ending, no faults. */
+static void test_job_signals_list(void **state) {
+  (void)state;
+  int sigs[128];
+  size_t n = gg_proc_job_signals(sigs, sizeof sigs / sizeof sigs[0]);
+  assert_int_equal(gg_proc_job_signals(NULL, 0), n);
+  assert_int_equal(n, 15 + (size_t)(SIGRTMAX - SIGRTMIN + 1));
+  int cut[3];
+  assert_int_equal(gg_proc_job_signals(cut, 3), n);
+  assert_memory_equal(cut, sigs, sizeof cut);
+  static const int must[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGALRM, SIGPIPE, SIGXCPU, SIGVTALRM, SIGXFSZ};
+  static const int never[] = {SIGKILL, SIGSTOP, SIGSEGV, SIGBUS, SIGABRT, SIGCHLD, SIGCONT};
+  for (size_t i = 0; i < sizeof must / sizeof must[0]; i++) {
+    bool in = false;
+    for (size_t k = 0; k < n; k++) in |= sigs[k] == must[i];
+    assert_true(in);
+  }
+  for (size_t k = 0; k < n; k++)
+    for (size_t i = 0; i < sizeof never / sizeof never[0]; i++) assert_int_not_equal(sigs[k], never[i]);
+}
+
+/* Each job signal sent to the keeper reaches the job, which traps it and exits 7: the keeper must
+ * neither die of it (which ends the namespace without the job's say) nor drop it. */
+static void test_every_job_signal_reaches_the_job(void **state) {
+  (void)state;
+  int sigs[128];
+  size_t n = gg_proc_job_signals(sigs, sizeof sigs / sizeof sigs[0]);
+  for (size_t i = 0; i < n; i++) {
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    gg_spawn_options_t o;
+    gg_spawn_options_init(&o);
+    o.pid_ns = GG_SPAWN_PID_NS_ON, o.stdout_fd = p[1];
+    char script[128];
+    snprintf(script, sizeof script, "trap 'exit 7' %d; echo ready; while :; do sleep 0.02; done", sigs[i]);
+    const char *argv[] = {"/bin/sh", "-c", script, NULL};
+    pid_t keeper;
+    gg_assert_ok(gg_proc_spawn(NULL, argv, &o, &keeper));
+    close(p[1]);
+    char line[16];
+    assert_true(read_line(p[0], line, sizeof line));
+    close(p[0]);
+    assert_int_equal(kill(keeper, sigs[i]), 0);
+    for (int k = 0; k < 500; k++) {
+      gg__pinfo_t info;
+      if (gg__proc_read_stat(keeper, &info) != 0 || info.state == 'Z') break;
+      usleep(10000);
+    }
+    gg_proc_receipt_t *r = NULL;
+    gg_assert_ok(gg_proc_teardown_ex(NULL, 500, &r));
+    if (r->procs[0].end != GG_PROC_EXITED || r->procs[0].code != 7)
+      fail_msg("signal %d (%s): the keeper ended %s %d, not by the job's exit 7", sigs[i], strsignal(sigs[i]),
+               r->procs[0].end == GG_PROC_SIGNALED ? "by signal" : "with", r->procs[0].code);
+    gg_proc_receipt_free(r);
+  }
+}
+
 static pid_t find_by_cmdline(const char *want) {
   char cmd[256];
   for (pid_t pid = 2; pid < 4194304; pid++) {
@@ -112,6 +171,8 @@ static void test_sigkilled_spawner_takes_the_whole_job(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_job_is_pid_2_and_status_passes),
+      cmocka_unit_test(test_job_signals_list),
+      cmocka_unit_test(test_every_job_signal_reaches_the_job),
       cmocka_unit_test(test_sigkilled_spawner_takes_the_whole_job),
   };
   return cmocka_run_group_tests(tests, setup, NULL);

@@ -312,6 +312,7 @@ static bool free_after(int device, size_t before, double limit_ms, size_t *after
 typedef struct run_opts {
   long grace, device;
   int pid_ns; /* GG_SPAWN_PID_NS_*; AUTO asks gg_proc_pid_ns_probe() first and says once if refused */
+  bool in_ns; /* the job did get its namespace (for the receipt) */
   const char *receipt_path;
   int receipt_fd;       /* opened before the job starts, so an unwritable path is said at once */
   bool receipt_created; /* removed again when the job cannot start */
@@ -405,7 +406,7 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
     fprintf(f, ",\"runner_signal\":%d", r->runner_sig);
   else
     fputs(",\"runner_signal\":null", f);
-  fprintf(f, ",\"exit_code\":%d,\"device\":", r->exit_code);
+  fprintf(f, ",\"exit_code\":%d,\"pid_ns\":%s,\"device\":", r->exit_code, o->in_ns ? "true" : "false");
   if (env->have_dev) {
     fprintf(f, "{\"index\":%d,\"backend\":", env->dev.index);
     gg_json_write_string(f, env->dev.backend);
@@ -425,13 +426,34 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
   return ok ? 0 : (fprintf(stderr, "gpuguard run: writing the receipt %s failed\n", path), 1);
 }
 
+/* --pid-ns's value, and GPUGUARD_PID_NS's: a GG_SPAWN_PID_NS_* mode, -1 when it is none. */
+static int parse_pid_ns(const char *v) {
+  static const struct {
+    const char *name;
+    int mode;
+  } names[] = {{"auto", GG_SPAWN_PID_NS_AUTO}, {"on", GG_SPAWN_PID_NS_ON},  {"off", GG_SPAWN_PID_NS_OFF},
+               {"1", GG_SPAWN_PID_NS_ON},      {"yes", GG_SPAWN_PID_NS_ON}, {"0", GG_SPAWN_PID_NS_OFF},
+               {"no", GG_SPAWN_PID_NS_OFF}};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (!strcmp(v, names[i].name)) return names[i].mode;
+  return -1;
+}
+
 /* Phase 1: the options. Returns -1 to go on, else the exit status. */
 static int run_parse(int argc, char **argv, run_opts_t *o) {
   static const struct option longs[] = {
       {"grace", required_argument, 0, 'g'},  {"receipt", required_argument, 0, 'r'},
       {"device", required_argument, 0, 'd'}, {"pid-ns", optional_argument, 0, 'p'},
       {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
-  *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_OFF, .receipt_fd = -1};
+  *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_AUTO, .receipt_fd = -1};
+  /* The default comes from GPUGUARD_PID_NS when it is set (empty counts as unset); --pid-ns beats it.
+   * A bad value is refused even then: a typo in a site-wide setting should not go unnoticed. */
+  const char *env_ns = getenv("GPUGUARD_PID_NS");
+  if (env_ns && *env_ns && (o->pid_ns = parse_pid_ns(env_ns)) < 0) {
+    char why[160];
+    snprintf(why, sizeof why, "GPUGUARD_PID_NS='%.80s': auto, on or off expected", env_ns);
+    return bad_usage("%s", why);
+  }
   int opt;
   while ((opt = next_opt(argc, argv, longs)) != -1) {
     if (opt == 'h') return usage(stdout, current), 0;
@@ -444,15 +466,8 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       if (errno || end == optarg || *end || o->device < 0 || o->device > 1024)
         return bad_usage("--device '%s': a device ordinal expected", optarg);
     } else if (opt == 'p') {
-      const char *v = optarg ? optarg : "auto";
-      if (!strcmp(v, "auto"))
-        o->pid_ns = GG_SPAWN_PID_NS_AUTO;
-      else if (!strcmp(v, "on"))
-        o->pid_ns = GG_SPAWN_PID_NS_ON;
-      else if (!strcmp(v, "off"))
-        o->pid_ns = GG_SPAWN_PID_NS_OFF;
-      else
-        return bad_usage("--pid-ns=%s: auto, on or off expected", v);
+      if ((o->pid_ns = parse_pid_ns(optarg ? optarg : "auto")) < 0)
+        return bad_usage("--pid-ns=%s: auto, on or off expected", optarg);
     } else if (opt == 'r') {
       if (!*optarg) return bad_usage("%s", "--receipt needs a path (or - for stdout)");
       o->receipt_path = optarg;
@@ -474,21 +489,20 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
 
 /* Phase 2: every signal whose default action would end the runner (and leave the job running) is
  * blocked and read with sigwaitinfo, so nothing runs in a signal handler and each such signal ends in
- * the job's teardown. SIGKILL and SIGSTOP cannot be taken; the faults (SIGSEGV, ...) are the runner's
- * own bugs, and SIGCHLD says CMD is done. */
+ * the job's teardown. The list is the library's (gg_proc_job_signals), the one a namespace's keeper
+ * passes on too; SIGCHLD says CMD is done. */
 static void run_take_signals(sigset_t *set) {
-  static const int ending[] = {SIGINT,    SIGTERM, SIGHUP,  SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM,  SIGPIPE,
-                               SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ, SIGIO,   SIGPWR,  SIGSTKFLT};
+  int sigs[128];
+  size_t n = gg_proc_job_signals(sigs, sizeof sigs / sizeof sigs[0]);
   sigemptyset(set);
-  for (size_t i = 0; i < sizeof ending / sizeof ending[0]; i++) sigaddset(set, ending[i]);
-  for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++) sigaddset(set, sig);
+  for (size_t i = 0; i < n && i < sizeof sigs / sizeof sigs[0]; i++) sigaddset(set, sigs[i]);
   sigaddset(set, SIGCHLD);
   sigprocmask(SIG_BLOCK, set, NULL);
 }
 
 /* Phase 3: subreaper, session record, device figures, then CMD. Returns -1 on success, else the exit
  * status (127: CMD not found, 126: found but not runnable). */
-static int run_start(const run_opts_t *o, run_env_t *env, job_result_t *r) {
+static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
   if (gg_proc_set_subreaper(1) != 0)
     fprintf(stderr, "gpuguard run: warning: %s (double-forked descendants may escape)\n", gg_last_error());
   char devs[16];
@@ -500,9 +514,17 @@ static int run_start(const run_opts_t *o, run_env_t *env, job_result_t *r) {
   gg_spawn_options_t so;
   gg_spawn_options_init(&so);
   so.pid_ns = o->pid_ns, so.pid_ns_grace_ms = (int)o->grace; /* the rest of the namespace gets --grace too */
-  if (o->pid_ns == GG_SPAWN_PID_NS_AUTO && gg_proc_pid_ns_probe() < 0) /* one line, then today's design */
-    fprintf(stderr, "gpuguard run: no PID namespace for the job (%s); running it without one\n",
-            gg_last_error());
+  o->in_ns = o->pid_ns == GG_SPAWN_PID_NS_ON;
+  if (o->pid_ns == GG_SPAWN_PID_NS_AUTO) { /* one line when refused, then the design without one */
+    o->in_ns = gg_proc_pid_ns_probe() > 0;
+    if (!o->in_ns)
+      fprintf(stderr,
+              "gpuguard run: the job runs without a PID namespace, so if this runner is SIGKILLed what is "
+              "left of it waits for `gpuguard reap` (--pid-ns=off or GPUGUARD_PID_NS=off: no check, no "
+              "line). Why: %s\n",
+              gg_last_error());
+  }
+  if (!o->in_ns) so.pid_ns = GG_SPAWN_PID_NS_OFF; /* refused: the spawn need not try again */
   int rc = gg_proc_spawn(NULL, (const char *const *)o->cmd, &so, &r->pid);
   if (rc == 0) return -1;
   fprintf(stderr, "gpuguard run: %s\n", gg_last_error());
@@ -762,9 +784,11 @@ static const command_t commands[] = {
      "  --receipt PATH  write a JSON receipt: what was sent to whom, how each ended, device free memory\n"
      "                  before and after ('-' for stdout)\n"
      "  --device N      the device whose free memory the receipt records (default 0)\n"
-     "  --pid-ns[=MODE] run CMD in its own PID namespace (auto when MODE is left out; default off):\n"
-     "                  if the runner is SIGKILLed, the kernel ends every process of the job at once.\n"
-     "                  auto falls back, saying so once, where namespaces are refused; on fails\n"
+     "  --pid-ns[=MODE] CMD in its own PID namespace, so that if the runner is SIGKILLed the kernel\n"
+     "                  ends every process of the job at once. auto (the default, and MODE when left\n"
+     "                  out): where the system allows one (root, or an unprivileged user namespace),\n"
+     "                  otherwise without, saying so on one line; on: or fail (exit 126); off: never.\n"
+     "                  GPUGUARD_PID_NS=auto|on|off sets the default (a bad value is a usage error)\n"
      "  -h, --help      this help\n"
      "The runner is a child subreaper, records a session leader in the registry (children inherit\n"
      "GPUGUARD_SESSION), forwards to CMD every signal that would otherwise end the runner (SIGINT,\n"

@@ -66,12 +66,12 @@ typedef struct gg_spawn_options {
 /** Where a spawned child runs (gg_spawn_options_t::pid_ns).
  *
  *  With a PID namespace, the pid gg_proc_spawn() returns is a small keeper process in ours; its child
- *  is the namespace's init (pid 1 there), which runs the program as pid 2, passes signals on (SIGINT,
- *  SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM, SIGPIPE, SIGXCPU, SIGCONT, SIGWINCH), and reaps the
- *  namespace's orphans. The keeper exits with the program's status (or dies of its signal). The
- *  guarantee: when the keeper dies — this process SIGKILLed and the death signal fired, or a teardown
- *  — the init dies, and the kernel kills every process of the namespace at once, double-forked
- *  daemons included. When the program ends, the rest of the namespace gets SIGTERM and
+ *  is the namespace's init (pid 1 there), which runs the program as pid 2, passes signals on (those of
+ *  gg_proc_job_signals(), SIGCONT and SIGWINCH), and reaps the namespace's orphans. The keeper exits
+ *  with the program's status (or dies of its signal). The guarantee: when the keeper dies — this
+ *  process SIGKILLed and the death signal fired, or a teardown — the init dies, and the kernel kills
+ *  every process of the namespace at once, double-forked daemons included. When the program ends, the
+ *  rest of the namespace gets SIGTERM and
  *  gg_spawn_options_t::pid_ns_grace_ms (default one second) before the init exits (and the kernel
  *  kills what is left). The namespace has its own /proc (a
  *  private mount namespace), so `ps` inside shows its pids; from outside every process keeps its
@@ -89,6 +89,20 @@ typedef enum gg_spawn_pid_ns {
  *  @return 1 (as root: a PID namespace directly), 2 (through an unprivileged user namespace), or
  *  GG_ENOTSUP with the reason in gg_last_error(); GG_EIO when the probe cannot fork. Thread-safe. */
 GG_API int gg_proc_pid_ns_probe(void);
+
+/** The signals a job's runner should take and pass on to the job: every signal whose default action
+ *  ends a process and that is sent on purpose (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
+ *  SIGALRM, SIGPIPE, SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ, SIGIO, SIGPWR, SIGSTKFLT and SIGRTMIN to
+ *  SIGRTMAX); not SIGKILL and SIGSTOP, which cannot be taken, nor the faults (SIGSEGV, SIGBUS, SIGFPE,
+ *  SIGILL, SIGABRT, SIGTRAP, SIGSYS), which are a process's own. A PID namespace's keeper (see
+ *  gg_spawn_pid_ns_t) passes every one of them on to the program; any other signal sent to the keeper
+ *  stays pending there (it blocks them all) and never reaches the program. `gpuguard run` takes
+ *  exactly these.
+ *  @param[out] sigs receives up to @p cap signal numbers; may be NULL to count them.
+ *  @param cap the room in @p sigs.
+ *  @return how many signals the list has (more than @p cap means it was cut). Thread-safe and
+ *  async-signal-safe. */
+GG_API size_t gg_proc_job_signals(int *sigs, size_t cap);
 
 /** Fills opts with the defaults described at each field.
  *  @param opts the options to fill; NULL is ignored. Thread-safe. */
