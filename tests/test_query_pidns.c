@@ -1,7 +1,7 @@
 /* test_query_pidns.c — gg_process_list inside a PID namespace (a container): NVML's pids may be the
  * host's, so a pid is joined with /proc only when the process of that number here holds the device
  * open; another process that merely has the same number here is never shown in its place (issue 16
- * item 16). Runs a real namespace with its own /proc and a stand-in /dev/nvidia0 on a private tmpfs;
+ * item 16). Runs a real namespace with its own /proc and a stand-in /dev/nvidia7 on a private tmpfs;
  * needs root, skipped otherwise. NVML is the test stand-in. */
 #include <fcntl.h>
 #include <sched.h>
@@ -18,13 +18,15 @@ static const gg_process_t *row_of(const gg_process_t *rows, size_t n, int pid) {
   return NULL;
 }
 
-/* pid 1 of the new namespace: makes pid 2 (no device) and pid 3 (holds /dev/nvidia0), lists, judges.
+/* pid 1 of the new namespace: makes pid 2 (no device) and pid 3 (holds /dev/nvidia7), lists, judges.
  * Exit codes: 0 right, 1 the unrelated pid 2 was shown as a GPU process, 2 the holder was not joined,
  * 10+ setup failures. */
 static int inside(void) {
   if (mount("proc", "/proc", "proc", 0, NULL) != 0) return 10;
   if (mount("tmpfs", "/dev", "tmpfs", 0, "mode=0755") != 0) return 11;
-  int fd = open("/dev/nvidia0", O_CREAT | O_RDWR, 0666);
+  /* Node 7 (the stand-in NVML's minor): on a GPU machine the CUDA driver, initialised by the query in
+   * this process, sets up the nodes of the real devices (nvidia0...) in this /dev itself. */
+  int fd = open("/dev/nvidia7", O_CREAT | O_RDWR, 0666);
   if (fd < 0) return 12;
   close(fd);
   int sync[2];
@@ -35,13 +37,14 @@ static int inside(void) {
   }
   pid_t holder = fork(); /* pid 3: a GPU process of this namespace */
   if (holder == 0) {
-    int dev = open("/dev/nvidia0", O_RDWR);
+    int dev = open("/dev/nvidia7", O_RDWR);
     if (dev < 0 || write(sync[1], "k", 1) != 1) _exit(1);
     for (;;) pause();
   }
   char c;
   if (plain != 2 || holder != 3 || read(sync[0], &c, 1) != 1) return 14;
   setenv("FAKE_NVML_PROCS", "2:1048576,3:2097152", 1);
+  setenv("FAKE_NVML_MINOR", "7", 1);
   gg_process_t rows[8];
   size_t n = 0;
   if (gg_process_list(0, rows, 8, &n) != 0) return 15;

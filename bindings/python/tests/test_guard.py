@@ -30,6 +30,9 @@ def run_child(tmp_path, body, timeout=30, **popen):
             with open(LOG, "a") as f:
                 f.write(f"{{what}} {{os.getpid()}}\\n")
     """) + textwrap.dedent(body)
+    # SIGINT as an interactive shell leaves it: a runner that started these tests in the background
+    # (SIGINT ignored, which a child inherits) would otherwise give the child no KeyboardInterrupt.
+    popen.setdefault("preexec_fn", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=timeout,
                        env=dict(os.environ), **popen)
     lines = log.read_text().splitlines() if log.exists() else []
@@ -56,7 +59,15 @@ def test_cleanups_lifo_ids_cancel_and_errors_inside(capfd):
         g.on_teardown(lambda: None)
 
 
-def test_default_signals_leave_sigint_to_python():
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler, also where the tests were started with SIGINT ignored."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_default_signals_leave_sigint_to_python(python_sigint):
     assert not gpuguard.DEFAULT_SIGNALS & gpuguard.SIGINT
     before = signal.getsignal(signal.SIGINT)
     with gpuguard.Guard():
