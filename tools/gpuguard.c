@@ -445,8 +445,10 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       {"grace", required_argument, 0, 'g'},  {"receipt", required_argument, 0, 'r'},
       {"device", required_argument, 0, 'd'}, {"pid-ns", optional_argument, 0, 'p'},
       {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
-  *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_AUTO, .receipt_fd = -1};
-  /* The default comes from GPUGUARD_PID_NS when it is set (empty counts as unset); --pid-ns beats it.
+  *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_OFF, .receipt_fd = -1};
+  /* Off by default for now: with auto, `run` hung after CMD ended on an H200 host (a SIGCHLD taken by a
+   * CUDA driver thread; run_wait now looks at least every 100 ms, not yet run there).
+   * The default comes from GPUGUARD_PID_NS when it is set (empty counts as unset); --pid-ns beats it.
    * A bad value is refused even then: a typo in a site-wide setting should not go unnoticed. */
   const char *env_ns = getenv("GPUGUARD_PID_NS");
   if (env_ns && *env_ns && (o->pid_ns = parse_pid_ns(env_ns)) < 0) {
@@ -539,17 +541,16 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r) {
   double deadline = -1;
   while (!r->reaped) {
     siginfo_t si;
-    int sig;
-    if (deadline < 0) {
-      sig = sigwaitinfo(set, &si);
-    } else {
-      double left = deadline - now_ms();
-      if (left <= 0) break;
-      struct timespec ts = {(time_t)(left / 1e3), (long)(fmod(left, 1e3) * 1e6)};
-      sig = sigtimedwait(set, &si, &ts);
-      if (sig < 0 && errno == EAGAIN) break;
-    }
-    if (sig < 0) continue; /* EINTR */
+    /* At most 100 ms per wait: a thread that had SIGCHLD unblocked before phase 2 (one the CUDA driver
+     * started while the device figures were read) takes the signal and drops it, and a CMD whose end
+     * went unnoticed left the runner waiting forever (seen on an H200 host). A timed-out wait looks. */
+    double left = deadline < 0 ? 100 : deadline - now_ms();
+    if (left <= 0) break;
+    if (left > 100) left = 100;
+    struct timespec ts = {(time_t)(left / 1e3), (long)(fmod(left, 1e3) * 1e6)};
+    int sig = sigtimedwait(set, &si, &ts);
+    if (sig < 0 && errno == EAGAIN) sig = SIGCHLD; /* look anyway */
+    if (sig < 0) continue;                         /* EINTR */
     if (sig == SIGCHLD) {
       int st;
       pid_t p;
@@ -785,9 +786,9 @@ static const command_t commands[] = {
      "                  before and after ('-' for stdout)\n"
      "  --device N      the device whose free memory the receipt records (default 0)\n"
      "  --pid-ns[=MODE] CMD in its own PID namespace, so that if the runner is SIGKILLed the kernel\n"
-     "                  ends every process of the job at once. auto (the default, and MODE when left\n"
-     "                  out): where the system allows one (root, or an unprivileged user namespace),\n"
-     "                  otherwise without, saying so on one line; on: or fail (exit 126); off: never.\n"
+     "                  ends every process of the job at once. auto (MODE when left out): where the\n"
+     "                  system allows one (root, or an unprivileged user namespace), otherwise\n"
+     "                  without, saying so on one line; on: or fail (exit 126); off (the default).\n"
      "                  GPUGUARD_PID_NS=auto|on|off sets the default (a bad value is a usage error)\n"
      "  -h, --help      this help\n"
      "The runner is a child subreaper, records a session leader in the registry (children inherit\n"
