@@ -184,8 +184,8 @@ static bool gg__step_give_back_free_chunks(gg_arena_t *a, gg__request_t *q) {
  * few KiB sent sixteen threads on an H200 host back to the arena's lock for their refills, over and over
  * (their rate fell below one thread's). Caches still go back before an out-of-memory error (the
  * ladder's wait step), at a scope's start and on a trim. */
-static int gg__step_give_back_cached(gg_arena_t *a, gg__request_t *q) {
-  if (q->size <= GG__TC_MAX_SIZE) return 0;
+static int gg__step_give_back_cached(gg_arena_t *a, gg__request_t *q, bool any_size) {
+  if (!any_size && q->size <= GG__TC_MAX_SIZE) return 0;
   return gg__tcache_give_back_all(a, false) ? gg__step_free_list(a, q) : 0;
 }
 
@@ -194,12 +194,16 @@ static int gg__climb(gg_arena_t *a, gg__request_t *q) {
   int rc;
   if ((rc = gg__step_free_list(a, q)) != 0) return rc;
   if ((rc = gg__step_reclaim(a, q)) != 0) return rc;
-  if ((rc = gg__step_give_back_cached(a, q)) != 0) return rc;
+  if ((rc = gg__step_give_back_cached(a, q, false)) != 0) return rc;
   if ((rc = gg__step_trim_before_growth(a, q)) != 0) return rc;
-  if ((rc = gg__step_grow(a, q)) == GG_ENOMEM)
+  if ((rc = gg__step_grow(a, q)) == GG_ENOMEM) {
+    /* No room to grow: what the caches hold is tried before any wait for the stream (a wait on a
+     * stream that is being captured would end the capture). */
+    if ((rc = gg__step_give_back_cached(a, q, true)) != 0) return rc;
     gg__step_wait_for_stream(a, q);
-  else if (rc < 0)
+  } else if (rc < 0) {
     return rc;
+  }
   if ((rc = gg__step_free_list(a, q)) != 0) return rc;
   if (!gg__step_give_back_free_chunks(a, q)) return gg__step_out_of_memory(a, q, q->why);
   if ((rc = gg__step_grow(a, q)) < 0 && rc != GG_ENOMEM) return rc;

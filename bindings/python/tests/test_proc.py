@@ -158,8 +158,15 @@ def test_spawn_in_a_pid_namespace_dies_with_its_keeper(tmp_path):
     assert out.read_text().strip() == "2"
     daemon = int(subprocess.run(["pgrep", "-fx", "sleep 303.25"], capture_output=True, text=True).stdout.split()[0])
     os.kill(keeper, signal.SIGKILL)
+    def gone(pid):  # no /proc entry (it may vanish between two looks), or a zombie
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                return f.read().split(")")[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
     for _ in range(500):
-        if not os.path.exists("/proc/%d" % daemon) or open("/proc/%d/stat" % daemon).read().split(")")[1].split()[0] == "Z":
+        if gone(daemon):
             break
         time.sleep(0.01)
     else:
