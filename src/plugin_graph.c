@@ -89,6 +89,10 @@ typedef struct gg__gdev {
   atomic_bool work;          /* the give-back list is not empty */
   atomic_ullong seen_deaths; /* gg__deaths when the pools were last scanned */
   unsigned long long n_captures, n_syncs;
+  /* The sweep under way (lock held): the stream of the call that runs it; `sweep_any` for the explicit
+   * calls (stats, trim), which may wait for any stream of a block freed during a capture. */
+  void *sweep_stream;
+  bool sweep_any;
 } gg__gdev_t;
 
 static _Atomic(gg__gdev_t *) gg__gdevs[GG_PLUGIN_MAX_DEVICES];
@@ -261,6 +265,10 @@ static int gg__give(gg__gdev_t *st, gg__gblk_t *r, gg_arena_t *main, bool main_o
   if (r->from && !main_ok) return 0;
   if (r->from && r->from != main) return 1; /* its arena was unregistered: the block stays that arena's */
   if (r->streamed) {
+    /* A block freed during a capture waits for its stream, which its own thread may be about to capture
+     * on again: checking then waiting from another thread's call on another stream lost that race (the
+     * wait ended the new capture). Only calls on that stream, or the explicit ones, wait for it. */
+    if (!st->sweep_any && gg__gnorm(r->stream) != gg__gnorm(st->sweep_stream)) return 0;
     unsigned long long id = 0;
     if (st->dev->ops->stream_capture(st->dev, gg__gnorm(r->stream), &id) != 0 || id) return 0;
   }
@@ -306,9 +314,10 @@ static void gg__giveback_sweep(gg__gdev_t *st, int (*done)(gg__gdev_t *, gg__gbl
 
 /* Scans for dead graphs and gives back what can go back now. `main_ok`: the main arena may touch its
  * stream in this call (NORMAL mode); else main-arena blocks wait. Lock held. */
-static void gg__gmaintain_locked(gg__gdev_t *st, gg_arena_t *main, bool main_ok) {
+static void gg__gmaintain_locked(gg__gdev_t *st, gg_arena_t *main, bool main_ok, void *stream, bool any) {
   gg__gscan(st);
   if (!st->giveback) return;
+  st->sweep_stream = stream, st->sweep_any = any;
   gg__err_saved_t saved;
   gg__err_save(&saved);
   gg__giveback_sweep(st, gg__give, main, main_ok);
@@ -456,13 +465,13 @@ int gg__graph_alloc(int device, gg_arena_t *main, size_t size, void *stream, voi
   if (GG__LIKELY(mode == GG__G_NORMAL)) {
     if (GG__UNLIKELY(gg__gpending(st))) {
       pthread_mutex_lock(&st->lock);
-      gg__gmaintain_locked(st, main, true);
+      gg__gmaintain_locked(st, main, true, stream, false);
       pthread_mutex_unlock(&st->lock);
     }
     return 0;
   }
   pthread_mutex_lock(&st->lock);
-  gg__gmaintain_locked(st, main, false);
+  gg__gmaintain_locked(st, main, false, stream, false);
   gg__gpool_t *p = NULL;
   gg__gblk_t *r = NULL;
   int rc = 0;
@@ -540,14 +549,14 @@ int gg__graph_free(int device, gg_arena_t *main, void *ptr, size_t size, void *s
   if (GG__LIKELY(mode == GG__G_NORMAL && atomic_load_explicit(&st->nrec, memory_order_relaxed) == 0)) {
     if (GG__UNLIKELY(gg__gpending(st))) {
       pthread_mutex_lock(&st->lock);
-      gg__gmaintain_locked(st, main, main != NULL);
+      gg__gmaintain_locked(st, main, main != NULL, stream, false);
       pthread_mutex_unlock(&st->lock);
     }
     return 0;
   }
   pthread_mutex_lock(&st->lock);
   int rc = gg__gfree_locked(st, main, mode, id, ptr, size, stream);
-  gg__gmaintain_locked(st, main, mode == GG__G_NORMAL && main);
+  gg__gmaintain_locked(st, main, mode == GG__G_NORMAL && main, stream, false);
   pthread_mutex_unlock(&st->lock);
   return rc;
 }
@@ -573,7 +582,7 @@ int gg_plugin_graph_stats(int device, gg_plugin_graph_stats_t *out) {
   memset(out, 0, sizeof *out);
   if (!st) return 0;
   pthread_mutex_lock(&st->lock);
-  if (st->dev) gg__gmaintain_locked(st, NULL, false); /* graph-arena blocks only: no main arena here */
+  if (st->dev) gg__gmaintain_locked(st, NULL, false, NULL, true); /* graph-arena blocks only: no main arena */
   for (const gg__gpool_t *p = st->pools; p; p = p->next) out->n_pools++;
   for (size_t i = 0; i < st->map.cap; i++) {
     const gg__gblk_t *r = st->map.vals[i];
@@ -601,7 +610,7 @@ int gg_plugin_trim(int device, size_t keep, size_t *released) {
   gg_arena_t *drop = NULL;
   size_t freed = 0;
   pthread_mutex_lock(&st->lock);
-  if (st->dev) gg__gmaintain_locked(st, NULL, false);
+  if (st->dev) gg__gmaintain_locked(st, NULL, false, NULL, true);
   if (st->garena) {
     gg_arena_stats_t before, after;
     if ((rc = gg_arena_stats(st->garena, &before)) == 0 && (rc = gg_arena_trim(st->garena, keep)) == 0 &&
