@@ -89,10 +89,6 @@ typedef struct gg__gdev {
   atomic_bool work;          /* the give-back list is not empty */
   atomic_ullong seen_deaths; /* gg__deaths when the pools were last scanned */
   unsigned long long n_captures, n_syncs;
-  /* The sweep under way (lock held): the stream of the call that runs it; `sweep_any` for the explicit
-   * calls (stats, trim), which may wait for any stream of a block freed during a capture. */
-  void *sweep_stream;
-  bool sweep_any;
 } gg__gdev_t;
 
 static _Atomic(gg__gdev_t *) gg__gdevs[GG_PLUGIN_MAX_DEVICES];
@@ -261,14 +257,25 @@ static void gg__gscan(gg__gdev_t *st) {
 }
 
 /* Gives one block back: 1 when done (or when it is no longer ours to give), 0 to try again later. */
-static int gg__give(gg__gdev_t *st, gg__gblk_t *r, gg_arena_t *main, bool main_ok) {
-  if (r->from && !main_ok) return 0;
+/* What a sweep of the give-back list may do: `main` the registered arena, which may touch its stream in
+ * this call when `main_ok` (NORMAL mode); `stream` the stream of the call that sweeps; `any_stream` for
+ * the explicit calls (stats, trim), which may wait for any stream of a block freed during a capture. */
+typedef struct gg__gsweep {
+  gg_arena_t *main;
+  bool main_ok;
+  void *stream;
+  bool any_stream;
+} gg__gsweep_t;
+
+static int gg__give(gg__gdev_t *st, gg__gblk_t *r, const gg__gsweep_t *w) {
+  gg_arena_t *main = w->main;
+  if (r->from && !w->main_ok) return 0;
   if (r->from && r->from != main) return 1; /* its arena was unregistered: the block stays that arena's */
   if (r->streamed) {
     /* A block freed during a capture waits for its stream, which its own thread may be about to capture
      * on again: checking then waiting from another thread's call on another stream lost that race (the
      * wait ended the new capture). Only calls on that stream, or the explicit ones, wait for it. */
-    if (!st->sweep_any && gg__gnorm(r->stream) != gg__gnorm(st->sweep_stream)) return 0;
+    if (!w->any_stream && gg__gnorm(r->stream) != gg__gnorm(w->stream)) return 0;
     unsigned long long id = 0;
     if (st->dev->ops->stream_capture(st->dev, gg__gnorm(r->stream), &id) != 0 || id) return 0;
   }
@@ -290,17 +297,17 @@ static int gg__give(gg__gdev_t *st, gg__gblk_t *r, gg_arena_t *main, bool main_o
 }
 
 /* Main-arena blocks of an arena that is no longer registered stay that arena's: 1 to forget them. */
-static int gg__stale(gg__gdev_t *st, gg__gblk_t *r, gg_arena_t *main, bool main_ok) {
-  (void)st, (void)main_ok;
-  return r->from && r->from != main;
+static int gg__stale(gg__gdev_t *st, gg__gblk_t *r, const gg__gsweep_t *w) {
+  (void)st;
+  return r->from && r->from != w->main;
 }
 
 /* Forgets every block of the give-back list for which `done` says 1. Lock held. */
-static void gg__giveback_sweep(gg__gdev_t *st, int (*done)(gg__gdev_t *, gg__gblk_t *, gg_arena_t *, bool),
-                               gg_arena_t *main, bool main_ok) {
+static void gg__giveback_sweep(gg__gdev_t *st, int (*done)(gg__gdev_t *, gg__gblk_t *, const gg__gsweep_t *),
+                               const gg__gsweep_t *w) {
   for (gg__gblk_t **pp = &st->giveback; *pp;) {
     gg__gblk_t *r = *pp;
-    if (!done(st, r, main, main_ok)) {
+    if (!done(st, r, w)) {
       pp = &r->next;
       continue;
     }
@@ -312,15 +319,14 @@ static void gg__giveback_sweep(gg__gdev_t *st, int (*done)(gg__gdev_t *, gg__gbl
   atomic_store(&st->work, st->giveback != NULL);
 }
 
-/* Scans for dead graphs and gives back what can go back now. `main_ok`: the main arena may touch its
- * stream in this call (NORMAL mode); else main-arena blocks wait. Lock held. */
+/* Scans for dead graphs and gives back what can go back now (gg__gsweep_t says what may be waited for).
+ * Lock held. */
 static void gg__gmaintain_locked(gg__gdev_t *st, gg_arena_t *main, bool main_ok, void *stream, bool any) {
   gg__gscan(st);
   if (!st->giveback) return;
-  st->sweep_stream = stream, st->sweep_any = any;
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  gg__giveback_sweep(st, gg__give, main, main_ok);
+  gg__giveback_sweep(st, gg__give, &(gg__gsweep_t){main, main_ok, stream, any});
   gg__err_restore(&saved);
 }
 
@@ -362,7 +368,7 @@ static void gg__grebind_locked(gg__gdev_t *st, gg_arena_t *main) {
     st->main_stream = NULL, st->main_track = false;
     if (!main && st->dev && gg__gempty(st) && !st->garena) gg__dev_close(st->dev), st->dev = NULL;
   }
-  gg__giveback_sweep(st, gg__stale, main, false);
+  gg__giveback_sweep(st, gg__stale, &(gg__gsweep_t){.main = main});
   if (st->garena) {
     gg_arena_stats_t s;
     if (gg_arena_stats(st->garena, &s) == 0 && s.n_live == 0) gg_arena_trim(st->garena, 0);
