@@ -2,7 +2,8 @@
 # gpu_ns_kill.sh BUILD SRC — on a real GPU: workers holding device memory run under
 # `gpuguard run --pid-ns=on` (plain background processes and a setsid'd one: no death signal of their
 # own), the runner is SIGKILLed, and the script prints the milliseconds until NVML lists none of them
-# and the device's free memory is back (gpu_hold killwatch polls NVML every 1 ms). Then the same with torchrun on 2 GPUs when there are 2 and
+# and the device's free memory is back (gpu_hold killwatch polls NVML every 1 ms), beside the floor:
+# the same workers SIGKILLed directly. Then the same with torchrun on 2 GPUs when there are 2 and
 # PyTorch is installed (an NCCL all_reduce first, so NCCL inside the namespace is exercised).
 # Exits 77 without a GPU or where PID namespaces are refused.
 set -euo pipefail
@@ -14,7 +15,8 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then e
 tmp=$(mktemp -d)
 export GPUGUARD_REGISTRY_DIR=$tmp/registry GPUGUARD_BACKEND=cuda
 unset GPUGUARD_SESSION
-trap 'rm -rf "$tmp"' EXIT
+# A failure must not leave workers behind: they would hold the GPU and ctest's output pipe.
+trap 'pkill -9 -f "^$hold hold 1600" || true; rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader >&2 || true; exit 1; }
 free_mib() { nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | sed -n "$(( ${1:-0} + 1 ))p"; }
 apps() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | tr -d ' ' | grep -c . || true; }
@@ -33,18 +35,28 @@ measure() { # name runner-pid ready-file lines-wanted base-free-mib [device]
   echo "$name: runner SIGKILLed -> NVML lists no process after ${t_apps} ms, free memory back after ${t_mem} ms"
 }
 
-# 1. Three workers of 1600 MiB each, one of them setsid'd (a daemon), none with a death signal: in a
-#    PID namespace, then (for comparison) with today's design (the runner's watchdog).
-for mode in on off; do
-  base=$(free_mib)
-  "$g" run --pid-ns=$mode -- sh -c "
-    $hold hold 1600 >> $tmp/ready1$mode &
-    $hold hold 1600 >> $tmp/ready1$mode &
-    setsid $hold hold 1600 >> $tmp/ready1$mode &
-    wait" &
-  measure "spawned workers, --pid-ns=$mode" $! "$tmp/ready1$mode" 3 "$base"
-  sleep 0.5
-done
+# 0. The floor: the same three workers SIGKILLed directly, all at once (one process group), and one
+#    alone; no runner involved. What the driver itself takes to tear their contexts down.
+base=$(free_mib)
+setsid sh -c "$hold hold 1600 >> $tmp/ready0 & $hold hold 1600 >> $tmp/ready0 & $hold hold 1600 >> $tmp/ready0 & wait" &
+floor=$!
+sleep 0.2
+measure "floor: 3 workers SIGKILLed directly" "-$floor" "$tmp/ready0" 3 "$base"
+wait $floor 2>/dev/null || true
+base=$(free_mib)
+"$hold" hold 1600 >> "$tmp/ready00" &
+measure "floor: 1 worker SIGKILLed directly" $! "$tmp/ready00" 1 "$base"
+
+# 1. Three workers of 1600 MiB each, one of them setsid'd (a daemon), none with a death signal. (With
+#    --pid-ns=off the runner's SIGKILL leaves them as orphans until `gpuguard reap`: the design limit
+#    the namespace removes.)
+base=$(free_mib)
+"$g" run --pid-ns=on -- sh -c "
+  $hold hold 1600 >> $tmp/ready1 &
+  $hold hold 1600 >> $tmp/ready1 &
+  setsid $hold hold 1600 >> $tmp/ready1 &
+  wait" &
+measure "spawned workers" $! "$tmp/ready1" 3 "$base"
 
 # 2. torchrun on 2 GPUs, NCCL all_reduce, then each rank holds 1600 MiB.
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && python3 -c "import torch, torch.distributed" 2>/dev/null; then
