@@ -8,9 +8,8 @@
 # default and a bad value is a usage error; `ps` from outside shows a namespaced job by its host pids.
 # Arguments: build dir, source dir.
 set -euo pipefail
-# `run`'s default is --pid-ns=off for now (docs/cli.md); these checks were written for auto, which
-# GPUGUARD_PID_NS selects. The off design runs where a check says --pid-ns=off.
-export GPUGUARD_PID_NS=auto
+# `run`'s default is --pid-ns=auto; the off design runs where a check says --pid-ns=off.
+unset GPUGUARD_PID_NS
 build=$1
 g=$build/gpuguard
 tmp=$(mktemp -d)
@@ -161,7 +160,7 @@ if $g run --pid-ns=on -- true 2>"$tmp/ns.err"; then
   ! pgrep -x -f "sleep 67.$tag" >/dev/null || fail "--pid-ns=on: the leftover that ignores TERM outlived the job"
   # GPUGUARD_PID_NS sets the default; --pid-ns beats it.
   env -u GPUGUARD_PID_NS $g run --receipt "$tmp/e.json" -- true 2>"$tmp/err" || fail "run without GPUGUARD_PID_NS"
-  python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["pid_ns"] is False' "$tmp/e.json" # off by default
+  python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["pid_ns"] is True' "$tmp/e.json" # auto by default
   ! grep -q "namespace" "$tmp/err" || fail "the default (off) spoke of namespaces: $(cat "$tmp/err")"
   GPUGUARD_PID_NS=off expect_rc 0 $g run --receipt "$tmp/e.json" -- true
   python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["pid_ns"] is False' "$tmp/e.json"

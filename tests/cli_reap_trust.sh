@@ -8,9 +8,8 @@
 # for reap). With a PID namespace (the default where allowed) the kernel ends the job, another user's
 # process inside included, and reap finds nothing: checked last, skipped where namespaces are refused.
 set -euo pipefail
-# `run`'s default is --pid-ns=off for now (docs/cli.md); these checks were written for auto, which
-# GPUGUARD_PID_NS selects. The off design runs where a check says --pid-ns=off.
-export GPUGUARD_PID_NS=auto
+# `run`'s default is --pid-ns=auto; the off design runs where a check says --pid-ns=off.
+unset GPUGUARD_PID_NS
 build=$1
 g="$(cd "$build" && pwd)/gpuguard"
 tmp=$(mktemp -d)

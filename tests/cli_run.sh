@@ -10,9 +10,8 @@
 # saying so.
 # Arguments: build dir, source dir.
 set -euo pipefail
-# `run`'s default is --pid-ns=off for now (docs/cli.md); these checks were written for auto, which
-# GPUGUARD_PID_NS selects. The off design runs where a check says --pid-ns=off.
-export GPUGUARD_PID_NS=auto
+# `run`'s default is --pid-ns=auto; the off design runs where a check says --pid-ns=off.
+unset GPUGUARD_PID_NS
 build=$1
 g=$build/gpuguard
 tmp=$(mktemp -d)

@@ -47,7 +47,8 @@ static double now_ms(void) {
 static int killwatch(pid_t victim, unsigned dev, unsigned long long want_free_mib) {
   void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
   if (!lib) return fprintf(stderr, "gpu_hold: no NVML\n"), 2;
-  int (*init)(void), (*handle)(unsigned, void **), (*procs)(void *, unsigned *, void *), (*mem)(void *, void *);
+  int (*init)(void), (*handle)(unsigned, void **), (*procs)(void *, unsigned *, void *),
+      (*mem)(void *, void *);
   void *s[4] = {dlsym(lib, "nvmlInit_v2"), dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"),
                 dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"), dlsym(lib, "nvmlDeviceGetMemoryInfo")};
   if (!s[2]) s[2] = dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v2");

@@ -25,14 +25,15 @@ ms() { date +%s%3N; }
 # Measures one runner: waits for `ready` lines, SIGKILLs it, polls NVML every 1 ms.
 measure() { # name runner-pid ready-file lines-wanted base-free-mib [device]
   local name=$1 runner=$2 ready=$3 want=$4 base=$5 dev=${6:-0}
-  for i in $(seq 1 1200); do [ "$(grep -c ready "$ready" 2>/dev/null || echo 0)" -ge "$want" ] && break; sleep 0.1; done
-  [ "$(grep -c ready "$ready")" -ge "$want" ] || fail "$name: the workers never became ready"
+  local got
+  ready_n() { got=$(grep -c ready "$ready" 2>/dev/null || true); echo "${got:-0}"; }
+  for i in $(seq 1 1200); do [ "$(ready_n)" -ge "$want" ] && break; sleep 0.1; done
+  [ "$(ready_n)" -ge "$want" ] || fail "$name: the workers never became ready"
   echo "$name: holding $(( base - $(free_mib "$dev") )) MiB in $(apps) processes"
   "$g" ps || true
-  local got
   got=$("$hold" killwatch "$runner" "$dev" $((base - 64))) || fail "$name: still held 10 s after the runner's SIGKILL ($got)"
   read -r _ t_apps t_mem <<< "$got"
-  echo "$name: runner SIGKILLed -> NVML lists no process after ${t_apps} ms, free memory back after ${t_mem} ms"
+  echo "$name: SIGKILL -> NVML lists no process after ${t_apps} ms, free memory back after ${t_mem} ms"
 }
 
 # 0. The floor: the same three workers SIGKILLed directly, all at once (one process group), and one

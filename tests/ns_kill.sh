@@ -8,9 +8,8 @@
 # runs, its status passes; =on fails with exit 126; =off and GPUGUARD_PID_NS=off say nothing. Prints,
 # for 1 and 8 sleeping children, the time from the runner's SIGKILL until no process of the job exists.
 set -euo pipefail
-# `run`'s default is --pid-ns=off for now (docs/cli.md); these checks were written for auto, which
-# GPUGUARD_PID_NS selects. The off design runs where a check says --pid-ns=off.
-export GPUGUARD_PID_NS=auto
+# `run`'s default is --pid-ns=auto; the off design runs where a check says --pid-ns=off.
+unset GPUGUARD_PID_NS
 build=$1
 g="$build/gpuguard"
 tmp=$(mktemp -d)

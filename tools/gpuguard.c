@@ -445,11 +445,11 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       {"grace", required_argument, 0, 'g'},  {"receipt", required_argument, 0, 'r'},
       {"device", required_argument, 0, 'd'}, {"pid-ns", optional_argument, 0, 'p'},
       {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
-  *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_OFF, .receipt_fd = -1};
-  /* Off by default for now: with auto, `run` hung after CMD ended on an H200 host (a SIGCHLD taken by a
-   * CUDA driver thread; run_wait now looks at least every 100 ms, not yet run there).
-   * The default comes from GPUGUARD_PID_NS when it is set (empty counts as unset); --pid-ns beats it.
-   * A bad value is refused even then: a typo in a site-wide setting should not go unnoticed. */
+  *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_AUTO, .receipt_fd = -1};
+  /* auto by default: a SIGKILLed runner then takes its whole job with it (docs/cli.md says what was
+   * measured before choosing it). The default comes from GPUGUARD_PID_NS when it is set (empty counts as
+   * unset); --pid-ns beats it. A bad value is refused even then: a typo in a site-wide setting should not go
+   * unnoticed. */
   const char *env_ns = getenv("GPUGUARD_PID_NS");
   if (env_ns && *env_ns && (o->pid_ns = parse_pid_ns(env_ns)) < 0) {
     char why[160];
@@ -788,7 +788,7 @@ static const command_t commands[] = {
      "  --pid-ns[=MODE] CMD in its own PID namespace, so that if the runner is SIGKILLed the kernel\n"
      "                  ends every process of the job at once. auto (MODE when left out): where the\n"
      "                  system allows one (root, or an unprivileged user namespace), otherwise\n"
-     "                  without, saying so on one line; on: or fail (exit 126); off (the default).\n"
+     "                  without, saying so on one line (the default); on: or fail (exit 126); off.\n"
      "                  GPUGUARD_PID_NS=auto|on|off sets the default (a bad value is a usage error)\n"
      "  -h, --help      this help\n"
      "The runner is a child subreaper, records a session leader in the registry (children inherit\n"
