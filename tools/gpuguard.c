@@ -515,19 +515,30 @@ static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
   env->have_dev = gg_device_info((int)o->device, &env->dev) == 0;
   gg_spawn_options_t so;
   gg_spawn_options_init(&so);
-  so.pid_ns = o->pid_ns, so.pid_ns_grace_ms = (int)o->grace; /* the rest of the namespace gets --grace too */
-  o->in_ns = o->pid_ns == GG_SPAWN_PID_NS_ON;
-  if (o->pid_ns == GG_SPAWN_PID_NS_AUTO) { /* one line when refused, then the design without one */
-    o->in_ns = gg_proc_pid_ns_probe() > 0;
-    if (!o->in_ns)
-      fprintf(stderr,
-              "gpuguard run: the job runs without a PID namespace, so if this runner is SIGKILLed what is "
-              "left of it waits for `gpuguard reap` (--pid-ns=off or GPUGUARD_PID_NS=off: no check, no "
-              "line). Why: %s\n",
-              gg_last_error());
-  }
-  if (!o->in_ns) so.pid_ns = GG_SPAWN_PID_NS_OFF; /* refused: the spawn need not try again */
+  so.pid_ns_grace_ms = (int)o->grace; /* the rest of the namespace gets --grace too */
+  o->in_ns = o->pid_ns != GG_SPAWN_PID_NS_OFF;
+  bool fallback = o->pid_ns == GG_SPAWN_PID_NS_AUTO; /* one line when refused, then the design without */
+  char why[512] = "";
+  if (fallback && gg_proc_pid_ns_probe() <= 0)
+    o->in_ns = false, snprintf(why, sizeof why, "%s", gg_last_error());
+  /* After a good probe the spawn asks for ON, not AUTO: a refusal between the two (a sysctl changed)
+   * then falls back below, saying so, instead of a job that runs without one while the receipt says it
+   * has one. */
+  so.pid_ns = o->in_ns ? GG_SPAWN_PID_NS_ON : GG_SPAWN_PID_NS_OFF;
   int rc = gg_proc_spawn(NULL, (const char *const *)o->cmd, &so, &r->pid);
+  if (rc != 0 && o->in_ns && fallback && strstr(gg_last_error(), "PID namespace"))
+    o->in_ns = false, snprintf(why, sizeof why, "%s", gg_last_error());
+  if (fallback && !o->in_ns) {
+    fprintf(stderr,
+            "gpuguard run: the job runs without a PID namespace, so if this runner is SIGKILLed what is "
+            "left of it waits for `gpuguard reap` (--pid-ns=off or GPUGUARD_PID_NS=off: no check, no "
+            "line). Why: %s\n",
+            why);
+    if (rc != 0) {
+      so.pid_ns = GG_SPAWN_PID_NS_OFF;
+      rc = gg_proc_spawn(NULL, (const char *const *)o->cmd, &so, &r->pid);
+    }
+  }
   if (rc == 0) return -1;
   fprintf(stderr, "gpuguard run: %s\n", gg_last_error());
   gg_registry_unregister();
