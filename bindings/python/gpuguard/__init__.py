@@ -14,7 +14,7 @@ from .errors import (DriverError, GpuGuardError, InvalidArgumentError, IOError_,
 from .guard import DEFAULT_SIGNALS, SIGHUP, SIGINT, SIGNALS_FATAL, SIGQUIT, SIGTERM, Guard
 from .proc import (adopt, arm_child, close_device_fds, orphans, pid_ns_probe, registry_list, registry_register,
                    registry_session, registry_unregister, set_subreaper, spawn, teardown)
-from .query import device_count, device_info, processes
+from .query import device_count, device_info, device_telemetry, processes
 
 # Memory diagnostics, imported on first use so that `import gpuguard` stays light (none imports torch).
 _LAZY = {"holders": ".holding", "Holders": ".holding", "rounds": ".growth", "MemoryGrowthWarning": ".growth",
@@ -45,7 +45,7 @@ def unload_ipython_extension(shell: object) -> None:
 __all__ = [
     "Allocation", "Arena", "ArenaScope", "NO_STREAM", "TRIM_ON_SCOPE_EXIT", "DriverError", "GpuGuardError",
     "InvalidArgumentError", "IOError_", "NoDeviceError", "NotFoundError", "NotSupportedError",
-    "OutOfMemoryError", "PermissionError_", "StateError", "TimeoutError_", "device_count", "device_info",
+    "OutOfMemoryError", "PermissionError_", "StateError", "TimeoutError_", "device_count", "device_info", "device_telemetry",
     "processes", "version", "Guard", "DEFAULT_SIGNALS", "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT",
     "SIGNALS_FATAL", "spawn", "adopt", "teardown", "arm_child", "set_subreaper", "close_device_fds",
     "registry_list", "registry_register", "registry_session", "registry_unregister", "orphans", "pid_ns_probe",

@@ -80,6 +80,11 @@ class DeviceInfo(Structure):
                 ("cc_major", c_int), ("cc_minor", c_int), ("driver_version", c_int), ("vmm_supported", c_int)]
 
 
+class DeviceTelemetry(Structure):
+    _fields_ = [("index", c_int), ("utilization_gpu", c_int), ("utilization_memory", c_int),
+                ("temperature_c", c_int), ("power_watts", c_double), ("power_limit_watts", c_double)]
+
+
 class Process(Structure):
     _fields_ = [("pid", c_int), ("ppid", c_int), ("uid", c_uint), ("user", c_char * 32), ("state", c_char),
                 ("start_time", c_ulonglong), ("used_bytes", c_longlong), ("device", c_int), ("cls", c_int),
@@ -176,6 +181,7 @@ FUNCTIONS: List[Tuple[str, list, Any, bool]] = [
     ("gg_sizeof", [c_char_p], c_size_t, False),
     ("gg_device_count", [POINTER(c_int)], _STATUS, True),
     ("gg_device_info", [c_int, POINTER(DeviceInfo)], _STATUS, True),
+    ("gg_device_telemetry", [c_int, POINTER(DeviceTelemetry)], _STATUS, True),
     ("gg_process_list", [c_int, POINTER(Process), c_size_t, POINTER(c_size_t)], _STATUS, True),
     ("gg_process_class_name", [c_int], c_char_p, False),
     ("gg_host_fault_set", [c_char_p], _STATUS, True),

@@ -4,7 +4,10 @@ from __future__ import annotations
 from ctypes import byref, c_int, c_size_t
 from typing import Any, Dict, List
 
-from ._lib import C, DeviceInfo, Process
+from ._lib import C, DeviceInfo, DeviceTelemetry, Process
+from .errors import INT_MAX, check_int
+
+_INT_MIN = -INT_MAX - 1
 
 
 def device_count() -> int:
@@ -17,6 +20,7 @@ def device_count() -> int:
 def device_info(device: int = 0) -> Dict[str, Any]:
     """Name, UUID, backend, memory (total/free/used bytes), compute capability, driver version and VMM
     support of one device, with its free memory as the driver reports it now."""
+    check_int("gpuguard.device_info", "device", device, _INT_MIN, INT_MAX)  # C says which ordinals exist
     d = DeviceInfo()
     C.gg_device_info(device, byref(d))
     return {
@@ -27,10 +31,30 @@ def device_info(device: int = 0) -> Dict[str, Any]:
     }
 
 
+def device_telemetry(device: int = 0) -> Dict[str, Any]:
+    """Utilisation (percent of the last sample period with a kernel running / with memory traffic),
+    temperature (degrees Celsius) and power (watts, and the enforced limit) of one device, from NVML,
+    as nvidia-smi shows them; a reading the device does not offer is None. Creates no CUDA context.
+    Raises NotSupportedError where NVML cannot be loaded (no NVIDIA driver: the host backend has no
+    such readings), NoDeviceError for a device NVML does not know."""
+    check_int("gpuguard.device_telemetry", "device", device, _INT_MIN, INT_MAX)
+    t = DeviceTelemetry()
+    C.gg_device_telemetry(device, byref(t))
+
+    def known(v: Any) -> Any:
+        return None if v < 0 else v
+    return {
+        "index": t.index, "utilization_gpu": known(t.utilization_gpu),
+        "utilization_memory": known(t.utilization_memory), "temperature_c": known(t.temperature_c),
+        "power_watts": known(t.power_watts), "power_limit_watts": known(t.power_limit_watts),
+    }
+
+
 def processes(device: int = 0) -> List[Dict[str, Any]]:
     """The processes holding device memory (NVML, else /dev/nvidia* descriptors), each joined with /proc
     and classified: "guarded", "orphan", "fd-holder", "foreign" or "unknown". ``used_bytes`` is None
     when the driver does not say."""
+    check_int("gpuguard.processes", "device", device, _INT_MIN, INT_MAX)
     count = c_size_t(0)
     rows = (Process * 0)()
     for _ in range(4):  # the list can grow between asking for its size and reading it

@@ -19,6 +19,7 @@ def test_status_table_matches_the_library():
 
 STRUCTS = {
     "gg_device_info_t": _lib.DeviceInfo,
+    "gg_device_telemetry_t": _lib.DeviceTelemetry,
     "gg_process_t": _lib.Process,
     "gg_arena_options_t": _lib.ArenaOptions,
     "gg_arena_stats_t": _lib.ArenaStats,

@@ -37,6 +37,32 @@ def test_host_device_info():
     assert d["free_bytes"] + d["used_bytes"] == d["total_bytes"]
     with pytest.raises(gpuguard.NoDeviceError, match="device 5 does not exist"):
         gpuguard.device_info(5)
+    # ctypes would wrap 2**32 to device 0: every device query refuses what C's int cannot hold.
+    for f in (gpuguard.device_info, gpuguard.device_telemetry, gpuguard.processes):
+        with pytest.raises(gpuguard.InvalidArgumentError, match="device 4294967296 is out of range"):
+            f(2**32)
+
+
+def test_telemetry_from_a_stand_in_nvml(monkeypatch):
+    fake = os.environ.get("GPUGUARD_FAKE_NVML")
+    if not fake:
+        pytest.skip("GPUGUARD_FAKE_NVML (the test build's libfake_nvml.so) is not set")
+    monkeypatch.setenv("GPUGUARD_NVML_LIBRARY", fake)
+    monkeypatch.setenv("FAKE_NVML_TELEMETRY", "87,40,61,412500,700000")
+    t = gpuguard.device_telemetry(0)
+    assert t == {"index": 0, "utilization_gpu": 87, "utilization_memory": 40, "temperature_c": 61,
+                 "power_watts": 412.5, "power_limit_watts": 700.0}
+    monkeypatch.setenv("FAKE_NVML_TELEMETRY", "5,6,,,")  # no temperature or power sensor: None, not -1
+    t = gpuguard.device_telemetry(0)
+    assert (t["utilization_gpu"], t["temperature_c"], t["power_watts"]) == (5, None, None)
+
+
+def test_telemetry_without_nvml(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUGUARD_NVML_LIBRARY", str(tmp_path / "no-such-libnvidia-ml.so"))
+    with pytest.raises(gpuguard.NotSupportedError):
+        gpuguard.device_telemetry(0)
+    with pytest.raises((gpuguard.NoDeviceError, gpuguard.InvalidArgumentError)):
+        gpuguard.device_telemetry(-1)
 
 
 def test_processes_from_a_stand_in_nvml(monkeypatch):
