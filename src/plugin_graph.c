@@ -256,7 +256,6 @@ static void gg__gscan(gg__gdev_t *st) {
   }
 }
 
-/* Gives one block back: 1 when done (or when it is no longer ours to give), 0 to try again later. */
 /* What a sweep of the give-back list may do: `main` the registered arena, which may touch its stream in
  * this call when `main_ok` (NORMAL mode); `stream` the stream of the call that sweeps; `any_stream` for
  * the explicit calls (stats, trim), which may wait for any stream of a block freed during a capture. */
@@ -267,6 +266,7 @@ typedef struct gg__gsweep {
   bool any_stream;
 } gg__gsweep_t;
 
+/* Gives one block back: 1 when done (or when it is no longer ours to give), 0 to try again later. */
 static int gg__give(gg__gdev_t *st, gg__gblk_t *r, const gg__gsweep_t *w) {
   gg_arena_t *main = w->main;
   if (r->from && !w->main_ok) return 0;
@@ -319,14 +319,13 @@ static void gg__giveback_sweep(gg__gdev_t *st, int (*done)(gg__gdev_t *, gg__gbl
   atomic_store(&st->work, st->giveback != NULL);
 }
 
-/* Scans for dead graphs and gives back what can go back now (gg__gsweep_t says what may be waited for).
- * Lock held. */
-static void gg__gmaintain_locked(gg__gdev_t *st, gg_arena_t *main, bool main_ok, void *stream, bool any) {
+/* Scans for dead graphs and gives back what can go back now (`w` says what may be waited for). Lock held. */
+static void gg__gmaintain_locked(gg__gdev_t *st, const gg__gsweep_t *w) {
   gg__gscan(st);
   if (!st->giveback) return;
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  gg__giveback_sweep(st, gg__give, &(gg__gsweep_t){main, main_ok, stream, any});
+  gg__giveback_sweep(st, gg__give, w);
   gg__err_restore(&saved);
 }
 
@@ -471,13 +470,13 @@ int gg__graph_alloc(int device, gg_arena_t *main, size_t size, void *stream, voi
   if (GG__LIKELY(mode == GG__G_NORMAL)) {
     if (GG__UNLIKELY(gg__gpending(st))) {
       pthread_mutex_lock(&st->lock);
-      gg__gmaintain_locked(st, main, true, stream, false);
+      gg__gmaintain_locked(st, &(gg__gsweep_t){.main = main, .main_ok = true, .stream = stream});
       pthread_mutex_unlock(&st->lock);
     }
     return 0;
   }
   pthread_mutex_lock(&st->lock);
-  gg__gmaintain_locked(st, main, false, stream, false);
+  gg__gmaintain_locked(st, &(gg__gsweep_t){.main = main, .stream = stream});
   gg__gpool_t *p = NULL;
   gg__gblk_t *r = NULL;
   int rc = 0;
@@ -555,14 +554,15 @@ int gg__graph_free(int device, gg_arena_t *main, void *ptr, size_t size, void *s
   if (GG__LIKELY(mode == GG__G_NORMAL && atomic_load_explicit(&st->nrec, memory_order_relaxed) == 0)) {
     if (GG__UNLIKELY(gg__gpending(st))) {
       pthread_mutex_lock(&st->lock);
-      gg__gmaintain_locked(st, main, main != NULL, stream, false);
+      gg__gmaintain_locked(st, &(gg__gsweep_t){.main = main, .main_ok = main != NULL, .stream = stream});
       pthread_mutex_unlock(&st->lock);
     }
     return 0;
   }
   pthread_mutex_lock(&st->lock);
   int rc = gg__gfree_locked(st, main, mode, id, ptr, size, stream);
-  gg__gmaintain_locked(st, main, mode == GG__G_NORMAL && main, stream, false);
+  gg__gmaintain_locked(
+      st, &(gg__gsweep_t){.main = main, .main_ok = mode == GG__G_NORMAL && main, .stream = stream});
   pthread_mutex_unlock(&st->lock);
   return rc;
 }
@@ -588,7 +588,7 @@ int gg_plugin_graph_stats(int device, gg_plugin_graph_stats_t *out) {
   memset(out, 0, sizeof *out);
   if (!st) return 0;
   pthread_mutex_lock(&st->lock);
-  if (st->dev) gg__gmaintain_locked(st, NULL, false, NULL, true); /* graph-arena blocks only: no main arena */
+  if (st->dev) gg__gmaintain_locked(st, &(gg__gsweep_t){.any_stream = true}); /* graph-arena blocks only */
   for (const gg__gpool_t *p = st->pools; p; p = p->next) out->n_pools++;
   for (size_t i = 0; i < st->map.cap; i++) {
     const gg__gblk_t *r = st->map.vals[i];
@@ -616,7 +616,7 @@ int gg_plugin_trim(int device, size_t keep, size_t *released) {
   gg_arena_t *drop = NULL;
   size_t freed = 0;
   pthread_mutex_lock(&st->lock);
-  if (st->dev) gg__gmaintain_locked(st, NULL, false, NULL, true);
+  if (st->dev) gg__gmaintain_locked(st, &(gg__gsweep_t){.any_stream = true});
   if (st->garena) {
     gg_arena_stats_t before, after;
     if ((rc = gg_arena_stats(st->garena, &before)) == 0 && (rc = gg_arena_trim(st->garena, keep)) == 0 &&

@@ -12,10 +12,10 @@
  *                                   takes tens of ms per call: too coarse for this) */
 #include <dlfcn.h>
 #include <signal.h>
-#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gpuguard/gpuguard.h"

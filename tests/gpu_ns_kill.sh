@@ -20,7 +20,6 @@ trap 'pkill -9 -f "^$hold hold 1600" || true; rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader >&2 || true; exit 1; }
 free_mib() { nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | sed -n "$(( ${1:-0} + 1 ))p"; }
 apps() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | tr -d ' ' | grep -c . || true; }
-ms() { date +%s%3N; }
 
 # Measures one runner: waits for `ready` lines, SIGKILLs it, polls NVML every 1 ms.
 measure() { # name runner-pid ready-file lines-wanted base-free-mib [device]
@@ -41,7 +40,6 @@ measure() { # name runner-pid ready-file lines-wanted base-free-mib [device]
 base=$(free_mib)
 setsid sh -c "$hold hold 1600 >> $tmp/ready0 & $hold hold 1600 >> $tmp/ready0 & $hold hold 1600 >> $tmp/ready0 & wait" &
 floor=$!
-sleep 0.2
 measure "floor: 3 workers SIGKILLed directly" "-$floor" "$tmp/ready0" 3 "$base"
 wait $floor 2>/dev/null || true
 base=$(free_mib)
