@@ -185,6 +185,7 @@ fi
 $g watch --listen 127.0.0.1:0 2>"$tmp/listen.err" &
 server=$!
 keep+=($server)
+keep+=($server)
 for i in $(seq 1 250); do grep -q "serving http://" "$tmp/listen.err" && break; sleep 0.02; done
 url=$(grep -o 'http://[^ ]*/metrics' "$tmp/listen.err") || fail "no address on stderr: $(cat "$tmp/listen.err")"
 python3 - "$url" <<'PY'
@@ -248,6 +249,7 @@ set +e; wait $server; rc=$?; set -e
 [ $rc = 0 ] || fail "the exporter exited $rc on SIGTERM"
 $g watch --listen 127.0.0.1:0 --count 2 2>"$tmp/listen2.err" &
 server=$!
+keep+=($server)
 keep+=($server)
 for i in $(seq 1 250); do grep -q "serving http://" "$tmp/listen2.err" && break; sleep 0.02; done
 url=$(grep -o 'http://[^ ]*/metrics' "$tmp/listen2.err")
