@@ -1,6 +1,7 @@
 /* plugin.c — the allocator plugin: PyTorch's CUDAPluggableAllocator entry points over one registered
  * arena per device, and their counters. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,13 +15,18 @@
 #include "plugin_graph.h"
 #include "plugin_internal.h"
 
-/* One gg_plugin_stat_t, kept with atomics: the plugin is called from many threads at once. */
+/* One gg_plugin_stat_t. */
 typedef struct gg__plug_stat {
-  atomic_ullong current, peak, allocated, freed;
+  unsigned long long current, peak, allocated, freed;
 } gg__plug_stat_t;
 
+/* A device's counters, under one spin lock: a call updates eighteen figures, and as separate atomics
+ * (about 30 locked instructions per alloc+free pair) they cost more than the allocation itself (H200
+ * host: a 256 B pair through the plugin took 420 ns against 48 ns through gg_alloc). One exchange
+ * keeps the figures exact, the peak included. */
 typedef struct gg__plug_counters {
-  atomic_ullong allocs, frees, failed_allocs, failed_frees, waits;
+  _Alignas(64) atomic_int lock;
+  unsigned long long allocs, frees, failed_allocs, failed_frees, waits;
   gg__plug_stat_t bytes[3], requested[3], blocks[3]; /* GG_PLUGIN_ALL, _SMALL, _LARGE */
 } gg__plug_counters_t;
 
@@ -146,6 +152,8 @@ void gg__plugin_fork_parent(void) {
 }
 
 void gg__plugin_fork_child(void) {
+  for (int i = 0; i < GG_PLUGIN_MAX_DEVICES; i++) /* a parent thread may have held one at the fork */
+    atomic_store(&gg__plug_count[i].lock, 0);
   if (!gg__plug_forking) return;
   gg__plug_forking = false;
   memset(gg__plug, 0, sizeof gg__plug);
@@ -184,37 +192,62 @@ int gg_plugin_get_arena(int device, gg_arena_t **arena) {
   return 0;
 }
 
+static gg__plug_counters_t *gg__counters_lock(int device) {
+  gg__plug_counters_t *c = &gg__plug_count[device];
+  while (atomic_exchange_explicit(&c->lock, 1, memory_order_acquire))
+    while (atomic_load_explicit(&c->lock, memory_order_relaxed)) sched_yield();
+  return c;
+}
+
+static void gg__counters_unlock(gg__plug_counters_t *c) {
+  atomic_store_explicit(&c->lock, 0, memory_order_release);
+}
+
 static void gg__stat_add(gg__plug_stat_t *st, unsigned long long n) {
-  unsigned long long now = atomic_fetch_add_explicit(&st->current, n, memory_order_relaxed) + n;
-  atomic_fetch_add_explicit(&st->allocated, n, memory_order_relaxed);
-  unsigned long long peak = atomic_load_explicit(&st->peak, memory_order_relaxed);
-  while (now > peak && !atomic_compare_exchange_weak_explicit(&st->peak, &peak, now, memory_order_relaxed,
-                                                              memory_order_relaxed)) {
-  }
+  st->current += n, st->allocated += n;
+  if (st->current > st->peak) st->peak = st->current;
 }
 
-static void gg__stat_sub(gg__plug_stat_t *st, unsigned long long n) {
-  atomic_fetch_sub_explicit(&st->current, n, memory_order_relaxed);
-  atomic_fetch_add_explicit(&st->freed, n, memory_order_relaxed);
-}
+static void gg__stat_sub(gg__plug_stat_t *st, unsigned long long n) { st->current -= n, st->freed += n; }
 
-/* What PyTorch's statistics count for one block: its bytes (rounded as the arena rounds), the bytes
- * asked for and the block itself, in "all" and in its size class. */
+/* Counters locked. What PyTorch's statistics count for one block: its bytes (rounded as the arena
+ * rounds), the bytes asked for and the block itself, in "all" and in its size class. */
 static void gg__count_block(gg__plug_counters_t *c, size_t size, bool add) {
   unsigned long long rounded = (size + GG__QUANTUM - 1) & ~(unsigned long long)(GG__QUANTUM - 1);
   int cls = size <= GG__SMALL_MAX ? GG_PLUGIN_SMALL : GG_PLUGIN_LARGE;
-  void (*op)(gg__plug_stat_t *, unsigned long long) = add ? gg__stat_add : gg__stat_sub;
   for (int i = 0; i < 2; i++) {
     int k = i ? cls : GG_PLUGIN_ALL;
-    op(&c->bytes[k], rounded), op(&c->requested[k], size), op(&c->blocks[k], 1);
+    if (add)
+      gg__stat_add(&c->bytes[k], rounded), gg__stat_add(&c->requested[k], size),
+          gg__stat_add(&c->blocks[k], 1);
+    else
+      gg__stat_sub(&c->bytes[k], rounded), gg__stat_sub(&c->requested[k], size),
+          gg__stat_sub(&c->blocks[k], 1);
   }
 }
 
-static void gg__stat_read(gg__plug_stat_t *st, gg_plugin_stat_t *out) {
-  out->current = atomic_load(&st->current);
-  out->peak = atomic_load(&st->peak);
-  out->allocated = atomic_load(&st->allocated);
-  out->freed = atomic_load(&st->freed);
+/* Counts one call's outcome: a failure, or a block that came (add) or went, with whether it waited. */
+static void gg__count_call(int device, int rc, bool add, size_t size, int synced) {
+  if (device < 0 || device >= GG_PLUGIN_MAX_DEVICES) return;
+  gg__plug_counters_t *c = gg__counters_lock(device);
+  if (rc < 0) {
+    if (add)
+      c->failed_allocs++;
+    else
+      c->failed_frees++;
+  } else {
+    c->waits += synced != 0;
+    if (add)
+      c->allocs++;
+    else
+      c->frees++;
+    if (size > 0) gg__count_block(c, size, add);
+  }
+  gg__counters_unlock(c);
+}
+
+static void gg__stat_read(const gg__plug_stat_t *st, gg_plugin_stat_t *out) {
+  out->current = st->current, out->peak = st->peak, out->allocated = st->allocated, out->freed = st->freed;
 }
 
 /* Applies fn to every figure of a device's counters. */
@@ -222,21 +255,26 @@ static void gg__stats_each(gg__plug_counters_t *c, void (*fn)(gg__plug_stat_t *)
   for (int k = 0; k < 3; k++) fn(&c->bytes[k]), fn(&c->requested[k]), fn(&c->blocks[k]);
 }
 
-static void gg__stat_peak_reset(gg__plug_stat_t *st) { atomic_store(&st->peak, atomic_load(&st->current)); }
-static void gg__stat_totals_reset(gg__plug_stat_t *st) {
-  atomic_store(&st->allocated, 0);
-  atomic_store(&st->freed, 0);
-}
+static void gg__stat_peak_reset(gg__plug_stat_t *st) { st->peak = st->current; }
+static void gg__stat_totals_reset(gg__plug_stat_t *st) { st->allocated = st->freed = 0; }
 
 int gg_plugin_reset_peak(int device) {
   int rc = gg__plug_device(device, "gg_plugin_reset_peak");
-  if (rc == 0) gg__stats_each(&gg__plug_count[device], gg__stat_peak_reset);
+  if (rc == 0) {
+    gg__plug_counters_t *c = gg__counters_lock(device);
+    gg__stats_each(c, gg__stat_peak_reset);
+    gg__counters_unlock(c);
+  }
   return rc;
 }
 
 int gg_plugin_reset_totals(int device) {
   int rc = gg__plug_device(device, "gg_plugin_reset_totals");
-  if (rc == 0) gg__stats_each(&gg__plug_count[device], gg__stat_totals_reset);
+  if (rc == 0) {
+    gg__plug_counters_t *c = gg__counters_lock(device);
+    gg__stats_each(c, gg__stat_totals_reset);
+    gg__counters_unlock(c);
+  }
   return rc;
 }
 
@@ -244,17 +282,16 @@ int gg_plugin_stats(int device, gg_plugin_stats_t *stats) {
   if (!stats) return gg__err(GG_EINVAL, "gg_plugin_stats: stats is NULL");
   int rc = gg__plug_device(device, "gg_plugin_stats");
   if (rc < 0) return rc;
-  gg__plug_counters_t *c = &gg__plug_count[device];
-  stats->n_allocs = atomic_load(&c->allocs);
-  stats->n_frees = atomic_load(&c->frees);
-  stats->n_failed_allocs = atomic_load(&c->failed_allocs);
-  stats->n_failed_frees = atomic_load(&c->failed_frees);
-  stats->n_stream_waits = atomic_load(&c->waits);
+  gg__plug_counters_t *c = gg__counters_lock(device);
+  stats->n_allocs = c->allocs, stats->n_frees = c->frees;
+  stats->n_failed_allocs = c->failed_allocs, stats->n_failed_frees = c->failed_frees;
+  stats->n_stream_waits = c->waits;
   for (int k = 0; k < 3; k++) {
     gg__stat_read(&c->bytes[k], &stats->bytes[k]);
     gg__stat_read(&c->requested[k], &stats->requested[k]);
     gg__stat_read(&c->blocks[k], &stats->blocks[k]);
   }
+  gg__counters_unlock(c);
   memset(stats->reserved_, 0, sizeof stats->reserved_);
   pthread_rwlock_rdlock(&gg__plug_lock);
   stats->arena = gg__plug[device];
@@ -295,15 +332,8 @@ int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
       rc = gg__arena_alloc_on(a, (size_t)size, stream, ptr, &synced);
     pthread_rwlock_unlock(&gg__plug_lock);
   }
-  if (rc < 0) {
-    if (device >= 0 && device < GG_PLUGIN_MAX_DEVICES)
-      atomic_fetch_add(&gg__plug_count[device].failed_allocs, 1);
-    return rc;
-  }
-  gg__plug_counters_t *c = &gg__plug_count[device];
-  if (synced) atomic_fetch_add_explicit(&c->waits, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&c->allocs, 1, memory_order_relaxed);
-  gg__count_block(c, (size_t)size, true);
+  gg__count_call(device, rc, true, rc < 0 ? 0 : (size_t)size, synced);
+  if (rc < 0) return rc;
   gg__trace_line('a', *ptr, size, stream);
   return 0;
 }
@@ -344,14 +374,7 @@ void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     }
     pthread_rwlock_unlock(&gg__plug_lock);
   }
-  if (rc < 0) {
-    if (device >= 0 && device < GG_PLUGIN_MAX_DEVICES)
-      atomic_fetch_add(&gg__plug_count[device].failed_frees, 1);
+  gg__count_call(device, rc, false, rc < 0 || size <= 0 ? 0 : (size_t)size, synced);
+  if (rc < 0)
     fprintf(stderr, "gpuguard: gg_torch_free(%p, device %d) failed: %s\n", ptr, device, gg_last_error());
-    return;
-  }
-  gg__plug_counters_t *c = &gg__plug_count[device];
-  if (synced) atomic_fetch_add_explicit(&c->waits, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&c->frees, 1, memory_order_relaxed);
-  if (size > 0) gg__count_block(c, (size_t)size, false);
 }
