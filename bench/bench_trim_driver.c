@@ -180,6 +180,7 @@ typedef enum {
   W_EARLY_CHUNKS,    /* handles released at map time; an unmap per chunk */
   W_RANGE_BG,        /* one cuMemUnmap, releases on a second thread, waited for */
   W_PIPELINE_BG,     /* an unmap per chunk, each handle released on a second thread meanwhile */
+  W_RANGE_MT,        /* one cuMemUnmap, releases split over RELEASERS threads, waited for */
   W_COUNT
 } way_t;
 
@@ -189,7 +190,9 @@ static const char *const way_name[W_COUNT] = {"per chunk: unmap + release",
                                               "release at map; one range unmap",
                                               "release at map; unmap per chunk",
                                               "range unmap; releases on a thread",
-                                              "unmap per chunk; releases on a thread (pipelined)"};
+                                              "unmap per chunk; releases on a thread (pipelined)",
+                                              "range unmap; releases on 8 threads"};
+#define RELEASERS 8
 
 typedef struct sample {
   double ms;        /* until the driver has the memory back (what trim must wait for) */
@@ -204,9 +207,16 @@ static sample_t run_way(way_t w, size_t n, size_t chunk, CUcontext ctx) {
   mapping_t m;
   map_chunks(&m, n, chunk, early);
   sample_t s = {.map_ms = m.map_ms, .early_ms = m.early_release_ms};
-  releaser_t rel = {.ctx = ctx, .h = m.h, .n = n};
+  releaser_t rel = {.ctx = ctx, .h = m.h, .n = n}, mt[RELEASERS];
   atomic_init(&rel.ready, 0);
   if (w == W_RANGE_BG || w == W_PIPELINE_BG) pthread_create(&rel.thread, NULL, release_loop, &rel);
+  if (w == W_RANGE_MT)
+    for (size_t k = 0; k < RELEASERS; k++) {
+      size_t lo = n * k / RELEASERS, hi = n * (k + 1) / RELEASERS;
+      mt[k] = (releaser_t){.ctx = ctx, .h = m.h + lo, .n = hi - lo};
+      atomic_init(&mt[k].ready, 0);
+      pthread_create(&mt[k].thread, NULL, release_loop, &mt[k]);
+    }
   double t0 = now_ms();
   switch (w) {
   case W_PER_CHUNK:
@@ -237,10 +247,16 @@ static sample_t run_way(way_t w, size_t n, size_t chunk, CUcontext ctx) {
       atomic_store_explicit(&rel.ready, i + 1, memory_order_release);
     }
     break;
+  case W_RANGE_MT:
+    CK(cu.cuMemUnmap(m.base, n * chunk));
+    for (size_t k = 0; k < RELEASERS; k++) atomic_store_explicit(&mt[k].ready, mt[k].n, memory_order_release);
+    break;
   default: break;
   }
   s.return_ms = now_ms() - t0;
   if (w == W_RANGE_BG || w == W_PIPELINE_BG) pthread_join(rel.thread, NULL);
+  if (w == W_RANGE_MT)
+    for (size_t k = 0; k < RELEASERS; k++) pthread_join(mt[k].thread, NULL);
   s.ms = now_ms() - t0;
   s.free_delta = (long long)driver_free() - (long long)f0;
   unreserve(&m);
@@ -326,7 +342,7 @@ int main(int argc, char **argv) {
       (double)total / GiB, n, chunk / MiB);
   double *v = calloc((size_t)reps, sizeof *v);
   for (int w = 0; w < W_COUNT; w++) {
-    if (!range_ok && (w == W_RANGE || w == W_EARLY_RANGE || w == W_RANGE_BG)) {
+    if (!range_ok && (w == W_RANGE || w == W_EARLY_RANGE || w == W_RANGE_BG || w == W_RANGE_MT)) {
       printf("| %s | refused by this driver | | | | | | |\n", way_name[w]);
       continue;
     }
