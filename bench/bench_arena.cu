@@ -59,8 +59,17 @@ static result_t summarize(double *v, int n) {
 
 /* ---- allocators under test: one alloc+free pair each -------------------------------------------- */
 
-typedef enum { A_GG, A_GG_NOSTREAM, A_MALLOC, A_ASYNC, A_COUNT } alloc_kind_t;
-static gg_arena_t *arena[2];
+/* A_PLUGIN: what PyTorch's pluggable allocator calls (gg_torch_alloc / gg_torch_free on the arena's
+ * stream): stream-ordered, so a block freed on the stream is reusable at once by later work on it, as
+ * with cudaMallocAsync. */
+typedef enum { A_GG, A_GG_NOSTREAM, A_PLUGIN, A_MALLOC, A_ASYNC, A_COUNT } alloc_kind_t;
+static gg_arena_t *arena[3];
+
+static void *plugin_alloc(size_t size) {
+  void *p = NULL;
+  GG(gg_torch_alloc_status((ssize_t)size, 0, (void *)stream, &p));
+  return p;
+}
 
 static void pair(alloc_kind_t k, size_t size) {
   void *p = NULL;
@@ -69,6 +78,10 @@ static void pair(alloc_kind_t k, size_t size) {
   case A_GG_NOSTREAM:
     GG(gg_alloc(arena[k], size, &p));
     GG(gg_free(arena[k], p));
+    break;
+  case A_PLUGIN:
+    p = plugin_alloc(size);
+    gg_torch_free(p, (ssize_t)size, 0, (void *)stream);
     break;
   case A_MALLOC:
     CU(cudaMalloc(&p, size));
@@ -93,7 +106,8 @@ static unsigned long long arena_events(gg_arena_t *a) {
  * and batches of pairs timed together (for the median: the clock's own cost and jitter, ~50 ns per
  * read on the VM, would otherwise dominate a 100 ns figure). */
 static result_t measure_pairs(alloc_kind_t k, const size_t *sizes, int nsizes, int iters) {
-  for (int i = 0; i < 2000; i++) pair(k, sizes[i % nsizes]); /* warm: pools filled, chunks mapped, caches hot */
+  for (int i = 0; i < 2000; i++)
+    pair(k, sizes[i % nsizes]); /* warm: pools filled, chunks mapped, caches hot */
   unsigned long long ev0 = k == A_GG ? arena_events(arena[0]) : 0;
   double *v = (double *)malloc((size_t)iters * sizeof *v);
   for (int i = 0; i < iters; i++) {
@@ -137,10 +151,13 @@ static void bench_pairs(void) {
     double bytes = 256.0 * pow(2.0, u * 18.0);
     mix[i] = ((size_t)bytes + 255) / 256 * 256;
   }
-  printf("\n## alloc+free pair latency, ns (median of batch means / p99 of single pairs), same sizes and order "
-         "for every allocator\n\n");
-  printf("| size | gpuguard | gpuguard no-stream | cudaMalloc | cudaMallocAsync | cudaMalloc / gpuguard | "
-         "async / gpuguard | gpuguard events per 1000 pairs |\n|---|---|---|---|---|---|---|---|\n");
+  printf(
+      "\n## alloc+free pair latency, ns (median of batch means / p99 of single pairs), same sizes and order "
+      "for every allocator\n\n");
+  printf("| size | gpuguard | gpuguard no-stream | gpuguard plugin (PyTorch's path) | cudaMalloc | "
+         "cudaMallocAsync "
+         "| cudaMalloc / gpuguard | async / gpuguard | async / plugin | gpuguard events per 1000 pairs "
+         "|\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (int row = 0; row < 5; row++) {
     const size_t *sz = row < 4 ? &fixed[row] : mix;
     int nsz = row < 4 ? 1 : NMIX;
@@ -151,18 +168,22 @@ static void bench_pairs(void) {
       int iters = k == A_MALLOC ? (big ? 300 : 2000) : k == A_ASYNC ? 10000 : (big ? 10000 : 50000);
       r[k] = measure_pairs((alloc_kind_t)k, sz, nsz, iters);
     }
-    char c[A_COUNT][48], x1[32] = "skipped", x2[32] = "skipped";
+    char c[A_COUNT][48], x1[32] = "skipped", x2[32] = "skipped", x3[32] = "skipped";
     for (int k = 0; k < A_COUNT; k++) fmt_result(c[k], sizeof c[k], r[k]);
-    double g = r[A_GG].median > 1 ? r[A_GG].median : 1;
+    double g = r[A_GG].median > 1 ? r[A_GG].median : 1, gp = r[A_PLUGIN].median > 1 ? r[A_PLUGIN].median : 1;
     if (r[A_MALLOC].ran) snprintf(x1, sizeof x1, "%.0fx", r[A_MALLOC].median / g);
     if (r[A_ASYNC].ran) snprintf(x2, sizeof x2, "%.1fx", r[A_ASYNC].median / g);
-    printf("| %s | %s | %s | %s | %s | %s | %s | %.1f |\n", labels[row], c[0], c[1], c[2], c[3], x1, x2,
-           events_per_1000);
+    if (r[A_ASYNC].ran) snprintf(x3, sizeof x3, "%.1fx", r[A_ASYNC].median / gp);
+    printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |\n", labels[row], c[A_GG], c[A_GG_NOSTREAM],
+           c[A_PLUGIN], c[A_MALLOC], c[A_ASYNC], x1, x2, x3, events_per_1000);
   }
   printf(
       "\ngoals: gpuguard median <= 100 ns per pair, >= 15x faster than cudaMallocAsync, >= 50x faster than "
       "cudaMalloc.\n'gpuguard' tracks the stream (a freed block waits for the work queued before its free); "
-      "'no-stream' reuses at once (GG_ARENA_NO_STREAM).\n");
+      "'no-stream' reuses at once (GG_ARENA_NO_STREAM); 'plugin' is gg_torch_alloc/gg_torch_free on the "
+      "arena's stream, stream-ordered as cudaMallocAsync is (a block freed on the stream is reused at once "
+      "by "
+      "later work on it).\n");
 }
 
 /* ---- 64 live blocks, one replaced at a time -------------------------------------------------------- */
@@ -184,6 +205,8 @@ static size_t churn_next(churn_t *c, unsigned *slot) {
 static void churn_alloc(alloc_kind_t k, void **p, size_t n) {
   if (k <= A_GG_NOSTREAM)
     GG(gg_alloc(arena[k], n, p));
+  else if (k == A_PLUGIN)
+    *p = plugin_alloc(n);
   else if (k == A_MALLOC)
     CU(cudaMalloc(p, n));
   else
@@ -193,6 +216,8 @@ static void churn_alloc(alloc_kind_t k, void **p, size_t n) {
 static void churn_free(alloc_kind_t k, void *p) {
   if (k <= A_GG_NOSTREAM)
     GG(gg_free(arena[k], p));
+  else if (k == A_PLUGIN)
+    gg_torch_free(p, 0, 0, (void *)stream);
   else if (k == A_MALLOC)
     CU(cudaFree(p));
   else
@@ -230,7 +255,7 @@ static result_t measure_churn(alloc_kind_t k, int iters) {
   qsort(b, (size_t)nb, sizeof *b, cmp_double);
   r.median = b[nb / 2] > 0 ? b[nb / 2] : 0;
   for (int i = 0; i < 64; i++) churn_free(k, c.live[i]);
-  if (k <= A_GG_NOSTREAM) GG(gg_arena_trim(arena[k], 0)); /* later sections start from an empty arena */
+  if (k <= A_PLUGIN) GG(gg_arena_trim(arena[k], 0)); /* later sections start from an empty arena */
   free(b);
   free(v);
   return r;
@@ -239,18 +264,22 @@ static result_t measure_churn(alloc_kind_t k, int iters) {
 static void bench_churn(void) {
   printf("\n## 64 live blocks, free a random one and allocate a new one (16 B..4 MiB, log-uniform), ns per "
          "free+alloc (median of batch means / p99 of single steps)\n\n");
-  printf("| gpuguard | gpuguard no-stream | cudaMalloc | cudaMallocAsync | async / gpuguard |\n"
-         "|---|---|---|---|---|\n");
+  printf(
+      "| gpuguard | gpuguard no-stream | gpuguard plugin | cudaMalloc | cudaMallocAsync | async / gpuguard | "
+      "async / plugin |\n|---|---|---|---|---|---|---|\n");
   result_t r[A_COUNT] = {};
   for (int k = 0; k < A_COUNT; k++) {
     if ((k == A_MALLOC || k == A_ASYNC) && !gpu) continue;
     r[k] = measure_churn((alloc_kind_t)k, k == A_MALLOC ? 300 : k == A_ASYNC ? 10000 : 50000);
   }
-  char c[A_COUNT][48], x[32] = "skipped";
+  char c[A_COUNT][48], x[32] = "skipped", xp[32] = "skipped";
   for (int k = 0; k < A_COUNT; k++) fmt_result(c[k], sizeof c[k], r[k]);
-  if (r[A_ASYNC].ran)
+  if (r[A_ASYNC].ran) {
     snprintf(x, sizeof x, "%.1fx", r[A_ASYNC].median / (r[A_GG].median > 1 ? r[A_GG].median : 1));
-  printf("| %s | %s | %s | %s | %s |\n\ngoal: gpuguard <= 100 ns.\n", c[0], c[1], c[2], c[3], x);
+    snprintf(xp, sizeof xp, "%.1fx", r[A_ASYNC].median / (r[A_PLUGIN].median > 1 ? r[A_PLUGIN].median : 1));
+  }
+  printf("| %s | %s | %s | %s | %s | %s | %s |\n\ngoal: gpuguard <= 100 ns.\n", c[A_GG], c[A_GG_NOSTREAM],
+         c[A_PLUGIN], c[A_MALLOC], c[A_ASYNC], x, xp);
 }
 
 /* ---- scope ends --------------------------------------------------------------------------------- */
@@ -368,8 +397,14 @@ static double thread_rate(thread_kind_t kind, int threads, const size_t *sizes, 
       o.stream = gpu ? (void *)own_stream[t] : host_stream[t];
       GG(gg_arena_create(&own[t], &o));
     }
-    run[t] = (thread_run_t){kind, kind == T_GG_OWN ? own[t] : shared, kind == T_ASYNC_OWN ? own_stream[t] : stream,
-                            sizes, nsizes, 0, &start, &stop};
+    run[t] = (thread_run_t){kind,
+                            kind == T_GG_OWN ? own[t] : shared,
+                            kind == T_ASYNC_OWN ? own_stream[t] : stream,
+                            sizes,
+                            nsizes,
+                            0,
+                            &start,
+                            &stop};
   }
   stop = 0;
   for (int t = 0; t < threads; t++) pthread_create(&tid[t], NULL, thread_pairs, &run[t]);
@@ -396,8 +431,9 @@ static void bench_threads(void) {
   static const size_t four_k[] = {4 * KiB};
   static const size_t mixed[] = {256, 4 * KiB, 1 * KiB, 16 * KiB, 512, 64 * KiB, 2 * KiB, 8 * KiB};
   static const int counts[] = {1, 2, 4, 8, 16};
-  printf("\n## threads: alloc+free pairs on one arena from 1..16 threads, aggregate M pairs/s (x one thread's "
-         "rate)\n\n");
+  printf(
+      "\n## threads: alloc+free pairs on one arena from 1..16 threads, aggregate M pairs/s (x one thread's "
+      "rate)\n\n");
   printf("| size | allocator | 1 | 2 | 4 | 8 | 16 |\n|---|---|---|---|---|---|---|\n");
   for (int row = 0; row < 2; row++) {
     for (int k = 0; k < T_COUNT; k++) {
@@ -549,7 +585,8 @@ static size_t driver_free(void) {
 static void bench_trim(void) {
   size_t total = gpu ? 16 * GiB : 512 * MiB;
   printf("\n## trim: giving %zu MiB back to the driver (default chunk size)\n\n", total / MiB);
-  printf("| block size | chunks | driver free before alloc (bytes) | after alloc | after trim | after trim - before "
+  printf("| block size | chunks | driver free before alloc (bytes) | after alloc | after trim | after trim - "
+         "before "
          "(bytes) | trim (ms) | ms per GiB |\n"
          "|---|---|---|---|---|---|---|---|\n");
   static const size_t blocks[] = {64 * MiB, 2 * MiB};
@@ -571,12 +608,13 @@ static void bench_trim(void) {
     GG(gg_arena_trim(a, 0));
     double t = (now_ns() - t0) / 1e6;
     size_t f2 = driver_free();
-    printf("| %zu MiB | %llu | %zu | %zu | %zu | %lld | %.2f | %.3f |\n", blocks[b] / MiB, s.n_chunks, f0, f1, f2,
-           (long long)f2 - (long long)f0, t, t / ((double)s.bytes_mapped / GiB));
+    printf("| %zu MiB | %llu | %zu | %zu | %zu | %lld | %.2f | %.3f |\n", blocks[b] / MiB, s.n_chunks, f0, f1,
+           f2, (long long)f2 - (long long)f0, t, t / ((double)s.bytes_mapped / GiB));
     free(p);
     GG(gg_arena_destroy(a));
   }
-  printf("\ngoal: <= 1 ms per GiB, after trim - before = 0. bench_trim_driver shows the driver's own share.\n");
+  printf(
+      "\ngoal: <= 1 ms per GiB, after trim - before = 0. bench_trim_driver shows the driver's own share.\n");
 }
 
 int main(void) {
@@ -606,19 +644,22 @@ int main(void) {
   qsort(v, 20001, sizeof *v, cmp_double);
   timer_ns = v[10000];
   printf("timer overhead %.0f ns, subtracted from every figure\n", timer_ns);
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < 3; k++) {
     gg_arena_options_t o;
     gg_arena_options_init(&o);
-    o.stream = (void *)stream, o.flags = k ? GG_ARENA_NO_STREAM : 0, o.name = k ? "bench-nostream" : "bench";
+    o.stream = (void *)stream, o.flags = k == 1 ? GG_ARENA_NO_STREAM : 0;
+    o.name = k == 0 ? "bench" : k == 1 ? "bench-nostream" : "bench-plugin";
     GG(gg_arena_create(&arena[k], &o));
   }
+  GG(gg_plugin_set_arena(0, arena[A_PLUGIN]));
   printf("gpuguard backend: %s\n", gg_arena_backend(arena[0]));
   double t0 = now_ns();
   bench_pairs();
   bench_churn();
   bench_scopes();
   bench_threads();
-  for (int k = 0; k < 2; k++) GG(gg_arena_destroy(arena[k]));
+  GG(gg_plugin_set_arena(0, NULL));
+  for (int k = 0; k < 3; k++) GG(gg_arena_destroy(arena[k]));
   bench_fragmentation();
   bench_trim();
   printf("\ntotal bench time %.1f s\n", (now_ns() - t0) / 1e9);
