@@ -330,10 +330,13 @@ static void bench_scopes(void) {
 
 /* ---- threads: several threads allocating on one arena at once ---------------------------------- */
 
-typedef enum { T_GG, T_GG_NOSTREAM, T_GG_OWN, T_ASYNC, T_ASYNC_OWN, T_COUNT } thread_kind_t;
-static const char *const thread_kind_names[T_COUNT] = {
-    "gpuguard, one arena", "gpuguard no-stream, one arena", "gpuguard, per-thread stream (one arena each)",
-    "cudaMallocAsync, one stream", "cudaMallocAsync, per-thread stream"};
+typedef enum { T_GG, T_GG_NOSTREAM, T_GG_OWN, T_PLUGIN, T_ASYNC, T_ASYNC_OWN, T_COUNT } thread_kind_t;
+static const char *const thread_kind_names[T_COUNT] = {"gpuguard, one arena",
+                                                       "gpuguard no-stream, one arena",
+                                                       "gpuguard, per-thread stream (one arena each)",
+                                                       "gpuguard plugin (PyTorch's path), one arena",
+                                                       "cudaMallocAsync, one stream",
+                                                       "cudaMallocAsync, per-thread stream"};
 
 typedef struct thread_run {
   thread_kind_t kind;
@@ -354,7 +357,10 @@ static void *thread_pairs(void *arg) {
     for (int k = 0; k < 64; k++, i++) { /* the stop flag is read once per 64 pairs */
       size_t size = r->sizes[i % r->nsizes];
       void *p = NULL;
-      if (r->kind < T_ASYNC) {
+      if (r->kind == T_PLUGIN) {
+        p = plugin_alloc(size);
+        gg_torch_free(p, (ssize_t)size, 0, (void *)stream);
+      } else if (r->kind < T_ASYNC) {
         GG(gg_alloc(r->arena, size, &p));
         GG(gg_free(r->arena, p));
       } else {
