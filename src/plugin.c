@@ -1,7 +1,6 @@
 /* plugin.c — the allocator plugin: PyTorch's CUDAPluggableAllocator entry points over one registered
  * arena per device, and their counters. */
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,29 +13,12 @@
 #include "internal.h"
 #include "plugin_graph.h"
 #include "plugin_internal.h"
+#include "plugin_threads.h"
 
-/* One gg_plugin_stat_t. */
-typedef struct gg__plug_stat {
-  unsigned long long current, peak, allocated, freed;
-} gg__plug_stat_t;
-
-/* A device's counters, under one spin lock: a call updates eighteen figures, and as separate atomics
- * (about 30 locked instructions per alloc+free pair) they cost more than the allocation itself (H200
- * host: a 256 B pair through the plugin took 420 ns against 48 ns through gg_alloc). One exchange
- * keeps the figures exact, the peak included. */
-typedef struct gg__plug_counters {
-  _Alignas(64) atomic_int lock;
-  unsigned long long allocs, frees, failed_allocs, failed_frees, waits;
-  gg__plug_stat_t bytes[3], requested[3], blocks[3]; /* GG_PLUGIN_ALL, _SMALL, _LARGE */
-} gg__plug_counters_t;
-
-#define GG__SMALL_MAX ((size_t)1 << 20) /* PyTorch's small pool: blocks of at most 1 MiB */
-
-/* The table is read on every allocation and written only at registration: a reader-writer lock lets
- * allocations run in parallel and lets a writer know that nobody still uses the arena it replaces. */
-static pthread_rwlock_t gg__plug_lock = PTHREAD_RWLOCK_INITIALIZER;
-static gg_arena_t *gg__plug[GG_PLUGIN_MAX_DEVICES];
-static gg__plug_counters_t gg__plug_count[GG_PLUGIN_MAX_DEVICES];
+/* The table is read on every allocation and written only at registration: a call announces the arena it
+ * uses in its thread's record and a writer waits for the calls using the arena it replaces
+ * (plugin_threads.c), so calls from many threads share no lock. */
+static _Atomic(gg_arena_t *) gg__plug[GG_PLUGIN_MAX_DEVICES];
 static pthread_once_t gg__plug_once = PTHREAD_ONCE_INIT;
 static atomic_bool gg__plug_used; /* set once the table was first written */
 
@@ -126,16 +108,15 @@ static bool gg__recorded_take(int device, void *ptr, void **stream) {
 }
 
 /* fork() while another thread holds one of these would leave it held forever in the child: fork.c's
- * handler takes them around the fork, outermost of the library's locks (a plugin call holds the table
- * while it calls into the arena). The child's table starts empty (the parent's arenas refuse use there
- * anyway), and so does its list of recorded streams. */
+ * handler takes them around the fork, outermost of the library's locks. The child's table starts empty
+ * (the parent's arenas refuse use there anyway), and so does its list of recorded streams. */
 static _Thread_local bool gg__plug_forking; /* this thread's prepare took the locks */
 
 void gg__plugin_fork_prepare(void) {
+  gg__pt_fork_prepare();
   /* Only once the plugin was used (as when it registered its own handler at first use): a program that
    * never touches it forks as before. */
   if (!atomic_load(&gg__plug_used)) return;
-  pthread_rwlock_wrlock(&gg__plug_lock);
   pthread_mutex_lock(&gg__trace_lock);
   pthread_mutex_lock(&gg__rec_lock);
   gg__graph_fork_prepare();
@@ -143,20 +124,20 @@ void gg__plugin_fork_prepare(void) {
 }
 
 void gg__plugin_fork_parent(void) {
-  if (!gg__plug_forking) return;
-  gg__plug_forking = false;
-  gg__graph_fork_release();
-  pthread_mutex_unlock(&gg__rec_lock);
-  pthread_mutex_unlock(&gg__trace_lock);
-  pthread_rwlock_unlock(&gg__plug_lock);
+  if (gg__plug_forking) {
+    gg__plug_forking = false;
+    gg__graph_fork_release();
+    pthread_mutex_unlock(&gg__rec_lock);
+    pthread_mutex_unlock(&gg__trace_lock);
+  }
+  gg__pt_fork_parent();
 }
 
 void gg__plugin_fork_child(void) {
-  for (int i = 0; i < GG_PLUGIN_MAX_DEVICES; i++) /* a parent thread may have held one at the fork */
-    atomic_store(&gg__plug_count[i].lock, 0);
+  gg__pt_fork_child();
   if (!gg__plug_forking) return;
   gg__plug_forking = false;
-  memset(gg__plug, 0, sizeof gg__plug);
+  for (int i = 0; i < GG_PLUGIN_MAX_DEVICES; i++) atomic_store(&gg__plug[i], NULL);
   gg__nrec = 0;
   atomic_store(&gg__nrec_any, 0);
   /* Re-made, not unlocked: a parent thread blocked in the same lock (a second fork() at once) left
@@ -165,7 +146,6 @@ void gg__plugin_fork_child(void) {
   gg__graph_fork_reinit();
   pthread_mutex_init(&gg__rec_lock, NULL);
   pthread_mutex_init(&gg__trace_lock, NULL);
-  pthread_rwlock_init(&gg__plug_lock, NULL);
 }
 
 int gg_plugin_set_arena(int device, gg_arena_t *arena) {
@@ -176,9 +156,7 @@ int gg_plugin_set_arena(int device, gg_arena_t *arena) {
     if ((rc = gg_arena_stats(arena, &probe)) < 0) return rc;
   }
   pthread_once(&gg__plug_once, gg__plug_install);
-  pthread_rwlock_wrlock(&gg__plug_lock);
-  gg__plug[device] = arena;
-  pthread_rwlock_unlock(&gg__plug_lock);
+  gg__pt_publish(&gg__plug[device], arena);
   return 0;
 }
 
@@ -186,95 +164,19 @@ int gg_plugin_get_arena(int device, gg_arena_t **arena) {
   if (!arena) return gg__err(GG_EINVAL, "gg_plugin_get_arena: arena (the out-pointer) is NULL");
   int rc = gg__plug_device(device, "gg_plugin_get_arena");
   if (rc < 0) return rc;
-  pthread_rwlock_rdlock(&gg__plug_lock);
-  *arena = gg__plug[device];
-  pthread_rwlock_unlock(&gg__plug_lock);
+  *arena = atomic_load(&gg__plug[device]);
   return 0;
 }
 
-static gg__plug_counters_t *gg__counters_lock(int device) {
-  gg__plug_counters_t *c = &gg__plug_count[device];
-  while (atomic_exchange_explicit(&c->lock, 1, memory_order_acquire))
-    while (atomic_load_explicit(&c->lock, memory_order_relaxed)) sched_yield();
-  return c;
-}
-
-static void gg__counters_unlock(gg__plug_counters_t *c) {
-  atomic_store_explicit(&c->lock, 0, memory_order_release);
-}
-
-static void gg__stat_add(gg__plug_stat_t *st, unsigned long long n) {
-  st->current += n, st->allocated += n;
-  if (st->current > st->peak) st->peak = st->current;
-}
-
-static void gg__stat_sub(gg__plug_stat_t *st, unsigned long long n) { st->current -= n, st->freed += n; }
-
-/* Counters locked. What PyTorch's statistics count for one block: its bytes (rounded as the arena
- * rounds), the bytes asked for and the block itself, in "all" and in its size class. */
-static void gg__count_block(gg__plug_counters_t *c, size_t size, bool add) {
-  unsigned long long rounded = (size + GG__QUANTUM - 1) & ~(unsigned long long)(GG__QUANTUM - 1);
-  int cls = size <= GG__SMALL_MAX ? GG_PLUGIN_SMALL : GG_PLUGIN_LARGE;
-  for (int i = 0; i < 2; i++) {
-    int k = i ? cls : GG_PLUGIN_ALL;
-    if (add)
-      gg__stat_add(&c->bytes[k], rounded), gg__stat_add(&c->requested[k], size),
-          gg__stat_add(&c->blocks[k], 1);
-    else
-      gg__stat_sub(&c->bytes[k], rounded), gg__stat_sub(&c->requested[k], size),
-          gg__stat_sub(&c->blocks[k], 1);
-  }
-}
-
-/* Counts one call's outcome: a failure, or a block that came (add) or went, with whether it waited. */
-static void gg__count_call(int device, int rc, bool add, size_t size, int synced) {
-  if (device < 0 || device >= GG_PLUGIN_MAX_DEVICES) return;
-  gg__plug_counters_t *c = gg__counters_lock(device);
-  if (rc < 0) {
-    if (add)
-      c->failed_allocs++;
-    else
-      c->failed_frees++;
-  } else {
-    c->waits += synced != 0;
-    if (add)
-      c->allocs++;
-    else
-      c->frees++;
-    if (size > 0) gg__count_block(c, size, add);
-  }
-  gg__counters_unlock(c);
-}
-
-static void gg__stat_read(const gg__plug_stat_t *st, gg_plugin_stat_t *out) {
-  out->current = st->current, out->peak = st->peak, out->allocated = st->allocated, out->freed = st->freed;
-}
-
-/* Applies fn to every figure of a device's counters. */
-static void gg__stats_each(gg__plug_counters_t *c, void (*fn)(gg__plug_stat_t *)) {
-  for (int k = 0; k < 3; k++) fn(&c->bytes[k]), fn(&c->requested[k]), fn(&c->blocks[k]);
-}
-
-static void gg__stat_peak_reset(gg__plug_stat_t *st) { st->peak = st->current; }
-static void gg__stat_totals_reset(gg__plug_stat_t *st) { st->allocated = st->freed = 0; }
-
 int gg_plugin_reset_peak(int device) {
   int rc = gg__plug_device(device, "gg_plugin_reset_peak");
-  if (rc == 0) {
-    gg__plug_counters_t *c = gg__counters_lock(device);
-    gg__stats_each(c, gg__stat_peak_reset);
-    gg__counters_unlock(c);
-  }
+  if (rc == 0) gg__pt_reset(device, true, false);
   return rc;
 }
 
 int gg_plugin_reset_totals(int device) {
   int rc = gg__plug_device(device, "gg_plugin_reset_totals");
-  if (rc == 0) {
-    gg__plug_counters_t *c = gg__counters_lock(device);
-    gg__stats_each(c, gg__stat_totals_reset);
-    gg__counters_unlock(c);
-  }
+  if (rc == 0) gg__pt_reset(device, false, true);
   return rc;
 }
 
@@ -282,34 +184,18 @@ int gg_plugin_stats(int device, gg_plugin_stats_t *stats) {
   if (!stats) return gg__err(GG_EINVAL, "gg_plugin_stats: stats is NULL");
   int rc = gg__plug_device(device, "gg_plugin_stats");
   if (rc < 0) return rc;
-  gg__plug_counters_t *c = gg__counters_lock(device);
-  stats->n_allocs = c->allocs, stats->n_frees = c->frees;
-  stats->n_failed_allocs = c->failed_allocs, stats->n_failed_frees = c->failed_frees;
-  stats->n_stream_waits = c->waits;
-  for (int k = 0; k < 3; k++) {
-    gg__stat_read(&c->bytes[k], &stats->bytes[k]);
-    gg__stat_read(&c->requested[k], &stats->requested[k]);
-    gg__stat_read(&c->blocks[k], &stats->blocks[k]);
-  }
-  gg__counters_unlock(c);
+  gg__pt_read(device, stats);
   memset(stats->reserved_, 0, sizeof stats->reserved_);
-  pthread_rwlock_rdlock(&gg__plug_lock);
-  stats->arena = gg__plug[device];
-  pthread_rwlock_unlock(&gg__plug_lock);
+  stats->arena = atomic_load(&gg__plug[device]);
   return 0;
 }
 
 void gg__plugin_forget(const gg_arena_t *arena) {
-  /* Called by every gg_arena_destroy(): a cheap read first, the write lock only when it is registered. */
-  bool registered = false;
-  pthread_rwlock_rdlock(&gg__plug_lock);
-  for (int i = 0; i < GG_PLUGIN_MAX_DEVICES && !registered; i++) registered = gg__plug[i] == arena;
-  pthread_rwlock_unlock(&gg__plug_lock);
-  if (!registered) return;
-  pthread_rwlock_wrlock(&gg__plug_lock);
-  for (int i = 0; i < GG_PLUGIN_MAX_DEVICES; i++)
-    if (gg__plug[i] == arena) gg__plug[i] = NULL;
-  pthread_rwlock_unlock(&gg__plug_lock);
+  /* Called by every gg_arena_destroy(): a cheap read first, the writer's wait only when it is registered
+   * (gg_arena_t is const here only for the comparison). */
+  for (int i = 0; i < GG_PLUGIN_MAX_DEVICES; i++) {
+    if (atomic_load(&gg__plug[i]) == arena) gg__pt_retract(&gg__plug[i], (gg_arena_t *)arena);
+  }
 }
 
 int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
@@ -317,11 +203,12 @@ int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
   *ptr = NULL;
   if (size == 0) return 0;
   int synced = 0;
+  gg__pt_t *me = NULL;
   int rc = gg__plug_device(device, "gg_torch_alloc");
-  if (rc == 0 && size < 0) rc = gg__err(GG_EINVAL, "gg_torch_alloc: size %zd is negative", size);
+  if (rc < 0) return rc;
+  if (size < 0) rc = gg__err(GG_EINVAL, "gg_torch_alloc: size %zd is negative", size);
   if (rc == 0) {
-    pthread_rwlock_rdlock(&gg__plug_lock);
-    gg_arena_t *a = gg__plug[device];
+    gg_arena_t *a = gg__pt_enter(&gg__plug[device], &me);
     int g = gg__graph_alloc(device, a, (size_t)size, stream, ptr); /* under a CUDA graph capture */
     if (g != 0)
       rc = g < 0 ? g : 0;
@@ -330,9 +217,9 @@ int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
                    device);
     else
       rc = gg__arena_alloc_on(a, (size_t)size, stream, ptr, &synced);
-    pthread_rwlock_unlock(&gg__plug_lock);
+    gg__pt_leave(me);
   }
-  gg__count_call(device, rc, true, rc < 0 ? 0 : (size_t)size, synced);
+  gg__pt_count(me, device, rc, true, (size_t)size, synced);
   if (rc < 0) return rc;
   gg__trace_line('a', *ptr, size, stream);
   return 0;
@@ -350,10 +237,10 @@ void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   if (!ptr) return; /* the arena knows every block's size; `size` feeds PyTorch-style statistics */
   gg__trace_line('f', ptr, 0, stream);
   int synced = 0;
+  gg__pt_t *me = NULL;
   int rc = gg__plug_device(device, "gg_torch_free");
   if (rc == 0) {
-    pthread_rwlock_rdlock(&gg__plug_lock);
-    gg_arena_t *a = gg__plug[device];
+    gg_arena_t *a = gg__pt_enter(&gg__plug[device], &me);
     int g = gg__graph_free(device, a, ptr, size > 0 ? (size_t)size : 0, stream); /* a graph's block */
     void *other;
     if (g != 0) { /* the pool keeps the block for as long as its graph lives: no stream to wait for now */
@@ -372,9 +259,9 @@ void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
       if (rc == 0) rc = gg__arena_free_on(a, ptr, stream, &synced);
       synced |= waited;
     }
-    pthread_rwlock_unlock(&gg__plug_lock);
+    gg__pt_leave(me);
+    gg__pt_count(me, device, rc, false, size > 0 ? (size_t)size : 0, synced);
   }
-  gg__count_call(device, rc, false, rc < 0 || size <= 0 ? 0 : (size_t)size, synced);
   if (rc < 0)
     fprintf(stderr, "gpuguard: gg_torch_free(%p, device %d) failed: %s\n", ptr, device, gg_last_error());
 }

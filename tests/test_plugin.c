@@ -1,5 +1,6 @@
-/* test_plugin.c — the allocator plugin under the sanitizers: registration, destroy unregistering, and
- * allocations racing registration changes and a destroy (no use of a freed arena). */
+/* test_plugin.c — the allocator plugin under the sanitizers: registration, destroy unregistering,
+ * allocations racing registration changes and a destroy (no use of a freed arena), and the counters
+ * threads keep for themselves. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -199,6 +200,88 @@ static void test_allocations_race_registration_and_destroy(void **state) {
   assert_null(got);
 }
 
+/* Counters kept per thread and folded (plugin_threads.c): after threads that allocated and freed through
+ * the plugin, some of them still alive and some gone, the figures are exact (every call counted once);
+ * the peak lies between one thread's and all threads' live bytes. One thread alone gets its peak exact,
+ * also across more than a fold's worth of calls, and the reset peak starts from the live bytes. */
+typedef struct counted {
+  int pairs;
+  pthread_barrier_t *done, *hold; /* NULL: exit at once */
+} counted_t;
+
+static void *counting_thread(void *arg) {
+  counted_t *c = arg;
+  void *p[4];
+  for (int i = 0; i < c->pairs; i++) {
+    for (int k = 0; k < 4; k++) assert_non_null(p[k] = gg_torch_alloc(1000, 7, NULL));
+    for (int k = 0; k < 4; k++) gg_torch_free(p[k], 1000, 7, NULL);
+  }
+  if (c->hold) /* alive, its delta not folded by an exit, while the statistics are read */
+    pthread_barrier_wait(c->done), pthread_barrier_wait(c->hold);
+  return NULL;
+}
+
+static void test_counters_of_many_threads_are_exact(void **state) {
+  (void)state;
+  gg_arena_t *a = make_arena(64u << 20);
+  gg_assert_ok(gg_plugin_set_arena(7, a));
+  gg_plugin_stats_t s0, s1;
+  gg_assert_ok(gg_plugin_stats(7, &s0));
+  gg_assert_ok(gg_plugin_reset_peak(7));
+  enum { T = 6, PAIRS = 101 };
+  pthread_barrier_t done, hold;
+  pthread_barrier_init(&done, NULL, T / 2 + 1);
+  pthread_barrier_init(&hold, NULL, T / 2 + 1);
+  counted_t c[T];
+  pthread_t t[T];
+  for (int i = 0; i < T; i++) {
+    c[i] = (counted_t){PAIRS, i % 2 ? &done : NULL, i % 2 ? &hold : NULL};
+    assert_int_equal(pthread_create(&t[i], NULL, counting_thread, &c[i]), 0);
+  }
+  for (int i = 0; i < T; i += 2) pthread_join(t[i], NULL); /* the exited half */
+  pthread_barrier_wait(&done);
+  void *mine = gg_torch_alloc(3000, 7, NULL); /* live while the statistics are read */
+  assert_non_null(mine);
+  gg_assert_ok(gg_plugin_stats(7, &s1)); /* the other half still alive, mid-delta */
+  pthread_barrier_wait(&hold);
+  for (int i = 1; i < T; i += 2) pthread_join(t[i], NULL);
+  unsigned long long calls = (unsigned long long)T * PAIRS * 4;
+  assert_int_equal(s1.n_allocs - s0.n_allocs, calls + 1);
+  assert_int_equal(s1.n_frees - s0.n_frees, calls);
+  assert_int_equal(s1.blocks[GG_PLUGIN_ALL].current, 1);
+  assert_int_equal(s1.bytes[GG_PLUGIN_ALL].current, 3072); /* rounded to the 256-byte quantum */
+  assert_int_equal(s1.requested[GG_PLUGIN_SMALL].current, 3000);
+  assert_int_equal(s1.bytes[GG_PLUGIN_ALL].allocated - s0.bytes[GG_PLUGIN_ALL].allocated,
+                   calls * 1024 + 3072);
+  assert_int_equal(s1.bytes[GG_PLUGIN_ALL].freed - s0.bytes[GG_PLUGIN_ALL].freed, calls * 1024);
+  assert_int_equal(s1.bytes[GG_PLUGIN_LARGE].allocated, s0.bytes[GG_PLUGIN_LARGE].allocated);
+  assert_true(s1.bytes[GG_PLUGIN_ALL].peak >= 4 * 1024);
+  assert_true(s1.bytes[GG_PLUGIN_ALL].peak <= (unsigned long long)T * 4 * 1024 + 3072);
+  gg_torch_free(mine, 3000, 7, NULL);
+
+  /* One thread: exact peak across several folds, and after a reset. */
+  gg_assert_ok(gg_plugin_reset_peak(7));
+  void *q[100];
+  for (int i = 0; i < 100; i++) assert_non_null(q[i] = gg_torch_alloc(256, 7, NULL));
+  for (int i = 0; i < 100; i++) gg_torch_free(q[i], 256, 7, NULL);
+  for (int i = 0; i < 10; i++) assert_non_null(q[i] = gg_torch_alloc(512, 7, NULL));
+  gg_assert_ok(gg_plugin_stats(7, &s1));
+  assert_int_equal(s1.bytes[GG_PLUGIN_ALL].peak, 100 * 256);
+  assert_int_equal(s1.bytes[GG_PLUGIN_ALL].current, 10 * 512);
+  assert_int_equal(s1.blocks[GG_PLUGIN_SMALL].peak, 100);
+  gg_assert_ok(gg_plugin_reset_peak(7));
+  gg_assert_ok(gg_plugin_stats(7, &s1));
+  assert_int_equal(s1.bytes[GG_PLUGIN_ALL].peak, 10 * 512);
+  for (int i = 0; i < 10; i++) gg_torch_free(q[i], 512, 7, NULL);
+  gg_assert_ok(gg_plugin_reset_totals(7));
+  gg_assert_ok(gg_plugin_stats(7, &s1));
+  assert_int_equal(s1.bytes[GG_PLUGIN_ALL].allocated, 0);
+  assert_int_equal(s1.bytes[GG_PLUGIN_ALL].current, 0);
+  assert_int_equal(s1.bytes[GG_PLUGIN_ALL].peak, 10 * 512);
+  pthread_barrier_destroy(&done), pthread_barrier_destroy(&hold);
+  gg_assert_ok(gg_arena_destroy(a));
+}
+
 /* Issue 16 item 8: cudaStreamPerThread (0x2) after a fallback to the host backend names the default
  * stream; a handle the host backend never made is refused at create and at free, never read. */
 static void test_cuda_special_and_foreign_streams(void **state) {
@@ -245,6 +328,7 @@ int main(void) {
       cmocka_unit_test(test_growth_past_the_peak_trims_first),
       cmocka_unit_test(test_allocations_race_registration_and_destroy),
       cmocka_unit_test(test_cuda_special_and_foreign_streams),
+      cmocka_unit_test(test_counters_of_many_threads_are_exact),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
