@@ -93,6 +93,17 @@ static void gg__pt_fold(gg__pt_device_t *g, gg__pt_delta_t *dl) {
   dl->calls = 0;
 }
 
+static inline void gg__pt_up(gg__pt_delta_t *dl, int k, unsigned long long n) {
+  gg_plugin_stat_t *s = &dl->d.stat[k];
+  s->current += n, s->allocated += n;
+  if (dl->base[k] + s->current > s->peak) s->peak = dl->base[k] + s->current;
+}
+
+static inline void gg__pt_down(gg__pt_delta_t *dl, int k, unsigned long long n) {
+  gg_plugin_stat_t *s = &dl->d.stat[k];
+  s->current -= n, s->freed += n;
+}
+
 /* One call into a delta (its owner's lock, or a stand-alone delta). */
 static void gg__pt_add(gg__pt_delta_t *dl, int rc, bool add, size_t size, bool synced) {
   gg__pt_counts_t *d = &dl->d;
@@ -105,18 +116,14 @@ static void gg__pt_add(gg__pt_delta_t *dl, int rc, bool add, size_t size, bool s
   if (!size) return;
   /* What PyTorch's statistics count for one block: its bytes (rounded as the arena rounds), the bytes
    * asked for and the block itself, in "all" and in its size class. */
-  unsigned long long n[3] = {(size + GG__QUANTUM - 1) & ~(unsigned long long)(GG__QUANTUM - 1), size, 1};
-  int cls = size <= GG__SMALL_MAX ? GG_PLUGIN_SMALL : GG_PLUGIN_LARGE;
-  for (int what = 0; what < 3; what++)
-    for (int k = 3 * what; k <= 3 * what + cls; k += cls) {
-      gg_plugin_stat_t *s = &d->stat[k];
-      if (!add) {
-        s->current -= n[what], s->freed += n[what];
-        continue;
-      }
-      s->current += n[what], s->allocated += n[what];
-      if (dl->base[k] + s->current > s->peak) s->peak = dl->base[k] + s->current;
-    }
+  unsigned long long bytes = (size + GG__QUANTUM - 1) & ~(unsigned long long)(GG__QUANTUM - 1);
+  int c = size <= GG__SMALL_MAX ? GG_PLUGIN_SMALL : GG_PLUGIN_LARGE;
+  if (add)
+    gg__pt_up(dl, 0, bytes), gg__pt_up(dl, c, bytes), gg__pt_up(dl, 3, size), gg__pt_up(dl, 3 + c, size),
+        gg__pt_up(dl, 6, 1), gg__pt_up(dl, 6 + c, 1);
+  else
+    gg__pt_down(dl, 0, bytes), gg__pt_down(dl, c, bytes), gg__pt_down(dl, 3, size),
+        gg__pt_down(dl, 3 + c, size), gg__pt_down(dl, 6, 1), gg__pt_down(dl, 6 + c, 1);
 }
 
 static gg__pt_device_t *gg__pt_device_lock(int device) {
@@ -127,7 +134,8 @@ static gg__pt_device_t *gg__pt_device_lock(int device) {
 /* This thread's delta for device (claimed on first use), its record locked; NULL (unlocked) if none. */
 static gg__pt_delta_t *gg__pt_delta_lock(gg__pt_t *me, int device) {
   gg__spin_lock(&me->lock);
-  for (int i = 0; i < GG__PT_DEVICES; i++)
+  if (GG__LIKELY(me->delta[0].device == device)) return &me->delta[0]; /* a thread's first device */
+  for (int i = 1; i < GG__PT_DEVICES; i++)
     if (me->delta[i].device == device) return &me->delta[i];
   for (int i = 0; i < GG__PT_DEVICES; i++)
     if (me->delta[i].device < 0) {
