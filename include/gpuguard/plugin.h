@@ -85,7 +85,8 @@ GG_BEGIN_DECLS
  *  gg_plugin_reset_peak(), and what was added and taken away since the last gg_plugin_reset_totals(). */
 typedef struct gg_plugin_stat {
   unsigned long long current;   /**< now */
-  unsigned long long peak;      /**< highest value since the last peak reset */
+  unsigned long long peak;      /**< highest value since the last peak reset (while several threads
+                                     allocate at once: the highest one thread could see) */
   unsigned long long allocated; /**< total added since the last totals reset */
   unsigned long long freed;     /**< total taken away since the last totals reset */
 } gg_plugin_stat_t;
@@ -174,7 +175,8 @@ GG_API int gg_plugin_set_arena(int device, gg_arena_t *arena);
  *  @return 0; GG_EINVAL for a NULL @p arena or a device out of range. Thread-safe. */
 GG_API int gg_plugin_get_arena(int device, gg_arena_t **arena);
 
-/** Reads the plugin counters of @p device.
+/** Reads the plugin counters of @p device. Each calling thread keeps its own deltas; they are folded
+ *  in first, so the counts and current figures are exact.
  *  @param device the device ordinal.
  *  @param[out] stats filled on success.
  *  @return 0; GG_EINVAL for NULL @p stats or a device out of range. Thread-safe. */
