@@ -310,7 +310,8 @@ void gg__pt_fork_prepare(void) { pthread_mutex_lock(&gg__pt_lock); }
 void gg__pt_fork_parent(void) { pthread_mutex_unlock(&gg__pt_lock); }
 
 /* Only the forking thread exists in the child: the others' records go (their calls under way, and what
- * they had not folded, were the parent's), and every lock starts free. */
+ * they had not folded, were the parent's), and every spin lock starts free; the list's lock is this
+ * thread's own from prepare, unlocked as in the parent. */
 void gg__pt_fork_child(void) {
   for (gg__pt_t *pt = gg__pt_all, *next; pt; pt = next) {
     next = pt->next;
@@ -325,5 +326,5 @@ void gg__pt_fork_child(void) {
   atomic_store(&gg__pt_anon, 0);
   atomic_store(&gg__pt_writing, false);
   for (int i = 0; i < GG_PLUGIN_MAX_DEVICES; i++) atomic_store(&gg__pt_dev[i].lock, 0);
-  pthread_mutex_init(&gg__pt_lock, NULL);
+  pthread_mutex_unlock(&gg__pt_lock); /* this thread took it in prepare */
 }
