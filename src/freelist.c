@@ -109,9 +109,9 @@ static gg__bound_t *gg__bounds_at(gg__bounds_t *m, uintptr_t key) {
   return gg__bounds_take(m, gg__bounds_probe(m, key), key);
 }
 
-/* Empties one side of key's slot (which must exist); the slot goes once both sides are empty. */
-static void gg__bounds_clear(gg__bounds_t *m, uintptr_t key, bool above) {
-  size_t mask = m->cap - 1, j = gg__bounds_probe(m, key);
+/* Empties one side of the slot at index j (which holds a key); the slot goes once both sides are empty. */
+static void gg__bounds_clear_at(gg__bounds_t *m, size_t j, bool above) {
+  size_t mask = m->cap - 1;
   gg__bound_t *s = &m->slots[j];
   if (above)
     s->above = NULL;
@@ -125,6 +125,11 @@ static void gg__bounds_clear(gg__bounds_t *m, uintptr_t key, bool above) {
   }
   memset(&m->slots[j], 0, sizeof m->slots[j]);
   m->n--;
+}
+
+/* Empties one side of key's slot (which must exist). */
+static void gg__bounds_clear(gg__bounds_t *m, uintptr_t key, bool above) {
+  gg__bounds_clear_at(m, gg__bounds_probe(m, key), above);
 }
 
 static gg__block_t *gg__freelist_starting_at(const gg__freelist_t *fl, uintptr_t addr) {
@@ -286,6 +291,46 @@ static void gg__freelist_reshape(gg__freelist_t *fl, gg__block_t *b, uintptr_t a
   if (reclass) gg__class_link(fl, b);
 }
 
+/* The range [addr, addr+size) joins its listed free neighbour lo (ending at addr) and/or n (starting at
+ * addr+size); j_lo and j_hi are the boundary slots already probed for addr and addr+size. The slots and
+ * classes are changed in place, each probed once (removing n and reshaping lo probed four). Nothing
+ * free starts at addr or ends at addr+size (the range was not free), so a side cleared there may empty
+ * its slot. Writing a slot at an index found before a deletion must come first: a deletion shifts. */
+static gg__block_t *gg__freelist_grow_into(gg__freelist_t *fl, gg__block_t *lo, gg__block_t *n, uintptr_t addr,
+                                           size_t size, size_t j_lo, size_t j_hi) {
+  gg__bounds_t *m = &fl->bounds;
+  if (lo && n) { /* lo grows over the range and n: n's end now names lo, the two inner slots go */
+    gg__class_unlink(fl, n);
+    gg__bounds_at(m, n->addr + n->size)->below = lo;
+    size_t grown = lo->size + size + n->size;
+    bool reclass = gg__class_of(grown) != gg__class_of(lo->size);
+    if (reclass) gg__class_unlink(fl, lo);
+    lo->size = grown;
+    if (reclass) gg__class_link(fl, lo);
+    gg__bounds_clear_at(m, j_lo, false);
+    gg__bounds_clear(m, addr + size, true);
+    fl->count--;
+    n->l = n->r = NULL;
+    gg__freelist_give_record(fl, n);
+    return lo;
+  }
+  gg__block_t *b = lo ? lo : n;
+  size_t grown = b->size + size;
+  bool reclass = gg__class_of(grown) != gg__class_of(b->size);
+  if (reclass) gg__class_unlink(fl, b);
+  if (lo) { /* the end moves up from addr to addr+size */
+    gg__bounds_take(m, j_hi, addr + size)->below = lo;
+    gg__bounds_clear_at(m, j_lo, false);
+  } else { /* the start moves down from addr+size to addr */
+    gg__bounds_take(m, j_lo, addr)->above = n;
+    gg__bounds_clear_at(m, j_hi, true);
+    n->addr = addr;
+  }
+  b->size = grown;
+  if (reclass) gg__class_link(fl, b);
+  return b;
+}
+
 gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg, gg__block_t *rec) {
   gg__block_t *t = fl->top, *n, *lo;
   fl->bytes += size;
@@ -322,13 +367,7 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
     n = NULL;
   if (lo || n) { /* grow a neighbour in place; the range's own record is not needed */
     if (rec) gg__freelist_give_record(fl, rec);
-    if (lo && n) {
-      gg__freelist_remove(fl, n);
-      fl->bytes += n->size, size += n->size;
-      gg__freelist_give_record(fl, n);
-    }
-    if (lo) return gg__freelist_reshape(fl, lo, lo->addr, lo->size + size), lo;
-    return gg__freelist_reshape(fl, n, addr, size + n->size), n;
+    return gg__freelist_grow_into(fl, lo, n, addr, size, j_lo, j_hi);
   }
   if (!rec) rec = gg__freelist_take_record(fl);
   memset(rec, 0, sizeof *rec);
@@ -357,6 +396,7 @@ static gg__block_t *gg__class_best(gg__block_t *b, size_t n, size_t a) {
 }
 
 gg__block_t *gg__freelist_fit(const gg__freelist_t *fl, size_t n, size_t a) {
+  if (!fl->words) return NULL; /* nothing listed: allocations from top (bump pairs) ask first */
   unsigned c = gg__class_of(n);
   int d;
   if (a <= GG__QUANTUM) { /* every block is 256-aligned: a block fits when it is large enough */
