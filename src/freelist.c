@@ -296,8 +296,8 @@ static void gg__freelist_reshape(gg__freelist_t *fl, gg__block_t *b, uintptr_t a
  * classes are changed in place, each probed once (removing n and reshaping lo probed four). Nothing
  * free starts at addr or ends at addr+size (the range was not free), so a side cleared there may empty
  * its slot. Writing a slot at an index found before a deletion must come first: a deletion shifts. */
-static gg__block_t *gg__freelist_grow_into(gg__freelist_t *fl, gg__block_t *lo, gg__block_t *n, uintptr_t addr,
-                                           size_t size, size_t j_lo, size_t j_hi) {
+static gg__block_t *gg__freelist_grow_into(gg__freelist_t *fl, gg__block_t *lo, gg__block_t *n,
+                                           uintptr_t addr, size_t size, size_t j_lo, size_t j_hi) {
   gg__bounds_t *m = &fl->bounds;
   if (lo && n) { /* lo grows over the range and n: n's end now names lo, the two inner slots go */
     gg__class_unlink(fl, n);
