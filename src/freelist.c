@@ -228,8 +228,8 @@ static int gg__class_last(const gg__freelist_t *fl) {
   return (int)(w * 64 + 63u - (unsigned)__builtin_clzll(fl->bits[w]));
 }
 
-static void gg__class_link(gg__freelist_t *fl, gg__block_t *b) {
-  unsigned c = gg__class_of(b->size);
+/* Lists b in class c (its size's class). */
+static void gg__class_link_in(gg__freelist_t *fl, gg__block_t *b, unsigned c) {
   b->l = NULL, b->r = fl->heads[c];
   if (b->r)
     b->r->l = b;
@@ -238,14 +238,31 @@ static void gg__class_link(gg__freelist_t *fl, gg__block_t *b) {
   fl->heads[c] = b;
 }
 
-static void gg__class_unlink(gg__freelist_t *fl, gg__block_t *b) {
-  unsigned c = gg__class_of(b->size);
+static void gg__class_unlink_from(gg__freelist_t *fl, gg__block_t *b, unsigned c) {
   if (b->l)
     b->l->r = b->r;
   else
     fl->heads[c] = b->r;
   if (b->r) b->r->l = b->l;
   if (!fl->heads[c] && !(fl->bits[c / 64] &= ~(1ull << (c % 64)))) fl->words &= ~(1u << (c / 64));
+}
+
+static void gg__class_link(gg__freelist_t *fl, gg__block_t *b) {
+  gg__class_link_in(fl, b, gg__class_of(b->size));
+}
+
+static void gg__class_unlink(gg__freelist_t *fl, gg__block_t *b) {
+  gg__class_unlink_from(fl, b, gg__class_of(b->size));
+}
+
+/* Sets a listed block's size; it moves to the head of its new class only when the class changes. Each
+ * class is computed once (a merge or carve changes a size on every release and most allocations). */
+static void gg__class_resize(gg__freelist_t *fl, gg__block_t *b, size_t size) {
+  unsigned from = gg__class_of(b->size), to = gg__class_of(size);
+  b->size = size;
+  if (from == to) return;
+  gg__class_unlink_from(fl, b, from);
+  gg__class_link_in(fl, b, to);
 }
 
 static bool gg__smaller(const gg__block_t *a, const gg__block_t *b) {
@@ -280,15 +297,13 @@ void gg__freelist_put_plain(gg__freelist_t *fl, uintptr_t addr, size_t size, voi
 /* Moves a listed block's bounds in place: only the boundary map entries and the class that change are
  * touched (cheaper than removing it and listing a new one). Free bytes are the caller's to count. */
 static void gg__freelist_reshape(gg__freelist_t *fl, gg__block_t *b, uintptr_t addr, size_t size) {
-  bool reclass = gg__class_of(size) != gg__class_of(b->size);
-  if (reclass) gg__class_unlink(fl, b);
   if (addr != b->addr)
     gg__bounds_clear(&fl->bounds, b->addr, true), gg__bounds_at(&fl->bounds, addr)->above = b;
   if (addr + size != b->addr + b->size)
     gg__bounds_clear(&fl->bounds, b->addr + b->size, false),
         gg__bounds_at(&fl->bounds, addr + size)->below = b;
-  b->addr = addr, b->size = size;
-  if (reclass) gg__class_link(fl, b);
+  b->addr = addr;
+  gg__class_resize(fl, b, size);
 }
 
 /* The range [addr, addr+size) joins its listed free neighbour lo (ending at addr) and/or n (starting at
@@ -302,11 +317,7 @@ static gg__block_t *gg__freelist_grow_into(gg__freelist_t *fl, gg__block_t *lo, 
   if (lo && n) { /* lo grows over the range and n: n's end now names lo, the two inner slots go */
     gg__class_unlink(fl, n);
     gg__bounds_at(m, n->addr + n->size)->below = lo;
-    size_t grown = lo->size + size + n->size;
-    bool reclass = gg__class_of(grown) != gg__class_of(lo->size);
-    if (reclass) gg__class_unlink(fl, lo);
-    lo->size = grown;
-    if (reclass) gg__class_link(fl, lo);
+    gg__class_resize(fl, lo, lo->size + size + n->size);
     gg__bounds_clear_at(m, j_lo, false);
     gg__bounds_clear(m, addr + size, true);
     fl->count--;
@@ -315,9 +326,7 @@ static gg__block_t *gg__freelist_grow_into(gg__freelist_t *fl, gg__block_t *lo, 
     return lo;
   }
   gg__block_t *b = lo ? lo : n;
-  size_t grown = b->size + size;
-  bool reclass = gg__class_of(grown) != gg__class_of(b->size);
-  if (reclass) gg__class_unlink(fl, b);
+  gg__class_resize(fl, b, b->size + size);
   if (lo) { /* the end moves up from addr to addr+size */
     gg__bounds_take(m, j_hi, addr + size)->below = lo;
     gg__bounds_clear_at(m, j_lo, false);
@@ -326,8 +335,6 @@ static gg__block_t *gg__freelist_grow_into(gg__freelist_t *fl, gg__block_t *lo, 
     gg__bounds_clear_at(m, j_hi, true);
     n->addr = addr;
   }
-  b->size = grown;
-  if (reclass) gg__class_link(fl, b);
   return b;
 }
 
