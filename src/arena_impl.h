@@ -231,6 +231,8 @@ void gg__arena_before_alloc(gg_arena_t *a);
 /* Never blocks and never fails: makes reusable what the stream has finished with (a failure only
  * delays reuse; this thread's error detail is left as it was). */
 void gg__arena_reclaim_finished(gg_arena_t *a);
+/* Its step, for a caller already inside gg__arena_quietly (a region costs two thread-local writes). */
+int gg__arena_reclaim_finished_step(gg_arena_t *a, void *unused);
 /* Blocking: waits for the work every pending release waits on, then makes all of it reusable. */
 int gg__arena_wait_pending(gg_arena_t *a);
 /* Destroys every event (device teardown); the first failure is returned, the rest are still done. */
