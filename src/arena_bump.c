@@ -27,8 +27,8 @@ uintptr_t gg__bump_push(gg_arena_t *a, size_t n, size_t align, size_t req, const
 
 /* Releases log entries [k, bump_count) one run at a time: O(1 + runs cut), whatever the number of
  * entries. Live entries among them must already be counted as released by the caller. Needs run_count
- * records. */
-static void gg__bump_cut(gg_arena_t *a, size_t k, bool ordered) {
+ * records. Inline: every LIFO free on the pair path cuts its one entry through here. */
+static inline __attribute__((always_inline)) void gg__bump_cut(gg_arena_t *a, size_t k, bool ordered) {
   while (a->bump_count > k) {
     gg__bump_run_t *r = &a->runs[a->run_count - 1];
     size_t f = r->first > k ? r->first : k;
@@ -105,12 +105,7 @@ int gg__bump_flush(gg_arena_t *a) {
   return 0;
 }
 
-/* The last entry is checked first: scoped code frees what it allocated last. */
-long gg__bump_find(const gg_arena_t *a, uintptr_t p) {
-  if (!a->bump_count || p < a->bump[0].start) return -1;
-  const gg__bump_entry_t *last = &a->bump[a->bump_count - 1];
-  if (p >= gg__bump_entry_end(last)) return -1;
-  if (p >= last->start) return (long)a->bump_count - 1;
+long gg__bump_search(const gg_arena_t *a, uintptr_t p) {
   size_t lo = 0, hi = a->bump_count - 1; /* the last entry with start <= p lies in [lo, hi) */
   while (hi - lo > 1) {
     size_t mid = lo + (hi - lo) / 2;

@@ -231,6 +231,8 @@ void gg__arena_before_alloc(gg_arena_t *a);
 /* Never blocks and never fails: makes reusable what the stream has finished with (a failure only
  * delays reuse; this thread's error detail is left as it was). */
 void gg__arena_reclaim_finished(gg_arena_t *a);
+/* Its step, for a caller already inside gg__arena_quietly (a region costs two thread-local writes). */
+int gg__arena_reclaim_finished_step(gg_arena_t *a, void *unused);
 /* Blocking: waits for the work every pending release waits on, then makes all of it reusable. */
 int gg__arena_wait_pending(gg_arena_t *a);
 /* Destroys every event (device teardown); the first failure is returned, the rest are still done. */
@@ -250,8 +252,16 @@ uintptr_t gg__bump_push(gg_arena_t *a, size_t n, size_t align, size_t req, const
 void gg__bump_pop_dead(gg_arena_t *a);
 /* Turns the log into block records. 0 or GG_ENOMEM (nothing changed). */
 int gg__bump_flush(gg_arena_t *a);
-/* The log entry whose memory holds p, or -1. */
-long gg__bump_find(const gg_arena_t *a, uintptr_t p);
+/* Below the last entry: the log entry whose memory holds p (which lies within the log), or -1. */
+long gg__bump_search(const gg_arena_t *a, uintptr_t p);
+/* The log entry whose memory holds p, or -1. Inline, the last entry first: every free asks, and
+ * scoped code and alloc+free pairs free what they allocated last. */
+static inline long gg__bump_find(const gg_arena_t *a, uintptr_t p) {
+  if (!a->bump_count || p < a->bump[0].start) return -1;
+  const gg__bump_entry_t *last = &a->bump[a->bump_count - 1];
+  if (p >= gg__bump_entry_end(last)) return -1;
+  return p >= last->start ? (long)a->bump_count - 1 : gg__bump_search(a, p);
+}
 /* Room for k more records in scope d's array (frame 0 needs none). 0 or GG_ENOMEM. */
 static inline int gg__frame_reserve(gg_arena_t *a, int d, size_t k) {
   gg__frame_t *f = &a->frames[d];

@@ -105,7 +105,7 @@ static void gg__merge_completed(gg_arena_t *a) {
 /* When the stream has nothing queued, every release so far is safe to reuse: one stream query settles
  * the open batch and all recorded ones, with no event. Otherwise the open batch gets its event and
  * finished batches are merged. */
-static int gg__reclaim_finished_step(gg_arena_t *a, void *unused) {
+int gg__arena_reclaim_finished_step(gg_arena_t *a, void *unused) {
   (void)unused;
   if (a->open.count || a->closed_head != a->closed_end) {
     a->probe.stream_queries++;
@@ -119,7 +119,9 @@ static int gg__reclaim_finished_step(gg_arena_t *a, void *unused) {
   return 0;
 }
 
-void gg__arena_reclaim_finished(gg_arena_t *a) { gg__arena_quietly(a, gg__reclaim_finished_step, NULL); }
+void gg__arena_reclaim_finished(gg_arena_t *a) {
+  gg__arena_quietly(a, gg__arena_reclaim_finished_step, NULL);
+}
 
 /* A batch is closed (its event recorded) once it holds GG__BATCH_MAX releases, or two or more worth
  * max(1/256 of the mapped memory, half a chunk). Large frees thus come back at the addresses they were

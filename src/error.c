@@ -9,7 +9,9 @@
 
 static _Thread_local char gg__detail[GG__DETAIL_MAX];
 static _Thread_local int gg__driver_status;
-static _Thread_local gg__err_quiet_t *gg__quiet; /* the innermost quiet region, or NULL */
+/* The innermost quiet region, or NULL. Initial-exec: every reclaim on the allocation path enters and
+ * leaves a region, and the default model costs a __tls_get_addr call each time in the shared library. */
+static _Thread_local gg__err_quiet_t *gg__quiet __attribute__((tls_model("initial-exec")));
 
 /* Before the detail changes inside a quiet region: keeps what the region must put back. */
 static void gg__quiet_copy(void) {

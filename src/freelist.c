@@ -109,9 +109,9 @@ static gg__bound_t *gg__bounds_at(gg__bounds_t *m, uintptr_t key) {
   return gg__bounds_take(m, gg__bounds_probe(m, key), key);
 }
 
-/* Empties one side of key's slot (which must exist); the slot goes once both sides are empty. */
-static void gg__bounds_clear(gg__bounds_t *m, uintptr_t key, bool above) {
-  size_t mask = m->cap - 1, j = gg__bounds_probe(m, key);
+/* Empties one side of the slot at index j (which holds a key); the slot goes once both sides are empty. */
+static void gg__bounds_clear_at(gg__bounds_t *m, size_t j, bool above) {
+  size_t mask = m->cap - 1;
   gg__bound_t *s = &m->slots[j];
   if (above)
     s->above = NULL;
@@ -125,6 +125,11 @@ static void gg__bounds_clear(gg__bounds_t *m, uintptr_t key, bool above) {
   }
   memset(&m->slots[j], 0, sizeof m->slots[j]);
   m->n--;
+}
+
+/* Empties one side of key's slot (which must exist). */
+static void gg__bounds_clear(gg__bounds_t *m, uintptr_t key, bool above) {
+  gg__bounds_clear_at(m, gg__bounds_probe(m, key), above);
 }
 
 static gg__block_t *gg__freelist_starting_at(const gg__freelist_t *fl, uintptr_t addr) {
@@ -223,8 +228,8 @@ static int gg__class_last(const gg__freelist_t *fl) {
   return (int)(w * 64 + 63u - (unsigned)__builtin_clzll(fl->bits[w]));
 }
 
-static void gg__class_link(gg__freelist_t *fl, gg__block_t *b) {
-  unsigned c = gg__class_of(b->size);
+/* Lists b in class c (its size's class). */
+static void gg__class_link_in(gg__freelist_t *fl, gg__block_t *b, unsigned c) {
   b->l = NULL, b->r = fl->heads[c];
   if (b->r)
     b->r->l = b;
@@ -233,14 +238,31 @@ static void gg__class_link(gg__freelist_t *fl, gg__block_t *b) {
   fl->heads[c] = b;
 }
 
-static void gg__class_unlink(gg__freelist_t *fl, gg__block_t *b) {
-  unsigned c = gg__class_of(b->size);
+static void gg__class_unlink_from(gg__freelist_t *fl, gg__block_t *b, unsigned c) {
   if (b->l)
     b->l->r = b->r;
   else
     fl->heads[c] = b->r;
   if (b->r) b->r->l = b->l;
   if (!fl->heads[c] && !(fl->bits[c / 64] &= ~(1ull << (c % 64)))) fl->words &= ~(1u << (c / 64));
+}
+
+static void gg__class_link(gg__freelist_t *fl, gg__block_t *b) {
+  gg__class_link_in(fl, b, gg__class_of(b->size));
+}
+
+static void gg__class_unlink(gg__freelist_t *fl, gg__block_t *b) {
+  gg__class_unlink_from(fl, b, gg__class_of(b->size));
+}
+
+/* Sets a listed block's size; it moves to the head of its new class only when the class changes. Each
+ * class is computed once (a merge or carve changes a size on every release and most allocations). */
+static void gg__class_resize(gg__freelist_t *fl, gg__block_t *b, size_t size) {
+  unsigned from = gg__class_of(b->size), to = gg__class_of(size);
+  b->size = size;
+  if (from == to) return;
+  gg__class_unlink_from(fl, b, from);
+  gg__class_link_in(fl, b, to);
 }
 
 static bool gg__smaller(const gg__block_t *a, const gg__block_t *b) {
@@ -275,15 +297,45 @@ void gg__freelist_put_plain(gg__freelist_t *fl, uintptr_t addr, size_t size, voi
 /* Moves a listed block's bounds in place: only the boundary map entries and the class that change are
  * touched (cheaper than removing it and listing a new one). Free bytes are the caller's to count. */
 static void gg__freelist_reshape(gg__freelist_t *fl, gg__block_t *b, uintptr_t addr, size_t size) {
-  bool reclass = gg__class_of(size) != gg__class_of(b->size);
-  if (reclass) gg__class_unlink(fl, b);
   if (addr != b->addr)
     gg__bounds_clear(&fl->bounds, b->addr, true), gg__bounds_at(&fl->bounds, addr)->above = b;
   if (addr + size != b->addr + b->size)
     gg__bounds_clear(&fl->bounds, b->addr + b->size, false),
         gg__bounds_at(&fl->bounds, addr + size)->below = b;
-  b->addr = addr, b->size = size;
-  if (reclass) gg__class_link(fl, b);
+  b->addr = addr;
+  gg__class_resize(fl, b, size);
+}
+
+/* The range [addr, addr+size) joins its listed free neighbour lo (ending at addr) and/or n (starting at
+ * addr+size); j_lo and j_hi are the boundary slots already probed for addr and addr+size. The slots and
+ * classes are changed in place, each probed once (removing n and reshaping lo probed four). Nothing
+ * free starts at addr or ends at addr+size (the range was not free), so a side cleared there may empty
+ * its slot. Writing a slot at an index found before a deletion must come first: a deletion shifts. */
+static gg__block_t *gg__freelist_grow_into(gg__freelist_t *fl, gg__block_t *lo, gg__block_t *n,
+                                           uintptr_t addr, size_t size, size_t j_lo, size_t j_hi) {
+  gg__bounds_t *m = &fl->bounds;
+  if (lo && n) { /* lo grows over the range and n: n's end now names lo, the two inner slots go */
+    gg__class_unlink(fl, n);
+    gg__bounds_at(m, n->addr + n->size)->below = lo;
+    gg__class_resize(fl, lo, lo->size + size + n->size);
+    gg__bounds_clear_at(m, j_lo, false);
+    gg__bounds_clear(m, addr + size, true);
+    fl->count--;
+    n->l = n->r = NULL;
+    gg__freelist_give_record(fl, n);
+    return lo;
+  }
+  gg__block_t *b = lo ? lo : n;
+  gg__class_resize(fl, b, b->size + size);
+  if (lo) { /* the end moves up from addr to addr+size */
+    gg__bounds_take(m, j_hi, addr + size)->below = lo;
+    gg__bounds_clear_at(m, j_lo, false);
+  } else { /* the start moves down from addr+size to addr */
+    gg__bounds_take(m, j_lo, addr)->above = n;
+    gg__bounds_clear_at(m, j_hi, true);
+    n->addr = addr;
+  }
+  return b;
 }
 
 gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg, gg__block_t *rec) {
@@ -322,13 +374,7 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
     n = NULL;
   if (lo || n) { /* grow a neighbour in place; the range's own record is not needed */
     if (rec) gg__freelist_give_record(fl, rec);
-    if (lo && n) {
-      gg__freelist_remove(fl, n);
-      fl->bytes += n->size, size += n->size;
-      gg__freelist_give_record(fl, n);
-    }
-    if (lo) return gg__freelist_reshape(fl, lo, lo->addr, lo->size + size), lo;
-    return gg__freelist_reshape(fl, n, addr, size + n->size), n;
+    return gg__freelist_grow_into(fl, lo, n, addr, size, j_lo, j_hi);
   }
   if (!rec) rec = gg__freelist_take_record(fl);
   memset(rec, 0, sizeof *rec);
@@ -357,6 +403,7 @@ static gg__block_t *gg__class_best(gg__block_t *b, size_t n, size_t a) {
 }
 
 gg__block_t *gg__freelist_fit(const gg__freelist_t *fl, size_t n, size_t a) {
+  if (!fl->words) return NULL; /* nothing listed: allocations from top (bump pairs) ask first */
   unsigned c = gg__class_of(n);
   int d;
   if (a <= GG__QUANTUM) { /* every block is 256-aligned: a block fits when it is large enough */
