@@ -272,22 +272,29 @@ static void gg__tc_sweep(gg__tcache_t *only) {
 
 /* ---- publishing and giving back ---------------------------------------------------------------------- */
 
-/* Arena and cache locked. Live blocks become USED records of the outermost scope (the cache is
- * bypassed while a scope is open, so that is where they were allocated); the deltas move into the
- * arena's counters. 0 or GG_ENOMEM (nothing changed). */
+/* Arena and cache locked. Live blocks become USED records of the scope each was allocated in (its
+ * depth: every scope that ended since published them first, so that scope is still open); the deltas
+ * move into the arena's counters. 0 or GG_ENOMEM (nothing changed). */
 static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
   size_t n_live = gg__tc_nlive(c);
   if (n_live) {
-    int rc = gg__addr_map_reserve(&a->used, n_live);
-    if (rc < 0) return rc;
-    a->n_live += n_live;
+    /* Room first in every frame a block names (n_live each: blocks rarely span two scopes). */
     for (size_t i = 0, left = n_live; left; i++) { /* stops at the last one: most slots are empty */
+      const gg__block_t *b = c->live[i];
+      if (!b) continue;
+      left--;
+      int rc = gg__frame_reserve(a, b->depth, n_live);
+      if (rc == 0) rc = gg__addr_map_reserve(gg__used_map(a, b->depth), n_live);
+      if (rc < 0) return rc;
+    }
+    a->n_live += n_live;
+    for (size_t i = 0, left = n_live; left; i++) {
       gg__block_t *b = c->live[i];
       if (!b) continue;
       c->live[i] = NULL, left--;
-      b->state = GG__BLOCK_USED, b->depth = 0;
+      b->state = GG__BLOCK_USED;
       gg__frame_link(a, b);
-      gg__addr_map_put(&a->used, b->addr, b);
+      gg__addr_map_put(gg__used_map(a, b->depth), b->addr, b);
     }
     gg__tc_set_nlive(c, 0);
   }
@@ -396,8 +403,8 @@ bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag,
   bool attached = atomic_load_explicit(&c->attached, memory_order_relaxed), got = false;
   const char *t;
   gg__tc_class_t *k;
-  if (attached && !atomic_load_explicit(&a->scopes_open, memory_order_relaxed) && gg__tc_tag(c, tag, &t) &&
-      (k = gg__tc_class(c, size)) && k->n && gg__tc_nlive(c) < GG__TC_LIVE_SLOTS / 2) {
+  if (attached && gg__tc_tag(c, tag, &t) && (k = gg__tc_class(c, size)) && k->n &&
+      gg__tc_nlive(c) < GG__TC_LIVE_SLOTS / 2) {
     gg__tc_entry_t *e = &k->ring[k->head];
     /* The oldest free still waits: while the class is still growing, the arena's path adds blocks (one
      * stream query per ring then covers more pairs); once full, the stream is asked. */
@@ -405,7 +412,8 @@ bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag,
       gg__block_t *b = e->rec;
       k->head = (k->head + 1) % GG__TC_RING, k->n--;
       c->free_bytes -= size;
-      b->req = asked, b->tag = t, b->depth = 0;
+      /* The innermost open scope owns it: the mark cannot move while this cache's lock is held. */
+      b->req = asked, b->tag = t, b->depth = atomic_load_explicit(&a->tc_depth, memory_order_relaxed);
       gg__tc_live_put(c, b);
       c->d_bytes += size, c->d_allocs++;
       size_t total = atomic_load_explicit(&a->in_use_seen, memory_order_relaxed) + c->d_bytes;
@@ -425,8 +433,7 @@ bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered) {
   gg__tc_lock(c);
   bool attached = atomic_load_explicit(&c->attached, memory_order_relaxed), done = false;
   gg__block_t *b;
-  if (attached && !atomic_load_explicit(&a->scopes_open, memory_order_relaxed) &&
-      (b = gg__tc_live_take(c, (uintptr_t)ptr))) {
+  if (attached && (b = gg__tc_live_take(c, (uintptr_t)ptr))) { /* of any scope: none ended since */
     gg__tc_class_t *k = gg__tc_class_claim(c, b->size);
     if (k && k->n < GG__TC_RING && c->free_bytes + b->size <= GG__TC_BYTES) {
       uint64_t ticket = a->track && !ordered ? atomic_load(&a->tc_epoch) : 0; /* see gg__tc_ask_stream */
@@ -509,7 +516,7 @@ static size_t gg__tc_carve(gg_arena_t *a, size_t size, size_t want, gg__block_t 
 int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t align, const char *tag,
                             uintptr_t *ptr) {
   gg__tcache_t *c = gg__tc_find(a);
-  bool cacheable = size <= GG__TC_MAX_SIZE && align == GG__QUANTUM && a->n_frames == 1;
+  bool cacheable = size <= GG__TC_MAX_SIZE && align == GG__QUANTUM;
   if (!cacheable && (!c || !gg__tc_nlive(c))) return 0; /* nothing of this thread's to publish */
   if (!c && !(c = gg__tc_create(a))) return 0;
   gg__tc_lock(c);
@@ -544,7 +551,7 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
         k->ring[(k->head + k->n++) % GG__TC_RING] = (gg__tc_entry_t){recs[i], 0, false};
       c->free_bytes += (n - 1) * size;
       c->tag = tag;
-      recs[0]->req = asked, recs[0]->tag = tag;
+      recs[0]->req = asked, recs[0]->tag = tag, recs[0]->depth = a->n_frames - 1;
       gg__tc_live_put(c, recs[0]);
       c->d_bytes += size, c->d_allocs++;
       if (a->in_use + c->d_bytes > c->peak) c->peak = a->in_use + c->d_bytes;
@@ -571,6 +578,32 @@ int gg__tcache_publish_all(gg_arena_t *a) {
     gg__tc_drop_if_empty_orphan(a, c);
   }
   return n;
+}
+
+void gg__tcache_scope_begun(gg_arena_t *a) {
+  atomic_store(&a->tc_depth, a->n_frames - 1);
+  for (gg__tcache_t *c = a->caches; c; c = c->a_next) gg__tc_lock(c), gg__tc_unlock(c);
+}
+
+int gg__tcache_scope_ending(gg_arena_t *a) {
+  for (gg__tcache_t *c = a->caches; c; c = c->a_next) {
+    gg__tc_lock(c);
+    int rc = gg__tc_publish(a, c);
+    if (rc < 0) { /* this one and those before it are held */
+      for (gg__tcache_t *h = a->caches; h; h = h->a_next) {
+        gg__tc_unlock(h);
+        if (h == c) break;
+      }
+      return rc;
+    }
+  }
+  return 0;
+}
+
+void gg__tcache_scope_settled(gg_arena_t *a) {
+  atomic_store(&a->tc_depth, a->n_frames - 1);
+  for (gg__tcache_t *c = a->caches; c; c = c->a_next) gg__tc_unlock(c);
+  for (gg__tcache_t *c = a->caches, *next; c; c = next) next = c->a_next, gg__tc_drop_if_empty_orphan(a, c);
 }
 
 bool gg__tcache_give_back_all(gg_arena_t *a, bool publish) {
@@ -643,11 +676,16 @@ void gg__tcache_reset_peak(gg_arena_t *a) {
 const char *gg__tcache_census(gg_arena_t *a, void (*add)(void *ctx, const gg__block_t *b, bool live),
                               void *ctx) {
   const char *w = NULL;
+  if (atomic_load(&a->tc_depth) != a->n_frames - 1) w = "the caches' scope mark is not the innermost scope";
   for (gg__tcache_t *c = a->caches; c && !w; c = c->a_next) {
     gg__tc_lock(c);
     size_t live = 0, live_bytes = 0, free_bytes = 0;
-    for (size_t i = 0; i < GG__TC_LIVE_SLOTS; i++)
-      if (c->live[i]) live++, live_bytes += c->live[i]->size, add(ctx, c->live[i], true);
+    for (size_t i = 0; i < GG__TC_LIVE_SLOTS; i++) {
+      const gg__block_t *b = c->live[i];
+      if (!b) continue;
+      live++, live_bytes += b->size, add(ctx, b, true);
+      if (b->depth < 0 || b->depth >= a->n_frames) w = "a cached block belongs to a scope that ended";
+    }
     for (int i = 0; i < GG__TC_CLASSES; i++)
       for (unsigned j = 0; j < c->cls[i].n; j++) {
         const gg__block_t *b = c->cls[i].ring[(c->cls[i].head + j) % GG__TC_RING].rec;
