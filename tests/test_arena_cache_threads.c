@@ -476,7 +476,8 @@ static struct {
   gg_arena_t *arena;
   pthread_rwlock_t gate;
   atomic_uint epoch;
-  atomic_int running;
+  atomic_int running, failed;
+  atomic_ullong outside_frees; /* read by the controller while the threads run */
   int state_scope[RT_STATES]; /* innermost open scope of each state (0: none), written before its epoch */
   atomic_bool ended[RT_SCOPES];
   char error[300];
@@ -517,7 +518,7 @@ static int rw_free(rworker_t *w, int i) {
   rblock_t b = w->held[i];
   w->held[i] = w->held[--w->n];
   if (!rb_scoped(&b)) { /* outside every scope: no end can release it */
-    w->ops[1]++;
+    w->ops[1]++, atomic_fetch_add(&rt.outside_frees, 1);
     return gg_free(rt.arena, b.p);
   }
   int rc = 0;
@@ -556,11 +557,30 @@ static void *rt_worker(void *arg) {
     }
     if (rc < 0) {
       snprintf(w->error, sizeof w->error, "%s", gg_last_error());
+      atomic_store(&rt.failed, 1);
       break;
     }
   }
   return NULL;
 }
+
+static pthread_t rt_tid[RT_THREADS];
+
+/* The threads stop before a failure is reported: the test must fail, not hang with them running. */
+static void rt_stop(void) {
+  if (!atomic_exchange(&rt.running, 0)) return;
+  for (int i = 0; i < RT_THREADS; i++) pthread_join(rt_tid[i], NULL);
+}
+
+#define RT_OK(call, locked)                                                  \
+  do {                                                                       \
+    if ((call) < 0) {                                                        \
+      snprintf(rt.error, sizeof rt.error, "%s: %s", #call, gg_last_error()); \
+      if (locked) pthread_rwlock_unlock(&rt.gate);                           \
+      rt_stop();                                                             \
+      fail_msg("%s", rt.error);                                              \
+    }                                                                        \
+  } while (0)
 
 typedef struct rlisted {
   void **v;
@@ -589,11 +609,10 @@ static void test_scope_ends_race_caching_threads(void **state) {
   pthread_rwlockattr_destroy(&ra);
   atomic_store(&rt.running, 1);
   static rworker_t w[RT_THREADS];
-  pthread_t t[RT_THREADS];
   memset(w, 0, sizeof w);
   for (int i = 0; i < RT_THREADS; i++) {
     w[i].id = i, w[i].rng = 0x9E3779B97F4A7C15ull * (unsigned long long)(i + 1);
-    pthread_create(&t[i], NULL, rt_worker, &w[i]);
+    pthread_create(&rt_tid[i], NULL, rt_worker, &w[i]);
   }
   gg_scope_t scopes[5];
   int serial[5] = {0}, depth = 0, next = 1, begins = 0, ends = 0;
@@ -607,35 +626,28 @@ static void test_scope_ends_race_caching_threads(void **state) {
     rt.state_scope[s + 1] = begin ? next : depth > 1 ? serial[depth - 2] : 0;
     atomic_store(&rt.epoch, 2 * s + 1);
     if (begin) {
-      gg_assert_ok(gg_scope_begin(rt.arena, &scopes[depth]));
+      RT_OK(gg_scope_begin(rt.arena, &scopes[depth]), false);
       serial[depth++] = next++, begins++;
     } else {
-      gg_assert_ok(gg_scope_end(&scopes[--depth]));
+      RT_OK(gg_scope_end(&scopes[--depth]), true);
       atomic_store(&rt.ended[serial[depth]], true), ends++;
     }
     atomic_store(&rt.epoch, 2 * ++s);
     if (!begin) pthread_rwlock_unlock(&rt.gate);
-    if (!begin) gg_assert_ok(gg__arena_check(rt.arena)); /* while the threads run on */
+    if (!begin) RT_OK(gg__arena_check(rt.arena), false); /* while the threads run on */
   }
   while (depth) { /* every scope ends: what the threads still hold of them goes */
     pthread_rwlock_wrlock(&rt.gate);
     rt.state_scope[s + 1] = depth > 1 ? serial[depth - 2] : 0;
     atomic_store(&rt.epoch, 2 * s + 1);
-    gg_assert_ok(gg_scope_end(&scopes[--depth]));
+    RT_OK(gg_scope_end(&scopes[--depth]), true);
     atomic_store(&rt.ended[serial[depth]], true), ends++;
     atomic_store(&rt.epoch, 2 * ++s);
     pthread_rwlock_unlock(&rt.gate);
   }
-  unsigned long long pairs_before = 0;
-  for (int i = 0; i < RT_THREADS; i++) pairs_before += w[i].ops[1];
-  for (;;) { /* a little more outside every scope, then stop */
-    unsigned long long now = 0;
-    for (int i = 0; i < RT_THREADS; i++) now += w[i].ops[1];
-    if (now > pairs_before + 1000) break;
-    sched_yield();
-  }
-  atomic_store(&rt.running, 0);
-  for (int i = 0; i < RT_THREADS; i++) pthread_join(t[i], NULL);
+  unsigned long long frees_before = atomic_load(&rt.outside_frees); /* a little more outside scopes */
+  while (!atomic_load(&rt.failed) && atomic_load(&rt.outside_frees) < frees_before + 1000) sched_yield();
+  rt_stop();
   for (int i = 0; i < RT_THREADS; i++)
     if (w[i].error[0]) fail_msg("thread %d: %s", i, w[i].error);
   gg_assert_ok(gg__arena_check(rt.arena));
