@@ -6,14 +6,20 @@
  * A cache holds two kinds of blocks, both records in state GG__BLOCK_CACHED (arena_check.c counts them in
  * the tiling): FREE ones in a ring per size class, each with the stream ticket of its free, and LIVE ones it
  * handed out since it last published (their counters are the cache's deltas). Publishing turns the live
- * ones into ordinary USED records of the outermost scope and moves the deltas into the arena's counters;
- * it happens at every refill, before a locked allocation of the same thread, and whenever the arena looks
- * for a block it does not find (a free on another thread, a copy, foreach).
+ * ones into ordinary USED records of the scope each was allocated in and moves the deltas into the arena's
+ * counters; it happens at every refill, before a locked allocation of the same thread, at every scope end,
+ * and whenever the arena looks for a block it does not find (a free on another thread, a copy, foreach).
  *
  * Rules that keep the arena's guarantees:
- *  - scopes: the cache is bypassed while a scope is open (scopes_open, read under the cache's lock), and
- *    gg_scope_begin sets it and then takes every cache's lock: an allocation is linearised before the
- *    scope (an outermost block) or after it (the arena's own path, owned by the scope);
+ *  - scopes: a block the cache hands out takes the depth of the innermost open scope, `tc_depth`, read
+ *    under the cache's lock; the mark moves only under the arena's lock with every cache's lock taken
+ *    after it (gg_scope_begin) or held around it (gg_scope_end). An allocation is thus linearised before
+ *    or after each begin and end. A scope end takes every cache's lock, publishes every live block into
+ *    its scope's frame, releases the frame and moves the mark out before letting the caches go: what a
+ *    scope owns is released at its end whichever thread cached it, published or not, and nothing is
+ *    allocated into a frame already released. Frees into a cache take back blocks of any depth (none of
+ *    their scopes ended: the end would have published them); refills carve in scopes too (their free
+ *    blocks belong to no scope);
  *  - the stream: a free on a tracking arena takes the arena's cache epoch as its ticket; the block is
  *    handed out again only once the safe epoch passed the ticket: a thread advances the epoch, then finds
  *    the stream idle, or an event it records on it then completes. The epoch and the safe mark are shared
@@ -24,8 +30,8 @@
  *    destroy and teardown detach them under both locks before any device resource goes; a thread that
  *    exits gives its caches back, or leaves them to the arena (orphans) when that cannot be done.
  *
- * Lock order: an arena's lock, then a cache's lock. A thread holding its cache's lock never takes the
- * arena's lock. */
+ * Lock order: an arena's lock, then a cache's lock (a scope end holds all of them at once, under the
+ * arena's lock). A thread holding its cache's lock never takes the arena's lock. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
