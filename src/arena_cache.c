@@ -591,11 +591,44 @@ void gg__tcache_scope_begun(gg_arena_t *a) {
   for (gg__tcache_t *c = a->caches; c; c = c->a_next) gg__tc_lock(c), gg__tc_unlock(c);
 }
 
+/* Arena and cache locked, as scope d ends: the cache's live blocks of that scope go back to the arena at
+ * once instead of through the scope's records (the end would release them right after), counted as the
+ * cache's frees. In address order, so blocks a refill carved together go as one range. 0 or GG_ENOMEM
+ * (nothing changed). */
+static int gg__tc_release_scoped(gg_arena_t *a, gg__tcache_t *c, int d) {
+  gg__block_t *go[GG__TC_LIVE_SLOTS];
+  size_t k = 0;
+  for (size_t i = 0, left = gg__tc_nlive(c); left; i++) {
+    gg__block_t *b = c->live[i];
+    if (!b || (left--, b->depth < d)) continue;
+    size_t j = k++;
+    for (; j && go[j - 1]->addr > b->addr; j--) go[j] = go[j - 1]; /* at most half the slots: sorted here */
+    go[j] = b;
+  }
+  int rc = k ? gg__freelist_reserve(&a->freelist, k) : 0;
+  if (rc < 0) return rc;
+  gg__block_t *run = NULL; /* the range being gathered, in the record of its first block */
+  for (size_t j = 0; j < k; j++) {
+    gg__block_t *b = gg__tc_live_take(c, go[j]->addr);
+    c->d_bytes -= b->size, c->d_frees++;
+    if (run && b->seg == run->seg && b->addr == run->addr + run->size) {
+      run->size += b->size;
+      gg__freelist_give_record(&a->freelist, b);
+      continue;
+    }
+    if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, false);
+    run = b;
+  }
+  if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, false);
+  return 0;
+}
+
 int gg__tcache_scope_ending(gg_arena_t *a) {
   for (gg__tcache_t *c = a->caches; c; c = c->a_next) {
     gg__tc_lock(c);
-    int rc = gg__tc_publish(a, c);
-    if (rc < 0) { /* this one and those before it are held */
+    int rc = gg__tc_release_scoped(a, c, a->n_frames - 1);
+    if (rc == 0) rc = gg__tc_publish(a, c); /* the rest: no cache holds a live block past the end */
+    if (rc < 0) {                           /* this one and those before it are held */
       for (gg__tcache_t *h = a->caches; h; h = h->a_next) {
         gg__tc_unlock(h);
         if (h == c) break;

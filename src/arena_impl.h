@@ -317,10 +317,11 @@ int gg__tcache_publish_all(gg_arena_t *a);
  * taken after the mark moves, so an allocation a cache was serving meanwhile is over (and belongs to the
  * enclosing frame) before the scope begins. */
 void gg__tcache_scope_begun(gg_arena_t *a);
-/* Scope end, before its frame is released: takes every cache's lock and publishes every live block into
- * its scope's frame; 0 with the caches held, or GG_ENOMEM with none held (blocks already published stay
- * so: a consistent state). gg__tcache_scope_settled() then moves the mark to the innermost frame left
- * and lets the caches go, so no cache allocation falls between the release and the new mark. */
+/* Scope end, before its frame is released: takes every cache's lock, releases the live blocks of the
+ * ending scope and publishes the others into their scopes' frames; 0 with the caches held, or GG_ENOMEM
+ * with none held (what was released or published stays so: a consistent state). gg__tcache_scope_settled()
+ * then moves the mark to the innermost frame left and lets the caches go, so no cache allocation falls
+ * between the release and the new mark. */
 int gg__tcache_scope_ending(gg_arena_t *a);
 void gg__tcache_scope_settled(gg_arena_t *a);
 /* Every cache's free blocks back to the arena (publishing too, with `publish`); errors keep them.
