@@ -220,8 +220,8 @@ static void gg__frame_used_clear(gg__frame_t *f, size_t blocks) {
     memset(m->slots, 0, m->cap * sizeof *m->slots), m->n = 0;
 }
 
-/* Ends the innermost scope (threads' caches held, their blocks published): records first, in O(blocks) with
- * no search (a run of blocks that touch in allocation order, as blocks carved one after another from the
+/* Ends the innermost scope (threads' caches held, their blocks of it released): records first, in O(blocks)
+ * with no search (a run of blocks that touch in allocation order, as blocks carved one after another from the
  * front of a free block do, is released as one range); then the log's tail, whatever its length, in O(runs
  * cut). The records are an array, so loads start far ahead: the record 2 x GG__SCOPE_AHEAD on, the free-list
  * slots of the one GG__SCOPE_AHEAD on. The scope's own map of records is emptied at once, not record by

@@ -680,8 +680,10 @@ static void test_scope_ends_race_caching_threads(void **state) {
     }
     bool is = false;
     for (size_t j = 0; j < l.n && !is; j++) is = l.v[j] == all[i].p;
-    if (must && !is) fail_msg("a block allocated outside every scope was released (states %u..%u)", all[i].lo, all[i].hi);
-    if (!may && is) fail_msg("a block of a scope that ended is still live (states %u..%u)", all[i].lo, all[i].hi);
+    if (must && !is)
+      fail_msg("a block allocated outside every scope was released (states %u..%u)", all[i].lo, all[i].hi);
+    if (!may && is)
+      fail_msg("a block of a scope that ended is still live (states %u..%u)", all[i].lo, all[i].hi);
     if (is) {
       gg_assert_ok(gg_free(rt.arena, all[i].p));
       live++;
@@ -691,8 +693,8 @@ static void test_scope_ends_race_caching_threads(void **state) {
   unsigned long long sum[4] = {0};
   for (int i = 0; i < RT_THREADS; i++)
     for (int k = 0; k < 4; k++) sum[k] += w[i].ops[k];
-  printf("%d threads: %d scope begins, %d ends; %llu allocations, %llu frees outside scopes, %llu inside, %llu "
-         "checks; kept blocks: %zu outside scopes, %zu of scopes, %zu either\n",
+  printf("%d threads: %d scope begins, %d ends; %llu allocations, %llu frees outside scopes, %llu inside, "
+         "%llu checks; kept blocks: %zu outside scopes, %zu of scopes, %zu either\n",
          RT_THREADS, begins, ends, sum[0], sum[1], sum[2], sum[3], outside, scoped, either);
   assert_true(scoped > 0 && sum[2] > 0 && ends > 10);
   expect_live(rt.arena, 0, 0);
