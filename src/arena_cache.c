@@ -278,30 +278,56 @@ static void gg__tc_sweep(gg__tcache_t *only) {
 
 /* ---- publishing and giving back ---------------------------------------------------------------------- */
 
+/* This cache's live blocks; those of a scope in address order when they are of one size and one piece (a
+ * refill hands them out in that order, the live table keeps them by hash): a scope's end releases records
+ * that touch and follow one another in its array as one range. Returns how many. */
+static size_t gg__tc_live_list(gg__tcache_t *c, gg__block_t **out) {
+  size_t k = 0;
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  bool scoped = false, one = true;
+  for (size_t i = 0, left = gg__tc_nlive(c); left; i++) { /* stops at the last one: most slots are empty */
+    gg__block_t *b = c->live[i];
+    if (!b) continue;
+    left--, out[k++] = b;
+    scoped |= b->depth > 0, one &= b->size == out[0]->size && b->seg == out[0]->seg;
+    lo = b->addr < lo ? b->addr : lo, hi = b->addr > hi ? b->addr : hi;
+  }
+  if (!scoped || !one || k < 2 || (hi - lo) / out[0]->size >= GG__TC_LIVE_SLOTS) return k;
+  gg__block_t *at[GG__TC_LIVE_SLOTS];
+  size_t span = (hi - lo) / out[0]->size + 1, n = 0;
+  memset(at, 0, span * sizeof *at);
+  for (size_t j = 0; j < k; j++) {
+    size_t off = out[j]->addr - lo, m = off / out[0]->size;
+    if (m * out[0]->size != off || at[m]) return k; /* not one piece of equal blocks: as they are */
+    at[m] = out[j];
+  }
+  for (size_t j = 0; j < span; j++)
+    if (at[j]) out[n++] = at[j];
+  return n;
+}
+
 /* Arena and cache locked. Live blocks become USED records of the scope each was allocated in (its
- * depth: every scope that ended since published them first, so that scope is still open); the deltas
- * move into the arena's counters. 0 or GG_ENOMEM (nothing changed). */
+ * depth: every scope end took the blocks of its scope out of the caches, so that scope is still open); the
+ * deltas move into the arena's counters. 0 or GG_ENOMEM (nothing changed). */
 static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
   size_t n_live = gg__tc_nlive(c);
   if (n_live) {
+    gg__block_t *list[GG__TC_LIVE_SLOTS];
+    gg__tc_live_list(c, list);
     /* Room first in every frame a block names (n_live each: blocks rarely span two scopes). */
-    for (size_t i = 0, left = n_live; left; i++) { /* stops at the last one: most slots are empty */
-      const gg__block_t *b = c->live[i];
-      if (!b) continue;
-      left--;
-      int rc = gg__frame_reserve(a, b->depth, n_live);
-      if (rc == 0) rc = gg__addr_map_reserve(gg__used_map(a, b->depth), n_live);
+    for (size_t i = 0; i < n_live; i++) {
+      int d = list[i]->depth, rc = gg__frame_reserve(a, d, n_live);
+      if (rc == 0) rc = gg__addr_map_reserve(gg__used_map(a, d), n_live);
       if (rc < 0) return rc;
     }
     a->n_live += n_live;
-    for (size_t i = 0, left = n_live; left; i++) {
-      gg__block_t *b = c->live[i];
-      if (!b) continue;
-      c->live[i] = NULL, left--;
+    for (size_t i = 0; i < n_live; i++) {
+      gg__block_t *b = list[i];
       b->state = GG__BLOCK_USED;
       gg__frame_link(a, b);
       gg__addr_map_put(gg__used_map(a, b->depth), b->addr, b);
     }
+    memset(c->live, 0, sizeof c->live);
     gg__tc_set_nlive(c, 0);
   }
   a->in_use += c->d_bytes, a->n_allocs += c->d_allocs, a->n_frees += c->d_frees;
