@@ -284,6 +284,428 @@ static void test_scope_end_vs_caching_threads(void **state) {
   gg_assert_ok(gg_arena_destroy(sc.arena));
 }
 
+/* ---- blocks caches hand out inside scopes --------------------------------------------------------- */
+
+typedef struct depths {
+  void *ptr[64];
+  int depth[64];
+  int n;
+} depths_t;
+
+static int note_depth(const gg_block_info_t *b, void *user) {
+  depths_t *d = user;
+  if (d->n < 64) d->ptr[d->n] = b->ptr, d->depth[d->n++] = b->scope_depth;
+  return 0;
+}
+
+/* The depth foreach lists for p, or -1 when p is not a live block. */
+static int depth_of(gg_arena_t *a, void *p) {
+  depths_t d = {.n = 0};
+  gg_assert_ok(gg_arena_foreach_block(a, note_depth, &d));
+  for (int i = 0; i < d.n; i++)
+    if (d.ptr[i] == p) return d.depth[i];
+  return -1;
+}
+
+static unsigned long long cached_allocs(gg_arena_t *a) {
+  gg__arena_probe_t pr;
+  gg_assert_ok(gg__arena_probe(a, &pr));
+  return pr.cached_allocs;
+}
+
+static void expect_live(gg_arena_t *a, unsigned long long live, size_t bytes) {
+  gg_arena_stats_t s = stats(a);
+  assert_int_equal(s.n_live, live);
+  assert_int_equal(s.bytes_in_use, bytes);
+  gg_assert_ok(gg__arena_check(a));
+}
+
+/* One thread: allocations inside scopes come from its cache and belong to the innermost scope, published
+ * or not; frees inside a scope of blocks from outside it or from an outer scope keep every frame right. */
+static void test_cache_in_scopes(void **state) {
+  (void)state;
+  gg_arena_t *a = mk(NULL);
+  void *p;
+  for (int i = 0; i < 200; i++) {
+    gg_assert_ok(gg_alloc(a, 4 * KiB, &p));
+    gg_assert_ok(gg_free(a, p));
+  }
+  void *out0, *out1; /* depth 0: out1 is published before the scopes, out0 is not */
+  gg_assert_ok(gg_alloc(a, 4 * KiB, &out1));
+  assert_int_equal(depth_of(a, out1), 0); /* foreach publishes */
+  gg_assert_ok(gg_alloc(a, 4 * KiB, &out0));
+  unsigned long long c0 = cached_allocs(a);
+  gg_scope_t s1, s2;
+  gg_assert_ok(gg_scope_begin(a, &s1));
+  void *x1[8];
+  for (int i = 0; i < 8; i++) gg_assert_ok(gg_alloc(a, 4 * KiB, &x1[i]));
+  for (int i = 0; i < 200; i++) {
+    gg_assert_ok(gg_alloc(a, 4 * KiB, &p));
+    gg_assert_ok(gg_free(a, p));
+  }
+  expect_live(a, 10, 10 * 4 * KiB);
+  /* the cache served them: the probe counts its allocations as it publishes (foreach does) */
+  assert_int_equal(depth_of(a, x1[3]), 1);
+  assert_true(cached_allocs(a) - c0 >= 200);
+  gg_assert_ok(gg_free(a, x1[0])); /* published, in scope 1's array: the last record moves into its slot */
+  gg_assert_ok(gg_alloc(a, 4 * KiB, &x1[0])); /* from the cache, unpublished */
+  gg_assert_ok(gg_scope_begin(a, &s2));
+  void *x2[8];
+  for (int i = 0; i < 8; i++) gg_assert_ok(gg_alloc(a, 4 * KiB, &x2[i]));
+  gg_assert_ok(gg_free(a, out0));  /* depth 0, never published: back to the cache */
+  gg_assert_ok(gg_free(a, out1));  /* depth 0, published: frame 0's list */
+  gg_assert_ok(gg_free(a, x1[1])); /* scope 1's, published */
+  gg_assert_ok(gg_free(a, x1[0])); /* scope 1's, unpublished */
+  gg_assert_ok(gg_free(a, x2[0])); /* its own scope's, unpublished */
+  expect_live(a, 6 + 7, 13 * 4 * KiB);
+  assert_int_equal(depth_of(a, x2[1]), 2);
+  assert_int_equal(depth_of(a, x1[2]), 1);
+  gg_assert_ok(gg_free(a, x2[1])); /* published into scope 2's array */
+  void *late[4];                   /* unpublished when the scope ends */
+  for (int i = 0; i < 4; i++) gg_assert_ok(gg_alloc(a, 4 * KiB, &late[i]));
+  expect_live(a, 6 + 6 + 4, 16 * 4 * KiB);
+  gg_assert_ok(gg_scope_end(&s2));
+  expect_live(a, 6, 6 * 4 * KiB); /* scope 2's blocks went, cached or not */
+  for (int i = 0; i < 4; i++) gg_assert_fails(gg_free(a, late[i]), GG_EINVAL, "");
+  for (int i = 2; i < 8; i++) gg_assert_fails(gg_free(a, x2[i]), GG_EINVAL, "");
+  void *after; /* after the end: the enclosing scope's */
+  gg_assert_ok(gg_alloc(a, 4 * KiB, &after));
+  assert_int_equal(depth_of(a, after), 1);
+  gg_assert_ok(gg_alloc(a, 4 * KiB, &after));
+  gg_assert_ok(gg_scope_end(&s1));
+  expect_live(a, 0, 0);
+  gg_assert_fails(gg_free(a, after), GG_EINVAL, "");
+  gg_assert_ok(gg_alloc(a, 4 * KiB, &p)); /* outside again: lives on */
+  assert_int_equal(depth_of(a, p), 0);
+  gg_assert_ok(gg_free(a, p));
+  expect_live(a, 0, 0);
+  gg_assert_ok(gg_arena_trim(a, 0));
+  assert_int_equal(stats(a).bytes_mapped, 0);
+  gg_assert_ok(gg_arena_destroy(a));
+}
+
+/* Another thread's cache hands out blocks inside a scope and has not published them when the scope ends:
+ * the end releases them all the same, and they are never handed back as live. */
+static struct {
+  gg_arena_t *arena;
+  atomic_int step;
+  void *blocks[20];
+  int rc, rc_free_after;
+  void *after;
+} ot;
+
+static void *other_thread_in_scope(void *arg) {
+  (void)arg;
+  while (atomic_load(&ot.step) < 1) sched_yield();
+  void *p;
+  for (int i = 0; i < 300 && ot.rc == 0; i++) /* the cache fills (inside the scope: refills too) */
+    if ((ot.rc = gg_alloc(ot.arena, 8 * KiB, &p)) == 0) ot.rc = gg_free(ot.arena, p);
+  for (int i = 0; i < 20 && ot.rc == 0; i++) ot.rc = gg_alloc(ot.arena, 8 * KiB, &ot.blocks[i]);
+  atomic_store(&ot.step, 2);
+  while (atomic_load(&ot.step) < 3) sched_yield(); /* the scope ends meanwhile */
+  ot.rc_free_after = gg_free(ot.arena, ot.blocks[19]);
+  if (ot.rc == 0) ot.rc = gg_alloc(ot.arena, 8 * KiB, &ot.after);
+  atomic_store(&ot.step, 4);
+  while (atomic_load(&ot.step) < 5) sched_yield(); /* alive: its cache is not given back by an exit */
+  return NULL;
+}
+
+static void test_scope_end_takes_other_threads_cached(void **state) {
+  (void)state;
+  memset(&ot, 0, sizeof ot);
+  ot.arena = mk(NULL);
+  pthread_t t;
+  pthread_create(&t, NULL, other_thread_in_scope, NULL);
+  gg_scope_t scope;
+  gg_assert_ok(gg_scope_begin(ot.arena, &scope));
+  atomic_store(&ot.step, 1);
+  while (atomic_load(&ot.step) < 2) sched_yield();
+  gg_assert_ok(ot.rc);
+  gg_arena_stats_t s = stats(ot.arena); /* counts the caches' unpublished blocks too */
+  assert_int_equal(s.n_live, 20);
+  unsigned long long before = cached_allocs(ot.arena);
+  gg_assert_ok(gg_scope_end(&scope));
+  assert_true(cached_allocs(ot.arena) > before); /* some were still unpublished in its cache */
+  expect_live(ot.arena, 0, 0);
+  atomic_store(&ot.step, 3);
+  while (atomic_load(&ot.step) < 4) sched_yield();
+  gg_assert_ok(ot.rc);
+  assert_int_equal(ot.rc_free_after, GG_EINVAL); /* released by the end: not its cache's any more */
+  expect_live(ot.arena, 1, 8 * KiB);
+  assert_int_equal(depth_of(ot.arena, ot.after), 0); /* allocated after the end: outside every scope */
+  for (int i = 0; i < 19; i++) assert_ptr_not_equal(ot.blocks[i], NULL);
+  atomic_store(&ot.step, 5);
+  pthread_join(t, NULL);
+  gg_assert_ok(gg_free(ot.arena, ot.after));
+  expect_live(ot.arena, 0, 0);
+  gg_assert_ok(gg_arena_destroy(ot.arena));
+}
+
+/* ---- scopes end while eight threads allocate and free inside them ------------------------------------ */
+
+/* A controller begins and ends scopes while RT_THREADS threads allocate and free through their caches.
+ * Each allocation notes the scope state before and after it: state s is stable while `epoch` is 2s and in
+ * change while 2s+1, so the block belongs to the innermost scope of one of the states it saw. Frees of
+ * blocks a scope may own take the read side of `gate` (a scope end its write side) and go ahead only while
+ * every scope the block may belong to is open; allocations, pairs outside scopes, frees of blocks outside
+ * every scope and scope begins race the ends freely. At the end every block the threads kept is checked
+ * against foreach: one outside every scope is live, one of a scope (they all ended) is gone. */
+#define RT_THREADS 8
+#define RT_SLOTS   24
+#define RT_STATES  100000
+#define RT_SCOPES  4096
+
+typedef struct rblock {
+  void *p;
+  size_t size;
+  unsigned lo, hi;        /* the states it may have been allocated in */
+} rblock_t;
+
+typedef struct rworker {
+  int id;
+  unsigned long long rng;
+  rblock_t held[RT_SLOTS];
+  int n;
+  rblock_t *kept; /* blocks whose scope may have ended: never freed, checked at the end */
+  int n_kept, kept_cap;
+  unsigned long long ops[4]; /* allocations, frees, frees inside a scope, checks */
+  char error[300];
+} rworker_t;
+
+static struct {
+  gg_arena_t *arena;
+  pthread_rwlock_t gate;
+  atomic_uint epoch;
+  atomic_int running, failed;
+  atomic_ullong outside_frees; /* read by the controller while the threads run */
+  int state_scope[RT_STATES]; /* innermost open scope of each state (0: none), written before its epoch */
+  atomic_bool ended[RT_SCOPES];
+  char error[300];
+} rt;
+
+static unsigned rrnd(unsigned long long *r, unsigned n) {
+  *r ^= *r >> 12, *r ^= *r << 25, *r ^= *r >> 27;
+  return (unsigned)((*r * 2685821657736338717ull) >> 33) % n;
+}
+
+/* Whether some state the block may belong to had a scope open, or had none. */
+static bool rb_scoped(const rblock_t *b) {
+  for (unsigned s = b->lo; s <= b->hi; s++)
+    if (rt.state_scope[s]) return true;
+  return false;
+}
+static bool rb_outside(const rblock_t *b) {
+  for (unsigned s = b->lo; s <= b->hi; s++)
+    if (!rt.state_scope[s]) return true;
+  return false;
+}
+static bool rb_owner_ended(const rblock_t *b) {
+  for (unsigned s = b->lo; s <= b->hi; s++)
+    if (rt.state_scope[s] && atomic_load(&rt.ended[rt.state_scope[s]])) return true;
+  return false;
+}
+
+static void rw_keep(rworker_t *w, const rblock_t *b) {
+  if (w->n_kept == w->kept_cap) {
+    w->kept_cap = w->kept_cap ? 2 * w->kept_cap : 256;
+    w->kept = realloc(w->kept, (size_t)w->kept_cap * sizeof *w->kept);
+  }
+  w->kept[w->n_kept++] = *b;
+}
+
+/* Frees held block i when that is safe, else keeps it for the final check. */
+static int rw_free(rworker_t *w, int i) {
+  rblock_t b = w->held[i];
+  w->held[i] = w->held[--w->n];
+  if (!rb_scoped(&b)) { /* outside every scope: no end can release it */
+    w->ops[1]++, atomic_fetch_add(&rt.outside_frees, 1);
+    return gg_free(rt.arena, b.p);
+  }
+  int rc = 0;
+  pthread_rwlock_rdlock(&rt.gate);
+  if (rb_owner_ended(&b)) {
+    rw_keep(w, &b);
+  } else {
+    rc = gg_free(rt.arena, b.p);
+    w->ops[2]++;
+  }
+  pthread_rwlock_unlock(&rt.gate);
+  return rc;
+}
+
+static void *rt_worker(void *arg) {
+  rworker_t *w = arg;
+  static const size_t sizes[] = {256, 1 * KiB, 4 * KiB, 4 * KiB, 16 * KiB, 64 * KiB, 100 * KiB};
+  while (atomic_load(&rt.running)) {
+    unsigned op = rrnd(&w->rng, 100);
+    int rc = 0;
+    if (op < 55 && w->n < RT_SLOTS) {
+      rblock_t b = {.size = sizes[rrnd(&w->rng, 7)] - rrnd(&w->rng, 200)};
+      unsigned e0 = atomic_load(&rt.epoch);
+      rc = gg_alloc(rt.arena, b.size, &b.p);
+      unsigned e1 = atomic_load(&rt.epoch);
+      b.lo = e0 / 2, b.hi = (e1 + 1) / 2;
+      if (rc == 0) {
+        w->held[w->n++] = b, w->ops[0]++;
+        if (op < 25) rc = rw_free(w, w->n - 1); /* a pair */
+      }
+    } else if (op < 97 && w->n) {
+      rc = rw_free(w, (int)rrnd(&w->rng, (unsigned)w->n));
+    } else if (op >= 97) { /* the checker among it all */
+      rc = gg__arena_check(rt.arena);
+      w->ops[3]++;
+    }
+    if (rc < 0) {
+      snprintf(w->error, sizeof w->error, "%s", gg_last_error());
+      atomic_store(&rt.failed, 1);
+      break;
+    }
+  }
+  return NULL;
+}
+
+static pthread_t rt_tid[RT_THREADS];
+
+/* The threads stop before a failure is reported: the test must fail, not hang with them running. */
+static void rt_stop(void) {
+  if (!atomic_exchange(&rt.running, 0)) return;
+  for (int i = 0; i < RT_THREADS; i++) pthread_join(rt_tid[i], NULL);
+}
+
+#define RT_OK(call, locked)                                                  \
+  do {                                                                       \
+    if ((call) < 0) {                                                        \
+      snprintf(rt.error, sizeof rt.error, "%s: %s", #call, gg_last_error()); \
+      if (locked) pthread_rwlock_unlock(&rt.gate);                           \
+      rt_stop();                                                             \
+      fail_msg("%s", rt.error);                                              \
+    }                                                                        \
+  } while (0)
+
+typedef struct rlisted {
+  void **v;
+  size_t n, cap;
+} rlisted_t;
+
+static int rt_list(const gg_block_info_t *b, void *user) {
+  rlisted_t *l = user;
+  if (l->n < l->cap) l->v[l->n++] = b->ptr;
+  return 0;
+}
+
+static int rb_cmp(const void *x, const void *y) { /* by address */
+  uintptr_t a = (uintptr_t)((const rblock_t *)x)->p, b = (uintptr_t)((const rblock_t *)y)->p;
+  return a < b ? -1 : a > b;
+}
+
+static void test_scope_ends_race_caching_threads(void **state) {
+  (void)state;
+  memset(&rt, 0, sizeof rt);
+  rt.arena = mk(NULL);
+  pthread_rwlockattr_t ra;
+  pthread_rwlockattr_init(&ra);
+  pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP); /* ends get their turn */
+  pthread_rwlock_init(&rt.gate, &ra);
+  pthread_rwlockattr_destroy(&ra);
+  atomic_store(&rt.running, 1);
+  static rworker_t w[RT_THREADS];
+  memset(w, 0, sizeof w);
+  for (int i = 0; i < RT_THREADS; i++) {
+    w[i].id = i, w[i].rng = 0x9E3779B97F4A7C15ull * (unsigned long long)(i + 1);
+    pthread_create(&rt_tid[i], NULL, rt_worker, &w[i]);
+  }
+  gg_scope_t scopes[5];
+  int serial[5] = {0}, depth = 0, next = 1, begins = 0, ends = 0;
+  unsigned long long rng = 42;
+  unsigned s = 0; /* the current state */
+  for (int round = 0; round < 400 && s + 2 < RT_STATES && next < RT_SCOPES; round++) {
+    struct timespec d = {0, (long)(50 + rrnd(&rng, 200)) * 1000};
+    nanosleep(&d, NULL);
+    bool begin = depth == 0 || (depth < 5 && rrnd(&rng, 2));
+    if (!begin) pthread_rwlock_wrlock(&rt.gate);
+    rt.state_scope[s + 1] = begin ? next : depth > 1 ? serial[depth - 2] : 0;
+    atomic_store(&rt.epoch, 2 * s + 1);
+    if (begin) {
+      RT_OK(gg_scope_begin(rt.arena, &scopes[depth]), false);
+      serial[depth++] = next++, begins++;
+    } else {
+      RT_OK(gg_scope_end(&scopes[--depth]), true);
+      atomic_store(&rt.ended[serial[depth]], true), ends++;
+    }
+    atomic_store(&rt.epoch, 2 * ++s);
+    if (!begin) pthread_rwlock_unlock(&rt.gate);
+    if (!begin) RT_OK(gg__arena_check(rt.arena), false); /* while the threads run on */
+  }
+  while (depth) { /* every scope ends: what the threads still hold of them goes */
+    pthread_rwlock_wrlock(&rt.gate);
+    rt.state_scope[s + 1] = depth > 1 ? serial[depth - 2] : 0;
+    atomic_store(&rt.epoch, 2 * s + 1);
+    RT_OK(gg_scope_end(&scopes[--depth]), true);
+    atomic_store(&rt.ended[serial[depth]], true), ends++;
+    atomic_store(&rt.epoch, 2 * ++s);
+    pthread_rwlock_unlock(&rt.gate);
+  }
+  unsigned long long frees_before = atomic_load(&rt.outside_frees); /* a little more outside scopes */
+  while (!atomic_load(&rt.failed) && atomic_load(&rt.outside_frees) < frees_before + 1000) sched_yield();
+  rt_stop();
+  for (int i = 0; i < RT_THREADS; i++)
+    if (w[i].error[0]) fail_msg("thread %d: %s", i, w[i].error);
+  gg_assert_ok(gg__arena_check(rt.arena));
+
+  /* Every block the threads kept, by address, against the live blocks. */
+  size_t n = 0;
+  for (int i = 0; i < RT_THREADS; i++) n += (size_t)(w[i].n + w[i].n_kept);
+  rblock_t *all = malloc((n + 1) * sizeof *all);
+  n = 0;
+  for (int i = 0; i < RT_THREADS; i++) {
+    memcpy(all + n, w[i].held, (size_t)w[i].n * sizeof *all), n += (size_t)w[i].n;
+    memcpy(all + n, w[i].kept, (size_t)w[i].n_kept * sizeof *all), n += (size_t)w[i].n_kept;
+  }
+  qsort(all, n, sizeof *all, rb_cmp);
+  rlisted_t l = {.v = malloc((n + 1) * sizeof(void *)), .cap = n + 1};
+  gg_assert_ok(gg_arena_foreach_block(rt.arena, rt_list, &l));
+  /* Blocks at one address: an earlier one was released (by a free or a scope end) before the next came. */
+  size_t outside = 0, scoped = 0, either = 0, live = 0;
+  for (size_t i = 0, k; i < n; i = k) {
+    bool must = false, may = false; /* one of them lives surely / possibly */
+    for (k = i; k < n && all[k].p == all[i].p; k++) {
+      bool in = rb_scoped(&all[k]), out = rb_outside(&all[k]);
+      must |= !in, may |= out;
+      if (in && out)
+        either++;
+      else if (in)
+        scoped++;
+      else
+        outside++;
+    }
+    bool is = false;
+    for (size_t j = 0; j < l.n && !is; j++) is = l.v[j] == all[i].p;
+    if (must && !is)
+      fail_msg("a block allocated outside every scope was released (states %u..%u)", all[i].lo, all[i].hi);
+    if (!may && is)
+      fail_msg("a block of a scope that ended is still live (states %u..%u)", all[i].lo, all[i].hi);
+    if (is) {
+      gg_assert_ok(gg_free(rt.arena, all[i].p));
+      live++;
+    }
+  }
+  if (live != l.n) fail_msg("%zu live blocks, of which %zu are the threads'", l.n, live);
+  unsigned long long sum[4] = {0};
+  for (int i = 0; i < RT_THREADS; i++)
+    for (int k = 0; k < 4; k++) sum[k] += w[i].ops[k];
+  printf("%d threads: %d scope begins, %d ends; %llu allocations, %llu frees outside scopes, %llu inside, "
+         "%llu checks; kept blocks: %zu outside scopes, %zu of scopes, %zu either\n",
+         RT_THREADS, begins, ends, sum[0], sum[1], sum[2], sum[3], outside, scoped, either);
+  assert_true(scoped > 0 && sum[2] > 0 && ends > 10);
+  expect_live(rt.arena, 0, 0);
+  gg_assert_ok(gg_arena_trim(rt.arena, 0));
+  assert_int_equal(stats(rt.arena).bytes_mapped, 0);
+  for (int i = 0; i < RT_THREADS; i++) free(w[i].kept);
+  free(all), free(l.v);
+  pthread_rwlock_destroy(&rt.gate);
+  gg_assert_ok(gg_arena_destroy(rt.arena));
+}
+
 /* ---- a block freed while the stream is busy stays out of use ------------------------------------- */
 
 typedef struct busy {
@@ -365,6 +787,9 @@ int main(void) {
       cmocka_unit_test_setup(test_destroy_while_threads_cache, setup),
       cmocka_unit_test_setup(test_scope_end_vs_caching_threads, setup),
       cmocka_unit_test_setup(test_stream_ticket_busy, setup),
+      cmocka_unit_test_setup(test_cache_in_scopes, setup),
+      cmocka_unit_test_setup(test_scope_end_takes_other_threads_cached, setup),
+      cmocka_unit_test_setup(test_scope_ends_race_caching_threads, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
