@@ -36,11 +36,8 @@ static void check(int rc, const char *what) {
   }
 }
 
-/* One scope end over n blocks of 4096 bytes allocated where holes were left: ns for the gg_scope_end call.
- * At alignment 0 the thread's cache serves them (refills carve from free memory as it is, the scope's end
- * publishes what is still cached); at 512, which caches do not serve, the arena's own path takes them
- * from the holes by best fit. */
-static double scope_from_free_list(gg_arena_t *a, int n, size_t align) {
+/* One scope end over n blocks of 4096 bytes taken from holes: ns for the gg_scope_end call. */
+static double scope_from_free_list(gg_arena_t *a, int n) {
   void **keep = malloc(2 * (size_t)n * sizeof *keep);
   if (!keep) exit(1);
   for (int i = 0; i < 2 * n; i++) check(gg_alloc(a, 4096, &keep[i]), "gg_alloc");
@@ -50,7 +47,7 @@ static double scope_from_free_list(gg_arena_t *a, int n, size_t align) {
   check(gg_scope_begin(a, &sc), "gg_scope_begin");
   for (int i = 0; i < n; i++) {
     void *p;
-    check(gg_alloc_ex(a, 4096, align, NULL, &p), "gg_alloc_ex");
+    check(gg_alloc(a, 4096, &p), "gg_alloc");
   }
   double t0 = now_ns();
   check(gg_scope_end(&sc), "gg_scope_end");
@@ -61,8 +58,8 @@ static double scope_from_free_list(gg_arena_t *a, int n, size_t align) {
   return t;
 }
 
-/* Median ns per alloc+free pair of `size` bytes; inside a scope, pairs up to 64 KiB come from this
- * thread's cache as outside, larger ones take the arena's own path and its scope bookkeeping. */
+/* Median ns per alloc+free pair of `size` bytes; inside a scope the threads' caches are bypassed, so
+ * every pair takes the arena's own path and its scope bookkeeping. */
 static double pairs(gg_arena_t *a, size_t size, bool scoped) {
   double v[RUNS];
   gg_scope_t sc;
@@ -106,20 +103,17 @@ int main(int argc, char **argv) {
          gg_arena_backend(a[0]), gg_version(), timer_ns);
 
   printf("## scope end, blocks from the free list (4096 B each; median and best of %d)\n\n", RUNS);
-  printf("| blocks | kind | served by | median ns per block | best ns per block | median total us |\n"
-         "|---|---|---|---|---|---|\n");
+  printf("| blocks | kind | median ns per block | best ns per block | median total us |\n|---|---|---|---|---|\n");
   static const int counts[] = {16, 256, 4096, 65536};
-  static const size_t aligns[2] = {0, 512};
-  static const char *const by[2] = {"cache (align 0)", "best fit (align 512)"};
-  for (int k = 0; k < 2; k++)
-    for (int w = 0; w < 2; w++)
-      for (int c = 0; c < 4 && counts[c] <= max; c++) {
-        double t[RUNS];
-        for (int r = 0; r < RUNS; r++) t[r] = scope_from_free_list(a[k], counts[c], aligns[w]);
-        qsort(t, RUNS, sizeof *t, cmp_double);
-        printf("| %d | %s | %s | %.2f | %.2f | %.1f |\n", counts[c], kinds[k], by[w], t[RUNS / 2] / counts[c],
-               t[0] / counts[c], t[RUNS / 2] / 1e3);
-      }
+  for (int k = 0; k < 2; k++) {
+    for (int c = 0; c < 4 && counts[c] <= max; c++) {
+      double t[RUNS];
+      for (int r = 0; r < RUNS; r++) t[r] = scope_from_free_list(a[k], counts[c]);
+      qsort(t, RUNS, sizeof *t, cmp_double);
+      printf("| %d | %s | %.2f | %.2f | %.1f |\n", counts[c], kinds[k], t[RUNS / 2] / counts[c],
+             t[0] / counts[c], t[RUNS / 2] / 1e3);
+    }
+  }
 
   printf("\n## alloc+free pairs (median of %d runs of %d)\n\n", RUNS, PAIRS);
   printf("| size | kind | outside scopes ns | inside a scope ns |\n|---|---|---|---|\n");

@@ -196,7 +196,10 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
                        .recs_cap = f->recs_cap,
                        .used = f->used};
     scope->arena = a, scope->id = a->serial;
-    gg__tcache_scope_begun(a); /* threads' caches allocate into it from here on */
+    /* Threads' caches are bypassed from here on; giving their free blocks back takes each cache's lock,
+     * so an allocation a cache was serving meanwhile is over before the scope begins. */
+    atomic_store(&a->scopes_open, true);
+    gg__tcache_give_back_all(a, false);
   }
   gg__arena_leave(a);
   return rc;
@@ -215,12 +218,11 @@ static void gg__frame_used_clear(gg__frame_t *f, size_t blocks) {
     memset(m->slots, 0, m->cap * sizeof *m->slots), m->n = 0;
 }
 
-/* Ends the innermost scope (threads' caches held, their blocks of it released): records first, in O(blocks)
- * with no search (a run of blocks that touch in allocation order, as blocks carved one after another from the
- * front of a free block do, is released as one range); then the log's tail, whatever its length, in O(runs
- * cut). The records are an array, so loads start far ahead: the record 2 x GG__SCOPE_AHEAD on, the free-list
- * slots of the one GG__SCOPE_AHEAD on. The scope's own map of records is emptied at once, not record by
- * record. */
+/* Ends the innermost scope: records first, in O(blocks) with no search (a run of blocks that touch in
+ * allocation order, as blocks carved one after another from the front of a free block do, is released
+ * as one range); then the log's tail, whatever its length, in O(runs cut). The records are an array, so
+ * loads start far ahead: the record 2 x GG__SCOPE_AHEAD on, the free-list slots of the one
+ * GG__SCOPE_AHEAD on. The scope's own map of records is emptied at once, not record by record. */
 static int gg__scope_release(gg_arena_t *a) {
   gg__frame_t *f = &a->frames[a->n_frames - 1];
   int rc = gg__freelist_reserve(&a->freelist, a->run_count + 1 + f->n_blocks);
@@ -259,8 +261,10 @@ static int gg__scope_release(gg_arena_t *a) {
   a->bump_live_bytes -= f->bump_bytes;
   gg__bump_cut(a, f->bump_first, false);
   a->n_frames--;
+  atomic_store(&a->scopes_open, a->n_frames > 1);
   gg__arena_after_release(a);
-  return 0;
+  if (a->n_frames == 1 && (a->flags & GG_ARENA_TRIM_ON_SCOPE_EXIT)) rc = gg__arena_trim_locked(a, 0);
+  return rc;
 }
 
 int gg_scope_end(gg_scope_t *scope) {
@@ -277,13 +281,8 @@ int gg_scope_end(gg_scope_t *scope) {
                  "gg_scope_end: scope %llu (depth %d) of arena '%s' cannot end while the scope opened inside "
                  "it (depth %d) is open; end scopes in reverse order",
                  scope->id, d, a->name, a->n_frames - 1);
-  else if ((rc = gg__tcache_scope_ending(a)) == 0) {
-    /* Every cache stays held until the mark leaves the scope: none can allocate into it meanwhile. */
+  else
     rc = gg__scope_release(a);
-    gg__tcache_scope_settled(a);
-    if (rc == 0 && a->n_frames == 1 && (a->flags & GG_ARENA_TRIM_ON_SCOPE_EXIT))
-      rc = gg__arena_trim_locked(a, 0);
-  }
   gg__arena_leave(a);
   return rc;
 }

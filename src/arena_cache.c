@@ -6,20 +6,14 @@
  * A cache holds two kinds of blocks, both records in state GG__BLOCK_CACHED (arena_check.c counts them in
  * the tiling): FREE ones in a ring per size class, each with the stream ticket of its free, and LIVE ones it
  * handed out since it last published (their counters are the cache's deltas). Publishing turns the live
- * ones into ordinary USED records of the scope each was allocated in and moves the deltas into the arena's
- * counters; it happens at every refill, before a locked allocation of the same thread, at every scope end,
- * and whenever the arena looks for a block it does not find (a free on another thread, a copy, foreach).
+ * ones into ordinary USED records of the outermost scope and moves the deltas into the arena's counters;
+ * it happens at every refill, before a locked allocation of the same thread, and whenever the arena looks
+ * for a block it does not find (a free on another thread, a copy, foreach).
  *
  * Rules that keep the arena's guarantees:
- *  - scopes: a block the cache hands out takes the depth of the innermost open scope, `tc_depth`, read
- *    under the cache's lock; the mark moves only under the arena's lock with every cache's lock taken
- *    after it (gg_scope_begin) or held around it (gg_scope_end). An allocation is thus linearised before
- *    or after each begin and end. A scope end takes every cache's lock, publishes every live block into
- *    its scope's frame, releases the frame and moves the mark out before letting the caches go: what a
- *    scope owns is released at its end whichever thread cached it, published or not, and nothing is
- *    allocated into a frame already released. Frees into a cache take back blocks of any depth (none of
- *    their scopes ended: the end would have published them); refills carve in scopes too (their free
- *    blocks belong to no scope);
+ *  - scopes: the cache is bypassed while a scope is open (scopes_open, read under the cache's lock), and
+ *    gg_scope_begin sets it and then takes every cache's lock: an allocation is linearised before the
+ *    scope (an outermost block) or after it (the arena's own path, owned by the scope);
  *  - the stream: a free on a tracking arena takes the arena's cache epoch as its ticket; the block is
  *    handed out again only once the safe epoch passed the ticket: a thread advances the epoch, then finds
  *    the stream idle, or an event it records on it then completes. The epoch and the safe mark are shared
@@ -30,8 +24,8 @@
  *    destroy and teardown detach them under both locks before any device resource goes; a thread that
  *    exits gives its caches back, or leaves them to the arena (orphans) when that cannot be done.
  *
- * Lock order: an arena's lock, then a cache's lock (a scope end holds all of them at once, under the
- * arena's lock). A thread holding its cache's lock never takes the arena's lock. */
+ * Lock order: an arena's lock, then a cache's lock. A thread holding its cache's lock never takes the
+ * arena's lock. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -278,56 +272,23 @@ static void gg__tc_sweep(gg__tcache_t *only) {
 
 /* ---- publishing and giving back ---------------------------------------------------------------------- */
 
-/* This cache's live blocks; those of a scope in address order when they are of one size and one piece (a
- * refill hands them out in that order, the live table keeps them by hash): a scope's end releases records
- * that touch and follow one another in its array as one range. Returns how many. */
-static size_t gg__tc_live_list(gg__tcache_t *c, gg__block_t **out) {
-  size_t k = 0;
-  uintptr_t lo = UINTPTR_MAX, hi = 0;
-  bool scoped = false, one = true;
-  for (size_t i = 0, left = gg__tc_nlive(c); left; i++) { /* stops at the last one: most slots are empty */
-    gg__block_t *b = c->live[i];
-    if (!b) continue;
-    left--, out[k++] = b;
-    scoped |= b->depth > 0, one &= b->size == out[0]->size && b->seg == out[0]->seg;
-    lo = b->addr < lo ? b->addr : lo, hi = b->addr > hi ? b->addr : hi;
-  }
-  if (!scoped || !one || k < 2 || (hi - lo) / out[0]->size >= GG__TC_LIVE_SLOTS) return k;
-  gg__block_t *at[GG__TC_LIVE_SLOTS];
-  size_t span = (hi - lo) / out[0]->size + 1, n = 0;
-  memset(at, 0, span * sizeof *at);
-  for (size_t j = 0; j < k; j++) {
-    size_t off = out[j]->addr - lo, m = off / out[0]->size;
-    if (m * out[0]->size != off || at[m]) return k; /* not one piece of equal blocks: as they are */
-    at[m] = out[j];
-  }
-  for (size_t j = 0; j < span; j++)
-    if (at[j]) out[n++] = at[j];
-  return n;
-}
-
-/* Arena and cache locked. Live blocks become USED records of the scope each was allocated in (its
- * depth: every scope end took the blocks of its scope out of the caches, so that scope is still open); the
- * deltas move into the arena's counters. 0 or GG_ENOMEM (nothing changed). */
+/* Arena and cache locked. Live blocks become USED records of the outermost scope (the cache is
+ * bypassed while a scope is open, so that is where they were allocated); the deltas move into the
+ * arena's counters. 0 or GG_ENOMEM (nothing changed). */
 static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
   size_t n_live = gg__tc_nlive(c);
   if (n_live) {
-    gg__block_t *list[GG__TC_LIVE_SLOTS];
-    gg__tc_live_list(c, list);
-    /* Room first in every frame a block names (n_live each: blocks rarely span two scopes). */
-    for (size_t i = 0; i < n_live; i++) {
-      int d = list[i]->depth, rc = gg__frame_reserve(a, d, n_live);
-      if (rc == 0) rc = gg__addr_map_reserve(gg__used_map(a, d), n_live);
-      if (rc < 0) return rc;
-    }
+    int rc = gg__addr_map_reserve(&a->used, n_live);
+    if (rc < 0) return rc;
     a->n_live += n_live;
-    for (size_t i = 0; i < n_live; i++) {
-      gg__block_t *b = list[i];
-      b->state = GG__BLOCK_USED;
+    for (size_t i = 0, left = n_live; left; i++) { /* stops at the last one: most slots are empty */
+      gg__block_t *b = c->live[i];
+      if (!b) continue;
+      c->live[i] = NULL, left--;
+      b->state = GG__BLOCK_USED, b->depth = 0;
       gg__frame_link(a, b);
-      gg__addr_map_put(gg__used_map(a, b->depth), b->addr, b);
+      gg__addr_map_put(&a->used, b->addr, b);
     }
-    memset(c->live, 0, sizeof c->live);
     gg__tc_set_nlive(c, 0);
   }
   a->in_use += c->d_bytes, a->n_allocs += c->d_allocs, a->n_frees += c->d_frees;
@@ -435,8 +396,8 @@ bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag,
   bool attached = atomic_load_explicit(&c->attached, memory_order_relaxed), got = false;
   const char *t;
   gg__tc_class_t *k;
-  if (attached && gg__tc_tag(c, tag, &t) && (k = gg__tc_class(c, size)) && k->n &&
-      gg__tc_nlive(c) < GG__TC_LIVE_SLOTS / 2) {
+  if (attached && !atomic_load_explicit(&a->scopes_open, memory_order_relaxed) && gg__tc_tag(c, tag, &t) &&
+      (k = gg__tc_class(c, size)) && k->n && gg__tc_nlive(c) < GG__TC_LIVE_SLOTS / 2) {
     gg__tc_entry_t *e = &k->ring[k->head];
     /* The oldest free still waits: while the class is still growing, the arena's path adds blocks (one
      * stream query per ring then covers more pairs); once full, the stream is asked. */
@@ -444,8 +405,7 @@ bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag,
       gg__block_t *b = e->rec;
       k->head = (k->head + 1) % GG__TC_RING, k->n--;
       c->free_bytes -= size;
-      /* The innermost open scope owns it: the mark cannot move while this cache's lock is held. */
-      b->req = asked, b->tag = t, b->depth = atomic_load_explicit(&a->tc_depth, memory_order_relaxed);
+      b->req = asked, b->tag = t, b->depth = 0;
       gg__tc_live_put(c, b);
       c->d_bytes += size, c->d_allocs++;
       size_t total = atomic_load_explicit(&a->in_use_seen, memory_order_relaxed) + c->d_bytes;
@@ -465,7 +425,8 @@ bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered) {
   gg__tc_lock(c);
   bool attached = atomic_load_explicit(&c->attached, memory_order_relaxed), done = false;
   gg__block_t *b;
-  if (attached && (b = gg__tc_live_take(c, (uintptr_t)ptr))) { /* of any scope: none ended since */
+  if (attached && !atomic_load_explicit(&a->scopes_open, memory_order_relaxed) &&
+      (b = gg__tc_live_take(c, (uintptr_t)ptr))) {
     gg__tc_class_t *k = gg__tc_class_claim(c, b->size);
     if (k && k->n < GG__TC_RING && c->free_bytes + b->size <= GG__TC_BYTES) {
       uint64_t ticket = a->track && !ordered ? atomic_load(&a->tc_epoch) : 0; /* see gg__tc_ask_stream */
@@ -548,7 +509,7 @@ static size_t gg__tc_carve(gg_arena_t *a, size_t size, size_t want, gg__block_t 
 int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t align, const char *tag,
                             uintptr_t *ptr) {
   gg__tcache_t *c = gg__tc_find(a);
-  bool cacheable = size <= GG__TC_MAX_SIZE && align == GG__QUANTUM;
+  bool cacheable = size <= GG__TC_MAX_SIZE && align == GG__QUANTUM && a->n_frames == 1;
   if (!cacheable && (!c || !gg__tc_nlive(c))) return 0; /* nothing of this thread's to publish */
   if (!c && !(c = gg__tc_create(a))) return 0;
   gg__tc_lock(c);
@@ -583,7 +544,7 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
         k->ring[(k->head + k->n++) % GG__TC_RING] = (gg__tc_entry_t){recs[i], 0, false};
       c->free_bytes += (n - 1) * size;
       c->tag = tag;
-      recs[0]->req = asked, recs[0]->tag = tag, recs[0]->depth = a->n_frames - 1;
+      recs[0]->req = asked, recs[0]->tag = tag;
       gg__tc_live_put(c, recs[0]);
       c->d_bytes += size, c->d_allocs++;
       if (a->in_use + c->d_bytes > c->peak) c->peak = a->in_use + c->d_bytes;
@@ -610,65 +571,6 @@ int gg__tcache_publish_all(gg_arena_t *a) {
     gg__tc_drop_if_empty_orphan(a, c);
   }
   return n;
-}
-
-void gg__tcache_scope_begun(gg_arena_t *a) {
-  atomic_store(&a->tc_depth, a->n_frames - 1);
-  for (gg__tcache_t *c = a->caches; c; c = c->a_next) gg__tc_lock(c), gg__tc_unlock(c);
-}
-
-/* Arena and cache locked, as scope d ends: the cache's live blocks of that scope go back to the arena at
- * once instead of through the scope's records (the end would release them right after), counted as the
- * cache's frees. In address order, so blocks a refill carved together go as one range. 0 or GG_ENOMEM
- * (nothing changed). */
-static int gg__tc_release_scoped(gg_arena_t *a, gg__tcache_t *c, int d) {
-  gg__block_t *go[GG__TC_LIVE_SLOTS];
-  size_t k = 0;
-  for (size_t i = 0, left = gg__tc_nlive(c); left; i++) {
-    gg__block_t *b = c->live[i];
-    if (!b || (left--, b->depth < d)) continue;
-    size_t j = k++;
-    for (; j && go[j - 1]->addr > b->addr; j--) go[j] = go[j - 1]; /* at most half the slots: sorted here */
-    go[j] = b;
-  }
-  int rc = k ? gg__freelist_reserve(&a->freelist, k) : 0;
-  if (rc < 0) return rc;
-  gg__block_t *run = NULL; /* the range being gathered, in the record of its first block */
-  for (size_t j = 0; j < k; j++) {
-    gg__block_t *b = gg__tc_live_take(c, go[j]->addr);
-    c->d_bytes -= b->size, c->d_frees++;
-    if (run && b->seg == run->seg && b->addr == run->addr + run->size) {
-      run->size += b->size;
-      gg__freelist_give_record(&a->freelist, b);
-      continue;
-    }
-    if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, false);
-    run = b;
-  }
-  if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, false);
-  return 0;
-}
-
-int gg__tcache_scope_ending(gg_arena_t *a) {
-  for (gg__tcache_t *c = a->caches; c; c = c->a_next) {
-    gg__tc_lock(c);
-    int rc = gg__tc_release_scoped(a, c, a->n_frames - 1);
-    if (rc == 0) rc = gg__tc_publish(a, c); /* the rest: no cache holds a live block past the end */
-    if (rc < 0) {                           /* this one and those before it are held */
-      for (gg__tcache_t *h = a->caches; h; h = h->a_next) {
-        gg__tc_unlock(h);
-        if (h == c) break;
-      }
-      return rc;
-    }
-  }
-  return 0;
-}
-
-void gg__tcache_scope_settled(gg_arena_t *a) {
-  atomic_store(&a->tc_depth, a->n_frames - 1);
-  for (gg__tcache_t *c = a->caches; c; c = c->a_next) gg__tc_unlock(c);
-  for (gg__tcache_t *c = a->caches, *next; c; c = next) next = c->a_next, gg__tc_drop_if_empty_orphan(a, c);
 }
 
 bool gg__tcache_give_back_all(gg_arena_t *a, bool publish) {
@@ -741,16 +643,11 @@ void gg__tcache_reset_peak(gg_arena_t *a) {
 const char *gg__tcache_census(gg_arena_t *a, void (*add)(void *ctx, const gg__block_t *b, bool live),
                               void *ctx) {
   const char *w = NULL;
-  if (atomic_load(&a->tc_depth) != a->n_frames - 1) w = "the caches' scope mark is not the innermost scope";
   for (gg__tcache_t *c = a->caches; c && !w; c = c->a_next) {
     gg__tc_lock(c);
     size_t live = 0, live_bytes = 0, free_bytes = 0;
-    for (size_t i = 0; i < GG__TC_LIVE_SLOTS; i++) {
-      const gg__block_t *b = c->live[i];
-      if (!b) continue;
-      live++, live_bytes += b->size, add(ctx, b, true);
-      if (b->depth < 0 || b->depth >= a->n_frames) w = "a cached block belongs to a scope that ended";
-    }
+    for (size_t i = 0; i < GG__TC_LIVE_SLOTS; i++)
+      if (c->live[i]) live++, live_bytes += c->live[i]->size, add(ctx, c->live[i], true);
     for (int i = 0; i < GG__TC_CLASSES; i++)
       for (unsigned j = 0; j < c->cls[i].n; j++) {
         const gg__block_t *b = c->cls[i].ring[(c->cls[i].head + j) % GG__TC_RING].rec;

@@ -154,9 +154,7 @@ struct gg_arena {
   /* Threads' caches (arena_cache.c). Read by them without the arena's lock, each on its own line. */
   unsigned long long id; /* unique in the process: a cache of a dead arena never matches a new one */
   gg__tcache_t *caches;  /* under the arena's lock */
-  /* The innermost open scope's depth, which the caches' allocations take: written as scopes begin and end
-   * (arena lock held, and every cache's lock taken after it), read by a cache under its own lock. */
-  _Alignas(64) atomic_int tc_depth;
+  _Alignas(64) atomic_bool scopes_open;    /* written only as scopes begin and end */
   _Alignas(64) _Atomic size_t in_use_seen; /* in_use, for the caches' peak (written by the locked path) */
   /* Stream tickets of the caches' frees, shared by all of them: a free takes `tc_epoch` as its ticket; a
    * thread about to ask the stream advances it, and when the stream (or an event recorded after the
@@ -321,19 +319,8 @@ bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered);
  * cache first either way, so the arena's counters are this thread's too. */
 int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t align, const char *tag,
                             uintptr_t *ptr);
-/* Publishes every cache's live blocks as USED records of their scopes; how many, or GG_ENOMEM. */
+/* Publishes every cache's live blocks as USED records; how many, or GG_ENOMEM. */
 int gg__tcache_publish_all(gg_arena_t *a);
-/* Scope begin, its frame in place: caches' allocations belong to it from here on. Each cache's lock is
- * taken after the mark moves, so an allocation a cache was serving meanwhile is over (and belongs to the
- * enclosing frame) before the scope begins. */
-void gg__tcache_scope_begun(gg_arena_t *a);
-/* Scope end, before its frame is released: takes every cache's lock, releases the live blocks of the
- * ending scope and publishes the others into their scopes' frames; 0 with the caches held, or GG_ENOMEM
- * with none held (what was released or published stays so: a consistent state). gg__tcache_scope_settled()
- * then moves the mark to the innermost frame left and lets the caches go, so no cache allocation falls
- * between the release and the new mark. */
-int gg__tcache_scope_ending(gg_arena_t *a);
-void gg__tcache_scope_settled(gg_arena_t *a);
 /* Every cache's free blocks back to the arena (publishing too, with `publish`); errors keep them.
  * Whether any came back. */
 bool gg__tcache_give_back_all(gg_arena_t *a, bool publish);

@@ -115,10 +115,9 @@ static void nested_scenario(unsigned flags, void *stream) {
   gg_scope_t outer, inner;
   gg_assert_ok(gg_scope_begin(a, &outer));
   void *o[N / 2 + 50];
-  for (int i = 0; i < N / 2 + 50; i++) {
-    /* 1 KiB blocks (from holes, or from this thread's cache), then 3 KiB blocks at an alignment the
-     * cache does not serve, which only the bump block holds */
-    gg_assert_ok(gg_alloc_ex(a, i < N / 2 ? 1 * KiB : 3 * KiB, i < N / 2 ? 0 : 512, NULL, &o[i]));
+  for (int i = 0; i < N / 2 + 50;
+       i++) { /* half the holes, then 3 KiB blocks that only the bump block holds */
+    gg_assert_ok(gg_alloc(a, i < N / 2 ? 1 * KiB : 3 * KiB, &o[i]));
     model_add(&m, o[i], 1);
   }
   gg__arena_probe_t pr;
