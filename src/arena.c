@@ -362,6 +362,7 @@ int gg_arena_foreach_block(gg_arena_t *a, gg_block_visitor_t visit, void *user) 
     return gg__err(GG_EINVAL, "gg_arena_foreach_block: visit is NULL");
   }
   rc = gg__tcache_publish_all(a); /* blocks threads' caches handed out are listed too */
+  if (rc > 0) rc = 0;             /* how many it published */
   gg_block_info_t *v = rc < 0 ? NULL : malloc((a->n_live ? a->n_live : 1) * sizeof *v);
   size_t n = 0;
   if (rc < 0) {

@@ -126,6 +126,27 @@ static void wait_pairs(unsigned long long more) {
     while (atomic_load(&dz.pairs[t]) < want[t] && !dz.error[t][0]) sched_yield();
 }
 
+/* gg_arena_foreach_block publishes the blocks this thread's cache handed out before it lists them; it
+ * returned how many it had published (a positive status) instead of 0. */
+static void test_foreach_lists_unpublished_blocks(void **state) {
+  (void)state;
+  gg_arena_t *a = mk(NULL);
+  void *p;
+  for (int i = 0; i < 100; i++) {
+    gg_assert_ok(gg_alloc(a, 4 * KiB, &p));
+    gg_assert_ok(gg_free(a, p));
+  }
+  gg_assert_ok(gg_alloc(a, 4 * KiB, &p)); /* from the cache, not yet published */
+  int n = 0;
+  gg_assert_ok(gg_arena_foreach_block(a, count_block, &n));
+  assert_int_equal(n, 1);
+  gg__arena_probe_t pr; /* the caches' counts reach the probe when they publish */
+  gg_assert_ok(gg__arena_probe(a, &pr));
+  assert_true(pr.cached_allocs > 50);
+  gg_assert_ok(gg_free(a, p));
+  gg_assert_ok(gg_arena_destroy(a));
+}
+
 static void test_destroy_while_threads_cache(void **state) {
   (void)state;
   memset(&dz, 0, sizeof dz);
@@ -199,7 +220,7 @@ static void *alloc_across_scopes(void *arg) {
       struct timespec d = {0, 200 * 1000}; /* so the scope's phases see several of these */
       nanosleep(&d, NULL);
     } else if (n < KEEP / 4 && i % 8 == 0) { /* outside any scope: some stay live across the scope (most
-                                                 * slots stay free for blocks a scope may own) */
+                                              * slots stay free for blocks a scope may own) */
       kept[n++] = b;
     } else if (gg_free(sc.arena, b.p) < 0) { /* pairs: the cache serves them */
       snprintf(sc.error[id], sizeof sc.error[id], "free: %s", gg_last_error());
@@ -362,6 +383,7 @@ static int setup(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_thread_exit_gives_back, setup),
+      cmocka_unit_test_setup(test_foreach_lists_unpublished_blocks, setup),
       cmocka_unit_test_setup(test_destroy_while_threads_cache, setup),
       cmocka_unit_test_setup(test_scope_end_vs_caching_threads, setup),
       cmocka_unit_test_setup(test_stream_ticket_busy, setup),
