@@ -20,9 +20,9 @@
  * the handler already took (issue 16 item 1 was proc.c's and signal.c's handlers taking two of them in
  * opposite orders).
  *
- *   0. plugin (plugin.c: the table, an rwlock; then the trace, the recorded streams; then plugin_graph.c's
- *      device table and each device's lock): outermost, since a plugin call holds them while it calls
- *      into the arena
+ *   0. plugin (plugin_threads.c: the list of calling threads, which writers of the table hold; then
+ *      plugin.c's trace and recorded streams; then plugin_graph.c's device table and each device's
+ *      lock): outermost, since a plugin call holds its graph lock while it calls into the arena
  *   1. live-guard list (guard.c)            then a guard's own lock (not held across fork: a child never
  *                                           touches its parent's guards)
  *   2. signal state (signal.c)

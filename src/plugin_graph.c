@@ -15,8 +15,8 @@
  *  - NORMAL: the main arena serves the call as always; only frees of blocks held here are looked up.
  * The first block of capture c ties a marker to c's graph (the backend's graph_retain). The driver sets
  * its flag, on a thread of its own, once the graph and its executable instances are destroyed; the next
- * plugin call then gives the pool's freed blocks back. Lock order: the plugin table's read lock, then a
- * device's graph lock, then an arena's lock. */
+ * plugin call then gives the pool's freed blocks back. Lock order: a plugin call's hold on the table
+ * (plugin_threads.c), then a device's graph lock, then an arena's lock. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>

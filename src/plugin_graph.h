@@ -8,7 +8,8 @@
 
 #include "gpuguard/arena.h"
 
-/* Both are called by gg_torch_alloc / gg_torch_free under the plugin table's read lock, with `main` the
+/* Both are called by gg_torch_alloc / gg_torch_free while their call holds the plugin table (a writer
+ * waits for it: plugin_threads.c), with `main` the
  * arena registered for `device` now (NULL when none), before the main arena is touched.
  *
  * gg__graph_alloc: 1 when the block was served here (a capture is underway on `stream`, or some capture

@@ -15,7 +15,8 @@
  *  The Python package wraps this as `gpuguard.torch.use_arena()` and `gpuguard.torch.mem_pool()`.
  *
  *  - **Registration.** gg_plugin_set_arena() names the arena that serves each device. The table is
- *    read under a reader-writer lock: once gg_plugin_set_arena() returns, no allocation or free is
+ *    read without a shared lock (each call announces itself in its own thread's record, and a change
+ *    waits for the calls under way): once gg_plugin_set_arena() returns, no allocation or free is
  *    still using the arena it replaced, so that arena may be destroyed. Destroying a registered arena
  *    unregisters it first (the same guarantee). After fork(), the child starts with an empty table.
  *  - **Streams.** PyTorch passes the stream each block was allocated for (its current stream), and
