@@ -222,12 +222,18 @@ static bool gg__tc_reusable(const gg_arena_t *a, const gg__tc_entry_t *e) {
   return !a->track || e->ordered || gg__tc_safe_for(a, e->ticket);
 }
 
-/* The tag the caller asked for, when it is the cache's: the interned text, without the arena's lock. */
+/* The tag the caller asked for, when it is the cache's: the interned text (the tag cut at GG__TAG_MAX
+ * bytes), without the arena's lock. Compared byte by byte: tags are short, and strnlen + strncmp cost
+ * more than the loop on every allocation the plugin makes (its tag is "torch"). */
 static bool gg__tc_tag(const gg__tcache_t *c, const char *tag, const char **out) {
   if (!tag || !*tag) return (*out = ""), true;
-  size_t n = strnlen(tag, GG__TAG_MAX);
-  if (!c->tag || strncmp(tag, c->tag, n) != 0 || c->tag[n]) return false;
-  return (*out = c->tag), true;
+  const char *t = c->tag;
+  if (!t) return false;
+  for (size_t i = 0; i < GG__TAG_MAX; i++) {
+    if (tag[i] != t[i]) return false;
+    if (!tag[i]) return (*out = t), true;
+  }
+  return (*out = t), true; /* the first GG__TAG_MAX bytes match, and t holds no more */
 }
 
 /* ---- finding this thread's cache --------------------------------------------------------------------- */

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "arena_internal.h"
 #include "gg_test.h"
@@ -144,6 +145,62 @@ static void test_foreach_lists_unpublished_blocks(void **state) {
   gg_assert_ok(gg__arena_probe(a, &pr));
   assert_true(pr.cached_allocs > 50);
   gg_assert_ok(gg_free(a, p));
+  gg_assert_ok(gg_arena_destroy(a));
+}
+
+/* A cache serves an allocation only when its tag is the cache's own (compared byte by byte): a prefix or
+ * an extension of it is another tag, and a tag longer than the limit matches its cut form. */
+static int tag_of(const gg_block_info_t *b, void *user) {
+  const char **out = user;
+  *out = b->tag;
+  return 1;
+}
+
+static const char *alloc_tag(gg_arena_t *a, const char *tag, void **p) {
+  gg_assert_ok(gg_alloc_ex(a, 4 * KiB, 0, tag, p));
+  const char *got = NULL;
+  gg_assert_ok(gg_arena_foreach_block(a, tag_of, &got)); /* the only live block */
+  return got;
+}
+
+static void test_cache_tags(void **state) {
+  (void)state;
+  char longtag[100], other[100];
+  memset(longtag, 'L', 99), longtag[99] = '\0';
+  memcpy(other, longtag, sizeof other), other[80] = 'x';                       /* the same first 63 bytes */
+  const char *tags[] = {"alpha", "alphabet", "alph", "alpha", longtag, other}; /* in this order */
+  const char *want[] = {"alpha", "alphabet", "alph", "alpha", NULL, NULL};
+  gg_arena_t *a = mk(NULL);
+  void *p;
+  for (size_t t = 0; t < sizeof tags / sizeof *tags; t++) {
+    for (int i = 0; i < 50; i++) { /* the cache takes this tag */
+      gg_assert_ok(gg_alloc_ex(a, 4 * KiB, 0, tags[t], &p));
+      gg_assert_ok(gg_free(a, p));
+    }
+    const char *got = alloc_tag(a, tags[t], &p);
+    if (want[t])
+      assert_string_equal(got, want[t]);
+    else {
+      assert_int_equal(strlen(got), 63);
+      assert_memory_equal(got, longtag, 63);
+    }
+    gg_assert_ok(gg_free(a, p));
+  }
+  /* Whichever tag the cache holds now, another one is never reported as it. */
+  for (int i = 0; i < 50; i++) {
+    gg_assert_ok(gg_alloc_ex(a, 4 * KiB, 0, "alpha", &p));
+    gg_assert_ok(gg_free(a, p));
+  }
+  assert_string_equal(alloc_tag(a, "alphabet", &p), "alphabet");
+  gg_assert_ok(gg_free(a, p));
+  assert_string_equal(alloc_tag(a, "alph", &p), "alph");
+  gg_assert_ok(gg_free(a, p));
+  assert_string_equal(alloc_tag(a, "", &p), "");
+  gg_assert_ok(gg_free(a, p));
+  gg__arena_probe_t pr;
+  gg_assert_ok(gg__arena_probe(a, &pr));
+  assert_true(pr.cached_allocs > 200); /* the pairs took the caches */
+  gg_assert_ok(gg__arena_check(a));
   gg_assert_ok(gg_arena_destroy(a));
 }
 
@@ -384,6 +441,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_thread_exit_gives_back, setup),
       cmocka_unit_test_setup(test_foreach_lists_unpublished_blocks, setup),
+      cmocka_unit_test_setup(test_cache_tags, setup),
       cmocka_unit_test_setup(test_destroy_while_threads_cache, setup),
       cmocka_unit_test_setup(test_scope_end_vs_caching_threads, setup),
       cmocka_unit_test_setup(test_stream_ticket_busy, setup),
