@@ -89,12 +89,9 @@ static pthread_once_t gg__tc_once = PTHREAD_ONCE_INIT;
 
 /* ---- the cache's lock -------------------------------------------------------------------------------- */
 
-static void gg__tc_lock(gg__tcache_t *c) {
-  while (atomic_exchange_explicit(&c->lock, 1, memory_order_acquire))
-    while (atomic_load_explicit(&c->lock, memory_order_relaxed)) sched_yield();
-}
+static void gg__tc_lock(gg__tcache_t *c) { gg__spin_lock(&c->lock); }
 
-static void gg__tc_unlock(gg__tcache_t *c) { atomic_store_explicit(&c->lock, 0, memory_order_release); }
+static void gg__tc_unlock(gg__tcache_t *c) { gg__spin_unlock(&c->lock); }
 
 /* ---- live blocks, by address ------------------------------------------------------------------------- */
 

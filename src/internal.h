@@ -3,6 +3,8 @@
 #ifndef GG_INTERNAL_H
 #define GG_INTERNAL_H
 
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -61,6 +63,14 @@ void gg__strlcpy(char *dst, const char *src, size_t cap);
 /* The length of s[0..len) without a UTF-8 sequence cut short at its end (a name cut to fit a buffer
  * must stay valid text: Python decodes it). Bytes that are not UTF-8 are left as they are. */
 size_t gg__utf8_whole(const char *s, size_t len);
+
+/* A spin lock for state its own thread takes on every call and others rarely (a thread's cache, a
+ * thread's plugin record): one exchange when free; a waiter yields instead of burning the holder's core. */
+static inline void gg__spin_lock(atomic_int *l) {
+  while (atomic_exchange_explicit(l, 1, memory_order_acquire))
+    while (atomic_load_explicit(l, memory_order_relaxed)) sched_yield();
+}
+static inline void gg__spin_unlock(atomic_int *l) { atomic_store_explicit(l, 0, memory_order_release); }
 
 /* A return address as "function+0xoff (object)" (or "object+0xoff" where no symbol is exported), for
  * reports of allocation sites (arena_sites.c). */

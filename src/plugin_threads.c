@@ -68,13 +68,6 @@ static pthread_key_t gg__pt_key; /* its destructor folds and frees the record wh
 static pthread_once_t gg__pt_once = PTHREAD_ONCE_INIT;
 static gg__pt_device_t gg__pt_dev[GG_PLUGIN_MAX_DEVICES];
 
-static void gg__spin_lock(atomic_int *l) {
-  while (atomic_exchange_explicit(l, 1, memory_order_acquire))
-    while (atomic_load_explicit(l, memory_order_relaxed)) sched_yield();
-}
-
-static void gg__spin_unlock(atomic_int *l) { atomic_store_explicit(l, 0, memory_order_release); }
-
 /* ---- counting ------------------------------------------------------------------------------------------ */
 
 /* Both locked: moves a delta into its device's figures and starts the next one from them. */
