@@ -160,7 +160,7 @@ void gg__arena_fill_stats(const gg_arena_t *a, gg_arena_stats_t *s) {
   s->fragmentation = spare ? 1.0 - (double)s->largest_free_block / (double)spare : 0.0;
   s->bytes_pending = a->pending + gg__bump_dead_bytes(a);
   s->n_chunks = a->n_chunks;
-  s->n_events = a->probe.events_recorded;
+  s->n_events = a->probe.events_recorded + a->probe.stream_joins;
   s->n_stream_waits = a->probe.stream_waits;
 }
 

@@ -349,16 +349,31 @@ int gg_free(gg_arena_t *a, void *ptr) {
 static void *gg__norm_stream(void *stream) { return stream == (void *)0x1 ? NULL : stream; }
 
 /* Under the lock: waits for `stream` when the arena tracks another one; 1 when it waited, 0, or <0. */
-static int gg__wait_other_locked(gg_arena_t *a, void *stream) {
-  stream = gg__norm_stream(stream);
-  if (!a->track || stream == a->stream) return 0;
-  a->probe.stream_waits++;
-  int rc = a->ops->stream_sync(a->dev, stream);
-  return rc < 0 ? rc : 1;
+/* Orders `to` after the work queued on `from` so far, on the device: an event recorded on `from` that
+ * `to` waits for. The host never waits. One event per arena, recorded again each time (a wait takes the
+ * event as it is when the wait is queued). Lock held. */
+static int gg__join_locked(gg_arena_t *a, void *from, void *to) {
+  int rc;
+  if (!a->join_event && (rc = a->ops->event_create(a->dev, &a->join_event)) < 0) {
+    a->join_event = NULL;
+    return rc;
+  }
+  if ((rc = a->ops->event_record(a->dev, a->join_event, from)) < 0 ||
+      (rc = a->ops->stream_wait(a->dev, to, a->join_event)) < 0)
+    return rc;
+  a->probe.stream_joins++;
+  return 1;
 }
 
-int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *synced) {
-  *synced = 0;
+/* The arena's stream after the work queued on `stream`, when that is another stream and the arena
+ * tracks one. 1 when joined, 0 when not needed. Lock held. */
+static int gg__join_other_locked(gg_arena_t *a, void *stream) {
+  stream = gg__norm_stream(stream);
+  return !a->track || stream == a->stream ? 0 : gg__join_locked(a, stream, a->stream);
+}
+
+int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *joined) {
+  *joined = 0;
   int rc = gg__arena_valid(a, "gg_torch_free");
   if (rc < 0) return rc;
   /* On the arena's own stream (or none tracked) no wait is needed: the cache may take it back. */
@@ -366,11 +381,12 @@ int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *synced) {
   if ((rc = gg__arena_lock_counted(a, "gg_torch_free")) < 0) return rc;
   /* Stream-ordered, as PyTorch's own allocator: a block freed on the arena's stream is reusable at once
    * by later work on that stream, which the stream runs after the work before the free; an allocation
-   * for another stream waits for the arena's stream first (gg__arena_alloc_on). A block freed on
-   * another stream waits for that stream here, under the lock (a guard's teardown cannot close the
-   * device meanwhile). */
-  rc = gg__wait_other_locked(a, stream);
-  if (rc != 0) *synced = 1;
+   * for another stream makes that stream wait for the arena's first (gg__arena_alloc_on). For a block
+   * freed on another stream, the arena's stream first waits for that stream's work so far, on the
+   * device: the block is then in the arena's stream order too. Under the lock (a guard's teardown
+   * cannot close the device meanwhile). */
+  rc = gg__join_other_locked(a, stream);
+  if (rc > 0) *joined = 1;
   if (rc >= 0) {
     a->ordered_released = true;
     rc = gg__free_locked(a, ptr, true);
@@ -379,24 +395,24 @@ int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *synced) {
   return rc;
 }
 
-int gg__arena_wait_stream(gg_arena_t *a, void *stream) {
+int gg__arena_join_stream(gg_arena_t *a, void *stream) {
   int rc = gg__arena_enter(a, "gg_torch_free");
   if (rc < 0) return rc;
-  rc = gg__wait_other_locked(a, stream);
+  rc = gg__join_other_locked(a, stream);
   gg__arena_leave(a);
-  return rc < 0 ? rc : 0;
+  return rc;
 }
 
-int gg__arena_alloc_on(gg_arena_t *a, size_t size, void *stream, void **ptr, int *synced) {
-  *synced = 0;
+int gg__arena_alloc_on(gg_arena_t *a, size_t size, void *stream, void **ptr, int *joined) {
+  *joined = 0;
   int rc = gg__alloc(a, size, 0, "torch", ptr, __builtin_return_address(0));
   if (rc < 0 || !a->track || gg__norm_stream(stream) == a->stream) return rc;
-  /* For another stream: what the arena's stream still runs may touch a block released onto it. */
+  /* For another stream: what the arena's stream still runs may touch a block released onto it, so that
+   * stream waits for it, on the device. */
   if ((rc = gg__arena_enter(a, "gg_torch_alloc")) == 0) {
-    rc = a->ops->stream_sync(a->dev, a->stream);
-    a->probe.stream_waits++;
+    rc = gg__join_locked(a, a->stream, gg__norm_stream(stream));
     gg__arena_leave(a);
-    *synced = 1;
+    if (rc > 0) *joined = 1, rc = 0;
   }
   if (rc < 0) gg_free(a, *ptr), *ptr = NULL;
   return rc;

@@ -149,6 +149,7 @@ struct gg_arena {
   struct gg_arena *live_prev, *live_next; /* the process's live arenas, for reports */
   bool on_live;
   bool ordered_released; /* stream-ordered releases since the last trim: unmapping must wait for the stream */
+  void *join_event;      /* recorded on one stream for another to wait on (plugin calls on other streams) */
   gg__sites_t *sites;    /* allocation sites (GG_ARENA_BACKTRACE), or NULL; set at creation only */
 
   /* Threads' caches (arena_cache.c). Read by them without the arena's lock, each on its own line. */

@@ -15,6 +15,7 @@ typedef struct gg__arena_probe {
   unsigned long long bump_flushes;    /* times the bump log was converted to block records */
   unsigned long long events_recorded; /* batch events recorded */
   unsigned long long stream_waits;    /* host-side waits for the stream or an event on it */
+  unsigned long long stream_joins;    /* device-side waits between the arena's stream and another */
   unsigned long long events_queried;  /* non-blocking completion checks */
   unsigned long long stream_queries;  /* stream idle checks (settle everything without an event) */
   unsigned long long batches_merged;  /* batches whose memory became reusable */
@@ -37,15 +38,19 @@ int gg__arena_foreach_live(int (*fn)(gg_arena_t *arena, void *user), void *user)
  * else GG_ESTATE with what is wrong in gg_last_error(). */
 int gg__arena_check(gg_arena_t *arena);
 
-/* gg_free() for a block used on `stream`: when the arena tracks a stream and `stream` is another one,
- * waits for `stream` first (under the arena's lock) and sets *synced. A failed wait frees nothing. */
-int gg__arena_free_on(gg_arena_t *arena, void *ptr, void *stream, int *synced);
-/* gg_alloc for work on `stream`: when that is not the arena's stream, waits for the arena's stream
- * (blocks released onto it in stream order may still be in use there). *synced says whether it waited. */
-int gg__arena_alloc_on(gg_arena_t *arena, size_t size, void *stream, void **ptr, int *synced);
-/* Waits for `stream` when the arena tracks a stream and it is another one (under the arena's lock, so a
- * teardown cannot close the device meanwhile): a block PyTorch recorded on `stream` is freed after. */
-int gg__arena_wait_stream(gg_arena_t *arena, void *stream);
+/* gg_free() in stream order for a block used on `stream`. When the arena tracks a stream and `stream` is
+ * another one, the arena's stream is first made to wait, on the device, for the work queued on `stream`
+ * so far (an event recorded there; no host-side wait), and *joined is set: the block is then reusable
+ * in the arena's stream order. A failed join frees nothing. */
+int gg__arena_free_on(gg_arena_t *arena, void *ptr, void *stream, int *joined);
+/* gg_alloc for work on `stream`: when that is not the arena's stream, `stream` is made to wait, on the
+ * device, for the work queued on the arena's stream so far (blocks released onto it in stream order
+ * may still be in use there), and *joined is set. */
+int gg__arena_alloc_on(gg_arena_t *arena, size_t size, void *stream, void **ptr, int *joined);
+/* Makes the arena's stream wait, on the device, for the work queued on `stream` so far, when the arena
+ * tracks a stream and `stream` is another one: a block PyTorch recorded on `stream` is then freed in
+ * the arena's stream order. 1 when it joined, 0 when nothing was needed, or an error. */
+int gg__arena_join_stream(gg_arena_t *arena, void *stream);
 
 /* Sets the one function gg_arena_destroy() calls before it tears an arena down, without the arena's
  * lock (so the function may wait for its own users of the arena); NULL for none. The layer above (the

@@ -197,5 +197,7 @@ int gg__arena_events_destroy(gg_arena_t *a) {
   for (size_t i = 0; i < a->n_spare_events; i++)
     GG_KEEP_FIRST(rc, a->ops->event_destroy(a->dev, a->spare_events[i]));
   a->n_spare_events = 0;
+  if (a->join_event) GG_KEEP_FIRST(rc, a->ops->event_destroy(a->dev, a->join_event));
+  a->join_event = NULL;
   return rc;
 }

@@ -61,7 +61,7 @@ static int gg__plug_device(int device, const char *call) {
   return 0;
 }
 
-/* Streams PyTorch recorded blocks on (Tensor.record_stream): ptr → streams, waited for at the free. Rare
+/* Streams PyTorch recorded blocks on (Tensor.record_stream): ptr → streams, joined at the free. Rare
  * (side-stream communication), so a small list under a mutex, checked at a free only when not empty. */
 typedef struct gg__recorded {
   void *ptr, *stream;
@@ -202,7 +202,7 @@ int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
   if (!ptr) return gg__err(GG_EINVAL, "gg_torch_alloc_status: ptr (the out-pointer) is NULL");
   *ptr = NULL;
   if (size == 0) return 0;
-  int synced = 0;
+  int joins = 0;
   gg__pt_t *me = NULL;
   int rc = gg__plug_device(device, "gg_torch_alloc");
   if (rc < 0) return rc;
@@ -216,10 +216,10 @@ int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
       rc = gg__err(GG_ESTATE, "gg_torch_alloc: no arena is registered for device %d (gg_plugin_set_arena)",
                    device);
     else
-      rc = gg__arena_alloc_on(a, (size_t)size, stream, ptr, &synced);
+      rc = gg__arena_alloc_on(a, (size_t)size, stream, ptr, &joins);
     gg__pt_leave(me);
   }
-  gg__pt_count(me, device, rc, true, (size_t)size, synced);
+  gg__pt_count(me, device, rc, true, (size_t)size, joins);
   if (rc < 0) return rc;
   gg__trace_line('a', *ptr, size, stream);
   return 0;
@@ -236,7 +236,7 @@ void *gg_torch_alloc(ssize_t size, int device, void *stream) {
 void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   if (!ptr) return; /* the arena knows every block's size; `size` feeds PyTorch-style statistics */
   gg__trace_line('f', ptr, 0, stream);
-  int synced = 0;
+  int joins = 0;
   gg__pt_t *me = NULL;
   int rc = gg__plug_device(device, "gg_torch_free");
   if (rc == 0) {
@@ -253,14 +253,15 @@ void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
                    "arena that handed it out",
                    device);
     else {
-      int waited = 0;
-      while (rc == 0 && gg__recorded_take(device, ptr, &other)) /* Tensor.record_stream: wait first */
-        if ((rc = gg__arena_wait_stream(a, other)) == 0) waited = 1;
-      if (rc == 0) rc = gg__arena_free_on(a, ptr, stream, &synced);
-      synced |= waited;
+      int joined = 0;
+      /* Tensor.record_stream: the arena's stream first waits for those streams' work so far. */
+      while (rc >= 0 && gg__recorded_take(device, ptr, &other))
+        joined |= (rc = gg__arena_join_stream(a, other)) > 0;
+      if (rc >= 0) rc = gg__arena_free_on(a, ptr, stream, &joins);
+      joins |= joined;
     }
     gg__pt_leave(me);
-    gg__pt_count(me, device, rc, false, size > 0 ? (size_t)size : 0, synced);
+    gg__pt_count(me, device, rc, false, size > 0 ? (size_t)size : 0, joins);
   }
   if (rc < 0)
     fprintf(stderr, "gpuguard: gg_torch_free(%p, device %d) failed: %s\n", ptr, device, gg_last_error());

@@ -126,10 +126,28 @@ static void test_growth_past_the_peak_trims_first(void **state) {
   unsetenv("GPUGUARD_HOST_BUSY");
 }
 
-/* Tensor.record_stream: a block recorded on another stream is freed only after a wait for that stream
- * (PyTorch's pluggable allocator drops the call; gpuguard.torch forwards it here). */
-static void test_record_stream_makes_the_free_wait(void **state) {
+/* Bytes an arena on `stream` still counts as pending after one 4 KiB alloc+free: 0 once that stream
+ * has run everything queued on it, including what it was made to wait for. */
+static size_t pending_on(void *stream) {
+  gg_arena_t *b = make_arena_on(16u << 20, 2u << 20, stream);
+  void *p = NULL;
+  gg_assert_ok(gg_alloc(b, 4096, &p));
+  gg_assert_ok(gg_free(b, p));
+  gg_arena_stats_t s;
+  gg_assert_ok(gg_arena_stats(b, &s));
+  int rc = gg_arena_destroy(b); /* waits for the stream: the host backend says when it never would */
+  assert_true(rc == 0 || rc == GG_ETIMEDOUT);
+  return s.bytes_pending;
+}
+
+/* Tensor.record_stream, and a free on another stream: the arena's stream is made to wait, on the device,
+ * for that stream's work so far, and the block is freed in the arena's stream order. The host never
+ * waits (no stream_sync), and a side stream still running (held) no longer makes the free fail: its
+ * memory is handed out again only in the arena's stream order, and unmapped only after that stream,
+ * and so the side stream, is done. */
+static void test_record_stream_orders_the_free_after_that_stream(void **state) {
   (void)state;
+  gg_assert_ok(gg_host_fault_set(NULL)); /* resets the backend's operation counters */
   gg_arena_t *a = make_arena_on(64u << 20, 2u << 20, NULL);
   gg_assert_ok(gg_plugin_set_arena(5, a));
   void *side = NULL;
@@ -144,21 +162,53 @@ static void test_record_stream_makes_the_free_wait(void **state) {
   gg_assert_ok(gg_plugin_stats(5, &s1));
   assert_int_equal(s1.n_stream_waits, s0.n_stream_waits + 1);
   assert_int_equal(s1.n_frees, s0.n_frees + 1);
-  /* Recorded on a stream whose work never ends (held): the free cannot wait, so it does not free. */
+  assert_int_equal(gg_host_op_count("stream_wait"), 1);
+  assert_int_equal(gg_host_op_count("stream_sync"), 0);
+  /* Recorded on a stream whose work does not end (held): freed at once all the same. */
   void *q = gg_torch_alloc(1 << 20, 5, NULL);
   gg_assert_ok(gg_host_stream_hold(side));
   gg_assert_ok(gg_plugin_record_stream(5, q, side));
   gg_torch_free(q, 1 << 20, 5, NULL);
   gg_plugin_stats_t s2;
   gg_assert_ok(gg_plugin_stats(5, &s2));
-  assert_int_equal(s2.n_failed_frees, s1.n_failed_frees + 1);
+  assert_int_equal(s2.n_failed_frees, s1.n_failed_frees);
+  assert_int_equal(s2.n_frees, s1.n_frees + 1);
   gg_arena_stats_t as;
   gg_assert_ok(gg_arena_stats(a, &as));
-  assert_int_equal(as.bytes_in_use, 1 << 20); /* still the arena's: never handed out while in use */
-  assert_int_equal(gg_plugin_record_stream(5, NULL, side), GG_EINVAL);
+  assert_int_equal(as.bytes_in_use, 0);
+  size_t mapped = as.bytes_mapped;
+  /* The arena's stream now runs after the side stream: work queued on it stays pending, and a trim,
+   * which must wait for it before unmapping memory freed in stream order, cannot (the host backend
+   * says so instead of blocking forever) and unmaps nothing. */
+  assert_true(pending_on(NULL) > 0);
+  gg_assert_fails(gg_arena_trim(a, 0), GG_ETIMEDOUT, "held");
+  gg_assert_ok(gg_arena_stats(a, &as));
+  assert_int_equal(as.bytes_mapped, mapped);
+  assert_int_equal(gg_host_op_count("stream_wait"), 2);
+  /* An allocation for a third stream waits, on the device, for the arena's stream, and so for the
+   * side stream: work on that third stream stays pending too. */
+  void *third = NULL;
+  gg_assert_ok(gg_host_stream_create(&third));
+  unsigned long long syncs = gg_host_op_count("stream_sync"); /* pending_on's destroys wait */
+  void *r = gg_torch_alloc(1 << 20, 5, third);
+  assert_non_null(r);
+  assert_int_equal(gg_host_op_count("stream_wait"), 3);
+  assert_int_equal(gg_host_op_count("stream_sync"), syncs); /* not on the host */
+  assert_true(pending_on(third) > 0);
+  syncs = gg_host_op_count("stream_sync");
+  gg_torch_free(r, 1 << 20, 5, third);
+  assert_int_equal(gg_host_op_count("stream_wait"), 4);
+  assert_int_equal(gg_host_op_count("stream_sync"), syncs);
   gg_assert_ok(gg_host_stream_release(side));
+  assert_int_equal(pending_on(NULL), 0);
+  assert_int_equal(pending_on(third), 0);
+  gg_assert_ok(gg_arena_trim(a, 0));
+  gg_assert_ok(gg_arena_stats(a, &as));
+  assert_int_equal(as.bytes_mapped, 0);
+  assert_int_equal(gg_plugin_record_stream(5, NULL, side), GG_EINVAL);
   gg_assert_ok(gg_arena_destroy(a));
   gg_assert_ok(gg_host_stream_destroy(side));
+  gg_assert_ok(gg_host_stream_destroy(third));
 }
 
 typedef struct race {
@@ -324,7 +374,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_register_alloc_free_destroy),
       cmocka_unit_test(test_ordered_free_in_log_is_reused_at_once),
-      cmocka_unit_test(test_record_stream_makes_the_free_wait),
+      cmocka_unit_test(test_record_stream_orders_the_free_after_that_stream),
       cmocka_unit_test(test_growth_past_the_peak_trims_first),
       cmocka_unit_test(test_allocations_race_registration_and_destroy),
       cmocka_unit_test(test_cuda_special_and_foreign_streams),

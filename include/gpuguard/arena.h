@@ -92,12 +92,13 @@ typedef struct gg_arena_stats {
   size_t bytes_pending;        /**< released bytes not reusable yet: waiting for work queued on the stream
                                     before their release, or for the bump log to be compacted */
   unsigned long long n_chunks; /**< chunks mapped now */
-  unsigned long long n_events; /**< events recorded on the stream to track released memory (driver
-                                    calls that stream tracking cost; 0 with GG_ARENA_NO_STREAM) */
+  unsigned long long n_events; /**< events recorded to track released memory, on the stream or, for
+                                    plugin calls on another stream, on the stream the other waits
+                                    for (driver calls that stream tracking cost; 0 with
+                                    GG_ARENA_NO_STREAM) */
   unsigned long long n_stream_waits; /**< host-side waits for the stream (or one of its events) the
                                           arena made: to trim or grow over memory released in stream
-                                          order, to reuse pending releases when memory ran out, and for
-                                          plugin calls on another stream */
+                                          order, and to reuse pending releases when memory ran out */
   unsigned long long reserved_[16];  /**< room for fields later versions add; zero */
 } gg_arena_stats_t;
 

@@ -23,15 +23,16 @@
  *    gives the same stream back at the free. The plugin is stream-ordered, as PyTorch's own allocator
  *    is. The arena tracks one stream (its `stream` option; PyTorch's default stream is the NULL stream,
  *    the arena's default). A block freed on that stream is reusable at once by later allocations for
- *    that stream: the stream runs their work after the work queued before the free. An allocation for
- *    any other stream first waits for the arena's stream (a block released onto it may still be in use
- *    there), and a free on any other stream first waits for that stream; both are host-side waits,
- *    under the arena's lock, counted in n_stream_waits. Training on one stream therefore never waits;
- *    code that allocates on side streams all the time should give the arena that stream, or use
- *    `torch.cuda.MemPool`, whose caching allocator handles streams itself and calls the plugin only for
- *    whole segments. With GG_ARENA_NO_STREAM the caller synchronises and nothing waits. If a wait
- *    fails, the block is not freed (it stays in the arena until its scope ends or the arena is
- *    destroyed), and an allocation fails: memory that work may still read is never handed out.
+ *    that stream: the stream runs their work after the work queued before the free. Other streams are
+ *    ordered on the device, never by a host-side wait: an allocation for another stream makes that
+ *    stream wait for the work queued on the arena's stream so far (a block released onto it may still
+ *    be in use there), and a free on another stream makes the arena's stream wait for that stream's
+ *    work so far, after which the block is in the arena's stream order. Each is an event recorded on
+ *    one stream that the other waits for (cuEventRecord + cuStreamWaitEvent, under the arena's lock),
+ *    counted in n_stream_waits. Training on one stream orders nothing. With GG_ARENA_NO_STREAM the
+ *    caller synchronises and nothing is ordered. If ordering fails, the block is not freed (it stays in
+ *    the arena until its scope ends or the arena is destroyed), and an allocation fails: memory that
+ *    work may still read is never handed out.
  *  - **Failures.** gg_torch_alloc() cannot return an error code: it returns NULL and writes one line
  *    with gg_last_error()'s detail to stderr; gg_torch_free() writes one line. Both are counted in
  *    gg_plugin_stats(). PyTorch's global pluggable allocator (2.x) does not check the pointer, so a
@@ -105,8 +106,10 @@ typedef struct gg_plugin_stats {
   unsigned long long n_failed_frees;  /**< gg_torch_free() calls that could not free (no arena, a
                                            pointer the arena does not know, a failed stream wait) */
   unsigned long long n_stream_waits;  /**< allocations and frees on a stream other than the arena's
-                                           that waited for a stream first (the arena's n_stream_waits
-                                           counts these and its own waits together) */
+                                           (and frees of blocks recorded on one) that made one stream
+                                           wait for the other first: on the device, an event recorded
+                                           on one that the other waits for; the host does not wait
+                                           (counted in the arena's n_events) */
   const gg_arena_t *arena;            /**< the arena registered now, or NULL */
   gg_plugin_stat_t bytes[3];          /**< bytes of live blocks handed to PyTorch, each rounded up to the
                                            arena's 256-byte quantum; [GG_PLUGIN_ALL], [..SMALL], [..LARGE] */
@@ -188,15 +191,16 @@ GG_API int gg_plugin_stats(int device, gg_plugin_stats_t *stats);
  *  @param size bytes wanted; 0 gives NULL (no memory, no error); negative is an error.
  *  @param device the device ordinal PyTorch allocates on.
  *  @param stream the stream the block will be used on (a `cudaStream_t`, i.e. a CUstream; NULL for
- *  the default stream). For a stream other than the arena's, the arena's stream is waited for first
- *  (see the group's description), so the block is safe for it.
+ *  the default stream). For a stream other than the arena's, that stream is made to wait for the
+ *  arena's on the device (see the group's description), so the block is safe for it.
  *  @return the device address, or NULL on failure (one line on stderr, counted in n_failed_allocs).
  *  Thread-safe. */
 GG_API void *gg_torch_alloc(ssize_t size, int device, void *stream);
 
 /** Records that the block at @p ptr is used on @p stream too (`Tensor.record_stream`): when PyTorch
- *  frees the block, gg_torch_free() first waits for @p stream (a host-side wait, counted in
- *  n_stream_waits), so work queued there before the free never sees the block handed out again.
+ *  frees the block, gg_torch_free() first makes the arena's stream wait for @p stream's work so far (on
+ *  the device, counted in n_stream_waits), so work queued there before the free never sees the block
+ *  handed out again.
  *  @param device the device ordinal the block was allocated on.
  *  @param ptr the block, as gg_torch_alloc() returned it.
  *  @param stream the other stream (a CUstream; NULL is the default stream).

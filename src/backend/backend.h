@@ -64,6 +64,9 @@ typedef struct gg__backend_ops {
   /* Non-blocking: 1 when every piece of work queued on the stream so far is done, 0 while some is
    * pending, <0 on error. One call instead of an event record and a query when the stream is idle. */
   int (*stream_query)(gg__dev_t *d, void *stream);
+  /* cuStreamWaitEvent: work queued on `stream` after this call runs only after the work the event
+   * covers (the event as last recorded). No host-side wait. */
+  int (*stream_wait)(gg__dev_t *d, void *stream, void *ev);
   /* 0 when `stream` is a handle this backend can use, else GG_EINVAL naming `op`. NULL: every handle is
    * taken as given (the driver checks it). Counts as no operation for fault injection. */
   int (*stream_check)(gg__dev_t *d, void *stream, const char *op);

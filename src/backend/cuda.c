@@ -55,6 +55,7 @@
   X(cuEventDestroy, (CUevent))                                                                              \
   X(cuStreamSynchronize, (CUstream))                                                                        \
   X(cuStreamQuery, (CUstream))                                                                              \
+  X(cuStreamWaitEvent, (CUstream, CUevent, unsigned int))                                                   \
   X(cuStreamGetCaptureInfo,                                                                                 \
     (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, const CUgraphNode **, size_t *))           \
   X(cuUserObjectCreate, (CUuserObject *, void *, CUhostFn, unsigned int, unsigned int))                     \
@@ -488,6 +489,10 @@ static int gg__c_event_query(gg__dev_t *d, void *ev) {
   return rc < 0 ? rc : 1;
 }
 
+static int gg__c_stream_wait(gg__dev_t *d, void *stream, void *ev) {
+  GG__CU_IN_CTX(d, gg__cu.fn_cuStreamWaitEvent((CUstream)stream, (CUevent)ev, 0), "cuStreamWaitEvent");
+}
+
 static int gg__c_event_sync(gg__dev_t *d, void *ev) {
   GG__CU_IN_CTX(d, gg__cu.fn_cuEventSynchronize((CUevent)ev), "cuEventSynchronize");
 }
@@ -687,6 +692,7 @@ static const gg__backend_ops_t gg__cuda_ops = {
     .event_destroy = gg__c_event_destroy,
     .stream_sync = gg__c_stream_sync,
     .stream_query = gg__c_stream_query,
+    .stream_wait = gg__c_stream_wait,
     .stream_capture = gg__c_stream_capture,
     .graph_retain = gg__c_graph_retain,
     .ctx_sync = gg__c_ctx_sync,

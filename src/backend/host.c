@@ -36,6 +36,7 @@
   X(event_destroy)      \
   X(stream_sync)        \
   X(stream_query)       \
+  X(stream_wait)        \
   X(ctx_reset)          \
   X(stream_capture)     \
   X(graph_retain)       \
@@ -161,12 +162,27 @@ static int gg__op(enum gg__host_op op) {
 
 /* ---- simulated streams and events --------------------------------------------------------------------- */
 
-typedef struct gg__hstream {
+typedef struct gg__hstream gg__hstream_t;
+
+/* What work queued on a stream, or an event, waits for besides its own stream: the held streams' work
+ * that a stream_wait (cuStreamWaitEvent) named, as (stream, ticket) pairs, resolved once that stream's
+ * completion reaches the ticket. Read without the lock only for `n` (0: nothing to wait for). */
+#define GG__HDEPS 8
+typedef struct gg__hdeps {
+  atomic_int n;
+  struct {
+    gg__hstream_t *on; /* a reference */
+    unsigned long long ticket;
+  } d[GG__HDEPS];
+} gg__hdeps_t;
+
+struct gg__hstream {
   atomic_int refs;
   atomic_bool held;
   _Atomic unsigned long long submitted, completed;
+  gg__hdeps_t deps;              /* waits queued on it */
   struct gg__hstream *next_live; /* in gg__hlive's bucket while the handle is valid */
-} gg__hstream_t;
+};
 
 /* The handles gg_host_stream_create() gave and nobody destroyed yet. A stream handle is read only once
  * found here: code written for CUDA hands the host backend CUstreams, cudaStreamPerThread (0x2) or stale
@@ -218,6 +234,7 @@ static _Atomic unsigned long long gg__busy_submitted, gg__busy_completed;
 
 typedef struct gg__hevent {
   gg__hstream_t *stream; /* NULL: complete */
+  gg__hdeps_t deps;      /* the waits queued on its stream before it was recorded */
   const void *rec_key;   /* the stream it was last recorded on, compared only (captures), never read */
   bool recorded;
   unsigned long long ticket;
@@ -384,8 +401,89 @@ static int gg__h_graph_retain(gg__dev_t *d, void *stream, void (*destroy)(void *
 
 static void gg__busy_catch_up(void) { atomic_store(&gg__busy_completed, atomic_load(&gg__busy_submitted)); }
 
+static void gg__hdeps_clear(gg__hdeps_t *ds);
+
 static void gg__hstream_unref(gg__hstream_t *s) {
-  if (s && atomic_fetch_sub(&s->refs, 1) == 1) free(s);
+  if (s && atomic_fetch_sub(&s->refs, 1) == 1) {
+    gg__hdeps_clear(&s->deps);
+    free(s);
+  }
+}
+
+/* ---- waits between streams (stream_wait) ---------------------------------------------------------- */
+
+static pthread_mutex_t gg__hdeps_lock = PTHREAD_MUTEX_INITIALIZER;
+static gg__hdeps_t gg__hdefault_deps; /* the default streams' (one set: they are never held themselves) */
+
+static gg__hdeps_t *gg__hdeps_of(gg__hstream_t *s) { return s ? &s->deps : &gg__hdefault_deps; }
+
+/* Drops what is resolved (lock held); the references to drop go to out[], returned count. */
+static int gg__hdeps_prune_locked(gg__hdeps_t *ds, gg__hstream_t **out) {
+  int n = atomic_load(&ds->n), k = 0, dropped = 0;
+  for (int i = 0; i < n; i++) {
+    if (atomic_load(&ds->d[i].on->completed) >= ds->d[i].ticket)
+      out[dropped++] = ds->d[i].on;
+    else
+      ds->d[k++] = ds->d[i];
+  }
+  atomic_store(&ds->n, k);
+  return dropped;
+}
+
+static void gg__hunref_all(gg__hstream_t **s, int n) {
+  for (int i = 0; i < n; i++) gg__hstream_unref(s[i]);
+}
+
+/* Whether some wait of the set is still pending. */
+static bool gg__hdeps_pending(gg__hdeps_t *ds) {
+  if (!atomic_load(&ds->n)) return false;
+  gg__hstream_t *drop[GG__HDEPS];
+  pthread_mutex_lock(&gg__hdeps_lock);
+  int dropped = gg__hdeps_prune_locked(ds, drop);
+  bool pending = atomic_load(&ds->n) != 0;
+  pthread_mutex_unlock(&gg__hdeps_lock);
+  gg__hunref_all(drop, dropped);
+  return pending;
+}
+
+static void gg__hdeps_clear(gg__hdeps_t *ds) {
+  if (!atomic_load(&ds->n)) return;
+  gg__hstream_t *drop[GG__HDEPS];
+  pthread_mutex_lock(&gg__hdeps_lock);
+  int n = atomic_load(&ds->n);
+  for (int i = 0; i < n; i++) drop[i] = ds->d[i].on;
+  atomic_store(&ds->n, 0);
+  pthread_mutex_unlock(&gg__hdeps_lock);
+  gg__hunref_all(drop, n);
+}
+
+/* Adds (on, ticket) to a set, lock held: one entry per stream, the later ticket kept. */
+static int gg__hdeps_add_locked(gg__hdeps_t *ds, gg__hstream_t *on, unsigned long long ticket) {
+  int n = atomic_load(&ds->n);
+  for (int i = 0; i < n; i++)
+    if (ds->d[i].on == on) {
+      if (ticket > ds->d[i].ticket) ds->d[i].ticket = ticket;
+      return 0;
+    }
+  if (n == GG__HDEPS)
+    return gg__err(GG_ENOMEM,
+                   "host backend: stream_wait: a stream may wait for at most %d held streams at once",
+                   GG__HDEPS);
+  atomic_fetch_add(&on->refs, 1);
+  ds->d[n].on = on, ds->d[n].ticket = ticket;
+  atomic_store(&ds->n, n + 1);
+  return 0;
+}
+
+/* Adds every pending wait of src to dst (an event takes its stream's; a stream an event's). */
+static int gg__hdeps_copy(gg__hdeps_t *dst, gg__hdeps_t *src) {
+  if (!gg__hdeps_pending(src)) return 0;
+  int rc = 0;
+  pthread_mutex_lock(&gg__hdeps_lock);
+  int n = atomic_load(&src->n);
+  for (int i = 0; i < n && rc == 0; i++) rc = gg__hdeps_add_locked(dst, src->d[i].on, src->d[i].ticket);
+  pthread_mutex_unlock(&gg__hdeps_lock);
+  return rc;
 }
 
 int gg_host_stream_create(void **stream) {
@@ -464,6 +562,12 @@ static int gg__h_event_record(gg__dev_t *d, void *ev, void *stream) {
   e->rec_key = key, e->recorded = true;
   gg__hstream_unref(e->stream);
   e->stream = NULL;
+  gg__hdeps_clear(&e->deps);
+  /* Completes only after the waits queued on its stream before it (stream_wait). */
+  if ((rc = gg__hdeps_copy(&e->deps, gg__hdeps_of(s))) < 0) {
+    gg__hstream_unref(s);
+    return rc;
+  }
   e->busy_ticket = gg__host.busy ? atomic_fetch_add(&gg__busy_submitted, 1) + 1 : 0;
   if (s && atomic_load(&s->held)) {
     e->stream = s; /* keeps the reference taken above */
@@ -481,7 +585,7 @@ static int gg__h_event_query(gg__dev_t *d, void *ev) {
   if (rc == 0 && e->recorded) rc = gg__hcap_touch(e->rec_key, "event_query");
   if (rc < 0) return rc;
   if (e->busy_ticket > atomic_load(&gg__busy_completed)) return 0;
-  return !e->stream || atomic_load(&e->stream->completed) >= e->ticket;
+  return (!e->stream || atomic_load(&e->stream->completed) >= e->ticket) && !gg__hdeps_pending(&e->deps);
 }
 
 static int gg__h_event_sync(gg__dev_t *d, void *ev) {
@@ -490,7 +594,7 @@ static int gg__h_event_sync(gg__dev_t *d, void *ev) {
   gg__hevent_t *e = ev;
   if (rc == 0 && e->recorded) rc = gg__hcap_touch(e->rec_key, "event_sync");
   if (rc < 0) return rc;
-  if (e->stream && atomic_load(&e->stream->completed) < e->ticket)
+  if ((e->stream && atomic_load(&e->stream->completed) < e->ticket) || gg__hdeps_pending(&e->deps))
     return gg__err(GG_ETIMEDOUT, "host backend: waiting on an event of a held stream would never return; "
                                  "release the stream first");
   gg__busy_catch_up();
@@ -501,7 +605,7 @@ static int gg__h_event_destroy(gg__dev_t *d, void *ev) {
   (void)d;
   int rc = gg__op(GG__OP_event_destroy);
   gg__hevent_t *e = ev;
-  if (e) gg__hstream_unref(e->stream);
+  if (e) gg__hstream_unref(e->stream), gg__hdeps_clear(&e->deps);
   free(e); /* freed even when a fault is injected: a real destroy failure does not leak the handle */
   return rc;
 }
@@ -514,8 +618,10 @@ static int gg__h_stream_sync(gg__dev_t *d, void *stream) {
   if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: stream_sync", false, &s, &key)) < 0 ||
       (rc = gg__hcap_touch(key, "stream_sync")) < 0)
     return rc;
-  /* A held stream stands for one with a kernel still running: waiting for it would never return. */
-  if (s && (atomic_load(&s->held) || atomic_load(&s->completed) < atomic_load(&s->submitted)))
+  /* A held stream stands for one with a kernel still running: waiting for it (or for a stream that
+   * waits for it) would never return. */
+  if ((s && (atomic_load(&s->held) || atomic_load(&s->completed) < atomic_load(&s->submitted))) ||
+      gg__hdeps_pending(gg__hdeps_of(s)))
     return gg__err(GG_ETIMEDOUT, "host backend: stream is held with pending work; release it first");
   gg__busy_catch_up(); /* GPUGUARD_HOST_BUSY: the queued work is done once waited for */
   return 0;
@@ -561,7 +667,28 @@ static int gg__h_stream_query(gg__dev_t *d, void *stream) {
     return rc;
   /* A held stream stands for one with a kernel still running: it is busy whatever was recorded. */
   if (gg__host.busy) return 0;
-  return !s || (!atomic_load(&s->held) && atomic_load(&s->completed) >= atomic_load(&s->submitted));
+  return (!s || (!atomic_load(&s->held) && atomic_load(&s->completed) >= atomic_load(&s->submitted))) &&
+         !gg__hdeps_pending(gg__hdeps_of(s));
+}
+
+/* cuStreamWaitEvent: work queued on `stream` from now on runs after what the event covers. */
+static int gg__h_stream_wait(gg__dev_t *d, void *stream, void *ev) {
+  (void)d;
+  int rc = gg__op(GG__OP_stream_wait);
+  gg__hstream_t *s;
+  const void *key;
+  gg__hevent_t *e = ev;
+  if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: stream_wait", true, &s, &key)) < 0) return rc;
+  if ((rc = gg__hcap_touch(key, "stream_wait")) == 0 && e->recorded)
+    rc = gg__hcap_touch(e->rec_key, "stream_wait");
+  if (rc == 0) rc = gg__hdeps_copy(gg__hdeps_of(s), &e->deps);
+  if (rc == 0 && e->stream && atomic_load(&e->stream->completed) < e->ticket) {
+    pthread_mutex_lock(&gg__hdeps_lock);
+    rc = gg__hdeps_add_locked(gg__hdeps_of(s), e->stream, e->ticket);
+    pthread_mutex_unlock(&gg__hdeps_lock);
+  }
+  gg__hstream_unref(s);
+  return rc;
 }
 
 static int gg__h_stream_check(gg__dev_t *d, void *stream, const char *op) {
@@ -833,6 +960,7 @@ static const gg__backend_ops_t gg__host_ops = {
     .event_destroy = gg__h_event_destroy,
     .stream_sync = gg__h_stream_sync,
     .stream_query = gg__h_stream_query,
+    .stream_wait = gg__h_stream_wait,
     .stream_check = gg__h_stream_check,
     .stream_capture = gg__h_stream_capture,
     .graph_retain = gg__h_graph_retain,
@@ -872,6 +1000,7 @@ static int gg__host_configure(void) {
   gg__host.capacity = cap, gg__host.granularity = gran, gg__host.vmm = vmm, gg__host.used = 0;
   gg__host.populate = populate, gg__host.busy = busy, gg__host.range_unmap = range_unmap;
   atomic_store(&gg__busy_submitted, 0), atomic_store(&gg__busy_completed, 0); /* no event is outstanding */
+  gg__hdeps_clear(&gg__hdefault_deps); /* a held stream destroyed unreleased no longer blocks them */
   if (have_faults) {
     memcpy(gg__host.faults, faults, sizeof faults);
     for (int i = 0; i < GG__OP_COUNT; i++) atomic_store(&gg__host.calls[i], 0);

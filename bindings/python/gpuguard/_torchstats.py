@@ -11,7 +11,8 @@ from .arena import Arena
 
 def plugin_counters(device: int) -> Dict[str, int]:
     """The allocator plugin's counters for one device: n_allocs, n_frees, n_failed_allocs, n_failed_frees,
-    n_stream_waits (process-wide, since start)."""
+    n_stream_waits (calls on another stream that ordered one stream after the other, on the device;
+    process-wide, since start)."""
     s = PluginStats()
     C.gg_plugin_stats(device, byref(s))
     return {name: int(getattr(s, name)) for name in ("n_allocs", "n_frees", "n_failed_allocs", "n_failed_frees",

@@ -80,18 +80,19 @@ def test_failures_return_null_say_why_and_are_counted(arena, capfd):
     assert plugin_stats().n_failed_frees == before.n_failed_frees + 1
 
 
-def test_free_on_a_foreign_stream_waits_for_it_first(arena, host_stream):
+def test_calls_on_a_foreign_stream_join_streams_on_the_device(arena, host_stream):
     C.gg_host_fault_set(None)  # resets the backend's operation counters
-    q = C.gg_torch_alloc(4096, 0, None)  # the arena's own stream (the default one): no wait
-    assert C.gg_host_op_count(b"stream_sync") == 0
-    p = C.gg_torch_alloc(4096, 0, host_stream)  # another stream: waits for the arena's stream first
-    assert C.gg_host_op_count(b"stream_sync") == 1
-    syncs = plugin_stats().n_stream_waits
-    C.gg_torch_free(q, 4096, 0, None)  # own stream: stream-ordered, reusable at once, no wait
-    assert C.gg_host_op_count(b"stream_sync") == 1
-    C.gg_torch_free(p, 4096, 0, host_stream)  # another stream: synchronised before the free
-    assert C.gg_host_op_count(b"stream_sync") == 2
-    assert plugin_stats().n_stream_waits == syncs + 1
+    q = C.gg_torch_alloc(4096, 0, None)  # the arena's own stream (the default one): nothing to order
+    assert C.gg_host_op_count(b"stream_wait") == 0
+    joins = plugin_stats().n_stream_waits
+    p = C.gg_torch_alloc(4096, 0, host_stream)  # another stream: it waits for the arena's, on the device
+    assert C.gg_host_op_count(b"stream_wait") == 1
+    C.gg_torch_free(q, 4096, 0, None)  # own stream: stream-ordered, reusable at once
+    assert C.gg_host_op_count(b"stream_wait") == 1
+    C.gg_torch_free(p, 4096, 0, host_stream)  # another stream: the arena's waits for it, on the device
+    assert C.gg_host_op_count(b"stream_wait") == 2
+    assert C.gg_host_op_count(b"stream_sync") == 0  # the host never waited
+    assert plugin_stats().n_stream_waits == joins + 2
     assert arena.stats()["n_live"] == 0
 
 
@@ -101,29 +102,38 @@ def test_arena_with_its_own_stream_and_no_stream_flag(host_stream):
         C.gg_host_fault_set(None)
         p = C.gg_torch_alloc(256, 0, host_stream)
         C.gg_torch_free(p, 256, 0, host_stream)  # its own stream: straight to gg_free
+        assert C.gg_host_op_count(b"stream_wait") == 0
+        p = C.gg_torch_alloc(256, 0, None)  # the default stream is a foreign one here: ordered after it
+        C.gg_torch_free(p, 256, 0, None)  # and the arena's after the default one before the free
+        assert C.gg_host_op_count(b"stream_wait") == 2
         assert C.gg_host_op_count(b"stream_sync") == 0
-        p = C.gg_torch_alloc(256, 0, None)  # the default stream is a foreign one here: a wait
-        C.gg_torch_free(p, 256, 0, None)  # and another before the free
-        assert C.gg_host_op_count(b"stream_sync") == 2
     with gpuguard.Arena(capacity=16 * MiB, flags=gpuguard.NO_STREAM) as a:
         C.gg_plugin_set_arena(0, a._handle())
         C.gg_host_fault_set(None)
         p = C.gg_torch_alloc(256, 0, host_stream)
-        C.gg_torch_free(p, 256, 0, host_stream)  # NO_STREAM: the caller synchronises, no wait here
-        assert C.gg_host_op_count(b"stream_sync") == 0
+        C.gg_torch_free(p, 256, 0, host_stream)  # NO_STREAM: the caller synchronises, nothing ordered
+        assert C.gg_host_op_count(b"stream_wait") == 0 and C.gg_host_op_count(b"stream_sync") == 0
 
 
-def test_a_failed_stream_wait_keeps_the_block(arena, host_stream, capfd):
+@pytest.mark.parametrize("op", [b"event_record", b"stream_wait"])
+def test_failed_stream_ordering_keeps_the_block(arena, host_stream, capfd, op):
     p = C.gg_torch_alloc(4096, 0, host_stream)
-    C.gg_host_fault_set(b"stream_sync:1")
+    C.gg_host_fault_set(op + b":1")
     try:
         C.gg_torch_free(p, 4096, 0, host_stream)
     finally:
         C.gg_host_fault_set(None)
     assert "gg_torch_free" in capfd.readouterr().err
     assert arena.stats()["n_live"] == 1  # never handed out while work may still read it
-    C.gg_torch_free(p, 4096, 0, host_stream)  # a later free that can wait succeeds
+    C.gg_torch_free(p, 4096, 0, host_stream)  # a later free that can order the streams succeeds
     assert arena.stats()["n_live"] == 0
+    C.gg_host_fault_set(op + b":1")  # an allocation for another stream that cannot be ordered fails
+    try:
+        assert C.gg_torch_alloc(4096, 0, host_stream) is None
+    finally:
+        C.gg_host_fault_set(None)
+    assert "gg_torch_alloc" in capfd.readouterr().err
+    assert arena.stats()["n_live"] == 0  # and keeps nothing
 
 
 def test_registration_errors_and_replacement(arena):

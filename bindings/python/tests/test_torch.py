@@ -83,21 +83,58 @@ def test_global_allocator_refused_after_cuda_init(cuda_torch):
     """)
 
 
-def test_side_stream_alloc_and_free_wait(cuda_torch):
+def test_side_stream_alloc_free_and_record_stream_are_ordered_on_the_device(cuda_torch):
+    # Each case hands a block from one stream to another while a long kernel (torch.cuda._sleep) still
+    # has the old owner's read queued, then overwrites the block on the new stream. The library makes
+    # the new stream wait for the old one on the device (no host-side wait: the arena's own count of
+    # host waits stays 0); without that, the overwrite would run during the sleep, before the read.
     run("""
         arena = gpuguard.Arena(capacity=4 << 30)
         ggt.use_arena(arena)
-        before = ggt.plugin_counters(0)["n_stream_waits"]
+        joins = ggt.plugin_counters(0)["n_stream_waits"]
+        n, nap = 16 << 20, 200_000_000  # 64 MiB blocks; a sleep of ~0.1 s
         s = torch.cuda.Stream()
+        # 1. Freed on the default stream, allocated for a side stream.
+        x = torch.full((n,), 3.0, device="cuda")
+        torch.cuda._sleep(nap)
+        y = x * 1.0                      # reads x after the sleep
+        px = x.data_ptr(); del x         # stream-ordered: reusable at once
         with torch.cuda.stream(s):
-            x = torch.ones(16 << 20, device="cuda")            # for stream s: waits for the arena's first
-            x.mul_(2)
-        assert ggt.plugin_counters(0)["n_stream_waits"] == before + 1
-        del x                                                  # freed with stream s: waits for s first
-        after = ggt.plugin_counters(0)
-        assert after["n_stream_waits"] == before + 2, after
-        y = torch.ones(1 << 20, device="cuda"); del y          # default stream: stream-ordered, no wait
-        assert ggt.plugin_counters(0)["n_stream_waits"] == before + 2
+            z = torch.empty(n, device="cuda")
+            assert z.data_ptr() == px    # the same block: the case tests something
+            z.fill_(-1.0)
+        torch.cuda.synchronize()
+        assert y.min().item() == 3.0 and y.max().item() == 3.0, "overwritten before it was read"
+        del z
+        # 2. Allocated and freed on a side stream, allocated again on the default stream.
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s):
+            w = torch.full((n,), 5.0, device="cuda")
+            torch.cuda._sleep(nap)
+            v = w * 1.0
+        pw = w.data_ptr(); del w         # freed with stream s
+        u = torch.empty(n, device="cuda")
+        assert u.data_ptr() == pw
+        u.fill_(-1.0)
+        torch.cuda.synchronize()
+        assert v.min().item() == 5.0 and v.max().item() == 5.0, "overwritten before it was read"
+        del u, v
+        # 3. Tensor.record_stream: made on the default stream, read late on s, freed on the default one.
+        torch.cuda.synchronize()
+        a = torch.full((n,), 7.0, device="cuda")
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(nap)
+            b = a * 1.0
+        a.record_stream(s)
+        pa = a.data_ptr(); del a
+        c = torch.empty(n, device="cuda")
+        assert c.data_ptr() == pa
+        c.fill_(-1.0)
+        torch.cuda.synchronize()
+        assert b.min().item() == 7.0 and b.max().item() == 7.0, "overwritten before it was read"
+        assert arena.stats()["n_stream_waits"] == 0       # the host never waited
+        assert ggt.plugin_counters(0)["n_stream_waits"] >= joins + 3
         print("OK")
     """)
 
