@@ -2,8 +2,10 @@
 
 ``use_arena(arena)`` installs the allocator at once and returns a handle that also works as a context
 manager: ``with gpuguard.cupy.use_arena(arena): ...`` restores the previous allocator at the end. Each
-allocation is an ``UnownedMemory`` whose owner frees the block back into the arena when CuPy drops it
-(after waiting for the stream it was allocated on, when that is not the arena's stream). An allocation
+allocation is an ``UnownedMemory`` whose owner frees the block back into the arena when CuPy drops it.
+A block allocated on another stream than the arena's is freed after the arena's stream is made to wait,
+on the device, for that stream's work so far (an event; the host does not wait), so the arena hands it
+out again only once that work is done. An allocation
 that does not fit raises ``cupy.cuda.memory.OutOfMemoryError`` with the arena's detail. Importing this
 module does not import cupy; it raises ImportError at once when cupy is not installed."""
 from __future__ import annotations
@@ -42,10 +44,19 @@ class _Block:
             return
         try:
             if self.stream is not None and not (a.flags & 0x1) and int(self.stream.ptr) != a.stream:
-                self.stream.synchronize()  # the arena's batch events cover its own stream only
+                _order_after(self.stream, a.stream)  # the arena tracks its own stream only
             a.free(self.ptr)
         except Exception:  # a finalizer must not raise; the arena still owns the block
             pass
+
+
+def _order_after(side: Any, arena_stream: int) -> None:
+    """Makes the arena's stream wait, on the device, for the work queued on ``side`` so far."""
+    cupy = _cupy()
+    ev = cupy.cuda.Event(block=False, disable_timing=True)
+    ev.record(side)
+    target = cupy.cuda.Stream.null if arena_stream == 0 else cupy.cuda.ExternalStream(arena_stream)
+    target.wait_event(ev)
 
 
 def allocator(arena: Arena) -> Callable[[int], Any]:

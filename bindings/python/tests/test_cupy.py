@@ -43,6 +43,21 @@ def test_cupy_allocations_come_from_the_arena_and_go_back():
                     z = cupy.ones(1 << 20, dtype=cupy.float32)
                 del x, y, z
                 assert arena.stats()["n_live"] == 0, arena.blocks()
+                # Freed from a side stream that still runs: the host does not wait for it; the arena's
+                # stream (the legacy one) is made to wait for it on the device instead.
+                with s:
+                    w = cupy.full(16 << 20, 5.0, dtype=cupy.float32)
+                    m = cupy.ones((4096, 4096), dtype=cupy.float32)
+                    for _ in range(30):
+                        m2 = m @ m  # tens of ms of work on s
+                    v = w * 1.0
+                del w, m, m2
+                assert not s.done, "the free waited for the side stream on the host"
+                assert not cupy.cuda.Stream.null.done, "the arena's stream does not wait for the side stream"
+                s.synchronize()
+                assert float(v.min()) == 5.0 and float(v.max()) == 5.0
+                del v
+                assert arena.stats()["n_live"] == 0, arena.blocks()
                 e = cupy.empty(0)
             assert cupy.cuda.get_allocator() is previous
             arena.trim()
