@@ -15,7 +15,11 @@
     autocast, fused AdamW, batch 4, a step of tens of ms, sequence length drawn per step from 128..1024 in steps of 64), each
     allocator in its own process: median step time (and its ratio to PyTorch's default allocator), peak
     reserved / peak allocated, what is held after trim, and the arena's host waits, trims and maps.
-(b), (c) and (d) need torch and a CUDA device; without them they print a skip line and the run fails (exit 1)
+(s) side streams: torch.empty + fill_ + del on a second stream (a prefetch or all-gather stream), each
+    allocator in its own process: host us per pair with the GPU idle, and host ms to queue 100 such pairs
+    behind a ~50 ms kernel on the default stream (an allocator that waits on the host for a stream stalls
+    the Python thread for the kernel's length; one that orders streams on the device does not).
+(b), (c), (d) and (s) need torch and a CUDA device; without them they print a skip line and the run fails (exit 1)
 unless only (a) was asked for."""
 from __future__ import annotations
 
@@ -167,6 +171,49 @@ def part_b(args: argparse.Namespace) -> None:
 
 def _fmt_size(n: int) -> str:
     return f"{n // MiB} MiB" if n >= MiB else (f"{n // 1024} KiB" if n >= 1024 else f"{n} B")
+
+
+# ---- (s) ------------------------------------------------------------------------------------------
+
+
+def child_s(mode: str, quick: bool) -> dict:
+    import torch
+    if mode == "s-global":
+        import gpuguard
+        import gpuguard.torch as ggt
+        ggt.use_arena(gpuguard.Arena(capacity=8 << 30, name="bench-side"))
+    side, n = torch.cuda.Stream(), 1 << 18  # 1 MiB blocks
+
+    def pairs(k: int) -> None:
+        with torch.cuda.stream(side):
+            for _ in range(k):
+                y = torch.empty(n, device="cuda")
+                y.fill_(1.0)
+                del y
+    pairs(500)
+    torch.cuda.synchronize()
+    k = 1000 if quick else 10000
+    t0 = time.perf_counter()
+    pairs(k)
+    idle = (time.perf_counter() - t0) / k
+    torch.cuda.synchronize()
+    busy = []
+    for _ in range(3):
+        torch.cuda._sleep(100_000_000)  # ~50 ms on the default stream
+        t0 = time.perf_counter()
+        pairs(100)
+        busy.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+    return {"idle_us": idle * 1e6, "busy_ms": min(busy) * 1e3}
+
+
+def part_s(args: argparse.Namespace) -> None:
+    rows = []
+    for mode, label in (("s-caching", "PyTorch caching"), ("s-global", "gpuguard global use_arena")):
+        r = child(mode, args, {})
+        rows.append([label, f"{r['idle_us']:.1f}", f"{r['busy_ms']:.1f}"])
+    table("(s) side stream: torch.empty + fill_ + del of 1 MiB on a second stream (host time)",
+          ["allocator", "us per pair, GPU idle", "ms to queue 100 pairs behind a 50 ms kernel"], rows)
 
 
 # ---- (c) ------------------------------------------------------------------------------------------
@@ -381,22 +428,22 @@ def part_c(args: argparse.Namespace) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description="gpuguard Python binding benchmarks")
     ap.add_argument("--quick", action="store_true", help="short run (fewer iterations, 20 training steps)")
-    ap.add_argument("--parts", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
+    ap.add_argument("--parts", default="a,b,c,d,s", help="comma-separated subset of a,b,c,d,s")
     ap.add_argument("--rounds", type=int, default=3, help="(d): runs of each allocator, alternating (default 3)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        fn = {"b": child_b, "c": child_c, "d": child_d}[args.child[0]]
+        fn = {"b": child_b, "c": child_c, "d": child_d, "s": child_s}[args.child[0]]
         print(json.dumps(fn(args.child, args.quick)))
         return 0
     parts = set(args.parts.split(","))
     print(f"gpuguard bench_python: parts {','.join(sorted(parts))}{' (quick)' if args.quick else ''}")
     if "a" in parts:
         part_a(args.quick)
-    if parts & {"b", "c", "d"}:
+    if parts & {"b", "c", "d", "s"}:
         why = have_cuda_torch()
         if why:
-            print(f"\nskip: parts (b), (c) and (d) need PyTorch and a CUDA device: {why}")
+            print(f"\nskip: parts (b), (c), (d) and (s) need PyTorch and a CUDA device: {why}")
             return 0 if parts <= {"a"} else 1
         if "b" in parts:
             part_b(args)
@@ -404,6 +451,8 @@ def main() -> int:
             part_c(args)
         if "d" in parts:
             part_d(args)
+        if "s" in parts:
+            part_s(args)
     return 0
 
 
