@@ -71,6 +71,7 @@ struct gg__tcache {
   size_t free_bytes;
   unsigned long long clock;
   gg__block_t *live[GG__TC_LIVE_SLOTS]; /* by address, linear probing */
+  uint64_t live_bits[GG__TC_LIVE_SLOTS / 64]; /* bit i: live[i] is taken (publishing visits only those) */
   _Atomic size_t n_live; /* written under the lock; its thread reads it without, to skip frees not its own */
   const char *tag;       /* the interned tag of the last refill: allocations with that tag may be served */
   size_t d_bytes, peak;  /* since the last publish: live bytes, highest total seen by this thread */
@@ -106,10 +107,19 @@ static size_t gg__tc_slot(uintptr_t addr) {
   return (size_t)(((addr >> 8) * 0x9E3779B97F4A7C15ull) >> 57) & (GG__TC_LIVE_SLOTS - 1);
 }
 
+/* Writes slot i of the live table and its bit. */
+static void gg__tc_live_set(gg__tcache_t *c, size_t i, gg__block_t *b) {
+  c->live[i] = b;
+  if (b)
+    c->live_bits[i / 64] |= 1ull << (i % 64);
+  else
+    c->live_bits[i / 64] &= ~(1ull << (i % 64));
+}
+
 static void gg__tc_live_put(gg__tcache_t *c, gg__block_t *b) {
   size_t i = gg__tc_slot(b->addr);
   while (c->live[i]) i = (i + 1) & (GG__TC_LIVE_SLOTS - 1);
-  c->live[i] = b, gg__tc_set_nlive(c, gg__tc_nlive(c) + 1);
+  gg__tc_live_set(c, i, b), gg__tc_set_nlive(c, gg__tc_nlive(c) + 1);
 }
 
 /* Removes and returns the live block at addr, or NULL (backward-shift deletion: no tombstones). */
@@ -118,11 +128,11 @@ static gg__block_t *gg__tc_live_take(gg__tcache_t *c, uintptr_t addr) {
   for (; c->live[i] && c->live[i]->addr != addr; i = (i + 1) & (GG__TC_LIVE_SLOTS - 1)) continue;
   gg__block_t *b = c->live[i];
   if (!b) return NULL;
-  c->live[i] = NULL, gg__tc_set_nlive(c, gg__tc_nlive(c) - 1);
+  gg__tc_live_set(c, i, NULL), gg__tc_set_nlive(c, gg__tc_nlive(c) - 1);
   for (size_t j = (i + 1) & (GG__TC_LIVE_SLOTS - 1); c->live[j]; j = (j + 1) & (GG__TC_LIVE_SLOTS - 1)) {
     size_t home = gg__tc_slot(c->live[j]->addr);
     if (((j - home) & (GG__TC_LIVE_SLOTS - 1)) >= ((j - i) & (GG__TC_LIVE_SLOTS - 1)))
-      c->live[i] = c->live[j], c->live[j] = NULL, i = j;
+      gg__tc_live_set(c, i, c->live[j]), gg__tc_live_set(c, j, NULL), i = j;
   }
   return b;
 }
@@ -284,14 +294,17 @@ static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
     int rc = gg__addr_map_reserve(&a->used, n_live);
     if (rc < 0) return rc;
     a->n_live += n_live;
-    for (size_t i = 0, left = n_live; left; i++) { /* stops at the last one: most slots are empty */
-      gg__block_t *b = c->live[i];
-      if (!b) continue;
-      c->live[i] = NULL, left--;
-      b->state = GG__BLOCK_USED, b->depth = 0;
-      gg__frame_link(a, b);
-      gg__addr_map_put(&a->used, b->addr, b);
-    }
+    /* The taken slots by their bits: a scan of the table cost ~130 instructions per publish of one. */
+    for (size_t w = 0; w < GG__TC_LIVE_SLOTS / 64; w++)
+      for (uint64_t bits = c->live_bits[w]; bits; bits &= bits - 1) {
+        size_t i = w * 64 + (size_t)__builtin_ctzll(bits);
+        gg__block_t *b = c->live[i];
+        c->live[i] = NULL;
+        b->state = GG__BLOCK_USED, b->depth = 0;
+        gg__frame_link(a, b);
+        gg__addr_map_put(&a->used, b->addr, b);
+      }
+    memset(c->live_bits, 0, sizeof c->live_bits);
     gg__tc_set_nlive(c, 0);
   }
   a->in_use += c->d_bytes, a->n_allocs += c->d_allocs, a->n_frees += c->d_frees;
@@ -649,8 +662,10 @@ const char *gg__tcache_census(gg_arena_t *a, void (*add)(void *ctx, const gg__bl
   for (gg__tcache_t *c = a->caches; c && !w; c = c->a_next) {
     gg__tc_lock(c);
     size_t live = 0, live_bytes = 0, free_bytes = 0;
-    for (size_t i = 0; i < GG__TC_LIVE_SLOTS; i++)
+    for (size_t i = 0; i < GG__TC_LIVE_SLOTS; i++) {
       if (c->live[i]) live++, live_bytes += c->live[i]->size, add(ctx, c->live[i], true);
+      if (!c->live[i] != !(c->live_bits[i / 64] >> (i % 64) & 1)) w = "a cache's live bits disagree with its slots";
+    }
     for (int i = 0; i < GG__TC_CLASSES; i++)
       for (unsigned j = 0; j < c->cls[i].n; j++) {
         const gg__block_t *b = c->cls[i].ring[(c->cls[i].head + j) % GG__TC_RING].rec;
