@@ -42,6 +42,7 @@
 #define GG__TC_LIVE_SLOTS  128               /* handed out and not yet published: at most half of this */
 #define GG__TC_BACKOFF     16                /* allocations that do not ask a busy stream again */
 #define GG__TC_TRIES       8                 /* questions a checkpoint waits for before the locked path */
+#define GG__TC_SIZE_HASH   64                /* entries of a cache's filter of the sizes its classes hold */
 
 typedef struct gg__tc_entry {
   gg__block_t *rec;
@@ -68,6 +69,9 @@ struct gg__tcache {
   gg__tcache_t *next;            /* its thread's caches (that thread only) */
   gg__tcache_t *a_prev, *a_next; /* its arena's caches (arena lock) */
   gg__tc_class_t cls[GG__TC_CLASSES];
+  /* Classes per value of a size's low bits (gg__tc_size_hash): most sizes of a random mix match none, and
+   * one byte says so before the lock and the walk over the classes. Written and read by its thread only. */
+  uint8_t size_seen[GG__TC_SIZE_HASH];
   size_t free_bytes;
   unsigned long long clock;
   gg__block_t *live[GG__TC_LIVE_SLOTS]; /* by address, linear probing */
@@ -139,7 +143,17 @@ static gg__block_t *gg__tc_live_take(gg__tcache_t *c, uintptr_t addr) {
 
 /* ---- size classes and tickets ------------------------------------------------------------------------ */
 
+static size_t gg__tc_size_hash(size_t size) { return (size / GG__QUANTUM) & (GG__TC_SIZE_HASH - 1); }
+
+/* Gives class k the size `size` (0: none), keeping the filter. */
+static void gg__tc_class_set_size(gg__tcache_t *c, gg__tc_class_t *k, size_t size) {
+  if (k->size) c->size_seen[gg__tc_size_hash(k->size)]--;
+  if (size) c->size_seen[gg__tc_size_hash(size)]++;
+  k->size = size;
+}
+
 static gg__tc_class_t *gg__tc_class(gg__tcache_t *c, size_t size) {
+  if (!c->size_seen[gg__tc_size_hash(size)]) return NULL;
   for (int i = 0; i < GG__TC_CLASSES; i++)
     if (c->cls[i].size == size) return &c->cls[i];
   return NULL;
@@ -149,7 +163,7 @@ static gg__tc_class_t *gg__tc_class(gg__tcache_t *c, size_t size) {
 static gg__tc_class_t *gg__tc_class_claim(gg__tcache_t *c, size_t size) {
   gg__tc_class_t *k = gg__tc_class(c, size);
   for (int i = 0; !k && i < GG__TC_CLASSES; i++)
-    if (!c->cls[i].n) k = &c->cls[i], k->size = size, k->head = 0, k->batch = 0;
+    if (!c->cls[i].n) k = &c->cls[i], gg__tc_class_set_size(c, k, size), k->head = 0, k->batch = 0;
   return k;
 }
 
@@ -408,6 +422,9 @@ static void gg__tc_thread_exit(void *head) {
 bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag, void **ptr) {
   gg__tcache_t *c = gg__tc_find(a);
   if (!c) return false;
+  /* No class of this size: the filter is this thread's own (a detached cache goes on, to be swept). */
+  if (!c->size_seen[gg__tc_size_hash(size)] && atomic_load_explicit(&c->attached, memory_order_relaxed))
+    return false;
   gg__tc_lock(c);
   bool attached = atomic_load_explicit(&c->attached, memory_order_relaxed), got = false;
   const char *t;
@@ -538,7 +555,7 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
       for (int i = 0; i < GG__TC_CLASSES; i++)
         if (!k || c->cls[i].n < k->n || (c->cls[i].n == k->n && c->cls[i].used < k->used)) k = &c->cls[i];
       if (gg__tc_give_back_class(a, c, k) == 0)
-        k->size = size, k->head = 0, k->batch = 0, k->used = ++c->clock;
+        gg__tc_class_set_size(c, k, size), k->head = 0, k->batch = 0, k->used = ++c->clock;
       k = NULL;
     }
     /* A refill never maps: it takes a share of the free memory as it is, so it cannot raise peak
@@ -675,6 +692,10 @@ const char *gg__tcache_census(gg_arena_t *a, void (*add)(void *ctx, const gg__bl
     if (live != gg__tc_nlive(c) || live_bytes != c->d_bytes)
       w = "a cache's live blocks and its counters disagree";
     if (free_bytes != c->free_bytes) w = "a cache's free bytes are wrong";
+    uint8_t seen[GG__TC_SIZE_HASH] = {0};
+    for (int i = 0; i < GG__TC_CLASSES; i++)
+      if (c->cls[i].size) seen[gg__tc_size_hash(c->cls[i].size)]++;
+    if (memcmp(seen, c->size_seen, sizeof seen)) w = "a cache's filter of sizes disagrees with its classes";
     if (c->d_allocs - c->d_frees != live) w = "a cache's allocation counts are wrong";
     gg__tc_unlock(c);
   }
