@@ -74,7 +74,7 @@ struct gg__tcache {
   uint8_t size_seen[GG__TC_SIZE_HASH];
   size_t free_bytes;
   unsigned long long clock;
-  gg__block_t *live[GG__TC_LIVE_SLOTS]; /* by address, linear probing */
+  gg__block_t *live[GG__TC_LIVE_SLOTS];       /* by address, linear probing */
   uint64_t live_bits[GG__TC_LIVE_SLOTS / 64]; /* bit i: live[i] is taken (publishing visits only those) */
   _Atomic size_t n_live; /* written under the lock; its thread reads it without, to skip frees not its own */
   const char *tag;       /* the interned tag of the last refill: allocations with that tag may be served */
@@ -681,7 +681,8 @@ const char *gg__tcache_census(gg_arena_t *a, void (*add)(void *ctx, const gg__bl
     size_t live = 0, live_bytes = 0, free_bytes = 0;
     for (size_t i = 0; i < GG__TC_LIVE_SLOTS; i++) {
       if (c->live[i]) live++, live_bytes += c->live[i]->size, add(ctx, c->live[i], true);
-      if (!c->live[i] != !(c->live_bits[i / 64] >> (i % 64) & 1)) w = "a cache's live bits disagree with its slots";
+      if (!c->live[i] != !(c->live_bits[i / 64] >> (i % 64) & 1))
+        w = "a cache's live bits disagree with its slots";
     }
     for (int i = 0; i < GG__TC_CLASSES; i++)
       for (unsigned j = 0; j < c->cls[i].n; j++) {
