@@ -303,6 +303,13 @@ static void gg__tc_sweep(gg__tcache_t *only) {
  * bypassed while a scope is open, so that is where they were allocated); the deltas move into the
  * arena's counters. 0 or GG_ENOMEM (nothing changed). */
 static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
+  /* Nothing since the last publish (most locked allocations of a thread whose cache missed): only what
+   * a publish does without deltas. */
+  if (!c->d_allocs && !c->d_frees && !c->events && !c->peak && !c->d_bytes && !gg__tc_nlive(c)) {
+    if (a->in_use > a->peak_in_use) a->peak_in_use = a->in_use;
+    atomic_store_explicit(&a->in_use_seen, a->in_use, memory_order_relaxed);
+    return 0;
+  }
   size_t n_live = gg__tc_nlive(c);
   if (n_live) {
     int rc = gg__addr_map_reserve(&a->used, n_live);
@@ -554,7 +561,7 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
                * not come back (a random mix) cost no refill, only the arena's path as before */
       for (int i = 0; i < GG__TC_CLASSES; i++)
         if (!k || c->cls[i].n < k->n || (c->cls[i].n == k->n && c->cls[i].used < k->used)) k = &c->cls[i];
-      if (gg__tc_give_back_class(a, c, k) == 0)
+      if (!k->n || gg__tc_give_back_class(a, c, k) == 0)
         gg__tc_class_set_size(c, k, size), k->head = 0, k->batch = 0, k->used = ++c->clock;
       k = NULL;
     }
