@@ -54,7 +54,7 @@ static void gg__quarantine(gg_arena_t *a) {
   free(old);
 }
 
-int gg__arena_valid(const gg_arena_t *a, const char *call) {
+int gg__arena_valid_slow(const gg_arena_t *a, const char *call) {
   if (!a) return gg__err(GG_EINVAL, "%s: arena is NULL", call);
   unsigned magic = atomic_load(&a->magic); /* once: a teardown may turn MAGIC into TORN meanwhile */
   if (magic == GG__TORN)
@@ -80,7 +80,7 @@ int gg__arena_lock_counted(gg_arena_t *a, const char *call) {
     if (GG__LIKELY(a->magic == GG__MAGIC)) return 0;
     pthread_mutex_unlock(&a->lock);
   }
-  int rc = gg__arena_valid(a, call); /* a guard's teardown or a destroy ran meanwhile */
+  int rc = gg__arena_valid_slow(a, call); /* a guard's teardown or a destroy ran meanwhile */
   atomic_fetch_sub(&a->calls, 1);
   return rc;
 }

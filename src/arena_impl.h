@@ -182,7 +182,12 @@ static inline bool gg__arena_records_sites(const gg_arena_t *a) { return a->site
 /* ---- arena.c ------------------------------------------------------------------------------------- */
 
 /* Checks the handle without locking it: NULL, destroyed, torn down, inherited through fork(). */
-int gg__arena_valid(const gg_arena_t *a, const char *call);
+int gg__arena_valid_slow(const gg_arena_t *a, const char *call);
+/* The same, inline where the handle is live: every allocation and free asks first. */
+static inline int gg__arena_valid(const gg_arena_t *a, const char *call) {
+  if (GG__LIKELY(a && atomic_load(&a->magic) == GG__MAGIC && a->fork_gen == gg__fork_generation())) return 0;
+  return gg__arena_valid_slow(a, call);
+}
 /* For a handle gg__arena_valid() accepted: counts the call among those in flight and takes the lock;
  * 0, or the handle's error when it died meanwhile. */
 int gg__arena_lock_counted(gg_arena_t *a, const char *call);

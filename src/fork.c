@@ -43,7 +43,7 @@
  * these held that takes one above it: gg_proc_spawn asks the guard layer about its guard before it
  * takes the process-set lock. */
 
-static atomic_uint gg__gen;
+atomic_uint gg__fork_gen; /* read inline (internal.h): every arena call checks it */
 
 static void gg__fork_prepare(void) {
   gg__plugin_fork_prepare();
@@ -66,7 +66,7 @@ static void gg__fork_parent(void) {
 }
 
 static void gg__fork_child(void) {
-  atomic_fetch_add_explicit(&gg__gen, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&gg__fork_gen, 1, memory_order_relaxed);
   gg__host_fork_release();
   gg__arena_fork_child();
   gg__registry_fork_child();
@@ -82,11 +82,9 @@ __attribute__((constructor)) static void gg__fork_init(void) {
   pthread_atfork(gg__fork_prepare, gg__fork_parent, gg__fork_child);
 }
 
-unsigned gg__fork_generation(void) { return atomic_load_explicit(&gg__gen, memory_order_relaxed); }
-
 /* One relaxed load on the hot path: cheap enough for every call that touches a device. */
 int gg__check_fork(unsigned created_gen, const char *call) {
-  if (GG__LIKELY(atomic_load_explicit(&gg__gen, memory_order_relaxed) == created_gen)) return 0;
+  if (GG__LIKELY(atomic_load_explicit(&gg__fork_gen, memory_order_relaxed) == created_gen)) return 0;
   return gg__err(GG_ESTATE,
                  "%s: this object was created before fork(); a forked child must not use its parent's "
                  "device state: create a new guard or arena in the child",

@@ -7,6 +7,10 @@
 #include "freelist.h"
 #include "internal.h"
 
+/* Small helpers every put and carve runs, several times each: inlined, they spare a call and the
+ * saving of registers around it (the 64-live case of bench_calls: ~40 instructions a step). */
+#define GG__HOT static inline __attribute__((always_inline))
+
 /* ---- address maps ------------------------------------------------------------------------------ */
 
 int gg__addr_map_grow(gg__addr_map_t *m, size_t want) {
@@ -110,7 +114,7 @@ static gg__bound_t *gg__bounds_at(gg__bounds_t *m, uintptr_t key) {
 }
 
 /* Empties one side of the slot at index j (which holds a key); the slot goes once both sides are empty. */
-static void gg__bounds_clear_at(gg__bounds_t *m, size_t j, bool above) {
+GG__HOT void gg__bounds_clear_at(gg__bounds_t *m, size_t j, bool above) {
   size_t mask = m->cap - 1;
   gg__bound_t *s = &m->slots[j];
   if (above)
@@ -194,7 +198,7 @@ _Static_assert(GG__CLASS_WORDS <= 32, "the word summary is 32 bits");
 
 /* Sizes are multiples of the quantum: below GG__EXACT_CLASSES quanta the class is the size itself;
  * above, the power of two and the next GG__SUB_BITS bits. */
-static unsigned gg__class_of(size_t size) {
+GG__HOT unsigned gg__class_of(size_t size) {
   size_t q = size / GG__QUANTUM;
   if (q < GG__EXACT_CLASSES) return (unsigned)q;
   unsigned e = 63u - (unsigned)__builtin_clzll((unsigned long long)q);
@@ -238,7 +242,7 @@ static void gg__class_link_in(gg__freelist_t *fl, gg__block_t *b, unsigned c) {
   fl->heads[c] = b;
 }
 
-static void gg__class_unlink_from(gg__freelist_t *fl, gg__block_t *b, unsigned c) {
+GG__HOT void gg__class_unlink_from(gg__freelist_t *fl, gg__block_t *b, unsigned c) {
   if (b->l)
     b->l->r = b->r;
   else
@@ -257,7 +261,7 @@ static void gg__class_unlink(gg__freelist_t *fl, gg__block_t *b) {
 
 /* Sets a listed block's size; it moves to the head of its new class only when the class changes. Each
  * class is computed once (a merge or carve changes a size on every release and most allocations). */
-static void gg__class_resize(gg__freelist_t *fl, gg__block_t *b, size_t size) {
+GG__HOT void gg__class_resize(gg__freelist_t *fl, gg__block_t *b, size_t size) {
   unsigned from = gg__class_of(b->size), to = gg__class_of(size);
   b->size = size;
   if (from == to) return;

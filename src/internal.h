@@ -55,7 +55,11 @@ const char *gg__env(const char *name);
 
 /* Fork generation: bumped in every forked child (pthread_atfork). Objects remember the generation
  * they were made in and refuse use when it differs: the child must not touch the parent's CUDA state. */
-unsigned gg__fork_generation(void);
+extern atomic_uint gg__fork_gen; /* fork.c's count of forks: read it through gg__fork_generation() */
+/* Inline: every arena call compares its handle's generation with it. */
+static inline unsigned gg__fork_generation(void) {
+  return atomic_load_explicit(&gg__fork_gen, memory_order_relaxed);
+}
 int gg__check_fork(unsigned created_gen, const char *call);
 
 /* Bounded string copy that always terminates; a cut never splits a UTF-8 character. */

@@ -1,7 +1,8 @@
 /* test_arena_cache_threads.c — the per-thread caches of an arena (src/arena_cache.c) where threads meet:
  * a thread that exits with blocks cached and handed out, an arena destroyed while threads cache from it,
- * scopes that begin and end while threads allocate, and a freed block that must not come back while the
- * arena's stream is busy. Meant to run under ThreadSanitizer too (-DGPUGUARD_SANITIZE=thread). */
+ * scopes that begin and end while threads allocate, a freed block that must not come back while the
+ * arena's stream is busy; and, on one thread, the cache's filter of sizes and its publish. Meant to run under
+ * ThreadSanitizer too (-DGPUGUARD_SANITIZE=thread). */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -429,6 +430,93 @@ static void test_stream_ticket_busy(void **state) {
   gg_host_stream_destroy(stream);
 }
 
+/* ---- one thread: the cache's size filter and its publish by bits ------------------------------------ */
+
+static unsigned long long cached_allocs(gg_arena_t *a) {
+  gg__arena_probe_t pr;
+  gg_assert_ok(gg__arena_probe(a, &pr));
+  return pr.cached_allocs;
+}
+
+/* `pairs` alloc+free pairs of `size`; how many of them the cache served (what it published to the probe). */
+static unsigned long long pairs_cached(gg_arena_t *a, size_t size, int pairs) {
+  unsigned long long before = cached_allocs(a);
+  void *p;
+  for (int i = 0; i < pairs; i++) {
+    gg_assert_ok(gg_alloc(a, size, &p));
+    gg_assert_ok(gg_free(a, p));
+  }
+  int n = 0;
+  gg_assert_ok(gg_arena_foreach_block(a, count_block, &n)); /* the caches publish their counts first */
+  return cached_allocs(a) - before;
+}
+
+/* Sizes whose quanta agree in their low six bits share one entry of a cache's filter of the sizes its
+ * classes hold (4, 20, 36 and 52 KiB here): each is still served once it has a class, a size that only
+ * shares the entry is not mistaken for one, and after sizes seen once took and gave up slots the filter
+ * still agrees with the classes (gg__arena_check compares them). */
+static void test_cache_sizes_sharing_a_filter_entry(void **state) {
+  (void)state;
+  gg_arena_t *a = mk(NULL);
+  assert_true(pairs_cached(a, 4 * KiB, 100) >= 90);
+  assert_true(pairs_cached(a, 20 * KiB, 100) >= 90); /* its entry was set by 4 KiB already */
+  assert_true(pairs_cached(a, 4 * KiB, 100) >= 90);
+  gg_assert_ok(gg__arena_check(a));
+  void *p;
+  gg_assert_ok(gg_alloc(a, 36 * KiB, &p)); /* shares the entry, has no class: the arena's path */
+  gg_arena_stats_t s = stats(a);
+  assert_int_equal(s.n_live, 1);
+  assert_int_equal(s.bytes_in_use, 36 * KiB);
+  gg_assert_ok(gg__arena_check(a));
+  gg_assert_ok(gg_free(a, p));
+  for (size_t k = 1; k <= 40; k++) { /* sizes seen once: each takes a slot, the least used one */
+    gg_assert_ok(gg_alloc(a, k * 256 + 52 * KiB * (k % 2), &p));
+    gg_assert_ok(gg_free(a, p));
+  }
+  gg_assert_ok(gg__arena_check(a));
+  assert_true(pairs_cached(a, 20 * KiB, 100) >= 90);
+  assert_true(pairs_cached(a, 4 * KiB, 100) >= 90);
+  gg_assert_ok(gg__arena_check(a));
+  assert_int_equal(stats(a).n_live, 0);
+  gg_assert_ok(gg_arena_destroy(a));
+}
+
+/* Blocks a cache handed out, some of them freed back into it (its table of live blocks closes the gaps
+ * by moving entries), are published all at once by the next allocation on the arena's path: every one
+ * becomes the arena's, exactly once, with the counts exact. */
+static void test_cache_publishes_every_live_block(void **state) {
+  (void)state;
+  gg_arena_t *a = mk(NULL);
+  enum { N = 60 };
+  void *p[N], *big;
+  assert_true(pairs_cached(a, 4 * KiB, 100) >= 90);
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < N; i++) gg_assert_ok(gg_alloc(a, 4 * KiB, &p[i]));
+    int live = N;
+    for (int i = N - 1; i >= 0; i -= 3) {
+      gg_assert_ok(gg_free(a, p[i]));
+      p[i] = NULL, live--;
+    }
+    gg_assert_ok(gg_alloc(a, 1 * MiB, &big)); /* publishes what the cache still holds as live */
+    int n = 0;
+    gg_assert_ok(gg_arena_foreach_block(a, count_block, &n));
+    assert_int_equal(n, live + 1);
+    gg_arena_stats_t s = stats(a);
+    assert_int_equal(s.n_live, live + 1);
+    assert_int_equal(s.bytes_in_use, (size_t)live * 4 * KiB + 1 * MiB);
+    gg_assert_ok(gg__arena_check(a));
+    for (int i = 0; i < N; i++)
+      if (p[i]) gg_assert_ok(gg_free(a, p[i]));
+    gg_assert_ok(gg_free(a, big));
+    s = stats(a);
+    assert_int_equal(s.n_live, 0);
+    assert_int_equal(s.bytes_in_use, 0);
+    assert_int_equal(s.n_allocs, s.n_frees);
+    gg_assert_ok(gg__arena_check(a));
+  }
+  gg_assert_ok(gg_arena_destroy(a));
+}
+
 static int setup(void **state) {
   (void)state;
   setenv("GPUGUARD_BACKEND", "host", 1);
@@ -445,6 +533,8 @@ int main(void) {
       cmocka_unit_test_setup(test_destroy_while_threads_cache, setup),
       cmocka_unit_test_setup(test_scope_end_vs_caching_threads, setup),
       cmocka_unit_test_setup(test_stream_ticket_busy, setup),
+      cmocka_unit_test_setup(test_cache_sizes_sharing_a_filter_entry, setup),
+      cmocka_unit_test_setup(test_cache_publishes_every_live_block, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
