@@ -218,6 +218,15 @@ static void gg__frame_used_clear(gg__frame_t *f, size_t blocks) {
     memset(m->slots, 0, m->cap * sizeof *m->slots), m->n = 0;
 }
 
+/* One gathered range of a scope end (in its own record): to the free list when reusable at once, else
+ * into the open batch. */
+static inline void gg__scope_give(gg_arena_t *a, gg__block_t *run, bool direct) {
+  if (direct)
+    gg__freelist_put(&a->freelist, run->addr, run->size, run->seg, run);
+  else
+    gg__arena_release(a, run->addr, run->size, run->seg, run, false);
+}
+
 /* Ends the innermost scope: records first, in O(blocks) with no search (a run of blocks that touch in
  * allocation order, as blocks carved one after another from the front of a free block do, is released
  * as one range); then the log's tail, whatever its length, in O(runs cut). The records are an array, so
@@ -256,10 +265,10 @@ static int gg__scope_release(gg_arena_t *a) {
       gg__freelist_give_record(&a->freelist, b);
       continue;
     }
-    if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, direct);
+    if (run) gg__scope_give(a, run, direct);
     run = b;
   }
-  if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, direct);
+  if (run) gg__scope_give(a, run, direct);
   gg__arena_count_release(a, bytes, n);
   a->probe.blocks_visited += n;
   gg__frame_used_clear(f, n);
