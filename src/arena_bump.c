@@ -231,11 +231,9 @@ static inline void gg__scope_give(gg_arena_t *a, gg__block_t *run, bool direct) 
  * allocation order, as blocks carved one after another from the front of a free block do, is released
  * as one range); then the log's tail, whatever its length, in O(runs cut). The records are an array, so
  * loads start far ahead: the record 2 x GG__SCOPE_AHEAD on, the free-list slots of the one
- * GG__SCOPE_AHEAD on, and before the walk those of the first GG__SCOPE_AHEAD records all at once (a
- * small scope's end is otherwise a chain of misses, each record's slots loaded only once it is reached).
- * On a tracked arena a scope large enough to close the open batch asks the stream first, as closing it
- * would: idle, the blocks go straight to the free list instead of into the batch and out again.
- * The scope's own map of records is emptied at once, not record by record. */
+ * GG__SCOPE_AHEAD on. On a tracked arena a scope large enough to close the open batch asks the stream
+ * first, as closing it would: idle, the blocks go straight to the free list instead of into the batch
+ * and out again. The scope's own map of records is emptied at once, not record by record. */
 static int gg__scope_release(gg_arena_t *a) {
   gg__frame_t *f = &a->frames[a->n_frames - 1];
   int rc = gg__freelist_reserve(&a->freelist, a->run_count + 1 + f->n_blocks);
@@ -245,8 +243,6 @@ static int gg__scope_release(gg_arena_t *a) {
   size_t n = f->n_blocks, bytes = 0;
   bool direct = !a->track || (n && gg__arena_settle_before(a, n)); /* released memory reusable at once */
   for (size_t i = 0; i < n && i < 2 * GG__SCOPE_AHEAD; i++) gg__prefetch(recs[i]);
-  for (size_t i = 0; direct && i < n && i < GG__SCOPE_AHEAD; i++)
-    gg__freelist_prefetch(&a->freelist, recs[i]->addr, recs[i]->size);
   for (size_t i = 0; i < n; i++) {
     if (i + 2 * GG__SCOPE_AHEAD < n) gg__prefetch(recs[i + 2 * GG__SCOPE_AHEAD]);
     if (direct && i + GG__SCOPE_AHEAD < n) {
