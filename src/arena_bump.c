@@ -218,11 +218,22 @@ static void gg__frame_used_clear(gg__frame_t *f, size_t blocks) {
     memset(m->slots, 0, m->cap * sizeof *m->slots), m->n = 0;
 }
 
+/* One gathered range of a scope end (in its own record): to the free list when reusable at once, else
+ * into the open batch. */
+static inline void gg__scope_give(gg_arena_t *a, gg__block_t *run, bool direct) {
+  if (direct)
+    gg__freelist_put(&a->freelist, run->addr, run->size, run->seg, run);
+  else
+    gg__arena_release(a, run->addr, run->size, run->seg, run, false);
+}
+
 /* Ends the innermost scope: records first, in O(blocks) with no search (a run of blocks that touch in
  * allocation order, as blocks carved one after another from the front of a free block do, is released
  * as one range); then the log's tail, whatever its length, in O(runs cut). The records are an array, so
  * loads start far ahead: the record 2 x GG__SCOPE_AHEAD on, the free-list slots of the one
- * GG__SCOPE_AHEAD on. The scope's own map of records is emptied at once, not record by record. */
+ * GG__SCOPE_AHEAD on. On a tracked arena a scope large enough to close the open batch asks the stream
+ * first, as closing it would: idle, the blocks go straight to the free list instead of into the batch
+ * and out again. The scope's own map of records is emptied at once, not record by record. */
 static int gg__scope_release(gg_arena_t *a) {
   gg__frame_t *f = &a->frames[a->n_frames - 1];
   int rc = gg__freelist_reserve(&a->freelist, a->run_count + 1 + f->n_blocks);
@@ -230,12 +241,13 @@ static int gg__scope_release(gg_arena_t *a) {
   gg__block_t *run = NULL; /* the range being gathered, in a record of its own */
   gg__block_t **recs = f->recs;
   size_t n = f->n_blocks, bytes = 0;
+  bool direct = !a->track || (n && gg__arena_settle_before(a, n)); /* released memory reusable at once */
   for (size_t i = 0; i < n && i < 2 * GG__SCOPE_AHEAD; i++) gg__prefetch(recs[i]);
   for (size_t i = 0; i < n; i++) {
     if (i + 2 * GG__SCOPE_AHEAD < n) gg__prefetch(recs[i + 2 * GG__SCOPE_AHEAD]);
-    if (i + GG__SCOPE_AHEAD < n) {
+    if (direct && i + GG__SCOPE_AHEAD < n) {
       const gg__block_t *ahead = recs[i + GG__SCOPE_AHEAD];
-      if (!a->track) gg__freelist_prefetch(&a->freelist, ahead->addr, ahead->size); /* released at once */
+      gg__freelist_prefetch(&a->freelist, ahead->addr, ahead->size);
     }
     gg__block_t *b = recs[i];
     bytes += b->size;
@@ -249,17 +261,17 @@ static int gg__scope_release(gg_arena_t *a) {
       gg__freelist_give_record(&a->freelist, b);
       continue;
     }
-    if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, false);
+    if (run) gg__scope_give(a, run, direct);
     run = b;
   }
-  if (run) gg__arena_release(a, run->addr, run->size, run->seg, run, false);
+  if (run) gg__scope_give(a, run, direct);
   gg__arena_count_release(a, bytes, n);
   a->probe.blocks_visited += n;
   gg__frame_used_clear(f, n);
   f->n_blocks = 0;
   gg__arena_count_release(a, f->bump_bytes, f->bump_live);
   a->bump_live_bytes -= f->bump_bytes;
-  gg__bump_cut(a, f->bump_first, false);
+  gg__bump_cut(a, f->bump_first, direct && a->track);
   a->n_frames--;
   atomic_store(&a->scopes_open, a->n_frames > 1);
   gg__arena_after_release(a);

@@ -229,6 +229,11 @@ void gg__arena_tags_free(gg_arena_t *a);
  * (`ordered`), else once the open batch's event says the work queued before now is done. `rec` is a
  * record to reuse, or NULL (reserved by the caller). */
 void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__block_t *rec, bool ordered);
+/* Before `releases` releases at once (a scope end): true when they may go straight to the free list, as
+ * released in stream order. Always without stream tracking; with it, only when they would close the open
+ * batch anyway (which asks the stream) and the stream, asked now, is idle: every release before them is
+ * then merged too. Never blocks; a failure only means false. */
+bool gg__arena_settle_before(gg_arena_t *a, size_t releases);
 /* After releases: closes the open batch once it is large enough (never blocks, failures only delay). */
 void gg__arena_after_release(gg_arena_t *a);
 /* Under the lock, before an allocation of a tracking arena: a batch kept open for alloc+free pairs

