@@ -348,7 +348,6 @@ int gg_free(gg_arena_t *a, void *ptr) {
 /* CU_STREAM_LEGACY (0x1) names the same stream as NULL, the legacy default stream. */
 static void *gg__norm_stream(void *stream) { return stream == (void *)0x1 ? NULL : stream; }
 
-/* Under the lock: waits for `stream` when the arena tracks another one; 1 when it waited, 0, or <0. */
 /* Orders `to` after the work queued on `from` so far, on the device: an event recorded on `from` that
  * `to` waits for. The host never waits. One event per arena, recorded again each time (a wait takes the
  * event as it is when the wait is queued). Lock held. */

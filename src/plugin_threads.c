@@ -98,14 +98,14 @@ static inline void gg__pt_down(gg__pt_delta_t *dl, int k, unsigned long long n) 
 }
 
 /* One call into a delta (its owner's lock, or a stand-alone delta). */
-static void gg__pt_add(gg__pt_delta_t *dl, int rc, bool add, size_t size, bool synced) {
+static void gg__pt_add(gg__pt_delta_t *dl, int rc, bool add, size_t size, bool joined) {
   gg__pt_counts_t *d = &dl->d;
   if (rc < 0) {
     add ? d->failed_allocs++ : d->failed_frees++;
     return;
   }
   add ? d->allocs++ : d->frees++;
-  d->waits += synced;
+  d->waits += joined; /* streams ordered on the device (n_stream_waits) */
   if (!size) return;
   /* What PyTorch's statistics count for one block: its bytes (rounded as the arena rounds), the bytes
    * asked for and the block itself, in "all" and in its size class. */
@@ -143,10 +143,10 @@ static gg__pt_delta_t *gg__pt_delta_lock(gg__pt_t *me, int device) {
   return NULL;
 }
 
-void gg__pt_count(gg__pt_t *me, int device, int rc, bool add, size_t size, bool synced) {
+void gg__pt_count(gg__pt_t *me, int device, int rc, bool add, size_t size, bool joined) {
   gg__pt_delta_t *dl = me ? gg__pt_delta_lock(me, device) : NULL;
   if (GG__LIKELY(dl != NULL)) {
-    gg__pt_add(dl, rc, add, size, synced);
+    gg__pt_add(dl, rc, add, size, joined);
     if (++dl->calls >= GG__PT_FOLD) {
       gg__pt_device_t *g = gg__pt_device_lock(device);
       gg__pt_fold(g, dl);
@@ -158,7 +158,7 @@ void gg__pt_count(gg__pt_t *me, int device, int rc, bool add, size_t size, bool 
   gg__pt_device_t *g = gg__pt_device_lock(device); /* no record, or more devices than it holds */
   gg__pt_delta_t one = {.device = device};
   for (int k = 0; k < GG__PT_STATS; k++) one.base[k] = g->n.stat[k].current;
-  gg__pt_add(&one, rc, add, size, synced);
+  gg__pt_add(&one, rc, add, size, joined);
   gg__pt_fold(g, &one);
   gg__spin_unlock(&g->lock);
 }

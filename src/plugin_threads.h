@@ -22,8 +22,9 @@ void gg__pt_publish(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena);
 void gg__pt_retract(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena);
 
 /* Counts one call on a device (0 <= device < GG_PLUGIN_MAX_DEVICES): a failure (rc < 0), or a block of
- * `size` bytes asked for that came (add) or went (size 0: only the call is counted). */
-void gg__pt_count(gg__pt_t *me, int device, int rc, bool add, size_t size, bool synced);
+ * `size` bytes asked for that came (add) or went (size 0: only the call is counted); `joined`: it ordered
+ * two streams on the device (n_stream_waits). */
+void gg__pt_count(gg__pt_t *me, int device, int rc, bool add, size_t size, bool joined);
 /* The device's figures, every thread's delta folded in first. */
 void gg__pt_read(int device, gg_plugin_stats_t *out);
 /* Peaks to current values, or allocated and freed totals to 0. */
