@@ -34,7 +34,7 @@ if not torch.cuda.is_available():
     sys.exit(0)
 
 import gpuguard  # noqa: E402
-from gpuguard.holding import format_bytes, holders  # noqa: E402
+from gpuguard.diagnostics.holding import format_bytes, holders  # noqa: E402
 
 T0 = time.time()
 DEV = "cuda"
@@ -135,9 +135,9 @@ print(f"-> {len(fixed)} warning(s) with loss.item()")
 clean()
 
 # ---- 5. a memory timeline of a short training run -------------------------------------------------
-section("5. timeline of a training run (gpuguard.record + python -m gpuguard.plot)")
-from gpuguard.plot import main as plot_main  # noqa: E402
-from gpuguard.timeline import record  # noqa: E402
+section("5. timeline of a training run (gpuguard.record + python -m gpuguard.diagnostics.plot)")
+from gpuguard.diagnostics.plot import main as plot_main  # noqa: E402
+from gpuguard.diagnostics.timeline import record  # noqa: E402
 
 jsonl = args.jsonl or os.path.splitext(args.html)[0] + ".jsonl"
 model = torch.nn.Sequential(torch.nn.Linear(4096, 8192), torch.nn.ReLU(), torch.nn.Linear(8192, 4096)).to(DEV)

@@ -5,7 +5,7 @@
 # with the terminal settings restored; NO_COLOR and --no-color remove the colours. `watch --listen`
 # answered by a real HTTP client (urllib) and parsed by prometheus_client: /metrics, 404 elsewhere,
 # a silent client or an oversized request cannot stop the next scrape.
-# `watch --record` and `gpuguard plot` (issue 15): a timeline gpuguard.plot reads and draws.
+# `watch --record` and `gpuguard plot` (issue 15): a timeline gpuguard.diagnostics.plot reads and draws.
 # Arguments: build dir, source dir.
 set -euo pipefail
 # `run`'s default is --pid-ns=auto; the off design runs where a check says --pid-ns=off.
@@ -149,14 +149,14 @@ else
   echo "SKIP part: a job in a PID namespace: refused here: $(cat "$tmp/ns.err")"
 fi
 
-# --record: JSON lines that continue across runs, read by gpuguard.timeline.load and drawn by
-# `gpuguard plot` (python3 -m gpuguard.plot); a clear error when Python cannot be run.
+# --record: JSON lines that continue across runs, read by gpuguard.diagnostics.timeline.load and drawn by
+# `gpuguard plot` (python3 -m gpuguard.diagnostics.plot); a clear error when Python cannot be run.
 $g watch --record "$tmp/rec.jsonl" --count 3 --interval 0.05 >/dev/null
 $g watch --record "$tmp/rec.jsonl" --count 2 --interval 0.05 --prom-file "$tmp/rec.prom"
 # Under a sanitizer the library cannot be loaded into python3 (its runtime would have to be preloaded):
 # the timeline is then read as plain JSON lines, and not drawn.
 sanitized=$(sed -n 's/^GPUGUARD_SANITIZE:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
-reader="from gpuguard.timeline import load"
+reader="from gpuguard.diagnostics.timeline import load"
 [ -n "$sanitized" ] && reader='import json
 def load(p):
     recs = [json.loads(l) for l in open(p)]

@@ -15,8 +15,8 @@
 
 #include "backend/backend.h"
 #include "gpuguard/gpuguard.h"
-#include "guard_internal.h"
-#include "signal_internal.h"
+#include "guard/guard_internal.h"
+#include "guard/signal_internal.h"
 
 static const char *counter_path;
 static gg_guard_t *guard;

@@ -4,7 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "arena_internal.h"
+#include "arena/arena_internal.h"
 #include "backend/backend.h"
 #include "gg_test.h"
 

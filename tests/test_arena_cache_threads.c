@@ -8,7 +8,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#include "arena_internal.h"
+#include "arena/arena_internal.h"
 #include "gg_test.h"
 
 #define KiB ((size_t)1 << 10)

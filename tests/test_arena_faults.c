@@ -3,7 +3,7 @@
  * consistent, the failing call says why, the arena is usable afterwards, and no device memory leaks. */
 #include <stdbool.h>
 
-#include "arena_internal.h"
+#include "arena/arena_internal.h"
 #include "backend/backend.h"
 #include "gg_test.h"
 

@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "arena_internal.h"
+#include "arena/arena_internal.h"
 #include "gg_test.h"
 
 #define MiB        ((size_t)1 << 20)

@@ -9,8 +9,8 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "arena_internal.h"
-#include "freelist.h"
+#include "arena/arena_internal.h"
+#include "arena/freelist.h"
 #include "gg_test.h"
 
 #define KiB            ((size_t)1 << 10)

@@ -3,7 +3,7 @@
  * an out-of-order end that changes nothing, stream safety of the released memory (a large scope's too),
  * and scopes of 100k blocks. Every step is compared with a model of the live blocks and checked by the
  * invariant checker. */
-#include "arena_internal.h"
+#include "arena/arena_internal.h"
 #include "gg_test.h"
 
 #define KiB ((size_t)1 << 10)

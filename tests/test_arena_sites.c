@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "internal.h"
+#include "core/internal.h"
 
 #define MiB ((size_t)1 << 20)
 

@@ -3,7 +3,7 @@
  * Meant to run under ThreadSanitizer too (-DGPUGUARD_SANITIZE=thread). */
 #include <pthread.h>
 
-#include "arena_internal.h"
+#include "arena/arena_internal.h"
 #include "gg_test.h"
 
 #define KiB     ((size_t)1 << 10)

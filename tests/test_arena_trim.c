@@ -2,7 +2,7 @@
  * (simulated) driver's free memory to the byte, partial trims that keep the lowest chunks, trims between
  * allocations, a driver that refuses ranges spanning several mappings (chunk by chunk then), what the
  * simulated driver refuses, and failures of the unmap path leaving the arena consistent. */
-#include "arena_internal.h"
+#include "arena/arena_internal.h"
 #include "backend/backend.h"
 #include "gg_test.h"
 

@@ -5,7 +5,7 @@
 
 #include "backend/backend.h"
 #include "gg_test.h"
-#include "internal.h"
+#include "core/internal.h"
 
 static int reset_env(void **state) {
   (void)state;

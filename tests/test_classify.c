@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "internal.h"
-#include "procfs_internal.h"
+#include "core/internal.h"
+#include "proc/procfs_internal.h"
 
 static char regdir[64];
 

@@ -2,7 +2,7 @@
 #include <pthread.h>
 
 #include "gg_test.h"
-#include "internal.h"
+#include "core/internal.h"
 
 static void test_every_code_has_name_and_text(void **state) {
   (void)state;

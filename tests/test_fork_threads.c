@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "signal_internal.h"
+#include "guard/signal_internal.h"
 
 #define FORKS 300
 #define LIMIT_MS 200000 /* a deadlock never ends; a healthy run takes seconds (a minute or more under TSan) */

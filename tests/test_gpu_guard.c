@@ -4,7 +4,7 @@
 #include "backend/backend.h"
 #include "exit_harness.h"
 #include "gg_test.h"
-#include "internal.h"
+#include "core/internal.h"
 
 #define CHILD GG_TEST_BINARY_DIR "/exit_child"
 #define MiB   ((size_t)1 << 20)

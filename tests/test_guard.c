@@ -7,9 +7,9 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "guard_internal.h"
-#include "signal_internal.h"
-#include "internal.h"
+#include "guard/guard_internal.h"
+#include "guard/signal_internal.h"
+#include "core/internal.h"
 
 static int setup(void **state) {
   (void)state;

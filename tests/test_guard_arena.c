@@ -9,7 +9,7 @@
 #include "backend/backend.h"
 #include "gg_test.h"
 #include "gpuguard/scope.h"
-#include "internal.h"
+#include "core/internal.h"
 
 #define MiB ((size_t)1 << 20)
 

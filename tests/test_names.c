@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "internal.h"
-#include "procfs_internal.h"
+#include "core/internal.h"
+#include "proc/procfs_internal.h"
 
 /* Whole, well-formed UTF-8 sequences only (overlongs and surrogates are not made by a cut). */
 static bool utf8_valid(const char *s) {

@@ -1,6 +1,6 @@
 /* test_options.c — parsing of sizes, booleans and integers from the environment and options. */
 #include "gg_test.h"
-#include "internal.h"
+#include "core/internal.h"
 
 static void test_sizes(void **state) {
   (void)state;

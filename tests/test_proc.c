@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "proc_internal.h"
-#include "teardown_internal.h"
+#include "proc/proc_internal.h"
+#include "proc/teardown_internal.h"
 
 #define PROC_CHILD GG_TEST_BINARY_DIR "/proc_child"
 

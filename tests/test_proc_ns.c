@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "procfs_internal.h"
+#include "proc/procfs_internal.h"
 
 static int setup(void **state) {
   (void)state;

@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "internal.h"
-#include "nvml.h"
-#include "procfs_internal.h"
+#include "core/internal.h"
+#include "query/nvml.h"
+#include "proc/procfs_internal.h"
 
 static char log_path[64];
 

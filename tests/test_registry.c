@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "procfs_internal.h"
-#include "registry_internal.h"
+#include "proc/procfs_internal.h"
+#include "proc/registry_internal.h"
 
 static char dir[64];
 

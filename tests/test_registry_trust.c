@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "procfs_internal.h"
+#include "proc/procfs_internal.h"
 
 static char dir[64];
 

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "proc_internal.h"
+#include "proc/proc_internal.h"
 
 /* A process group led by a sleeping child, with a member of ours and one of uid 65534 (returned once
  * it runs as that user); -1 in *leader when something failed. */

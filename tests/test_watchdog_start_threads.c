@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "signal_internal.h"
+#include "guard/signal_internal.h"
 
 static int count_entries(const char *path) {
   DIR *d = opendir(path);

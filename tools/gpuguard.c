@@ -740,8 +740,9 @@ static int cmd_reap(int argc, char **argv) {
 
 /* ---- plot -------------------------------------------------------------------------------------------- */
 
-/* The chart is drawn by the Python package (gpuguard.plot): one renderer for timelines recorded by
- * gpuguard.record() and by `watch --record`. Says clearly what is missing when Python or the package is. */
+/* The chart is drawn by the Python package (gpuguard.diagnostics.plot): one renderer for timelines
+ * recorded by gpuguard.record() and by `watch --record`. Says clearly what is missing when Python or the
+ * package is. */
 static int cmd_plot(int argc, char **argv) {
   if (argc < 2) return bad_usage("%s", "no timeline given (gpuguard plot FILE -o memory.html)");
   for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
@@ -756,7 +757,7 @@ static int cmd_plot(int argc, char **argv) {
   static const char boot[] =
       "import sys\n"
       "try:\n"
-      "    from gpuguard.plot import main\n"
+      "    from gpuguard.diagnostics.plot import main\n"
       "except ImportError as e:\n"
       "    sys.stderr.write('gpuguard plot: the Python package gpuguard draws the chart and cannot be '\n"
       "                     'imported (%s); install it (pip install ./bindings/python) or set PYTHONPATH\\n' "
@@ -824,8 +825,8 @@ static const command_t commands[] = {
      "  --x time|step     horizontal axis (default time)\n"
      "  --title TEXT      the page's title\n"
      "  -h, --help        this help\n"
-     "Runs python3 -m gpuguard.plot (the Python package must be importable; GPUGUARD_LIBRARY is set to\n"
-     "this command's library unless it is set already).\n"},
+     "Runs python3 -m gpuguard.diagnostics.plot (the Python package must be importable;\n"
+     "GPUGUARD_LIBRARY is set to this command's library unless it is set already).\n"},
     {"watch",
      "[--interval S] [--count N] [--no-color] [--record FILE] | [--prom-file PATH] [--listen ADDR:PORT]",
      "A live view of devices, processes and gpuguard sessions; or a Prometheus exporter.", cmd_watch,

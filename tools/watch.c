@@ -301,7 +301,7 @@ static void screen_size(screen_t *s) {
   if (s->rows <= 0) s->rows = 24;
 }
 
-/* ---- --record: samples as JSON lines, the timeline format gpuguard.plot draws ------------------------- */
+/* ---- --record: samples as JSON lines, the timeline format gpuguard.diagnostics.plot draws ---------- */
 
 typedef struct recorder {
   FILE *f;

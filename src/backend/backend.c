@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "internal.h"
+#include "core/internal.h"
 
 int gg__backend_resolve(const char *requested, int device, const char **chosen) {
   const char *what = "options.backend", *v = requested;

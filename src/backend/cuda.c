@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
-#include "internal.h"
+#include "core/internal.h"
 
 /* The driver entry points the library uses, each resolved for the CUDA 12.0 ABI (so cuMemAlloc gives
  * the _v2 entry, and so on). Member names carry a prefix so cuda.h's versioning macros leave them alone. */

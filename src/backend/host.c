@@ -12,7 +12,7 @@
 
 #include "backend/backend.h"
 #include "gpuguard/host.h"
-#include "internal.h"
+#include "core/internal.h"
 
 #define GG__HOST_DEFAULT_CAPACITY    (1ull << 30)
 #define GG__HOST_DEFAULT_GRANULARITY (2ull << 20)

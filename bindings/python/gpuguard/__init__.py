@@ -17,8 +17,10 @@ from .proc import (adopt, arm_child, close_device_fds, orphans, pid_ns_probe, re
 from .query import device_count, device_info, device_telemetry, processes
 
 # Memory diagnostics, imported on first use so that `import gpuguard` stays light (none imports torch).
-_LAZY = {"holders": ".holding", "Holders": ".holding", "rounds": ".growth", "MemoryGrowthWarning": ".growth",
-         "record": ".timeline", "monitor": ".monitoring", "Monitor": ".monitoring"}
+_LAZY = {"holders": ".diagnostics.holding", "Holders": ".diagnostics.holding", "rounds": ".diagnostics.growth",
+         "MemoryGrowthWarning": ".diagnostics.growth",
+         "record": ".diagnostics.timeline", "monitor": ".diagnostics.monitoring",
+         "Monitor": ".diagnostics.monitoring"}
 
 
 def __getattr__(name: str) -> object:
@@ -32,14 +34,14 @@ def __getattr__(name: str) -> object:
 
 
 def load_ipython_extension(shell: object) -> None:
-    """``%load_ext gpuguard`` in IPython/Jupyter: see gpuguard.notebook."""
-    from .notebook import load_ipython_extension as load
+    """``%load_ext gpuguard`` in IPython/Jupyter: see gpuguard.diagnostics.notebook."""
+    from .diagnostics.notebook import load_ipython_extension as load
     load(shell)
 
 
 def unload_ipython_extension(shell: object) -> None:
     """``%unload_ext gpuguard``."""
-    from .notebook import unload_ipython_extension as unload
+    from .diagnostics.notebook import unload_ipython_extension as unload
     unload(shell)
 
 __all__ = [

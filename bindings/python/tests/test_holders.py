@@ -21,7 +21,7 @@ import gc, sys, json, warnings
 sys.path[:0] = [{HERE!r}, {PKG!r}]
 import gpuguard
 from fakecuda import FakeTensor, FakeUntypedStorage, CudaArray, STATE
-from gpuguard.holding import holders
+from gpuguard.diagnostics.holding import holders
 
 class Module:
     def __init__(self):
@@ -181,7 +181,7 @@ def test_arena_blocks_are_buffers_too():
 
 def test_import_gpuguard_does_not_import_the_diagnostics_or_torch():
     run("""
-        for m in ("torch", "cupy", "IPython", "gpuguard.monitoring", "gpuguard.notebook"):
+        for m in ("torch", "cupy", "IPython", "gpuguard.diagnostics.monitoring", "gpuguard.diagnostics.notebook"):
             assert m not in sys.modules, m
         assert gpuguard.holders is holders and callable(gpuguard.rounds) and callable(gpuguard.monitor)
         print("OK")
@@ -189,7 +189,7 @@ def test_import_gpuguard_does_not_import_the_diagnostics_or_torch():
 
 
 LEAK = textwrap.dedent("""
-    from gpuguard.growth import rounds, MemoryGrowthWarning
+    from gpuguard.diagnostics.growth import rounds, MemoryGrowthWarning
     w = FakeTensor((1024, 64), requires_grad=True)
     caught = []
     def loop(keep_tensor, n=8):
@@ -226,7 +226,7 @@ def test_rounds_is_silent_when_flat():
 
 def test_rounds_growth_outside_python_is_said_once():
     run("""
-        from gpuguard.growth import rounds, MemoryGrowthWarning
+        from gpuguard.diagnostics.growth import rounds, MemoryGrowthWarning
         used = [0]
         with warnings.catch_warnings(record=True) as ws:
             warnings.simplefilter("always")
@@ -249,8 +249,8 @@ def _svg(html):
 def test_record_and_plot(tmp_path):
     path, out = tmp_path / "run.jsonl", tmp_path / "memory.html"
     run(f"""
-        from gpuguard.growth import rounds
-        from gpuguard.timeline import record
+        from gpuguard.diagnostics.growth import rounds
+        from gpuguard.diagnostics.timeline import record
         w = FakeTensor((1024, 64), requires_grad=True)
         total = 0
         readers = {{"in_use": lambda: STATE.allocated, "reserved": lambda: STATE.allocated + (8 << 20),
@@ -277,7 +277,7 @@ def test_record_and_plot(tmp_path):
     assert [m["kind"] for m in marks].count("round") == 3 and marks[-1]["kind"] == "oom"
     peak = [l for l in lines if l["type"] == "holders"]
     assert len(peak) == 1 and peak[0]["rows"] and peak[0]["rows"][0]["chain"]
-    r = subprocess.run([sys.executable, "-m", "gpuguard.plot", str(path), "-o", str(out), "--x", "step"],
+    r = subprocess.run([sys.executable, "-m", "gpuguard.diagnostics.plot", str(path), "-o", str(out), "--x", "step"],
                        capture_output=True, text=True, cwd=PKG, timeout=60)
     assert r.returncode == 0, r.stderr
     page = out.read_text()
@@ -297,7 +297,7 @@ def test_record_and_plot(tmp_path):
 def test_plot_refuses_a_file_without_samples(tmp_path):
     bad = tmp_path / "x.jsonl"
     bad.write_text('{"type": "meta"}\n')
-    r = subprocess.run([sys.executable, "-m", "gpuguard.plot", str(bad), "-o", str(tmp_path / "o.html")],
+    r = subprocess.run([sys.executable, "-m", "gpuguard.diagnostics.plot", str(bad), "-o", str(tmp_path / "o.html")],
                        capture_output=True, text=True, cwd=PKG, timeout=60)
     assert r.returncode == 1 and "no samples" in r.stderr
 
@@ -306,14 +306,14 @@ def test_plot_refuses_a_file_without_samples(tmp_path):
                                         ("4096", 4096), ("2k", 2048)])
 def test_parse_size(text, value):
     sys.path.insert(0, PKG)
-    from gpuguard.notebook import parse_size
+    from gpuguard.diagnostics.notebook import parse_size
     assert parse_size(text) == value
 
 
 def test_plot_draws_a_series_that_joined_late():
     # PyTorch's counters join a recording once PyTorch initialises CUDA: absent from the meta record
     sys.path.insert(0, PKG)
-    from gpuguard.plot import render_html
+    from gpuguard.diagnostics.plot import render_html
     data = {"meta": {"series": ["driver_used"]}, "marks": [], "holders": [],
             "samples": [{"t": 0, "step": 0, "driver_used": 5 << 20},
                         {"t": 1, "step": 1, "driver_used": 9 << 20, "in_use": 3 << 20, "reserved": None},

@@ -42,7 +42,7 @@ def test_notebook_session():
                 sh.run_cell(code)
             return buf.getvalue()
         cell("%load_ext gpuguard")
-        import gpuguard.notebook as nb
+        import gpuguard.diagnostics.notebook as nb
         nb._state.read = lambda: {"in_use": fakecuda.STATE.allocated, "used": used["v"], "total": 1 << 30}
         assert "more than 64 MiB" in cell("%gpuguard threshold 64M")
         quiet = cell("from fakecuda import FakeTensor\\nsmall = FakeTensor((256, 256))")

@@ -8,7 +8,7 @@ import pytest
 import gpuguard
 from gpuguard import _lib
 from gpuguard._lib import C, PluginStats
-from gpuguard._torchstats import torch_style_stats
+from gpuguard._pluginstats import torch_style_stats
 
 MiB = 1 << 20
 

@@ -1,0 +1,250 @@
+"""gpuguard.diagnostics.monitoring — ``monitor()``: a thread that samples device memory, the processes holding the
+device and this process's arenas every ``interval`` seconds, and hands each sample to its sinks, built
+so that it cannot hurt the job it watches:
+
+- it never initialises CUDA: every reading goes through the C library's report (``gg_report``), which
+  reads the device through NVML (loaded at run time, no context) and the arenas from host-side counters;
+- it never raises into the job: a failing reading or sink is counted (``errors``, ``last_error``) and the
+  thread goes on; it is a daemon thread, so it never holds the interpreter's exit;
+- it stops with ``stop()``, the end of a ``with`` block, or its guard's teardown (``guard=``).
+
+Sinks (``to=``, one or a list): a callable (gets the sample dict); a path ending in ``.prom`` (a
+Prometheus textfile for node_exporter, replaced atomically: written to a new temporary file opened with
+O_CREAT|O_EXCL|O_NOFOLLOW in the same directory, then renamed over the path, so a reader never sees half
+a file and a symlink planted at the temporary name is never followed); ``"http://127.0.0.1:PORT"`` (an
+HTTP endpoint serving ``/metrics`` as Prometheus text and ``/json``; port 0 picks a free one, see
+``.port``); any other path (JSON lines appended); a file object (JSON lines written); a
+``logging.Logger`` (one info line per sample)."""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from .. import _lib
+from .holding import format_bytes
+
+__all__ = ["monitor", "Monitor", "report"]
+
+_GG_REPORT_ALL = 0x7
+_JSON, _PROM = 0, 1
+_report_fn: Any = None
+_libc: Any = None
+
+
+def report(fmt: str = "json", what: int = _GG_REPORT_ALL) -> str:
+    """The C library's report (``gg_report``) as text: "json" or "prometheus". Devices, the processes
+    holding them and this process's arenas; no CUDA context is created."""
+    global _report_fn, _libc
+    if _report_fn is None:
+        _report_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint)(
+            ("gg_report", _lib.lib))
+        _libc = ctypes.CDLL(None)
+        _libc.open_memstream.restype = ctypes.c_void_p
+        _libc.open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
+        _libc.fclose.argtypes = [ctypes.c_void_p]
+        _libc.free.argtypes = [ctypes.c_void_p]
+    buf, size = ctypes.c_void_p(), ctypes.c_size_t()
+    f = _libc.open_memstream(ctypes.byref(buf), ctypes.byref(size))
+    if not f:
+        raise OSError(ctypes.get_errno(), "gpuguard.monitor: open_memstream failed")
+    try:
+        rc = _report_fn(f, _PROM if fmt.startswith("prom") else _JSON, what)
+    finally:
+        _libc.fclose(f)  # flushes; buf/size are valid after it
+    try:
+        text = ctypes.string_at(buf, size.value).decode("utf-8", errors="replace")
+    finally:
+        _libc.free(buf)
+    if rc < 0:
+        _lib.raise_for(rc)
+    return text
+
+
+def _write_textfile(path: str, text: str) -> None:
+    """Replaces ``path`` atomically; the temporary file is new (O_EXCL) and never a followed symlink."""
+    d = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class _Http:
+    def __init__(self, url: str, mon: "Monitor") -> None:
+        rest = url.split("://", 1)[1].rstrip("/")
+        host, _, port = rest.rpartition(":")
+        host = host.strip("[]") or "127.0.0.1"
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path.split("?")[0] in ("/metrics", "/"):
+                    body, ctype = mon.last_prometheus.encode(), "text/plain; version=0.0.4; charset=utf-8"
+                elif self.path.split("?")[0] == "/json":
+                    body, ctype = json.dumps(mon.last or {}).encode(), "application/json"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((host, int(port or 0)), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, name="gpuguard-monitor-http",
+                                       daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+Sink = Union[str, Callable[[Dict[str, Any]], Any], Any]
+
+
+class Monitor:
+    """A running monitor; see ``monitor``. ``samples`` counts the samples taken, ``last`` is the latest
+    (a dict), ``last_prometheus`` its Prometheus text, ``errors``/``last_error`` what went wrong, ``port``
+    the HTTP endpoint's port, ``sample_seconds`` the mean cost of one sample."""
+
+    def __init__(self, interval: float = 5.0, to: Union[Sink, Sequence[Sink], None] = None, device: int = 0,
+                 guard: Any = None, processes: bool = True) -> None:
+        self.interval = float(interval)
+        self.device = device
+        self.what = 0x7 if processes else 0x5
+        self.samples = 0
+        self.errors = 0
+        self.last_error: Optional[str] = None
+        self.last: Optional[Dict[str, Any]] = None
+        self.last_prometheus = ""
+        self.port: Optional[int] = None
+        self._spent = 0.0
+        self._stop = threading.Event()
+        self._sinks: List[Callable[[Dict[str, Any], str], None]] = []
+        self._closers: List[Callable[[], None]] = []
+        self._prom_wanted = False
+        for sink in (to if isinstance(to, (list, tuple)) else [to] if to is not None else []):
+            self._add(sink)
+        self._guard_id = guard.on_teardown(self.stop, name="gpuguard.monitor") if guard is not None else None
+        self._guard = guard
+        self._thread = threading.Thread(target=self._run, name="gpuguard-monitor", daemon=True)
+        self._thread.start()
+
+    @property
+    def sample_seconds(self) -> float:
+        return self._spent / self.samples if self.samples else 0.0
+
+    def _add(self, sink: Sink) -> None:
+        if callable(sink) and not isinstance(sink, logging.Logger):
+            self._sinks.append(lambda s, p: sink(s))
+        elif isinstance(sink, logging.Logger):
+            self._sinks.append(lambda s, p: sink.info("%s", _summary(s)))
+        elif isinstance(sink, str) and sink.startswith("http://"):
+            h = _Http(sink, self)
+            self.port = h.port
+            self._prom_wanted = True
+            self._closers.append(h.close)
+        elif isinstance(sink, str) and sink.endswith(".prom"):
+            self._prom_wanted = True
+            self._sinks.append(lambda s, p: _write_textfile(sink, p))
+        elif isinstance(sink, str):
+            f = open(sink, "a", encoding="utf-8")
+            self._sinks.append(lambda s, p: (f.write(json.dumps(s) + "\n"), f.flush()))
+            self._closers.append(f.close)
+        elif hasattr(sink, "write"):
+            self._sinks.append(lambda s, p: (sink.write(json.dumps(s) + "\n"), sink.flush()))
+        else:
+            raise TypeError(f"gpuguard.monitor: unknown sink {sink!r} (a callable, a path, a .prom path, "
+                            "http://127.0.0.1:PORT, a file object or a logging.Logger)")
+
+    def sample(self) -> Dict[str, Any]:
+        """Takes one sample now (the thread calls this) and gives it to the sinks."""
+        t0 = time.perf_counter()
+        data = json.loads(report("json", self.what))
+        data["time"] = time.time()
+        data["pid"] = os.getpid()
+        mine = [p for p in data.get("processes", []) if p.get("pid") == os.getpid()]
+        data["process_used_bytes"] = mine[0].get("used_bytes") if mine else None
+        prom = report("prometheus", self.what) if self._prom_wanted else ""
+        self.last, self.last_prometheus = data, prom
+        self._spent += time.perf_counter() - t0
+        self.samples += 1
+        for sink in self._sinks:
+            try:
+                sink(data, prom)
+            except Exception as e:  # a sink must never stop the others or the thread
+                self.errors += 1
+                self.last_error = f"sink: {e}"
+        return data
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.sample()
+            except Exception as e:
+                self.errors += 1
+                self.last_error = str(e)
+            if self._stop.wait(self.interval):
+                return
+
+    def stop(self) -> None:
+        """Stops the thread (after the sample in progress) and closes the sinks. Safe to call twice."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+        for close in self._closers:
+            try:
+                close()
+            except Exception:
+                pass
+        if self._guard is not None and self._guard_id is not None and not self._guard.closed:
+            try:
+                self._guard.cancel(self._guard_id)
+            except Exception:
+                pass  # already running as the teardown
+        self._guard = None
+
+    def __enter__(self) -> "Monitor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def _summary(s: Dict[str, Any]) -> str:
+    devs = "; ".join(f"device {d['index']} used {format_bytes(d['used_bytes'])} of {format_bytes(d['total_bytes'])}"
+                     for d in s.get("devices", []))
+    ar = ", ".join(f"{a['name'] or 'arena'} {format_bytes(a['bytes_in_use'])} in use/{format_bytes(a['bytes_mapped'])} "
+                   "mapped" for a in s.get("arenas", []))
+    return f"gpuguard: {devs}" + (f"; arenas: {ar}" if ar else "")
+
+
+def monitor(interval: float = 5.0, to: Union[Sink, Sequence[Sink], None] = None, device: int = 0,
+            guard: Any = None, processes: bool = True) -> Monitor:
+    """Starts a monitor thread (see the module's doc): a first sample at once, then one every
+    ``interval`` seconds, to the sinks in ``to``. ``guard``: stops at that Guard's teardown.
+    ``processes=False`` leaves out the per-process list (the /proc scan is most of a sample's cost)."""
+    return Monitor(interval, to, device, guard, processes)

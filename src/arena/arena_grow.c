@@ -1,0 +1,287 @@
+/* arena_grow.c — where the arena's memory comes from and goes back to: mapping chunks as it grows
+ * (placing them in the reserved range), moving the bump block to the largest free block, and trim,
+ * which unmaps wholly free chunks and gives them back to the driver. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena/arena_impl.h"
+#include "core/internal.h"
+
+/* ---- top ------------------------------------------------------------------------------------------- */
+
+/* Bump allocation (and O(1) scope ends) continue in the largest free block. The log is flushed first
+ * when top moves below it. */
+void gg__arena_promote(gg_arena_t *a) {
+  gg__block_t *b = gg__freelist_largest(&a->freelist), *t = a->freelist.top;
+  if (!b || (t && t->size >= b->size)) return;
+  if (a->bump_count && b->addr < gg__bump_entry_end(&a->bump[a->bump_count - 1])) {
+    if (gg__bump_flush(a) < 0) return; /* keeps the old top: only speed is lost */
+    if (!(b = gg__freelist_largest(&a->freelist)) || ((t = a->freelist.top) && t->size >= b->size)) return;
+  }
+  if (gg__freelist_reserve(&a->freelist, 1) < 0) return;
+  gg__freelist_set_top(&a->freelist, b);
+  a->bump_new_run = true;
+}
+
+/* ---- growth -------------------------------------------------------------------------------------- */
+
+size_t gg__chunk_index(const gg_arena_t *a, uintptr_t p) {
+  size_t lo = 0, hi = a->n_chunks;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (a->chunks[mid]->ptr < p)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* Where n bytes at alignment al would go in the unmapped gap [gs, ge) (growing the free block that
+ * ends at gs, if any); the size to map there, or 0 when they do not fit. */
+static size_t gg__gap_fit(const gg_arena_t *a, uintptr_t gs, uintptr_t ge, size_t n, size_t al) {
+  if (ge <= gs) return 0;
+  const gg__block_t *t = a->freelist.top,
+                    *l = (t && t->addr + t->size == gs) ? t : gg__freelist_ending_at(&a->freelist, gs);
+  uintptr_t start = l ? l->addr : gs, p = gg__align_up(start, al);
+  if (p < start || p > ge || ge - p < n) return 0;
+  size_t m = p + n > gs ? (size_t)gg__align_up(p + n - gs, a->granularity) : a->granularity;
+  if (m < a->chunk_size) m = a->chunk_size < ge - gs ? a->chunk_size : (size_t)(ge - gs);
+  return m;
+}
+
+/* The end of the gap that starts after chunk i - 1 (the next chunk, or the end of the range). */
+static uintptr_t gg__gap_end(const gg_arena_t *a, size_t i) {
+  return i < a->n_chunks ? a->chunks[i]->ptr : a->base + a->capacity;
+}
+
+/* Where and how much to map for n bytes at alignment al: *at and *size, or GG_ENOMEM with `why`. */
+static int gg__find_room(gg_arena_t *a, size_t n, size_t al, uintptr_t *at, size_t *size, char *why,
+                         size_t whycap) {
+  size_t m = 0;
+  if (a->contiguous) {
+    const gg__block_t *t = a->freelist.top;
+    /* Prefer the gap right above top, so the bump block keeps growing in place. */
+    if (t) {
+      uintptr_t te = t->addr + t->size;
+      size_t i = gg__chunk_index(a, te);
+      if (i > 0 && a->chunks[i - 1]->ptr + a->chunks[i - 1]->size == te)
+        m = gg__gap_fit(a, te, gg__gap_end(a, i), n, al), *at = te;
+    }
+    for (size_t i = 0; !m && i <= a->n_chunks; i++) {
+      *at = i ? a->chunks[i - 1]->ptr + a->chunks[i - 1]->size : a->base;
+      m = gg__gap_fit(a, *at, gg__gap_end(a, i), n, al);
+    }
+    if (!m) return snprintf(why, whycap, "the arena's capacity is exhausted"), GG_ENOMEM;
+  } else {
+    size_t slack = al > GG__QUANTUM ? al : 0;
+    if (n > a->capacity || slack > a->capacity - n)
+      return snprintf(why, whycap, "the request exceeds the capacity"), GG_ENOMEM;
+    size_t need = (size_t)gg__align_up(n + slack, a->granularity);
+    m = need > a->chunk_size ? need : a->chunk_size;
+    if (m > a->capacity - a->mapped) m = need;
+    if (a->mapped > a->capacity || m > a->capacity - a->mapped)
+      return snprintf(why, whycap, "the arena's capacity is exhausted"), GG_ENOMEM;
+  }
+  *size = m;
+  return 0;
+}
+
+typedef struct gg__pieces {
+  gg__chunk_t **made;
+  size_t count;
+} gg__pieces_t;
+
+static int gg__unmap_pieces(gg_arena_t *a, void *ctx) {
+  gg__pieces_t *p = ctx;
+  for (size_t k = p->count; k-- > 0;) {
+    a->ops->unmap(a->dev, p->made[k]);
+    free(p->made[k]);
+  }
+  return 0;
+}
+
+/* Maps `size` bytes at `at` as pieces of `piece` bytes into made[]: all or nothing. */
+static int gg__map_pieces(gg_arena_t *a, uintptr_t at, size_t size, size_t piece, gg__chunk_t **made,
+                          char *why, size_t whycap) {
+  int rc = 0;
+  size_t done = 0, k = 0;
+  for (; done < size; k++) {
+    size_t sz = size - done < piece ? size - done : piece;
+    made[k] = malloc(sizeof **made);
+    if (!made[k]) {
+      rc = gg__err(GG_ENOMEM, "arena: out of host memory for a chunk record");
+      break;
+    }
+    if ((rc = a->ops->map(a->dev, a->contiguous ? at + done : 0, sz, made[k])) < 0) {
+      snprintf(why, whycap, "mapping %zu bytes failed: %s", sz, gg_last_error());
+      free(made[k]);
+      break;
+    }
+    done += sz;
+  }
+  if (rc < 0) gg__arena_quietly(a, gg__unmap_pieces, &(gg__pieces_t){made, k}); /* the map error stays */
+  return rc;
+}
+
+int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap) {
+  uintptr_t at = 0;
+  size_t m = 0;
+  int rc = gg__find_room(a, n, al, &at, &m, why, whycap);
+  if (rc < 0) return rc;
+  /* With VMM a large request is mapped as chunk-sized pieces at consecutive addresses: one block to the
+   * allocator, but trim can later give back each piece that no live block touches, so a big mapping
+   * that small blocks reuse does not stay pinned whole (and a growth finds whole pieces to reuse). */
+  size_t piece = a->contiguous && m > a->chunk_size ? a->chunk_size : m;
+  size_t pieces = (m + piece - 1) / piece;
+  rc = gg__arena_grow_array(&a->chunks, &a->chunks_cap, a->n_chunks + pieces, sizeof *a->chunks);
+  if (rc == 0) rc = gg__freelist_reserve(&a->freelist, 2);
+  if (rc < 0) return rc;
+  gg__chunk_t **made = malloc(pieces * sizeof *made);
+  if (!made) return gg__err(GG_ENOMEM, "arena: out of host memory for chunk records");
+  if ((rc = gg__map_pieces(a, at, m, piece, made, why, whycap)) < 0) {
+    free(made);
+    return rc;
+  }
+  size_t i = gg__chunk_index(a, made[0]->ptr);
+  memmove(a->chunks + i + pieces, a->chunks + i, (a->n_chunks - i) * sizeof *a->chunks);
+  memcpy(a->chunks + i, made, pieces * sizeof *made);
+  a->n_chunks += pieces;
+  a->mapped += m;
+  if (a->mapped > a->peak_mapped) a->peak_mapped = a->mapped;
+  gg__freelist_put(&a->freelist, made[0]->ptr, m, a->contiguous ? NULL : made[0], NULL);
+  free(made);
+  gg__arena_promote(a);
+  return 0;
+}
+
+/* ---- trim ---------------------------------------------------------------------------------------- */
+
+/* Only when the growth would raise peak mapped: free memory in the wrong place is then not kept mapped
+ * beside the new mapping, which keeps peak mapped close to peak in use when request sizes vary from
+ * step to step. Below the peak the arena keeps what it has (no map/unmap churn; trim() gives it back).
+ * The trim may wait for the stream, so it runs only when a free block, or what waits to become free,
+ * could hold a whole chunk. */
+bool gg__arena_trim_before_growth(const gg_arena_t *a, size_t n) {
+  if (!a->contiguous || a->freelist.bytes < 2 * a->chunk_size) return false;
+  size_t grow = (size_t)gg__align_up(n, a->granularity);
+  if (grow < a->chunk_size) grow = a->chunk_size;
+  if (a->mapped + grow <= a->peak_mapped) return false;
+  /* Worth a wait only when what would come back is at least 2 chunks and 1/64 of what is mapped (the
+   * wait drains the GPU's queue; the unmapped memory is mapped again soon after). With an absolute
+   * threshold alone, a decoder's forward pass that outgrew its peak waited at almost every growth, for
+   * a few chunks of a multi-GiB mapping: 42 waits in 30 steps of its trace, 14 with the share, all while
+   * it warms up; peak mapped / peak in use 1.0030 -> 1.0049; the encoder trace 19 -> 15, 1.0041 -> 1.0040).
+   */
+  size_t worth = a->mapped / 64 > 2 * a->chunk_size ? a->mapped / 64 : 2 * a->chunk_size;
+  const gg__block_t *b = gg__freelist_largest(&a->freelist), *t = a->freelist.top;
+  size_t largest = b ? b->size : 0;
+  if (t && t->size > largest) largest = t->size;
+  size_t waiting = a->pending + gg__bump_dead_bytes(a); /* free once settled or compacted */
+  return largest >= worth || waiting >= worth;
+}
+
+static int gg__addr_desc(const void *x, const void *y) {
+  uintptr_t a = (*(gg__block_t *const *)x)->addr, b = (*(gg__block_t *const *)y)->addr;
+  return a < b ? 1 : a > b ? -1 : 0;
+}
+
+/* Unmaps the chunks that free block fb covers wholly, highest first, while more than keep bytes stay
+ * mapped: each run of adjacent chunks that may go in one backend call (one driver call where the driver
+ * takes a range). Their records stay in a->chunks, marked in gone[], until the trim ends, so the array
+ * is compacted once rather than once per chunk. What is left of fb goes back as free blocks. Adds the
+ * bytes unmapped to *returned. */
+static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool *gone, size_t *returned) {
+  int rc = 0;
+  uintptr_t lo = fb->addr, hi = fb->addr + fb->size;
+  void *seg = fb->seg;
+  size_t i0 = gg__chunk_index(a, lo), j = i0;
+  while (j < a->n_chunks && a->chunks[j]->ptr + a->chunks[j]->size <= hi) j++;
+  bool taken = false;
+  while (rc == 0) {
+    while (j > i0 && a->mapped - a->chunks[j - 1]->size < keep) j--; /* stays: keep would not be met */
+    size_t top = j, m = a->mapped;
+    while (j > i0 && m - a->chunks[j - 1]->size >= keep) m -= a->chunks[--j]->size;
+    if (j == top) break;
+    if (!taken) gg__freelist_remove(&a->freelist, fb), taken = true;
+    size_t done = 0;
+    rc = a->ops->unmap_run(a->dev, a->chunks + j, top - j, &done);
+    if (!done) break;
+    const gg__chunk_t *t = a->chunks[top - 1];
+    if (t->ptr + t->size < hi)
+      gg__freelist_put_plain(&a->freelist, t->ptr + t->size, hi - (t->ptr + t->size), seg);
+    hi = a->chunks[top - done]->ptr;
+    for (size_t k = top - done; k < top; k++)
+      gone[k] = true, a->mapped -= a->chunks[k]->size, *returned += a->chunks[k]->size;
+  }
+  if (taken) {
+    if (hi > lo) gg__freelist_put_plain(&a->freelist, lo, hi - lo, seg);
+    gg__freelist_give_record(&a->freelist, fb);
+  }
+  return rc;
+}
+
+/* A free block that covers chunks is split around them; a failed unmap leaves the rest as it was. */
+int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
+  int rc;
+  gg__tcache_give_back_all(a, false); /* threads' caches keep no free memory mapped */
+  if ((rc = gg__bump_flush(a)) < 0 || (rc = gg__arena_wait_pending(a)) < 0) return rc;
+  if (!a->n_chunks) return 0;
+  /* Releases made in stream order (the framework plugin) are free at once but may still be read by
+   * work queued before them: memory is unmapped only once the stream has run all of it. */
+  if (a->track && a->ordered_released) {
+    a->probe.stream_waits++;
+    if ((rc = a->ops->stream_sync(a->dev, a->stream)) < 0) return rc;
+  }
+  a->ordered_released = false;
+  size_t nf = a->freelist.count + 1;
+  gg__block_t **fs = malloc(nf * sizeof *fs);
+  bool *gone = calloc(a->n_chunks, sizeof *gone);
+  if (!fs || !gone || (rc = gg__freelist_reserve(&a->freelist, a->n_chunks + nf + 2)) < 0) {
+    free(fs), free(gone);
+    return rc < 0 ? rc : gg__err(GG_ENOMEM, "gg_arena_trim: out of host memory");
+  }
+  gg__freelist_drop_top(&a->freelist);
+  nf = gg__freelist_list(&a->freelist, fs, nf);
+  qsort(fs, nf, sizeof *fs, gg__addr_desc);
+  size_t returned = 0;
+  for (size_t k = 0; k < nf && rc == 0; k++) rc = gg__trim_block(a, fs[k], keep, gone, &returned);
+  size_t w = 0;
+  for (size_t r = 0; r < a->n_chunks; r++) {
+    if (gone[r])
+      free(a->chunks[r]);
+    else
+      a->chunks[w++] = a->chunks[r];
+  }
+  a->n_chunks = w;
+  free(fs), free(gone);
+  if (returned) a->n_trims++, a->bytes_trimmed += returned;
+  gg__arena_promote(a);
+  return rc;
+}
+
+/* Destroy and teardown: every chunk, in runs of adjacent chunks; a run that fails is finished chunk by
+ * chunk, so one failure does not keep the rest mapped. The first error is returned. */
+int gg__arena_unmap_all(gg_arena_t *a) {
+  int rc = 0;
+  for (size_t i = 0, j; i < a->n_chunks; i = j) {
+    for (j = i + 1; a->contiguous && j < a->n_chunks; j++)
+      if (a->chunks[j - 1]->ptr + a->chunks[j - 1]->size != a->chunks[j]->ptr) break;
+    size_t done = 0;
+    int r = a->ops->unmap_run(a->dev, a->chunks + i, j - i, &done);
+    GG_KEEP_FIRST(rc, r);
+    for (size_t k = j - done; r < 0 && k-- > i;) GG_KEEP_FIRST(rc, a->ops->unmap(a->dev, a->chunks[k]));
+  }
+  for (size_t i = 0; i < a->n_chunks; i++) free(a->chunks[i]);
+  a->n_chunks = 0, a->mapped = 0;
+  return rc;
+}
+
+int gg_arena_trim(gg_arena_t *a, size_t keep_bytes) {
+  int rc = gg__arena_enter(a, "gg_arena_trim");
+  if (rc < 0) return rc;
+  rc = gg__arena_trim_locked(a, keep_bytes);
+  gg__arena_leave(a);
+  return rc;
+}
