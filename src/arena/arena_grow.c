@@ -130,6 +130,10 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
   size_t m = 0;
   int rc = gg__find_room(a, n, al, &at, &m, why, whycap);
   if (rc < 0) return rc;
+  if (a->limit < a->capacity && (a->mapped > a->limit || m > a->limit - a->mapped)) {
+    snprintf(why, whycap, "the arena's limit of %zu bytes (gg_arena_set_limit) is reached", a->limit);
+    return GG_ENOMEM;
+  }
   /* With VMM a large request is mapped as chunk-sized pieces at consecutive addresses: one block to the
    * allocator, but trim can later give back each piece that no live block touches, so a big mapping
    * that small blocks reuse does not stay pinned whole (and a growth finds whole pieces to reuse). */

@@ -101,6 +101,7 @@ struct gg_arena {
   const gg__backend_ops_t *ops;
   uintptr_t base;
   size_t capacity, chunk_size, granularity;
+  size_t limit; /* mapped bytes a growth may reach (gg_arena_set_limit); the capacity by default */
   bool contiguous, track;
   void *stream;
   unsigned flags;
