@@ -441,10 +441,13 @@ static int parse_pid_ns(const char *v) {
 
 /* Phase 1: the options. Returns -1 to go on, else the exit status. */
 static int run_parse(int argc, char **argv, run_opts_t *o) {
-  static const struct option longs[] = {
-      {"grace", required_argument, 0, 'g'},  {"receipt", required_argument, 0, 'r'},
-      {"device", required_argument, 0, 'd'}, {"pid-ns", optional_argument, 0, 'p'},
-      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+  static const struct option longs[] = {{"grace", required_argument, 0, 'g'},
+                                        {"receipt", required_argument, 0, 'r'},
+                                        {"device", required_argument, 0, 'd'},
+                                        {"pid-ns", optional_argument, 0, 'p'},
+                                        {"torch", no_argument, 0, 't'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
   *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_AUTO, .receipt_fd = -1};
   /* auto by default: a SIGKILLed runner then takes its whole job with it (docs/cli.md says what was
    * measured before choosing it). The default comes from GPUGUARD_PID_NS when it is set (empty counts as
@@ -470,6 +473,9 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
     } else if (opt == 'p') {
       if ((o->pid_ns = parse_pid_ns(optarg ? optarg : "auto")) < 0)
         return bad_usage("--pid-ns=%s: auto, on or off expected", optarg);
+    } else if (opt == 't') {
+      /* The job's Python processes make gpuguard PyTorch's allocator (the wheel's startup hook). */
+      setenv("GPUGUARD_TORCH", "1", 1);
     } else if (opt == 'r') {
       if (!*optarg) return bad_usage("%s", "--receipt needs a path (or - for stdout)");
       o->receipt_path = optarg;
@@ -790,7 +796,7 @@ static const command_t commands[] = {
      "is never listed. Control characters in commands are shown as \\xHH.\n"
      "Exit status (the same with --json): 0 listed (also when nothing holds a GPU), 1 the list could not\n"
      "be read, 2 usage error, 3 no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads).\n"},
-    {"run", "[--grace MS] [--receipt PATH] [--device N] [--pid-ns[=auto|on|off]] -- CMD ARGS...",
+    {"run", "[--grace MS] [--receipt PATH] [--device N] [--pid-ns[=auto|on|off]] [--torch] -- CMD ARGS...",
      "Runs CMD as a guarded job; when it ends or the runner is signalled, nothing of it is left.", cmd_run,
      "  --grace MS      how long the job has to end after SIGTERM before SIGKILL (default 2000,\n"
      "                  at most 600000)\n"
@@ -802,6 +808,8 @@ static const command_t commands[] = {
      "                  system allows one (root, or an unprivileged user namespace), otherwise\n"
      "                  without, saying so on one line (the default); on: or fail (exit 126); off.\n"
      "                  GPUGUARD_PID_NS=auto|on|off sets the default (a bad value is a usage error)\n"
+     "  --torch         GPUGUARD_TORCH=1 for the job: its Python processes take gpuguard as PyTorch's\n"
+     "                  CUDA allocator (the Python package's startup hook)\n"
      "  -h, --help      this help\n"
      "The runner is a child subreaper, records a session leader in the registry (children inherit\n"
      "GPUGUARD_SESSION), forwards to CMD every signal that would otherwise end the runner (SIGINT,\n"
