@@ -196,6 +196,13 @@ for bad in maybe ON 2 ' on'; do
 done
 [ ! -e "$tmp/started" ] || fail "the job ran although GPUGUARD_PID_NS was bad"
 GPUGUARD_PID_NS= expect_rc 0 $g run --pid-ns=off -- true
+# --torch puts GPUGUARD_TORCH=1 in the job's environment (the Python package's startup hook reads it).
+env -u GPUGUARD_TORCH $g run --pid-ns=off --torch -- sh -c 'echo "T=$GPUGUARD_TORCH" >"$0"' "$tmp/torch.env" \
+  >/dev/null 2>&1 || fail "run --torch failed"
+grep -qx 'T=1' "$tmp/torch.env" || fail "run --torch did not set GPUGUARD_TORCH=1: $(cat "$tmp/torch.env")"
+env -u GPUGUARD_TORCH $g run --pid-ns=off -- sh -c 'echo "T=${GPUGUARD_TORCH-unset}" >"$0"' "$tmp/torch.env" \
+  >/dev/null 2>&1 || fail "run failed"
+grep -qx 'T=unset' "$tmp/torch.env" || fail "run without --torch set GPUGUARD_TORCH"
 
 # No GPU at all: ps says so, text and --json with the same status (3).
 if ! [ -e /dev/nvidiactl ]; then
