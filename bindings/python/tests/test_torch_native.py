@@ -244,6 +244,25 @@ def test_memory_fraction_oom_message_observer_and_counts() -> None:
     assert "fraction" in out["bad_fraction"]
 
 
+def test_oom_snapshot_is_written_once(tmp_path) -> None:
+    need_gpu()
+    snap = tmp_path / "oom.pickle"
+    out = run_script("""
+        import pickle
+        keep = torch.empty(1 << 20, device="cuda")
+        for _ in range(2):
+            try:
+                torch.empty(1 << 60, dtype=torch.uint8, device="cuda")
+            except torch.OutOfMemoryError:
+                pass
+        with open(os.environ["GPUGUARD_OOM_SNAPSHOT"], "rb") as f:
+            data = pickle.load(f)
+        out["segments"] = len(data["segments"])
+        out["live"] = sum(1 for s in data["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
+    """, GPUGUARD_OOM_SNAPSHOT=str(snap))
+    assert out["segments"] >= 1 and out["live"] >= 1
+
+
 def test_mempool_use_mem_pool_and_cache_info() -> None:
     need_gpu()
     out = run_script("""

@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import gc
 import importlib.util
+import os
 from typing import Any, Dict, Iterator, Optional
 
 from .. import _lib
@@ -40,7 +41,7 @@ if importlib.util.find_spec("torch") is None:
     raise ImportError("gpuguard.torch needs PyTorch, which is not installed in this interpreter "
                       "(pip install torch); the rest of gpuguard works without it")
 
-__all__ = ["use_native", "native_available", "backend", "use_arena", "mem_pool", "memory_stats", "trim",
+__all__ = ["use_native", "native_available", "backend", "oom_snapshot", "use_arena", "mem_pool", "memory_stats", "trim",
            "pluggable_allocator", "plugin_counters", "shim_kind", "holders", "rounds", "record"]
 
 GG_ARENA_NO_STREAM = 0x1
@@ -100,6 +101,36 @@ def use_native(capacity: Optional[int] = None, chunk_size: Optional[int] = None)
         raise StateError("gpuguard.torch.use_native: use_arena() already installed the plugin allocator in "
                          "this process", GG_ESTATE, "GG_ESTATE")
     _native.install(torch, int(capacity or 0), int(chunk_size or 0))
+    path = os.environ.get("GPUGUARD_OOM_SNAPSHOT")
+    if path:
+        oom_snapshot(path)
+
+
+def oom_snapshot(path: str) -> None:
+    """Writes a memory snapshot (``torch.cuda.memory._dump_snapshot``'s format, which PyTorch's memory_viz
+    page opens) to ``path`` at the first out-of-memory error of this process, for a bug report; later
+    ones do not overwrite it. ``GPUGUARD_OOM_SNAPSHOT=PATH`` does this at ``use_native``. With memory
+    history on (``torch.cuda.memory._record_memory_history()``) the snapshot holds the trace and stacks
+    too."""
+    torch = _torch()
+    if not path:
+        raise InvalidArgumentError("gpuguard.torch.oom_snapshot: path is empty", GG_EINVAL, "GG_EINVAL")
+    written = []
+
+    def observer(device: int, allocated: int, total: int, free: int) -> None:
+        if written:
+            return
+        written.append(path)
+        try:
+            torch.cuda.memory._dump_snapshot(path)
+            import sys
+            sys.stderr.write(f"gpuguard: out of memory on device {device}: memory snapshot written to {path}\n")
+        except Exception as e:  # the out-of-memory error itself must reach the program
+            import sys
+            sys.stderr.write(f"gpuguard: out of memory on device {device}: the snapshot {path} could not "
+                             f"be written: {e}\n")
+
+    torch._C._cuda_attach_out_of_memory_observer(observer)
 
 
 def native_available() -> bool:
