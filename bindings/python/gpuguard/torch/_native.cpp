@@ -373,10 +373,9 @@ class Backend final : public cca::CUDAAllocator {
                            std::function<bool(cudaStream_t)> filter) override {
     check_device(device, "beginAllocateToPool");
     std::lock_guard<std::mutex> g(mu_);
-    Pool &p = pool_locked(device, id);
-    if (p.use_count == 0) {
-      p.use_count = 1; /* a capture's own pool (no MemPool made it): released by releasePool */
-    }
+    /* Each allocation to a pool holds a use, given back by the releasePool PyTorch pairs with it (a
+     * graph's reset, use_mem_pool's end): a pool shared by two graphs lives until both are gone. */
+    pool_locked(device, id).use_count++;
     dev_[device].captures.push_back(Capture{id, std::move(filter)});
     n_captures_.fetch_add(1);
   }
