@@ -56,7 +56,7 @@ def emit():
 
 def run_script(body: str, timeout: int = 300, **env: str) -> dict:
     code = PRELUDE + textwrap.dedent(body) + "\nemit()\n"
-    e = _env(GPUGUARD_TORCH="1", **env)
+    e = _env(**{"GPUGUARD_TORCH": "1", **env})
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=e)
     assert r.returncode == 0, f"rc={r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-6000:]}"
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1]
@@ -305,6 +305,86 @@ def test_compile_reduce_overhead_runs() -> None:
         out["close"] = bool(torch.allclose(y, m(x), atol=1e-5))
     """, timeout=600)
     assert out["close"]
+
+
+GPT2 = """
+    try:
+        import transformers
+    except ImportError:
+        out["skip"] = "transformers is not installed"
+        emit(); sys.exit(0)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=8192, n_positions=256)
+    model = transformers.GPT2LMHeadModel(cfg).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    losses = []
+    for step in range(6):
+        seq = (64, 128, 256, 96, 200, 128)[step]
+        ids = torch.randint(0, 8192, (4, seq), device="cuda", generator=g)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    out["losses"] = losses
+    out["backend"] = torch.cuda.get_allocator_backend()
+    out["peak"] = torch.cuda.max_memory_allocated()
+    out["cur"] = torch.cuda.memory_allocated()
+    out["reserved_peak"] = torch.cuda.max_memory_reserved()
+"""
+
+
+def test_transformers_gpt2_same_losses_as_pytorchs_allocator() -> None:
+    need_gpu()
+    ours = run_script(GPT2)
+    if ours.get("skip"):
+        pytest.skip(ours["skip"])
+    theirs = run_script(GPT2, GPUGUARD_TORCH="0")
+    assert ours["backend"] == "gpuguard" and theirs["backend"] == "native"
+    for a, b in zip(ours["losses"], theirs["losses"]):
+        assert abs(a - b) <= 1e-3 * max(1.0, abs(b)), (ours["losses"], theirs["losses"])
+    assert 0 < ours["cur"] <= ours["peak"] <= ours["reserved_peak"] < 1 << 40
+
+
+def test_lightning_trainer_with_device_stats_monitor(tmp_path) -> None:
+    need_gpu()
+    out = run_script(f"""
+        try:
+            import lightning as L
+        except ImportError:
+            out["skip"] = "lightning is not installed"
+            emit(); sys.exit(0)
+        from lightning.pytorch.callbacks import DeviceStatsMonitor
+        from lightning.pytorch.loggers import CSVLogger
+        class M(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+            def training_step(self, batch, i):
+                x, y = batch
+                loss = torch.nn.functional.mse_loss(self.net(x), y)
+                self.log("loss", loss)
+                return loss
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+        data = torch.utils.data.TensorDataset(torch.randn(256, 64), torch.randn(256, 1))
+        dl = torch.utils.data.DataLoader(data, batch_size=32)
+        trainer = L.Trainer(max_steps=8, accelerator="gpu", devices=1, callbacks=[DeviceStatsMonitor()],
+                            logger=CSVLogger({str(tmp_path)!r}), enable_checkpointing=False,
+                            enable_progress_bar=False, log_every_n_steps=1)
+        trainer.fit(M(), dl)
+        import csv, glob
+        rows = list(csv.DictReader(open(glob.glob({str(tmp_path)!r} + "/**/metrics.csv", recursive=True)[0])))
+        vals = [float(v) for r in rows for k, v in r.items() if v and ("memory" in k or "allocated" in k)]
+        out["n"] = len(vals)
+        out["max"] = max(vals) if vals else -1
+        out["min"] = min(vals) if vals else -1
+        out["backend"] = torch.cuda.get_allocator_backend()
+    """)
+    if out.get("skip"):
+        pytest.skip(out["skip"])
+    assert out["backend"] == "gpuguard"
+    assert out["n"] > 0 and 0 <= out["min"] and out["max"] < 2 ** 50  # logged, nothing wrapped
 
 
 # ---- configuration: runs anywhere ----------------------------------------------------------------
