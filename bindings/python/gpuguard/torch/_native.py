@@ -98,7 +98,24 @@ def _gpuguard_include() -> Optional[str]:
     return None
 
 
+MIN_TORCH = (2, 11)
+
+
+def _torch_version(torch: Any) -> tuple:
+    parts = []
+    for p in str(torch.__version__).split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in p if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
 def _build(torch: Any) -> str:
+    if _torch_version(torch) < MIN_TORCH:
+        raise NativeUnavailable(
+            f"gpuguard's PyTorch backend is written against PyTorch's allocator interface of "
+            f"{MIN_TORCH[0]}.{MIN_TORCH[1]} and later; this is PyTorch {torch.__version__}: set "
+            "GPUGUARD_TORCH_OPTIONS=backend=plugin for gpuguard's pluggable allocator (gpuguard.torch.use_arena), "
+            "or upgrade PyTorch")
     tdir = os.path.dirname(os.path.abspath(torch.__file__))
     inc, libdir = os.path.join(tdir, "include"), os.path.join(tdir, "lib")
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
