@@ -3,7 +3,8 @@
  * (gg_torch_alloc / gg_torch_free on the arena's stream), once per chunk size, and prints a table:
  * peak mapped / peak in use, what trim leaves mapped, waits, and the time per call.
  *
- *   bench_replay [--catch-up N|step] TRACE[.gz] [CHUNK ...]   CHUNK: sizes such as 2M 64M (default: 2M 8M 64M)
+ *   bench_replay [--catch-up N|step] [--no-steady-waits] TRACE[.gz] [CHUNK ...]
+ *                CHUNK: sizes such as 2M 64M (default: 2M 8M 64M)
  *
  * On the host backend set GPUGUARD_HOST_CAPACITY above the trace's peak, GPUGUARD_HOST_POPULATE=0 (no
  * resident memory is needed: nothing is written) and GPUGUARD_HOST_BUSY=1 (streams always have work
@@ -11,7 +12,8 @@
  * simulated GPU never catches up unless the arena waits for it (the worst case for an allocator that
  * never waits); --catch-up makes it finish all work queued so far every N events, or at every
  * `# step` line of the trace (a training loop that reads its loss each step), through a wait on a
- * second arena of the same device, not counted in the replayed arena's waits. */
+ * second arena of the same device, not counted in the replayed arena's waits. --no-steady-waits fails
+ * the run (exit 1) when the arena waited for its stream in the second half of the events. */
 #define _POSIX_C_SOURCE 200809L
 #include <gpuguard/gpuguard.h>
 #include <gpuguard/plugin.h>
@@ -158,18 +160,27 @@ static int catch_up(gg_arena_t *clock) {
 
 int main(int argc, char **argv) {
   int argi = 1;
-  long every = 0; /* --catch-up: events between catch-ups; -1: at `# step` lines */
-  if (argc > 2 && strcmp(argv[1], "--catch-up") == 0) {
-    char *end;
-    every = strcmp(argv[2], "step") == 0 ? -1 : strtol(argv[2], &end, 10);
-    if (every == 0 || (every > 0 && *end)) {
-      fprintf(stderr, "bench_replay: --catch-up takes a number of events or 'step', not '%s'\n", argv[2]);
-      return 2;
+  long every = 0;           /* --catch-up: events between catch-ups; -1: at `# step` lines */
+  bool no_steady = false;   /* --no-steady-waits: fail when the second half waited for the stream */
+  for (;;) {
+    if (argc > argi + 1 && strcmp(argv[argi], "--catch-up") == 0) {
+      char *end = NULL;
+      every = strcmp(argv[argi + 1], "step") == 0 ? -1 : strtol(argv[argi + 1], &end, 10);
+      if (every == 0 || (every > 0 && *end)) {
+        fprintf(stderr, "bench_replay: --catch-up takes a number of events or 'step', not '%s'\n", argv[argi + 1]);
+        return 2;
+      }
+      argi += 2;
+    } else if (argc > argi && strcmp(argv[argi], "--no-steady-waits") == 0) {
+      no_steady = true;
+      argi++;
+    } else {
+      break;
     }
-    argi = 3;
   }
   if (argc <= argi) {
-    fprintf(stderr, "usage: bench_replay [--catch-up N|step] TRACE[.gz] [CHUNK ...]   (CHUNK like 2M, 64M)\n");
+    fprintf(stderr, "usage: bench_replay [--catch-up N|step] [--no-steady-waits] TRACE[.gz] [CHUNK ...]   (CHUNK "
+                    "like 2M, 64M)\n");
     return 2;
   }
   const char *path = argv[argi++];
@@ -236,6 +247,10 @@ int main(int argc, char **argv) {
     double dt = now_s() - t0;
     gg_arena_stats(a, &s);
     unsigned long long steady = s.n_stream_waits - half.n_stream_waits;
+    if (no_steady && steady) {
+      fprintf(stderr, "bench_replay: %llu host waits for the stream in the second half of the trace\n", steady);
+      rc = -1;
+    }
     gg_arena_trim(a, 0);
     gg_arena_stats(a, &s);
     printf("| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %.1f | %llu | %llu | %.0f |\n", arg,
