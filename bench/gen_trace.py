@@ -4,7 +4,8 @@ a `# step` line after every step: steps whose sequence length varies at a consta
 some steps outgrow the memory layout of the ones before (what the recorded traces did not show).
 
   python3 bench/gen_trace.py OUT.trace[.gz] [--steps 40] [--layers 12] [--d 1024] [--vocab 32768]
-                             [--tokens 8192] [--seq 128..2048] [--eager] [--jitter 4] [--seed 0]
+                             [--tokens 8192] [--seq 128..2048] [--eager] [--batch LO..HI] [--jitter 4]
+                             [--seed 0]
 
 The blocks are what bf16 autocast training of such a model keeps and frees, in order, as PyTorch would
 ask a pluggable allocator for them (sizes rounded to 512 bytes): fp32 parameters, gradients made by
@@ -39,8 +40,14 @@ class Trace:
 def step(t: Trace, a: argparse.Namespace, rng: random.Random, params: list, grads: list, adam: list,
          kept: list) -> None:
     lo, hi = (int(x) for x in a.seq.split(".."))
-    seq = 128 * rng.randint(max(1, lo // 128), hi // 128)
-    T, d, V, H = a.tokens // seq * seq, a.d, a.vocab, a.d // 64
+    if a.batch:  # a batch drawn per step at a fixed sequence length (a ViT: 197 tokens an image)
+        blo, bhi = (int(x) for x in a.batch.split(".."))
+        seq = lo
+        T = seq * 32 * rng.randint(max(1, blo // 32), bhi // 32)
+    else:
+        seq = 128 * rng.randint(max(1, lo // 128), hi // 128)
+        T = a.tokens // seq * seq
+    d, V, H = a.d, a.vocab, a.d // 64
     idx = t.alloc((T // seq) * (seq + 1) * 8)
     x = t.alloc(T * d * 4)  # the embedding's output (fp32 residual stream)
     saved = []
@@ -110,6 +117,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--seq", default="128..2048")
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--batch", help="LO..HI: a batch (a multiple of 32) drawn per step, the sequence fixed "
+                                    "at --seq's lower bound (a ViT: --seq 197..197 --vocab 1000)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jitter", type=int, default=4, help="blocks a step keeps for 1..3 steps (1..64 MiB)")
     a = ap.parse_args()

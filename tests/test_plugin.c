@@ -185,6 +185,48 @@ static void test_growth_under_running_work_keeps_recent_frees_mapped(void **stat
   gg_assert_ok(gg_host_stream_destroy(hs));
 }
 
+/* A block released outside stream order (gg_free) waits for its event; a growth past the peak while
+ * its work runs neither waits for it nor hands its memory out: the allocations land elsewhere, and the
+ * block becomes free once its event completes. */
+static void test_growth_past_the_peak_leaves_pending_blocks_alone(void **state) {
+  (void)state;
+  const size_t M = 1u << 20;
+  void *hs = NULL;
+  gg_assert_ok(gg_host_stream_create(&hs));
+  gg_arena_t *a = make_arena_on(256 * M, 2 * M, hs);
+  gg_assert_ok(gg_plugin_set_arena(4, a));
+  void *x = NULL;
+  gg_assert_ok(gg_alloc(a, 16 * M, &x));
+  void *y = gg_torch_alloc(256, 4, hs);
+  assert_non_null(y);
+  gg_assert_ok(gg_host_stream_hold(hs)); /* a kernel still reads x */
+  gg_assert_ok(gg_free(a, x));
+  gg_arena_stats_t s0, s1;
+  gg_assert_ok(gg_arena_stats(a, &s0));
+  assert_int_equal(s0.bytes_pending, 16 * M);
+  void *z = gg_torch_alloc((ssize_t)(20 * M), 4, hs), *w = gg_torch_alloc((ssize_t)(8 * M), 4, hs);
+  assert_non_null(z), assert_non_null(w);
+  uintptr_t xs = (uintptr_t)x, xe = xs + 16 * M;
+  assert_true((uintptr_t)z + 20 * M <= xs || (uintptr_t)z >= xe);
+  assert_true((uintptr_t)w + 8 * M <= xs || (uintptr_t)w >= xe);
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits);
+  assert_int_equal(s1.bytes_pending, 16 * M);
+  gg_assert_ok(gg__arena_check(a));
+  gg_assert_ok(gg_host_stream_release(hs));
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  assert_int_equal(s1.bytes_pending, 0);
+  gg_torch_free(z, (ssize_t)(20 * M), 4, hs);
+  gg_torch_free(w, (ssize_t)(8 * M), 4, hs);
+  gg_torch_free(y, 256, 4, hs);
+  gg_assert_ok(gg_arena_trim(a, 0));
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  assert_int_equal(s1.bytes_mapped, 0);
+  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits);
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_ok(gg_host_stream_destroy(hs));
+}
+
 /* Bytes an arena on `stream` still counts as pending after one 4 KiB alloc+free: 0 once that stream
  * has run everything queued on it, including what it was made to wait for. */
 static size_t pending_on(void *stream) {
@@ -436,6 +478,7 @@ int main(void) {
       cmocka_unit_test(test_record_stream_orders_the_free_after_that_stream),
       cmocka_unit_test(test_growth_past_the_peak_never_waits_for_the_gpu),
       cmocka_unit_test(test_growth_under_running_work_keeps_recent_frees_mapped),
+      cmocka_unit_test(test_growth_past_the_peak_leaves_pending_blocks_alone),
       cmocka_unit_test(test_allocations_race_registration_and_destroy),
       cmocka_unit_test(test_cuda_special_and_foreign_streams),
       cmocka_unit_test(test_counters_of_many_threads_are_exact),
