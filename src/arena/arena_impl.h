@@ -161,6 +161,7 @@ struct gg_arena {
   uint64_t ord_marked; /* the latest epoch a release was marked with (0: none) */
   uint64_t ord_safe;   /* every epoch up to it is done */
   size_t ord_bytes;    /* bytes released in stream order in the current epoch */
+  size_t ord_frees;    /* releases in stream order in the current epoch */
   struct {
     void *event;
     uint64_t epoch; /* recorded after every release of this epoch and the ones before */
