@@ -109,7 +109,7 @@ static void test_growth_past_the_peak_never_waits_for_the_gpu(void **state) {
   gg_assert_ok(gg_plugin_set_arena(4, a));
   void *x = gg_torch_alloc((ssize_t)(16 * M), 4, hs), *y = gg_torch_alloc(256, 4, hs);
   assert_non_null(x), assert_non_null(y);
-  gg_assert_ok(gg_host_stream_hold(hs)); /* a kernel still reads x */
+  gg_assert_ok(gg_host_stream_hold(hs));      /* a kernel still reads x */
   gg_torch_free(x, (ssize_t)(16 * M), 4, hs); /* 16 MiB free below y; 18 MiB mapped */
   gg_arena_stats_t s0, s1, s2;
   gg_assert_ok(gg_arena_stats(a, &s0));

@@ -151,6 +151,9 @@ struct gg_arena {
   struct gg_arena *live_prev, *live_next; /* the process's live arenas, for reports */
   bool on_live;
   bool ordered_released; /* stream-ordered releases no granule records: unmapping must wait for the stream */
+  void *join_event;      /* recorded on one stream for another to wait on (plugin calls on other streams) */
+  gg__sites_t *sites;    /* allocation sites (GG_ARENA_BACKTRACE), or NULL; set at creation only */
+
   /* Stream-ordered releases (the plugin's) make memory reusable at once, in stream order, but it may be
    * unmapped only once the work queued before the release is done. Each granule of the range keeps the
    * epoch of the last such release that touched it; an event recorded on the stream closes an epoch,
@@ -164,11 +167,9 @@ struct gg_arena {
   size_t ord_frees;    /* releases in stream order in the current epoch */
   struct {
     void *event;
-    uint64_t epoch; /* recorded after every release of this epoch and the ones before */
+    uint64_t epoch;         /* recorded after every release of this epoch and the ones before */
   } ord_ev[GG__ORD_EVENTS]; /* a FIFO of closed epochs, oldest at ord_head */
   unsigned ord_head, ord_n;
-  void *join_event;      /* recorded on one stream for another to wait on (plugin calls on other streams) */
-  gg__sites_t *sites;    /* allocation sites (GG_ARENA_BACKTRACE), or NULL; set at creation only */
 
   /* Threads' caches (arena_cache.c). Read by them without the arena's lock, each on its own line. */
   unsigned long long id; /* unique in the process: a cache of a dead arena never matches a new one */

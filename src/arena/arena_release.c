@@ -267,7 +267,7 @@ static int gg__ord_record_step(gg_arena_t *a, void *unused) {
   if (a->ord_marked != a->ord_epoch) return 0; /* nothing released since the last close */
   if (a->ord_n == GG__ORD_EVENTS) gg__ord_collect(a);
   unsigned slot = a->ord_n == GG__ORD_EVENTS ? (a->ord_head + a->ord_n - 1) % GG__ORD_EVENTS
-                                              : (a->ord_head + a->ord_n) % GG__ORD_EVENTS;
+                                             : (a->ord_head + a->ord_n) % GG__ORD_EVENTS;
   int rc;
   if (!a->ord_ev[slot].event && (rc = a->ops->event_create(a->dev, &a->ord_ev[slot].event)) < 0) {
     a->ord_ev[slot].event = NULL;
