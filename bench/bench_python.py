@@ -476,10 +476,12 @@ def w_gpuguard_env(native: bool) -> dict:
 
 def w_gpuguard_setup():
     """In a gpuguard child, before CUDA is initialised: the arena that serves PyTorch (use_arena), or
-    None for the native backend (GPUGUARD_TORCH=1, set by the parent)."""
+    None for the native backend (GPUGUARD_TORCH=1, set by the parent; use_native() makes it so where
+    the wheel's .pth did not, as when the package runs from the source tree)."""
     import gpuguard
     import gpuguard.torch as ggt
     if os.environ.get("GG_BENCH_W_GPUGUARD") == "native":
+        ggt.use_native()
         return None
     arena = gpuguard.Arena(capacity=None, name="bench-workload")  # capacity: the device's memory
     ggt.use_arena(arena)
@@ -563,12 +565,11 @@ def w_waits(torch, arena) -> int:
     the native backend's under torch.cuda.memory_stats()'s gpuguard keys; -1 when unknown."""
     if arena is not None:
         return arena.stats()["n_stream_waits"]
-    st = torch.cuda.memory_stats()
-    for k in ("gpuguard.n_stream_waits", "gpuguard.n_host_waits"):
+    st = torch.cuda.memory_stats()  # the native backend: every host wait of its arenas
+    for k in ("num_sync_all_streams", "gpuguard.n_stream_waits"):
         if k in st:
             return int(st[k])
-    g = st.get("gpuguard")
-    return int(g.get("n_stream_waits", -1)) if isinstance(g, dict) else -1
+    return -1
 
 
 def child_w(spec: str, args: argparse.Namespace) -> dict:
@@ -641,7 +642,7 @@ def child_w(spec: str, args: argparse.Namespace) -> dict:
 
 
 def w_run(workload: str, alloc: str, env: dict, args: argparse.Namespace, trace: str) -> dict:
-    env = dict(os.environ, GPUGUARD_BACKEND="cuda", **env)
+    env = dict(os.environ, GPUGUARD_BACKEND="cuda", GPUGUARD_TORCH="0", **env)  # PyTorch's own unless asked
     if trace:
         env["GPUGUARD_PLUGIN_TRACE"] = trace
     cmd = [sys.executable, os.path.abspath(__file__), "--child", f"w:{workload}:{alloc}", "--steps",
@@ -714,7 +715,7 @@ def part_w(args: argparse.Namespace) -> int:
             run.append(w)
     if not run:
         return 0
-    native = False if args.dry else w_gpuguard_native()
+    native = args.gpuguard == "native" or (args.gpuguard == "auto" and not args.dry and w_gpuguard_native())
     allocs = [(label, mode, w_gpuguard_env(native) if mode == "gpuguard" else env)
               for label, mode, env in W_ALLOCATORS]
     print(f"\n(w) workloads {', '.join(run)}: {args.steps} steps, {args.rounds} alternating rounds, one process "
@@ -798,6 +799,9 @@ def main() -> int:
                     help="(w): write each gpuguard run's allocation trace (GPUGUARD_PLUGIN_TRACE) to DIR, "
                          "with a '# step' line after each step, for bench_replay --catch-up step")
     ap.add_argument("--dry", action="store_true", help="(w): no torch, made-up results: checks the tables")
+    ap.add_argument("--gpuguard", choices=("auto", "native", "arena"), default="auto",
+                    help="(w): gpuguard's form: the native backend (GPUGUARD_TORCH=1), use_arena, or auto "
+                         "(native when gpuguard.torch.native_available(), else use_arena)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child and args.child.startswith("w:"):
