@@ -794,7 +794,7 @@ def main() -> int:
                     help="(d), (w): runs of each allocator, alternating (default 3)")
     ap.add_argument("--workloads", default="gpt2,gptce,vit,resnet",
                     help="(w): comma-separated subset of gpt2,gptce,vit,resnet")
-    ap.add_argument("--steps", type=int, default=40, help="(w): training steps a run (default 40)")
+    ap.add_argument("--steps", type=int, default=30, help="(w): training steps a run (default 30)")
     ap.add_argument("--trace", metavar="DIR",
                     help="(w): write each gpuguard run's allocation trace (GPUGUARD_PLUGIN_TRACE) to DIR, "
                          "with a '# step' line after each step, for bench_replay --catch-up step")
