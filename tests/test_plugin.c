@@ -227,6 +227,41 @@ static void test_growth_past_the_peak_leaves_pending_blocks_alone(void **state) 
   gg_assert_ok(gg_host_stream_destroy(hs));
 }
 
+/* Many small blocks freed in stream order (some held by this thread's cache until a large request takes
+ * them back): a growth past the peak while their work runs neither waits nor unmaps their memory. */
+static void test_cached_frees_are_not_unmapped_under_running_work(void **state) {
+  (void)state;
+  const size_t M = 1u << 20, K = 1u << 10;
+  void *hs = NULL;
+  gg_assert_ok(gg_host_stream_create(&hs));
+  gg_arena_t *a = make_arena_on(256 * M, 2 * M, hs);
+  gg_assert_ok(gg_plugin_set_arena(4, a));
+  enum { N = 96 };
+  void *p[N];
+  for (int i = 0; i < N; i++) assert_non_null(p[i] = gg_torch_alloc((ssize_t)(64 * K), 4, hs)); /* 6 MiB */
+  void *y = gg_torch_alloc(256, 4, hs);
+  assert_non_null(y);
+  gg_assert_ok(gg_host_stream_hold(hs)); /* kernels still read the small blocks */
+  for (int i = 0; i < N; i++) gg_torch_free(p[i], (ssize_t)(64 * K), 4, hs);
+  gg_arena_stats_t s0, s1;
+  gg_assert_ok(gg_arena_stats(a, &s0));
+  void *z = gg_torch_alloc((ssize_t)(24 * M), 4, hs); /* the caches give back, then growth past the peak */
+  assert_non_null(z);
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  assert_int_equal(s1.n_trims, s0.n_trims);
+  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits);
+  assert_true(s1.bytes_mapped >= s0.bytes_mapped + 24 * M);
+  gg_assert_ok(gg__arena_check(a));
+  gg_assert_ok(gg_host_stream_release(hs));
+  gg_torch_free(z, (ssize_t)(24 * M), 4, hs);
+  gg_torch_free(y, 256, 4, hs);
+  gg_assert_ok(gg_arena_trim(a, 0));
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  assert_int_equal(s1.bytes_mapped, 0);
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_ok(gg_host_stream_destroy(hs));
+}
+
 /* Bytes an arena on `stream` still counts as pending after one 4 KiB alloc+free: 0 once that stream
  * has run everything queued on it, including what it was made to wait for. */
 static size_t pending_on(void *stream) {
@@ -479,6 +514,7 @@ int main(void) {
       cmocka_unit_test(test_growth_past_the_peak_never_waits_for_the_gpu),
       cmocka_unit_test(test_growth_under_running_work_keeps_recent_frees_mapped),
       cmocka_unit_test(test_growth_past_the_peak_leaves_pending_blocks_alone),
+      cmocka_unit_test(test_cached_frees_are_not_unmapped_under_running_work),
       cmocka_unit_test(test_allocations_race_registration_and_destroy),
       cmocka_unit_test(test_cuda_special_and_foreign_streams),
       cmocka_unit_test(test_counters_of_many_threads_are_exact),
