@@ -649,7 +649,11 @@ def w_run(workload: str, alloc: str, env: dict, args: argparse.Namespace, trace:
            str(args.steps)]
     if args.dry:
         return w_dry_result(workload, alloc, args, trace)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    except subprocess.TimeoutExpired:
+        print(f"  run failed: {workload} / {alloc}: still running after 600 s", flush=True)
+        return {}
     lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
     if r.returncode != 0 or not lines:
         tail = "\n".join((r.stdout + r.stderr).splitlines()[-30:])
@@ -773,8 +777,12 @@ def part_w(args: argparse.Namespace) -> int:
                          ("peak ratio <= 1.01", ratio <= 1.01), ("0 host waits a step", waits == 0),
                          ("0 bytes held after empty_cache", held == 0)]
                 verdicts.append(f"{w}: " + ", ".join(f"{n} {'met' if ok else 'NOT met'}" for n, ok in goals))
-        table(f"(w) {w}: {W_WORKLOADS[w][1]}, bf16 autocast, seed 0, {rs[-1]['steps']} steps "
-              f"({rs[-1]['warm']} warm-up left out)",
+        any_run = next((x[0] for lbl, _, _ in allocs for x in [res.get((w, lbl))] if x), None)
+        if any_run is None:
+            print(f"\n(w) {w}: every run failed")
+            continue
+        table(f"(w) {w}: {W_WORKLOADS[w][1]}, bf16 autocast, seed 0, {any_run['steps']} steps "
+              f"({any_run['warm']} warm-up left out)",
               ["allocator", "median step ms (per run)", "median of runs", "vs default", "peak reserved / peak allocated",
                "host waits a step after warm-up", "held after empty_cache beyond live MiB (worst run)",
                "final loss (per run)"], rows)
