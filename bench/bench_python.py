@@ -26,8 +26,10 @@
     --rounds rounds: every run printed, then per workload the median of runs: step time and its ratio to
     the default, peak reserved / peak allocated, gpuguard's host waits a step after warm-up, bytes held
     after empty_cache, final losses. --workloads, --steps, --trace DIR (gpuguard runs' allocation traces
-    for bench_replay); a workload whose package is missing is skipped, saying so. --dry checks the tables
-    without torch. A default run (4 x 4 x 3) takes ~5-7 minutes on an H200.
+    for bench_replay), --gpuguard auto|native|arena (auto: the native backend, GPUGUARD_TORCH=1, where
+    gpuguard.torch.native_available() says so, else use_arena); a workload whose package is missing is
+    skipped, saying so. --dry checks the tables without torch. A default run (4 x 4 x 3) takes ~5-7
+    minutes on an H200.
 (b), (c), (d), (s) and (w) need torch and a CUDA device; without them they print a skip line and the run fails
 (exit 1) unless only (a) was asked for."""
 from __future__ import annotations
