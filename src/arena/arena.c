@@ -302,6 +302,7 @@ static void gg__arena_free_metadata(gg_arena_t *a) {
   free(a->chunks), free(a->spare_events), free(a->closed), free(a->bump), free(a->runs), free(a->frames);
   gg__freelist_free(&a->freelist);
   gg__addr_map_free(&a->used);
+  free(a->ord_tick);
 }
 
 int gg_arena_destroy(gg_arena_t *a) {
