@@ -350,9 +350,9 @@ static void gg__prom_arenas(FILE *f, const gg__promctx_t *c, const gg__arows_t *
       gg_device_info_t d;
       gg__err_saved_t saved;
       gg__err_save(&saved);
-      bool known = a->device >= 0 && strcmp(a->backend, "host") != 0 && gg_device_info(a->device, &d) == 0;
+      bool known = a->device >= 0 && gg_device_info(a->device, &d) == 0;
       gg__err_restore(&saved);
-      const gg__devrow_t *row = known ? gg__row_of(c, d.uuid) : NULL;
+      const gg__devrow_t *row = known && strcmp(a->backend, "host") != 0 ? gg__row_of(c, d.uuid) : NULL;
       if (row) {
         gg__prom_dev_labels(f, c, row, row->info.index);
       } else { /* a device NVML does not list (the simulated host device): gpuguard's ordinal */
@@ -520,7 +520,7 @@ static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
     for (int i = 0; i < n; i++) ok += rows[i].rc == 0;
     gg__prom_head(f, "gpuguard_devices", "gauge",
                   "GPUs this report covers, and where they were read: nvml, cuda, or none (no NVIDIA GPU "
-                  "here: no device series, never the simulated host device).");
+                  "here, so no device series).");
     fprintf(f, "gpuguard_devices{source=\"%s\"} %d\n", source, ok);
   }
   bool dev_ok = collect_rc == 0, proc_ok = collect_rc == 0;
