@@ -5,6 +5,8 @@ thin ctypes binding over libgpuguard (the same library C and C++ programs use).
 modules, imported on demand: ``import gpuguard`` never imports torch or cupy."""
 from __future__ import annotations
 
+import os as _os
+
 from ._lib import version
 from ._version import __version__
 from .arena import NO_STREAM, TRIM_ON_SCOPE_EXIT, Allocation, Arena, ArenaScope
@@ -31,6 +33,22 @@ def __getattr__(name: str) -> object:
     value = getattr(importlib.import_module(mod, __name__), name)
     globals()[name] = value
     return value
+
+
+def get_include() -> str:
+    """The directory of gpuguard's C headers inside the installed package (``#include <gpuguard/gpuguard.h>``)."""
+    return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "include")
+
+
+def get_cmake_dir() -> str:
+    """The directory of gpuguard's CMake package inside the installed package (``gpuguard_DIR``)."""
+    return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "lib", "cmake", "gpuguard")
+
+
+#: The prefix to add to CMAKE_PREFIX_PATH so that ``find_package(gpuguard)`` finds the installed wheel's
+#: library, headers and CMake package: ``cmake -DCMAKE_PREFIX_PATH=$(python -c "import gpuguard;
+#: print(gpuguard.cmake_prefix_path)")``.
+cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
 
 
 def load_ipython_extension(shell: object) -> None:
