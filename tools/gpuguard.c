@@ -855,14 +855,18 @@ static int cmd_plot(int argc, char **argv) {
       "sys.exit(main(sys.argv[1:]))\n";
   char **args = calloc((size_t)argc + 3, sizeof *args);
   if (!args) return fprintf(stderr, "gpuguard plot: out of memory\n"), 1;
-  args[0] = "python3", args[1] = "-c", args[2] = (char *)boot;
+  /* The interpreter the package was installed into (the wheel's `gpuguard` sets GPUGUARD_PYTHON), else
+   * python3 from PATH. */
+  const char *py = getenv("GPUGUARD_PYTHON");
+  if (!py || !*py) py = "python3";
+  args[0] = (char *)py, args[1] = "-c", args[2] = (char *)boot;
   for (int i = 1; i < argc; i++) args[i + 2] = argv[i];
   fflush(NULL);
-  execvp("python3", args);
+  execvp(py, args);
   int err = errno;
   free(args);
   fprintf(stderr,
-          "gpuguard plot: cannot run python3 (%s): the chart is drawn by the Python package gpuguard\n",
+          "gpuguard plot: cannot run %s (%s): the chart is drawn by the Python package gpuguard\n", py,
           strerror(err));
   return err == ENOENT ? 127 : 126;
 }
@@ -919,7 +923,8 @@ static const command_t commands[] = {
      "  --x time|step     horizontal axis (default time)\n"
      "  --title TEXT      the page's title\n"
      "  -h, --help        this help\n"
-     "Runs python3 -m gpuguard.diagnostics.plot (the Python package must be importable;\n"
+     "Runs gpuguard.diagnostics.plot with GPUGUARD_PYTHON (set by the wheel's gpuguard command to its\n"
+     "own interpreter), else python3 (the Python package must be importable;\n"
      "GPUGUARD_LIBRARY is set to this command's library unless it is set already).\n"},
     {"watch",
      "[--interval TIME] [--count N] [-i N] [--color=WHEN] [--record FILE] | [--prom-file PATH] "

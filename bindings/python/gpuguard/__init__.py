@@ -10,9 +10,9 @@ import os as _os
 from ._lib import version
 from ._version import __version__
 from .arena import NO_STREAM, TRIM_ON_SCOPE_EXIT, Allocation, Arena, ArenaScope
-from .errors import (DriverError, GpuGuardError, InvalidArgumentError, IOError_, NoDeviceError,
-                     NotFoundError, NotSupportedError, OutOfMemoryError, PermissionError_, StateError,
-                     TimeoutError_)
+from .errors import (DriverError, GpuGuardError, InvalidArgumentError, IOError, IOError_, NoDeviceError,  # noqa: A004
+                     NotFoundError, NotSupportedError, OutOfMemoryError, PermissionError, PermissionError_,
+                     StateError, TimeoutError, TimeoutError_)
 from .guard import DEFAULT_SIGNALS, SIGHUP, SIGINT, SIGNALS_FATAL, SIGQUIT, SIGTERM, Guard
 from .proc import (adopt, arm_child, close_device_fds, orphans, pid_ns_probe, registry_list, registry_register,
                    registry_session, registry_unregister, set_subreaper, spawn, teardown)
@@ -64,11 +64,20 @@ def unload_ipython_extension(shell: object) -> None:
 
 __all__ = [
     "Allocation", "Arena", "ArenaScope", "NO_STREAM", "TRIM_ON_SCOPE_EXIT", "DriverError", "GpuGuardError",
-    "InvalidArgumentError", "IOError_", "NoDeviceError", "NotFoundError", "NotSupportedError",
-    "OutOfMemoryError", "PermissionError_", "StateError", "TimeoutError_", "device_count", "device_info", "device_telemetry",
+    "InvalidArgumentError", "IOError", "NoDeviceError", "NotFoundError", "NotSupportedError",
+    "OutOfMemoryError", "PermissionError", "StateError", "TimeoutError", "device_count", "device_info", "device_telemetry",
     "processes", "version", "Guard", "DEFAULT_SIGNALS", "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT",
     "SIGNALS_FATAL", "spawn", "adopt", "teardown", "arm_child", "set_subreaper", "close_device_fds",
     "registry_list", "registry_register", "registry_session", "registry_unregister", "orphans", "pid_ns_probe",
     "holders", "Holders", "rounds", "MemoryGrowthWarning", "record", "monitor", "Monitor",
-    "load_ipython_extension", "unload_ipython_extension",
+    "load_ipython_extension", "unload_ipython_extension", "get_include", "get_cmake_dir", "cmake_prefix_path",
 ]
+
+
+def __dir__() -> "list[str]":
+    """The public names, the lazily imported diagnostics (holders, rounds, monitor, record) included."""
+    return sorted(set(__all__) | {"__version__"})
+
+
+# `from __future__ import annotations` leaves a module attribute that is no part of the API.
+del annotations
