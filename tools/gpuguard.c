@@ -359,7 +359,12 @@ static int cmd_ps(int argc, char **argv) {
     size_t count;
     int ndev = 0;
     no_gpu = gg_device_count(&ndev) == 0 && ndev > 0 && gg_process_list(0, NULL, 0, &count) == GG_ENODEV;
-    rc = gg_report(stdout, GG_FORMAT_JSON, GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF) < 0;
+    /* No GPU: no devices and no processes, as the exit status says; never the simulated host device,
+     * which no process can hold (the exporter leaves it out too). */
+    if (no_gpu)
+      rc = printf("{\"version\":\"%s\",\"devices\":[],\"processes\":[]}\n", gg_version()) < 0;
+    else
+      rc = gg_report(stdout, GG_FORMAT_JSON, GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF) < 0;
     if (rc) fprintf(stderr, "gpuguard ps: %s\n", gg_last_error());
   } else {
     rc = print_processes(stdout, all, &no_gpu, only, color);

@@ -149,3 +149,17 @@ def test_plot_from_a_venv_command_without_activation(tmp_path):
                        env=env, cwd=str(tmp_path))
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert out.exists() and "<html" in out.read_text().lower()
+
+
+def test_host_backend_processes_say_no_gpu_like_c_and_cli():
+    code = ("import gpuguard\n"
+            "assert gpuguard.device_info(0)['backend'] == 'host'\n"
+            "try:\n"
+            "    gpuguard.processes()\n"
+            "except gpuguard.NoDeviceError as e:\n"
+            "    assert e.code == gpuguard.errors.GG_ENODEV and 'no NVIDIA GPU' in str(e), e\n"
+            "    print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=PKG_PARENT, GPUGUARD_BACKEND="host",
+                                GPUGUARD_NVML_LIBRARY="/nonexistent/libnvidia-ml.so.1"))
+    assert r.stdout.strip() == "ok", (r.stdout, r.stderr)
