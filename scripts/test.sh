@@ -100,6 +100,8 @@ set -e
 rm -rf "$wheel_tmp"
 
 step "7/8 API reference with Doxygen (warnings are errors)"
+# The guides are read on the web as Markdown too, where Doxygen's @ref shows raw.
+if grep -n "@ref\b" docs/*.md README.md bindings/python/README.md; then echo "FAILED: @ref in Markdown docs"; exit 1; fi
 configure_build build/ci-docs -DGPUGUARD_BUILD_DOCS=ON -DGPUGUARD_BUILD_TESTS=OFF -DGPUGUARD_BUILD_EXAMPLES=OFF -DGPUGUARD_BUILD_BENCH=OFF
 echo "    docs: build/ci-docs/docs/html/index.html"
 
