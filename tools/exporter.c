@@ -118,7 +118,8 @@ int exporter_parse_listen(const char *spec, char *host, size_t hcap, unsigned *p
     size_t digits = strspn(p, "0123456789");
     unsigned long v = digits && digits == strlen(p) && digits <= 5 ? strtoul(p, NULL, 10) : 70000;
     if (v > 65535) {
-      fprintf(stderr, "gpuguard watch: --listen '%s': the port '%s' is not a number from 0 to 65535\n", spec, p);
+      fprintf(stderr, "gpuguard watch: --listen '%s': the port '%s' is not a number from 0 to 65535\n", spec,
+              p);
       return 1;
     }
     *port = (unsigned)v;
@@ -260,7 +261,8 @@ static void answer(exporter_t *ex, client_t *c) {
     size_t len = 0;
     char *body = render(ex->what, &len);
     if (body)
-      respond(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "", body, len, head), c->metrics = true;
+      respond(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "", body, len, head),
+          c->metrics = true;
     else
       respond(c, "500 Internal Server Error", "text/plain", "", "report failed\n", 14, head);
     free(body);

@@ -182,7 +182,8 @@ bool cli_no_gpu(void) {
   gg_device_info_t d;
   gg_device_telemetry_t t;
   /* telemetry says GG_ENOTSUP exactly when NVML cannot be loaded */
-  return gg_device_info(0, &d) == 0 && strcmp(d.backend, "host") == 0 && gg_device_telemetry(0, &t) == GG_ENOTSUP;
+  return gg_device_info(0, &d) == 0 && strcmp(d.backend, "host") == 0 &&
+         gg_device_telemetry(0, &t) == GG_ENOTSUP;
 }
 
 /* ---- info --------------------------------------------------------------------------------------------- */
@@ -236,7 +237,8 @@ static int cmd_info(int argc, char **argv) {
     return cli_opt_error(o, argv);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-  if (only >= 0 && format >= 0) return bad_usage("%s", "-i selects a device of the table; --json/--prom cover every device");
+  if (only >= 0 && format >= 0)
+    return bad_usage("%s", "-i selects a device of the table; --json/--prom cover every device");
   if (format == GG_FORMAT_PROMETHEUS && cli_no_gpu())
     fputs("gpuguard info: no NVIDIA GPU on this machine (neither CUDA nor NVML): no device series, never the "
           "simulated host device\n",
@@ -250,7 +252,8 @@ static int cmd_info(int argc, char **argv) {
   /* A device the listing could not read (a bad GPUGUARD_HOST_* value, say) is a failure too. */
   int n = 0, bad = 0;
   gg_device_info_t d;
-  for (int i = 0; gg_device_count(&n) == 0 && i < n; i++) bad += (only < 0 || i == only) && gg_device_info(i, &d) < 0;
+  for (int i = 0; gg_device_count(&n) == 0 && i < n; i++)
+    bad += (only < 0 || i == only) && gg_device_info(i, &d) < 0;
   return bad ? 1 : 0;
 }
 
@@ -330,12 +333,10 @@ static const char no_gpu_text[] =
     "loads); nothing holds GPU memory here\n";
 
 static int cmd_ps(int argc, char **argv) {
-  static const struct option longs[] = {{"json", no_argument, 0, 'j'},
-                                        {"all-users", no_argument, 0, 'a'},
-                                        {"id", required_argument, 0, 'i'},
-                                        {"color", required_argument, 0, 'C'},
-                                        {"help", no_argument, 0, 'h'},
-                                        {0, 0, 0, 0}};
+  static const struct option longs[] = {
+      {"json", no_argument, 0, 'j'},     {"all-users", no_argument, 0, 'a'},
+      {"id", required_argument, 0, 'i'}, {"color", required_argument, 0, 'C'},
+      {"help", no_argument, 0, 'h'},     {0, 0, 0, 0}};
   bool json = false, all = false;
   int o, only = -1, color = 2;
   while ((o = next_opt(argc, argv, longs)) != -1) {
@@ -352,7 +353,8 @@ static int cmd_ps(int argc, char **argv) {
       return cli_opt_error(o, argv);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-  if (json && only >= 0) return bad_usage("%s", "-i selects the device of the table; --json covers every device");
+  if (json && only >= 0)
+    return bad_usage("%s", "-i selects the device of the table; --json covers every device");
   bool no_gpu = false;
   int rc;
   if (json) {
@@ -364,7 +366,8 @@ static int cmd_ps(int argc, char **argv) {
     if (no_gpu)
       rc = printf("{\"version\":\"%s\",\"devices\":[],\"processes\":[]}\n", gg_version()) < 0;
     else
-      rc = gg_report(stdout, GG_FORMAT_JSON, GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF) < 0;
+      rc =
+          gg_report(stdout, GG_FORMAT_JSON, GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF) < 0;
     if (rc) fprintf(stderr, "gpuguard ps: %s\n", gg_last_error());
   } else {
     rc = print_processes(stdout, all, &no_gpu, only, color);
@@ -870,16 +873,16 @@ static int cmd_plot(int argc, char **argv) {
   execvp(py, args);
   int err = errno;
   free(args);
-  fprintf(stderr,
-          "gpuguard plot: cannot run %s (%s): the chart is drawn by the Python package gpuguard\n", py,
-          strerror(err));
+  fprintf(stderr, "gpuguard plot: cannot run %s (%s): the chart is drawn by the Python package gpuguard\n",
+          py, strerror(err));
   return err == ENOENT ? 127 : 126;
 }
 
 /* ---- dispatch ----------------------------------------------------------------------------------------- */
 
 static const command_t commands[] = {
-    {"ps", "[--json] [--all-users] [-i N] [--color=WHEN]", "Lists the processes holding GPU memory; orphans stand out.", cmd_ps,
+    {"ps", "[--json] [--all-users] [-i N] [--color=WHEN]",
+     "Lists the processes holding GPU memory; orphans stand out.", cmd_ps,
      "  --json        devices and processes as JSON\n"
      "  --all-users   include processes of other users (hidden by default)\n"
      "  -i, --id N    only device N\n"
@@ -971,7 +974,8 @@ int main(int argc, char **argv) {
   if (argc < 2) return main_usage(stderr), EXIT_USAGE;
   if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help"))
     return main_usage(stdout), 0;
-  if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) return printf("gpuguard %s\n", gg_version()), 0;
+  if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))
+    return printf("gpuguard %s\n", gg_version()), 0;
   for (size_t i = 0; i < NCOMMANDS; i++)
     if (!strcmp(argv[1], commands[i].name)) {
       current = &commands[i];

@@ -391,13 +391,17 @@ typedef struct watch_opts {
 } watch_opts_t;
 
 static int parse(int argc, char **argv, watch_opts_t *w) {
-  static const struct option longs[] = {
-      {"interval", required_argument, 0, 'I'}, {"prom-file", required_argument, 0, 'p'},
-      {"listen", required_argument, 0, 'l'},   {"count", required_argument, 0, 'c'},
-      {"no-color", no_argument, 0, 'n'},       {"color", required_argument, 0, 'C'},
-      {"record", required_argument, 0, 'r'},   {"id", required_argument, 0, 'i'},
-      {"all-users", no_argument, 0, 'a'},      {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+  static const struct option longs[] = {{"interval", required_argument, 0, 'I'},
+                                        {"prom-file", required_argument, 0, 'p'},
+                                        {"listen", required_argument, 0, 'l'},
+                                        {"count", required_argument, 0, 'c'},
+                                        {"no-color", no_argument, 0, 'n'},
+                                        {"color", required_argument, 0, 'C'},
+                                        {"record", required_argument, 0, 'r'},
+                                        {"id", required_argument, 0, 'i'},
+                                        {"all-users", no_argument, 0, 'a'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
   *w = (watch_opts_t){.interval = 2.0, .count = -1, .color = 2, .device = -1};
   int o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
@@ -438,7 +442,8 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
   if (w->device >= 0 && (w->prom || w->listen))
-    return bad_usage("%s", "-i selects a device for the view; the exporter covers every GPU (as DCGM's does)");
+    return bad_usage("%s",
+                     "-i selects a device for the view; the exporter covers every GPU (as DCGM's does)");
   return -1;
 }
 
@@ -496,7 +501,8 @@ static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
       if (w->prom) {
         bool failed = exporter_write_file(w->prom, what) != 0;
         if (failed && !failing)
-          fprintf(stderr, "gpuguard watch: --prom-file %s: trying again every %.3g s\n", w->prom, w->interval);
+          fprintf(stderr, "gpuguard watch: --prom-file %s: trying again every %.3g s\n", w->prom,
+                  w->interval);
         if (!failed && failing) fprintf(stderr, "gpuguard watch: --prom-file %s: written again\n", w->prom);
         failing = failed;
       }

@@ -219,7 +219,8 @@ static void gg__nvml_read_telemetry(gg__nvml_t *n, nvmlDevice_t dev, gg__nvml_te
   t->util_gpu = t->util_memory = t->temperature_c = -1;
   t->power_mw = t->power_limit_mw = -1;
   unsigned u[2], v;
-  if (n->utilization && n->utilization(dev, u) == NVML_SUCCESS) t->util_gpu = (int)u[0], t->util_memory = (int)u[1];
+  if (n->utilization && n->utilization(dev, u) == NVML_SUCCESS)
+    t->util_gpu = (int)u[0], t->util_memory = (int)u[1];
   if (n->temperature && n->temperature(dev, 0 /* NVML_TEMPERATURE_GPU */, &v) == NVML_SUCCESS)
     t->temperature_c = (int)v;
   if (n->power && n->power(dev, &v) == NVML_SUCCESS) t->power_mw = (long long)v;
@@ -259,7 +260,8 @@ int gg__nvml_devices(gg__nvml_dev_t **out, int *count) {
     while (c < 64 && n.by_index(c, &probe) == NVML_SUCCESS) c++;
   }
   if (r != NVML_SUCCESS) {
-    rc = gg__err(GG_EDRIVER, "nvmlDeviceGetCount failed: %s (%d)", n.error_string ? n.error_string(r) : "?", r);
+    rc = gg__err(GG_EDRIVER, "nvmlDeviceGetCount failed: %s (%d)", n.error_string ? n.error_string(r) : "?",
+                 r);
     gg__nvml_close(&n);
     return rc;
   }

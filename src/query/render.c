@@ -47,8 +47,8 @@ typedef struct gg__devrow {
   gg_process_t *procs;
   size_t nprocs;
   bool procs_failed;
-  int minor;       /* /dev/nvidia<minor>, -1 unknown */
-  char pci[32];    /* PCI bus id from NVML, "" unknown */
+  int minor;    /* /dev/nvidia<minor>, -1 unknown */
+  char pci[32]; /* PCI bus id from NVML, "" unknown */
 } gg__devrow_t;
 
 /* The processes holding one device (uuid: by NVML UUID; else by the device number), grown until
@@ -108,7 +108,10 @@ static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
       r[i].info.used_bytes = d[i].total - d[i].free_b;
     }
     const gg__nvml_telemetry_t *t = &d[i].tel;
-    r[i].tel = (gg_device_telemetry_t){i, t->util_gpu, t->util_memory, t->temperature_c,
+    r[i].tel = (gg_device_telemetry_t){i,
+                                       t->util_gpu,
+                                       t->util_memory,
+                                       t->temperature_c,
                                        t->power_mw < 0 ? -1 : (double)t->power_mw / 1e3,
                                        t->power_limit_mw < 0 ? -1 : (double)t->power_limit_mw / 1e3};
     if (what & GG_REPORT_PROCESSES) gg__collect_procs(&r[i], what, d[i].uuid[0] ? d[i].uuid : NULL, i, true);
@@ -385,9 +388,15 @@ static void gg__prom_arenas(FILE *f, const gg__promctx_t *c, const gg__arows_t *
 
 /* A device reading as a gauge: the family is written only when some device has the reading. */
 typedef double (*gg__reading_fn)(const gg__devrow_t *row);
-static double gg__total(const gg__devrow_t *r) { return r->info.total_bytes ? (double)r->info.total_bytes : -1; }
-static double gg__free(const gg__devrow_t *r) { return r->info.total_bytes ? (double)r->info.free_bytes : -1; }
-static double gg__used(const gg__devrow_t *r) { return r->info.total_bytes ? (double)r->info.used_bytes : -1; }
+static double gg__total(const gg__devrow_t *r) {
+  return r->info.total_bytes ? (double)r->info.total_bytes : -1;
+}
+static double gg__free(const gg__devrow_t *r) {
+  return r->info.total_bytes ? (double)r->info.free_bytes : -1;
+}
+static double gg__used(const gg__devrow_t *r) {
+  return r->info.total_bytes ? (double)r->info.used_bytes : -1;
+}
 static double gg__util(const gg__devrow_t *r) {
   return r->tel.utilization_gpu < 0 ? -1 : r->tel.utilization_gpu / 100.0;
 }
@@ -479,7 +488,8 @@ static void gg__prom_processes(FILE *f, const gg__promctx_t *c) {
     }
     for (int k = GG_PROCESS_UNKNOWN; k <= GG_PROCESS_FOREIGN; k++) {
       unsigned long count = 0;
-      for (size_t j = 0; j < c->rows[i].nprocs; j++) count += c->rows[i].procs[j].cls == (gg_process_class_t)k;
+      for (size_t j = 0; j < c->rows[i].nprocs; j++)
+        count += c->rows[i].procs[j].cls == (gg_process_class_t)k;
       fputs("gpuguard_processes{", f);
       gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
       fprintf(f, ",class=\"%s\",orphan=\"%s\"} %lu\n", gg_process_class_name((gg_process_class_t)k),
@@ -508,8 +518,8 @@ static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const ch
   return 0;
 }
 
-static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, const char *source, int collect_rc,
-                     const gg__arows_t *ar) {
+static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, const char *source,
+                     int collect_rc, const gg__arows_t *ar) {
   gg__promctx_t c = {.rows = rows, .n = n, .what = what};
   if (gethostname(c.hostname, sizeof c.hostname) != 0) c.hostname[0] = '\0';
   c.hostname[sizeof c.hostname - 1] = '\0';
@@ -527,7 +537,8 @@ static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
   for (int i = 0; i < n; i++) dev_ok &= rows[i].rc == 0, proc_ok &= !rows[i].procs_failed;
   gg__prom_head(f, "gpuguard_scrape_collector_success", "gauge",
                 "1 when the collector read everything it covers, 0 when some reading failed.");
-  if (what & GG_REPORT_DEVICES) fprintf(f, "gpuguard_scrape_collector_success{collector=\"devices\"} %d\n", dev_ok);
+  if (what & GG_REPORT_DEVICES)
+    fprintf(f, "gpuguard_scrape_collector_success{collector=\"devices\"} %d\n", dev_ok);
   if (what & GG_REPORT_PROCESSES)
     fprintf(f, "gpuguard_scrape_collector_success{collector=\"processes\"} %d\n", proc_ok);
   if (what & GG_REPORT_ARENAS) fputs("gpuguard_scrape_collector_success{collector=\"arenas\"} 1\n", f);
