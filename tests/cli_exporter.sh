@@ -125,6 +125,15 @@ grep -q "trying again" "$tmp/f.err" && grep -q "written again" "$tmp/f.err" || f
 grep -q gpuguard_device_info "$tmp/later/gpu.prom" || fail "the textfile was not written once the directory came"
 echo "exporter: a failed --prom-file write is said and retried"
 
+# NVML but no CUDA (a DaemonSet container with only the `utility` capability), gpuguard left to choose
+# its backend: JSON lists NVML's GPUs, not the simulated device; the table says they are there.
+env -u GPUGUARD_BACKEND $g info --json >"$tmp/nvml.json"
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); b = [x["backend"] for x in d["devices"]]
+assert b == ["nvml", "nvml"], d' "$tmp/nvml.json" || fail "info --json without CUDA: $(cat "$tmp/nvml.json")"
+env -u GPUGUARD_BACKEND $g info >"$tmp/nvml.txt"
+grep -q "NVML sees 2 GPUs" "$tmp/nvml.txt" || fail "info without CUDA: $(cat "$tmp/nvml.txt")"
+echo "exporter: NVML without CUDA: info --json lists NVML's GPUs"
+
 # No GPU at all: no device series, one line on stderr.
 serve "$tmp/e.err" --listen 127.0.0.1:0
 kill "$server"

@@ -213,6 +213,18 @@ static int print_devices(FILE *f, int only) {
     if (strcmp(d.backend, "host") == 0)
       fprintf(f, "    (no usable CUDA device: this is gpuguard's simulated host device)\n");
   }
+  /* NVML without CUDA (a container given only the `utility` capability): the GPUs are there. Without
+   * CUDA, telemetry names devices by NVML index, so it counts them. */
+  gg_device_info_t d0;
+  gg_device_telemetry_t t;
+  int nvml = 0;
+  if (gg_device_info(0, &d0) == 0 && strcmp(d0.backend, "host") == 0)
+    while (nvml < 64 && gg_device_telemetry(nvml, &t) == 0) nvml++;
+  if (nvml)
+    fprintf(
+        f,
+        "NVML sees %d GPU%s that CUDA does not offer here: `gpuguard info --json` or `--prom` lists them\n",
+        nvml, nvml == 1 ? "" : "s");
   return 0;
 }
 

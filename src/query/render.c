@@ -518,6 +518,23 @@ static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const ch
   return 0;
 }
 
+/* The devices for JSON: gpuguard's own (CUDA's ordinals, or the simulated host device), except where
+ * gpuguard fell back to the host device by itself and NVML sees GPUs (a container with NVML but no
+ * CUDA): then NVML's, backend "nvml". GPUGUARD_BACKEND=host asked for keeps the host device. */
+static int gg__collect_json(unsigned what, gg__devrow_t **rows, int *n) {
+  const char *backend = NULL, *asked = gg__env("GPUGUARD_BACKEND");
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  bool fell_back = gg__backend_resolve(NULL, 0, &backend) == 0 && strcmp(backend, "host") == 0 &&
+                   !(asked && strcmp(asked, "host") == 0);
+  if (fell_back && gg__collect_nvml(what, rows, n) == 0) {
+    if (*n > 0) return 0;
+    gg__release(*rows, *n);
+  }
+  gg__err_restore(&saved);
+  return gg__collect(what, rows, n);
+}
+
 static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, const char *source,
                      int collect_rc, const gg__arows_t *ar) {
   gg__promctx_t c = {.rows = rows, .n = n, .what = what};
@@ -560,7 +577,7 @@ int gg_report(FILE *out, gg_format_t format, unsigned what) {
     if (format == GG_FORMAT_PROMETHEUS) {
       rc = gg__collect_prom(what, &rows, &n, &source); /* a failed reading is a 0 success gauge */
     } else {
-      rc = gg__collect(what, &rows, &n);
+      rc = gg__collect_json(what, &rows, &n);
       if (rc < 0) return rc;
     }
   }
