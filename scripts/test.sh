@@ -17,7 +17,8 @@ configure_build() { # dir, extra cmake args...
   cmake --build "$dir" -j "$jobs" >/dev/null
 }
 
-step "1/8 layout: clang-format --dry-run --Werror on src/, include/, tools/ (.clang-format)"
+step "1/8 layers (scripts/check_layers.py) and layout: clang-format --dry-run --Werror on src/, include/, tools/ (.clang-format)"
+python3 scripts/check_layers.py
 find src include tools -name '*.c' -o -name '*.h' -o -name '*.hpp' | sort | xargs clang-format --dry-run --Werror
 echo "clang-format: clean"
 

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 
 #include "arena/arena_internal.h"
-#include "arena/freelist.h"
+#include "arena/freelist_internal.h"
 #include "gg_test.h"
 
 #define KiB            ((size_t)1 << 10)

@@ -7,6 +7,7 @@
 
 #include "gg_test.h"
 #include "core/internal.h"
+#include "core/symbol_internal.h"
 
 #define MiB ((size_t)1 << 20)
 

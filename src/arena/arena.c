@@ -119,22 +119,23 @@ int gg__arena_foreach_live(int (*fn)(gg_arena_t *arena, void *user), void *user)
   return rc;
 }
 
-void gg__arena_fork_prepare(void) {
+static void gg__arena_fork_prepare(void) {
   pthread_mutex_lock(&gg__live_lock);
   pthread_mutex_lock(&gg__quarantine_lock);
 }
 
-void gg__arena_fork_parent(void) {
+static void gg__arena_fork_parent(void) {
   pthread_mutex_unlock(&gg__quarantine_lock);
   pthread_mutex_unlock(&gg__live_lock);
 }
 
 /* The forking thread took both locks and is the child's only thread: it owns them and may unlock
  * them. The lists stay as they were; the parent's arenas in them refuse use in the child. */
-void gg__arena_fork_child(void) {
+static void gg__arena_fork_child(void) {
   pthread_mutex_unlock(&gg__quarantine_lock);
   pthread_mutex_unlock(&gg__live_lock);
 }
+GG__FORK_REGISTER(GG__FORK_ARENAS, gg__arena_fork_prepare, gg__arena_fork_parent, gg__arena_fork_child)
 
 static void (*_Atomic gg__destroy_hook)(const gg_arena_t *arena);
 

@@ -27,7 +27,7 @@
 
 #include "arena/arena_internal.h"
 #include "backend/backend.h"
-#include "arena/freelist.h"
+#include "arena/freelist_internal.h"
 #include "core/internal.h"
 
 #define GG__MAGIC 0x67676172u /* "ggar" */

@@ -56,13 +56,6 @@ int gg__arena_join_stream(gg_arena_t *arena, void *stream);
  * lock (so the function may wait for its own users of the arena); NULL for none. The layer above (the
  * allocator plugin) registers itself here, so the arena never calls up into it by name. */
 void gg__arena_on_destroy(void (*fn)(const gg_arena_t *arena));
-
-/* Fork handlers of the arena's global locks (the live list's, then the quarantine's: taken in that
- * order by prepare, released by the other two). The child, whose only thread is the one that forked,
- * releases them so it can create and destroy arenas; the parent's arenas refuse use there anyway. */
-void gg__arena_fork_prepare(void);
-void gg__arena_fork_parent(void);
-void gg__arena_fork_child(void);
 /* The options `arena` applies, as gg_arena_create() settled them: device, backend ("cuda"/"host", static
  * text), capacity and chunk size rounded to the granularity, stream, flags, and name (the arena's own
  * text: valid while it lives). 0, or the error of a call on a handle that is not live. */

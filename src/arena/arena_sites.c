@@ -1,7 +1,6 @@
 /* arena_sites.c — where live blocks were allocated (GG_ARENA_BACKTRACE or GPUGUARD_BACKTRACE=1): a short
  * backtrace per allocation, interned (one copy per distinct site), found by the block's address. Return
  * addresses only are kept; they are turned into names only when a report prints them. */
-#include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,22 +168,4 @@ const gg__site_t *gg__site_of(const gg_arena_t *a, uintptr_t p) {
   size_t i = gg__slot_of(p, t->at_cap);
   while (t->at[i].key && t->at[i].key != p) i = (i + 1) & (t->at_cap - 1);
   return t->at[i].key ? t->at[i].site : NULL;
-}
-
-/* ---- names, for reports -------------------------------------------------------------------------- */
-
-void gg__site_name(const void *pc, char *out, size_t cap) {
-  Dl_info info;
-  memset(&info, 0, sizeof info);
-  /* A return address may lie just past its function (a call that does not return): look up pc - 1. */
-  if (!pc || !dladdr((const char *)pc - 1, &info)) {
-    snprintf(out, cap, "%p", pc);
-    return;
-  }
-  const char *file = info.dli_fname ? strrchr(info.dli_fname, '/') : NULL;
-  file = file ? file + 1 : info.dli_fname ? info.dli_fname : "?";
-  if (info.dli_sname)
-    snprintf(out, cap, "%s+%#tx (%s)", info.dli_sname, (const char *)pc - (const char *)info.dli_saddr, file);
-  else
-    snprintf(out, cap, "%s+%#tx", file, (const char *)pc - (const char *)info.dli_fbase);
 }

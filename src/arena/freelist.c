@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/freelist.h"
+#include "arena/freelist_internal.h"
 #include "core/internal.h"
 
 /* Small helpers every put and carve runs, several times each: inlined, they spare a call and the

@@ -119,10 +119,6 @@ int gg__cuda_props(int index, gg__dev_props_t *props);
 /* 0 when the driver loads and has at least one device; else the reason (GG_ENODEV and a message). */
 int gg__cuda_probe(void);
 int gg__host_open(int index, gg__dev_t **dev);
-/* Fork handlers of the host backend's device lock: prepare takes it, release (parent and child) gives
- * it back. */
-void gg__host_fork_prepare(void);
-void gg__host_fork_release(void);
 int gg__host_props(int index, gg__dev_props_t *props);
 
 #endif

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "core/internal.h"
+#include "core/thread_internal.h"
 
 /* The driver entry points the library uses, each resolved for the CUDA 12.0 ABI (so cuMemAlloc gives
  * the _v2 entry, and so on). Member names carry a prefix so cuda.h's versioning macros leave them alone. */
@@ -622,16 +623,7 @@ static int gg__c_ctx_sync(gg__dev_t *d, int timeout_ms) {
   pthread_cond_init(&s->cond, &ca);
   pthread_condattr_destroy(&ca);
   s->refs = 2, s->dev = c->dev;
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old); /* signals go to the program's threads */
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t t;
-  int e = pthread_create(&t, &attr, gg__csync_main, s);
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  int e = gg__thread_start(NULL, gg__csync_main, s, true);
   if (e != 0) {
     gg__cu.fn_cuDevicePrimaryCtxRelease(c->dev);
     s->refs = 1;

@@ -1026,14 +1026,15 @@ int gg__host_props(int index, gg__dev_props_t *p) {
 
 /* fork() while another thread holds the simulated device's lock would leave it held in the child, whose
  * first open would hang: the lock is taken around fork. The forking thread owns it in the child. */
-void gg__host_fork_prepare(void) {
+static void gg__host_fork_prepare(void) {
   pthread_mutex_lock(&gg__host.lock);
   pthread_mutex_lock(&gg__hlive.lock);
 }
-void gg__host_fork_release(void) {
+static void gg__host_fork_release(void) {
   pthread_mutex_unlock(&gg__hlive.lock);
   pthread_mutex_unlock(&gg__host.lock);
 }
+GG__FORK_REGISTER(GG__FORK_HOST, gg__host_fork_prepare, gg__host_fork_release, gg__host_fork_release)
 
 int gg__host_open(int index, gg__dev_t **out) {
   if (index != 0)

@@ -4,21 +4,14 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "arena/arena_internal.h"
-#include "backend/backend.h"
-#include "guard/guard_internal.h"
 #include "core/internal.h"
-#include "plugin/plugin_internal.h"
-#include "proc/proc_internal.h"
-#include "proc/registry_internal.h"
-#include "guard/signal_internal.h"
 
 /* ---- lock order ---------------------------------------------------------------------------------------
  *
  * Every thread that holds two of these takes them top to bottom; the fork handler takes them all in
  * the same order, so fork() on one thread never waits for a lock held by a thread that waits for one
- * the handler already took (issue 16 item 1 was proc.c's and signal.c's handlers taking two of them in
- * opposite orders).
+ * the handler already took (two handlers that took two of them in opposite orders, proc.c's and
+ * signal.c's once, deadlocked a fork() racing a spawn).
  *
  *   0. plugin (plugin_threads.c: the list of calling threads, which writers of the table hold; then
  *      plugin.c's trace and recorded streams; then plugin_graph.c's device table and each device's
@@ -45,35 +38,43 @@
 
 atomic_uint gg__fork_gen; /* read inline (internal.h): every arena call checks it */
 
-static void gg__fork_prepare(void) {
-  gg__plugin_fork_prepare();
-  gg__guard_fork_prepare();
-  gg__sig_fork_prepare();
-  gg__proc_fork_prepare();
-  gg__registry_fork_prepare();
-  gg__arena_fork_prepare();
-  gg__host_fork_prepare();
+/* The handlers, one slot per level of the order above (enum gg__fork_level). Each module fills its own
+ * slot from a constructor (GG__FORK_REGISTER), so this file names no function of a layer above it; a
+ * slot stays empty where its module is not linked in (a static link of part of the library), and then
+ * no lock of that level exists to take. */
+static _Atomic(const gg__fork_ops_t *) gg__fork_table[GG__FORK_LEVELS];
+
+void gg__fork_register(enum gg__fork_level level, const gg__fork_ops_t *ops) {
+  if ((unsigned)level < GG__FORK_LEVELS)
+    atomic_store_explicit(&gg__fork_table[level], ops, memory_order_release);
 }
 
+static const gg__fork_ops_t *gg__fork_at(int level) {
+  return atomic_load_explicit(&gg__fork_table[level], memory_order_acquire);
+}
+
+/* Top to bottom before fork() ... */
+static void gg__fork_prepare(void) {
+  for (int i = 0; i < GG__FORK_LEVELS; i++) {
+    const gg__fork_ops_t *ops = gg__fork_at(i);
+    if (ops && ops->prepare) ops->prepare();
+  }
+}
+
+/* ... and bottom to top after it, in both processes. */
 static void gg__fork_parent(void) {
-  gg__host_fork_release();
-  gg__arena_fork_parent();
-  gg__registry_fork_parent();
-  gg__proc_fork_parent();
-  gg__sig_fork_parent();
-  gg__guard_fork_parent();
-  gg__plugin_fork_parent();
+  for (int i = GG__FORK_LEVELS - 1; i >= 0; i--) {
+    const gg__fork_ops_t *ops = gg__fork_at(i);
+    if (ops && ops->parent) ops->parent();
+  }
 }
 
 static void gg__fork_child(void) {
   atomic_fetch_add_explicit(&gg__fork_gen, 1, memory_order_relaxed);
-  gg__host_fork_release();
-  gg__arena_fork_child();
-  gg__registry_fork_child();
-  gg__proc_fork_child();
-  gg__sig_fork_child();
-  gg__guard_fork_child();
-  gg__plugin_fork_child();
+  for (int i = GG__FORK_LEVELS - 1; i >= 0; i--) {
+    const gg__fork_ops_t *ops = gg__fork_at(i);
+    if (ops && ops->child) ops->child();
+  }
 }
 
 /* At load time, so the handlers see every fork() the program makes, even one before its first gpuguard

@@ -62,6 +62,32 @@ static inline unsigned gg__fork_generation(void) {
 }
 int gg__check_fork(unsigned created_gen, const char *call);
 
+/* The fork handlers: fork.c's one pthread_atfork runs every registered level's prepare in this order
+ * (the lock order written in fork.c), then the parent's or the child's release in the reverse order. */
+enum gg__fork_level {
+  GG__FORK_PLUGIN,   /* plugin/plugin.c: calling threads, trace, recorded streams, graph devices */
+  GG__FORK_GUARDS,   /* guard/guard.c: the live-guard list */
+  GG__FORK_SIGNAL,   /* guard/signal.c: signal state, then the crash-hook table */
+  GG__FORK_PROC,     /* proc/proc.c: process sets, then the spawn queue */
+  GG__FORK_REGISTRY, /* proc/registry.c: the session registry */
+  GG__FORK_ARENAS,   /* arena/arena.c: the live-arena list, then the quarantine */
+  GG__FORK_HOST,     /* backend/host.c: the simulated device, a leaf */
+  GG__FORK_LEVELS
+};
+typedef struct gg__fork_ops {
+  void (*prepare)(void); /* takes the level's locks before fork() */
+  void (*parent)(void);  /* releases them in the parent */
+  void (*child)(void);   /* releases or remakes them in the child, resets what did not come along */
+} gg__fork_ops_t;
+/* Fills level's slot (one module a level; a later call replaces it). */
+void gg__fork_register(enum gg__fork_level level, const gg__fork_ops_t *ops);
+/* A module's registration, run at load time, before any fork() can find its locks held. */
+#define GG__FORK_REGISTER(level, prepare, parent, child)                         \
+  static const gg__fork_ops_t gg__fork_ops_of_module = {prepare, parent, child}; \
+  __attribute__((constructor)) static void gg__fork_register_module(void) {      \
+    gg__fork_register(level, &gg__fork_ops_of_module);                           \
+  }
+
 /* Bounded string copy that always terminates; a cut never splits a UTF-8 character. */
 void gg__strlcpy(char *dst, const char *src, size_t cap);
 /* The length of s[0..len) without a UTF-8 sequence cut short at its end (a name cut to fit a buffer
@@ -75,9 +101,5 @@ static inline void gg__spin_lock(atomic_int *l) {
     while (atomic_load_explicit(l, memory_order_relaxed)) sched_yield();
 }
 static inline void gg__spin_unlock(atomic_int *l) { atomic_store_explicit(l, 0, memory_order_release); }
-
-/* A return address as "function+0xoff (object)" (or "object+0xoff" where no symbol is exported), for
- * reports of allocation sites (arena_sites.c). */
-void gg__site_name(const void *pc, char *out, size_t cap);
 
 #endif

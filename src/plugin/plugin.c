@@ -7,13 +7,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "arena/freelist.h"
+#include "arena/freelist_internal.h"
 #include "gpuguard/plugin.h"
 #include "arena/arena_internal.h"
 #include "core/internal.h"
-#include "plugin/plugin_graph.h"
+#include "plugin/plugin_graph_internal.h"
 #include "plugin/plugin_internal.h"
-#include "plugin/plugin_threads.h"
+#include "plugin/plugin_threads_internal.h"
 
 /* The table is read on every allocation and written only at registration: a call announces the arena it
  * uses in its thread's record and a writer waits for the calls using the arena it replaces
@@ -112,7 +112,7 @@ static bool gg__recorded_take(int device, void *ptr, void **stream) {
  * (the parent's arenas refuse use there anyway), and so does its list of recorded streams. */
 static _Thread_local bool gg__plug_forking; /* this thread's prepare took the locks */
 
-void gg__plugin_fork_prepare(void) {
+static void gg__plugin_fork_prepare(void) {
   gg__pt_fork_prepare();
   /* Only once the plugin was used (as when it registered its own handler at first use): a program that
    * never touches it forks as before. */
@@ -123,7 +123,7 @@ void gg__plugin_fork_prepare(void) {
   gg__plug_forking = true;
 }
 
-void gg__plugin_fork_parent(void) {
+static void gg__plugin_fork_parent(void) {
   if (gg__plug_forking) {
     gg__plug_forking = false;
     gg__graph_fork_release();
@@ -133,7 +133,7 @@ void gg__plugin_fork_parent(void) {
   gg__pt_fork_parent();
 }
 
-void gg__plugin_fork_child(void) {
+static void gg__plugin_fork_child(void) {
   gg__pt_fork_child();
   if (!gg__plug_forking) return;
   gg__plug_forking = false;
@@ -147,6 +147,7 @@ void gg__plugin_fork_child(void) {
   pthread_mutex_init(&gg__rec_lock, NULL);
   pthread_mutex_init(&gg__trace_lock, NULL);
 }
+GG__FORK_REGISTER(GG__FORK_PLUGIN, gg__plugin_fork_prepare, gg__plugin_fork_parent, gg__plugin_fork_child)
 
 int gg_plugin_set_arena(int device, gg_arena_t *arena) {
   int rc = gg__plug_device(device, "gg_plugin_set_arena");

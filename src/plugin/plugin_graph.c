@@ -28,7 +28,7 @@
 #include "backend/backend.h"
 #include "gpuguard/plugin.h"
 #include "core/internal.h"
-#include "plugin/plugin_graph.h"
+#include "plugin/plugin_graph_internal.h"
 #include "plugin/plugin_internal.h"
 
 enum { GG__G_NORMAL, GG__G_CAPTURE, GG__G_QUIET };

@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/freelist.h"
+#include "arena/freelist_internal.h"
 #include "core/internal.h"
-#include "plugin/plugin_threads.h"
+#include "plugin/plugin_threads_internal.h"
 
 #define GG__PT_FOLD    64 /* calls between folds of a thread's delta */
 #define GG__PT_DEVICES 4  /* devices a thread keeps deltas for; more count under the device's lock */

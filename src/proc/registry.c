@@ -31,9 +31,11 @@ static char gg__reg_path[PATH_MAX];
 static atomic_int gg__reg_owner;
 
 /* fork() while another thread holds the lock must not leave it held forever in the child (fork.c). */
-void gg__registry_fork_prepare(void) { pthread_mutex_lock(&gg__reg_lock); }
-void gg__registry_fork_parent(void) { pthread_mutex_unlock(&gg__reg_lock); }
-void gg__registry_fork_child(void) { pthread_mutex_unlock(&gg__reg_lock); }
+static void gg__registry_fork_prepare(void) { pthread_mutex_lock(&gg__reg_lock); }
+static void gg__registry_fork_parent(void) { pthread_mutex_unlock(&gg__reg_lock); }
+static void gg__registry_fork_child(void) { pthread_mutex_unlock(&gg__reg_lock); }
+GG__FORK_REGISTER(GG__FORK_REGISTRY, gg__registry_fork_prepare, gg__registry_fork_parent,
+                  gg__registry_fork_child)
 
 void gg__registry_fatal_unlink(void) {
   if (atomic_load(&gg__reg_owner) == (int)getpid()) unlink(gg__reg_path);

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock_internal.h"
 #include "core/json_internal.h"
 #include "proc/proc_internal.h"
 #include "proc/teardown_internal.h"
@@ -44,12 +45,6 @@ typedef struct gg__td {
   bool subreaper;
   int err;
 } gg__td_t;
-
-static double gg__now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static gg__target_t *gg__find(gg__td_t *td, pid_t pid) {
   for (size_t i = 0; i < td->n; i++)

@@ -8,7 +8,7 @@
 
 #include "backend/backend.h"
 #include "core/internal.h"
-#include "query/nvml.h"
+#include "query/nvml_internal.h"
 #include "proc/procfs_internal.h"
 #include "proc/registry_internal.h"
 

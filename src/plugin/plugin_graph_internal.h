@@ -1,8 +1,8 @@
-/* plugin_graph.h — the allocator plugin under CUDA stream capture: what plugin.c asks of plugin_graph.c
- * (graph pools that keep the memory of live graphs, served from a graph arena that never touches a
- * stream). */
-#ifndef GG_PLUGIN_GRAPH_H
-#define GG_PLUGIN_GRAPH_H
+/* plugin_graph_internal.h — the allocator plugin under CUDA stream capture: what plugin.c asks of
+ * plugin_graph.c (graph pools that keep the memory of live graphs, served from a graph arena that
+ * never touches a stream). */
+#ifndef GG_PLUGIN_GRAPH_INTERNAL_H
+#define GG_PLUGIN_GRAPH_INTERNAL_H
 
 #include <stddef.h>
 

@@ -1,8 +1,8 @@
-/* freelist.h — the free memory of an arena: segregated size classes with bitmaps (best fit in O(1) for
- * most requests), boundary maps that make coalescing O(1), the bump block ("top"), and the pool of block
- * records every part draws from. */
-#ifndef GG_FREELIST_H
-#define GG_FREELIST_H
+/* freelist_internal.h — the free memory of an arena: segregated size classes with bitmaps (best fit
+ * in O(1) for most requests), boundary maps that make coalescing O(1), the bump block ("top"), and
+ * the pool of block records every part draws from. */
+#ifndef GG_FREELIST_INTERNAL_H
+#define GG_FREELIST_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,7 +1,8 @@
-/* plugin_threads.h — each calling thread's own plugin state (plugin_threads.c): the arena its call uses,
- * announced instead of a shared read lock, and its deltas of the device's counters. */
-#ifndef GG_PLUGIN_THREADS_H
-#define GG_PLUGIN_THREADS_H
+/* plugin_threads_internal.h — each calling thread's own plugin state (plugin_threads.c): the arena
+ * its call uses, announced instead of a shared read lock, and its deltas of the device's counters.
+ */
+#ifndef GG_PLUGIN_THREADS_INTERNAL_H
+#define GG_PLUGIN_THREADS_INTERNAL_H
 
 #include <stdatomic.h>
 #include <stdbool.h>
