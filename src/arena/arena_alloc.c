@@ -78,6 +78,7 @@ static bool gg__take_free(gg_arena_t *a, gg__request_t *q) {
   if (b) {
     b = gg__freelist_carve(&a->freelist, b, q->size, q->align);
     uintptr_t p = b->addr;
+    GG__ASSERT(b->state != GG__BLOCK_USED && (q->align < 2 || p % q->align == 0) && b->size == q->size);
     b->state = GG__BLOCK_USED, b->req = q->asked, b->tag = q->tag, b->depth = a->n_frames - 1;
     gg__frame_link(a, b);
     gg__addr_map_put(gg__used_map(a, b->depth), p, b);

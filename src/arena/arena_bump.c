@@ -235,6 +235,7 @@ static inline void gg__scope_give(gg_arena_t *a, gg__block_t *run, bool direct) 
  * first, as closing it would: idle, the blocks go straight to the free list instead of into the batch
  * and out again. The scope's own map of records is emptied at once, not record by record. */
 static int gg__scope_release(gg_arena_t *a) {
+  GG__ASSERT(a->n_frames > 1); /* frame 0 is the arena's own, never a scope */
   gg__frame_t *f = &a->frames[a->n_frames - 1];
   int rc = gg__freelist_reserve(&a->freelist, a->run_count + 1 + f->n_blocks);
   if (rc < 0) return rc;
@@ -250,6 +251,7 @@ static int gg__scope_release(gg_arena_t *a) {
       gg__freelist_prefetch(&a->freelist, ahead->addr, ahead->size);
     }
     gg__block_t *b = recs[i];
+    GG__ASSERT(b->state == GG__BLOCK_USED && b->depth == a->n_frames - 1); /* this scope's own blocks */
     bytes += b->size;
     if (run && b->seg == run->seg && b->addr + b->size == run->addr) { /* just below the run */
       run->addr = b->addr, run->size += b->size;
@@ -265,6 +267,7 @@ static int gg__scope_release(gg_arena_t *a) {
     run = b;
   }
   if (run) gg__scope_give(a, run, direct);
+  GG__ASSERT(a->n_live >= n && a->in_use >= bytes);
   gg__arena_count_release(a, bytes, n);
   a->probe.blocks_visited += n;
   gg__frame_used_clear(f, n);

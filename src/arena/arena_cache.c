@@ -328,6 +328,7 @@ static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
         size_t i = w * 64 + (size_t)__builtin_ctzll(bits);
         gg__block_t *b = c->live[i];
         c->live[i] = NULL;
+        GG__ASSERT(b->state == GG__BLOCK_CACHED); /* handed out by this cache, not yet published */
         b->state = GG__BLOCK_USED, b->depth = 0;
         gg__frame_link(a, b);
         gg__addr_map_put(&a->used, b->addr, b);

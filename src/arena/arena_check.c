@@ -1,6 +1,9 @@
-/* arena_check.c — for tests: the probe (counters of internal work) and the full consistency check,
- * which walks every structure of an arena and proves that its pieces tile the mapped memory exactly
- * and agree with every counter. */
+/* arena_check.c — for tests and the debug build: the probe (counters of internal work) and the full
+ * consistency check, which walks every structure of an arena and proves that its pieces tile the
+ * mapped memory exactly and agree with every counter. */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "arena/arena_impl.h"
@@ -228,16 +231,57 @@ static const char *gg__check_locked(gg_arena_t *a, gg__census_t *c) {
   return gg__check_chunks(a, total, free_bytes);
 }
 
-int gg__arena_check(gg_arena_t *a) {
-  int rc = gg__arena_enter(a, "gg__arena_check");
-  if (rc < 0) return rc;
+/* Arena locked: what is wrong, NULL when nothing is, GG__CHECK_NO_MEMORY when the census has no room. */
+static const char GG__CHECK_NO_MEMORY[] = "out of host memory";
+static const char *gg__check_all(gg_arena_t *a) {
   gg__census_t c = {.cap = a->freelist.count + 2 + gg__used_count(a) + a->run_count + a->open.count + 1 +
                            gg__tcache_records(a)};
   for (size_t k = a->closed_head; k < a->closed_end; k++) c.cap += a->closed[k].count;
   c.r = malloc(c.cap * sizeof *c.r);
-  const char *w = c.r ? gg__check_locked(a, &c) : "out of host memory";
+  const char *w = c.r ? gg__check_locked(a, &c) : GG__CHECK_NO_MEMORY;
   free(c.r);
+  return w;
+}
+
+int gg__arena_check(gg_arena_t *a) {
+  int rc = gg__arena_enter(a, "gg__arena_check");
+  if (rc < 0) return rc;
+  const char *w = gg__check_all(a);
   if (w) rc = gg__err(GG_ESTATE, "arena '%s' is inconsistent: %s", a->name, w);
-  gg__arena_leave(a);
+  gg__arena_leave_unchecked(a);
   return rc;
 }
+
+#ifdef GG_DEBUG
+/* Arenas mapping more than this, or holding more blocks, skip the check at every call (it walks every
+ * block: O(blocks) a call, so a test of 100,000 blocks would take O(blocks^2)). GPUGUARD_DEBUG_CHECK_BELOW
+ * changes the size (0 turns the check off). */
+#define GG__DEBUG_CHECK_BELOW  ((size_t)64 << 20)
+#define GG__DEBUG_CHECK_BLOCKS 1024
+
+static size_t gg__debug_check_below(void) {
+  static _Atomic size_t limit = SIZE_MAX; /* SIZE_MAX: not read yet */
+  size_t v = atomic_load_explicit(&limit, memory_order_relaxed);
+  if (v != SIZE_MAX) return v;
+  v = GG__DEBUG_CHECK_BELOW;
+  const char *text = gg__env("GPUGUARD_DEBUG_CHECK_BELOW");
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  if (text && gg__parse_size("GPUGUARD_DEBUG_CHECK_BELOW", text, &v) < 0) v = GG__DEBUG_CHECK_BELOW;
+  gg__err_restore(&saved);
+  if (v == SIZE_MAX) v--;
+  atomic_store_explicit(&limit, v, memory_order_relaxed);
+  return v;
+}
+
+void gg__arena_debug_check(gg_arena_t *a) {
+  if (a->mapped > gg__debug_check_below()) return;
+  if (gg__used_count(a) + a->freelist.count + a->open.count > GG__DEBUG_CHECK_BLOCKS) return;
+  const char *w = gg__check_all(a);
+  if (w == GG__CHECK_NO_MEMORY) return; /* a host-memory fault test: nothing to say about the arena */
+  if (w) {
+    fprintf(stderr, "gpuguard: arena '%s' is inconsistent after a call: %s\n", a->name, w);
+    gg__assert_fail("gg__arena_check(arena) == 0", __FILE__, __LINE__, __func__);
+  }
+}
+#endif

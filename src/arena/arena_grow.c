@@ -145,6 +145,7 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
     return rc;
   }
   size_t i = gg__chunk_index(a, made[0]->ptr);
+  GG__ASSERT(i == 0 || a->chunks[i - 1]->ptr + a->chunks[i - 1]->size <= made[0]->ptr); /* apart */
   memmove(a->chunks + i + pieces, a->chunks + i, (a->n_chunks - i) * sizeof *a->chunks);
   memcpy(a->chunks + i, made, pieces * sizeof *made);
   a->n_chunks += pieces;
@@ -212,6 +213,7 @@ static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool *gon
     if (t->ptr + t->size < hi)
       gg__freelist_put_plain(&a->freelist, t->ptr + t->size, hi - (t->ptr + t->size), seg);
     hi = a->chunks[top - done]->ptr;
+    GG__ASSERT(done <= top - j && a->chunks[top - done]->ptr >= lo); /* unmapped inside the free block */
     for (size_t k = top - done; k < top; k++)
       gone[k] = true, a->mapped -= a->chunks[k]->size, *returned += a->chunks[k]->size;
   }

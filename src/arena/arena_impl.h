@@ -196,9 +196,22 @@ static inline int gg__arena_enter(gg_arena_t *a, const char *call) {
   int rc = gg__arena_valid(a, call);
   return rc < 0 ? rc : gg__arena_lock_counted(a, call);
 }
-static inline void gg__arena_leave(gg_arena_t *a) {
+/* Unlocks and uncounts the call (gg__arena_enter's other half). */
+static inline void gg__arena_leave_unchecked(gg_arena_t *a) {
   pthread_mutex_unlock(&a->lock);
   atomic_fetch_sub(&a->calls, 1);
+}
+#ifdef GG_DEBUG
+/* The debug build's expensive check (GG__ASSERT_EXPENSIVE's level): the whole arena, as
+ * gg__arena_check() walks it, on arenas below a size (arena_check.c); aborts naming what is wrong. */
+void gg__arena_debug_check(gg_arena_t *a);
+#endif
+/* The end of every locked public call: in the debug build the whole arena is checked first. */
+static inline void gg__arena_leave(gg_arena_t *a) {
+#ifdef GG_DEBUG
+  gg__arena_debug_check(a);
+#endif
+  gg__arena_leave_unchecked(a);
 }
 int gg__arena_grow_array_slow(void *arr, size_t *cap, size_t need, size_t elem);
 /* Grows a dynamic array so it holds at least `need` elements. 0 or GG_ENOMEM. */

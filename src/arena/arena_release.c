@@ -19,6 +19,7 @@ void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg
     return;
   }
   if (!rec) rec = gg__freelist_take_record(&a->freelist);
+  GG__ASSERT(rec->state != GG__BLOCK_PENDING && rec->state != GG__BLOCK_FREE); /* released twice */
   memset(rec, 0, sizeof *rec);
   rec->addr = addr, rec->size = size, rec->seg = seg, rec->state = GG__BLOCK_PENDING;
   if (++a->releases_since_alloc > 1) a->open.mixed = true;

@@ -187,6 +187,7 @@ gg__block_t *gg__freelist_take_record(gg__freelist_t *fl) {
 }
 
 void gg__freelist_give_record(gg__freelist_t *fl, gg__block_t *b) {
+  GG__ASSERT(b != fl->spare && b != fl->top); /* a record given back twice, or top's */
   b->state = GG__BLOCK_SPARE;
   b->r = fl->spare, fl->spare = b, fl->n_spare++;
 }
@@ -288,6 +289,8 @@ static bool gg__smaller(const gg__block_t *a, const gg__block_t *b) {
 /* ---- free memory ------------------------------------------------------------------------------- */
 
 static void gg__freelist_link(gg__freelist_t *fl, gg__block_t *b) {
+  GG__ASSERT(b->state != GG__BLOCK_FREE); /* listed twice */
+  GG__ASSERT(b->size && b->size % GG__QUANTUM == 0 && b->addr % GG__QUANTUM == 0);
   b->state = GG__BLOCK_FREE;
   gg__class_link(fl, b);
   gg__bounds_at(&fl->bounds, b->addr)->above = b;
@@ -296,6 +299,7 @@ static void gg__freelist_link(gg__freelist_t *fl, gg__block_t *b) {
 }
 
 void gg__freelist_remove(gg__freelist_t *fl, gg__block_t *b) {
+  GG__ASSERT(b->state == GG__BLOCK_FREE && fl->count > 0 && fl->bytes >= b->size);
   gg__class_unlink(fl, b);
   gg__bounds_clear(&fl->bounds, b->addr, true);
   gg__bounds_clear(&fl->bounds, b->addr + b->size, false);
@@ -443,6 +447,7 @@ gg__block_t *gg__freelist_fit(const gg__freelist_t *fl, size_t n, size_t a) {
 
 gg__block_t *gg__freelist_carve(gg__freelist_t *fl, gg__block_t *b, size_t n, size_t a) {
   uintptr_t p = gg__align_up(b->addr, a), end = b->addr + b->size;
+  GG__ASSERT(b->state == GG__BLOCK_FREE && n % GG__QUANTUM == 0 && p + n <= end);
   if (p == b->addr && p + n < end) { /* the front: b stays listed as the rest, a new record is handed out */
     gg__block_t *u = gg__freelist_take_record(fl);
     u->addr = p, u->size = n, u->seg = b->seg;
@@ -479,6 +484,7 @@ void gg__freelist_drop_top(gg__freelist_t *fl) {
 }
 
 void gg__freelist_set_top(gg__freelist_t *fl, gg__block_t *b) {
+  GG__ASSERT(b != fl->top);
   gg__freelist_remove(fl, b);
   fl->bytes += b->size; /* still free: it only moves out of the lists */
   gg__freelist_drop_top(fl);

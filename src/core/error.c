@@ -1,6 +1,7 @@
 /* error.c — status code texts and the thread-local detail of the last failed call. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/internal.h"
@@ -121,3 +122,12 @@ void gg__strlcpy(char *dst, const char *src, size_t cap) {
   if (n) memcpy(dst, src, n);
   dst[n] = '\0';
 }
+
+#ifdef GG_DEBUG
+/* The debug build's assertion failure (GG__ASSERT): said once, on stderr, then abort() for a core. */
+_Noreturn void gg__assert_fail(const char *cond, const char *file, int line, const char *func) {
+  fprintf(stderr, "gpuguard: internal assertion failed: %s (%s:%d, %s)\n", cond, file, line, func);
+  fflush(stderr);
+  abort();
+}
+#endif

@@ -38,6 +38,23 @@ typedef struct gg__err_quiet {
 void gg__err_quiet_begin(gg__err_quiet_t *q);
 void gg__err_quiet_end(gg__err_quiet_t *q);
 
+/* ---- assertions (the debug build: cmake -DGPUGUARD_DEBUG=ON defines GG_DEBUG) ----------------------
+ *
+ * GG__ASSERT: a cheap invariant at a mutation point (a block changing state, a free-list insert or
+ * removal, a chunk mapped or unmapped, a scope ending, a cache publishing). GG__ASSERT_EXPENSIVE: one
+ * that walks a structure (the whole-arena check after a public call). Both vanish from other builds,
+ * where the condition is not evaluated (sizeof keeps its names used). A failure prints the condition,
+ * file, line and function to stderr and aborts: a broken invariant must stop the program where it broke,
+ * not leak or corrupt device memory later. */
+#ifdef GG_DEBUG
+_Noreturn void gg__assert_fail(const char *cond, const char *file, int line, const char *func);
+#define GG__ASSERT(cond)           (GG__LIKELY(cond) ? (void)0 : gg__assert_fail(#cond, __FILE__, __LINE__, __func__))
+#define GG__ASSERT_EXPENSIVE(cond) GG__ASSERT(cond)
+#else
+#define GG__ASSERT(cond)           ((void)sizeof(cond))
+#define GG__ASSERT_EXPENSIVE(cond) ((void)sizeof(cond))
+#endif
+
 /* Run a cleanup step whatever happened before, keeping the first error. */
 #define GG_KEEP_FIRST(rc, call)               \
   do {                                        \
