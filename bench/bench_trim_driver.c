@@ -375,6 +375,6 @@ int main(int argc, char **argv) {
     printf("| 1 x 1024 MiB | %.2f | %.3f |\n", v[reps / 2], v[reps / 2]);
   }
   free(v);
-  printf("\ngoal (issue 13): <= 1 ms per GiB at 8 MiB chunks, driver free memory back to the byte.\n");
+  printf("\ngoal: <= 1 ms per GiB at 8 MiB chunks, driver free memory back to the byte.\n");
   return 0;
 }

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the README's test command: installs what it needs, then builds and passes every test:
-# a -Werror build with the whole CTest suite, the suite again under AddressSanitizer+UBSan in the debug
-# build (GPUGUARD_DEBUG=ON), the threaded
-# tests under ThreadSanitizer, valgrind on the core suites, the Python wheel built and installed in a fresh
-# venv with the Python tests run against it, the Doxygen reference (warnings are errors), a static check
-# with cppcheck, and the layout check with clang-format. Build trees go under build/ci-*.
+# the layer check, a -Werror build with the whole CTest suite, the suite again under AddressSanitizer+UBSan
+# in the debug build (GPUGUARD_DEBUG=ON), the threaded tests under ThreadSanitizer, valgrind on the core
+# suites, the Python wheel built and installed in a fresh venv with the Python tests run against it, the
+# Doxygen reference (warnings are errors), a static check with cppcheck, and the layout check with
+# clang-format. Build trees go under build/ci-*.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh --tests

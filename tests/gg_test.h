@@ -31,6 +31,27 @@
     if (gg_t_rc != 0) fail_msg("%s: %s (%s)", #call, gg_err_name(gg_t_rc), gg_last_error()); \
   } while (0)
 
+/* The shared fixture of the suites that run on the host backend: a simulated device of `capacity`
+ * (GPUGUARD_HOST_CAPACITY; NULL: the backend's default), allocation granularity `granularity` (NULL: the backend's default), and
+ * nothing left of an earlier test's settings: no VMM or range-unmap switch, no injected fault. */
+static inline void gg_test_use_host(const char *capacity, const char *granularity) {
+  setenv("GPUGUARD_BACKEND", "host", 1);
+  if (capacity) {
+    setenv("GPUGUARD_HOST_CAPACITY", capacity, 1);
+  } else {
+    unsetenv("GPUGUARD_HOST_CAPACITY");
+  }
+  if (granularity) {
+    setenv("GPUGUARD_HOST_GRANULARITY", granularity, 1);
+  } else {
+    unsetenv("GPUGUARD_HOST_GRANULARITY");
+  }
+  unsetenv("GPUGUARD_HOST_VMM");
+  unsetenv("GPUGUARD_HOST_FAULT");
+  unsetenv("GPUGUARD_HOST_RANGE_UNMAP");
+  gg_host_fault_set(NULL);
+}
+
 /* Exit code CTest reads as "skipped" (SKIP_RETURN_CODE). */
 #define GG_TEST_SKIP 77
 

@@ -519,9 +519,7 @@ static void test_cache_publishes_every_live_block(void **state) {
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "256M", 1);
-  unsetenv("GPUGUARD_HOST_FAULT");
+  gg_test_use_host("256M", NULL);
   return 0;
 }
 

@@ -13,11 +13,9 @@
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "256M", 1);
+  gg_test_use_host("256M", NULL);
   unsetenv("GPUGUARD_BACKTRACE");
   unsetenv("GPUGUARD_LEAK_REPORT");
-  gg_host_fault_set(NULL);
   return 0;
 }
 

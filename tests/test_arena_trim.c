@@ -11,13 +11,7 @@
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "256M", 1);
-  setenv("GPUGUARD_HOST_GRANULARITY", "64K", 1);
-  unsetenv("GPUGUARD_HOST_VMM");
-  unsetenv("GPUGUARD_HOST_FAULT");
-  unsetenv("GPUGUARD_HOST_RANGE_UNMAP");
-  gg_host_fault_set(NULL);
+  gg_test_use_host("256M", "64K");
   return 0;
 }
 

@@ -1,6 +1,6 @@
 /* test_fork_threads.c — fork() on one thread while others spawn, allocate and tear down: no deadlock
- * (issue 16 item 1: spawn held the process-set lock and waited for the guard list's, while the fork
- * handlers took them in the other order). Every lock the fork handler takes is used in each child. */
+ * (once, spawn held the process-set lock and waited for the guard list's, while the fork handlers
+ * took them in the other order). Every lock the fork handler takes is used in each child. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>

@@ -13,9 +13,8 @@
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
+  gg_test_use_host(NULL, NULL);
   unsetenv("GPUGUARD_LEAK_REPORT");
-  gg_host_fault_set(NULL);
   return 0;
 }
 
@@ -380,7 +379,7 @@ static void test_prepare_thread(void **state) {
   assert_null(bad);
 }
 
-/* ---- a cleanup that calls exit() (issue 16 item 14) ---- */
+/* ---- a cleanup that calls exit(): the later cleanups must still run ---- */
 
 static int exit_pipe = -1;
 static void note_and_go_on(void *user) {

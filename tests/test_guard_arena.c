@@ -15,10 +15,8 @@
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "256M", 1);
+  gg_test_use_host("256M", NULL);
   unsetenv("GPUGUARD_LEAK_REPORT");
-  gg_host_fault_set(NULL);
   return 0;
 }
 
@@ -70,7 +68,7 @@ static void test_teardown_releases_attached_arena(void **state) {
 }
 
 /* Teardown waits for every stream of the context, not only the arena's, before unmapping: a kernel on
- * another stream may use the arena's memory (issue 16 item 16). A held host stream stands for such a
+ * another stream may use the arena's memory, and unmapping under it faults the GPU. A held host stream stands for such a
  * kernel; a thread releases it once the teardown is seen waiting, and checks nothing was unmapped yet. */
 typedef struct keeper {
   void *busy;

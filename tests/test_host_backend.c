@@ -20,11 +20,7 @@ static size_t resident_bytes(void) {
 
 static int setup(void **state) {
   (void)state;
-  unsetenv("GPUGUARD_HOST_FAULT");
-  unsetenv("GPUGUARD_HOST_VMM");
-  unsetenv("GPUGUARD_HOST_GRANULARITY");
-  setenv("GPUGUARD_HOST_CAPACITY", "64M", 1);
-  gg_host_fault_set(NULL);
+  gg_test_use_host("64M", NULL);
   return 0;
 }
 
@@ -272,7 +268,8 @@ static void test_streams_and_events(void **state) {
   gg__dev_close(d);
 }
 
-/* Issue 16 item 15: a malformed fault spec or granularity says what was wrong, with the value given. */
+/* A malformed fault spec or granularity says what was wrong, with the value given: a typo in an
+ * environment variable must not silently test something else. */
 static void test_bad_specs_named(void **state) {
   (void)state;
   gg_assert_fails(gg_host_fault_set("map:1,"), GG_EINVAL, "trailing ','");
@@ -290,7 +287,7 @@ static void test_bad_specs_named(void **state) {
   unsetenv("GPUGUARD_HOST_GRANULARITY");
 }
 
-/* Issue 16 item 8: a handle the host backend did not make is refused, never read (reading 0x2 crashed).
+/* A handle the host backend did not make is refused, never read (reading 0x2 crashed the process).
  * CUDA's special handles name a default stream, as NULL does. */
 static void test_foreign_stream_handles(void **state) {
   (void)state;

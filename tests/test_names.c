@@ -1,4 +1,4 @@
-/* test_names.c — names cut to fit a fixed buffer stay valid UTF-8 (issue 16 item 10): registry fields,
+/* test_names.c — names cut to fit a fixed buffer stay valid UTF-8 (Python decodes them): registry fields,
  * arena names, tags, error details and command lines are cut at a character boundary, never inside one
  * (a cut 'é' made every Python reader of the registry raise UnicodeDecodeError). */
 #include <stdlib.h>

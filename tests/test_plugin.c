@@ -332,7 +332,7 @@ static void test_counters_of_many_threads_are_exact(void **state) {
   gg_assert_ok(gg_arena_destroy(a));
 }
 
-/* Issue 16 item 8: cudaStreamPerThread (0x2) after a fallback to the host backend names the default
+/* Code written for CUDA keeps its stream handles after a fallback: cudaStreamPerThread (0x2) after a fallback to the host backend names the default
  * stream; a handle the host backend never made is refused at create and at free, never read. */
 static void test_cuda_special_and_foreign_streams(void **state) {
   (void)state;

@@ -1,7 +1,7 @@
 /* test_query_pidns.c — gg_process_list inside a PID namespace (a container): NVML's pids may be the
  * host's, so a pid is joined with /proc only when the process of that number here holds the device
- * open; another process that merely has the same number here is never shown in its place (issue 16
- * item 16). Runs a real namespace with its own /proc and a stand-in /dev/nvidia7 on a private tmpfs;
+ * open; another process that merely has the same number here is never shown in its place (a wrong
+ * row would send `reap` or a person after an innocent process). Runs a real namespace with its own /proc and a stand-in /dev/nvidia7 on a private tmpfs;
  * needs root, skipped otherwise. NVML is the test stand-in. */
 #include <fcntl.h>
 #include <sched.h>

@@ -131,7 +131,8 @@ static void test_stale_by_start_time(void **state) {
 }
 
 /* Between prune's judgement and the removal, the process whose pid the stale record names registers
- * (rename over the name, as gg_registry_register does): its live record must stay (issue 16 item 16). */
+ * (rename over the name, as gg_registry_register does): its live record must stay, or reap would
+ * take a live session for an orphan. */
 static void replace_with_live(int dfd, const char *name) {
   char text[256], mine[32];
   int len = self_record(text, sizeof text, mine, sizeof mine, 0, "cd34");

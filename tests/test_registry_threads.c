@@ -1,5 +1,5 @@
-/* test_registry_threads.c — registering and spawning while other threads read the environment (issue 16
- * item 16: setenv(GPUGUARD_SESSION) raced with getenv on other threads). The session reaches each
+/* test_registry_threads.c — registering and spawning while other threads read the environment
+ * (setenv(GPUGUARD_SESSION) once raced with getenv on other threads). The session reaches each
  * spawned child through the environment array built for it; the process environment is never written.
  * Labelled `threads`: also run under ThreadSanitizer. */
 #include <pthread.h>

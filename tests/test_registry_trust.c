@@ -1,4 +1,4 @@
-/* test_registry_trust.c — what the registry believes (issue 16 items 3, 5 and 15): an inherited
+/* test_registry_trust.c — what the registry believes, so that reap kills no live job: an inherited
  * session is joined only while its leader lives and is our ancestor; records written in another pid
  * namespace are judged there or counted alive; record names and pids beyond an int are refused; a
  * trailing slash does not get a symlinked directory through; warnings about bad entries are capped. */

@@ -9,8 +9,7 @@ static char path[64];
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "256M", 1);
+  gg_test_use_host("256M", NULL);
   snprintf(path, sizeof path, "/tmp/gg_report_%d.txt", (int)getpid());
   return 0;
 }

@@ -1,4 +1,4 @@
-/* test_teardown_users.c — a teardown never signals another user's process (issue 16 item 4): a tracked
+/* test_teardown_users.c — a teardown never signals another user's process (root's teardown must not hit what it does not own): a tracked
  * process leading a group that holds another user's process gets its group signalled member by member,
  * ours only, and the receipt says so; the fatal path (crash hooks) keeps the same rule. Needs root (to
  * run a process as another uid); skipped otherwise. */

@@ -1,6 +1,7 @@
 /* test_watchdog_start_threads.c — the first guard of a process starts the watchdog and guard threads;
  * when either cannot start (injected EAGAIN), gg_guard_create fails with GG_ENOMEM naming the thread and
- * leaves no thread and no descriptor behind, and a later create starts them cleanly (issue 16 item 16).
+ * leaves no thread and no descriptor behind, and a later create starts them cleanly (a leftover
+ * watchdog once sat on a lock the next start initialised again).
  * Own program: the threads start once per process. Labelled `threads` (TSan sees a lock reinitialised
  * under a waiting thread). */
 #include <dirent.h>

@@ -113,16 +113,10 @@ int exporter_listen(const char *spec) {
   return fd;
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Waits for fd to be ready for events until deadline; false when the time is up. */
 static bool wait_fd(int fd, short events, double deadline) {
   for (;;) {
-    double left = deadline - now_ms();
+    double left = deadline - gg__now_ms();
     if (left <= 0) return false;
     struct pollfd p = {.fd = fd, .events = events};
     int n = poll(&p, 1, (int)left + 1);
@@ -146,14 +140,14 @@ static void respond(int fd, const char *status, const char *type, const char *ex
   int n = snprintf(head, sizeof head,
                    "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n",
                    status, type, len, extra);
-  double deadline = now_ms() + WRITE_LIMIT_MS;
+  double deadline = gg__now_ms() + WRITE_LIMIT_MS;
   send_all(fd, head, (size_t)n, deadline);
   if (!head_only) send_all(fd, body, len, deadline);
 }
 
 /* Reads the request head (up to the blank line), bounded in size and time. Its length, or -1. */
 static ssize_t read_request(int fd, char *buf, size_t cap) {
-  double deadline = now_ms() + READ_LIMIT_MS;
+  double deadline = gg__now_ms() + READ_LIMIT_MS;
   size_t got = 0;
   while (got < cap - 1) {
     if (!wait_fd(fd, POLLIN, deadline)) return -1;

@@ -1,6 +1,7 @@
 /* freelist.c — an arena's free memory: segregated size classes with bitmaps, O(1) coalescing through
  * boundary maps, the bump block, and the pool of block records. Not thread-safe: the arena's lock covers it.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,23 +12,57 @@
  * saving of registers around it (the 64-live case of bench_calls: ~40 instructions a step). */
 #define GG__HOT static inline __attribute__((always_inline))
 
+/* Zeroed memory on a cache line's boundary: calloc's 16-byte alignment put every other 32-byte bound
+ * slot, and half the 64-byte records, across two lines (a scope end of 65,536 blocks: 5.4 lines a
+ * block missed beyond the L2, 1.5 of them only for that). n * size is a multiple of the line. */
+#define GG__LINE 64
+_Static_assert(sizeof(gg__block_t) == GG__LINE && 2 * sizeof(struct gg__bound) == GG__LINE,
+               "a record fills a line, two bound slots fill one");
+static void *gg__calloc_lines(size_t n, size_t size) {
+  void *p = aligned_alloc(GG__LINE, n * size);
+  if (p) memset(p, 0, n * size);
+  return p;
+}
+
+/* Both hash tables (address map, boundary map) keep a block address as each slot's first member (0:
+ * empty) and probe linearly from gg__addr_hash: one grow for both, re-placing every key. `lines`: the
+ * new slots start on a cache line (the boundary map's two slots a line). */
+_Static_assert(offsetof(struct gg__addr_slot, key) == 0 && offsetof(struct gg__bound, key) == 0,
+               "a slot's key comes first");
+static uintptr_t gg__slot_key(const char *slot) {
+  uintptr_t key;
+  memcpy(&key, slot, sizeof key);
+  return key;
+}
+
+static int gg__table_grow(void **slots, size_t *cap, size_t want, size_t elem, bool lines) {
+  size_t n = *cap ? *cap : 64;
+  while (want > n / 2) {
+    n *= 2;
+  }
+  if (n == *cap) return 0;
+  char *s = lines ? gg__calloc_lines(n, elem) : calloc(n, elem);
+  if (!s) return gg__err(GG_ENOMEM, "arena: out of host memory for block metadata (%zu slots)", n);
+  const char *old = *slots;
+  for (size_t i = 0; i < *cap; i++) {
+    uintptr_t key = gg__slot_key(old + i * elem);
+    if (!key) continue;
+    size_t j = gg__addr_hash(key, n);
+    while (gg__slot_key(s + j * elem)) {
+      j = (j + 1) & (n - 1);
+    }
+    memcpy(s + j * elem, old + i * elem, elem);
+  }
+  free(*slots);
+  *slots = s;
+  *cap = n;
+  return 0;
+}
+
 /* ---- address maps ------------------------------------------------------------------------------ */
 
 int gg__addr_map_grow(gg__addr_map_t *m, size_t want) {
-  size_t cap = m->cap ? m->cap : 64;
-  while (want > cap / 2) cap *= 2;
-  if (cap == m->cap) return 0;
-  struct gg__addr_slot *s = calloc(cap, sizeof *s);
-  if (!s) return gg__err(GG_ENOMEM, "arena: out of host memory for block metadata (%zu slots)", cap);
-  for (size_t i = 0; i < m->cap; i++) {
-    if (!m->slots[i].key) continue;
-    size_t j = gg__addr_hash(m->slots[i].key, cap);
-    while (s[j].key) j = (j + 1) & (cap - 1);
-    s[j] = m->slots[i];
-  }
-  free(m->slots);
-  m->slots = s, m->cap = cap;
-  return 0;
+  return gg__table_grow((void **)&m->slots, &m->cap, want, sizeof *m->slots, false);
 }
 
 void gg__addr_map_put(gg__addr_map_t *m, uintptr_t key, gg__block_t *val) {
@@ -68,37 +103,12 @@ void gg__addr_map_free(gg__addr_map_t *m) {
   memset(m, 0, sizeof *m);
 }
 
-/* Zeroed memory on a cache line's boundary: calloc's 16-byte alignment put every other 32-byte bound
- * slot, and half the 64-byte records, across two lines (a scope end of 65,536 blocks: 5.4 lines a
- * block missed beyond the L2, 1.5 of them only for that). n * size is a multiple of the line. */
-#define GG__LINE 64
-_Static_assert(sizeof(gg__block_t) == GG__LINE && 2 * sizeof(struct gg__bound) == GG__LINE,
-               "a record fills a line, two bound slots fill one");
-static void *gg__calloc_lines(size_t n, size_t size) {
-  void *p = aligned_alloc(GG__LINE, n * size);
-  if (p) memset(p, 0, n * size);
-  return p;
-}
-
 /* ---- boundary map ------------------------------------------------------------------------------ */
 
 typedef struct gg__bound gg__bound_t;
 
 static int gg__bounds_grow(gg__bounds_t *m, size_t want) {
-  size_t cap = m->cap ? m->cap : 64;
-  while (want > cap / 2) cap *= 2;
-  if (cap == m->cap) return 0;
-  gg__bound_t *s = gg__calloc_lines(cap, sizeof *s);
-  if (!s) return gg__err(GG_ENOMEM, "arena: out of host memory for block metadata (%zu slots)", cap);
-  for (size_t i = 0; i < m->cap; i++) {
-    if (!m->slots[i].key) continue;
-    size_t j = gg__addr_hash(m->slots[i].key, cap);
-    while (s[j].key) j = (j + 1) & (cap - 1);
-    s[j] = m->slots[i];
-  }
-  free(m->slots);
-  m->slots = s, m->cap = cap;
-  return 0;
+  return gg__table_grow((void **)&m->slots, &m->cap, want, sizeof *m->slots, true);
 }
 
 /* The slot holding key, or the empty slot where it would go. */

@@ -64,10 +64,6 @@ static inline void gg__prefetch(const void *p) {
   __builtin_prefetch(p);
 #endif
 }
-/* Starts loading the slot where key's probe begins: loops over many blocks ask a few blocks ahead. */
-static inline void gg__addr_map_prefetch(const gg__addr_map_t *m, uintptr_t key) {
-  if (m->cap) gg__prefetch(&m->slots[gg__addr_hash(key, m->cap)]);
-}
 int gg__addr_map_grow(gg__addr_map_t *m, size_t want); /* room for `want` keys; 0 or GG_ENOMEM */
 /* 0 or GG_ENOMEM; then `extra` puts cannot fail. Inline: every allocation and free asks. */
 static inline int gg__addr_map_reserve(gg__addr_map_t *m, size_t extra) {

@@ -186,7 +186,7 @@ struct gg__hstream {
 
 /* The handles gg_host_stream_create() gave and nobody destroyed yet. A stream handle is read only once
  * found here: code written for CUDA hands the host backend CUstreams, cudaStreamPerThread (0x2) or stale
- * handles after an automatic fallback, and reading one of those crashed the process (issue 16 item 8). */
+ * handles after an automatic fallback, and reading one of those as a host stream crashed the process. */
 #define GG__HLIVE_BUCKETS 64
 static struct {
   pthread_mutex_t lock;

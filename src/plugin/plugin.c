@@ -7,7 +7,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "arena/freelist_internal.h"
 #include "gpuguard/plugin.h"
 #include "arena/arena_internal.h"
 #include "core/internal.h"

@@ -89,7 +89,7 @@ static bool gg__poll_exited(gg__target_t *t) {
 }
 
 /* kill(-pgrp) would reach every member, another user's too (root's teardown, or a setuid program in the
- * job's group: issue 16 item 4). When a member is not ours, the group is not signalled as a whole: each
+ * job's group). When a member is not ours, the group is not signalled as a whole: each
  * member of ours is, and the receipt says so (GG_PROC_SENT_GROUP_FOREIGN). */
 static void gg__signal_group(pid_t pgrp, int sig, unsigned *sent) {
   if (gg__proc_signal_group(pgrp, sig) == 1) *sent |= GG_PROC_SENT_GROUP_FOREIGN;
