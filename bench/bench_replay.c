@@ -5,9 +5,9 @@
  *
  *   bench_replay TRACE[.gz] [CHUNK ...]        CHUNK: sizes such as 2M 64M (default: 2M 8M 64M)
  *
- * On the host backend set GPUGUARD_HOST_CAPACITY above the trace's peak, GPUGUARD_HOST_POPULATE=0 (no
- * resident memory is needed: nothing is written) and GPUGUARD_HOST_BUSY=1 (streams always have work
- * queued, as a training stream does); on a GPU it maps real memory. */
+ * On the host backend set GPUGUARD_HOST_CAPACITY above the trace's peak, GPUGUARD_HOST_POPULATE=0
+ * (no resident memory is needed: nothing is written) and GPUGUARD_HOST_BUSY=1 (streams always have
+ * work queued, as a training stream does); on a GPU it maps real memory. */
 #define _POSIX_C_SOURCE 200809L
 #include <gpuguard/gpuguard.h>
 #include <gpuguard/plugin.h>
@@ -44,7 +44,8 @@ static size_t *am_slot(addrmap_t *m, unsigned long long k, bool *found) {
   return &m->val[i];
 }
 
-static void am_del(addrmap_t *m, unsigned long long k) { /* backward-shift deletion keeps probes valid */
+static void am_del(addrmap_t *m,
+                   unsigned long long k) { /* backward-shift deletion keeps probes valid */
   size_t i = (size_t)(k * 0x9E3779B97F4A7C15ull) & (m->cap - 1);
   while (m->key[i] != k) i = (i + 1) & (m->cap - 1);
   for (size_t j = i;;) {
@@ -59,9 +60,9 @@ static void am_del(addrmap_t *m, unsigned long long k) { /* backward-shift delet
   m->key[i] = 0;
 }
 
-/* Reads the trace (through gzip -dc for a .gz name): lines `a ADDR SIZE [STREAM]` and `f ADDR [STREAM]`,
- * ADDR in any base strtoull reads (0x... from the plugin). Numbers the blocks densely; counts events
- * on a stream other than the default one. Returns the events, or NULL. */
+/* Reads the trace (through gzip -dc for a .gz name): lines `a ADDR SIZE [STREAM]` and `f ADDR
+ * [STREAM]`, ADDR in any base strtoull reads (0x... from the plugin). Numbers the blocks densely;
+ * counts events on a stream other than the default one. Returns the events, or NULL. */
 static ev_t *load(const char *path, size_t *n_out, size_t *ids_out, size_t *other_stream) {
   size_t len = strlen(path);
   bool gz = len > 3 && strcmp(path + len - 3, ".gz") == 0;
@@ -153,9 +154,12 @@ int main(int argc, char **argv) {
   const char *defaults[] = {"2M", "8M", "64M"};
   int nchunks = argc > 2 ? argc - 2 : 3;
   int rc = 0;
-  printf("# bench_replay: %s, %zu events (%zu on a stream other than the default one, replayed on it), "
-         "gpuguard %s\n", argv[1], n, other, GG_VERSION_STRING);
-  printf("\n| chunk | backend | peak in use MiB | peak mapped MiB | ratio | mapped after trim MiB (in use) | trims | "
+  printf("# bench_replay: %s, %zu events (%zu on a stream other than the default one, replayed on "
+         "it), "
+         "gpuguard %s\n",
+         argv[1], n, other, GG_VERSION_STRING);
+  printf("\n| chunk | backend | peak in use MiB | peak mapped MiB | ratio | mapped after trim MiB "
+         "(in use) | trims | "
          "GiB trimmed | stream waits | ns per call |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (int c = 0; c < nchunks && rc == 0; c++) {
     const char *arg = argc > 2 ? argv[2 + c] : defaults[c];
@@ -179,7 +183,8 @@ int main(int argc, char **argv) {
         ptr[ev[i].id] = gg_torch_alloc((ssize_t)ev[i].size, 0, NULL);
         sz[ev[i].id] = ev[i].size;
         if (!ptr[ev[i].id]) {
-          fprintf(stderr, "bench_replay: event %zu: allocation of %zu bytes failed\n", i, ev[i].size);
+          fprintf(stderr, "bench_replay: event %zu: allocation of %zu bytes failed\n", i,
+                  ev[i].size);
           rc = -1;
           break;
         }
@@ -192,10 +197,10 @@ int main(int argc, char **argv) {
     gg_arena_stats_t s;
     gg_arena_trim(a, 0);
     gg_arena_stats(a, &s);
-    printf("| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %.1f | %llu | %.0f |\n", arg, gg_arena_backend(a),
-           s.peak_in_use / 1048576.0, s.peak_mapped / 1048576.0, (double)s.peak_mapped / (double)s.peak_in_use,
-           s.bytes_mapped / 1048576.0, s.bytes_in_use / 1048576.0, s.n_trims, s.bytes_trimmed / 1073741824.0,
-           s.n_stream_waits,
+    printf("| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %.1f | %llu | %.0f |\n", arg,
+           gg_arena_backend(a), s.peak_in_use / 1048576.0, s.peak_mapped / 1048576.0,
+           (double)s.peak_mapped / (double)s.peak_in_use, s.bytes_mapped / 1048576.0,
+           s.bytes_in_use / 1048576.0, s.n_trims, s.bytes_trimmed / 1073741824.0, s.n_stream_waits,
            dt * 1e9 / (double)n);
     for (size_t i = 0; i < ids; i++)
       if (ptr[i]) gg_torch_free(ptr[i], (ssize_t)sz[i], 0, NULL);
@@ -203,15 +208,20 @@ int main(int argc, char **argv) {
     gg_arena_stats(a, &s);
     gg_plugin_stats(0, &ps);
     if (s.bytes_in_use || s.n_live || ps.n_failed_frees || ps.n_failed_allocs) {
-      fprintf(stderr, "bench_replay: after the replay %zu bytes in %llu blocks are still live; %llu frees and "
-              "%llu allocations failed\n", s.bytes_in_use, s.n_live, ps.n_failed_frees, ps.n_failed_allocs);
+      fprintf(
+          stderr,
+          "bench_replay: after the replay %zu bytes in %llu blocks are still live; %llu frees and "
+          "%llu allocations failed\n",
+          s.bytes_in_use, s.n_live, ps.n_failed_frees, ps.n_failed_allocs);
       rc = -1;
     }
     gg_plugin_set_arena(0, NULL);
     gg_arena_destroy(a);
   }
-  printf("\n(ratio: peak mapped / peak in use, the arena's own figures; trims: trims that returned memory, the "
-         "final one included, and the bytes they returned; stream waits: host-side waits the arena made for its "
+  printf("\n(ratio: peak mapped / peak in use, the arena's own figures; trims: trims that returned "
+         "memory, the "
+         "final one included, and the bytes they returned; stream waits: host-side waits the arena "
+         "made for its "
          "stream)\n");
   free(ptr), free(sz), free(ev);
   return rc < 0 ? 1 : rc;

@@ -1,8 +1,8 @@
 /* fake_nvml.c — a stand-in libnvidia-ml for tests on machines without a GPU: reports the processes
- * named in FAKE_NVML_PROCS ("pid:bytes,pid:na,...") with the record size in FAKE_NVML_STRIDE (16, 24 or
- * 32, the three layouts drivers have used), utilisation, temperature and power from FAKE_NVML_TELEMETRY
- * ("gpu%,mem%,celsius,milliwatts,limit-milliwatts"; absent: not supported), and logs init/shutdown to
- * FAKE_NVML_LOG. */
+ * named in FAKE_NVML_PROCS ("pid:bytes,pid:na,...") with the record size in FAKE_NVML_STRIDE (16,
+ * 24 or 32, the three layouts drivers have used), utilisation, temperature and power from
+ * FAKE_NVML_TELEMETRY ("gpu%,mem%,celsius,milliwatts,limit-milliwatts"; absent: not supported), and
+ * logs init/shutdown to FAKE_NVML_LOG. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,8 +64,10 @@ static int fake_list(const char *env, unsigned *count, void *infos) {
     char *end;
     pids[n] = (unsigned)strtoul(p, &end, 10);
     p = end + (*end == ':');
-    if (strncmp(p, "na", 2) == 0) mem[n] = ~0ull, p += 2;
-    else mem[n] = strtoull(p, &end, 10), p = end;
+    if (strncmp(p, "na", 2) == 0)
+      mem[n] = ~0ull, p += 2;
+    else
+      mem[n] = strtoull(p, &end, 10), p = end;
     n++;
     if (*p == ',') p++;
   }

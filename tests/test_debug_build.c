@@ -1,7 +1,8 @@
-/* test_debug_build.c — the debug build (GPUGUARD_DEBUG=ON) stops at a broken invariant: the whole-arena
- * check after a public call aborts on an arena whose counters lie, and a mutation point's assertion
- * aborts on a free-list removal of a block that is not free. Each case runs in a child, judged from
- * outside (it must die by SIGABRT and say why on stderr). Other builds skip, saying so. */
+/* test_debug_build.c — the debug build (GPUGUARD_DEBUG=ON) stops at a broken invariant: the
+ * whole-arena check after a public call aborts on an arena whose counters lie, and a mutation
+ * point's assertion aborts on a free-list removal of a block that is not free. Each case runs in a
+ * child, judged from outside (it must die by SIGABRT and say why on stderr). Other builds skip,
+ * saying so. */
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -89,7 +90,8 @@ static void test_check_after_call_aborts(void **state) {
   int st = run_child(lying_counter, err, sizeof err);
   if (!WIFSIGNALED(st)) fail_msg("child ended with status %#x: %s", st, err);
   assert_int_equal(WTERMSIG(st), SIGABRT);
-  if (!strstr(err, "arena 'debug' is inconsistent after a call: free byte count mismatch")) fail_msg("stderr: %s", err);
+  if (!strstr(err, "arena 'debug' is inconsistent after a call: free byte count mismatch"))
+    fail_msg("stderr: %s", err);
 }
 
 static void test_mutation_point_aborts(void **state) {

@@ -60,10 +60,10 @@ static gg_arena_t *make_arena_on(size_t capacity, size_t chunk, void *stream) {
   return a;
 }
 
-/* Frees in stream order are reusable at once also when the block was bump-allocated in the middle of
- * the log and its memory comes back later, at a compaction: the stream may never catch up (held), yet
- * nothing waits and nothing new is mapped. A gg_free of the same kind of block, not in stream order,
- * does wait. */
+/* Frees in stream order are reusable at once also when the block was bump-allocated in the middle
+ * of the log and its memory comes back later, at a compaction: the stream may never catch up
+ * (held), yet nothing waits and nothing new is mapped. A gg_free of the same kind of block, not in
+ * stream order, does wait. */
 static void test_ordered_free_in_log_is_reused_at_once(void **state) {
   (void)state;
   void *hs = NULL;
@@ -72,15 +72,17 @@ static void test_ordered_free_in_log_is_reused_at_once(void **state) {
   gg_assert_ok(gg_plugin_set_arena(2, a));
   gg_assert_ok(gg_host_stream_hold(hs)); /* work on the stream never completes by itself */
   void *p[4];
-  for (int i = 0; i < 4; i++) assert_non_null(p[i] = gg_torch_alloc(1u << 20, 2, hs)); /* fills the chunk */
-  gg_torch_free(p[1], 1u << 20, 2, hs); /* in the middle of the log */
+  for (int i = 0; i < 4; i++)
+    assert_non_null(p[i] = gg_torch_alloc(1u << 20, 2, hs)); /* fills the chunk */
+  gg_torch_free(p[1], 1u << 20, 2, hs);                      /* in the middle of the log */
   void *q = gg_torch_alloc(1u << 20, 2, hs);
   assert_ptr_equal(q, p[1]);
   gg_arena_stats_t s;
   gg_assert_ok(gg_arena_stats(a, &s));
   assert_int_equal(s.bytes_mapped, 4u << 20);
   assert_int_equal(s.bytes_pending, 0);
-  /* Not in stream order: the block waits for the held stream, so the next one comes from new memory. */
+  /* Not in stream order: the block waits for the held stream, so the next one comes from new
+   * memory. */
   gg_assert_ok(gg_free(a, p[2]));
   void *r = gg_torch_alloc(1u << 20, 2, hs);
   assert_non_null(r);
@@ -93,9 +95,9 @@ static void test_ordered_free_in_log_is_reused_at_once(void **state) {
   gg_assert_ok(gg_host_stream_destroy(hs));
 }
 
-/* An allocation that would raise peak mapped first waits for the stream and gives back the wholly free
- * chunks (the device is always busy here: GPUGUARD_HOST_BUSY); one that stays under the peak maps
- * without waiting. */
+/* An allocation that would raise peak mapped first waits for the stream and gives back the wholly
+ * free chunks (the device is always busy here: GPUGUARD_HOST_BUSY); one that stays under the peak
+ * maps without waiting. */
 static void test_growth_past_the_peak_trims_first(void **state) {
   (void)state;
   setenv("GPUGUARD_HOST_BUSY", "1", 1);
@@ -108,7 +110,8 @@ static void test_growth_past_the_peak_trims_first(void **state) {
   gg_arena_stats_t s0, s1, s2;
   gg_assert_ok(gg_arena_stats(a, &s0));
   assert_int_equal(s0.bytes_mapped, 18 * M);
-  void *z = gg_torch_alloc((ssize_t)(20 * M), 4, NULL); /* does not fit the hole: grows past the peak */
+  void *z =
+      gg_torch_alloc((ssize_t)(20 * M), 4, NULL); /* does not fit the hole: grows past the peak */
   assert_non_null(z);
   gg_assert_ok(gg_arena_stats(a, &s1));
   assert_int_equal(s1.n_trims, s0.n_trims + 1);
@@ -135,16 +138,17 @@ static size_t pending_on(void *stream) {
   gg_assert_ok(gg_free(b, p));
   gg_arena_stats_t s;
   gg_assert_ok(gg_arena_stats(b, &s));
-  int rc = gg_arena_destroy(b); /* waits for the stream: the host backend says when it never would */
+  int rc =
+      gg_arena_destroy(b); /* waits for the stream: the host backend says when it never would */
   assert_true(rc == 0 || rc == GG_ETIMEDOUT);
   return s.bytes_pending;
 }
 
-/* Tensor.record_stream, and a free on another stream: the arena's stream is made to wait, on the device,
- * for that stream's work so far, and the block is freed in the arena's stream order. The host never
- * waits (no stream_sync), and a side stream still running (held) no longer makes the free fail: its
- * memory is handed out again only in the arena's stream order, and unmapped only after that stream,
- * and so the side stream, is done. */
+/* Tensor.record_stream, and a free on another stream: the arena's stream is made to wait, on the
+ * device, for that stream's work so far, and the block is freed in the arena's stream order. The
+ * host never waits (no stream_sync), and a side stream still running (held) no longer makes the
+ * free fail: its memory is handed out again only in the arena's stream order, and unmapped only
+ * after that stream, and so the side stream, is done. */
 static void test_record_stream_orders_the_free_after_that_stream(void **state) {
   (void)state;
   gg_assert_ok(gg_host_fault_set(NULL)); /* resets the backend's operation counters */
@@ -220,7 +224,8 @@ static void *allocator_thread(void *arg) {
   race_t *r = arg;
   while (!atomic_load(&r->stop)) {
     void *p = gg_torch_alloc(4096, 5, NULL);
-    if (p) gg_torch_free(p, 4096, 5, NULL); /* may land in another arena: refused, counted, no harm */
+    if (p)
+      gg_torch_free(p, 4096, 5, NULL); /* may land in another arena: refused, counted, no harm */
     atomic_fetch_add(&r->done, 1);
   }
   return NULL;
@@ -232,7 +237,8 @@ static void test_allocations_race_registration_and_destroy(void **state) {
   stderr = fopen("/dev/null", "w");
   race_t r = {false, 0};
   pthread_t t[3];
-  for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&t[i], NULL, allocator_thread, &r), 0);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, allocator_thread, &r), 0);
   for (int round = 0; round < 200; round++) {
     gg_arena_t *a = make_arena(16u << 20);
     gg_assert_ok(gg_plugin_set_arena(5, a));
@@ -250,10 +256,11 @@ static void test_allocations_race_registration_and_destroy(void **state) {
   assert_null(got);
 }
 
-/* Counters kept per thread and folded (plugin_threads.c): after threads that allocated and freed through
- * the plugin, some of them still alive and some gone, the figures are exact (every call counted once);
- * the peak lies between one thread's and all threads' live bytes. One thread alone gets its peak exact,
- * also across more than a fold's worth of calls, and the reset peak starts from the live bytes. */
+/* Counters kept per thread and folded (plugin_threads.c): after threads that allocated and freed
+ * through the plugin, some of them still alive and some gone, the figures are exact (every call
+ * counted once); the peak lies between one thread's and all threads' live bytes. One thread alone
+ * gets its peak exact, also across more than a fold's worth of calls, and the reset peak starts
+ * from the live bytes. */
 typedef struct counted {
   int pairs;
   pthread_barrier_t *done, *hold; /* NULL: exit at once */
@@ -332,8 +339,9 @@ static void test_counters_of_many_threads_are_exact(void **state) {
   gg_assert_ok(gg_arena_destroy(a));
 }
 
-/* Code written for CUDA keeps its stream handles after a fallback: cudaStreamPerThread (0x2) after a fallback to the host backend names the default
- * stream; a handle the host backend never made is refused at create and at free, never read. */
+/* Code written for CUDA keeps its stream handles after a fallback: cudaStreamPerThread (0x2) after
+ * a fallback to the host backend names the default stream; a handle the host backend never made is
+ * refused at create and at free, never read. */
 static void test_cuda_special_and_foreign_streams(void **state) {
   (void)state;
   gg_arena_options_t o;

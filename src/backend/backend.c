@@ -8,9 +8,12 @@ int gg__backend_resolve(const char *requested, int device, const char **chosen) 
   const char *what = "options.backend", *v = requested;
   if (!v || !*v) what = "GPUGUARD_BACKEND", v = gg__env("GPUGUARD_BACKEND");
   if (!v) v = "auto";
-  if (strcmp(v, "cuda") == 0 || strcmp(v, "host") == 0) return (*chosen = v[0] == 'c' ? "cuda" : "host"), 0;
-  if (strcmp(v, "auto") != 0) return gg__err(GG_EINVAL, "%s='%s': expected auto, cuda or host", what, v);
-  /* auto: cuda when the driver loads and has this device; the probe's message is not an error here. */
+  if (strcmp(v, "cuda") == 0 || strcmp(v, "host") == 0)
+    return (*chosen = v[0] == 'c' ? "cuda" : "host"), 0;
+  if (strcmp(v, "auto") != 0)
+    return gg__err(GG_EINVAL, "%s='%s': expected auto, cuda or host", what, v);
+  /* auto: cuda when the driver loads and has this device; the probe's message is not an error here.
+   * */
   int n = 0;
   gg__err_saved_t saved;
   gg__err_save(&saved);

@@ -1,11 +1,12 @@
-/* clock_internal.h — the one clock reading of the library and of the command line (tools/ include it:
- * it holds no library state and needs nothing but <time.h>). */
+/* clock_internal.h — the one clock reading of the library and of the command line (tools/ include
+ * it: it holds no library state and needs nothing but <time.h>). */
 #ifndef GG_CLOCK_INTERNAL_H
 #define GG_CLOCK_INTERNAL_H
 
 #include <time.h>
 
-/* Milliseconds on `clock` (CLOCK_MONOTONIC for intervals and deadlines, CLOCK_REALTIME for stamps). */
+/* Milliseconds on `clock` (CLOCK_MONOTONIC for intervals and deadlines, CLOCK_REALTIME for stamps).
+ * */
 static inline double gg__clock_ms(clockid_t clock) {
   struct timespec ts;
   clock_gettime(clock, &ts);

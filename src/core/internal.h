@@ -29,7 +29,8 @@ typedef struct gg__err_saved {
 void gg__err_save(gg__err_saved_t *s);
 void gg__err_restore(const gg__err_saved_t *s);
 /* The same for hot paths: the detail is copied only if something is about to overwrite it (a quiet
- * region costs two thread-local stores when nothing fails). Regions nest; end them in reverse order. */
+ * region costs two thread-local stores when nothing fails). Regions nest; end them in reverse
+ * order. */
 typedef struct gg__err_quiet {
   gg__err_saved_t saved;
   bool copied;
@@ -38,17 +39,19 @@ typedef struct gg__err_quiet {
 void gg__err_quiet_begin(gg__err_quiet_t *q);
 void gg__err_quiet_end(gg__err_quiet_t *q);
 
-/* ---- assertions (the debug build: cmake -DGPUGUARD_DEBUG=ON defines GG_DEBUG) ----------------------
+/* ---- assertions (the debug build: cmake -DGPUGUARD_DEBUG=ON defines GG_DEBUG)
+ * ----------------------
  *
  * GG__ASSERT: a cheap invariant at a mutation point (a block changing state, a free-list insert or
- * removal, a chunk mapped or unmapped, a scope ending, a cache publishing). GG__ASSERT_EXPENSIVE: one
- * that walks a structure (the whole-arena check after a public call). Both vanish from other builds,
- * where the condition is not evaluated (sizeof keeps its names used). A failure prints the condition,
- * file, line and function to stderr and aborts: a broken invariant must stop the program where it broke,
- * not leak or corrupt device memory later. */
+ * removal, a chunk mapped or unmapped, a scope ending, a cache publishing). GG__ASSERT_EXPENSIVE:
+ * one that walks a structure (the whole-arena check after a public call). Both vanish from other
+ * builds, where the condition is not evaluated (sizeof keeps its names used). A failure prints the
+ * condition, file, line and function to stderr and aborts: a broken invariant must stop the program
+ * where it broke, not leak or corrupt device memory later. */
 #ifdef GG_DEBUG
 _Noreturn void gg__assert_fail(const char *cond, const char *file, int line, const char *func);
-#define GG__ASSERT(cond)           (GG__LIKELY(cond) ? (void)0 : gg__assert_fail(#cond, __FILE__, __LINE__, __func__))
+#define GG__ASSERT(cond) \
+  (GG__LIKELY(cond) ? (void)0 : gg__assert_fail(#cond, __FILE__, __LINE__, __func__))
 #define GG__ASSERT_EXPENSIVE(cond) GG__ASSERT(cond)
 #else
 #define GG__ASSERT(cond)           ((void)sizeof(cond))
@@ -63,24 +66,29 @@ _Noreturn void gg__assert_fail(const char *cond, const char *file, int line, con
   } while (0)
 
 /* Environment and option values. Each returns 0, or GG_EINVAL with a message naming the variable
- * and the bad value. `what` names the source in messages ("GPUGUARD_HOST_CAPACITY", "options.backend"). */
+ * and the bad value. `what` names the source in messages ("GPUGUARD_HOST_CAPACITY",
+ * "options.backend"). */
 int gg__parse_size(const char *what, const char *text, size_t *out); /* bytes, K/M/G/T suffixes */
-int gg__parse_bool(const char *what, const char *text, bool *out);   /* 1/0/on/off/yes/no/true/false */
+int gg__parse_bool(const char *what, const char *text,
+                   bool *out); /* 1/0/on/off/yes/no/true/false */
 int gg__parse_int(const char *what, const char *text, long lo, long hi, long *out);
 /* getenv that treats an empty value as unset. */
 const char *gg__env(const char *name);
 
 /* Fork generation: bumped in every forked child (pthread_atfork). Objects remember the generation
- * they were made in and refuse use when it differs: the child must not touch the parent's CUDA state. */
-extern atomic_uint gg__fork_gen; /* fork.c's count of forks: read it through gg__fork_generation() */
+ * they were made in and refuse use when it differs: the child must not touch the parent's CUDA
+ * state. */
+extern atomic_uint
+    gg__fork_gen; /* fork.c's count of forks: read it through gg__fork_generation() */
 /* Inline: every arena call compares its handle's generation with it. */
 static inline unsigned gg__fork_generation(void) {
   return atomic_load_explicit(&gg__fork_gen, memory_order_relaxed);
 }
 int gg__check_fork(unsigned created_gen, const char *call);
 
-/* The fork handlers: fork.c's one pthread_atfork runs every registered level's prepare in this order
- * (the lock order written in fork.c), then the parent's or the child's release in the reverse order. */
+/* The fork handlers: fork.c's one pthread_atfork runs every registered level's prepare in this
+ * order (the lock order written in fork.c), then the parent's or the child's release in the reverse
+ * order. */
 enum gg__fork_level {
   GG__FORK_PLUGIN,   /* plugin/plugin.c: calling threads, trace, recorded streams, graph devices */
   GG__FORK_GUARDS,   /* guard/guard.c: the live-guard list */
@@ -112,11 +120,14 @@ void gg__strlcpy(char *dst, const char *src, size_t cap);
 size_t gg__utf8_whole(const char *s, size_t len);
 
 /* A spin lock for state its own thread takes on every call and others rarely (a thread's cache, a
- * thread's plugin record): one exchange when free; a waiter yields instead of burning the holder's core. */
+ * thread's plugin record): one exchange when free; a waiter yields instead of burning the holder's
+ * core. */
 static inline void gg__spin_lock(atomic_int *l) {
   while (atomic_exchange_explicit(l, 1, memory_order_acquire))
     while (atomic_load_explicit(l, memory_order_relaxed)) sched_yield();
 }
-static inline void gg__spin_unlock(atomic_int *l) { atomic_store_explicit(l, 0, memory_order_release); }
+static inline void gg__spin_unlock(atomic_int *l) {
+  atomic_store_explicit(l, 0, memory_order_release);
+}
 
 #endif

@@ -1,12 +1,13 @@
-/* json.c — the one JSON string writer: UTF-8-correct, escapes what JSON requires, replaces what is not
- * text (see json_internal.h for the exact rules). */
+/* json.c — the one JSON string writer: UTF-8-correct, escapes what JSON requires, replaces what is
+ * not text (see json_internal.h for the exact rules). */
 #include <string.h>
 
 #include "gpuguard/report.h"
 #include "core/internal.h"
 #include "core/json_internal.h"
 
-/* p is NUL-terminated, so a truncated sequence stops at the NUL, which is never a continuation byte. */
+/* p is NUL-terminated, so a truncated sequence stops at the NUL, which is never a continuation
+ * byte. */
 size_t gg__utf8_len(const unsigned char *p) {
   unsigned char c = p[0];
   if (c < 0x80) return 1;
@@ -44,7 +45,8 @@ void gg__json_string(const char *s, gg__json_sink_fn put, void *ctx) {
     /* The longest run that needs nothing: one put per run, not per byte. */
     const unsigned char *run = p;
     size_t n;
-    while (*p && *p >= 0x20 && *p != 0x7f && *p != '"' && *p != '\\' && (n = gg__utf8_len(p)) > 0) p += n;
+    while (*p && *p >= 0x20 && *p != 0x7f && *p != '"' && *p != '\\' && (n = gg__utf8_len(p)) > 0)
+      p += n;
     if (p > run) put(ctx, (const char *)run, (size_t)(p - run));
     if (!*p) break;
     unsigned char c = *p++;

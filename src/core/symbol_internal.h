@@ -4,8 +4,8 @@
 
 #include <stddef.h>
 
-/* A return address as "function+0xoff (object)" (or "object+0xoff" where no symbol is exported), for
- * reports of allocation sites (arena_sites.c records them). */
+/* A return address as "function+0xoff (object)" (or "object+0xoff" where no symbol is exported),
+ * for reports of allocation sites (arena_sites.c records them). */
 void gg__site_name(const void *pc, char *out, size_t cap);
 
 #endif

@@ -1,6 +1,6 @@
-/* thread.c — how the library starts its own threads (the guard thread and watchdog, the spawn thread,
- * the CUDA backend's context-sync thread): with every signal blocked, so handlers run on the program's
- * threads; and a signal's default action put back (the fatal and child paths). */
+/* thread.c — how the library starts its own threads (the guard thread and watchdog, the spawn
+ * thread, the CUDA backend's context-sync thread): with every signal blocked, so handlers run on
+ * the program's threads; and a signal's default action put back (the fatal and child paths). */
 #include <signal.h>
 #include <string.h>
 
