@@ -8,23 +8,24 @@
 #include "arena/arena_impl.h"
 #include "core/internal.h"
 
-/* ---- top ------------------------------------------------------------------------------------------- */
+/* ---- top ------------------------------------------------------------------------------------- */
 
-/* Bump allocation (and O(1) scope ends) continue in the largest free block. The log is flushed first
- * when top moves below it. */
+/* Bump allocation (and O(1) scope ends) continue in the largest free block. The log is flushed
+ * first when top moves below it. */
 void gg__arena_promote(gg_arena_t *a) {
   gg__block_t *b = gg__freelist_largest(&a->freelist), *t = a->freelist.top;
   if (!b || (t && t->size >= b->size)) return;
   if (a->bump_count && b->addr < gg__bump_entry_end(&a->bump[a->bump_count - 1])) {
     if (gg__bump_flush(a) < 0) return; /* keeps the old top: only speed is lost */
-    if (!(b = gg__freelist_largest(&a->freelist)) || ((t = a->freelist.top) && t->size >= b->size)) return;
+    if (!(b = gg__freelist_largest(&a->freelist)) || ((t = a->freelist.top) && t->size >= b->size))
+      return;
   }
   if (gg__freelist_reserve(&a->freelist, 1) < 0) return;
   gg__freelist_set_top(&a->freelist, b);
   a->bump_new_run = true;
 }
 
-/* ---- growth -------------------------------------------------------------------------------------- */
+/* ---- growth ---------------------------------------------------------------------------------- */
 
 size_t gg__chunk_index(const gg_arena_t *a, uintptr_t p) {
   size_t lo = 0, hi = a->n_chunks;
@@ -42,8 +43,9 @@ size_t gg__chunk_index(const gg_arena_t *a, uintptr_t p) {
  * ends at gs, if any); the size to map there, or 0 when they do not fit. */
 static size_t gg__gap_fit(const gg_arena_t *a, uintptr_t gs, uintptr_t ge, size_t n, size_t al) {
   if (ge <= gs) return 0;
-  const gg__block_t *t = a->freelist.top,
-                    *l = (t && t->addr + t->size == gs) ? t : gg__freelist_ending_at(&a->freelist, gs);
+  const gg__block_t *t = a->freelist.top, *l = (t && t->addr + t->size == gs)
+                                                   ? t
+                                                   : gg__freelist_ending_at(&a->freelist, gs);
   uintptr_t start = l ? l->addr : gs, p = gg__align_up(start, al);
   if (p < start || p > ge || ge - p < n) return 0;
   size_t m = p + n > gs ? (size_t)gg__align_up(p + n - gs, a->granularity) : a->granularity;
@@ -103,8 +105,8 @@ static int gg__unmap_pieces(gg_arena_t *a, void *ctx) {
 }
 
 /* Maps `size` bytes at `at` as pieces of `piece` bytes into made[]: all or nothing. */
-static int gg__map_pieces(gg_arena_t *a, uintptr_t at, size_t size, size_t piece, gg__chunk_t **made,
-                          char *why, size_t whycap) {
+static int gg__map_pieces(gg_arena_t *a, uintptr_t at, size_t size, size_t piece,
+                          gg__chunk_t **made, char *why, size_t whycap) {
   int rc = 0;
   size_t done = 0, k = 0;
   for (; done < size; k++) {
@@ -121,7 +123,8 @@ static int gg__map_pieces(gg_arena_t *a, uintptr_t at, size_t size, size_t piece
     }
     done += sz;
   }
-  if (rc < 0) gg__arena_quietly(a, gg__unmap_pieces, &(gg__pieces_t){made, k}); /* the map error stays */
+  if (rc < 0)
+    gg__arena_quietly(a, gg__unmap_pieces, &(gg__pieces_t){made, k}); /* the map error stays */
   return rc;
 }
 
@@ -130,9 +133,10 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
   size_t m = 0;
   int rc = gg__find_room(a, n, al, &at, &m, why, whycap);
   if (rc < 0) return rc;
-  /* With VMM a large request is mapped as chunk-sized pieces at consecutive addresses: one block to the
-   * allocator, but trim can later give back each piece that no live block touches, so a big mapping
-   * that small blocks reuse does not stay pinned whole (and a growth finds whole pieces to reuse). */
+  /* With VMM a large request is mapped as chunk-sized pieces at consecutive addresses: one block to
+   * the allocator, but trim can later give back each piece that no live block touches, so a big
+   * mapping that small blocks reuse does not stay pinned whole (and a growth finds whole pieces to
+   * reuse). */
   size_t piece = a->contiguous && m > a->chunk_size ? a->chunk_size : m;
   size_t pieces = (m + piece - 1) / piece;
   rc = gg__arena_grow_array(&a->chunks, &a->chunks_cap, a->n_chunks + pieces, sizeof *a->chunks);
@@ -157,23 +161,24 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
   return 0;
 }
 
-/* ---- trim ---------------------------------------------------------------------------------------- */
+/* ---- trim ------------------------------------------------------------------------------------ */
 
-/* Only when the growth would raise peak mapped: free memory in the wrong place is then not kept mapped
- * beside the new mapping, which keeps peak mapped close to peak in use when request sizes vary from
- * step to step. Below the peak the arena keeps what it has (no map/unmap churn; trim() gives it back).
- * The trim may wait for the stream, so it runs only when a free block, or what waits to become free,
- * could hold a whole chunk. */
+/* Only when the growth would raise peak mapped: free memory in the wrong place is then not kept
+ * mapped beside the new mapping, which keeps peak mapped close to peak in use when request sizes
+ * vary from step to step. Below the peak the arena keeps what it has (no map/unmap churn; trim()
+ * gives it back). The trim may wait for the stream, so it runs only when a free block, or what
+ * waits to become free, could hold a whole chunk. */
 bool gg__arena_trim_before_growth(const gg_arena_t *a, size_t n) {
   if (!a->contiguous || a->freelist.bytes < 2 * a->chunk_size) return false;
   size_t grow = (size_t)gg__align_up(n, a->granularity);
   if (grow < a->chunk_size) grow = a->chunk_size;
   if (a->mapped + grow <= a->peak_mapped) return false;
-  /* Worth a wait only when what would come back is at least 2 chunks and 1/64 of what is mapped (the
-   * wait drains the GPU's queue; the unmapped memory is mapped again soon after). With an absolute
-   * threshold alone, a decoder's forward pass that outgrew its peak waited at almost every growth, for
-   * a few chunks of a multi-GiB mapping: 42 waits in 30 steps of its trace, 14 with the share, all while
-   * it warms up; peak mapped / peak in use 1.0030 -> 1.0049; the encoder trace 19 -> 15, 1.0041 -> 1.0040).
+  /* Worth a wait only when what would come back is at least 2 chunks and 1/64 of what is mapped
+   * (the wait drains the GPU's queue; the unmapped memory is mapped again soon after). With an
+   * absolute threshold alone, a decoder's forward pass that outgrew its peak waited at almost every
+   * growth, for a few chunks of a multi-GiB mapping: 42 waits in 30 steps of its trace, 14 with the
+   * share, all while it warms up; peak mapped / peak in use 1.0030 -> 1.0049; the encoder trace 19
+   * -> 15, 1.0041 -> 1.0040).
    */
   size_t worth = a->mapped / 64 > 2 * a->chunk_size ? a->mapped / 64 : 2 * a->chunk_size;
   const gg__block_t *b = gg__freelist_largest(&a->freelist), *t = a->freelist.top;
@@ -188,12 +193,13 @@ static int gg__addr_desc(const void *x, const void *y) {
   return a < b ? 1 : a > b ? -1 : 0;
 }
 
-/* Unmaps the chunks that free block fb covers wholly, highest first, while more than keep bytes stay
- * mapped: each run of adjacent chunks that may go in one backend call (one driver call where the driver
- * takes a range). Their records stay in a->chunks, marked in gone[], until the trim ends, so the array
- * is compacted once rather than once per chunk. What is left of fb goes back as free blocks. Adds the
- * bytes unmapped to *returned. */
-static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool *gone, size_t *returned) {
+/* Unmaps the chunks that free block fb covers wholly, highest first, while more than keep bytes
+ * stay mapped: each run of adjacent chunks that may go in one backend call (one driver call where
+ * the driver takes a range). Their records stay in a->chunks, marked in gone[], until the trim
+ * ends, so the array is compacted once rather than once per chunk. What is left of fb goes back as
+ * free blocks. Adds the bytes unmapped to *returned. */
+static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool *gone,
+                          size_t *returned) {
   int rc = 0;
   uintptr_t lo = fb->addr, hi = fb->addr + fb->size;
   void *seg = fb->seg;
@@ -201,7 +207,8 @@ static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool *gon
   while (j < a->n_chunks && a->chunks[j]->ptr + a->chunks[j]->size <= hi) j++;
   bool taken = false;
   while (rc == 0) {
-    while (j > i0 && a->mapped - a->chunks[j - 1]->size < keep) j--; /* stays: keep would not be met */
+    while (j > i0 && a->mapped - a->chunks[j - 1]->size < keep)
+      j--; /* stays: keep would not be met */
     size_t top = j, m = a->mapped;
     while (j > i0 && m - a->chunks[j - 1]->size >= keep) m -= a->chunks[--j]->size;
     if (j == top) break;
@@ -213,7 +220,8 @@ static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool *gon
     if (t->ptr + t->size < hi)
       gg__freelist_put_plain(&a->freelist, t->ptr + t->size, hi - (t->ptr + t->size), seg);
     hi = a->chunks[top - done]->ptr;
-    GG__ASSERT(done <= top - j && a->chunks[top - done]->ptr >= lo); /* unmapped inside the free block */
+    GG__ASSERT(done <= top - j &&
+               a->chunks[top - done]->ptr >= lo); /* unmapped inside the free block */
     for (size_t k = top - done; k < top; k++)
       gone[k] = true, a->mapped -= a->chunks[k]->size, *returned += a->chunks[k]->size;
   }
@@ -224,7 +232,8 @@ static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool *gon
   return rc;
 }
 
-/* A free block that covers chunks is split around them; a failed unmap leaves the rest as it was. */
+/* A free block that covers chunks is split around them; a failed unmap leaves the rest as it was.
+ * */
 int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
   int rc;
   gg__tcache_give_back_all(a, false); /* threads' caches keep no free memory mapped */
@@ -263,8 +272,8 @@ int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
   return rc;
 }
 
-/* Destroy and teardown: every chunk, in runs of adjacent chunks; a run that fails is finished chunk by
- * chunk, so one failure does not keep the rest mapped. The first error is returned. */
+/* Destroy and teardown: every chunk, in runs of adjacent chunks; a run that fails is finished chunk
+ * by chunk, so one failure does not keep the rest mapped. The first error is returned. */
 int gg__arena_unmap_all(gg_arena_t *a) {
   int rc = 0;
   for (size_t i = 0, j; i < a->n_chunks; i = j) {
@@ -273,7 +282,8 @@ int gg__arena_unmap_all(gg_arena_t *a) {
     size_t done = 0;
     int r = a->ops->unmap_run(a->dev, a->chunks + i, j - i, &done);
     GG_KEEP_FIRST(rc, r);
-    for (size_t k = j - done; r < 0 && k-- > i;) GG_KEEP_FIRST(rc, a->ops->unmap(a->dev, a->chunks[k]));
+    for (size_t k = j - done; r < 0 && k-- > i;)
+      GG_KEEP_FIRST(rc, a->ops->unmap(a->dev, a->chunks[k]));
   }
   for (size_t i = 0; i < a->n_chunks; i++) free(a->chunks[i]);
   a->n_chunks = 0, a->mapped = 0;

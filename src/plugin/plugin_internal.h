@@ -4,8 +4,8 @@
 
 #include "gpuguard/arena.h"
 
-/* Drops the arena from the plugin table, waiting for plugin calls that are using it. Registered as the
- * arena's destroy hook (gg__arena_on_destroy) when the table is first written. */
+/* Drops the arena from the plugin table, waiting for plugin calls that are using it. Registered as
+ * the arena's destroy hook (gg__arena_on_destroy) when the table is first written. */
 void gg__plugin_forget(const gg_arena_t *arena);
 
 #endif
