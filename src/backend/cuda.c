@@ -307,7 +307,10 @@ static int gg__c_va_reserve_any(gg__dev_t *d, size_t size, uintptr_t *base) {
   if (size == 0 || size % d->granularity)
     return gg__err(GG_EINVAL, "cuda backend: reserve of %zu bytes is not a multiple of %zu", size,
                    d->granularity);
-  if (!d->contiguous) return (*base = 0), 0;
+  if (!d->contiguous) {
+    *base = 0;
+    return 0;
+  }
   CUdeviceptr p = 0;
   gg__ctx_scope_t s;
   int rc = gg__ctx_enter(d, &s);
@@ -501,7 +504,10 @@ static int gg__c_event_query(gg__dev_t *d, void *ev) {
   int rc = gg__ctx_enter(d, &s);
   if (rc < 0) return rc;
   CUresult r = gg__cu.fn_cuEventQuery((CUevent)ev);
-  if (r == CUDA_ERROR_NOT_READY) return gg__ctx_done(&s, CUDA_SUCCESS, "cuEventQuery"), 0;
+  if (r == CUDA_ERROR_NOT_READY) {
+    gg__ctx_done(&s, CUDA_SUCCESS, "cuEventQuery");
+    return 0;
+  }
   rc = gg__ctx_done(&s, r, "cuEventQuery");
   return rc < 0 ? rc : 1;
 }
@@ -528,7 +534,10 @@ static int gg__c_stream_query(gg__dev_t *d, void *stream) {
   int rc = gg__ctx_enter(d, &s);
   if (rc < 0) return rc;
   CUresult r = gg__cu.fn_cuStreamQuery((CUstream)stream);
-  if (r == CUDA_ERROR_NOT_READY) return gg__ctx_done(&s, CUDA_SUCCESS, "cuStreamQuery"), 0;
+  if (r == CUDA_ERROR_NOT_READY) {
+    gg__ctx_done(&s, CUDA_SUCCESS, "cuStreamQuery");
+    return 0;
+  }
   rc = gg__ctx_done(&s, r, "cuStreamQuery");
   return rc < 0 ? rc : 1;
 }
@@ -616,7 +625,8 @@ static void *gg__csync_main(void *arg) {
   }
   gg__cu.fn_cuDevicePrimaryCtxRelease(s->dev);
   pthread_mutex_lock(&s->lock);
-  s->r = r, s->done = true;
+  s->r = r;
+  s->done = true;
   pthread_cond_signal(&s->cond);
   pthread_mutex_unlock(&s->lock);
   gg__csync_put(s);
@@ -641,7 +651,8 @@ static int gg__c_ctx_sync(gg__dev_t *d, int timeout_ms) {
   pthread_mutex_init(&s->lock, NULL);
   pthread_cond_init(&s->cond, &ca);
   pthread_condattr_destroy(&ca);
-  s->refs = 2, s->dev = c->dev;
+  s->refs = 2;
+  s->dev = c->dev;
   int e = gg__thread_start(NULL, gg__csync_main, s, true);
   if (e != 0) {
     gg__cu.fn_cuDevicePrimaryCtxRelease(c->dev);
@@ -726,17 +737,25 @@ int gg__cuda_open(int index, gg__dev_t **out) {
   gg__dev_t *d = calloc(1, sizeof *d);
   gg__cudev_t *c = calloc(1, sizeof *c);
   if (!d || !c) {
-    free(d), free(c);
+    free(d);
+    free(c);
     return gg__err(GG_ENOMEM, "cuda backend: open: out of host memory");
   }
-  d->ops = &gg__cuda_ops, d->index = index, d->impl = c, d->props = props, d->contiguous = vmm;
+  d->ops = &gg__cuda_ops;
+  d->index = index;
+  d->impl = c;
+  d->props = props;
+  d->contiguous = vmm;
   d->fork_gen = gg__fork_generation();
   CUresult r = gg__cu.fn_cuDeviceGet(&c->dev, index);
   const char *what = "cuDeviceGet";
-  if (r == CUDA_SUCCESS)
-    r = gg__cu.fn_cuDevicePrimaryCtxRetain(&c->ctx, c->dev), what = "cuDevicePrimaryCtxRetain";
+  if (r == CUDA_SUCCESS) {
+    r = gg__cu.fn_cuDevicePrimaryCtxRetain(&c->ctx, c->dev);
+    what = "cuDevicePrimaryCtxRetain";
+  }
   if (r != CUDA_SUCCESS) {
-    free(c), free(d);
+    free(c);
+    free(d);
     return gg__cu_fail(r, what);
   }
   c->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -748,7 +767,8 @@ int gg__cuda_open(int index, gg__dev_t **out) {
     r = gg__cu.fn_cuMemGetAllocationGranularity(&g, &c->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     if (r != CUDA_SUCCESS || g == 0 || (g & (g - 1))) {
       gg__cu.fn_cuDevicePrimaryCtxRelease(c->dev);
-      free(c), free(d);
+      free(c);
+      free(d);
       return r != CUDA_SUCCESS
                  ? gg__cu_fail(r, "cuMemGetAllocationGranularity")
                  : gg__err(GG_EDRIVER, "cuda backend: odd allocation granularity %zu", g);

@@ -68,9 +68,13 @@ static int gg__fault_parse(const char *what, const char *spec, gg__fault_t out[G
     const char *n = colon + 1;
     size_t nlen = strlen(n);
     if (strcmp(n, "*") == 0) {
-      f.nth = 1, f.sticky = true;
+      f.nth = 1;
+      f.sticky = true;
     } else {
-      if (nlen && n[nlen - 1] == '+') f.sticky = true, colon[nlen] = '\0';
+      if (nlen && n[nlen - 1] == '+') {
+        f.sticky = true;
+        colon[nlen] = '\0';
+      }
       long v;
       if (*n < '0' || *n > '9' ||
           gg__parse_int(what, n, 1, 1000000000L, &v) < 0) /* digits only: no ' 3' */
@@ -148,7 +152,10 @@ static int gg__h_va_reserve(gg__dev_t *d, size_t size, uintptr_t *base) {
   if (size == 0 || size % d->granularity)
     return gg__err(GG_EINVAL, "host backend: reserve of %zu bytes is not a multiple of %zu", size,
                    d->granularity);
-  if (!d->contiguous) return (*base = 0), 0;
+  if (!d->contiguous) {
+    *base = 0;
+    return 0;
+  }
   /* Over-reserve by one granule so the range can start on a granule boundary. */
   size_t g = d->granularity;
   if (size > SIZE_MAX - g)
@@ -207,9 +214,12 @@ static int gg__h_map(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out) 
     free(m);
     return gg__err(GG_ENOMEM, "host backend: committing %zu bytes: %s", size, strerror(e));
   }
-  m->ptr = (uintptr_t)p, m->size = size;
+  m->ptr = (uintptr_t)p;
+  m->size = size;
   pthread_mutex_lock(&h->lock);
-  m->next = h->maps, h->maps = m, h->mapped += size;
+  m->next = h->maps;
+  h->maps = m;
+  h->mapped += size;
   pthread_mutex_unlock(&h->lock);
   *out = (gg__chunk_t){.ptr = (uintptr_t)p, .size = size, .handle = 0};
   return 0;
@@ -223,7 +233,10 @@ static int gg__h_unmap(gg__dev_t *d, const gg__chunk_t *c) {
   gg__hmap_t **pp = &h->maps;
   while (*pp && !((*pp)->ptr == c->ptr && (*pp)->size == c->size)) pp = &(*pp)->next;
   gg__hmap_t *m = *pp;
-  if (m) *pp = m->next, h->mapped -= m->size;
+  if (m) {
+    *pp = m->next;
+    h->mapped -= m->size;
+  }
   pthread_mutex_unlock(&h->lock);
   if (!m)
     return gg__err(GG_EINVAL, "host backend: unmap of %zu bytes at %#jx: no such mapping", c->size,
@@ -255,7 +268,8 @@ static int gg__h_unmap_span(gg__dev_t *d, uintptr_t lo, size_t size) {
   for (gg__hmap_t *m = h->maps; m; m = m->next) {
     if (m->ptr >= hi || m->ptr + m->size <= lo) continue;
     if (m->ptr < lo || m->ptr + m->size > hi) partial = true;
-    covered += m->size, count++;
+    covered += m->size;
+    count++;
   }
   if (!partial && covered == size && (count == 1 || gg__host.range_unmap)) {
     for (gg__hmap_t **pp = &h->maps; *pp;) {
@@ -290,7 +304,10 @@ static int gg__h_unmap_run(gg__dev_t *d, gg__chunk_t *const *chunks, size_t n, s
   if (n > 1 && d->contiguous) {
     uintptr_t lo = chunks[0]->ptr;
     int rc = gg__h_unmap_span(d, lo, chunks[n - 1]->ptr + chunks[n - 1]->size - lo);
-    if (rc == 0) return (*done = n), 0;
+    if (rc == 0) {
+      *done = n;
+      return 0;
+    }
     if (rc != GG_EINVAL) return rc;
   }
   for (size_t k = n; k-- > 0; ++*done) {
@@ -479,7 +496,8 @@ int gg__host_open(int index, gg__dev_t **out) {
   gg__dev_t *d = calloc(1, sizeof *d);
   gg__hdev_t *h = calloc(1, sizeof *h);
   if (!d || !h) {
-    free(d), free(h);
+    free(d);
+    free(h);
     return gg__err(GG_ENOMEM, "host backend: open: out of host memory");
   }
   pthread_mutex_lock(&gg__host.lock);
@@ -492,7 +510,8 @@ int gg__host_open(int index, gg__dev_t **out) {
     pthread_mutex_unlock(&gg__host.lock);
   }
   if (rc < 0) {
-    free(d), free(h);
+    free(d);
+    free(h);
     return rc;
   }
   pthread_mutex_init(&h->lock, NULL);

@@ -180,7 +180,8 @@ int gg_host_stream_capture_begin(void *stream) {
     free(c);
     return gg__err(GG_ESTATE, "gg_host_stream_capture_begin: the stream is capturing already");
   }
-  c->stream = stream, c->id = ++gg__hcap.last_id;
+  c->stream = stream;
+  c->id = ++gg__hcap.last_id;
   c->next = gg__hcap.capturing, gg__hcap.capturing = c; /* owned by the list until capture_end */
   atomic_fetch_add(&gg__hcap_underway, 1);
   pthread_mutex_unlock(&gg__hcap.lock);
@@ -194,7 +195,10 @@ int gg_host_stream_capture_end(void *stream, unsigned long long *graph_id) {
   if (c) {
     *pp = c->next;
     atomic_fetch_sub(&gg__hcap_underway, 1);
-    if (!c->invalidated[0]) c->next = gg__hcap.graphs, gg__hcap.graphs = c;
+    if (!c->invalidated[0]) {
+      c->next = gg__hcap.graphs;
+      gg__hcap.graphs = c;
+    }
   }
   pthread_mutex_unlock(&gg__hcap.lock);
   if (!c) return gg__err(GG_ESTATE, "gg_host_stream_capture_end: the stream is not capturing");
@@ -253,7 +257,10 @@ int gg__h_graph_retain(gg__dev_t *d, void *stream, void (*destroy)(void *user), 
     if (c->nretained == c->capretained) {
       size_t cap = c->capretained ? 2 * c->capretained : 4;
       gg__hretain_t *r = realloc(c->retained, cap * sizeof *r);
-      if (r) c->retained = r, c->capretained = cap;
+      if (r) {
+        c->retained = r;
+        c->capretained = cap;
+      }
     }
     if (c->nretained < c->capretained)
       c->retained[c->nretained++] = (gg__hretain_t){destroy, user};
@@ -339,7 +346,8 @@ static int gg__hdeps_add_locked(gg__hdeps_t *ds, gg__hstream_t *on, unsigned lon
         "host backend: stream_wait: a stream may wait for at most %d held streams at once",
         GG__HDEPS);
   atomic_fetch_add(&on->refs, 1);
-  ds->d[n].on = on, ds->d[n].ticket = ticket;
+  ds->d[n].on = on;
+  ds->d[n].ticket = ticket;
   atomic_store(&ds->n, n + 1);
   return 0;
 }
@@ -433,7 +441,8 @@ int gg__h_event_record(gg__dev_t *d, void *ev, void *stream) {
     return rc;
   }
   gg__hevent_t *e = ev;
-  e->rec_key = key, e->recorded = true;
+  e->rec_key = key;
+  e->recorded = true;
   gg__hstream_unref(e->stream);
   e->stream = NULL;
   gg__hdeps_clear(&e->deps);
@@ -481,7 +490,10 @@ int gg__h_event_destroy(gg__dev_t *d, void *ev) {
   (void)d;
   int rc = gg__op(GG__OP_event_destroy);
   gg__hevent_t *e = ev;
-  if (e) gg__hstream_unref(e->stream), gg__hdeps_clear(&e->deps);
+  if (e) {
+    gg__hstream_unref(e->stream);
+    gg__hdeps_clear(&e->deps);
+  }
   free(
       e); /* freed even when a fault is injected: a real destroy failure does not leak the handle */
   return rc;

@@ -20,7 +20,8 @@ static void gg__quiet_copy(void) {
   gg__err_quiet_t *q = gg__quiet;
   if (GG__LIKELY(!q) || q->copied) return;
   gg__strlcpy(q->saved.text, gg__detail, sizeof q->saved.text);
-  q->saved.driver_status = gg__driver_status, q->copied = true;
+  q->saved.driver_status = gg__driver_status;
+  q->copied = true;
 }
 
 const char *gg_strerror(int code) {
@@ -95,7 +96,8 @@ void gg__err_restore(const gg__err_saved_t *s) {
 }
 
 void gg__err_quiet_begin(gg__err_quiet_t *q) {
-  q->copied = false, q->outer = gg__quiet;
+  q->copied = false;
+  q->outer = gg__quiet;
   gg__quiet = q;
 }
 

@@ -15,21 +15,25 @@ size_t gg__utf8_len(const unsigned char *p) {
   unsigned char lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
   if (c >= 0xC2 && c <= 0xDF)
     n = 2;
-  else if (c == 0xE0)
-    n = 3, lo = 0xA0;
-  else if (c >= 0xE1 && c <= 0xEC)
+  else if (c == 0xE0) {
     n = 3;
-  else if (c == 0xED)
-    n = 3, hi = 0x9F; /* U+D800..U+DFFF are surrogates */
-  else if (c >= 0xEE && c <= 0xEF)
+    lo = 0xA0;
+  } else if (c >= 0xE1 && c <= 0xEC)
     n = 3;
-  else if (c == 0xF0)
-    n = 4, lo = 0x90;
-  else if (c >= 0xF1 && c <= 0xF3)
+  else if (c == 0xED) { /* U+D800..U+DFFF are surrogates */
+    n = 3;
+    hi = 0x9F;
+  } else if (c >= 0xEE && c <= 0xEF)
+    n = 3;
+  else if (c == 0xF0) {
     n = 4;
-  else if (c == 0xF4)
-    n = 4, hi = 0x8F; /* nothing above U+10FFFF */
-  else
+    lo = 0x90;
+  } else if (c >= 0xF1 && c <= 0xF3)
+    n = 4;
+  else if (c == 0xF4) { /* nothing above U+10FFFF */
+    n = 4;
+    hi = 0x8F;
+  } else
     return 0;
   if (p[1] < lo || p[1] > hi) return 0;
   for (size_t i = 2; i < n; i++)

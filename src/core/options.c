@@ -60,8 +60,14 @@ int gg__parse_bool(const char *what, const char *text, bool *out) {
   static const char *const no[] = {"0", "off", "no", "false"};
   if (text) {
     for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
-      if (strcasecmp(text, yes[i]) == 0) return (*out = true), 0;
-      if (strcasecmp(text, no[i]) == 0) return (*out = false), 0;
+      if (strcasecmp(text, yes[i]) == 0) {
+        *out = true;
+        return 0;
+      }
+      if (strcasecmp(text, no[i]) == 0) {
+        *out = false;
+        return 0;
+      }
     }
   }
   return gg__err(GG_EINVAL, "%s='%s': expected 1/0, on/off, yes/no or true/false", what,
