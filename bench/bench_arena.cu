@@ -1,6 +1,7 @@
-/* bench_arena.cu — the arena against cudaMalloc and cudaMallocAsync, side by side in one run: alloc+free
- * pair latency, scope ends, fragmentation on a training-like sequence, and trim. Without a CUDA device
- * it runs the gpuguard rows on the host backend and says the CUDA columns were skipped. */
+/* bench_arena.cu — the arena against cudaMalloc and cudaMallocAsync, side by side in one run:
+ * alloc+free pair latency, scope ends, fragmentation on a training-like sequence, and trim. Without
+ * a CUDA device it runs the gpuguard rows on the host backend and says the CUDA columns were
+ * skipped. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <pthread.h>
@@ -57,11 +58,11 @@ static result_t summarize(double *v, int n) {
   return r;
 }
 
-/* ---- allocators under test: one alloc+free pair each -------------------------------------------- */
+/* ---- allocators under test: one alloc+free pair each ----------------------------------------- */
 
 /* A_PLUGIN: what PyTorch's pluggable allocator calls (gg_torch_alloc / gg_torch_free on the arena's
- * stream): stream-ordered, so a block freed on the stream is reusable at once by later work on it, as
- * with cudaMallocAsync. */
+ * stream): stream-ordered, so a block freed on the stream is reusable at once by later work on it,
+ * as with cudaMallocAsync. */
 typedef enum { A_GG, A_GG_NOSTREAM, A_PLUGIN, A_MALLOC, A_ASYNC, A_COUNT } alloc_kind_t;
 static gg_arena_t *arena[3];
 
@@ -102,9 +103,9 @@ static unsigned long long arena_events(gg_arena_t *a) {
   return s.n_events;
 }
 
-/* Two measurements of the same sequence: single pairs timed one by one (for p99: a pair's worst case)
- * and batches of pairs timed together (for the median: the clock's own cost and jitter, ~50 ns per
- * read on the VM, would otherwise dominate a 100 ns figure). */
+/* Two measurements of the same sequence: single pairs timed one by one (for p99: a pair's worst
+ * case) and batches of pairs timed together (for the median: the clock's own cost and jitter, ~50
+ * ns per read on the VM, would otherwise dominate a 100 ns figure). */
 static result_t measure_pairs(alloc_kind_t k, const size_t *sizes, int nsizes, int iters) {
   for (int i = 0; i < 2000; i++)
     pair(k, sizes[i % nsizes]); /* warm: pools filled, chunks mapped, caches hot */
@@ -151,12 +152,13 @@ static void bench_pairs(void) {
     double bytes = 256.0 * pow(2.0, u * 18.0);
     mix[i] = ((size_t)bytes + 255) / 256 * 256;
   }
-  printf(
-      "\n## alloc+free pair latency, ns (median of batch means / p99 of single pairs), same sizes and order "
-      "for every allocator\n\n");
+  printf("\n## alloc+free pair latency, ns (median of batch means / p99 of single pairs), same "
+         "sizes and order "
+         "for every allocator\n\n");
   printf("| size | gpuguard | gpuguard no-stream | gpuguard plugin (PyTorch's path) | cudaMalloc | "
          "cudaMallocAsync "
-         "| cudaMalloc / gpuguard | async / gpuguard | async / plugin | gpuguard events per 1000 pairs "
+         "| cudaMalloc / gpuguard | async / gpuguard | async / plugin | gpuguard events per 1000 "
+         "pairs "
          "|\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (int row = 0; row < 5; row++) {
     const size_t *sz = row < 4 ? &fixed[row] : mix;
@@ -170,26 +172,31 @@ static void bench_pairs(void) {
     }
     char c[A_COUNT][48], x1[32] = "skipped", x2[32] = "skipped", x3[32] = "skipped";
     for (int k = 0; k < A_COUNT; k++) fmt_result(c[k], sizeof c[k], r[k]);
-    double g = r[A_GG].median > 1 ? r[A_GG].median : 1, gp = r[A_PLUGIN].median > 1 ? r[A_PLUGIN].median : 1;
+    double g = r[A_GG].median > 1 ? r[A_GG].median : 1,
+           gp = r[A_PLUGIN].median > 1 ? r[A_PLUGIN].median : 1;
     if (r[A_MALLOC].ran) snprintf(x1, sizeof x1, "%.0fx", r[A_MALLOC].median / g);
     if (r[A_ASYNC].ran) snprintf(x2, sizeof x2, "%.1fx", r[A_ASYNC].median / g);
     if (r[A_ASYNC].ran) snprintf(x3, sizeof x3, "%.1fx", r[A_ASYNC].median / gp);
-    printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |\n", labels[row], c[A_GG], c[A_GG_NOSTREAM],
-           c[A_PLUGIN], c[A_MALLOC], c[A_ASYNC], x1, x2, x3, events_per_1000);
+    printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |\n", labels[row], c[A_GG],
+           c[A_GG_NOSTREAM], c[A_PLUGIN], c[A_MALLOC], c[A_ASYNC], x1, x2, x3, events_per_1000);
   }
-  printf(
-      "\ngoals: gpuguard median <= 100 ns per pair, >= 15x faster than cudaMallocAsync, >= 50x faster than "
-      "cudaMalloc.\n'gpuguard' tracks the stream (a freed block waits for the work queued before its free); "
-      "'no-stream' reuses at once (GG_ARENA_NO_STREAM); 'plugin' is gg_torch_alloc/gg_torch_free on the "
-      "arena's stream, stream-ordered as cudaMallocAsync is (a block freed on the stream is reused at once "
-      "by "
-      "later work on it).\n");
+  printf("\ngoals: gpuguard median <= 100 ns per pair, >= 15x faster than cudaMallocAsync, >= 50x "
+         "faster than "
+         "cudaMalloc.\n'gpuguard' tracks the stream (a freed block waits for the work queued "
+         "before its free); "
+         "'no-stream' reuses at once (GG_ARENA_NO_STREAM); 'plugin' is "
+         "gg_torch_alloc/gg_torch_free on the "
+         "arena's stream, stream-ordered as cudaMallocAsync is (a block freed on the stream is "
+         "reused at once "
+         "by "
+         "later work on it).\n");
 }
 
-/* ---- 64 live blocks, one replaced at a time -------------------------------------------------------- */
+/* ---- 64 live blocks, one replaced at a time -------------------------------------------------- */
 
-/* A random one of 64 live blocks is freed and a new one allocated in its place, sizes log-uniform in
- * 16 B..4 MiB: the free list, coalescing and (tracked) batch closes at work, not just the bump block. */
+/* A random one of 64 live blocks is freed and a new one allocated in its place, sizes log-uniform
+ * in 16 B..4 MiB: the free list, coalescing and (tracked) batch closes at work, not just the bump
+ * block. */
 typedef struct churn {
   void *live[64];
   unsigned long long s;
@@ -262,11 +269,12 @@ static result_t measure_churn(alloc_kind_t k, int iters) {
 }
 
 static void bench_churn(void) {
-  printf("\n## 64 live blocks, free a random one and allocate a new one (16 B..4 MiB, log-uniform), ns per "
+  printf("\n## 64 live blocks, free a random one and allocate a new one (16 B..4 MiB, "
+         "log-uniform), ns per "
          "free+alloc (median of batch means / p99 of single steps)\n\n");
-  printf(
-      "| gpuguard | gpuguard no-stream | gpuguard plugin | cudaMalloc | cudaMallocAsync | async / gpuguard | "
-      "async / plugin |\n|---|---|---|---|---|---|---|\n");
+  printf("| gpuguard | gpuguard no-stream | gpuguard plugin | cudaMalloc | cudaMallocAsync | async "
+         "/ gpuguard | "
+         "async / plugin |\n|---|---|---|---|---|---|---|\n");
   result_t r[A_COUNT] = {};
   for (int k = 0; k < A_COUNT; k++) {
     if ((k == A_MALLOC || k == A_ASYNC) && !gpu) continue;
@@ -276,13 +284,14 @@ static void bench_churn(void) {
   for (int k = 0; k < A_COUNT; k++) fmt_result(c[k], sizeof c[k], r[k]);
   if (r[A_ASYNC].ran) {
     snprintf(x, sizeof x, "%.1fx", r[A_ASYNC].median / (r[A_GG].median > 1 ? r[A_GG].median : 1));
-    snprintf(xp, sizeof xp, "%.1fx", r[A_ASYNC].median / (r[A_PLUGIN].median > 1 ? r[A_PLUGIN].median : 1));
+    snprintf(xp, sizeof xp, "%.1fx",
+             r[A_ASYNC].median / (r[A_PLUGIN].median > 1 ? r[A_PLUGIN].median : 1));
   }
-  printf("| %s | %s | %s | %s | %s | %s | %s |\n\ngoal: gpuguard <= 100 ns.\n", c[A_GG], c[A_GG_NOSTREAM],
-         c[A_PLUGIN], c[A_MALLOC], c[A_ASYNC], x, xp);
+  printf("| %s | %s | %s | %s | %s | %s | %s |\n\ngoal: gpuguard <= 100 ns.\n", c[A_GG],
+         c[A_GG_NOSTREAM], c[A_PLUGIN], c[A_MALLOC], c[A_ASYNC], x, xp);
 }
 
-/* ---- scope ends --------------------------------------------------------------------------------- */
+/* ---- scope ends ------------------------------------------------------------------------------ */
 
 static void bench_scopes(void) {
   printf("\n## scope end\n\n| blocks released | kind | scope end total ns | ns per block "
@@ -307,7 +316,8 @@ static void bench_scopes(void) {
   }
   for (int c = 0; c < 4; c++) {
     int n = counts[c];
-    /* Holes of the right size, so the scope's blocks come from best fit, not from the bump block. */
+    /* Holes of the right size, so the scope's blocks come from best fit, not from the bump block.
+     * */
     void **keep = (void **)malloc(2 * (size_t)n * sizeof *keep);
     for (int i = 0; i < 2 * n; i++) GG(gg_alloc(arena[1], 4096, &keep[i]));
     for (int i = 0; i < 2 * n; i += 2) GG(gg_free(arena[1], keep[i]));
@@ -328,15 +338,24 @@ static void bench_scopes(void) {
   }
 }
 
-/* ---- threads: several threads allocating on one arena at once ---------------------------------- */
+/* ---- threads: several threads allocating on one arena at once -------------------------------- */
 
-typedef enum { T_GG, T_GG_NOSTREAM, T_GG_OWN, T_PLUGIN, T_ASYNC, T_ASYNC_OWN, T_COUNT } thread_kind_t;
-static const char *const thread_kind_names[T_COUNT] = {"gpuguard, one arena",
-                                                       "gpuguard no-stream, one arena",
-                                                       "gpuguard, per-thread stream (one arena each)",
-                                                       "gpuguard plugin (PyTorch's path), one arena",
-                                                       "cudaMallocAsync, one stream",
-                                                       "cudaMallocAsync, per-thread stream"};
+typedef enum {
+  T_GG,
+  T_GG_NOSTREAM,
+  T_GG_OWN,
+  T_PLUGIN,
+  T_ASYNC,
+  T_ASYNC_OWN,
+  T_COUNT
+} thread_kind_t;
+static const char *const thread_kind_names[T_COUNT] = {
+    "gpuguard, one arena",
+    "gpuguard no-stream, one arena",
+    "gpuguard, per-thread stream (one arena each)",
+    "gpuguard plugin (PyTorch's path), one arena",
+    "cudaMallocAsync, one stream",
+    "cudaMallocAsync, per-thread stream"};
 
 typedef struct thread_run {
   thread_kind_t kind;
@@ -351,9 +370,10 @@ typedef struct thread_run {
 
 static void *thread_pairs(void *arg) {
   thread_run_t *r = (thread_run_t *)arg;
-  /* As a thread that does GPU work (a PyTorch thread sets its device first): the device's context is
-   * current. A thread with none makes every driver call the library needs push and pop the context,
-   * and the driver serialises those (H200: 7 M push+query+pop per second in all, from 2 to 16 threads). */
+  /* As a thread that does GPU work (a PyTorch thread sets its device first): the device's context
+   * is current. A thread with none makes every driver call the library needs push and pop the
+   * context, and the driver serialises those (H200: 7 M push+query+pop per second in all, from 2 to
+   * 16 threads). */
   if (gpu) CU(cudaSetDevice(0));
   pthread_barrier_wait(r->start);
   unsigned long long n = 0;
@@ -441,9 +461,9 @@ static void bench_threads(void) {
   static const size_t four_k[] = {4 * KiB};
   static const size_t mixed[] = {256, 4 * KiB, 1 * KiB, 16 * KiB, 512, 64 * KiB, 2 * KiB, 8 * KiB};
   static const int counts[] = {1, 2, 4, 8, 16};
-  printf(
-      "\n## threads: alloc+free pairs on one arena from 1..16 threads, aggregate M pairs/s (x one thread's "
-      "rate)\n\n");
+  printf("\n## threads: alloc+free pairs on one arena from 1..16 threads, aggregate M pairs/s (x "
+         "one thread's "
+         "rate)\n\n");
   printf("| size | allocator | 1 | 2 | 4 | 8 | 16 |\n|---|---|---|---|---|---|---|\n");
   for (int row = 0; row < 2; row++) {
     for (int k = 0; k < T_COUNT; k++) {
@@ -462,12 +482,14 @@ static void bench_threads(void) {
       fflush(stdout);
     }
   }
-  printf("\ngoal: gpuguard, one arena: >= 4x one thread's rate at 8 threads, never below it. 'gpuguard, "
-         "per-thread stream' gives each thread an arena of its own tracking that thread's stream (an arena "
+  printf("\ngoal: gpuguard, one arena: >= 4x one thread's rate at 8 threads, never below it. "
+         "'gpuguard, "
+         "per-thread stream' gives each thread an arena of its own tracking that thread's stream "
+         "(an arena "
          "tracks one stream; threads on other streams of one arena are the 'one arena' rows).\n");
 }
 
-/* ---- fragmentation on a training-like sequence ------------------------------------------------- */
+/* ---- fragmentation on a training-like sequence ----------------------------------------------- */
 
 typedef struct seq_alloc {
   void *(*alloc)(void *ctx, size_t n);
@@ -494,7 +516,8 @@ static void async_seq_free(void *ctx, void *p) {
 
 /* Weights once; per step a sequence length, activations layer by layer, workspaces in between, and
  * the backward pass freeing in reverse with gradients' workspaces. */
-static void training_sequence(const seq_alloc_t *a, size_t hidden, size_t batch, int layers, int steps) {
+static void training_sequence(const seq_alloc_t *a, size_t hidden, size_t batch, int layers,
+                              int steps) {
   enum { PER_LAYER = 4 };
   void **weights = (void **)malloc((size_t)layers * 6 * sizeof *weights);
   void **acts = (void **)malloc((size_t)layers * PER_LAYER * sizeof *acts);
@@ -503,7 +526,8 @@ static void training_sequence(const seq_alloc_t *a, size_t hidden, size_t batch,
     for (int k = 4; k < 6; k++) weights[l * 6 + k] = a->alloc(a->ctx, hidden * hidden * 4 * 2);
   }
   unsigned long long s = 777;
-  static const size_t mult[PER_LAYER] = {1, 3, 4, 1}; /* x, qkv, mlp, out: times batch*seq*hidden*2 */
+  static const size_t mult[PER_LAYER] = {1, 3, 4,
+                                         1}; /* x, qkv, mlp, out: times batch*seq*hidden*2 */
   for (int step = 0; step < steps; step++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     size_t seq = 256 + ((s >> 33) % 29) * 64; /* 256 .. 2048 */
@@ -530,9 +554,11 @@ static void training_sequence(const seq_alloc_t *a, size_t hidden, size_t batch,
 static void bench_fragmentation(void) {
   size_t hidden = gpu ? 4096 : 512, batch = gpu ? 8 : 4;
   int layers = 8, steps = 300;
-  printf("\n## fragmentation on a training-like sequence (%d layers, hidden %zu, batch %zu, sequence length "
+  printf("\n## fragmentation on a training-like sequence (%d layers, hidden %zu, batch %zu, "
+         "sequence length "
          "256..2048 varying per step, %d steps%s)\n\n",
-         layers, hidden, batch, steps, gpu ? "" : "; host run: 16x smaller tensors and a 4 MiB chunk");
+         layers, hidden, batch, steps,
+         gpu ? "" : "; host run: 16x smaller tensors and a 4 MiB chunk");
   printf("| allocator | peak in use (MiB) | peak mapped / reserved (MiB) | ratio | time (ms) "
          "|\n|---|---|---|---|---|\n");
   for (int mode = 0; mode < 2; mode++) {
@@ -571,12 +597,12 @@ static void bench_fragmentation(void) {
   double t = (now_ns() - t0) / 1e6;
   CU(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &reserved));
   CU(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used));
-  printf("| cudaMallocAsync | %.1f | %.1f | %.4f | %.1f |\n", used / (double)MiB, reserved / (double)MiB,
-         (double)reserved / (double)used, t);
+  printf("| cudaMallocAsync | %.1f | %.1f | %.4f | %.1f |\n", used / (double)MiB,
+         reserved / (double)MiB, (double)reserved / (double)used, t);
   printf("\ngoal: gpuguard ratio <= 1.01 (peak mapped / peak in use).\n");
 }
 
-/* ---- trim --------------------------------------------------------------------------------------- */
+/* ---- trim ------------------------------------------------------------------------------------ */
 
 static size_t driver_free(void) {
   if (gpu) {
@@ -589,18 +615,21 @@ static size_t driver_free(void) {
   return info.free_bytes;
 }
 
-/* Trim at the default chunk size (8 MiB): blocks of 64 MiB (each mapped as 8 pieces) and of 2 MiB (4 to a
- * chunk), all freed, then one trim to 0; and with chunks that follow the request: 1 GiB blocks (128 MiB
- * on the host backend), each one chunk of its size. Time per GiB, and the driver's free memory before
- * the allocations against after the trim, to the byte (0 means everything came back). */
+/* Trim at the default chunk size (8 MiB): blocks of 64 MiB (each mapped as 8 pieces) and of 2 MiB
+ * (4 to a chunk), all freed, then one trim to 0; and with chunks that follow the request: 1 GiB
+ * blocks (128 MiB on the host backend), each one chunk of its size. Time per GiB, and the driver's
+ * free memory before the allocations against after the trim, to the byte (0 means everything came
+ * back). */
 static void bench_trim(void) {
   size_t total = gpu ? 16 * GiB : 512 * MiB;
   printf("\n## trim: giving %zu MiB back to the driver\n\n", total / MiB);
-  printf("| block size | chunk size | chunks | driver free before alloc (bytes) | after alloc | after trim | "
+  printf("| block size | chunk size | chunks | driver free before alloc (bytes) | after alloc | "
+         "after trim | "
          "after trim - before (bytes) | trim (ms) | ms per GiB |\n"
          "|---|---|---|---|---|---|---|---|---|\n");
   const size_t big = gpu ? GiB : 128 * MiB;
-  const size_t blocks[] = {64 * MiB, 2 * MiB, big}, chunks[] = {0, 0, big}; /* 0: the default, 8 MiB */
+  const size_t blocks[] = {64 * MiB, 2 * MiB, big},
+               chunks[] = {0, 0, big}; /* 0: the default, 8 MiB */
   for (int b = 0; b < 3; b++) {
     gg_arena_options_t o;
     gg_arena_options_init(&o);
@@ -620,12 +649,13 @@ static void bench_trim(void) {
     double t = (now_ns() - t0) / 1e6;
     size_t f2 = driver_free();
     printf("| %zu MiB | %s | %llu | %zu | %zu | %zu | %lld | %.2f | %.3f |\n", blocks[b] / MiB,
-           chunks[b] ? "the request's" : "8 MiB (default)", s.n_chunks, f0, f1, f2, (long long)f2 - (long long)f0,
-           t, t / ((double)s.bytes_mapped / GiB));
+           chunks[b] ? "the request's" : "8 MiB (default)", s.n_chunks, f0, f1, f2,
+           (long long)f2 - (long long)f0, t, t / ((double)s.bytes_mapped / GiB));
     free(p);
     GG(gg_arena_destroy(a));
   }
-  printf("\ngoal: <= 1 ms per GiB, after trim - before = 0. bench_trim_driver shows the driver's own share.\n");
+  printf("\ngoal: <= 1 ms per GiB, after trim - before = 0. bench_trim_driver shows the driver's "
+         "own share.\n");
 }
 
 int main(void) {
@@ -634,7 +664,8 @@ int main(void) {
   if (!gpu) {
     setenv("GPUGUARD_BACKEND", "host", 1);
     if (!getenv("GPUGUARD_HOST_CAPACITY")) setenv("GPUGUARD_HOST_CAPACITY", "4G", 1);
-    printf("# bench_arena: no CUDA device — gpuguard rows run on the host backend (simulated device in host "
+    printf("# bench_arena: no CUDA device — gpuguard rows run on the host backend (simulated "
+           "device in host "
            "memory); the cudaMalloc and cudaMallocAsync columns are skipped.\n");
   } else {
     cudaDeviceProp prop;

@@ -1,14 +1,15 @@
-/* bench_calls.c — driver calls and host CPU time per operation of bench_arena's latency cases, on the host
- * backend, where every driver call is counted exactly (gg_host_op_count). On a GPU each call costs a few
- * hundred ns, so calls per op say what a stream-tracked pair can cost there; the host ns say what the
- * arena's own code costs. Same sizes, same order and same arena history as bench_arena: pairs of 256 B,
- * 64 KiB, 2 MiB, 64 MiB and a log-uniform mix 256 B..64 MiB, then 64 live blocks with a random one
- * replaced (16 B..4 MiB). Then bench_arena's training-like sequence, stream-tracked, at its host size and
- * at its GPU size (nothing resident), for peak mapped / peak in use and calls per operation.
+/* bench_calls.c — driver calls and host CPU time per operation of bench_arena's latency cases, on
+ * the host backend, where every driver call is counted exactly (gg_host_op_count). On a GPU each
+ * call costs a few hundred ns, so calls per op say what a stream-tracked pair can cost there; the
+ * host ns say what the arena's own code costs. Same sizes, same order and same arena history as
+ * bench_arena: pairs of 256 B, 64 KiB, 2 MiB, 64 MiB and a log-uniform mix 256 B..64 MiB, then 64
+ * live blocks with a random one replaced (16 B..4 MiB). Then bench_arena's training-like sequence,
+ * stream-tracked, at its host size and at its GPU size (nothing resident), for peak mapped / peak
+ * in use and calls per operation.
  *
  *   bench_calls                (sets GPUGUARD_BACKEND=host unless told otherwise)
- *   bench_calls CASE STEPS     only case CASE (0-4 pairs, 5 the 64 live blocks), STEPS measured: for a
- * profiler
+ *   bench_calls CASE STEPS     only case CASE (0-4 pairs, 5 the 64 live blocks), STEPS measured:
+ * for a profiler
  */
 #define _POSIX_C_SOURCE 200809L
 #include <gpuguard/gpuguard.h>
@@ -58,12 +59,12 @@ typedef struct figures {
 } figures_t;
 
 static void print_row(const char *label, figures_t f) {
-  printf("| %s | %.4f | %.4f | %.4f | %.0f | %.0f |\n", label, f.calls, f.queries, f.records, f.median_ns,
-         f.mean_ns);
+  printf("| %s | %.4f | %.4f | %.4f | %.0f | %.0f |\n", label, f.calls, f.queries, f.records,
+         f.median_ns, f.mean_ns);
 }
 
-/* Runs `step` iters times in batches of 64, after `warm` untimed steps: calls per step and ns per step
- * (median of batch means, and the overall mean). */
+/* Runs `step` iters times in batches of 64, after `warm` untimed steps: calls per step and ns per
+ * step (median of batch means, and the overall mean). */
 static figures_t measure(void (*step)(void *), void *ctx, int warm, int iters) {
   for (int i = 0; i < warm; i++) step(ctx);
   enum { BATCH = 64 };
@@ -89,7 +90,7 @@ static figures_t measure(void (*step)(void *), void *ctx, int warm, int iters) {
   return f;
 }
 
-/* ---- pairs ---------------------------------------------------------------------------------------- */
+/* ---- pairs ----------------------------------------------------------------------------------- */
 
 typedef struct pairs {
   gg_arena_t *a;
@@ -104,7 +105,7 @@ static void pair_step(void *ctx) {
   GG(gg_free(p->a, q));
 }
 
-/* ---- 64 live blocks, one replaced at a time (bench_arena's sequence) ------------------------------ */
+/* ---- 64 live blocks, one replaced at a time (bench_arena's sequence) ------------------------- */
 
 typedef struct churn {
   gg_arena_t *a;
@@ -127,7 +128,7 @@ static void churn_step(void *ctx) {
   GG(gg_alloc(c->a, n, &c->live[slot]));
 }
 
-/* ---- training-like sequence (bench_arena's) ------------------------------------------------------- */
+/* ---- training-like sequence (bench_arena's) -------------------------------------------------- */
 
 static void *t_alloc(gg_arena_t *a, size_t n) {
   void *p;
@@ -192,7 +193,7 @@ static void bench_training(const char *label, size_t hidden, size_t batch, size_
   GG(gg_arena_destroy(a));
 }
 
-/* ---- a recorded trace, stream-tracked ------------------------------------------------------------ */
+/* ---- a recorded trace, stream-tracked -------------------------------------------------------- */
 
 typedef struct slot {
   unsigned long long key; /* the address in the trace; 0: empty */
@@ -206,8 +207,8 @@ static slot_t *find(slot_t *t, size_t cap, unsigned long long k) {
 }
 
 /* One chunk size: peak mapped / peak in use and driver calls per operation. Traces recorded by the
- * plugin may reuse an address only after its free, so a table keyed by address is enough (a freed slot
- * keeps its key with a NULL pointer). */
+ * plugin may reuse an address only after its free, so a table keyed by address is enough (a freed
+ * slot keeps its key with a NULL pointer). */
 static int replay(const char *path, size_t chunk) {
   char cmd[4200];
   if (snprintf(cmd, sizeof cmd, "gzip -dcf '%s'", path) >= (int)sizeof cmd) return -1;
@@ -239,8 +240,9 @@ static int replay(const char *path, size_t chunk) {
   pclose(f);
   gg_arena_stats_t st;
   GG(gg_arena_stats(a, &st));
-  printf("| %s | %zu MiB | %.0f | %.0f | %.4f | %.4f |\n", path, chunk >> 20, st.peak_in_use / (double)MiB,
-         st.peak_mapped / (double)MiB, (double)st.peak_mapped / (double)st.peak_in_use,
+  printf("| %s | %zu MiB | %.0f | %.0f | %.4f | %.4f |\n", path, chunk >> 20,
+         st.peak_in_use / (double)MiB, st.peak_mapped / (double)MiB,
+         (double)st.peak_mapped / (double)st.peak_in_use,
          (double)(driver_calls() - c0) / (double)(ops ? ops : 1));
   free(t);
   GG(gg_arena_destroy(a));
@@ -252,7 +254,8 @@ int main(int argc, char **argv) {
     setenv("GPUGUARD_BACKEND", "host", 0);
     setenv("GPUGUARD_HOST_CAPACITY", "48G", 0);
     setenv("GPUGUARD_HOST_POPULATE", "0", 0);
-    printf("| trace (gg_alloc/gg_free, stream-tracked, idle stream) | chunk | peak in use MiB | peak mapped "
+    printf("| trace (gg_alloc/gg_free, stream-tracked, idle stream) | chunk | peak in use MiB | "
+           "peak mapped "
            "MiB | "
            "ratio | driver calls per op |\n|---|---|---|---|---|---|\n");
     for (int i = 3; i < argc; i++)
@@ -268,10 +271,12 @@ int main(int argc, char **argv) {
   o.name = "bench";
   gg_arena_t *a;
   GG(gg_arena_create(&a, &o));
-  printf("# bench_calls: gpuguard %s, backend %s, stream-tracked arena (stream NULL: idle, as bench_arena's "
+  printf("# bench_calls: gpuguard %s, backend %s, stream-tracked arena (stream NULL: idle, as "
+         "bench_arena's "
          "stream on a GPU with nothing queued)\n\n",
          gg_version(), gg_arena_backend(a));
-  printf("| case | driver calls per op | queries per op | events recorded per op | host ns per op (median of "
+  printf("| case | driver calls per op | queries per op | events recorded per op | host ns per op "
+         "(median of "
          "64-op means) | host ns per op (mean) |\n|---|---|---|---|---|---|\n");
   static const size_t fixed[] = {256, 64 * KiB, 2 * MiB, 64 * MiB};
   static const char *const labels[] = {"pair 256 B", "pair 64 KiB", "pair 2 MiB", "pair 64 MiB",
@@ -302,11 +307,12 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 64; i++) GG(gg_free(a, c.live[i]));
   gg_arena_stats_t st;
   GG(gg_arena_stats(a, &st));
-  printf("\nbench arena after: peak mapped %.1f MiB, peak in use %.1f MiB\n", st.peak_mapped / (double)MiB,
-         st.peak_in_use / (double)MiB);
+  printf("\nbench arena after: peak mapped %.1f MiB, peak in use %.1f MiB\n",
+         st.peak_mapped / (double)MiB, st.peak_in_use / (double)MiB);
   GG(gg_arena_destroy(a));
   if (only >= 0) return 0;
-  printf("\n## training-like sequence, stream-tracked (bench_arena's)\n\n| run | peak in use MiB | peak "
+  printf("\n## training-like sequence, stream-tracked (bench_arena's)\n\n| run | peak in use MiB | "
+         "peak "
          "mapped MiB | "
          "ratio | driver calls per op | host ns per op |\n|---|---|---|---|---|---|\n");
   bench_training("host size (hidden 512, batch 4, 4 MiB chunk)", 512, 4, 4 * MiB);

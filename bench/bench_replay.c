@@ -6,14 +6,15 @@
  *   bench_replay [--catch-up N|step] [--no-steady-waits] TRACE[.gz] [CHUNK ...]
  *                CHUNK: sizes such as 2M 64M (default: 2M 8M 64M)
  *
- * On the host backend set GPUGUARD_HOST_CAPACITY above the trace's peak, GPUGUARD_HOST_POPULATE=0 (no
- * resident memory is needed: nothing is written) and GPUGUARD_HOST_BUSY=1 (streams always have work
- * queued, as a training stream does); on a GPU it maps real memory. With GPUGUARD_HOST_BUSY=1 alone the
- * simulated GPU never catches up unless the arena waits for it (the worst case for an allocator that
- * never waits); --catch-up makes it finish all work queued so far every N events, or at every
+ * On the host backend set GPUGUARD_HOST_CAPACITY above the trace's peak, GPUGUARD_HOST_POPULATE=0
+ * (no resident memory is needed: nothing is written) and GPUGUARD_HOST_BUSY=1 (streams always have
+ * work queued, as a training stream does); on a GPU it maps real memory. With GPUGUARD_HOST_BUSY=1
+ * alone the simulated GPU never catches up unless the arena waits for it (the worst case for an
+ * allocator that never waits); --catch-up makes it finish all work queued so far every N events, or
+ * at every
  * `# step` line of the trace (a training loop that reads its loss each step), through a wait on a
- * second arena of the same device, not counted in the replayed arena's waits. --no-steady-waits fails
- * the run (exit 1) when the arena waited for its stream in the second half of the events. */
+ * second arena of the same device, not counted in the replayed arena's waits. --no-steady-waits
+ * fails the run (exit 1) when the arena waited for its stream in the second half of the events. */
 #define _POSIX_C_SOURCE 200809L
 #include <gpuguard/gpuguard.h>
 #include <gpuguard/plugin.h>
@@ -50,7 +51,8 @@ static size_t *am_slot(addrmap_t *m, unsigned long long k, bool *found) {
   return &m->val[i];
 }
 
-static void am_del(addrmap_t *m, unsigned long long k) { /* backward-shift deletion keeps probes valid */
+static void am_del(addrmap_t *m,
+                   unsigned long long k) { /* backward-shift deletion keeps probes valid */
   size_t i = (size_t)(k * 0x9E3779B97F4A7C15ull) & (m->cap - 1);
   while (m->key[i] != k) i = (i + 1) & (m->cap - 1);
   for (size_t j = i;;) {
@@ -65,11 +67,12 @@ static void am_del(addrmap_t *m, unsigned long long k) { /* backward-shift delet
   m->key[i] = 0;
 }
 
-/* Reads the trace (through gzip -dc for a .gz name): lines `a ADDR SIZE [STREAM]` and `f ADDR [STREAM]`,
- * ADDR in any base strtoull reads (0x... from the plugin), and `# step` lines between training steps.
- * Numbers the blocks densely; counts events on a stream other than the default one, and the steps.
- * Returns the events, or NULL. */
-static ev_t *load(const char *path, size_t *n_out, size_t *ids_out, size_t *other_stream, size_t *steps) {
+/* Reads the trace (through gzip -dc for a .gz name): lines `a ADDR SIZE [STREAM]` and `f ADDR
+ * [STREAM]`, ADDR in any base strtoull reads (0x... from the plugin), and `# step` lines between
+ * training steps. Numbers the blocks densely; counts events on a stream other than the default one,
+ * and the steps. Returns the events, or NULL. */
+static ev_t *load(const char *path, size_t *n_out, size_t *ids_out, size_t *other_stream,
+                  size_t *steps) {
   size_t len = strlen(path);
   bool gz = len > 3 && strcmp(path + len - 3, ".gz") == 0;
   FILE *f;
@@ -160,14 +163,15 @@ static int catch_up(gg_arena_t *clock) {
 
 int main(int argc, char **argv) {
   int argi = 1;
-  long every = 0;           /* --catch-up: events between catch-ups; -1: at `# step` lines */
-  bool no_steady = false;   /* --no-steady-waits: fail when the second half waited for the stream */
+  long every = 0;         /* --catch-up: events between catch-ups; -1: at `# step` lines */
+  bool no_steady = false; /* --no-steady-waits: fail when the second half waited for the stream */
   for (;;) {
     if (argc > argi + 1 && strcmp(argv[argi], "--catch-up") == 0) {
       char *end = NULL;
       every = strcmp(argv[argi + 1], "step") == 0 ? -1 : strtol(argv[argi + 1], &end, 10);
       if (every == 0 || (every > 0 && *end)) {
-        fprintf(stderr, "bench_replay: --catch-up takes a number of events or 'step', not '%s'\n", argv[argi + 1]);
+        fprintf(stderr, "bench_replay: --catch-up takes a number of events or 'step', not '%s'\n",
+                argv[argi + 1]);
         return 2;
       }
       argi += 2;
@@ -179,7 +183,8 @@ int main(int argc, char **argv) {
     }
   }
   if (argc <= argi) {
-    fprintf(stderr, "usage: bench_replay [--catch-up N|step] [--no-steady-waits] TRACE[.gz] [CHUNK ...]   (CHUNK "
+    fprintf(stderr, "usage: bench_replay [--catch-up N|step] [--no-steady-waits] TRACE[.gz] [CHUNK "
+                    "...]   (CHUNK "
                     "like 2M, 64M)\n");
     return 2;
   }
@@ -199,11 +204,17 @@ int main(int argc, char **argv) {
   const char *defaults[] = {"2M", "8M", "64M"};
   int nchunks = argc > argi ? argc - argi : 3;
   int rc = 0;
-  printf("# bench_replay: %s, %zu events in %zu steps (%zu on a stream other than the default one, replayed on "
-         "it), GPU catches up %s, gpuguard %s\n", path, n, steps, other,
-         every < 0 ? "at every step" : every > 0 ? "every N events" : "only when waited for", GG_VERSION_STRING);
+  printf("# bench_replay: %s, %zu events in %zu steps (%zu on a stream other than the default one, "
+         "replayed on "
+         "it), GPU catches up %s, gpuguard %s\n",
+         path, n, steps, other,
+         every < 0   ? "at every step"
+         : every > 0 ? "every N events"
+                     : "only when waited for",
+         GG_VERSION_STRING);
   if (every > 0) printf("# N = %ld\n", every);
-  printf("\n| chunk | backend | peak in use MiB | peak mapped MiB | ratio | mapped after trim MiB (in use) | trims | "
+  printf("\n| chunk | backend | peak in use MiB | peak mapped MiB | ratio | mapped after trim MiB "
+         "(in use) | trims | "
          "GiB trimmed | stream waits | waits in the 2nd half | ns per call |\n"
          "|---|---|---|---|---|---|---|---|---|---|---|\n");
   gg_arena_t *clock = NULL;
@@ -236,7 +247,8 @@ int main(int argc, char **argv) {
         ptr[ev[i].id] = gg_torch_alloc((ssize_t)ev[i].size, 0, NULL);
         sz[ev[i].id] = ev[i].size;
         if (!ptr[ev[i].id]) {
-          fprintf(stderr, "bench_replay: event %zu: allocation of %zu bytes failed\n", i, ev[i].size);
+          fprintf(stderr, "bench_replay: event %zu: allocation of %zu bytes failed\n", i,
+                  ev[i].size);
           rc = -1;
         }
       } else if (ev[i].op == 'f' && ptr[ev[i].id]) {
@@ -248,32 +260,41 @@ int main(int argc, char **argv) {
     gg_arena_stats(a, &s);
     unsigned long long steady = s.n_stream_waits - half.n_stream_waits;
     if (no_steady && steady) {
-      fprintf(stderr, "bench_replay: %llu host waits for the stream in the second half of the trace\n", steady);
+      fprintf(stderr,
+              "bench_replay: %llu host waits for the stream in the second half of the trace\n",
+              steady);
       rc = -1;
     }
     gg_arena_trim(a, 0);
     gg_arena_stats(a, &s);
-    printf("| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %.1f | %llu | %llu | %.0f |\n", arg,
-           gg_arena_backend(a), s.peak_in_use / 1048576.0, s.peak_mapped / 1048576.0,
-           (double)s.peak_mapped / (double)s.peak_in_use, s.bytes_mapped / 1048576.0, s.bytes_in_use / 1048576.0,
-           s.n_trims, s.bytes_trimmed / 1073741824.0, s.n_stream_waits, steady, dt * 1e9 / (double)n);
+    printf("| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %.1f | %llu | %llu | %.0f |\n",
+           arg, gg_arena_backend(a), s.peak_in_use / 1048576.0, s.peak_mapped / 1048576.0,
+           (double)s.peak_mapped / (double)s.peak_in_use, s.bytes_mapped / 1048576.0,
+           s.bytes_in_use / 1048576.0, s.n_trims, s.bytes_trimmed / 1073741824.0, s.n_stream_waits,
+           steady, dt * 1e9 / (double)n);
     for (size_t i = 0; i < ids; i++)
       if (ptr[i]) gg_torch_free(ptr[i], (ssize_t)sz[i], 0, NULL);
     gg_plugin_stats_t ps;
     gg_arena_stats(a, &s);
     gg_plugin_stats(0, &ps);
     if (s.bytes_in_use || s.n_live || ps.n_failed_frees || ps.n_failed_allocs) {
-      fprintf(stderr, "bench_replay: after the replay %zu bytes in %llu blocks are still live; %llu frees and "
-              "%llu allocations failed\n", s.bytes_in_use, s.n_live, ps.n_failed_frees, ps.n_failed_allocs);
+      fprintf(
+          stderr,
+          "bench_replay: after the replay %zu bytes in %llu blocks are still live; %llu frees and "
+          "%llu allocations failed\n",
+          s.bytes_in_use, s.n_live, ps.n_failed_frees, ps.n_failed_allocs);
       rc = -1;
     }
     gg_plugin_set_arena(0, NULL);
     gg_arena_destroy(a);
   }
   gg_arena_destroy(clock);
-  printf("\n(ratio: peak mapped / peak in use, the arena's own figures; trims: trims that returned memory, the "
-         "final one included, and the bytes they returned; stream waits: host-side waits the arena made for its "
-         "stream, the final trim's included; waits in the 2nd half: those made in the second half of the events, "
+  printf("\n(ratio: peak mapped / peak in use, the arena's own figures; trims: trims that returned "
+         "memory, the "
+         "final one included, and the bytes they returned; stream waits: host-side waits the arena "
+         "made for its "
+         "stream, the final trim's included; waits in the 2nd half: those made in the second half "
+         "of the events, "
          "before the final trim: the steady state)\n");
   free(ptr), free(sz), free(ev);
   return rc < 0 ? 1 : rc;

@@ -1,9 +1,9 @@
-/* bench_scope.c — what a scope end costs per block it releases, the blocks taken from the free list (the
- * case bench_arena's scope-end table measures: holes of the right size left by freeing every other block,
- * so the scope's blocks come from best fit, not from the bump block), and alloc+free pairs beside it so
- * a change to the scope's bookkeeping shows what it costs the pair paths. Any backend: the host backend
- * without a GPU (GPUGUARD_BACKEND=host), CUDA when there is one. The figures are for reading, nothing is
- * asserted. Usage: bench_scope [max blocks (default 65536)] */
+/* bench_scope.c — what a scope end costs per block it releases, the blocks taken from the free list
+ * (the case bench_arena's scope-end table measures: holes of the right size left by freeing every
+ * other block, so the scope's blocks come from best fit, not from the bump block), and alloc+free
+ * pairs beside it so a change to the scope's bookkeeping shows what it costs the pair paths. Any
+ * backend: the host backend without a GPU (GPUGUARD_BACKEND=host), CUDA when there is one. The
+ * figures are for reading, nothing is asserted. Usage: bench_scope [max blocks (default 65536)] */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, setenv */
 #include <stdint.h>
 #include <stdio.h>
@@ -58,8 +58,8 @@ static double scope_from_free_list(gg_arena_t *a, int n) {
   return t;
 }
 
-/* Median ns per alloc+free pair of `size` bytes; inside a scope the threads' caches are bypassed, so
- * every pair takes the arena's own path and its scope bookkeeping. */
+/* Median ns per alloc+free pair of `size` bytes; inside a scope the threads' caches are bypassed,
+ * so every pair takes the arena's own path and its scope bookkeeping. */
 static double pairs(gg_arena_t *a, size_t size, bool scoped) {
   double v[RUNS];
   gg_scope_t sc;
@@ -103,7 +103,8 @@ int main(int argc, char **argv) {
          gg_arena_backend(a[0]), gg_version(), timer_ns);
 
   printf("## scope end, blocks from the free list (4096 B each; median and best of %d)\n\n", RUNS);
-  printf("| blocks | kind | median ns per block | best ns per block | median total us |\n|---|---|---|---|---|\n");
+  printf("| blocks | kind | median ns per block | best ns per block | median total us "
+         "|\n|---|---|---|---|---|\n");
   static const int counts[] = {16, 256, 4096, 65536};
   for (int k = 0; k < 2; k++) {
     for (int c = 0; c < 4 && counts[c] <= max; c++) {

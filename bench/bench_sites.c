@@ -1,7 +1,8 @@
-/* bench_sites.c — what recording allocation sites (GG_ARENA_BACKTRACE) costs an allocation: alloc+free
- * pairs with the flag off and on, called from a shallow and a deep stack (the backtrace stops after a
- * few frames, so depth should not matter), and the cost of a leak report's naming (dladdr) per frame.
- * Any backend (the host backend without a GPU); the figures are for reading, nothing is asserted. */
+/* bench_sites.c — what recording allocation sites (GG_ARENA_BACKTRACE) costs an allocation:
+ * alloc+free pairs with the flag off and on, called from a shallow and a deep stack (the backtrace
+ * stops after a few frames, so depth should not matter), and the cost of a leak report's naming
+ * (dladdr) per frame. Any backend (the host backend without a GPU); the figures are for reading,
+ * nothing is asserted. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,15 +96,16 @@ int main(void) {
       printf("| %zu | +%d | %.0f | %.0f | %.0f |\n", sizes[s], depths[d], off, on, on - off);
     }
   }
-  /* What printing costs: naming every frame of 1000 live blocks' sites with dladdr, as the leak report
-   * does (it names each site once; this names every block's). */
+  /* What printing costs: naming every frame of 1000 live blocks' sites with dladdr, as the leak
+   * report does (it names each site once; this names every block's). */
   void *live[1000];
   for (int i = 0; i < 1000; i++) check(gg_alloc(a[1], 4096, &live[i]), "gg_alloc");
   name_count_t nc = {0, 0};
   double t0 = now_ns();
   check(gg_arena_foreach_block(a[1], name_frames, &nc), "gg_arena_foreach_block");
   double t = now_ns() - t0;
-  printf("\nnaming sites for a report: %d frames of %d blocks in %.2f ms, %.0f ns per frame (dladdr)\n",
+  printf("\nnaming sites for a report: %d frames of %d blocks in %.2f ms, %.0f ns per frame "
+         "(dladdr)\n",
          nc.frames, nc.blocks, t / 1e6, nc.frames ? t / nc.frames : 0);
   for (int i = 0; i < 1000; i++) check(gg_free(a[1], live[i]), "gg_free");
   for (int k = 0; k < 2; k++) check(gg_arena_destroy(a[k]), "gg_arena_destroy");

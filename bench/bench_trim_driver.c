@@ -1,10 +1,11 @@
-/* bench_trim_driver.c — what the CUDA driver rewards when memory mapped as many chunks goes back to it:
- * chunk-by-chunk unmap+release (what trim did), unmaps then releases, one cuMemUnmap over the whole range
- * then the releases, handles released at map time so the unmap alone frees, and releases on a second
- * thread. Each way starts from the same mapping (total bytes as chunks of one size, adjacent in one
- * reserved range), is timed to the point where the driver's free memory is back, and is checked to the
- * byte against the free memory before mapping. A first section asks the driver which ranges
- * cuMemUnmap accepts. Driver API only, loaded at run time (no CUDA library is linked).
+/* bench_trim_driver.c — what the CUDA driver rewards when memory mapped as many chunks goes back to
+ * it: chunk-by-chunk unmap+release (what trim did), unmaps then releases, one cuMemUnmap over the
+ * whole range then the releases, handles released at map time so the unmap alone frees, and
+ * releases on a second thread. Each way starts from the same mapping (total bytes as chunks of one
+ * size, adjacent in one reserved range), is timed to the point where the driver's free memory is
+ * back, and is checked to the byte against the free memory before mapping. A first section asks the
+ * driver which ranges cuMemUnmap accepts. Driver API only, loaded at run time (no CUDA library is
+ * linked).
  *
  *   bench_trim_driver [TOTAL_GiB=16] [CHUNK_MiB=8] [REPEATS=5]
  */
@@ -25,26 +26,27 @@
 #define GiB ((size_t)1 << 30)
 
 /* The driver entry points used, by their exported (versioned) names. */
-#define FUNCS(X)                                                                                           \
-  X(cuInit, "cuInit", (unsigned))                                                                          \
-  X(cuGetErrorName, "cuGetErrorName", (CUresult, const char **))                                           \
-  X(cuDeviceGet, "cuDeviceGet", (CUdevice *, int))                                                         \
-  X(cuDeviceGetName, "cuDeviceGetName", (char *, int, CUdevice))                                           \
-  X(cuDriverGetVersion, "cuDriverGetVersion", (int *))                                                     \
-  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext *, CUdevice))                         \
-  X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext))                                                       \
-  X(cuCtxSynchronize, "cuCtxSynchronize", (void))                                                          \
-  X(cuMemGetInfo, "cuMemGetInfo_v2", (size_t *, size_t *))                                                 \
-  X(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity",                                        \
-    (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                             \
-  X(cuMemAddressReserve, "cuMemAddressReserve",                                                            \
-    (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))                                      \
-  X(cuMemAddressFree, "cuMemAddressFree", (CUdeviceptr, size_t))                                           \
-  X(cuMemCreate, "cuMemCreate",                                                                            \
-    (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))             \
-  X(cuMemRelease, "cuMemRelease", (CUmemGenericAllocationHandle))                                          \
-  X(cuMemMap, "cuMemMap", (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)) \
-  X(cuMemUnmap, "cuMemUnmap", (CUdeviceptr, size_t))                                                       \
+#define FUNCS(X)                                                                               \
+  X(cuInit, "cuInit", (unsigned))                                                              \
+  X(cuGetErrorName, "cuGetErrorName", (CUresult, const char **))                               \
+  X(cuDeviceGet, "cuDeviceGet", (CUdevice *, int))                                             \
+  X(cuDeviceGetName, "cuDeviceGetName", (char *, int, CUdevice))                               \
+  X(cuDriverGetVersion, "cuDriverGetVersion", (int *))                                         \
+  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", (CUcontext *, CUdevice))             \
+  X(cuCtxSetCurrent, "cuCtxSetCurrent", (CUcontext))                                           \
+  X(cuCtxSynchronize, "cuCtxSynchronize", (void))                                              \
+  X(cuMemGetInfo, "cuMemGetInfo_v2", (size_t *, size_t *))                                     \
+  X(cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity",                            \
+    (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                 \
+  X(cuMemAddressReserve, "cuMemAddressReserve",                                                \
+    (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))                          \
+  X(cuMemAddressFree, "cuMemAddressFree", (CUdeviceptr, size_t))                               \
+  X(cuMemCreate, "cuMemCreate",                                                                \
+    (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
+  X(cuMemRelease, "cuMemRelease", (CUmemGenericAllocationHandle))                              \
+  X(cuMemMap, "cuMemMap",                                                                      \
+    (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))           \
+  X(cuMemUnmap, "cuMemUnmap", (CUdeviceptr, size_t))                                           \
   X(cuMemSetAccess, "cuMemSetAccess", (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))
 
 static struct {
@@ -58,13 +60,14 @@ static const char *errname(CUresult r) {
   return cu.cuGetErrorName && cu.cuGetErrorName(r, &s) == CUDA_SUCCESS && s ? s : "?";
 }
 
-#define CK(call)                                                                                     \
-  do {                                                                                               \
-    CUresult r_ = (call);                                                                            \
-    if (r_ != CUDA_SUCCESS) {                                                                        \
-      fprintf(stderr, "bench_trim_driver: %s failed: %s (line %d)\n", #call, errname(r_), __LINE__); \
-      exit(1);                                                                                       \
-    }                                                                                                \
+#define CK(call)                                                                          \
+  do {                                                                                    \
+    CUresult r_ = (call);                                                                 \
+    if (r_ != CUDA_SUCCESS) {                                                             \
+      fprintf(stderr, "bench_trim_driver: %s failed: %s (line %d)\n", #call, errname(r_), \
+              __LINE__);                                                                  \
+      exit(1);                                                                            \
+    }                                                                                     \
   } while (0)
 
 static double now_ms(void) {
@@ -98,7 +101,7 @@ static int load_driver(void) {
   return 0;
 }
 
-/* ---- one mapping of n chunks ---------------------------------------------------------------------- */
+/* ---- one mapping of n chunks ----------------------------------------------------------------- */
 
 static CUmemAllocationProp prop;
 static CUmemAccessDesc access_desc;
@@ -116,8 +119,8 @@ static size_t driver_free(void) {
   return f;
 }
 
-/* Maps n chunks adjacently at the start of one reservation. early: each handle is released once it is
- * mapped, so the mapping alone holds the memory and its unmap frees it. */
+/* Maps n chunks adjacently at the start of one reservation. early: each handle is released once it
+ * is mapped, so the mapping alone holds the memory and its unmap frees it. */
 static void map_chunks(mapping_t *m, size_t n, size_t chunk, bool early) {
   m->n = n, m->chunk = chunk, m->reserved = n * chunk;
   m->h = calloc(n, sizeof *m->h);
@@ -146,7 +149,7 @@ static void unreserve(mapping_t *m) {
   free(m->h);
 }
 
-/* ---- releases on a second thread ---------------------------------------------------------------- */
+/* ---- releases on a second thread ------------------------------------------------------------- */
 
 typedef struct releaser {
   pthread_t thread;
@@ -170,7 +173,7 @@ static void *release_loop(void *arg) {
   return NULL;
 }
 
-/* ---- the ways to give a mapping back ------------------------------------------------------------ */
+/* ---- the ways to give a mapping back --------------------------------------------------------- */
 
 typedef enum {
   W_PER_CHUNK,       /* for each chunk, highest first: unmap, release (trim before this change) */
@@ -249,7 +252,8 @@ static sample_t run_way(way_t w, size_t n, size_t chunk, CUcontext ctx) {
     break;
   case W_RANGE_MT:
     CK(cu.cuMemUnmap(m.base, n * chunk));
-    for (size_t k = 0; k < RELEASERS; k++) atomic_store_explicit(&mt[k].ready, mt[k].n, memory_order_release);
+    for (size_t k = 0; k < RELEASERS; k++)
+      atomic_store_explicit(&mt[k].ready, mt[k].n, memory_order_release);
     break;
   default: break;
   }
@@ -268,7 +272,7 @@ static int cmp_double(const void *x, const void *y) {
   return a < b ? -1 : a > b;
 }
 
-/* ---- what cuMemUnmap accepts -------------------------------------------------------------------- */
+/* ---- what cuMemUnmap accepts ----------------------------------------------------------------- */
 
 static bool range_ok; /* the driver unmaps several whole mappings in one call */
 
@@ -291,10 +295,13 @@ static void probe_ranges(size_t chunk) {
     CK(cu.cuMemUnmap(m.base + chunk, chunk));
   }
   say("half of one mapping (chunk 2, first half)", cu.cuMemUnmap(m.base + 2 * chunk, chunk / 2));
-  say("one mapping and a half (chunk 2 + half of 3)", cu.cuMemUnmap(m.base + 2 * chunk, chunk + chunk / 2));
-  say("a range with an unmapped hole (chunks 0-3, 0-1 unmapped already)", cu.cuMemUnmap(m.base, 4 * chunk));
+  say("one mapping and a half (chunk 2 + half of 3)",
+      cu.cuMemUnmap(m.base + 2 * chunk, chunk + chunk / 2));
+  say("a range with an unmapped hole (chunks 0-3, 0-1 unmapped already)",
+      cu.cuMemUnmap(m.base, 4 * chunk));
   /* After the refusals chunks 2 and 3 should still be mapped: each unmaps on its own. */
-  CUresult r2 = cu.cuMemUnmap(m.base + 2 * chunk, chunk), r3 = cu.cuMemUnmap(m.base + 3 * chunk, chunk);
+  CUresult r2 = cu.cuMemUnmap(m.base + 2 * chunk, chunk),
+           r3 = cu.cuMemUnmap(m.base + 3 * chunk, chunk);
   say("chunk 2 alone, afterwards (accepted: it was still mapped)", r2);
   say("chunk 3 alone, afterwards (accepted: it was still mapped)", r3);
   for (size_t i = 0; i < 4; i++) CK(cu.cuMemRelease(m.h[i]));
@@ -331,15 +338,16 @@ int main(int argc, char **argv) {
   size_t total = (size_t)(total_gib * (double)GiB);
   size_t n = (total + chunk - 1) / chunk;
   total = n * chunk;
-  printf("# bench_trim_driver on %s (driver %d), granularity %zu KiB: %.2f GiB as %zu chunks of %zu MiB, "
+  printf("# bench_trim_driver on %s (driver %d), granularity %zu KiB: %.2f GiB as %zu chunks of "
+         "%zu MiB, "
          "%d repeats (median, min)\n",
          name, version, gran >> 10, (double)total / GiB, n, chunk / MiB, reps);
   probe_ranges(chunk);
-  printf(
-      "\n## giving %.2f GiB back: %zu chunks of %zu MiB\n\n"
-      "| way | ms (median) | ms (min) | ms per GiB | returned after (ms) | map (ms) | release at map (ms) | "
-      "driver free vs before (bytes) |\n|---|---|---|---|---|---|---|---|\n",
-      (double)total / GiB, n, chunk / MiB);
+  printf("\n## giving %.2f GiB back: %zu chunks of %zu MiB\n\n"
+         "| way | ms (median) | ms (min) | ms per GiB | returned after (ms) | map (ms) | release "
+         "at map (ms) | "
+         "driver free vs before (bytes) |\n|---|---|---|---|---|---|---|---|\n",
+         (double)total / GiB, n, chunk / MiB);
   double *v = calloc((size_t)reps, sizeof *v);
   for (int w = 0; w < W_COUNT; w++) {
     if (!range_ok && (w == W_RANGE || w == W_EARLY_RANGE || w == W_RANGE_BG || w == W_RANGE_MT)) {
@@ -352,14 +360,16 @@ int main(int argc, char **argv) {
     for (int k = 0; k < reps; k++) {
       s = run_way((way_t)w, n, chunk, ctx);
       v[k] = s.ms, ret += s.return_ms / reps, last = s;
-      if (s.free_delta != 0 && (worst == 0 || llabs(s.free_delta) > llabs(worst))) worst = s.free_delta;
+      if (s.free_delta != 0 && (worst == 0 || llabs(s.free_delta) > llabs(worst)))
+        worst = s.free_delta;
     }
     qsort(v, (size_t)reps, sizeof *v, cmp_double);
-    printf("| %s | %.2f | %.2f | %.3f | %.2f | %.1f | %.2f | %lld |\n", way_name[w], v[reps / 2], v[0],
-           v[reps / 2] / ((double)total / GiB), ret, last.map_ms, last.early_ms, worst);
+    printf("| %s | %.2f | %.2f | %.3f | %.2f | %.1f | %.2f | %lld |\n", way_name[w], v[reps / 2],
+           v[0], v[reps / 2] / ((double)total / GiB), ret, last.map_ms, last.early_ms, worst);
   }
   /* The reference the issue quotes: one chunk of 1 GiB, and the whole total as 1 GiB chunks. */
-  printf("\n## reference: larger chunks, per chunk unmap + release\n\n| chunks | ms (median) | ms per GiB |\n"
+  printf("\n## reference: larger chunks, per chunk unmap + release\n\n| chunks | ms (median) | ms "
+         "per GiB |\n"
          "|---|---|---|\n");
   size_t big[] = {GiB, 256 * MiB, 64 * MiB};
   for (size_t b = 0; b < sizeof big / sizeof big[0]; b++) {
@@ -375,6 +385,6 @@ int main(int argc, char **argv) {
     printf("| 1 x 1024 MiB | %.2f | %.3f |\n", v[reps / 2], v[reps / 2]);
   }
   free(v);
-  printf("\ngoal (issue 13): <= 1 ms per GiB at 8 MiB chunks, driver free memory back to the byte.\n");
+  printf("\ngoal: <= 1 ms per GiB at 8 MiB chunks, driver free memory back to the byte.\n");
   return 0;
 }

@@ -4,7 +4,7 @@
 # (or build/gpu-logs). CMocka may come as Debian packages in .deps/ (unpacked with dpkg -x), for
 # machines where nothing can be installed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-build/gpu-logs}
 mkdir -p "$out"
 if ls .deps/*.deb >/dev/null 2>&1; then

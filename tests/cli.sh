@@ -104,8 +104,8 @@ self=$(sh -c 'echo $$; FAKE_NVML_PROCS="$$:4096" exec "$1" ps >"$2/self.txt"' sh
 self=$(sh -c 'echo $$; FAKE_NVML_PROCS="$$:4096" exec "$1" ps --json >"$2/self.json"' sh $g "$tmp")
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert all(p["pid"] != int(sys.argv[2]) for p in d["processes"]), d' "$tmp/self.json" "$self"
 
-# Command lines with control characters cannot forge rows: ESC, CR, LF come out as \xHH (issue 16
-# item 12); the Prometheus text stays valid UTF-8 with a 0xFF byte in a command line.
+# Command lines with control characters cannot forge rows: ESC, CR, LF come out as \xHH (a
+# terminal would obey them); the Prometheus text stays valid UTF-8 with a 0xFF byte in a command line.
 bash -c 'exec -a "$0" sleep 61' $'\e[2J\rEVIL\nFORGED\xff' & evil=$!
 for i in $(seq 1 100); do grep -q EVIL /proc/$evil/cmdline 2>/dev/null && break; sleep 0.02; done
 FAKE_NVML_PROCS="$evil:2048" expect_rc 0 $g ps --all-users
@@ -118,7 +118,7 @@ FAKE_NVML_PROCS="$evil:2048" expect_rc 0 $g watch --prom-file "$tmp/evil.prom" -
 python3 "$tmp/parse.py" "$tmp/evil.prom" gpuguard_process_memory_used_bytes
 kill $evil
 
-# --prom-file follows no symlink planted where its temporary file goes (issue 16 item 13): the old
+# --prom-file follows no symlink planted where its temporary file goes (another user could make gpuguard overwrite a file): the old
 # name was PATH.tmp.<pid>, planted here by the shell that then becomes gpuguard.
 echo keep >"$tmp/victim"
 expect_rc 0 sh -c 'ln -s "$1" "$2.tmp.$$"; exec "$3" watch --prom-file "$2" --count 1' sh "$tmp/victim" "$tmp/planted.prom" $g

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# cli_reap_trust.sh BUILD SRC — `gpuguard reap --yes` kills nothing it should not (issue 16 items 3-5):
-# a live runner started with a dead session's GPUGUARD_SESSION (item 5); a live job in another PID
-# namespace sharing the registry (item 3, root); another user's process in an orphan's process group
-# (item 4, root, with a second uid: `gpuguard-other`, created with useradd when absent). The real
+# cli_reap_trust.sh BUILD SRC — `gpuguard reap --yes` kills nothing it should not:
+# a live runner started with a dead session's GPUGUARD_SESSION; a live job in another PID
+# namespace sharing the registry (root); another user's process in an orphan's process group
+# (root, with a second uid: `gpuguard-other`, created with useradd when absent). The real
 # orphan next to them is ended each time. Parts that need root are skipped, saying so, without it.
 # The orphans come from runners with --pid-ns=off (the fallback design: a SIGKILLed runner leaves its job
 # for reap). With a PID namespace (the default where allowed) the kernel ends the job, another user's
@@ -33,14 +33,14 @@ dead_session=$(tr '\0' '\n' < /proc/$orphan/environ | sed -n 's/^GPUGUARD_SESSIO
 [ -n "$dead_session" ] || fail "the job has no session"
 kill -9 $dead_runner; wait $dead_runner 2>/dev/null || true
 
-# Item 5: a live runner given the dead session's id.
+# Case A: a live runner given the dead session's id.
 GPUGUARD_SESSION=$dead_session "$g" run -- sleep 72.$tag 2>"$tmp/spoof.err" & spoof=$!
 keep+=($spoof)
 wait_for 72.$tag
 keep+=($(pids_of 72.$tag))
 grep -q "no live leader" "$tmp/spoof.err" || fail "the runner joined the dead session silently"
 
-# Item 3: a live job in its own PID namespace, same registry (root only).
+# Case B: a live job in its own PID namespace, same registry (root only).
 ns=no
 if [ "$(id -u)" = 0 ] && unshare --pid --fork --mount-proc true 2>/dev/null; then
   unshare --pid --fork --mount-proc "$g" run -- sleep 73.$tag 2>/dev/null & nsjob=$!
@@ -55,15 +55,15 @@ fi
 "$g" reap --yes --grace 300 > "$tmp/reap" 2>&1 || { cat "$tmp/reap"; fail "reap failed"; }
 for i in $(seq 1 300); do [ -d /proc/$orphan ] || break; sleep 0.02; done
 [ ! -d /proc/$orphan ] || { cat "$tmp/reap"; fail "the real orphan $orphan was not ended"; }
-kill -0 $spoof 2>/dev/null || { cat "$tmp/reap"; fail "item 5: reap killed the live runner given a dead session's id"; }
-[ -n "$(pids_of 72.$tag)" ] || fail "item 5: reap killed the live runner's job"
-echo "item 5: the live runner with a dead session's id and its job survive reap; the orphan was ended"
+kill -0 $spoof 2>/dev/null || { cat "$tmp/reap"; fail "case A: reap killed the live runner given a dead session's id"; }
+[ -n "$(pids_of 72.$tag)" ] || fail "case A: reap killed the live runner's job"
+echo "case A: the live runner with a dead session's id and its job survive reap; the orphan was ended"
 if [ $ns = yes ]; then
-  [ -n "$(pids_of 73.$tag)" ] || { cat "$tmp/reap"; fail "item 3: reap killed a live job of another PID namespace"; }
-  echo "item 3: the job in another PID namespace survives reap"
+  [ -n "$(pids_of 73.$tag)" ] || { cat "$tmp/reap"; fail "case B: reap killed a live job of another PID namespace"; }
+  echo "case B: the job in another PID namespace survives reap"
 fi
 
-# Item 4: another user's process in an orphan's process group (root and a second uid).
+# Case C: another user's process in an orphan's process group (root and a second uid).
 if [ "$(id -u)" != 0 ] || ! command -v setpriv >/dev/null; then
   echo "SKIP part: another user's process in the orphan's group (needs root and setpriv)"
   exit 0
@@ -81,9 +81,9 @@ kill -9 $runner; wait $runner 2>/dev/null || true
 for i in $(seq 1 300); do grep -q "^PPid:[[:space:]]*1$" /proc/$mine/status 2>/dev/null && break; sleep 0.02; done
 "$g" reap --yes --grace 300 > "$tmp/reap2" 2>&1 || { cat "$tmp/reap2"; fail "reap failed"; }
 for i in $(seq 1 300); do [ -d /proc/$mine ] || break; sleep 0.02; done
-[ ! -d /proc/$mine ] || { cat "$tmp/reap2"; fail "item 4: our orphan $mine was not ended"; }
-kill -0 $theirs 2>/dev/null || { cat "$tmp/reap2"; fail "item 4: reap signalled another user's process ($theirs)"; }
-echo "item 4: reap ended our orphans in the group and left uid $other's process alone"
+[ ! -d /proc/$mine ] || { cat "$tmp/reap2"; fail "case C: our orphan $mine was not ended"; }
+kill -0 $theirs 2>/dev/null || { cat "$tmp/reap2"; fail "case C: reap signalled another user's process ($theirs)"; }
+echo "case C: reap ended our orphans in the group and left uid $other's process alone"
 
 # The same job in a PID namespace: the runner SIGKILLed, the kernel ends the namespace with both
 # processes (the job started the other user's one); nothing is left for reap.

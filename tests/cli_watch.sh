@@ -5,7 +5,7 @@
 # with the terminal settings restored; NO_COLOR and --no-color remove the colours. `watch --listen`
 # answered by a real HTTP client (urllib) and parsed by prometheus_client: /metrics, 404 elsewhere,
 # a silent client or an oversized request cannot stop the next scrape.
-# `watch --record` and `gpuguard plot` (issue 15): a timeline gpuguard.diagnostics.plot reads and draws.
+# `watch --record` and `gpuguard plot`: a timeline gpuguard.diagnostics.plot reads and draws.
 # Arguments: build dir, source dir.
 set -euo pipefail
 # `run`'s default is --pid-ns=auto; the off design runs where a check says --pid-ns=off.

@@ -1,6 +1,7 @@
-/* exit_child.c — one guarded program per exit path, judged from outside by test_exit_paths: cleanups and
- * hooks append lines to the file named by GG_CHILD_COUNTER; GG_CHILD_NO_GUARD=1 runs the same path
- * without gpuguard, so the harness can compare exit statuses. Usage: exit_child MODE. */
+/* exit_child.c — one guarded program per exit path, judged from outside by test_exit_paths:
+ * cleanups and hooks append lines to the file named by GG_CHILD_COUNTER; GG_CHILD_NO_GUARD=1 runs
+ * the same path without gpuguard, so the harness can compare exit statuses. Usage: exit_child MODE.
+ * */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -103,7 +104,8 @@ static int fake_foreach(void *obj, gg_block_visitor_t visit, void *user) {
 static const char *fake_name(void *obj) { return (void)obj, "fake-arena"; }
 static const char *fake_backend(void *obj) { return (void)obj, "host"; }
 static void fake_teardown(void *obj) { (void)obj, note("cleanup fake-arena"); }
-static const gg__attach_ops_t fake_ops = {"arena", fake_teardown, fake_name, fake_backend, fake_foreach};
+static const gg__attach_ops_t fake_ops = {"arena", fake_teardown, fake_name, fake_backend,
+                                          fake_foreach};
 
 /* Threads busy inside guard calls while a signal arrives. */
 static atomic_long busy_iterations;
@@ -113,7 +115,8 @@ static void *register_cancel_loop(void *arg) {
   (void)arg;
   while (!atomic_load(&stop_threads)) {
     unsigned long long id = 0;
-    if (gg_guard_on_teardown_ex(guard, cleanup_note, "cleanup W", "w", &id) != 0) break; /* torn down */
+    if (gg_guard_on_teardown_ex(guard, cleanup_note, "cleanup W", "w", &id) != 0)
+      break; /* torn down */
     if (gg_guard_cancel(guard, id) != 0) break;
     atomic_fetch_add(&busy_iterations, 1);
   }
@@ -136,8 +139,9 @@ static void *create_destroy_loop(void *arg) {
 }
 
 /* gpu-hold: device memory mapped through the backend in a context retained twice (like the CUDA
- * runtime or PyTorch would), then an explicit teardown while the process lives on, for the parent to
- * measure. GG_CHILD_GPU_LEAK=1: no cleanup unmaps it; GG_CHILD_EXTRA_RETAIN=1: the second retain stays. */
+ * runtime or PyTorch would), then an explicit teardown while the process lives on, for the parent
+ * to measure. GG_CHILD_GPU_LEAK=1: no cleanup unmaps it; GG_CHILD_EXTRA_RETAIN=1: the second retain
+ * stays. */
 static volatile sig_atomic_t go;
 static void on_usr1(int sig) { (void)sig, go = 1; }
 static gg__dev_t *extra;
@@ -159,13 +163,15 @@ static int gpu_hold(void) {
   uintptr_t base = 0;
   if (rc == 0 && extra->contiguous) rc = extra->ops->va_reserve(extra, bytes, &base);
   if (rc == 0) rc = extra->ops->map(extra, base, bytes, &chunk);
-  if (rc == 0) rc = extra->ops->set_d8(extra, chunk.ptr, 0x5a, bytes); /* touch it: really resident */
+  if (rc == 0)
+    rc = extra->ops->set_d8(extra, chunk.ptr, 0x5a, bytes); /* touch it: really resident */
   if (rc != 0) {
     fprintf(stderr, "exit_child: gpu-hold: %s: %s\n", gg_err_name(rc), gg_last_error());
     return 71;
   }
   if (guard) {
-    if (!getenv("GG_CHILD_EXTRA_RETAIN")) gg_guard_on_teardown(guard, close_extra, NULL, "close-extra");
+    if (!getenv("GG_CHILD_EXTRA_RETAIN"))
+      gg_guard_on_teardown(guard, close_extra, NULL, "close-extra");
     if (!getenv("GG_CHILD_GPU_LEAK")) gg_guard_on_teardown(guard, unmap_chunk, NULL, "unmap");
   }
   ready();
@@ -187,7 +193,8 @@ static void *arena_loop(void *arg) {
   return NULL;
 }
 
-/* A child process in the guard's set: a sleeper that only the guard's teardown (or crash path) ends. */
+/* A child process in the guard's set: a sleeper that only the guard's teardown (or crash path)
+ * ends. */
 static void spawn_sleeper(void) {
   const char *const argv[] = {"/bin/sleep", "300", NULL};
   pid_t pid = 0;
@@ -206,8 +213,9 @@ static int do_fork(void) {
     note(rc == GG_ESTATE ? "grandchild refused" : "grandchild NOT refused");
     struct sigaction cur;
     sigaction(SIGTERM, NULL, &cur);
-    note(!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_DFL ? "grandchild SIGTERM default"
-                                                                   : "grandchild SIGTERM NOT default");
+    note(!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == SIG_DFL
+             ? "grandchild SIGTERM default"
+             : "grandchild SIGTERM NOT default");
     exit(0); /* must not run the parent's cleanups */
   }
   pid_t b = fork();
@@ -308,8 +316,9 @@ int main(int argc, char **argv) {
     while (!user_handler_ran) sleep_ms(5);
     return 5;
   }
-  if (!strcmp(mode, "wait") || !strcmp(mode, "ignore") || !strcmp(mode, "hang") || !strcmp(mode, "sigint2") ||
-      !strcmp(mode, "thread") || !strcmp(mode, "thread-arena") || !strcmp(mode, "children"))
+  if (!strcmp(mode, "wait") || !strcmp(mode, "ignore") || !strcmp(mode, "hang") ||
+      !strcmp(mode, "sigint2") || !strcmp(mode, "thread") || !strcmp(mode, "thread-arena") ||
+      !strcmp(mode, "children"))
     wait_for_signals();
   fprintf(stderr, "exit_child: unknown mode '%s'\n", mode);
   return 2;

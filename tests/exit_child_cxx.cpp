@@ -1,6 +1,7 @@
-// exit_child_cxx.cpp — the C++ exit paths for test_exit_paths: an exception unwinding through RAII owners
-// (the guard's teardown runs once, as the gg::Guard is destroyed), and an uncaught one (std::terminate,
-// SIGABRT: crash path only). GG_CHILD_NO_GUARD=1 runs the same without gpuguard. Usage: exit_child_cxx MODE.
+// exit_child_cxx.cpp — the C++ exit paths for test_exit_paths: an exception unwinding through RAII
+// owners (the guard's teardown runs once, as the gg::Guard is destroyed), and an uncaught one
+// (std::terminate, SIGABRT: crash path only). GG_CHILD_NO_GUARD=1 runs the same without gpuguard.
+// Usage: exit_child_cxx MODE.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -33,7 +34,8 @@ static void ready() {
   close(std::atoi(fd));
 }
 
-// Frames with their own RAII state between the guard and the throw: a scope of the guarded arena each.
+// Frames with their own RAII state between the guard and the throw: a scope of the guarded arena
+// each.
 static gg::Arena *arena;
 
 struct Frame {
@@ -60,7 +62,8 @@ struct Frame {
 // After the unwinding, every frame's scope has ended: nothing allocated in them is live.
 static void check_arena_empty() {
   if (arena)
-    note(arena->stats().n_live == 0 && arena->stats().scope_depth == 0 ? "arena empty" : "arena NOT empty");
+    note(arena->stats().n_live == 0 && arena->stats().scope_depth == 0 ? "arena empty"
+                                                                       : "arena NOT empty");
 }
 
 static std::optional<gg::Guard> make_guard() {

@@ -1,6 +1,6 @@
-/* exit_harness.h — runs exit_child (or another helper) as a child process and judges it from outside:
- * readiness through a pipe, signals, the exit status, the time it took, and the lines its cleanups wrote.
- * Every wait polls against a deadline; nothing sleeps for a fixed time. */
+/* exit_harness.h — runs exit_child (or another helper) as a child process and judges it from
+ * outside: readiness through a pipe, signals, the exit status, the time it took, and the lines its
+ * cleanups wrote. Every wait polls against a deadline; nothing sleeps for a fixed time. */
 #ifndef GG_EXIT_HARNESS_H
 #define GG_EXIT_HARNESS_H
 
@@ -42,8 +42,8 @@ static void gg_h_sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
-/* Starts `prog mode` with extra "NAME=value" environment entries (NULL-terminated list, may be NULL).
- * guarded=false sets GG_CHILD_NO_GUARD=1. The child's stderr goes to c->err. */
+/* Starts `prog mode` with extra "NAME=value" environment entries (NULL-terminated list, may be
+ * NULL). guarded=false sets GG_CHILD_NO_GUARD=1. The child's stderr goes to c->err. */
 static void gg_child_start(gg_child_t *c, const char *prog, const char *mode, bool guarded,
                            const char *const *env) {
   memset(c, 0, sizeof *c);
@@ -70,10 +70,14 @@ static void gg_child_start(gg_child_t *c, const char *prog, const char *mode, bo
     setenv("GG_CHILD_COUNTER", c->counter, 1);
     if (!guarded) setenv("GG_CHILD_NO_GUARD", "1", 1);
     if (!getenv("GPUGUARD_BACKEND")) setenv("GPUGUARD_BACKEND", "host", 1);
-    /* ASan would take the fatal signals itself: leave them to the program, as without a sanitizer. */
+    /* ASan would take the fatal signals itself: leave them to the program, as without a sanitizer.
+     * */
     setenv("ASAN_OPTIONS",
-           "handle_segv=0:handle_abort=0:handle_sigbus=0:handle_sigfpe=0:handle_sigill=0:detect_leaks=0", 1);
-    setenv("TSAN_OPTIONS", "handle_segv=0:handle_abort=0:handle_sigbus=0:handle_sigfpe=0:handle_sigill=0", 1);
+           "handle_segv=0:handle_abort=0:handle_sigbus=0:handle_sigfpe=0:handle_sigill=0:detect_"
+           "leaks=0",
+           1);
+    setenv("TSAN_OPTIONS",
+           "handle_segv=0:handle_abort=0:handle_sigbus=0:handle_sigfpe=0:handle_sigill=0", 1);
     for (size_t i = 0; env && env[i]; i++) putenv((char *)env[i]);
     execl(prog, prog, mode, (char *)NULL);
     _exit(127);

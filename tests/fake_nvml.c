@@ -1,10 +1,12 @@
 /* fake_nvml.c — a stand-in libnvidia-ml for tests on machines without a GPU: reports the processes
- * named in FAKE_NVML_PROCS ("pid:bytes,pid:na,...") with the record size in FAKE_NVML_STRIDE (16, 24 or
- * 32, the three layouts drivers have used), utilisation, temperature and power from FAKE_NVML_TELEMETRY
- * ("gpu%,mem%,celsius,milliwatts,limit-milliwatts"; absent: not supported), and logs init/shutdown to
- * FAKE_NVML_LOG. FAKE_NVML_COUNT devices (default 1), each named "NVIDIA Fake GPU" with the UUID
+ * named in FAKE_NVML_PROCS ("pid:bytes,pid:na,...") with the record size in FAKE_NVML_STRIDE (16,
+ * 24 or 32, the three layouts drivers have used), utilisation, temperature and power from
+ * FAKE_NVML_TELEMETRY
+ * ("gpu%,mem%,celsius,milliwatts,limit-milliwatts"; absent: not supported), and logs init/shutdown
+ * to FAKE_NVML_LOG. FAKE_NVML_COUNT devices (default 1), each named "NVIDIA Fake GPU" with the UUID
  * GPU-fa4e0000-0000-4000-8000-00000000000N and PCI bus id 00000000:0N:00.0 (N = NVML index);
- * FAKE_NVML_MEMORY "total,used" bytes (default 80 GiB, 1 GiB); device N > 0 lists FAKE_NVML_PROCS_N. */
+ * FAKE_NVML_MEMORY "total,used" bytes (default 80 GiB, 1 GiB); device N > 0 lists
+ * FAKE_NVML_PROCS_N. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +42,9 @@ static unsigned fake_count(void) {
   return c ? (unsigned)atoi(c) : 1;
 }
 /* Handles are index + 1. */
-static unsigned fake_index(const void *dev) { return (unsigned)((const char *)dev - (const char *)0) - 1; }
+static unsigned fake_index(const void *dev) {
+  return (unsigned)((const char *)dev - (const char *)0) - 1;
+}
 
 int nvmlInit_v2(void) {
   if (getenv("FAKE_NVML_FAIL_INIT")) return 9; /* NVML_ERROR_DRIVER_NOT_LOADED */
@@ -60,7 +64,8 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **dev) {
 int nvmlDeviceGetHandleByUUID(const char *uuid, void **dev) {
   unsigned i = 0; /* another UUID (the host backend's) is taken as device 0, as before */
   const char *prefix = "GPU-fa4e0000-0000-4000-8000-";
-  if (strncmp(uuid, prefix, strlen(prefix)) == 0) i = (unsigned)strtoul(uuid + strlen(prefix), NULL, 16);
+  if (strncmp(uuid, prefix, strlen(prefix)) == 0)
+    i = (unsigned)strtoul(uuid + strlen(prefix), NULL, 16);
   if (i >= fake_count()) return 6; /* NVML_ERROR_NOT_FOUND */
   *dev = (char *)0 + i + 1;
   return 0;
@@ -87,7 +92,9 @@ int nvmlDeviceGetMemoryInfo(void *dev, unsigned long long *mem) {
   (void)dev;
   const char *m = getenv("FAKE_NVML_MEMORY");
   unsigned long long total = 80ull << 30, used = 1ull << 30;
-  if (m) total = strtoull(m, NULL, 10), used = strchr(m, ',') ? strtoull(strchr(m, ',') + 1, NULL, 10) : 0;
+  if (m)
+    total = strtoull(m, NULL, 10),
+    used = strchr(m, ',') ? strtoull(strchr(m, ',') + 1, NULL, 10) : 0;
   mem[0] = total, mem[1] = total - used, mem[2] = used;
   return 0;
 }
@@ -106,8 +113,10 @@ static int fake_list(const char *env, unsigned *count, void *infos) {
     char *end;
     pids[n] = (unsigned)strtoul(p, &end, 10);
     p = end + (*end == ':');
-    if (strncmp(p, "na", 2) == 0) mem[n] = ~0ull, p += 2;
-    else mem[n] = strtoull(p, &end, 10), p = end;
+    if (strncmp(p, "na", 2) == 0)
+      mem[n] = ~0ull, p += 2;
+    else
+      mem[n] = strtoull(p, &end, 10), p = end;
     n++;
     if (*p == ',') p++;
   }

@@ -2,13 +2,19 @@
  * trainer or worker does.
  *   gpu_hold hold MiB               map MiB, touch it, print "ready", sleep
  *   gpu_hold fork MiB close|keep    the same, then fork a child that does not use CUDA and lives on
- *                                   (closing its inherited /dev/nvidia* descriptors, or keeping them);
+ *                                   (closing its inherited /dev/nvidia* descriptors, or keeping
+ * them);
  *                                   prints "ready <child pid>"
- *   gpu_hold spawn4 MiB             spawns four `gpu_hold hold MiB` children through gg_proc_spawn (death
- *                                   signal armed), prints "ready <pid> <pid> <pid> <pid>" once all hold
- *   gpu_hold killwatch PID DEV MIB  SIGKILLs PID, then polls NVML (opened once, every 1 ms) until device
- *                                   DEV lists no compute process and has at least MIB MiB free; prints
- *                                   "gone <ms to no process> <ms to memory back>" (nvidia-smi itself
+ *   gpu_hold spawn4 MiB             spawns four `gpu_hold hold MiB` children through gg_proc_spawn
+ * (death
+ *                                   signal armed), prints "ready <pid> <pid> <pid> <pid>" once all
+ * hold
+ *   gpu_hold killwatch PID DEV MIB  SIGKILLs PID, then polls NVML (opened once, every 1 ms) until
+ * device
+ *                                   DEV lists no compute process and has at least MIB MiB free;
+ * prints
+ *                                   "gone <ms to no process> <ms to memory back>" (nvidia-smi
+ * itself
  *                                   takes tens of ms per call: too coarse for this) */
 #include <dlfcn.h>
 #include <signal.h>
@@ -43,14 +49,16 @@ static double now_ms(void) {
   return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
-/* The NVML calls killwatch needs, loaded at run time as the library does (the toolkit has no nvml.h). */
+/* The NVML calls killwatch needs, loaded at run time as the library does (the toolkit has no
+ * nvml.h). */
 static int killwatch(pid_t victim, unsigned dev, unsigned long long want_free_mib) {
   void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
   if (!lib) return fprintf(stderr, "gpu_hold: no NVML\n"), 2;
   int (*init)(void), (*handle)(unsigned, void **), (*procs)(void *, unsigned *, void *),
       (*mem)(void *, void *);
   void *s[4] = {dlsym(lib, "nvmlInit_v2"), dlsym(lib, "nvmlDeviceGetHandleByIndex_v2"),
-                dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"), dlsym(lib, "nvmlDeviceGetMemoryInfo")};
+                dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"),
+                dlsym(lib, "nvmlDeviceGetMemoryInfo")};
   if (!s[2]) s[2] = dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v2");
   for (int i = 0; i < 4; i++)
     if (!s[i]) return fprintf(stderr, "gpu_hold: NVML lacks a call\n"), 2;
@@ -59,7 +67,8 @@ static int killwatch(pid_t victim, unsigned dev, unsigned long long want_free_mi
   memcpy(&procs, &s[2], sizeof s[2]);
   memcpy(&mem, &s[3], sizeof s[3]);
   void *h = NULL;
-  if (init() != 0 || handle(dev, &h) != 0) return fprintf(stderr, "gpu_hold: NVML init/device\n"), 2;
+  if (init() != 0 || handle(dev, &h) != 0)
+    return fprintf(stderr, "gpu_hold: NVML init/device\n"), 2;
   double t0 = now_ms(), t_apps = -1, t_mem = -1;
   if (kill(victim, SIGKILL) != 0) return perror("gpu_hold: kill"), 2;
   while ((t_apps < 0 || t_mem < 0) && now_ms() - t0 < 10000) {

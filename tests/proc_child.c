@@ -1,8 +1,10 @@
-/* proc_child.c — a helper program for the process tests: a chain of gpuguard-spawned descendants, and a
- * teardown that prints its receipt as JSON. Usage:
- *   proc_child chain N FILE   append our pid to FILE, spawn `proc_child chain N-1 FILE` (N > 0), wait
+/* proc_child.c — a helper program for the process tests: a chain of gpuguard-spawned descendants,
+ * and a teardown that prints its receipt as JSON. Usage:
+ *   proc_child chain N FILE   append our pid to FILE, spawn `proc_child chain N-1 FILE` (N > 0),
+ * wait
  *   proc_child wait ARGS...   wait for a signal
- *   proc_child receipt        spawn three children (one ignores SIGTERM), tear down, print the receipt */
+ *   proc_child receipt        spawn three children (one ignores SIGTERM), tear down, print the
+ * receipt */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
-/* test_arena.c — the arena's rules on the host backend: allocation, alignment, tags, scopes (nesting,
- * order, O(1) ends), trim (middle chunks too), statistics, bad input, capacity, devices without VMM,
- * stream-safe reuse with a held stream, and fork. */
+/* test_arena.c — the arena's rules on the host backend: allocation, alignment, tags, scopes
+ * (nesting, order, O(1) ends), trim (middle chunks too), statistics, bad input, capacity, devices
+ * without VMM, stream-safe reuse with a held stream, and fork. */
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,12 +13,7 @@
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "64M", 1);
-  setenv("GPUGUARD_HOST_GRANULARITY", "64K", 1);
-  unsetenv("GPUGUARD_HOST_VMM");
-  unsetenv("GPUGUARD_HOST_FAULT");
-  gg_host_fault_set(NULL);
+  gg_test_use_host("64M", "64K");
   return 0;
 }
 
@@ -37,7 +32,8 @@ static gg_arena_stats_t stats(gg_arena_t *a) {
   memset(&s, 0xa5, sizeof s); /* every byte, the reserve included, must be written */
   gg_assert_ok(gg_arena_stats(a, &s));
   gg_assert_ok(gg__arena_check(a));
-  for (size_t i = 0; i < sizeof s.reserved_ / sizeof s.reserved_[0]; i++) assert_int_equal(s.reserved_[i], 0);
+  for (size_t i = 0; i < sizeof s.reserved_ / sizeof s.reserved_[0]; i++)
+    assert_int_equal(s.reserved_[i], 0);
   return s;
 }
 
@@ -165,7 +161,8 @@ static void test_tags_and_foreach(void **state) {
   seen_t s = {0};
   gg_assert_ok(gg_arena_foreach_block(a, visit, &s));
   assert_int_equal(s.n, 4);
-  for (int i = 1; i < 4; i++) assert_true((uintptr_t)s.ptr[i - 1] < (uintptr_t)s.ptr[i]); /* address order */
+  for (int i = 1; i < 4; i++)
+    assert_true((uintptr_t)s.ptr[i - 1] < (uintptr_t)s.ptr[i]); /* address order */
   assert_ptr_equal(s.ptr[0], w);
   assert_string_equal(s.tag[0], "weights");
   assert_int_equal(s.size[0], 1000);
@@ -228,7 +225,8 @@ static void test_scopes_nest(void **state) {
   }
 }
 
-/* A scope of pure bump allocations ends without touching any block record: the log's tail is cut. */
+/* A scope of pure bump allocations ends without touching any block record: the log's tail is cut.
+ * */
 static void test_scope_end_o1(void **state) {
   (void)state;
   gg_arena_t *a = mk(64 * MiB, 16 * MiB, 0, NULL);
@@ -253,7 +251,8 @@ static void test_scope_end_o1(void **state) {
   void *f[10];
   for (int i = 0; i < 10; i++) gg_assert_ok(gg_alloc(a, 4096, &f[i]));
   for (int i = 0; i < 10; i++) gg_assert_ok(gg_free(a, f[i]));
-  gg_assert_ok(gg_arena_trim(a, SIZE_MAX)); /* settles the frees: their memory is free, in the tree */
+  gg_assert_ok(
+      gg_arena_trim(a, SIZE_MAX)); /* settles the frees: their memory is free, in the tree */
   gg__arena_probe_t p2 = probe(a);
   gg_assert_ok(gg_scope_begin(a, &sc));
   void *q;
@@ -380,8 +379,8 @@ static void test_bad_input(void **state) {
   gg_assert_fails(gg_alloc(a, 0, &p), GG_EINVAL, "size is 0");
   gg_assert_fails(gg_alloc(a, SIZE_MAX, &p), GG_EINVAL, "overflows");
   gg_assert_fails(gg_alloc(a, SIZE_MAX - 255, &p), GG_EINVAL, "overflows");
-  gg_assert_fails(gg_alloc_ex(a, SIZE_MAX - ((size_t)1 << 62) + 1, (size_t)1 << 62, NULL, &p), GG_EINVAL,
-                  "overflows");
+  gg_assert_fails(gg_alloc_ex(a, SIZE_MAX - ((size_t)1 << 62) + 1, (size_t)1 << 62, NULL, &p),
+                  GG_EINVAL, "overflows");
   gg_assert_fails(gg_alloc(a, SIZE_MAX - 300, &p), GG_ENOMEM, "capacity");
   gg_assert_ok(gg_alloc(a, 1000, &p));
   gg_assert_ok(gg_alloc(b, 1000, &q));
@@ -538,9 +537,9 @@ static void test_stream_safe_reuse(void **state) {
 }
 
 /* Alloc+free pairs (each block freed before the next allocation) share one stream query among more
- * pairs while the stream was last seen idle, whatever their sizes; an allocation that stays live while
- * releases wait gets the usual rule back; a freed block still never comes back while the work queued
- * before its free runs. */
+ * pairs while the stream was last seen idle, whatever their sizes; an allocation that stays live
+ * while releases wait gets the usual rule back; a freed block still never comes back while the work
+ * queued before its free runs. */
 static void test_pairs_share_a_query(void **state) {
   (void)state;
   void *st;
@@ -566,13 +565,15 @@ static void test_pairs_share_a_query(void **state) {
     n[run] = gg_host_op_count("stream_query") + gg_host_op_count("event_query");
   }
   gg_assert_ok(gg_free(a, q));
-  printf("300 pairs of 2 MiB: %llu queries; of 2 and 3 MiB: %llu; overlapping 2 MiB blocks: %llu\n", n[0],
-         n[1], n[2]);
-  /* The usual rule closes a batch every second free of 2 MiB (two frees worth half a chunk): 150. */
+  printf("300 pairs of 2 MiB: %llu queries; of 2 and 3 MiB: %llu; overlapping 2 MiB blocks: %llu\n",
+         n[0], n[1], n[2]);
+  /* The usual rule closes a batch every second free of 2 MiB (two frees worth half a chunk): 150.
+   * */
   assert_true(n[0] <= 110);
   assert_true(n[1] <= 130);
   assert_true(n[2] >= 140);
-  assert_int_equal(stats(a).bytes_mapped, 8 * MiB); /* pairs used room the chunk had: nothing mapped */
+  assert_int_equal(stats(a).bytes_mapped,
+                   8 * MiB); /* pairs used room the chunk had: nothing mapped */
   /* The stream was last seen idle; now a kernel runs. Blocks freed meanwhile wait for it. */
   gg_assert_ok(gg_host_stream_hold(st));
   void *freed[16];

@@ -1,8 +1,8 @@
-/* test_arena_cache_threads.c — the per-thread caches of an arena (src/arena_cache.c) where threads meet:
- * a thread that exits with blocks cached and handed out, an arena destroyed while threads cache from it,
- * scopes that begin and end while threads allocate, a freed block that must not come back while the
- * arena's stream is busy; and, on one thread, the cache's filter of sizes and its publish. Meant to run under
- * ThreadSanitizer too (-DGPUGUARD_SANITIZE=thread). */
+/* test_arena_cache_threads.c — the per-thread caches of an arena (src/arena_cache.c) where threads
+ * meet: a thread that exits with blocks cached and handed out, an arena destroyed while threads
+ * cache from it, scopes that begin and end while threads allocate, a freed block that must not come
+ * back while the arena's stream is busy; and, on one thread, the cache's filter of sizes and its
+ * publish. Meant to run under ThreadSanitizer too (-DGPUGUARD_SANITIZE=thread). */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -35,7 +35,7 @@ static int count_block(const gg_block_info_t *b, void *user) {
   return 0;
 }
 
-/* ---- a thread exits with blocks in its cache ---------------------------------------------------- */
+/* ---- a thread exits with blocks in its cache ------------------------------------------------- */
 
 typedef struct leaver {
   gg_arena_t *arena;
@@ -81,7 +81,7 @@ static void test_thread_exit_gives_back(void **state) {
   gg_assert_ok(gg_arena_destroy(a));
 }
 
-/* ---- an arena destroyed while threads cache from it ---------------------------------------------- */
+/* ---- an arena destroyed while threads cache from it ------------------------------------------ */
 
 #define PAIRERS 4
 
@@ -98,10 +98,12 @@ static void *pair_until_stopped(void *arg) {
   gg_arena_t *of = NULL; /* the arena `held` came from */
   for (unsigned i = 0; !atomic_load(&dz.stop); i++) {
     gg_arena_t *a = atomic_load(&dz.arena);
-    if (a != of) memset(held, 0, sizeof held), of = a; /* the old one was destroyed: they went with it */
+    if (a != of)
+      memset(held, 0, sizeof held), of = a; /* the old one was destroyed: they went with it */
     void *p;
     int rc = gg_alloc(a, 256 + (i % 4) * 1024, &p);
-    if (rc == 0) { /* (its memory is not touched: the arena may be destroyed right after the call) */
+    if (rc ==
+        0) { /* (its memory is not touched: the arena may be destroyed right after the call) */
       void *old = held[i % 8];
       held[i % 8] = p;
       rc = old ? gg_free(a, old) : 0;
@@ -128,8 +130,8 @@ static void wait_pairs(unsigned long long more) {
     while (atomic_load(&dz.pairs[t]) < want[t] && !dz.error[t][0]) sched_yield();
 }
 
-/* gg_arena_foreach_block publishes the blocks this thread's cache handed out before it lists them; it
- * returned how many it had published (a positive status) instead of 0. */
+/* gg_arena_foreach_block publishes the blocks this thread's cache handed out before it lists them;
+ * it returned how many it had published (a positive status) instead of 0. */
 static void test_foreach_lists_unpublished_blocks(void **state) {
   (void)state;
   gg_arena_t *a = mk(NULL);
@@ -149,8 +151,9 @@ static void test_foreach_lists_unpublished_blocks(void **state) {
   gg_assert_ok(gg_arena_destroy(a));
 }
 
-/* A cache serves an allocation only when its tag is the cache's own (compared byte by byte): a prefix or
- * an extension of it is another tag, and a tag longer than the limit matches its cut form. */
+/* A cache serves an allocation only when its tag is the cache's own (compared byte by byte): a
+ * prefix or an extension of it is another tag, and a tag longer than the limit matches its cut
+ * form. */
 static int tag_of(const gg_block_info_t *b, void *user) {
   const char **out = user;
   *out = b->tag;
@@ -168,7 +171,7 @@ static void test_cache_tags(void **state) {
   (void)state;
   char longtag[100], other[100];
   memset(longtag, 'L', 99), longtag[99] = '\0';
-  memcpy(other, longtag, sizeof other), other[80] = 'x';                       /* the same first 63 bytes */
+  memcpy(other, longtag, sizeof other), other[80] = 'x'; /* the same first 63 bytes */
   const char *tags[] = {"alpha", "alphabet", "alph", "alpha", longtag, other}; /* in this order */
   const char *want[] = {"alpha", "alphabet", "alph", "alpha", NULL, NULL};
   gg_arena_t *a = mk(NULL);
@@ -210,12 +213,13 @@ static void test_destroy_while_threads_cache(void **state) {
   memset(&dz, 0, sizeof dz);
   atomic_store(&dz.arena, mk(NULL));
   pthread_t t[PAIRERS];
-  for (int i = 0; i < PAIRERS; i++) pthread_create(&t[i], NULL, pair_until_stopped, (void *)(intptr_t)i);
+  for (int i = 0; i < PAIRERS; i++)
+    pthread_create(&t[i], NULL, pair_until_stopped, (void *)(intptr_t)i);
   for (int round = 0; round < 3; round++) {
     wait_pairs(500);
     gg_arena_t *old = atomic_load(&dz.arena);
     gg_assert_ok(gg_arena_destroy(old)); /* threads hold cache entries of it right now */
-    atomic_store(&dz.arena, mk(NULL));   /* their next calls fail once, then cache from the new one */
+    atomic_store(&dz.arena, mk(NULL)); /* their next calls fail once, then cache from the new one */
   }
   wait_pairs(500);
   atomic_store(&dz.stop, true);
@@ -230,7 +234,7 @@ static void test_destroy_while_threads_cache(void **state) {
   gg_assert_ok(gg_arena_destroy(a));
 }
 
-/* ---- scopes begin and end while threads allocate ------------------------------------------------- */
+/* ---- scopes begin and end while threads allocate --------------------------------------------- */
 
 #define SCOPERS 4
 #define KEEP    64
@@ -246,7 +250,8 @@ typedef struct sblock {
 static struct {
   gg_arena_t *arena;
   atomic_int phase;
-  atomic_int inside, pairs; /* blocks allocated wholly inside the open scope; pairs outside scopes */
+  atomic_int inside,
+      pairs; /* blocks allocated wholly inside the open scope; pairs outside scopes */
   sblock_t kept[SCOPERS][KEEP];
   int n[SCOPERS];
   char error[SCOPERS][200];
@@ -273,12 +278,13 @@ static void *alloc_across_scopes(void *arg) {
     }
     b.after = atomic_load(&sc.phase);
     if (b.before == PH_OPEN && b.after == PH_OPEN) atomic_fetch_add(&sc.inside, 1);
-    if (!surely_alive(&b)) { /* a scope may own it: kept (never freed), its fate checked at the end */
+    if (!surely_alive(
+            &b)) { /* a scope may own it: kept (never freed), its fate checked at the end */
       kept[n++] = b;
       struct timespec d = {0, 200 * 1000}; /* so the scope's phases see several of these */
       nanosleep(&d, NULL);
-    } else if (n < KEEP / 4 && i % 8 == 0) { /* outside any scope: some stay live across the scope (most
-                                              * slots stay free for blocks a scope may own) */
+    } else if (n < KEEP / 4 && i % 8 == 0) { /* outside any scope: some stay live across the scope
+                                              * (most slots stay free for blocks a scope may own) */
       kept[n++] = b;
     } else if (gg_free(sc.arena, b.p) < 0) { /* pairs: the cache serves them */
       snprintf(sc.error[id], sizeof sc.error[id], "free: %s", gg_last_error());
@@ -308,7 +314,8 @@ static int list_block(const gg_block_info_t *b, void *user) {
   return 0;
 }
 
-/* Waits a few ms, and then until `counter` reached `least` (a loaded machine may run the threads late). */
+/* Waits a few ms, and then until `counter` reached `least` (a loaded machine may run the threads
+ * late). */
 static void wait_for(int ms, atomic_int *counter, int least) {
   struct timespec d = {0, ms * 1000000L};
   nanosleep(&d, NULL);
@@ -320,7 +327,8 @@ static void test_scope_end_vs_caching_threads(void **state) {
   memset(&sc, 0, sizeof sc);
   sc.arena = mk(NULL);
   pthread_t t[SCOPERS];
-  for (int i = 0; i < SCOPERS; i++) pthread_create(&t[i], NULL, alloc_across_scopes, (void *)(intptr_t)i);
+  for (int i = 0; i < SCOPERS; i++)
+    pthread_create(&t[i], NULL, alloc_across_scopes, (void *)(intptr_t)i);
   wait_for(10, &sc.pairs, 2000); /* caches fill and serve */
   gg_scope_t s;
   atomic_store(&sc.phase, PH_BEGINNING);
@@ -345,7 +353,8 @@ static void test_scope_end_vs_caching_threads(void **state) {
       const sblock_t *b = &sc.kept[i][j];
       bool is = listed(b->p, l.v, l.n);
       if (surely_alive(b) && !is)
-        fail_msg("a block allocated outside the scope (phases %d..%d) was released", b->before, b->after);
+        fail_msg("a block allocated outside the scope (phases %d..%d) was released", b->before,
+                 b->after);
       if (b->before >= PH_OPEN && b->after <= PH_OPEN) { /* wholly inside the scope */
         if (is) fail_msg("a block allocated inside the scope outlived it");
         owned++;
@@ -355,7 +364,8 @@ static void test_scope_end_vs_caching_threads(void **state) {
         gg_assert_ok(gg_free(sc.arena, b->p));
       }
     }
-  printf("blocks kept: %d outlived the scope, %d allocated wholly inside it were released\n", alive, owned);
+  printf("blocks kept: %d outlived the scope, %d allocated wholly inside it were released\n", alive,
+         owned);
   assert_true(owned > 0);
   gg_arena_stats_t st = stats(sc.arena);
   assert_int_equal(st.n_live, 0);
@@ -363,7 +373,7 @@ static void test_scope_end_vs_caching_threads(void **state) {
   gg_assert_ok(gg_arena_destroy(sc.arena));
 }
 
-/* ---- a block freed while the stream is busy stays out of use ------------------------------------- */
+/* ---- a block freed while the stream is busy stays out of use --------------------------------- */
 
 typedef struct busy {
   gg_arena_t *arena;
@@ -408,7 +418,8 @@ static void test_stream_ticket_busy(void **state) {
   for (int i = 0; i < 300; i++) { /* this thread's own cache holds p: it must pass it by */
     void *q;
     gg_assert_ok(gg_alloc(a, 4 * KiB, &q));
-    if (q == p) fail_msg("a block freed while the stream was busy came back after %d allocations", i);
+    if (q == p)
+      fail_msg("a block freed while the stream was busy came back after %d allocations", i);
     gg_assert_ok(gg_free(a, q));
   }
   pthread_join(other, NULL);
@@ -416,7 +427,8 @@ static void test_stream_ticket_busy(void **state) {
   assert_int_equal(b.hits, 0);
   gg_assert_ok(gg__arena_check(a));
   gg_assert_ok(gg_host_stream_release(stream));
-  assert_int_equal(stats(a).bytes_pending, 0); /* idle: everything is reusable, the watched block too */
+  assert_int_equal(stats(a).bytes_pending,
+                   0); /* idle: everything is reusable, the watched block too */
   static void *all[4096];
   int back = -1, n = 0;
   while (n < 4096 && back < 0) {
@@ -430,7 +442,7 @@ static void test_stream_ticket_busy(void **state) {
   gg_host_stream_destroy(stream);
 }
 
-/* ---- one thread: the cache's size filter and its publish by bits ------------------------------------ */
+/* ---- one thread: the cache's size filter and its publish by bits ----------------------------- */
 
 static unsigned long long cached_allocs(gg_arena_t *a) {
   gg__arena_probe_t pr;
@@ -438,7 +450,8 @@ static unsigned long long cached_allocs(gg_arena_t *a) {
   return pr.cached_allocs;
 }
 
-/* `pairs` alloc+free pairs of `size`; how many of them the cache served (what it published to the probe). */
+/* `pairs` alloc+free pairs of `size`; how many of them the cache served (what it published to the
+ * probe). */
 static unsigned long long pairs_cached(gg_arena_t *a, size_t size, int pairs) {
   unsigned long long before = cached_allocs(a);
   void *p;
@@ -447,14 +460,15 @@ static unsigned long long pairs_cached(gg_arena_t *a, size_t size, int pairs) {
     gg_assert_ok(gg_free(a, p));
   }
   int n = 0;
-  gg_assert_ok(gg_arena_foreach_block(a, count_block, &n)); /* the caches publish their counts first */
+  gg_assert_ok(
+      gg_arena_foreach_block(a, count_block, &n)); /* the caches publish their counts first */
   return cached_allocs(a) - before;
 }
 
-/* Sizes whose quanta agree in their low six bits share one entry of a cache's filter of the sizes its
- * classes hold (4, 20, 36 and 52 KiB here): each is still served once it has a class, a size that only
- * shares the entry is not mistaken for one, and after sizes seen once took and gave up slots the filter
- * still agrees with the classes (gg__arena_check compares them). */
+/* Sizes whose quanta agree in their low six bits share one entry of a cache's filter of the sizes
+ * its classes hold (4, 20, 36 and 52 KiB here): each is still served once it has a class, a size
+ * that only shares the entry is not mistaken for one, and after sizes seen once took and gave up
+ * slots the filter still agrees with the classes (gg__arena_check compares them). */
 static void test_cache_sizes_sharing_a_filter_entry(void **state) {
   (void)state;
   gg_arena_t *a = mk(NULL);
@@ -481,9 +495,9 @@ static void test_cache_sizes_sharing_a_filter_entry(void **state) {
   gg_assert_ok(gg_arena_destroy(a));
 }
 
-/* Blocks a cache handed out, some of them freed back into it (its table of live blocks closes the gaps
- * by moving entries), are published all at once by the next allocation on the arena's path: every one
- * becomes the arena's, exactly once, with the counts exact. */
+/* Blocks a cache handed out, some of them freed back into it (its table of live blocks closes the
+ * gaps by moving entries), are published all at once by the next allocation on the arena's path:
+ * every one becomes the arena's, exactly once, with the counts exact. */
 static void test_cache_publishes_every_live_block(void **state) {
   (void)state;
   gg_arena_t *a = mk(NULL);
@@ -519,9 +533,7 @@ static void test_cache_publishes_every_live_block(void **state) {
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "256M", 1);
-  unsetenv("GPUGUARD_HOST_FAULT");
+  gg_test_use_host("256M", NULL);
   return 0;
 }
 

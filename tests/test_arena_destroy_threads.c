@@ -1,6 +1,6 @@
 /* test_arena_destroy_threads.c — gg_arena_destroy() while other threads are calling into the same
- * arena: every call returns, with success or GG_EINVAL (the documented answer after destroy), and no
- * thread is left blocked on the arena's lock. Two destroys at once: one succeeds, the other gets
+ * arena: every call returns, with success or GG_EINVAL (the documented answer after destroy), and
+ * no thread is left blocked on the arena's lock. Two destroys at once: one succeeds, the other gets
  * GG_EINVAL. Runs under ThreadSanitizer too (label `threads`). */
 #include <errno.h>
 #include <pthread.h>
@@ -27,12 +27,13 @@ typedef struct worker {
   int id;
 } worker_t;
 
-/* One call that may meet a destroyed arena: false to stop (destroyed, or an unexpected result kept). */
+/* One call that may meet a destroyed arena: false to stop (destroyed, or an unexpected result
+ * kept). */
 static bool accept_rc(worker_t *w, const char *call, int rc) {
   if (rc == 0) return atomic_fetch_add(&w->race->ops, 1), true;
   if (rc != GG_EINVAL)
-    snprintf(w->race->error[w->id], sizeof w->race->error[w->id], "%s: %s (%s)", call, gg_err_name(rc),
-             gg_last_error());
+    snprintf(w->race->error[w->id], sizeof w->race->error[w->id], "%s: %s (%s)", call,
+             gg_err_name(rc), gg_last_error());
   return false;
 }
 
@@ -68,7 +69,8 @@ static void join_or_fail(pthread_t t, int round, const char *what) {
   clock_gettime(CLOCK_REALTIME, &deadline);
   deadline.tv_sec += 30;
   int e = pthread_timedjoin_np(t, NULL, &deadline);
-  if (e == ETIMEDOUT) fail_msg("round %d: %s is still blocked 30 s after gg_arena_destroy", round, what);
+  if (e == ETIMEDOUT)
+    fail_msg("round %d: %s is still blocked 30 s after gg_arena_destroy", round, what);
   assert_int_equal(e, 0);
 }
 
@@ -87,7 +89,8 @@ static void test_calls_during_destroy_return(void **state) {
       w[i] = (worker_t){&r, i};
       assert_int_equal(pthread_create(&t[i], NULL, hammer, &w[i]), 0);
     }
-    while (atomic_load(&r.ops) < THREADS * (1 + round % 32)) sched_yield(); /* destroy at varied moments */
+    while (atomic_load(&r.ops) < THREADS * (1 + round % 32))
+      sched_yield(); /* destroy at varied moments */
     bool two = round % 4 == 0;
     if (two) assert_int_equal(pthread_create(&extra, NULL, second_destroyer, &r), 0);
     count_destroy(&r, gg_arena_destroy(r.arena));

@@ -1,6 +1,7 @@
-/* test_arena_faults.c — fault injection on every backend operation an arena makes: each call of each
- * operation fails once in turn (and whole operations fail for good), and every time the arena stays
- * consistent, the failing call says why, the arena is usable afterwards, and no device memory leaks. */
+/* test_arena_faults.c — fault injection on every backend operation an arena makes: each call of
+ * each operation fails once in turn (and whole operations fail for good), and every time the arena
+ * stays consistent, the failing call says why, the arena is usable afterwards, and no device memory
+ * leaks. */
 #include <stdbool.h>
 
 #include "arena/arena_internal.h"
@@ -29,19 +30,21 @@ static size_t host_free(void) {
 
 /* A failed call must say why and leave the arena consistent; once the fault is past, the same call
  * works (faults here fail one call only). */
-#define TRY(a, call)                                                                                     \
-  do {                                                                                                   \
-    int try_rc = (call);                                                                                 \
-    if (try_rc < 0) {                                                                                    \
-      failures_seen++;                                                                                   \
-      if (!gg_last_error()[0]) fail_msg("%s failed with %s and no message", #call, gg_err_name(try_rc)); \
-      if ((a)) gg_assert_ok(gg__arena_check((a)));                                                       \
-      if (!sticky) gg_assert_ok(call);                                                                   \
-    }                                                                                                    \
-    if ((a)) gg_assert_ok(gg__arena_check((a)));                                                         \
+#define TRY(a, call)                                                              \
+  do {                                                                            \
+    int try_rc = (call);                                                          \
+    if (try_rc < 0) {                                                             \
+      failures_seen++;                                                            \
+      if (!gg_last_error()[0])                                                    \
+        fail_msg("%s failed with %s and no message", #call, gg_err_name(try_rc)); \
+      if ((a)) gg_assert_ok(gg__arena_check((a)));                                \
+      if (!sticky) gg_assert_ok(call);                                            \
+    }                                                                             \
+    if ((a)) gg_assert_ok(gg__arena_check((a)));                                  \
   } while (0)
 
-/* A workload touching every path: growth, bump and best fit, scopes, batches, trim, copies, destroy. */
+/* A workload touching every path: growth, bump and best fit, scopes, batches, trim, copies,
+ * destroy. */
 static void scenario(bool sticky) {
   void *st = NULL;
   gg_assert_ok(gg_host_stream_create(&st));
@@ -96,12 +99,7 @@ out:
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "64M", 1);
-  setenv("GPUGUARD_HOST_GRANULARITY", "64K", 1);
-  unsetenv("GPUGUARD_HOST_VMM");
-  unsetenv("GPUGUARD_HOST_FAULT");
-  gg_host_fault_set(NULL);
+  gg_test_use_host("64M", "64K");
   return 0;
 }
 
@@ -121,7 +119,8 @@ static void each_call_fails_once(bool vmm) {
       scenario(false);
       assert_int_equal(host_free(), free0); /* nothing leaked on the device */
     }
-    printf("%-13s %3llu calls in the workload, each failed once: %d failures surfaced, all recovered\n",
+    printf("%-13s %3llu calls in the workload, each failed once: %d failures surfaced, all "
+           "recovered\n",
            ops[k], calls[k], failures_seen - before);
   }
   gg_host_fault_set(NULL);

@@ -1,9 +1,9 @@
-/* test_arena_fork.c — fork() while other threads create, use and destroy arenas: the child, whose only
- * thread is the one that forked, must be able to create an arena, allocate, free, destroy and exit.
- * Without fork handlers for the arena's global locks (the live list, the quarantine), a fork taken while
- * another thread held one of them leaves it locked for good in the child, which then hangs. A reporter
- * thread walks the live list the way reports do, slowly, so most forks land while its lock is held.
- * Each child is judged from outside, with a deadline. */
+/* test_arena_fork.c — fork() while other threads create, use and destroy arenas: the child, whose
+ * only thread is the one that forked, must be able to create an arena, allocate, free, destroy and
+ * exit. Without fork handlers for the arena's global locks (the live list, the quarantine), a fork
+ * taken while another thread held one of them leaves it locked for good in the child, which then
+ * hangs. A reporter thread walks the live list the way reports do, slowly, so most forks land while
+ * its lock is held. Each child is judged from outside, with a deadline. */
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -146,9 +146,9 @@ static void test_fork_while_threads_allocate(void **state) {
   gg_assert_ok(gg_arena_destroy(shared));
 }
 
-/* The sanitizers' own allocators take locks that this compiler's runtimes do not take around fork():
- * a child forked while another thread is in malloc can hang inside the sanitizer (seen with ASan: the
- * child waits in its size-class allocator's lock), whatever the library does. */
+/* The sanitizers' own allocators take locks that this compiler's runtimes do not take around
+ * fork(): a child forked while another thread is in malloc can hang inside the sanitizer (seen with
+ * ASan: the child waits in its size-class allocator's lock), whatever the library does. */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define GG_SANITIZED 1
 #elif defined(__has_feature)

@@ -1,16 +1,16 @@
-/* test_arena_model.c — randomized model check: thousands of random alloc/free/scope/trim operations on
- * the host backend against a plain reference model. After every operation: no overlap, alignment,
- * statistics equal to the model's, and the arena's own full consistency check; regularly, every byte
- * of every live block still holds what was written. Seed: fixed, or GG_TEST_SEED to reproduce.
- * The threaded runs do the same from 8 and 16 threads on one arena (with frees of other threads' blocks,
- * scopes every thread allocates in, trims, stats and checks among them), with exact totals whenever
- * the threads are paused. */
+/* test_arena_model.c — randomized model check: thousands of random alloc/free/scope/trim operations
+ * on the host backend against a plain reference model. After every operation: no overlap,
+ * alignment, statistics equal to the model's, and the arena's own full consistency check;
+ * regularly, every byte of every live block still holds what was written. Seed: fixed, or
+ * GG_TEST_SEED to reproduce. The threaded runs do the same from 8 and 16 threads on one arena (with
+ * frees of other threads' blocks, scopes every thread allocates in, trims, stats and checks among
+ * them), with exact totals whenever the threads are paused. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
 #include "arena/arena_internal.h"
-#include "arena/freelist.h"
+#include "arena/freelist_internal.h"
 #include "gg_test.h"
 
 #define KiB            ((size_t)1 << 10)
@@ -48,8 +48,8 @@ static void verify_block(const mblock_t *m) {
   unsigned char want = fill_byte(m->id);
   for (size_t i = 0; i < m->size; i++)
     if (m->ptr[i] != want)
-      fail_msg("block %u at %p (%zu bytes): byte %zu is %#x, wanted %#x", m->id, (void *)m->ptr, m->size, i,
-               m->ptr[i], want);
+      fail_msg("block %u at %p (%zu bytes): byte %zu is %#x, wanted %#x", m->id, (void *)m->ptr,
+               m->size, i, m->ptr[i], want);
 }
 
 static void check_stats(gg_arena_t *a, const model_t *m, size_t cap) {
@@ -76,8 +76,8 @@ static void model_remove(model_t *m, int i, bool verify) {
 
 static bool boundary_sizes; /* sizes at the free list's class boundaries instead of spread evenly */
 
-/* A size within a quantum or two of a class boundary: the last exact class (32 KiB), a power of two,
- * or a step between two of the 16 classes of a power of two. */
+/* A size within a quantum or two of a class boundary: the last exact class (32 KiB), a power of
+ * two, or a step between two of the 16 classes of a power of two. */
 static size_t boundary_size(void) {
   size_t q;
   switch (rnd(3)) {
@@ -88,13 +88,16 @@ static size_t boundary_size(void) {
     q = ((size_t)16 + rnd(16)) << (e - 4);
   }
   }
-  return (q + rnd(5) - 2) * 256 - rnd(2) * (1 + rnd(255)); /* q-2..q+2 quanta, sometimes a little under */
+  return (q + rnd(5) - 2) * 256 -
+         rnd(2) * (1 + rnd(255)); /* q-2..q+2 quanta, sometimes a little under */
 }
 
 static void do_alloc(gg_arena_t *a, model_t *m, bool held) {
   static const size_t aligns[] = {0, 0, 0, 0, 512, 4096, 64 * KiB};
   unsigned r = rnd(100);
-  size_t size = r < 70 ? 1 + rnd(4096) : r < 95 ? 4096 + rnd(128 * KiB) : 128 * KiB + rnd(1024 * KiB);
+  size_t size = r < 70   ? 1 + rnd(4096)
+                : r < 95 ? 4096 + rnd(128 * KiB)
+                         : 128 * KiB + rnd(1024 * KiB);
   if (boundary_sizes && rnd(4)) size = boundary_size();
   size_t align = aligns[rnd(7)];
   if (m->n == MAX_LIVE || m->in_use + rounded(size) > LIVE_BYTES_MAX) return;
@@ -102,15 +105,18 @@ static void do_alloc(gg_arena_t *a, model_t *m, bool held) {
   char tag[16];
   snprintf(tag, sizeof tag, "t%u", rnd(5));
   int rc = gg_alloc_ex(a, size, align, rnd(2) ? tag : NULL, &p);
-  if (rc == GG_ENOMEM && held) return; /* released memory is not reusable while the stream is held */
-  if (rc != 0) fail_msg("alloc %zu (align %zu): %s: %s", size, align, gg_err_name(rc), gg_last_error());
+  if (rc == GG_ENOMEM && held)
+    return; /* released memory is not reusable while the stream is held */
+  if (rc != 0)
+    fail_msg("alloc %zu (align %zu): %s: %s", size, align, gg_err_name(rc), gg_last_error());
   size_t want_align = align < 256 ? 256 : align;
   assert_int_equal((uintptr_t)p % want_align, 0);
   unsigned char *q = p;
   for (int i = 0; i < m->n; i++) { /* no overlap with any live block */
     const mblock_t *o = &m->b[i];
     if (q < o->ptr + rounded(o->size) && o->ptr < q + rounded(size))
-      fail_msg("new block %p+%zu overlaps block %u at %p+%zu", p, size, o->id, (void *)o->ptr, o->size);
+      fail_msg("new block %p+%zu overlaps block %u at %p+%zu", p, size, o->id, (void *)o->ptr,
+               o->size);
   }
   mblock_t *b = &m->b[m->n++];
   *b = (mblock_t){q, size, align, m->depth, ++m->next_id};
@@ -126,11 +132,12 @@ static void do_alloc(gg_arena_t *a, model_t *m, bool held) {
   if (m->in_use > m->peak) m->peak = m->in_use;
 }
 
-static void run_model(const char *label, bool vmm, unsigned flags, unsigned long long seed, int ops) {
+static void run_model(const char *label, bool vmm, unsigned flags, unsigned long long seed,
+                      int ops) {
   setenv("GPUGUARD_HOST_VMM", vmm ? "1" : "0", 1);
   rng_state = seed ? seed : 1;
-  printf("model run '%s': seed %llu, %d operations (reproduce with GG_TEST_SEED=%llu)\n", label, seed, ops,
-         seed);
+  printf("model run '%s': seed %llu, %d operations (reproduce with GG_TEST_SEED=%llu)\n", label,
+         seed, ops, seed);
   void *stream = NULL;
   gg_assert_ok(gg_host_stream_create(&stream));
   gg_arena_options_t o;
@@ -162,7 +169,8 @@ static void run_model(const char *label, bool vmm, unsigned flags, unsigned long
     } else if (op < 91) {
       if (m->depth) {
         if (m->depth > 1 && rnd(4) == 0) { /* out of order: refused, nothing changes */
-          gg_assert_fails(gg_scope_end(&m->scopes[rnd((unsigned)m->depth - 1)]), GG_ESTATE, "reverse order");
+          gg_assert_fails(gg_scope_end(&m->scopes[rnd((unsigned)m->depth - 1)]), GG_ESTATE,
+                          "reverse order");
         }
         for (int i = m->n - 1; i >= 0; i--)
           if (m->b[i].depth == m->depth) model_remove(m, i, rnd(8) == 0);
@@ -177,7 +185,8 @@ static void run_model(const char *label, bool vmm, unsigned flags, unsigned long
       if (rc == 0 && keep == 0) { /* nothing wholly free stays mapped */
         gg_arena_stats_t s;
         gg_assert_ok(gg_arena_stats(a, &s));
-        /* Every chunk left holds part of a live block; a block touches at most size/64K + 2 chunks. */
+        /* Every chunk left holds part of a live block; a block touches at most size/64K + 2 chunks.
+         * */
         unsigned long long touched = 0;
         for (int i = 0; i < m->n; i++) touched += rounded(m->b[i].size) / (64 * KiB) + 2;
         assert_true(s.n_chunks <= touched);
@@ -204,10 +213,11 @@ static void run_model(const char *label, bool vmm, unsigned flags, unsigned long
   for (int i = 0; i < m->n; i++) verify_block(&m->b[i]);
   gg_arena_stats_t s;
   gg_assert_ok(gg_arena_stats(a, &s));
-  printf("  allocs %llu, frees %llu, scope begins %llu, ends %llu, trims %llu, holds %llu, bad frees %llu; "
+  printf("  allocs %llu, frees %llu, scope begins %llu, ends %llu, trims %llu, holds %llu, bad "
+         "frees %llu; "
          "peak in use %zu, peak mapped %zu, fragmentation now %.3f\n",
-         n_ops[0], n_ops[1], n_ops[2], n_ops[3], n_ops[4], n_ops[5], n_ops[6], s.peak_in_use, s.peak_mapped,
-         s.fragmentation);
+         n_ops[0], n_ops[1], n_ops[2], n_ops[3], n_ops[4], n_ops[5], n_ops[6], s.peak_in_use,
+         s.peak_mapped, s.fragmentation);
   if (held) gg_assert_ok(gg_host_stream_release(stream));
   while (m->depth) gg_assert_ok(gg_scope_end(&m->scopes[--m->depth]));
   gg_assert_ok(gg_arena_destroy(a));
@@ -225,7 +235,7 @@ static int ops_count(void) {
   return v && *v ? atoi(v) : 6000;
 }
 
-/* ---- many threads on one arena ------------------------------------------------------------------- */
+/* ---- many threads on one arena --------------------------------------------------------------- */
 
 #define TM_THREADS 16
 #define TM_SLOTS   48
@@ -248,12 +258,13 @@ typedef struct tworker {
   char error[300];
 } tworker_t;
 
-/* Ordinary operations run under the gate's read side; scope begins and ends, and exact totals, under
- * its write side, with every other thread paused between two operations. */
+/* Ordinary operations run under the gate's read side; scope begins and ends, and exact totals,
+ * under its write side, with every other thread paused between two operations. */
 static struct {
   gg_arena_t *arena;
   pthread_rwlock_t gate;
-  pthread_mutex_t mail_lock; /* blocks handed from one thread to another, freed by whoever takes them */
+  pthread_mutex_t
+      mail_lock; /* blocks handed from one thread to another, freed by whoever takes them */
   tblock_t mail[TM_MAIL];
   int n_mail;
   size_t mail_in_use;
@@ -276,11 +287,11 @@ static bool tblock_intact(const tblock_t *b) {
   return b->ptr[b->size - 1] == b->fill;
 }
 
-#define TFAIL(w, ...)                                      \
-  do {                                                     \
-    snprintf((w)->error, sizeof (w)->error, __VA_ARGS__); \
-    atomic_store(&tm.stop, true);                          \
-    return false;                                          \
+#define TFAIL(w, ...)                                    \
+  do {                                                   \
+    snprintf((w)->error, sizeof(w)->error, __VA_ARGS__); \
+    atomic_store(&tm.stop, true);                        \
+    return false;                                        \
   } while (0)
 
 /* Write side held: the totals of every thread's model against the arena's statistics, its full
@@ -292,37 +303,45 @@ static bool tm_exact(tworker_t *me) {
     const tworker_t *w = &tm.w[t];
     in_use += w->in_use, live += (unsigned long long)w->n, allocs += w->allocs, frees += w->frees;
     for (int i = 0; i < w->n; i++)
-      if (!tblock_intact(&w->b[i])) TFAIL(me, "thread %d's block %p was overwritten", t, (void *)w->b[i].ptr);
+      if (!tblock_intact(&w->b[i]))
+        TFAIL(me, "thread %d's block %p was overwritten", t, (void *)w->b[i].ptr);
   }
   for (int i = 0; i < tm.n_mail; i++)
-    if (!tblock_intact(&tm.mail[i])) TFAIL(me, "a handed-over block %p was overwritten", (void *)tm.mail[i].ptr);
+    if (!tblock_intact(&tm.mail[i]))
+      TFAIL(me, "a handed-over block %p was overwritten", (void *)tm.mail[i].ptr);
   gg_arena_stats_t s;
-  if (gg_arena_stats(tm.arena, &s) < 0 || gg__arena_check(tm.arena) < 0) TFAIL(me, "%s", gg_last_error());
+  if (gg_arena_stats(tm.arena, &s) < 0 || gg__arena_check(tm.arena) < 0)
+    TFAIL(me, "%s", gg_last_error());
   if (s.bytes_in_use != in_use || s.n_live != live || s.n_allocs != allocs || s.n_frees != frees ||
       s.scope_depth != tm.depth || s.peak_in_use < s.bytes_in_use)
-    TFAIL(me, "stats: in use %zu (model %zu), live %llu (%llu), allocs %llu (%llu), frees %llu (%llu), depth %d (%d), peak %zu",
-          s.bytes_in_use, in_use, s.n_live, live, s.n_allocs, allocs, s.n_frees, frees, s.scope_depth, tm.depth,
-          s.peak_in_use);
+    TFAIL(me,
+          "stats: in use %zu (model %zu), live %llu (%llu), allocs %llu (%llu), frees %llu (%llu), "
+          "depth %d (%d), peak %zu",
+          s.bytes_in_use, in_use, s.n_live, live, s.n_allocs, allocs, s.n_frees, frees,
+          s.scope_depth, tm.depth, s.peak_in_use);
   return true;
 }
 
-/* Write side held: a scope begins (every thread's next allocations belong to it) or the innermost one
- * ends (whichever thread allocated its blocks, and whichever cached them). */
+/* Write side held: a scope begins (every thread's next allocations belong to it) or the innermost
+ * one ends (whichever thread allocated its blocks, and whichever cached them). */
 static bool tm_scope_op(tworker_t *w) {
-  if (trnd(w, 2)) return tm_exact(w);              /* totals alone */
+  if (trnd(w, 2)) return tm_exact(w);                   /* totals alone */
   if (tm.depth < 6 && (tm.depth == 0 || !trnd(w, 4))) { /* scopes stay short: caches run between */
-    if (gg_scope_begin(tm.arena, &tm.scopes[tm.depth]) < 0) TFAIL(w, "scope begin: %s", gg_last_error());
+    if (gg_scope_begin(tm.arena, &tm.scopes[tm.depth]) < 0)
+      TFAIL(w, "scope begin: %s", gg_last_error());
     tm.depth++;
     return tm_exact(w);
   }
   for (int t = 0; t < tm.n_threads; t++) {
     tworker_t *o = &tm.w[t];
     for (int i = o->n - 1; i >= 0; i--)
-      if (o->b[i].depth == tm.depth) o->in_use -= rounded(o->b[i].size), tm.scope_frees++, o->b[i] = o->b[--o->n];
+      if (o->b[i].depth == tm.depth)
+        o->in_use -= rounded(o->b[i].size), tm.scope_frees++, o->b[i] = o->b[--o->n];
   }
   for (int i = tm.n_mail - 1; i >= 0; i--)
     if (tm.mail[i].depth == tm.depth)
-      tm.mail_in_use -= rounded(tm.mail[i].size), tm.scope_frees++, tm.mail[i] = tm.mail[--tm.n_mail];
+      tm.mail_in_use -= rounded(tm.mail[i].size), tm.scope_frees++,
+          tm.mail[i] = tm.mail[--tm.n_mail];
   if (gg_scope_end(&tm.scopes[--tm.depth]) < 0) TFAIL(w, "scope end: %s", gg_last_error());
   return tm_exact(w);
 }
@@ -332,10 +351,13 @@ static bool tm_op(tworker_t *w, unsigned op) {
   if (op < 40) { /* allocate */
     if (w->n == TM_SLOTS) return true;
     unsigned r = trnd(w, 100);
-    size_t size = r < 70 ? 1 + trnd(w, 4096) : r < 95 ? 4096 + trnd(w, 60 * 1024) : 64 * 1024 + trnd(w, 192 * 1024);
+    size_t size = r < 70   ? 1 + trnd(w, 4096)
+                  : r < 95 ? 4096 + trnd(w, 60 * 1024)
+                           : 64 * 1024 + trnd(w, 192 * 1024);
     size_t align = trnd(w, 8) ? 0 : 4096;
     void *p;
-    if (gg_alloc_ex(tm.arena, size, align, trnd(w, 3) ? NULL : "t", &p) < 0) TFAIL(w, "alloc %zu: %s", size, gg_last_error());
+    if (gg_alloc_ex(tm.arena, size, align, trnd(w, 3) ? NULL : "t", &p) < 0)
+      TFAIL(w, "alloc %zu: %s", size, gg_last_error());
     if ((uintptr_t)p % (align ? align : 256)) TFAIL(w, "block %p is not aligned to %zu", p, align);
     tblock_t *b = &w->b[w->n++];
     *b = (tblock_t){p, size, tm.depth, (unsigned char)(w->id * 16 + trnd(w, 16) + 1)};
@@ -367,28 +389,33 @@ static bool tm_op(tworker_t *w, unsigned op) {
     pthread_mutex_unlock(&tm.mail_lock);
     if (!b.ptr) return true;
     if (!tblock_intact(&b)) TFAIL(w, "handed-over block %p was overwritten", (void *)b.ptr);
-    if (gg_free(tm.arena, b.ptr) < 0) TFAIL(w, "free of another thread's block: %s", gg_last_error());
+    if (gg_free(tm.arena, b.ptr) < 0)
+      TFAIL(w, "free of another thread's block: %s", gg_last_error());
     pthread_mutex_lock(&tm.mail_lock);
     tm.mail_in_use -= rounded(b.size);
     pthread_mutex_unlock(&tm.mail_lock);
     w->frees++, w->ops[3]++;
-  } else if (op < 90) { /* a copy into one of its blocks: the arena must find it wherever it is cached */
+  } else if (op <
+             90) { /* a copy into one of its blocks: the arena must find it wherever it is cached */
     if (!w->n) return true;
     tblock_t *b = &w->b[trnd(w, (unsigned)w->n)];
     unsigned char buf[64];
     size_t n = b->size < sizeof buf ? b->size : sizeof buf;
     memset(buf, b->fill, n);
-    if (gg_arena_copy_to_device(tm.arena, b->ptr, buf, n) < 0) TFAIL(w, "copy: %s", gg_last_error());
+    if (gg_arena_copy_to_device(tm.arena, b->ptr, buf, n) < 0)
+      TFAIL(w, "copy: %s", gg_last_error());
     w->ops[4]++;
   } else if (op < 94) { /* statistics and the full check, while the others run */
     gg_arena_stats_t s;
     if (gg_arena_stats(tm.arena, &s) < 0) TFAIL(w, "stats: %s", gg_last_error());
     if (s.peak_in_use < s.bytes_in_use || s.n_frees > s.n_allocs || s.bytes_in_use > s.bytes_mapped)
-      TFAIL(w, "stats inconsistent: peak %zu, in use %zu, mapped %zu", s.peak_in_use, s.bytes_in_use, s.bytes_mapped);
+      TFAIL(w, "stats inconsistent: peak %zu, in use %zu, mapped %zu", s.peak_in_use,
+            s.bytes_in_use, s.bytes_mapped);
     if (gg__arena_check(tm.arena) < 0) TFAIL(w, "%s", gg_last_error());
     w->ops[5]++;
   } else if (op < 96) {
-    if (gg_arena_trim(tm.arena, trnd(w, 2) ? 0 : 4 * MiB) < 0) TFAIL(w, "trim: %s", gg_last_error());
+    if (gg_arena_trim(tm.arena, trnd(w, 2) ? 0 : 4 * MiB) < 0)
+      TFAIL(w, "trim: %s", gg_last_error());
     w->ops[6]++;
   }
   return true;
@@ -432,7 +459,8 @@ static void run_threads(int threads, unsigned long long seed, int ops) {
   }
   for (int t = 0; t < threads; t++) pthread_join(tid[t], NULL);
   for (int t = 0; t < threads; t++)
-    if (tm.w[t].error[0]) fail_msg("thread %d: %s (reproduce with GG_TEST_SEED=%llu)", t, tm.w[t].error, seed);
+    if (tm.w[t].error[0])
+      fail_msg("thread %d: %s (reproduce with GG_TEST_SEED=%llu)", t, tm.w[t].error, seed);
   tworker_t *w = &tm.w[0]; /* the threads are gone: their caches went back to the arena */
   if (!tm_exact(w)) fail_msg("after the threads: %s", w->error);
   gg__arena_probe_t pr;
@@ -442,9 +470,10 @@ static void run_threads(int threads, unsigned long long seed, int ops) {
   unsigned long long sum[8] = {0};
   for (int t = 0; t < threads; t++)
     for (int k = 0; k < 8; k++) sum[k] += tm.w[t].ops[k];
-  printf("  allocs %llu, own frees %llu, handed over %llu, freed by another thread %llu, copies %llu, "
-         "stats+checks %llu, trims %llu, scope ops %llu\n",
-         sum[0], sum[1], sum[2], sum[3], sum[4], sum[5], sum[6], sum[7]);
+  printf(
+      "  allocs %llu, own frees %llu, handed over %llu, freed by another thread %llu, copies %llu, "
+      "stats+checks %llu, trims %llu, scope ops %llu\n",
+      sum[0], sum[1], sum[2], sum[3], sum[4], sum[5], sum[6], sum[7]);
   for (int t = 0; t < threads; t++)
     for (int i = 0; i < tm.w[t].n; i++) gg_assert_ok(gg_free(tm.arena, tm.w[t].b[i].ptr));
   for (int i = 0; i < tm.n_mail; i++) gg_assert_ok(gg_free(tm.arena, tm.mail[i].ptr));
@@ -474,10 +503,7 @@ static void test_threads_16(void **state) {
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "64M", 1);
-  setenv("GPUGUARD_HOST_GRANULARITY", "64K", 1);
-  unsetenv("GPUGUARD_HOST_FAULT");
+  gg_test_use_host("64M", "64K");
   return 0;
 }
 
@@ -501,11 +527,12 @@ static void test_class_boundaries(void **state) {
   (void)state;
   boundary_sizes = true;
   run_model("class boundaries, stream tracked", true, 0, seed_from_env(4711), ops_count());
-  run_model("class boundaries, no stream", false, GG_ARENA_NO_STREAM, seed_from_env(815), ops_count());
+  run_model("class boundaries, no stream", false, GG_ARENA_NO_STREAM, seed_from_env(815),
+            ops_count());
   boundary_sizes = false;
 }
 
-/* ---- the free list on its own: which block a fit takes ---------------------------------------------- */
+/* ---- the free list on its own: which block a fit takes --------------------------------------- */
 
 #define Q ((size_t)256)
 
@@ -522,36 +549,41 @@ static size_t fl_fit(gg__freelist_t *fl, size_t n, size_t a) {
   return b ? b->size : 0;
 }
 
-/* Blocks far apart (none merge), sizes on both sides of class boundaries: a fit takes the smallest block
- * that holds the request, whether it shares the request's class, sits in the next one or further up. */
+/* Blocks far apart (none merge), sizes on both sides of class boundaries: a fit takes the smallest
+ * block that holds the request, whether it shares the request's class, sits in the next one or
+ * further up. */
 static void test_freelist_best_fit_across_classes(void **state) {
   (void)state;
   gg__freelist_t fl = {0};
   uintptr_t base = (uintptr_t)1 << 40, step = (uintptr_t)1 << 30;
-  const size_t sizes[] = {127 * Q, 128 * Q, 129 * Q, 144 * Q, 150 * Q, 255 * Q, 256 * Q, 4096 * Q, 4100 * Q};
+  const size_t sizes[] = {127 * Q, 128 * Q, 129 * Q,  144 * Q, 150 * Q,
+                          255 * Q, 256 * Q, 4096 * Q, 4100 * Q};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) fl_put(&fl, base + i * step, sizes[i]);
   assert_int_equal(fl_fit(&fl, 127 * Q, Q), 127 * Q); /* the last exact class */
   assert_int_equal(fl_fit(&fl, 126 * Q, Q), 127 * Q); /* empty exact class: the next one up */
   assert_int_equal(fl_fit(&fl, 128 * Q, Q), 128 * Q); /* first class of a power of two */
   assert_int_equal(fl_fit(&fl, 129 * Q, Q), 129 * Q); /* same class as 128 (8 quanta wide) */
-  assert_int_equal(fl_fit(&fl, 130 * Q, Q), 144 * Q); /* nothing big enough in its class: next class */
+  assert_int_equal(fl_fit(&fl, 130 * Q, Q),
+                   144 * Q); /* nothing big enough in its class: next class */
   assert_int_equal(fl_fit(&fl, 145 * Q, Q), 150 * Q); /* in the class, the block that fits */
   assert_int_equal(fl_fit(&fl, 151 * Q, Q), 255 * Q);
   assert_int_equal(fl_fit(&fl, 256 * Q, Q), 256 * Q);
   assert_int_equal(fl_fit(&fl, 4097 * Q, Q), 4100 * Q);
   assert_int_equal(fl_fit(&fl, 4101 * Q, Q), 0);
   assert_int_equal(gg__freelist_largest(&fl)->size, 4100 * Q);
-  /* Over-aligned: every block starts at base + i GiB, so all are 1 GiB-aligned and the smallest fits. */
+  /* Over-aligned: every block starts at base + i GiB, so all are 1 GiB-aligned and the smallest
+   * fits. */
   assert_int_equal(fl_fit(&fl, 130 * Q, (size_t)1 << 20), 144 * Q);
   gg__freelist_free(&fl);
 }
 
-/* Blocks whose start is not aligned: an aligned fit must skip those where the padding leaves too little. */
+/* Blocks whose start is not aligned: an aligned fit must skip those where the padding leaves too
+ * little. */
 static void test_freelist_alignment(void **state) {
   (void)state;
   gg__freelist_t fl = {0};
   uintptr_t base = (uintptr_t)1 << 40;
-  fl_put(&fl, base + Q, 64 * Q);                    /* 64 KiB-aligned only after 255 quanta: too far */
+  fl_put(&fl, base + Q, 64 * Q); /* 64 KiB-aligned only after 255 quanta: too far */
   fl_put(&fl, base + ((uintptr_t)1 << 30), 64 * Q); /* aligned */
   gg__block_t *b = gg__freelist_fit(&fl, 64 * Q, 64 * KiB);
   assert_non_null(b);
@@ -567,7 +599,8 @@ static void test_freelist_alignment(void **state) {
   assert_non_null(b);
   assert_int_equal(b->size, 2048 * Q);
   gg_assert_ok(gg__freelist_reserve(&fl, 2));
-  b = gg__freelist_carve(&fl, b, 512 * Q, (size_t)1 << 18); /* a piece before it and one after stay free */
+  b = gg__freelist_carve(&fl, b, 512 * Q,
+                         (size_t)1 << 18); /* a piece before it and one after stay free */
   assert_int_equal(b->addr % ((size_t)1 << 18), 0);
   assert_null(gg__freelist_check(&fl));
   assert_int_equal(fl.bytes, 64 * Q + (2048 - 512) * Q);
@@ -575,8 +608,8 @@ static void test_freelist_alignment(void **state) {
   gg__freelist_free(&fl);
 }
 
-/* Ranges that touch merge whatever their classes: below, above and both; the merged block moves to the
- * class of its new size, and a carve from the front leaves the rest listed in its own class. */
+/* Ranges that touch merge whatever their classes: below, above and both; the merged block moves to
+ * the class of its new size, and a carve from the front leaves the rest listed in its own class. */
 static void test_freelist_coalescing_across_classes(void **state) {
   (void)state;
   gg__freelist_t fl = {0};

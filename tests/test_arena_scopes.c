@@ -1,8 +1,8 @@
-/* test_arena_scopes.c — what a scope end releases is exactly what the scope still owns: blocks from the
- * free list and from the bump block, some freed one by one before the end (in any order), nested scopes,
- * an out-of-order end that changes nothing, stream safety of the released memory (a large scope's too),
- * and scopes of 100k blocks. Every step is compared with a model of the live blocks and checked by the
- * invariant checker. */
+/* test_arena_scopes.c — what a scope end releases is exactly what the scope still owns: blocks from
+ * the free list and from the bump block, some freed one by one before the end (in any order),
+ * nested scopes, an out-of-order end that changes nothing, stream safety of the released memory (a
+ * large scope's too), and scopes of 100k blocks. Every step is compared with a model of the live
+ * blocks and checked by the invariant checker. */
 #include "arena/arena_internal.h"
 #include "gg_test.h"
 
@@ -11,12 +11,7 @@
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "128M", 1);
-  setenv("GPUGUARD_HOST_GRANULARITY", "64K", 1);
-  unsetenv("GPUGUARD_HOST_VMM");
-  unsetenv("GPUGUARD_HOST_FAULT");
-  gg_host_fault_set(NULL);
+  gg_test_use_host("128M", "64K");
   return 0;
 }
 
@@ -90,7 +85,8 @@ static void expect_live(gg_arena_t *a, model_t *m) {
 static gg_arena_t *mk(unsigned flags, void *stream) {
   gg_arena_options_t o;
   gg_arena_options_init(&o);
-  o.capacity = 96 * MiB, o.chunk_size = 1 * MiB, o.flags = flags, o.stream = stream, o.name = "scopes";
+  o.capacity = 96 * MiB, o.chunk_size = 1 * MiB, o.flags = flags, o.stream = stream,
+  o.name = "scopes";
   gg_arena_t *a = NULL;
   gg_assert_ok(gg_arena_create(&a, &o));
   return a;
@@ -136,7 +132,8 @@ static void nested_scenario(unsigned flags, void *stream) {
 
   gg_assert_ok(gg_scope_begin(a, &inner));
   void *in[N];
-  for (int i = 0; i < N; i++) { /* the other holes, the outer scope's freed ones, halves of holes, bump */
+  for (int i = 0; i < N;
+       i++) { /* the other holes, the outer scope's freed ones, halves of holes, bump */
     gg_assert_ok(gg_alloc(a, i % 5 == 4 ? 512 : 1 * KiB, &in[i]));
     model_add(&m, in[i], 2);
   }
@@ -158,7 +155,8 @@ static void nested_scenario(unsigned flags, void *stream) {
   gg_assert_fails(gg_scope_end(&outer), GG_ESTATE, "is open");
   expect_live(a, &m);
 
-  if (stream) gg_assert_ok(gg_host_stream_hold(stream)); /* "a kernel may still use the inner blocks" */
+  if (stream)
+    gg_assert_ok(gg_host_stream_hold(stream)); /* "a kernel may still use the inner blocks" */
   gg_assert_ok(gg_scope_end(&inner));
   model_end(&m, 2);
   expect_live(a, &m);
@@ -205,8 +203,8 @@ static void test_nested_release_set(void **state) {
   gg_assert_ok(gg_host_stream_destroy(st));
 }
 
-/* Scopes of 100k blocks from the free list, some freed early, one after another at the same depth (the
- * record array of the first is reused), then one nested in another. */
+/* Scopes of 100k blocks from the free list, some freed early, one after another at the same depth
+ * (the record array of the first is reused), then one nested in another. */
 static void test_scope_100k(void **state) {
   (void)state;
   enum { N = 100000 };

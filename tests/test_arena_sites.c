@@ -1,22 +1,21 @@
 /* test_arena_sites.c — allocation sites (GG_ARENA_BACKTRACE, GPUGUARD_BACKTRACE=1): each live block
- * carries where it was allocated, starting at the caller of gg_alloc; the guard's leak report names the
- * calling functions under each tag; nothing of it when off. Built with -rdynamic, so the functions here
- * have names dladdr() can find. */
+ * carries where it was allocated, starting at the caller of gg_alloc; the guard's leak report names
+ * the calling functions under each tag; nothing of it when off. Built with -rdynamic, so the
+ * functions here have names dladdr() can find. */
 #include <dlfcn.h>
 #include <unistd.h>
 
 #include "gg_test.h"
 #include "core/internal.h"
+#include "core/symbol_internal.h"
 
 #define MiB ((size_t)1 << 20)
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "256M", 1);
+  gg_test_use_host("256M", NULL);
   unsetenv("GPUGUARD_BACKTRACE");
   unsetenv("GPUGUARD_LEAK_REPORT");
-  gg_host_fault_set(NULL);
   return 0;
 }
 
@@ -29,8 +28,8 @@ static gg_arena_t *arena(unsigned flags) {
   return a;
 }
 
-/* Two allocating functions, exported (the build hides symbols by default; -rdynamic puts exported ones
- * in the dynamic table dladdr reads), noinline so each is a frame of its own. */
+/* Two allocating functions, exported (the build hides symbols by default; -rdynamic puts exported
+ * ones in the dynamic table dladdr reads), noinline so each is a frame of its own. */
 #define GG_TEST_SITE __attribute__((noinline, visibility("default")))
 GG_TEST_SITE void *gg_test_site_weights(gg_arena_t *a, size_t n);
 GG_TEST_SITE void *gg_test_site_weights(gg_arena_t *a, size_t n) {
@@ -134,8 +133,8 @@ static void test_sites_from_environment(void **state) {
   unsetenv("GPUGUARD_BACKTRACE");
 }
 
-/* A freed block's site goes with it: a new block at the same address has its own. Many blocks come and
- * go (scopes included) and only the live ones keep sites. */
+/* A freed block's site goes with it: a new block at the same address has its own. Many blocks come
+ * and go (scopes included) and only the live ones keep sites. */
 static void test_sites_follow_live_blocks(void **state) {
   (void)state;
   gg_arena_t *a = arena(GG_ARENA_BACKTRACE | GG_ARENA_NO_STREAM);
@@ -163,7 +162,8 @@ static void test_sites_follow_live_blocks(void **state) {
   gg_assert_ok(gg_arena_destroy(a));
 }
 
-/* The guard's leak report, text and JSON: the calling functions under their tag; nothing when off. */
+/* The guard's leak report, text and JSON: the calling functions under their tag; nothing when off.
+ * */
 static void leak_report(unsigned flags, const char *format, char *buf, size_t cap) {
   char dir[] = "/tmp/gg_sites_XXXXXX", path[64], spec[96];
   assert_non_null(mkdtemp(dir));
@@ -175,7 +175,8 @@ static void leak_report(unsigned flags, const char *format, char *buf, size_t ca
   gg_guard_t *g = NULL;
   gg_assert_ok(gg_guard_create(&g, &go));
   gg_arena_t *a = arena(flags);
-  volatile int three = 3; /* a loop the compiler cannot unroll: one call site, one allocation site */
+  volatile int three =
+      3; /* a loop the compiler cannot unroll: one call site, one allocation site */
   for (int i = 0; i < three; i++) gg_test_site_weights(a, 1000);
   gg_test_site_grads(a, 5000);
   gg_assert_ok(gg_guard_destroy(g));
@@ -204,9 +205,9 @@ static void test_leak_report_sites(void **state) {
   assert_non_null(gr);
   assert_non_null(strstr(gr, "#0 gg_test_site_grads+0x"));
   leak_report(GG_ARENA_BACKTRACE, "json", buf, sizeof buf);
-  assert_non_null(
-      strstr(buf, "{\"tag\":\"weights\",\"count\":3,\"bytes\":3000,\"sites\":[{\"count\":3,\"bytes\":3000,"
-                  "\"frames\":[\"gg_test_site_weights+0x"));
+  assert_non_null(strstr(
+      buf, "{\"tag\":\"weights\",\"count\":3,\"bytes\":3000,\"sites\":[{\"count\":3,\"bytes\":3000,"
+           "\"frames\":[\"gg_test_site_weights+0x"));
   leak_report(0, "text", buf, sizeof buf);
   assert_non_null(strstr(buf, "tag 'weights': 3 blocks, 3000 bytes"));
   assert_null(strstr(buf, "allocated at"));

@@ -72,7 +72,8 @@ static void *work(void *arg) {
       if (gg_scope_begin(own, &sc) < 0) WFAIL(w, "scope begin: %s", gg_last_error());
       for (int i = 0; i < 20; i++) {
         void *p;
-        if (gg_alloc(own, 1 + rnd(&w->seed) % 10000, &p) < 0) WFAIL(w, "own alloc: %s", gg_last_error());
+        if (gg_alloc(own, 1 + rnd(&w->seed) % 10000, &p) < 0)
+          WFAIL(w, "own alloc: %s", gg_last_error());
       }
       if (gg_scope_end(&sc) < 0) WFAIL(w, "scope end: %s", gg_last_error());
     } else if (r < 96) {
@@ -82,9 +83,11 @@ static void *work(void *arg) {
         WFAIL(w, "in use %zu > mapped %zu", s.bytes_in_use, s.bytes_mapped);
     } else if (r < 98) {
       int n = 0;
-      if (gg_arena_foreach_block(shared, count_blocks, &n) < 0) WFAIL(w, "foreach: %s", gg_last_error());
+      if (gg_arena_foreach_block(shared, count_blocks, &n) < 0)
+        WFAIL(w, "foreach: %s", gg_last_error());
     } else if (r < 99) {
-      if (gg_arena_trim(shared, rnd(&w->seed) % 2 ? 0 : 4 * MiB) < 0) WFAIL(w, "trim: %s", gg_last_error());
+      if (gg_arena_trim(shared, rnd(&w->seed) % 2 ? 0 : 4 * MiB) < 0)
+        WFAIL(w, "trim: %s", gg_last_error());
     } else if (mine[slot]) {
       unsigned char back[64];
       size_t n = sizes[slot] < sizeof back ? sizes[slot] : sizeof back;
@@ -97,7 +100,8 @@ static void *work(void *arg) {
       if (gg_free(shared, mine[i]) < 0) WFAIL(w, "final free: %s", gg_last_error());
       w->frees++, w->live--;
     }
-  if (gg__arena_check(own) < 0 || gg_arena_destroy(own) < 0) WFAIL(w, "own arena: %s", gg_last_error());
+  if (gg__arena_check(own) < 0 || gg_arena_destroy(own) < 0)
+    WFAIL(w, "own arena: %s", gg_last_error());
   return NULL;
 }
 
@@ -122,8 +126,8 @@ static void run(unsigned flags) {
   gg_arena_stats_t s;
   gg_assert_ok(gg_arena_stats(shared, &s));
   gg_assert_ok(gg__arena_check(shared));
-  printf("%d threads: %llu allocs, %llu frees, %d live; mapped %zu, peak in use %zu\n", THREADS, allocs,
-         frees, live, s.bytes_mapped, s.peak_in_use);
+  printf("%d threads: %llu allocs, %llu frees, %d live; mapped %zu, peak in use %zu\n", THREADS,
+         allocs, frees, live, s.bytes_mapped, s.peak_in_use);
   assert_int_equal(s.n_allocs, allocs);
   assert_int_equal(s.n_frees, frees);
   assert_int_equal(s.n_live, (unsigned long long)live);
@@ -135,11 +139,7 @@ static void run(unsigned flags) {
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "256M", 1);
-  setenv("GPUGUARD_HOST_GRANULARITY", "64K", 1);
-  unsetenv("GPUGUARD_HOST_VMM");
-  unsetenv("GPUGUARD_HOST_FAULT");
+  gg_test_use_host("256M", "64K");
   return 0;
 }
 

@@ -1,7 +1,8 @@
-/* test_arena_trim.c — trim giving runs of adjacent chunks back in one backend call: statistics and the
- * (simulated) driver's free memory to the byte, partial trims that keep the lowest chunks, trims between
- * allocations, a driver that refuses ranges spanning several mappings (chunk by chunk then), what the
- * simulated driver refuses, and failures of the unmap path leaving the arena consistent. */
+/* test_arena_trim.c — trim giving runs of adjacent chunks back in one backend call: statistics and
+ * the (simulated) driver's free memory to the byte, partial trims that keep the lowest chunks,
+ * trims between allocations, a driver that refuses ranges spanning several mappings (chunk by chunk
+ * then), what the simulated driver refuses, and failures of the unmap path leaving the arena
+ * consistent. */
 #include "arena/arena_internal.h"
 #include "backend/backend.h"
 #include "gg_test.h"
@@ -11,13 +12,7 @@
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "256M", 1);
-  setenv("GPUGUARD_HOST_GRANULARITY", "64K", 1);
-  unsetenv("GPUGUARD_HOST_VMM");
-  unsetenv("GPUGUARD_HOST_FAULT");
-  unsetenv("GPUGUARD_HOST_RANGE_UNMAP");
-  gg_host_fault_set(NULL);
+  gg_test_use_host("256M", "64K");
   return 0;
 }
 
@@ -62,8 +57,8 @@ static void count_calls(unsigned long long *unmaps, unsigned long long *ranges) 
   seen_unmap = u, seen_range = r;
 }
 
-/* 32 blocks of 1 MiB at 256 KiB chunks: 128 adjacent chunks, one free block once all are freed. Trim
- * gives them back in one range unmap, and the driver's free memory is back to the byte. */
+/* 32 blocks of 1 MiB at 256 KiB chunks: 128 adjacent chunks, one free block once all are freed.
+ * Trim gives them back in one range unmap, and the driver's free memory is back to the byte. */
 static void test_trim_one_range(void **state) {
   (void)state;
   size_t free0 = host_free();
@@ -97,7 +92,8 @@ static void test_trim_one_range(void **state) {
   gg_assert_ok(gg_arena_destroy(a));
 }
 
-/* keep_bytes: the highest chunks go, in one call, and the lowest stay mapped, no fewer than keep. */
+/* keep_bytes: the highest chunks go, in one call, and the lowest stay mapped, no fewer than keep.
+ * */
 static void test_trim_partial_keeps_lowest(void **state) {
   (void)state;
   size_t free0 = host_free();
@@ -136,8 +132,8 @@ static void test_trim_partial_keeps_lowest(void **state) {
   gg_assert_ok(gg_arena_destroy(a));
 }
 
-/* Free holes between live blocks: one run per hole, the live blocks untouched; new allocations between
- * trims map the holes again. */
+/* Free holes between live blocks: one run per hole, the live blocks untouched; new allocations
+ * between trims map the holes again. */
 static void test_trim_between_allocations(void **state) {
   (void)state;
   size_t free0 = host_free();
@@ -226,7 +222,8 @@ static void test_host_unmap_run_refusals(void **state) {
   gg_assert_ok(d->ops->va_reserve(d, 8 * g, &base));
   gg__chunk_t c[3];
   for (int i = 0; i < 3; i++) gg_assert_ok(d->ops->map(d, base + (size_t)i * 2 * g, 2 * g, &c[i]));
-  /* Half of chunk 0: refused, nothing unmapped (the per-chunk retry finds no such mapping either). */
+  /* Half of chunk 0: refused, nothing unmapped (the per-chunk retry finds no such mapping either).
+   * */
   gg__chunk_t half = {c[0].ptr, g, 0};
   gg__chunk_t *run[2] = {&half, NULL};
   size_t done = 99;
@@ -257,7 +254,8 @@ static void test_host_unmap_run_refusals(void **state) {
   gg__dev_close(d);
 }
 
-/* The range unmap fails: trim reports it, nothing changed, and the next trim gives everything back. */
+/* The range unmap fails: trim reports it, nothing changed, and the next trim gives everything back.
+ * */
 static void test_trim_range_fault(void **state) {
   (void)state;
   size_t free0 = host_free();

@@ -57,7 +57,8 @@ static void test_garbage_is_einval(void **state) {
 static void test_forced_cuda_without_device(void **state) {
   (void)state;
   if (gg__cuda_probe() == 0) {
-    printf("note: a CUDA device is present; the no-device branch is exercised on machines without one\n");
+    printf("note: a CUDA device is present; the no-device branch is exercised on machines without "
+           "one\n");
     skip();
   }
   setenv("GPUGUARD_BACKEND", "cuda", 1);
@@ -101,7 +102,8 @@ static void test_fork_generation(void **state) {
   if (pid == 0) {
     /* In the child, an object made by the parent is refused with a message saying what to do. */
     int rc = gg__check_fork(gen, "gg_alloc");
-    bool ok = rc == GG_ESTATE && strstr(gg_last_error(), "create a new guard or arena in the child") &&
+    bool ok = rc == GG_ESTATE &&
+              strstr(gg_last_error(), "create a new guard or arena in the child") &&
               gg__check_fork(gg__fork_generation(), "new") == 0;
     _exit(ok ? 0 : 1);
   }

@@ -1,7 +1,7 @@
-/* test_backend_support.c — what a framework's allocator backend (gpuguard's PyTorch backend) asks of
- * the library, on the host backend: an arena made once per device on first use, however many threads
- * ask; a limit below the capacity (PyTorch's memory fraction); the mapped ranges for snapshots; and
- * statistics read without touching the stream (safe while a stream captures). */
+/* test_backend_support.c — what a framework's allocator backend (gpuguard's PyTorch backend) asks
+ * of the library, on the host backend: an arena made once per device on first use, however many
+ * threads ask; a limit below the capacity (PyTorch's memory fraction); the mapped ranges for
+ * snapshots; and statistics read without touching the stream (safe while a stream captures). */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -21,7 +21,8 @@ static gg_arena_t *host_arena(size_t capacity, size_t chunk, void *stream) {
   return a;
 }
 
-/* ---- gg_plugin_ensure_arena ---------------------------------------------------------------------- */
+/* ---- gg_plugin_ensure_arena
+ * ---------------------------------------------------------------------- */
 
 typedef struct {
   gg_arena_options_t *opts;
@@ -83,7 +84,8 @@ static void test_ensure_refuses_bad_input(void **state) {
   gg_assert_fails(gg_plugin_ensure_arena(0, NULL, NULL), GG_EINVAL, "NULL");
   gg_assert_fails(gg_plugin_ensure_arena(-1, NULL, &a), GG_EINVAL, "out of range");
   assert_null(a);
-  gg_assert_fails(gg_plugin_ensure_arena(GG_PLUGIN_MAX_DEVICES, NULL, &a), GG_EINVAL, "out of range");
+  gg_assert_fails(gg_plugin_ensure_arena(GG_PLUGIN_MAX_DEVICES, NULL, &a), GG_EINVAL,
+                  "out of range");
   gg_arena_options_t o;
   gg_arena_options_init(&o);
   o.backend = "host";
@@ -99,14 +101,15 @@ static void test_ensure_refuses_bad_input(void **state) {
   assert_null(reg); /* nothing half-made stays registered */
 }
 
-/* ---- gg_arena_set_limit ------------------------------------------------------------------------- */
+/* ---- gg_arena_set_limit -------------------------------------------------------------------------
+ */
 
 static void test_limit_below_capacity_fails_growth_past_it(void **state) {
   (void)state;
   gg_arena_t *a = host_arena(64u << 20, 2u << 20, NULL);
   size_t lim = 0;
   gg_assert_ok(gg_arena_get_limit(a, &lim));
-  assert_int_equal(lim, 64u << 20); /* none set: the capacity */
+  assert_int_equal(lim, 64u << 20);                        /* none set: the capacity */
   gg_assert_ok(gg_arena_set_limit(a, (8u << 20) + 12345)); /* rounded down to the granularity */
   gg_assert_ok(gg_arena_get_limit(a, &lim));
   assert_true(lim <= (8u << 20) + 12345 && lim >= 6u << 20);
@@ -143,7 +146,8 @@ static void test_limit_below_capacity_fails_growth_past_it(void **state) {
   gg_assert_fails(gg_arena_get_limit(NULL, &lim), GG_EINVAL, "");
 }
 
-/* ---- gg_arena_foreach_chunk --------------------------------------------------------------------- */
+/* ---- gg_arena_foreach_chunk ---------------------------------------------------------------------
+ */
 
 typedef struct {
   gg_chunk_info_t seen[64];
@@ -225,7 +229,8 @@ static void test_chunks_are_reported_as_ranges_that_hold_every_block(void **stat
   gg_assert_fails(gg_arena_foreach_chunk(a, collect, &cs), GG_EINVAL, "");
 }
 
-/* ---- gg_arena_stats_quiet ------------------------------------------------------------------------ */
+/* ---- gg_arena_stats_quiet
+ * ------------------------------------------------------------------------ */
 
 static void test_quiet_stats_touch_no_stream(void **state) {
   (void)state;

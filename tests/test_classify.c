@@ -1,6 +1,6 @@
 /* test_classify.c — how gg_process_list classifies the processes holding a device, from the session
- * registry and /proc: guarded (live session), orphan (dead leader, or a worker whose parent is gone),
- * unknown (no evidence). NVML is a stand-in that lists whichever pids the test names. */
+ * registry and /proc: guarded (live session), orphan (dead leader, or a worker whose parent is
+ * gone), unknown (no evidence). NVML is a stand-in that lists whichever pids the test names. */
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -35,7 +35,8 @@ static int teardown(void **state) {
 static gg_process_t row_of(pid_t pid, const pid_t *pids, int n) {
   char spec[256] = "";
   for (int i = 0; i < n; i++)
-    snprintf(spec + strlen(spec), sizeof spec - strlen(spec), "%s%d:1048576", i ? "," : "", (int)pids[i]);
+    snprintf(spec + strlen(spec), sizeof spec - strlen(spec), "%s%d:1048576", i ? "," : "",
+             (int)pids[i]);
   setenv("FAKE_NVML_PROCS", spec, 1);
   gg_process_t rows[8];
   size_t count = 0;
@@ -47,8 +48,8 @@ static gg_process_t row_of(pid_t pid, const pid_t *pids, int n) {
 }
 
 /* Returns once the child has exec'd: before that its /proc environment is still this process's
- * initial one (a session set with setenv() since is not in it), and classifying it then was a race the
- * guarded-session test lost about once in 17 runs. */
+ * initial one (a session set with setenv() since is not in it), and classifying it then was a race
+ * the guarded-session test lost about once in 17 runs. */
 static pid_t start_sleeper(void) {
   pid_t p = fork();
   if (p == 0) {
@@ -146,7 +147,8 @@ static void test_orphan_of_a_dead_leader(void **state) {
 
 static void test_orphaned_multiprocessing_worker(void **state) {
   (void)state;
-  /* A spawn-method worker (its command line says so) whose parent is gone, with no session at all. */
+  /* A spawn-method worker (its command line says so) whose parent is gone, with no session at all.
+   * */
   int fds[2];
   assert_int_equal(pipe(fds), 0);
   pid_t mid = fork();
@@ -154,7 +156,8 @@ static void test_orphaned_multiprocessing_worker(void **state) {
     pid_t w = fork();
     if (w == 0) {
       execlp("bash", "bash", "-c",
-             "exec -a 'python3 -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5)' sleep 30",
+             "exec -a 'python3 -c from multiprocessing.spawn import spawn_main; "
+             "spawn_main(tracker_fd=5)' sleep 30",
              (char *)NULL);
       _exit(127);
     }

@@ -6,14 +6,16 @@
 
 static void test_every_code_has_name_and_text(void **state) {
   (void)state;
-  static const int codes[] = {GG_OK, GG_EINVAL, GG_ENOMEM, GG_ENODEV, GG_EDRIVER, GG_ESTATE,
-                              GG_EPERM, GG_ENOTFOUND, GG_ETIMEDOUT, GG_ENOTSUP, GG_EIO};
+  static const int codes[] = {GG_OK,        GG_EINVAL,  GG_ENOMEM, GG_ENODEV,
+                              GG_EDRIVER,   GG_ESTATE,  GG_EPERM,  GG_ENOTFOUND,
+                              GG_ETIMEDOUT, GG_ENOTSUP, GG_EIO};
   for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
     assert_int_equal(codes[i], -(int)i); /* the contract's values */
     assert_non_null(gg_strerror(codes[i]));
     assert_string_not_equal(gg_strerror(codes[i]), "unknown error");
     assert_true(strncmp(gg_err_name(codes[i]), "GG_", 3) == 0);
-    for (size_t j = 0; j < i; j++) assert_string_not_equal(gg_err_name(codes[i]), gg_err_name(codes[j]));
+    for (size_t j = 0; j < i; j++)
+      assert_string_not_equal(gg_err_name(codes[i]), gg_err_name(codes[j]));
   }
   assert_string_equal(gg_err_name(GG_EINVAL), "GG_EINVAL");
   assert_string_equal(gg_err_name(GG_ENOMEM), "GG_ENOMEM");
@@ -73,8 +75,9 @@ static void test_detail_is_thread_local(void **state) {
   assert_string_equal(gg_last_error(), "GG_EPERM: from the main thread");
 }
 
-/* Quiet regions put back the detail (and driver status) their start saw, however deeply they nest and
- * wherever inside them something failed; a region where nothing failed leaves the detail alone. */
+/* Quiet regions put back the detail (and driver status) their start saw, however deeply they nest
+ * and wherever inside them something failed; a region where nothing failed leaves the detail alone.
+ * */
 static void test_quiet_regions(void **state) {
   (void)state;
   gg__err_driver(GG_EDRIVER, 7, "before");

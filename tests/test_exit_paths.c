@@ -1,6 +1,6 @@
-/* test_exit_paths.c — every exit path of a guarded program, judged from outside: each path runs in a
- * child (exit_child) with and without a guard; the guarded run must end with the same status, and its
- * cleanups must have run exactly once, LIFO (fatal paths: crash hooks only). */
+/* test_exit_paths.c — every exit path of a guarded program, judged from outside: each path runs in
+ * a child (exit_child) with and without a guard; the guarded run must end with the same status, and
+ * its cleanups must have run exactly once, LIFO (fatal paths: crash hooks only). */
 #include "exit_harness.h"
 #include "gg_test.h"
 
@@ -13,7 +13,8 @@ static int outcome(int st) {
 }
 
 /* Runs a path without gpuguard and returns its outcome: what the guarded run must match. */
-static int baseline(const char *prog, const char *mode, const int *sigs, int nsigs, const char *const *env) {
+static int baseline(const char *prog, const char *mode, const int *sigs, int nsigs,
+                    const char *const *env) {
   gg_child_t c;
   gg_child_start(&c, prog, mode, false, env);
   assert_true(gg_child_ready(&c));
@@ -25,8 +26,8 @@ static int baseline(const char *prog, const char *mode, const int *sigs, int nsi
 
 static void expect_status(const gg_child_t *c, int want) {
   if (outcome(c->status) != want)
-    fail_msg("child ended with %s (wanted outcome %d); its stderr:\n%s", gg_h_status(c->status), want,
-             gg_child_stderr(c));
+    fail_msg("child ended with %s (wanted outcome %d); its stderr:\n%s", gg_h_status(c->status),
+             want, gg_child_stderr(c));
 }
 
 /* Cleanups B then A, each exactly once. */
@@ -66,7 +67,8 @@ static void run_fatal(const char *mode, int sig, const char *needle) {
   assert_int_equal(gg_child_count(&c, "cleanup B"), 0);
   char report[96];
   snprintf(report, sizeof report, "gpuguard: fatal signal %s", needle);
-  if (!strstr(gg_child_stderr(&c), report)) fail_msg("no '%s' on stderr:\n%s", report, gg_child_stderr(&c));
+  if (!strstr(gg_child_stderr(&c), report))
+    fail_msg("no '%s' on stderr:\n%s", report, gg_child_stderr(&c));
   printf("  %s: %s; stderr: %s", mode, gg_h_status(c.status), gg_child_stderr(&c));
   gg_child_cleanup(&c);
 }
@@ -133,7 +135,8 @@ static void test_hanging_cleanup_signal(void **state) {
   assert_true(ms < limit + 2500); /* margin for a loaded machine */
   assert_int_equal(gg_child_count(&c, "cleanup B begin"), 1);
   assert_int_equal(gg_child_count(&c, "cleanup hang returned"), 0);
-  assert_int_equal(gg_child_count(&c, "crash-hook SIGTERM"), 1); /* children would still be signalled */
+  assert_int_equal(gg_child_count(&c, "crash-hook SIGTERM"),
+                   1); /* children would still be signalled */
   assert_non_null(strstr(gg_child_stderr(&c), "took more than 500 ms"));
   gg_child_cleanup(&c);
 }
@@ -144,8 +147,8 @@ static void test_hanging_cleanup_exit(void **state) {
   gg_child_t c;
   const char *env[] = {"GG_CHILD_TIMEOUT_MS=500", NULL};
   /* The child calls exit() right after saying it is ready, so the exit path may be well under way
-   * before a loaded machine wakes this process up: the lower bound counts from before the wait for ready
-   * (it can only overstate the time), the upper one from ready. */
+   * before a loaded machine wakes this process up: the lower bound counts from before the wait for
+   * ready (it can only overstate the time), the upper one from ready. */
   double t0 = gg_h_now_ms();
   gg_child_start(&c, CHILD, "hang-exit", true, env);
   assert_true(gg_child_ready(&c));
@@ -159,7 +162,8 @@ static void test_hanging_cleanup_exit(void **state) {
   gg_child_cleanup(&c);
 }
 
-/* A handler installed before the guard still runs, after the teardown, with the sender's siginfo. */
+/* A handler installed before the guard still runs, after the teardown, with the sender's siginfo.
+ * */
 static void test_previous_handler(void **state) {
   (void)state;
   int sig = SIGTERM;
@@ -178,7 +182,8 @@ static void test_previous_handler(void **state) {
   gg_child_cleanup(&c);
 }
 
-/* SIGHUP ignored before the guard stays ignored: the SIGTERM sent after it is what ends the child. */
+/* SIGHUP ignored before the guard stays ignored: the SIGTERM sent after it is what ends the child.
+ * */
 static void test_sig_ign_respected(void **state) {
   (void)state;
   int sigs[] = {SIGHUP, SIGTERM};
@@ -211,7 +216,8 @@ static void test_signal_during_guard_calls(void **state) {
   }
 }
 
-/* A forked child refuses the parent's guard, has the old dispositions, and does not run its cleanups. */
+/* A forked child refuses the parent's guard, has the old dispositions, and does not run its
+ * cleanups. */
 static void test_fork_child(void **state) {
   (void)state;
   gg_child_t c;
@@ -284,7 +290,8 @@ static void test_leak_report_text_and_none(void **state) {
   gg_child_kill(&c, SIGTERM);
   assert_true(gg_child_wait(&c, GG_H_DEADLINE_MS));
   assert_non_null(strstr(gg_child_stderr(&c), "(pid"));
-  assert_non_null(strstr(gg_child_stderr(&c), "teardown by SIGTERM): 0 live blocks, 0 bytes in 0 arenas"));
+  assert_non_null(
+      strstr(gg_child_stderr(&c), "teardown by SIGTERM): 0 live blocks, 0 bytes in 0 arenas"));
   gg_child_cleanup(&c);
 }
 
@@ -335,8 +342,8 @@ static void test_arena_leak_report_at_exit(void **state) {
   gg_child_cleanup(&c);
 }
 
-/* A signal while threads are inside arena calls: the teardown takes the arena from under them without
- * deadlock; they see GG_ESTATE. */
+/* A signal while threads are inside arena calls: the teardown takes the arena from under them
+ * without deadlock; they see GG_ESTATE. */
 static void test_signal_during_arena_calls(void **state) {
   (void)state;
   for (int round = 0; round < 5; round++) {
@@ -385,8 +392,8 @@ static void test_children_end_with_the_guard(void **state) {
   expect_status(&c, -SIGTERM);
   expect_lifo_once(&c);
   assert_true(gone(kid));
-  printf("  SIGTERM: the guarded process and its child %d ended %.1f ms after the signal\n", (int)kid,
-         gg_child_elapsed_ms(&c));
+  printf("  SIGTERM: the guarded process and its child %d ended %.1f ms after the signal\n",
+         (int)kid, gg_child_elapsed_ms(&c));
   gg_child_cleanup(&c);
 }
 

@@ -1,6 +1,7 @@
-/* test_fork_threads.c — fork() on one thread while others spawn, allocate and tear down: no deadlock
- * (issue 16 item 1: spawn held the process-set lock and waited for the guard list's, while the fork
- * handlers took them in the other order). Every lock the fork handler takes is used in each child. */
+/* test_fork_threads.c — fork() on one thread while others spawn, allocate and tear down: no
+ * deadlock (once, spawn held the process-set lock and waited for the guard list's, while the fork
+ * handlers took them in the other order). Every lock the fork handler takes is used in each child.
+ * */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -13,17 +14,20 @@
 #include "guard/signal_internal.h"
 
 #define FORKS 300
-#define LIMIT_MS 200000 /* a deadlock never ends; a healthy run takes seconds (a minute or more under TSan) */
+/* A deadlock never ends; a healthy run takes seconds (a minute or more under TSan). */
+#define LIMIT_MS 200000
 
 static atomic_bool stop;
 
 static void noop(void *user) { (void)user; }
 static void unused_hook(int sig, void *user) { (void)sig, (void)user; }
 
-/* In each forked child: every global lock of the library once, then out. A lock left held by the fork
- * would hang here. Threads are not started (TSan does not support that after a multithreaded fork). */
-/* A sanitizer's allocator takes locks its runtime does not take around fork(): a child that allocates
- * while another parent thread was inside malloc can hang in the sanitizer itself (test_arena_fork.c). */
+/* In each forked child: every global lock of the library once, then out. A lock left held by the
+ * fork would hang here. Threads are not started (TSan does not support that after a multithreaded
+ * fork). */
+/* A sanitizer's allocator takes locks its runtime does not take around fork(): a child that
+ * allocates while another parent thread was inside malloc can hang in the sanitizer itself
+ * (test_arena_fork.c). */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define GG_SANITIZED 1
 #elif defined(__has_feature)
@@ -36,16 +40,18 @@ static void child_uses_every_lock(void) {
   char session[40];
   gg_registry_session(session, sizeof session); /* session registry */
   int slot;
-  if (gg__crash_hook_add(unused_hook, NULL, &slot) == 0) gg__crash_hook_remove(slot); /* hook table */
-  gg_proc_teardown(NULL, 0);                /* process sets */
-  gg_guard_cancel((gg_guard_t *)&slot, 1);  /* live-guard list (refused: not a guard) */
+  if (gg__crash_hook_add(unused_hook, NULL, &slot) == 0)
+    gg__crash_hook_remove(slot);           /* hook table */
+  gg_proc_teardown(NULL, 0);               /* process sets */
+  gg_guard_cancel((gg_guard_t *)&slot, 1); /* live-guard list (refused: not a guard) */
 #ifndef GG_SANITIZED
   gg_arena_options_t o; /* arena globals (live list, quarantine) and the host device's lock */
   gg_arena_options_init(&o);
   o.backend = "host", o.capacity = 8u << 20;
   gg_arena_t *a = NULL;
   void *p = NULL;
-  if (gg_arena_create(&a, &o) != 0 || gg_alloc(a, 4096, &p) != 0 || gg_free(a, p) != 0 || gg_arena_destroy(a) != 0)
+  if (gg_arena_create(&a, &o) != 0 || gg_alloc(a, 4096, &p) != 0 || gg_free(a, p) != 0 ||
+      gg_arena_destroy(a) != 0)
     _exit(3);
 #endif
   _exit(0);
@@ -61,7 +67,8 @@ static void *forker(void *arg) {
       continue;
     }
     int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) (*failures)++;
   }
   atomic_store(&stop, true);
@@ -109,7 +116,8 @@ static void *tearer(void *arg) {
   return NULL;
 }
 
-/* The whole run, in a child of the test so that a deadlock is seen as a timeout, not a hung suite. */
+/* The whole run, in a child of the test so that a deadlock is seen as a timeout, not a hung suite.
+ * */
 static int stress(void) {
   gg_guard_options_t o;
   gg_guard_options_init(&o);
@@ -143,7 +151,8 @@ static void test_fork_while_spawning_allocating_tearing_down(void **state) {
     if ((now.tv_sec - t0.tv_sec) * 1000 >= LIMIT_MS) {
       kill(pid, SIGKILL);
       waitpid(pid, &st, 0);
-      fail_msg("fork() in a loop beside spawn, alloc and teardown threads did not finish in %d s: deadlock",
+      fail_msg("fork() in a loop beside spawn, alloc and teardown threads did not finish in %d s: "
+               "deadlock",
                LIMIT_MS / 1000);
     }
     nanosleep(&ten_ms, NULL);

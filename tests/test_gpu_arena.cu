@@ -1,11 +1,12 @@
-/* test_gpu_arena.cu — the arena on a real device: kernels write allocated memory and the test reads it
- * back; trim gives memory back to the driver (cudaMemGetInfo shows it); memory freed while a long
- * kernel runs on the arena's stream is not handed out again until the kernel is done; the cuMemAlloc
- * fallback for devices without VMM. Skips (77) without a CUDA device. */
+/* test_gpu_arena.cu — the arena on a real device: kernels write allocated memory and the test reads
+ * it back; trim gives memory back to the driver (cudaMemGetInfo shows it); memory freed while a
+ * long kernel runs on the arena's stream is not handed out again until the kernel is done; the
+ * cuMemAlloc fallback for devices without VMM. Skips (77) without a CUDA device. */
 #include <cuda_runtime.h>
 #include <time.h>
 
-/* cmocka.h and gg__cuda_probe have C linkage: declared so here before gg_test.h includes them again. */
+/* cmocka.h and gg__cuda_probe have C linkage: declared so here before gg_test.h includes them
+ * again. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -35,11 +36,13 @@ static double now_ms(void) {
 }
 
 __global__ void fill_kernel(unsigned *p, size_t n, unsigned salt) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
     p[i] = (unsigned)i * 2654435761u + salt;
 }
 
-/* Spins for `cycles` clocks, then writes `value` over the block: the write lands only at the end. */
+/* Spins for `cycles` clocks, then writes `value` over the block: the write lands only at the end.
+ * */
 __global__ void spin_then_write(unsigned *p, size_t n, long long cycles, unsigned value) {
   long long start = clock64();
   while (clock64() - start < cycles) {
@@ -50,7 +53,8 @@ __global__ void spin_then_write(unsigned *p, size_t n, long long cycles, unsigne
 static gg_arena_t *make(size_t capacity, size_t chunk, cudaStream_t stream, const char *name) {
   gg_arena_options_t o;
   gg_arena_options_init(&o);
-  o.backend = "cuda", o.capacity = capacity, o.chunk_size = chunk, o.stream = (void *)stream, o.name = name;
+  o.backend = "cuda", o.capacity = capacity, o.chunk_size = chunk, o.stream = (void *)stream,
+  o.name = name;
   gg_arena_t *a = NULL;
   gg_assert_ok(gg_arena_create(&a, &o));
   assert_string_equal(gg_arena_backend(a), "cuda");
@@ -84,8 +88,9 @@ static void kernel_roundtrip(const char *vmm) {
   }
   gg_arena_stats_t st;
   gg_assert_ok(gg_arena_stats(a, &st));
-  printf("[vmm=%s] 4 blocks written by kernels and read back: in use %zu, mapped %zu in %llu chunks\n",
-         vmm ? vmm : "auto", st.bytes_in_use, st.bytes_mapped, st.n_chunks);
+  printf(
+      "[vmm=%s] 4 blocks written by kernels and read back: in use %zu, mapped %zu in %llu chunks\n",
+      vmm ? vmm : "auto", st.bytes_in_use, st.bytes_mapped, st.n_chunks);
   gg_assert_ok(gg_scope_end(&sc));
   gg_assert_ok(gg_arena_destroy(a));
   CUDA_OK(cudaStreamDestroy(s));
@@ -129,7 +134,8 @@ static void test_trim_returns_memory_to_driver(void **state) {
 }
 
 /* A block freed while a 200 ms kernel (that writes it at the end) runs on the arena's stream is not
- * handed out by the next allocation; when nothing else is left, the allocator waits for the kernel. */
+ * handed out by the next allocation; when nothing else is left, the allocator waits for the kernel.
+ * */
 static void test_stream_safe_reuse_long_kernel(void **state) {
   (void)state;
   int khz = 0;
@@ -140,7 +146,8 @@ static void test_stream_safe_reuse_long_kernel(void **state) {
   void *A, *C, *D;
   gg_assert_ok(gg_alloc(a, 32 * MiB, &A));
   double t0 = now_ms();
-  spin_then_write<<<1, 256, 0, s>>>((unsigned *)A, 32 * MiB / sizeof(unsigned), 200LL * khz, 0xC0FFEEu);
+  spin_then_write<<<1, 256, 0, s>>>((unsigned *)A, 32 * MiB / sizeof(unsigned), 200LL * khz,
+                                    0xC0FFEEu);
   CUDA_OK(cudaGetLastError());
   gg_assert_ok(gg_free(a, A));
   gg_assert_ok(gg_alloc(a, 32 * MiB, &C));
@@ -153,9 +160,10 @@ static void test_stream_safe_reuse_long_kernel(void **state) {
   assert_int_equal(cudaStreamQuery(s), cudaSuccess);
   unsigned word = 0;
   CUDA_OK(cudaMemcpy(&word, (char *)D + 32 * MiB - 4, 4, cudaMemcpyDeviceToHost));
-  printf("free while the kernel runs; next alloc %.3f ms later got a different block; the one after "
-         "waited %.1f ms for the kernel (clock %d kHz) and got the freed block, last word %#x\n",
-         t1 - t0, t2 - t1, khz, word);
+  printf(
+      "free while the kernel runs; next alloc %.3f ms later got a different block; the one after "
+      "waited %.1f ms for the kernel (clock %d kHz) and got the freed block, last word %#x\n",
+      t1 - t0, t2 - t1, khz, word);
   assert_int_equal(word, 0xC0FFEEu); /* the kernel's late write landed before reuse */
   assert_true(t2 - t1 > 50.0);
   gg_assert_ok(gg_arena_destroy(a));
@@ -163,8 +171,9 @@ static void test_stream_safe_reuse_long_kernel(void **state) {
 }
 
 /* A guard's teardown waits for work on every stream of the context before it unmaps: a kernel on a
- * stream the arena does not track, still writing into arena memory, finishes first (before the wait for
- * the whole context, its late write hit unmapped memory: an illegal address that kills the context). */
+ * stream the arena does not track, still writing into arena memory, finishes first (before the wait
+ * for the whole context, its late write hit unmapped memory: an illegal address that kills the
+ * context). */
 static void test_teardown_waits_for_other_streams(void **state) {
   (void)state;
   int khz = 0;
@@ -181,13 +190,15 @@ static void test_teardown_waits_for_other_streams(void **state) {
   void *p = NULL;
   gg_assert_ok(gg_alloc(a, 32 * MiB, &p));
   double t0 = now_ms();
-  spin_then_write<<<1, 256, 0, other>>>((unsigned *)p, 32 * MiB / sizeof(unsigned), 300LL * khz, 0xBEEFu);
+  spin_then_write<<<1, 256, 0, other>>>((unsigned *)p, 32 * MiB / sizeof(unsigned), 300LL * khz,
+                                        0xBEEFu);
   CUDA_OK(cudaGetLastError());
   assert_int_equal(cudaStreamQuery(other), cudaErrorNotReady);
   gg_assert_ok(gg_guard_destroy(g)); /* tears the arena down: its memory goes back to the driver */
   double t1 = now_ms();
   cudaError_t q = cudaStreamQuery(other), sync = cudaDeviceSynchronize();
-  printf("teardown with a 300 ms kernel on an untracked stream writing arena memory: returned after %.1f ms; "
+  printf("teardown with a 300 ms kernel on an untracked stream writing arena memory: returned "
+         "after %.1f ms; "
          "the kernel was %s then; device sync after: %s\n",
          t1 - t0, q == cudaSuccess ? "done" : "still running", cudaGetErrorString(sync));
   assert_int_equal(q, cudaSuccess); /* it was waited for before the unmap */
@@ -205,7 +216,8 @@ int main(void) {
       cmocka_unit_test(test_kernel_writes_read_back_no_vmm),
       cmocka_unit_test(test_trim_returns_memory_to_driver),
       cmocka_unit_test(test_stream_safe_reuse_long_kernel),
-      cmocka_unit_test(test_teardown_waits_for_other_streams), /* last: without the wait it kills the context */
+      cmocka_unit_test(
+          test_teardown_waits_for_other_streams), /* last: without the wait it kills the context */
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

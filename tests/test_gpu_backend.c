@@ -1,5 +1,6 @@
-/* test_gpu_backend.c — the cuda backend on a real device: reserve, map, write, read back, unmap, and
- * the driver's free memory moving by the mapped amount and back. Skips without a CUDA device. */
+/* test_gpu_backend.c — the cuda backend on a real device: reserve, map, write, read back, unmap,
+ * and the driver's free memory moving by the mapped amount and back. Skips without a CUDA device.
+ * */
 #include <time.h>
 
 #include "backend/backend.h"
@@ -13,9 +14,9 @@ static void test_device_properties(void **state) {
   gg_device_info_t info;
   setenv("GPUGUARD_BACKEND", "cuda", 1);
   gg_assert_ok(gg_device_info(0, &info));
-  printf("device 0: %s, %s, cc %d.%d, driver %d, %zu MiB total, %zu MiB free, vmm %d\n", info.name, info.uuid,
-         info.cc_major, info.cc_minor, info.driver_version, info.total_bytes / MiB, info.free_bytes / MiB,
-         info.vmm_supported);
+  printf("device 0: %s, %s, cc %d.%d, driver %d, %zu MiB total, %zu MiB free, vmm %d\n", info.name,
+         info.uuid, info.cc_major, info.cc_minor, info.driver_version, info.total_bytes / MiB,
+         info.free_bytes / MiB, info.vmm_supported);
   assert_string_equal(info.backend, "cuda");
   assert_true(strncmp(info.uuid, "GPU-", 4) == 0);
   assert_true(info.total_bytes > 0 && info.free_bytes <= info.total_bytes);
@@ -117,9 +118,9 @@ static double now_ms(void) {
   return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-/* unmap_run on a real driver: 64 adjacent chunks of 8 MiB back in one call, the driver's free memory back
- * to the byte; a run that cuts a mapping is refused with nothing unmapped (whether or not this driver
- * takes ranges spanning several mappings: bench_trim_driver says which). */
+/* unmap_run on a real driver: 64 adjacent chunks of 8 MiB back in one call, the driver's free
+ * memory back to the byte; a run that cuts a mapping is refused with nothing unmapped (whether or
+ * not this driver takes ranges spanning several mappings: bench_trim_driver says which). */
 static void test_unmap_run(void **state) {
   (void)state;
   gg__dev_t *d = NULL;
@@ -154,7 +155,8 @@ static void test_unmap_run(void **state) {
   double t = now_ms() - t0;
   assert_int_equal(done, N);
   gg_assert_ok(d->ops->mem_info(d, &free2, &total));
-  printf("%d chunks of 8 MiB: unmap_run %.3f ms (%.3f ms per GiB), driver free %+lld bytes against before "
+  printf("%d chunks of 8 MiB: unmap_run %.3f ms (%.3f ms per GiB), driver free %+lld bytes against "
+         "before "
          "mapping\n",
          N, t, t / ((double)(N * chunk) / (1024.0 * MiB)), (long long)free2 - (long long)free0);
   assert_true(free0 - free1 >= N * chunk);

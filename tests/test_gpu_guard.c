@@ -1,6 +1,7 @@
-/* test_gpu_guard.c — guards on a real CUDA device: the key exit paths of the harness on the cuda backend,
- * and the device's free memory (cuMemGetInfo, seen from this parent process) before, during and after a
- * child's guarded teardown, with and without the context reset. Skips without a CUDA device. */
+/* test_gpu_guard.c — guards on a real CUDA device: the key exit paths of the harness on the cuda
+ * backend, and the device's free memory (cuMemGetInfo, seen from this parent process) before,
+ * during and after a child's guarded teardown, with and without the context reset. Skips without a
+ * CUDA device. */
 #include "backend/backend.h"
 #include "exit_harness.h"
 #include "gg_test.h"
@@ -19,7 +20,8 @@ static int setup(void **state) {
   return 0;
 }
 
-/* One path with a guard on the cuda backend: status as wanted, cleanups B then A once (or crash hook). */
+/* One path with a guard on the cuda backend: status as wanted, cleanups B then A once (or crash
+ * hook). */
 static void cuda_path(const char *mode, int sig, int want, bool fatal) {
   gg_child_t c;
   const char *env[] = {"GG_CHILD_TIMEOUT_MS=5000", NULL};
@@ -27,8 +29,8 @@ static void cuda_path(const char *mode, int sig, int want, bool fatal) {
   assert_true(gg_child_ready(&c));
   if (sig) gg_child_kill(&c, sig);
   assert_true(gg_child_wait(&c, GG_H_DEADLINE_MS));
-  printf("  cuda %-7s %-8s -> %s after %.1f ms\n", mode, sig ? strsignal(sig) : "", gg_h_status(c.status),
-         gg_child_elapsed_ms(&c));
+  printf("  cuda %-7s %-8s -> %s after %.1f ms\n", mode, sig ? strsignal(sig) : "",
+         gg_h_status(c.status), gg_child_elapsed_ms(&c));
   if (outcome(c.status) != want)
     fail_msg("%s: %s; stderr:\n%s", mode, gg_h_status(c.status), gg_child_stderr(&c));
   if (fatal) {
@@ -64,7 +66,8 @@ static void test_cuda_hanging_cleanup(void **state) {
   gg_child_kill(&c, SIGTERM);
   assert_true(gg_child_wait(&c, GG_H_DEADLINE_MS));
   double ms = gg_child_elapsed_ms(&c);
-  printf("  cuda hanging cleanup, limit 1000 ms: ended after %.1f ms with %s\n", ms, gg_h_status(c.status));
+  printf("  cuda hanging cleanup, limit 1000 ms: ended after %.1f ms with %s\n", ms,
+         gg_h_status(c.status));
   assert_int_equal(outcome(c.status), -SIGTERM);
   assert_true(ms >= 995 && ms < 1000 + 3000);
   gg_child_cleanup(&c);
@@ -88,13 +91,13 @@ static size_t free_after_exit(gg__dev_t *d, size_t target) {
   return f;
 }
 
-/* A child maps 1 GiB in a context it retains twice (the second retain stands in for the CUDA runtime
- * or PyTorch), then tears its guard down and lives on; this parent measures. */
+/* A child maps 1 GiB in a context it retains twice (the second retain stands in for the CUDA
+ * runtime or PyTorch), then tears its guard down and lives on; this parent measures. */
 /* What a teardown gives back: everything, nothing (a retain survives), or the context's own memory
- * only — measured on the H200 (driver 580): cuDevicePrimaryCtxReset, or releasing the last retain, frees
- * the context (~523 MiB) and cuMemAlloc'd memory, but not physical memory made by cuMemCreate: VMM
- * handles outlive the context until cuMemRelease or process exit. Arenas therefore unmap and release
- * their chunks themselves at teardown. */
+ * only — measured on the H200 (driver 580): cuDevicePrimaryCtxReset, or releasing the last retain,
+ * frees the context (~523 MiB) and cuMemAlloc'd memory, but not physical memory made by
+ * cuMemCreate: VMM handles outlive the context until cuMemRelease or process exit. Arenas therefore
+ * unmap and release their chunks themselves at teardown. */
 typedef enum { BACK_ALL, BACK_NONE, BACK_CONTEXT_ONLY } back_t;
 
 static void memory_case(gg__dev_t *d, const char *label, const char *const *env, back_t expect) {
@@ -109,8 +112,10 @@ static void memory_case(gg__dev_t *d, const char *label, const char *const *env,
   gg_child_kill(&c, SIGKILL);
   assert_true(gg_child_wait(&c, GG_H_DEADLINE_MS));
   size_t f3 = free_after_exit(d, f0);
-  printf("  %-44s free MiB: before %zu, holding %zu (-%zu), after teardown %zu (+%zu), after exit %zu\n",
-         label, f0 / MiB, f1 / MiB, (f0 - f1) / MiB, f2 / MiB, (f2 > f1 ? f2 - f1 : 0) / MiB, f3 / MiB);
+  printf("  %-44s free MiB: before %zu, holding %zu (-%zu), after teardown %zu (+%zu), after exit "
+         "%zu\n",
+         label, f0 / MiB, f1 / MiB, (f0 - f1) / MiB, f2 / MiB, (f2 > f1 ? f2 - f1 : 0) / MiB,
+         f3 / MiB);
   assert_true(f0 - f1 >= 1024 * MiB); /* the child really held its 1 GiB (plus its context) */
   if (expect == BACK_ALL)
     assert_true(f2 >= f1 + 1024 * MiB - 64 * MiB);
@@ -118,7 +123,7 @@ static void memory_case(gg__dev_t *d, const char *label, const char *const *env,
     assert_true(f2 < f1 + 256 * MiB); /* still held by the surviving retain */
   else
     assert_true(f2 > f1 + 256 * MiB && f2 < f1 + 1024 * MiB - 64 * MiB);
-  assert_true(f3 + 64 * MiB >= f0);   /* and the driver has it all back once the process is gone */
+  assert_true(f3 + 64 * MiB >= f0); /* and the driver has it all back once the process is gone */
   gg_child_cleanup(&c);
 }
 
@@ -130,7 +135,8 @@ static void test_cuda_memory_with_and_without_reset(void **state) {
   memory_case(d, "cleanup unmaps, no reset, runtime retain:", freed, BACK_ALL);
   const char *leak[] = {"GG_CHILD_EXTRA_RETAIN=1", "GG_CHILD_GPU_LEAK=1", NULL};
   memory_case(d, "leaked, no reset, runtime retain:", leak, BACK_NONE);
-  const char *reset[] = {"GG_CHILD_EXTRA_RETAIN=1", "GG_CHILD_GPU_LEAK=1", "GG_CHILD_RESET=1", NULL};
+  const char *reset[] = {"GG_CHILD_EXTRA_RETAIN=1", "GG_CHILD_GPU_LEAK=1", "GG_CHILD_RESET=1",
+                         NULL};
   memory_case(d, "leaked (VMM), context reset, runtime retain:", reset, BACK_CONTEXT_ONLY);
   const char *reset_alloc[] = {"GG_CHILD_EXTRA_RETAIN=1", "GG_CHILD_GPU_LEAK=1", "GG_CHILD_RESET=1",
                                "GPUGUARD_CUDA_VMM=0", NULL};
@@ -160,7 +166,8 @@ static void test_cuda_arena_released_by_teardown(void **state) {
   size_t f1 = free_now(d);
   gg_assert_ok(gg_guard_destroy(g));
   size_t f2 = free_now(d);
-  printf("  arena under a guard: free MiB %zu before, %zu with 2112 MiB allocated, %zu after the teardown\n",
+  printf("  arena under a guard: free MiB %zu before, %zu with 2112 MiB allocated, %zu after the "
+         "teardown\n",
          f0 / MiB, f1 / MiB, f2 / MiB);
   assert_true(f0 - f1 >= 2112 * MiB);
   assert_true(f2 + 64 * MiB >= f0);

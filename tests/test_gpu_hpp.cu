@@ -1,6 +1,6 @@
-// test_gpu_hpp.cu — gpuguard.hpp compiled by nvcc and used from CUDA code: a gg::Guard on the cuda backend
-// whose teardown (a lambda) frees runtime-allocated device memory, checked with cudaMemGetInfo.
-// Skips without a CUDA device.
+// test_gpu_hpp.cu — gpuguard.hpp compiled by nvcc and used from CUDA code: a gg::Guard on the cuda
+// backend whose teardown (a lambda) frees runtime-allocated device memory, checked with
+// cudaMemGetInfo. Skips without a CUDA device.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -39,13 +39,15 @@ static void test_guard_frees_runtime_memory(void **) {
     fill<<<(n + 255) / 256, 256>>>(d, n, 7);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     int host = 0;
-    assert_int_equal(cudaMemcpy(&host, d + n - 1, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(&host, d + n - 1, sizeof host, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
     assert_int_equal(host, 7);
     assert_int_equal(cudaMemGetInfo(&free1, &total), cudaSuccess);
   }
   assert_int_equal(cudaMemGetInfo(&free2, &total), cudaSuccess);
-  std::printf("device free: %zu MiB before, %zu MiB with the buffer, %zu MiB after the guard's teardown\n",
-              free0 >> 20, free1 >> 20, free2 >> 20);
+  std::printf(
+      "device free: %zu MiB before, %zu MiB with the buffer, %zu MiB after the guard's teardown\n",
+      free0 >> 20, free1 >> 20, free2 >> 20);
   assert_true(free0 - free1 >= sizeof(int) * (size_t)n);
   assert_true(free2 + (32u << 20) >= free0); /* back, give or take the driver's own bookkeeping */
 }

@@ -1,8 +1,9 @@
-/* test_gpu_proc.c — on a real GPU: a parent whose four spawned children each hold 2 GiB is SIGKILLed:
- * how long until no child is in NVML's process list, and until the driver's free memory is back. Then a
- * parent holding 2 GiB with a forked child that does not use CUDA and lives on: with its inherited
- * /dev/nvidia* descriptors kept, and closed. This process never creates a CUDA context (it reads the
- * device through NVML), so its own memory does not blur the figures. Skips without a CUDA device. */
+/* test_gpu_proc.c — on a real GPU: a parent whose four spawned children each hold 2 GiB is
+ * SIGKILLed: how long until no child is in NVML's process list, and until the driver's free memory
+ * is back. Then a parent holding 2 GiB with a forked child that does not use CUDA and lives on:
+ * with its inherited /dev/nvidia* descriptors kept, and closed. This process never creates a CUDA
+ * context (it reads the device through NVML), so its own memory does not blur the figures. Skips
+ * without a CUDA device. */
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -11,7 +12,7 @@
 #include "gg_test.h"
 
 #define HOLDER GG_TEST_BINARY_DIR "/gpu_hold"
-#define MiB ((size_t)1 << 20)
+#define MiB    ((size_t)1 << 20)
 
 static double now_ms(void) {
   struct timespec t;
@@ -57,7 +58,8 @@ static void test_sigkilled_parent_four_children(void **state) {
   (void)state;
   size_t base = free_mib();
   char line[256];
-  char *args[] = {HOLDER, "spawn4", "2048", NULL}; /* argv[0] is what the children are spawned from */
+  char *args[] = {HOLDER, "spawn4", "2048",
+                  NULL}; /* argv[0] is what the children are spawned from */
   pid_t parent = start(args, line, sizeof line);
   int kids[4];
   assert_int_equal(sscanf(line, "ready %d %d %d %d", &kids[0], &kids[1], &kids[2], &kids[3]), 4);
@@ -74,7 +76,8 @@ static void test_sigkilled_parent_four_children(void **state) {
     if (free_mib() + 64 >= base && t_free < 0) t_free = now_ms() - t0;
     if (t_list < 0 || t_free < 0) usleep(2000);
   }
-  printf("4 children x 2 GiB: free %zu MiB before, %zu MiB holding (-%zu); parent SIGKILLed: no child in "
+  printf("4 children x 2 GiB: free %zu MiB before, %zu MiB holding (-%zu); parent SIGKILLed: no "
+         "child in "
          "NVML's list after %.0f ms, driver's free memory back after %.0f ms (%zu MiB)\n",
          base, held, base - held, t_list, t_free, free_mib());
   assert_true(base - held >= 4 * 2048);
@@ -95,11 +98,14 @@ static void forked_child_case(const char *mode) {
   waitpid(parent, NULL, 0);
   double t_free = -1;
   while (now_ms() - t0 < 3000 && t_free < 0) {
-    if (free_mib() + 64 >= base) t_free = now_ms() - t0;
-    else usleep(5000);
+    if (free_mib() + 64 >= base)
+      t_free = now_ms() - t0;
+    else
+      usleep(5000);
   }
   size_t after = free_mib();
-  printf("parent with 2 GiB and a forked non-CUDA child that %s its /dev/nvidia* descriptors: free %zu MiB "
+  printf("parent with 2 GiB and a forked non-CUDA child that %s its /dev/nvidia* descriptors: free "
+         "%zu MiB "
          "before, %zu holding, parent SIGKILLed: %s (%zu MiB free 3 s later, child alive: %s)\n",
          mode, base, held, t_free >= 0 ? "memory back" : "memory NOT back", after,
          kill(child, 0) == 0 ? "yes" : "no");

@@ -1,5 +1,6 @@
-/* test_guard.c — the guard's registry in one process: LIFO order, cancel, bad input, re-entrant calls from
- * cleanups, handler install and restore, attached objects, crash hooks, fork, and injected driver faults. */
+/* test_guard.c — the guard's registry in one process: LIFO order, cancel, bad input, re-entrant
+ * calls from cleanups, handler install and restore, attached objects, crash hooks, fork, and
+ * injected driver faults. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -13,9 +14,8 @@
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
+  gg_test_use_host(NULL, NULL);
   unsetenv("GPUGUARD_LEAK_REPORT");
-  gg_host_fault_set(NULL);
   return 0;
 }
 
@@ -57,7 +57,8 @@ static void test_lifo_order(void **state) {
   gg_assert_ok(gg_guard_create(&g, NULL)); /* defaults: every signal, at exit */
   order[0] = '\0';
   static const char *names = "abcde";
-  for (int i = 0; i < 5; i++) gg_assert_ok(gg_guard_on_teardown(g, rec, (void *)(names + i), "rec"));
+  for (int i = 0; i < 5; i++)
+    gg_assert_ok(gg_guard_on_teardown(g, rec, (void *)(names + i), "rec"));
   gg_assert_ok(gg_guard_destroy(g));
   assert_string_equal(order, "edcba");
 }
@@ -271,7 +272,8 @@ static void hook(int sig, void *user) {
 static void test_crash_hooks(void **state) {
   (void)state;
   int s1, s2, s3, slots[GG__CRASH_HOOKS_MAX];
-  /* Hooks already there: the process part's fatal kill, added by the first guard of this process. */
+  /* Hooks already there: the process part's fatal kill, added by the first guard of this process.
+   * */
   int builtin = gg__crash_hooks_run(SIGTERM);
   gg_assert_ok(gg__crash_hook_add(hook, "1", &s1));
   gg_assert_ok(gg__crash_hook_add(hook, "2", &s2));
@@ -305,7 +307,8 @@ static void test_fork_refuses(void **state) {
     bad |= (gg_guard_destroy(g) != GG_ESTATE) << 2;
     bad |= (strstr(gg_last_error(), "before fork()") == NULL) << 3;
     bad |= (order[0] != '\0') << 4;
-    /* A guard of its own works in the child (TSan cannot start threads after a multi-threaded fork). */
+    /* A guard of its own works in the child (TSan cannot start threads after a multi-threaded
+     * fork). */
 #ifndef __SANITIZE_THREAD__
     gg_guard_t *mine = NULL;
     bad |= (gg_guard_create(&mine, NULL) != 0) << 5;
@@ -323,8 +326,8 @@ static void test_fork_refuses(void **state) {
   assert_string_equal(order, "p");
 }
 
-/* Threads registering and cancelling while another destroys: each cleanup runs at most once, and late
- * calls fail cleanly. */
+/* Threads registering and cancelling while another destroys: each cleanup runs at most once, and
+ * late calls fail cleanly. */
 static gg_guard_t *race_guard;
 static atomic_int race_runs;
 static void race_cleanup(void *user) {
@@ -380,7 +383,7 @@ static void test_prepare_thread(void **state) {
   assert_null(bad);
 }
 
-/* ---- a cleanup that calls exit() (issue 16 item 14) ---- */
+/* ---- a cleanup that calls exit(): the later cleanups must still run ---- */
 
 static int exit_pipe = -1;
 static void note_and_go_on(void *user) {
@@ -393,8 +396,8 @@ static void note_and_exit(void *user) {
 }
 
 /* The child, a fresh exec of this program (a fork of the threaded suite may not start threads under
- * TSan): cleanups A, B (calls exit(7)), C registered in that order; the guard is ended by destroy or
- * by exit(0). Each cleanup writes its letter to fd. */
+ * TSan): cleanups A, B (calls exit(7)), C registered in that order; the guard is ended by destroy
+ * or by exit(0). Each cleanup writes its letter to fd. */
 static int exit_cleanup_child(const char *how, int fd) {
   exit_pipe = fd;
   gg_guard_options_t o;
@@ -439,7 +442,8 @@ static void test_cleanup_calling_exit(void **state) {
   run_exit_cleanup("destroy", ran, sizeof ran, &st);
   assert_string_equal(ran, "CBA");
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 7);
-  run_exit_cleanup("destroy-no-exit-path", ran, sizeof ran, &st); /* a guard that skips the exit path */
+  run_exit_cleanup("destroy-no-exit-path", ran, sizeof ran,
+                   &st); /* a guard that skips the exit path */
   assert_string_equal(ran, "CBA");
   assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 7);
   /* The exit path: exit(0) runs C, B calls exit(7) from inside it, A still runs. */

@@ -1,7 +1,8 @@
-/* test_guard_arena.c — arenas under a guard: they attach to the live guard of their device, are torn down
- * LIFO with the user's cleanups (memory back, handle kept and refusing calls), detach when destroyed
- * first, appear in the leak report by tag; GG_SCOPE and gg_auto end scopes and arenas on every way out
- * of a block; a thread inside arena calls while the guard is torn down neither deadlocks nor crashes. */
+/* test_guard_arena.c — arenas under a guard: they attach to the live guard of their device, are
+ * torn down LIFO with the user's cleanups (memory back, handle kept and refusing calls), detach
+ * when destroyed first, appear in the leak report by tag; GG_SCOPE and gg_auto end scopes and
+ * arenas on every way out of a block; a thread inside arena calls while the guard is torn down
+ * neither deadlocks nor crashes. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <unistd.h>
@@ -15,10 +16,8 @@
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "256M", 1);
+  gg_test_use_host("256M", NULL);
   unsetenv("GPUGUARD_LEAK_REPORT");
-  gg_host_fault_set(NULL);
   return 0;
 }
 
@@ -69,9 +68,10 @@ static void test_teardown_releases_attached_arena(void **state) {
   gg_assert_fails(gg_arena_destroy(a), GG_EINVAL, "not a live arena");
 }
 
-/* Teardown waits for every stream of the context, not only the arena's, before unmapping: a kernel on
- * another stream may use the arena's memory (issue 16 item 16). A held host stream stands for such a
- * kernel; a thread releases it once the teardown is seen waiting, and checks nothing was unmapped yet. */
+/* Teardown waits for every stream of the context, not only the arena's, before unmapping: a kernel
+ * on another stream may use the arena's memory, and unmapping under it faults the GPU. A held host
+ * stream stands for such a kernel; a thread releases it once the teardown is seen waiting, and
+ * checks nothing was unmapped yet. */
 typedef struct keeper {
   void *busy;
   unsigned long long u0; /* unmaps before the teardown */
@@ -80,7 +80,8 @@ typedef struct keeper {
 static void *stream_keeper(void *arg) {
   void *busy = ((keeper_t *)arg)->busy;
   unsigned long long u0 = ((keeper_t *)arg)->u0;
-  /* Until the teardown waits on the context (ctx_sync counted) or has unmapped already; 10 s at most. */
+  /* Until the teardown waits on the context (ctx_sync counted) or has unmapped already; 10 s at
+   * most. */
   for (int i = 0; i < 10000 && gg_host_op_count("ctx_sync") == 0 &&
                   gg_host_op_count("unmap") + gg_host_op_count("unmap_range") == u0;
        i++)
@@ -111,8 +112,8 @@ static void test_teardown_waits_for_other_streams(void **state) {
   gg_assert_ok(gg_host_stream_destroy(busy));
 }
 
-/* A kernel that never ends does not hang the teardown: the wait is bounded, and the memory then goes
- * back anyway (as at process exit). */
+/* A kernel that never ends does not hang the teardown: the wait is bounded, and the memory then
+ * goes back anyway (as at process exit). */
 static void test_teardown_bounded_when_a_stream_never_ends(void **state) {
   (void)state;
   size_t free0 = device_free();
@@ -142,7 +143,8 @@ static void test_destroyed_first_detaches(void **state) {
   assert_int_equal(gg_host_op_count("unmap"), after);
 }
 
-/* Cleanups and arenas interleave LIFO: b (after the arena) sees it alive, a (before it) sees it torn. */
+/* Cleanups and arenas interleave LIFO: b (after the arena) sees it alive, a (before it) sees it
+ * torn. */
 static gg_arena_t *lifo_arena;
 static int seen_by_a = 1, seen_by_b = 1;
 static void probe_a(void *u) {
@@ -190,7 +192,8 @@ static void test_other_device_or_backend_not_attached(void **state) {
   gg_arena_t *other = NULL;
   int rc = gg_arena_create(&other, &o);
   gg_assert_ok(gg_guard_destroy(g));
-  if (rc == 0) { /* the host backend has one device; should it grow more, device 1 stays untouched */
+  if (rc ==
+      0) { /* the host backend has one device; should it grow more, device 1 stays untouched */
     void *p;
     gg_assert_ok(gg_alloc(other, 256, &p));
     gg_assert_ok(gg_arena_destroy(other));
@@ -234,7 +237,8 @@ static void test_leak_report_real_arena(void **state) {
   rmdir(dir);
 }
 
-/* A thread keeps allocating and freeing while the guard is torn down: it gets GG_ESTATE and stops. */
+/* A thread keeps allocating and freeing while the guard is torn down: it gets GG_ESTATE and stops.
+ * */
 static atomic_long worker_ops;
 static char worker_msg[2][512]; /* each worker's last error, for the failure message */
 
@@ -272,7 +276,8 @@ static void test_teardown_while_thread_in_arena(void **state) {
       void *rc = NULL;
       pthread_join(t[i], &rc);
       if ((int)(intptr_t)rc != GG_ESTATE)
-        fail_msg("round %d, worker %d ended with %s: %s", round, i, gg_err_name((int)(intptr_t)rc), worker_msg[i]);
+        fail_msg("round %d, worker %d ended with %s: %s", round, i, gg_err_name((int)(intptr_t)rc),
+                 worker_msg[i]);
     }
     gg_assert_ok(gg_arena_destroy(a));
   }

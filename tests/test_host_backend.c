@@ -20,11 +20,7 @@ static size_t resident_bytes(void) {
 
 static int setup(void **state) {
   (void)state;
-  unsetenv("GPUGUARD_HOST_FAULT");
-  unsetenv("GPUGUARD_HOST_VMM");
-  unsetenv("GPUGUARD_HOST_GRANULARITY");
-  setenv("GPUGUARD_HOST_CAPACITY", "64M", 1);
-  gg_host_fault_set(NULL);
+  gg_test_use_host("64M", NULL);
   return 0;
 }
 
@@ -119,7 +115,8 @@ static void test_capacity(void **state) {
   gg_assert_ok(d->ops->va_reserve(d, 32 * MiB, &base)); /* address space is not capacity */
   gg__chunk_t a, b;
   gg_assert_ok(d->ops->map(d, base, 6 * MiB, &a));
-  gg_assert_fails(d->ops->map(d, base + 6 * MiB, 4 * MiB, &b), GG_ENOMEM, "6291456 of 8388608 in use");
+  gg_assert_fails(d->ops->map(d, base + 6 * MiB, 4 * MiB, &b), GG_ENOMEM,
+                  "6291456 of 8388608 in use");
   gg_assert_ok(d->ops->map(d, base + 6 * MiB, 2 * MiB, &b)); /* the failure took nothing */
   size_t f, t;
   gg_assert_ok(d->ops->mem_info(d, &f, &t));
@@ -203,7 +200,7 @@ static void test_faults_are_deterministic(void **state) {
   gg_assert_fails(d->ops->map(d, base + 2 * MiB, 2 * MiB, &c[1]), GG_EDRIVER,
                   "injected fault in 'map' (call 2)");
   gg_assert_ok(d->ops->mem_info(d, &f1, &t));
-  assert_int_equal(f0 - f1, 2 * MiB); /* the failed map took nothing */
+  assert_int_equal(f0 - f1, 2 * MiB);                           /* the failed map took nothing */
   gg_assert_ok(d->ops->map(d, base + 2 * MiB, 2 * MiB, &c[1])); /* once only */
   assert_int_equal(gg_host_op_count("map"), 3);
   char buf[8] = {0};
@@ -272,7 +269,8 @@ static void test_streams_and_events(void **state) {
   gg__dev_close(d);
 }
 
-/* Issue 16 item 15: a malformed fault spec or granularity says what was wrong, with the value given. */
+/* A malformed fault spec or granularity says what was wrong, with the value given: a typo in an
+ * environment variable must not silently test something else. */
 static void test_bad_specs_named(void **state) {
   (void)state;
   gg_assert_fails(gg_host_fault_set("map:1,"), GG_EINVAL, "trailing ','");
@@ -283,14 +281,15 @@ static void test_bad_specs_named(void **state) {
   gg__dev_t *d = NULL;
   setenv("GPUGUARD_HOST_GRANULARITY", "3", 1);
   setenv("GPUGUARD_HOST_FAULT", "map:1", 1); /* another variable's value must not show up instead */
-  gg_assert_fails(gg__dev_open("host", 0, &d), GG_EINVAL, "GPUGUARD_HOST_GRANULARITY='3': must be a power");
+  gg_assert_fails(gg__dev_open("host", 0, &d), GG_EINVAL,
+                  "GPUGUARD_HOST_GRANULARITY='3': must be a power");
   unsetenv("GPUGUARD_HOST_FAULT");
   setenv("GPUGUARD_HOST_GRANULARITY", "12288", 1);
   gg_assert_fails(gg__dev_open("host", 0, &d), GG_EINVAL, "'12288'");
   unsetenv("GPUGUARD_HOST_GRANULARITY");
 }
 
-/* Issue 16 item 8: a handle the host backend did not make is refused, never read (reading 0x2 crashed).
+/* A handle the host backend did not make is refused, never read (reading 0x2 crashed the process).
  * CUDA's special handles name a default stream, as NULL does. */
 static void test_foreign_stream_handles(void **state) {
   (void)state;
@@ -308,8 +307,10 @@ static void test_foreign_stream_handles(void **state) {
   int on_stack;
   void *foreign[] = {(void *)0x3, (void *)0xdead0, &on_stack};
   for (int i = 0; i < 3; i++) {
-    gg_assert_fails(d->ops->event_record(d, ev, foreign[i]), GG_EINVAL, "not a stream of the host backend");
-    gg_assert_fails(d->ops->stream_sync(d, foreign[i]), GG_EINVAL, "not a stream of the host backend");
+    gg_assert_fails(d->ops->event_record(d, ev, foreign[i]), GG_EINVAL,
+                    "not a stream of the host backend");
+    gg_assert_fails(d->ops->stream_sync(d, foreign[i]), GG_EINVAL,
+                    "not a stream of the host backend");
     gg_assert_fails(d->ops->stream_query(d, foreign[i]), GG_EINVAL, "cudaStreamPerThread");
     gg_assert_fails(d->ops->stream_check(d, foreign[i], "test"), GG_EINVAL, "test: stream");
     gg_assert_fails(gg_host_stream_hold(foreign[i]), GG_EINVAL, "gg_host_stream_hold");

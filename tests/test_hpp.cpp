@@ -70,7 +70,8 @@ static void test_errors(void **) {
     assert_non_null(strstr(e.what(), "GG_EINVAL: gg_guard_create: options.teardown_timeout_ms=-5"));
     assert_null(strstr(e.what(), "GG_EINVAL: GG_EINVAL"));
   }
-  /* A detail that does not start with the code's name (a stale one, or none) still gets the name. */
+  /* A detail that does not start with the code's name (a stale one, or none) still gets the name.
+   * */
   gg_clear_error();
   try {
     gg::check(GG_ESTATE);
@@ -139,7 +140,8 @@ static void test_arena_and_scopes(void **) {
     fail_msg("an allocation beyond the capacity did not throw");
   } catch (const gg::Error &e) {
     assert_int_equal(e.code(), GG_ENOMEM);
-    /* The code's name once, then the call that failed: the library's detail starts with the name. */
+    /* The code's name once, then the call that failed: the library's detail starts with the name.
+     * */
     assert_int_equal(strncmp(e.what(), "GG_ENOMEM: gg_alloc", 19), 0);
     assert_null(strstr(e.what() + 1, "GG_ENOMEM"));
   }
@@ -163,7 +165,8 @@ static void test_arena_under_guard(void **) {
     gg::Guard g(quiet());
     gg::Arena attached(small_arena());
     attached.alloc(1 << 20, "x");
-    /* attached is destroyed first (declared later): it detaches, the guard has nothing left of it */
+    /* attached is destroyed first (declared later): it detaches, the guard has nothing left of it
+     * */
   }
   gg::Arena survivor(small_arena());
   {

@@ -1,6 +1,6 @@
-/* test_json.c — the one JSON string writer (gg_json_write_string, used by the leak report, the reports,
- * the receipt and the CLI): UTF-8 passes as is, what JSON needs is escaped, bytes that are not text
- * become U+FFFD, so the output is always valid JSON and valid UTF-8. */
+/* test_json.c — the one JSON string writer (gg_json_write_string, used by the leak report, the
+ * reports, the receipt and the CLI): UTF-8 passes as is, what JSON needs is escaped, bytes that are
+ * not text become U+FFFD, so the output is always valid JSON and valid UTF-8. */
 #include "gg_test.h"
 
 /* The literal gg_json_write_string writes for s. */
@@ -16,8 +16,10 @@ static const char *quote(const char *s) {
 static void test_utf8_passes_through(void **state) {
   (void)state;
   assert_string_equal(quote("naïve-café"), "\"naïve-café\"");
-  assert_string_equal(quote("日本語 \xF0\x9F\x98\x80"), "\"日本語 \xF0\x9F\x98\x80\""); /* 3- and 4-byte forms */
-  assert_string_equal(quote("\xEF\xBF\xBF\xF4\x8F\xBF\xBF"), "\"\xEF\xBF\xBF\xF4\x8F\xBF\xBF\""); /* U+FFFF, U+10FFFF */
+  assert_string_equal(quote("日本語 \xF0\x9F\x98\x80"),
+                      "\"日本語 \xF0\x9F\x98\x80\""); /* 3- and 4-byte forms */
+  assert_string_equal(quote("\xEF\xBF\xBF\xF4\x8F\xBF\xBF"),
+                      "\"\xEF\xBF\xBF\xF4\x8F\xBF\xBF\""); /* U+FFFF, U+10FFFF */
   assert_string_equal(quote(""), "\"\"");
   assert_string_equal(quote(NULL), "\"\"");
 }
@@ -31,14 +33,17 @@ static void test_escapes(void **state) {
 
 static void test_invalid_bytes_become_replacement(void **state) {
   (void)state;
-  assert_string_equal(quote("a\xFF" "b"), "\"a\\ufffdb\"");                 /* never valid */
-  assert_string_equal(quote("\x80x"), "\"\\ufffdx\"");                       /* stray continuation */
-  assert_string_equal(quote("\xE2\x82"), "\"\\ufffd\\ufffd\"");              /* truncated */
-  assert_string_equal(quote("\xC0\xAF"), "\"\\ufffd\\ufffd\"");              /* overlong '/' */
-  assert_string_equal(quote("\xE0\x80\xAF"), "\"\\ufffd\\ufffd\\ufffd\"");   /* overlong, 3 bytes */
-  assert_string_equal(quote("\xED\xA0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");   /* a surrogate */
-  assert_string_equal(quote("\xF4\x90\x80\x80"), "\"\\ufffd\\ufffd\\ufffd\\ufffd\""); /* > U+10FFFF */
-  assert_string_equal(quote("caf\xE9"), "\"caf\\ufffd\"");                   /* Latin-1, not UTF-8 */
+  assert_string_equal(quote("a\xFF"
+                            "b"),
+                      "\"a\\ufffdb\"");                                    /* never valid */
+  assert_string_equal(quote("\x80x"), "\"\\ufffdx\"");                     /* stray continuation */
+  assert_string_equal(quote("\xE2\x82"), "\"\\ufffd\\ufffd\"");            /* truncated */
+  assert_string_equal(quote("\xC0\xAF"), "\"\\ufffd\\ufffd\"");            /* overlong '/' */
+  assert_string_equal(quote("\xE0\x80\xAF"), "\"\\ufffd\\ufffd\\ufffd\""); /* overlong, 3 bytes */
+  assert_string_equal(quote("\xED\xA0\x80"), "\"\\ufffd\\ufffd\\ufffd\""); /* a surrogate */
+  assert_string_equal(quote("\xF4\x90\x80\x80"),
+                      "\"\\ufffd\\ufffd\\ufffd\\ufffd\""); /* > U+10FFFF */
+  assert_string_equal(quote("caf\xE9"), "\"caf\\ufffd\""); /* Latin-1, not UTF-8 */
 }
 
 static void test_bad_stream(void **state) {

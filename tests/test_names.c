@@ -1,6 +1,6 @@
-/* test_names.c — names cut to fit a fixed buffer stay valid UTF-8 (issue 16 item 10): registry fields,
- * arena names, tags, error details and command lines are cut at a character boundary, never inside one
- * (a cut 'é' made every Python reader of the registry raise UnicodeDecodeError). */
+/* test_names.c — names cut to fit a fixed buffer stay valid UTF-8 (Python decodes them): registry
+ * fields, arena names, tags, error details and command lines are cut at a character boundary, never
+ * inside one (a cut 'é' made every Python reader of the registry raise UnicodeDecodeError). */
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -14,7 +14,11 @@
 static bool utf8_valid(const char *s) {
   const unsigned char *p = (const unsigned char *)s;
   while (*p) {
-    size_t n = *p < 0x80 ? 1 : (*p & 0xE0) == 0xC0 ? 2 : (*p & 0xF0) == 0xE0 ? 3 : (*p & 0xF8) == 0xF0 ? 4 : 0;
+    size_t n = *p < 0x80             ? 1
+               : (*p & 0xE0) == 0xC0 ? 2
+               : (*p & 0xF0) == 0xE0 ? 3
+               : (*p & 0xF8) == 0xF0 ? 4
+                                     : 0;
     if (!n) return false;
     for (size_t i = 1; i < n; i++)
       if ((p[i] & 0xC0) != 0x80) return false;
@@ -34,14 +38,16 @@ static char *repeat(const char *unit, size_t times) {
 
 static void test_strlcpy_cuts_between_characters(void **state) {
   (void)state;
-  const char *units[] = {"\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80", "a\xc3\xa9"}; /* é € 😀 aé */
+  const char *units[] = {"\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80",
+                         "a\xc3\xa9"}; /* é € 😀 aé */
   for (size_t u = 0; u < 4; u++) {
     char *src = repeat(units[u], 50);
     for (size_t cap = 1; cap < 40; cap++) {
       char dst[40];
       gg__strlcpy(dst, src, cap);
       assert_true(utf8_valid(dst));
-      assert_true(strlen(dst) + 4 > cap - 1 || strlen(dst) == strlen(src)); /* at most one character lost */
+      assert_true(strlen(dst) + 4 > cap - 1 ||
+                  strlen(dst) == strlen(src)); /* at most one character lost */
       assert_memory_equal(dst, src, strlen(dst));
     }
     free(src);

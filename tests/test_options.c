@@ -46,7 +46,8 @@ static void test_bools(void **state) {
     assert_false(b);
   }
   bool b = true;
-  gg_assert_fails(gg__parse_bool("GPUGUARD_HOST_VMM", "maybe", &b), GG_EINVAL, "GPUGUARD_HOST_VMM='maybe'");
+  gg_assert_fails(gg__parse_bool("GPUGUARD_HOST_VMM", "maybe", &b), GG_EINVAL,
+                  "GPUGUARD_HOST_VMM='maybe'");
   gg_assert_fails(gg__parse_bool("X", NULL, &b), GG_EINVAL, "(null)");
   assert_true(b);
 }
@@ -59,7 +60,8 @@ static void test_ints(void **state) {
   gg_assert_fails(gg__parse_int("X", "11", -10, 10, &v), GG_EINVAL, "must be in -10..10");
   gg_assert_fails(gg__parse_int("X", "3x", 0, 10, &v), GG_EINVAL, "not an integer");
   gg_assert_fails(gg__parse_int("X", "", 0, 10, &v), GG_EINVAL, "no value");
-  gg_assert_fails(gg__parse_int("X", "99999999999999999999", 0, 10, &v), GG_EINVAL, "not an integer");
+  gg_assert_fails(gg__parse_int("X", "99999999999999999999", 0, 10, &v), GG_EINVAL,
+                  "not an integer");
 }
 
 static void test_env_empty_is_unset(void **state) {
@@ -74,8 +76,10 @@ static void test_env_empty_is_unset(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_sizes),  cmocka_unit_test(test_bad_sizes),
-      cmocka_unit_test(test_bools),  cmocka_unit_test(test_ints),
+      cmocka_unit_test(test_sizes),
+      cmocka_unit_test(test_bad_sizes),
+      cmocka_unit_test(test_bools),
+      cmocka_unit_test(test_ints),
       cmocka_unit_test(test_env_empty_is_unset),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

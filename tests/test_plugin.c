@@ -61,10 +61,10 @@ static gg_arena_t *make_arena_on(size_t capacity, size_t chunk, void *stream) {
   return a;
 }
 
-/* Frees in stream order are reusable at once also when the block was bump-allocated in the middle of
- * the log and its memory comes back later, at a compaction: the stream may never catch up (held), yet
- * nothing waits and nothing new is mapped. A gg_free of the same kind of block, not in stream order,
- * does wait. */
+/* Frees in stream order are reusable at once also when the block was bump-allocated in the middle
+ * of the log and its memory comes back later, at a compaction: the stream may never catch up
+ * (held), yet nothing waits and nothing new is mapped. A gg_free of the same kind of block, not in
+ * stream order, does wait. */
 static void test_ordered_free_in_log_is_reused_at_once(void **state) {
   (void)state;
   void *hs = NULL;
@@ -73,15 +73,17 @@ static void test_ordered_free_in_log_is_reused_at_once(void **state) {
   gg_assert_ok(gg_plugin_set_arena(2, a));
   gg_assert_ok(gg_host_stream_hold(hs)); /* work on the stream never completes by itself */
   void *p[4];
-  for (int i = 0; i < 4; i++) assert_non_null(p[i] = gg_torch_alloc(1u << 20, 2, hs)); /* fills the chunk */
-  gg_torch_free(p[1], 1u << 20, 2, hs); /* in the middle of the log */
+  for (int i = 0; i < 4; i++)
+    assert_non_null(p[i] = gg_torch_alloc(1u << 20, 2, hs)); /* fills the chunk */
+  gg_torch_free(p[1], 1u << 20, 2, hs);                      /* in the middle of the log */
   void *q = gg_torch_alloc(1u << 20, 2, hs);
   assert_ptr_equal(q, p[1]);
   gg_arena_stats_t s;
   gg_assert_ok(gg_arena_stats(a, &s));
   assert_int_equal(s.bytes_mapped, 4u << 20);
   assert_int_equal(s.bytes_pending, 0);
-  /* Not in stream order: the block waits for the held stream, so the next one comes from new memory. */
+  /* Not in stream order: the block waits for the held stream, so the next one comes from new
+   * memory. */
   gg_assert_ok(gg_free(a, p[2]));
   void *r = gg_torch_alloc(1u << 20, 2, hs);
   assert_non_null(r);
@@ -94,11 +96,11 @@ static void test_ordered_free_in_log_is_reused_at_once(void **state) {
   gg_assert_ok(gg_host_stream_destroy(hs));
 }
 
-/* An allocation that would raise peak mapped first gives back the wholly free chunks whose last user is
- * done, and never waits for the GPU: a chunk freed in stream order while work that may use it still
- * runs (a held stream) stays mapped, untouched, and the growth maps beside it; once an event says that
- * work is done, the next growth past the peak gives it back, still without a wait. Below the peak a
- * growth maps without trimming. */
+/* An allocation that would raise peak mapped first gives back the wholly free chunks whose last
+ * user is done, and never waits for the GPU: a chunk freed in stream order while work that may use
+ * it still runs (a held stream) stays mapped, untouched, and the growth maps beside it; once an
+ * event says that work is done, the next growth past the peak gives it back, still without a wait.
+ * Below the peak a growth maps without trimming. */
 static void test_growth_past_the_peak_never_waits_for_the_gpu(void **state) {
   (void)state;
   const size_t M = 1u << 20;
@@ -114,12 +116,14 @@ static void test_growth_past_the_peak_never_waits_for_the_gpu(void **state) {
   gg_arena_stats_t s0, s1, s2;
   gg_assert_ok(gg_arena_stats(a, &s0));
   assert_int_equal(s0.bytes_mapped, 18 * M);
-  void *z = gg_torch_alloc((ssize_t)(20 * M), 4, hs); /* does not fit the hole: grows past the peak */
+  void *z =
+      gg_torch_alloc((ssize_t)(20 * M), 4, hs); /* does not fit the hole: grows past the peak */
   assert_non_null(z);
   gg_assert_ok(gg_arena_stats(a, &s1));
   assert_int_equal(s1.n_stream_waits, s0.n_stream_waits);
   assert_int_equal(gg_host_op_count("stream_sync") + gg_host_op_count("event_sync"), 0);
-  assert_int_equal(s1.n_trims, s0.n_trims); /* x's memory stays mapped while the kernel may read it */
+  assert_int_equal(s1.n_trims,
+                   s0.n_trims); /* x's memory stays mapped while the kernel may read it */
   assert_int_equal(s1.bytes_mapped, 38 * M);
   assert_ptr_not_equal(z, x); /* z is not x's memory either: it does not fit there */
   /* The kernel ends; a growth past the peak now gives x's chunks back without a wait. */
@@ -139,7 +143,8 @@ static void test_growth_past_the_peak_never_waits_for_the_gpu(void **state) {
   gg_torch_free(w, (ssize_t)(24 * M), 4, hs);
   gg_assert_ok(gg_arena_trim(a, 0));
   gg_assert_ok(gg_arena_stats(a, &s1));
-  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits); /* the frees' events said the work was done */
+  assert_int_equal(s1.n_stream_waits,
+                   s0.n_stream_waits); /* the frees' events said the work was done */
   assert_non_null(z = gg_torch_alloc((ssize_t)(12 * M), 4, hs));
   gg_assert_ok(gg_arena_stats(a, &s2));
   assert_int_equal(s2.n_trims, s1.n_trims);
@@ -150,9 +155,9 @@ static void test_growth_past_the_peak_never_waits_for_the_gpu(void **state) {
   gg_assert_ok(gg_host_stream_destroy(hs));
 }
 
-/* The stream guarantee while the GPU never catches up (a held stream): growth past the peak over and
- * over, with every free in stream order, never waits and never unmaps memory whose last user may still
- * run; once the work is done, a trim gives everything back without a wait. */
+/* The stream guarantee while the GPU never catches up (a held stream): growth past the peak over
+ * and over, with every free in stream order, never waits and never unmaps memory whose last user
+ * may still run; once the work is done, a trim gives everything back without a wait. */
 static void test_growth_under_running_work_keeps_recent_frees_mapped(void **state) {
   (void)state;
   const size_t M = 1u << 20;
@@ -165,7 +170,8 @@ static void test_growth_under_running_work_keeps_recent_frees_mapped(void **stat
   gg_assert_ok(gg_arena_stats(a, &s0));
   void *keep = NULL;
   for (int step = 1; step <= 8; step++) { /* each step a larger layout than the one before */
-    void *big = gg_torch_alloc((ssize_t)(step * 6 * M), 4, hs), *small = gg_torch_alloc(4096, 4, hs);
+    void *big = gg_torch_alloc((ssize_t)(step * 6 * M), 4, hs),
+         *small = gg_torch_alloc(4096, 4, hs);
     assert_non_null(big), assert_non_null(small);
     gg_torch_free(big, (ssize_t)(step * 6 * M), 4, hs);
     if (keep) gg_torch_free(keep, 4096, 4, hs);
@@ -186,8 +192,8 @@ static void test_growth_under_running_work_keeps_recent_frees_mapped(void **stat
 }
 
 /* A block released outside stream order (gg_free) waits for its event; a growth past the peak while
- * its work runs neither waits for it nor hands its memory out: the allocations land elsewhere, and the
- * block becomes free once its event completes. */
+ * its work runs neither waits for it nor hands its memory out: the allocations land elsewhere, and
+ * the block becomes free once its event completes. */
 static void test_growth_past_the_peak_leaves_pending_blocks_alone(void **state) {
   (void)state;
   const size_t M = 1u << 20;
@@ -227,8 +233,9 @@ static void test_growth_past_the_peak_leaves_pending_blocks_alone(void **state) 
   gg_assert_ok(gg_host_stream_destroy(hs));
 }
 
-/* Many small blocks freed in stream order (some held by this thread's cache until a large request takes
- * them back): a growth past the peak while their work runs neither waits nor unmaps their memory. */
+/* Many small blocks freed in stream order (some held by this thread's cache until a large request
+ * takes them back): a growth past the peak while their work runs neither waits nor unmaps their
+ * memory. */
 static void test_cached_frees_are_not_unmapped_under_running_work(void **state) {
   (void)state;
   const size_t M = 1u << 20, K = 1u << 10;
@@ -238,14 +245,16 @@ static void test_cached_frees_are_not_unmapped_under_running_work(void **state) 
   gg_assert_ok(gg_plugin_set_arena(4, a));
   enum { N = 96 };
   void *p[N];
-  for (int i = 0; i < N; i++) assert_non_null(p[i] = gg_torch_alloc((ssize_t)(64 * K), 4, hs)); /* 6 MiB */
+  for (int i = 0; i < N; i++)
+    assert_non_null(p[i] = gg_torch_alloc((ssize_t)(64 * K), 4, hs)); /* 6 MiB */
   void *y = gg_torch_alloc(256, 4, hs);
   assert_non_null(y);
   gg_assert_ok(gg_host_stream_hold(hs)); /* kernels still read the small blocks */
   for (int i = 0; i < N; i++) gg_torch_free(p[i], (ssize_t)(64 * K), 4, hs);
   gg_arena_stats_t s0, s1;
   gg_assert_ok(gg_arena_stats(a, &s0));
-  void *z = gg_torch_alloc((ssize_t)(24 * M), 4, hs); /* the caches give back, then growth past the peak */
+  void *z = gg_torch_alloc((ssize_t)(24 * M), 4,
+                           hs); /* the caches give back, then growth past the peak */
   assert_non_null(z);
   gg_assert_ok(gg_arena_stats(a, &s1));
   assert_int_equal(s1.n_trims, s0.n_trims);
@@ -271,16 +280,17 @@ static size_t pending_on(void *stream) {
   gg_assert_ok(gg_free(b, p));
   gg_arena_stats_t s;
   gg_assert_ok(gg_arena_stats(b, &s));
-  int rc = gg_arena_destroy(b); /* waits for the stream: the host backend says when it never would */
+  int rc =
+      gg_arena_destroy(b); /* waits for the stream: the host backend says when it never would */
   assert_true(rc == 0 || rc == GG_ETIMEDOUT);
   return s.bytes_pending;
 }
 
-/* Tensor.record_stream, and a free on another stream: the arena's stream is made to wait, on the device,
- * for that stream's work so far, and the block is freed in the arena's stream order. The host never
- * waits (no stream_sync), and a side stream still running (held) no longer makes the free fail: its
- * memory is handed out again only in the arena's stream order, and unmapped only after that stream,
- * and so the side stream, is done. */
+/* Tensor.record_stream, and a free on another stream: the arena's stream is made to wait, on the
+ * device, for that stream's work so far, and the block is freed in the arena's stream order. The
+ * host never waits (no stream_sync), and a side stream still running (held) no longer makes the
+ * free fail: its memory is handed out again only in the arena's stream order, and unmapped only
+ * after that stream, and so the side stream, is done. */
 static void test_record_stream_orders_the_free_after_that_stream(void **state) {
   (void)state;
   gg_assert_ok(gg_host_fault_set(NULL)); /* resets the backend's operation counters */
@@ -356,7 +366,8 @@ static void *allocator_thread(void *arg) {
   race_t *r = arg;
   while (!atomic_load(&r->stop)) {
     void *p = gg_torch_alloc(4096, 5, NULL);
-    if (p) gg_torch_free(p, 4096, 5, NULL); /* may land in another arena: refused, counted, no harm */
+    if (p)
+      gg_torch_free(p, 4096, 5, NULL); /* may land in another arena: refused, counted, no harm */
     atomic_fetch_add(&r->done, 1);
   }
   return NULL;
@@ -368,7 +379,8 @@ static void test_allocations_race_registration_and_destroy(void **state) {
   stderr = fopen("/dev/null", "w");
   race_t r = {false, 0};
   pthread_t t[3];
-  for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&t[i], NULL, allocator_thread, &r), 0);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(pthread_create(&t[i], NULL, allocator_thread, &r), 0);
   for (int round = 0; round < 200; round++) {
     gg_arena_t *a = make_arena(16u << 20);
     gg_assert_ok(gg_plugin_set_arena(5, a));
@@ -386,10 +398,11 @@ static void test_allocations_race_registration_and_destroy(void **state) {
   assert_null(got);
 }
 
-/* Counters kept per thread and folded (plugin_threads.c): after threads that allocated and freed through
- * the plugin, some of them still alive and some gone, the figures are exact (every call counted once);
- * the peak lies between one thread's and all threads' live bytes. One thread alone gets its peak exact,
- * also across more than a fold's worth of calls, and the reset peak starts from the live bytes. */
+/* Counters kept per thread and folded (plugin_threads.c): after threads that allocated and freed
+ * through the plugin, some of them still alive and some gone, the figures are exact (every call
+ * counted once); the peak lies between one thread's and all threads' live bytes. One thread alone
+ * gets its peak exact, also across more than a fold's worth of calls, and the reset peak starts
+ * from the live bytes. */
 typedef struct counted {
   int pairs;
   pthread_barrier_t *done, *hold; /* NULL: exit at once */
@@ -468,8 +481,9 @@ static void test_counters_of_many_threads_are_exact(void **state) {
   gg_assert_ok(gg_arena_destroy(a));
 }
 
-/* Issue 16 item 8: cudaStreamPerThread (0x2) after a fallback to the host backend names the default
- * stream; a handle the host backend never made is refused at create and at free, never read. */
+/* Code written for CUDA keeps its stream handles after a fallback: cudaStreamPerThread (0x2) after
+ * a fallback to the host backend names the default stream; a handle the host backend never made is
+ * refused at create and at free, never read. */
 static void test_cuda_special_and_foreign_streams(void **state) {
   (void)state;
   gg_arena_options_t o;

@@ -1,6 +1,6 @@
-/* test_plugin_graph.c — the allocator plugin under (simulated) CUDA graph capture on the host backend:
- * nothing it does invalidates a capture, memory a live graph uses is never handed out again, and it
- * all comes back once the graph is destroyed. */
+/* test_plugin_graph.c — the allocator plugin under (simulated) CUDA graph capture on the host
+ * backend: nothing it does invalidates a capture, memory a live graph uses is never handed out
+ * again, and it all comes back once the graph is destroyed. */
 #include <stdlib.h>
 
 #include "gg_test.h"
@@ -46,7 +46,9 @@ static void assert_apart(void *p, size_t n, const range_t *held, size_t nheld) {
   uintptr_t lo = (uintptr_t)p, hi = lo + n;
   for (size_t i = 0; i < nheld; i++) {
     uintptr_t hlo = (uintptr_t)held[i].ptr, hhi = hlo + held[i].size;
-    if (lo < hhi && hlo < hi) fail_msg("block %p (+%zu) overlaps %p (+%zu), held by a live graph", p, n, held[i].ptr, held[i].size);
+    if (lo < hhi && hlo < hi)
+      fail_msg("block %p (+%zu) overlaps %p (+%zu), held by a live graph", p, n, held[i].ptr,
+               held[i].size);
   }
 }
 
@@ -65,9 +67,10 @@ static void assert_all_back(gg_arena_t *a) {
   assert_int_equal(g.bytes_mapped, 0);
 }
 
-/* The capture of a step: allocations, a free and a reuse inside the capture, and the free of a block
- * allocated before it. Before graph pools, the very first gg_torch_alloc on the capturing stream waited
- * for the arena's stream (the legacy one) and invalidated the capture: capture_end failed. */
+/* The capture of a step: allocations, a free and a reuse inside the capture, and the free of a
+ * block allocated before it. Before graph pools, the very first gg_torch_alloc on the capturing
+ * stream waited for the arena's stream (the legacy one) and invalidated the capture: capture_end
+ * failed. */
 static void test_capture_is_not_invalidated_and_graph_memory_is_kept(void **state) {
   (void)state;
   gg_arena_t *a = make_arena();
@@ -81,11 +84,12 @@ static void test_capture_is_not_invalidated_and_graph_memory_is_kept(void **stat
   void *out = gg_torch_alloc(MiB / 2, DEV, cs);
   assert_non_null(t1);
   assert_non_null(out);
-  gg_torch_free(t1, MiB, DEV, cs);              /* a temporary of the graph */
+  gg_torch_free(t1, MiB, DEV, cs);                /* a temporary of the graph */
   void *t2 = gg_torch_alloc(MiB - 4096, DEV, cs); /* reuses it: same capture, best fit */
   assert_ptr_equal(t2, t1);
   gg_torch_free(t2, MiB - 4096, DEV, cs);
-  gg_torch_free(before, MiB, DEV, cs); /* freed during the capture: the graph reads it at every replay */
+  gg_torch_free(before, MiB, DEV,
+                cs); /* freed during the capture: the graph reads it at every replay */
   unsigned long long g1 = 0;
   gg_assert_ok(gg_host_stream_capture_end(cs, &g1));
   assert_int_not_equal(g1, 0);
@@ -97,8 +101,8 @@ static void test_capture_is_not_invalidated_and_graph_memory_is_kept(void **stat
   assert_true(g.n_captures >= 1);
   assert_true(g.bytes_in_use >= MiB + MiB / 2);
 
-  /* The user drops the graph's output; later allocations, outside any capture or in another one, never
-   * get memory the live graph uses. */
+  /* The user drops the graph's output; later allocations, outside any capture or in another one,
+   * never get memory the live graph uses. */
   gg_torch_free(out, MiB / 2, DEV, NULL);
   range_t held[] = {{t1, MiB}, {out, MiB / 2}, {before, MiB}};
   void *later[16];
@@ -152,8 +156,9 @@ static void test_live_block_of_a_destroyed_graph_comes_back_at_its_free(void **s
 }
 
 /* Calls for streams that do not capture while a capture is underway: the legacy stream (the arena's
- * own) and a side stream (for which the arena would wait on the legacy stream). Both get graph-arena
- * blocks without a stream operation; the capture stays valid; their frees come back once allowed. */
+ * own) and a side stream (for which the arena would wait on the legacy stream). Both get
+ * graph-arena blocks without a stream operation; the capture stays valid; their frees come back
+ * once allowed. */
 static void test_other_streams_during_a_capture(void **state) {
   (void)state;
   gg_arena_t *a = make_arena();
@@ -167,9 +172,9 @@ static void test_other_streams_during_a_capture(void **state) {
   assert_non_null(s);
   assert_int_equal(live_in(a), main_live); /* not from the main arena */
   assert_int_equal(gstats().n_unowned, 2);
-  gg_torch_free(l, MiB, DEV, NULL);     /* the legacy stream may not be waited for now: deferred */
-  gg_torch_free(pre, MiB, DEV, NULL);   /* a main-arena block: the arena may not take it back now */
-  gg_torch_free(s, MiB, DEV, side);     /* a side stream that does not capture may be waited for */
+  gg_torch_free(l, MiB, DEV, NULL);   /* the legacy stream may not be waited for now: deferred */
+  gg_torch_free(pre, MiB, DEV, NULL); /* a main-arena block: the arena may not take it back now */
+  gg_torch_free(s, MiB, DEV, side);   /* a side stream that does not capture may be waited for */
   gg_plugin_graph_stats_t st = gstats();
   assert_int_equal(st.n_unowned, 0);
   assert_int_equal(st.n_deferred, 2);
@@ -185,8 +190,8 @@ static void test_other_streams_during_a_capture(void **state) {
   gg_host_stream_destroy(cs), gg_host_stream_destroy(side);
 }
 
-/* A block of an earlier graph freed during a later capture: the later graph uses it, so it stays held
- * after the earlier graph is gone, until the later one is gone too. */
+/* A block of an earlier graph freed during a later capture: the later graph uses it, so it stays
+ * held after the earlier graph is gone, until the later one is gone too. */
 static void test_block_of_an_older_graph_used_by_a_newer_one(void **state) {
   (void)state;
   gg_arena_t *a = make_arena();
@@ -210,8 +215,8 @@ static void test_block_of_an_older_graph_used_by_a_newer_one(void **state) {
   gg_host_stream_destroy(cs);
 }
 
-/* The simulation itself: an operation on the capturing stream invalidates the capture, and capture_end
- * names it; what the plugin tied to that capture is released (no graph comes out). */
+/* The simulation itself: an operation on the capturing stream invalidates the capture, and
+ * capture_end names it; what the plugin tied to that capture is released (no graph comes out). */
 static void test_invalidated_capture_releases_its_pool(void **state) {
   (void)state;
   gg_arena_t *a = make_arena();
@@ -230,7 +235,8 @@ static void test_invalidated_capture_releases_its_pool(void **state) {
   assert_non_null(blk);
   assert_int_not_equal(gg_arena_trim(on_cs, 0), 0); /* records an event on cs: not allowed now */
   unsigned long long g = 1;
-  gg_assert_fails(gg_host_stream_capture_end(cs, &g), GG_ESTATE, "event_record on the capturing stream");
+  gg_assert_fails(gg_host_stream_capture_end(cs, &g), GG_ESTATE,
+                  "event_record on the capturing stream");
   assert_int_equal(g, 0);
   gg_torch_free(blk, MiB, DEV, NULL);
   assert_all_back(a);
@@ -242,7 +248,8 @@ static void test_invalidated_capture_releases_its_pool(void **state) {
 }
 
 /* Failures of the two new backend operations: a failed graph_retain fails the allocation (NULL, no
- * memory kept), a failed capture query makes the call run as it did before captures were handled. */
+ * memory kept), a failed capture query makes the call run as it did before captures were handled.
+ * */
 static void test_backend_failures(void **state) {
   (void)state;
   gg_arena_t *a = make_arena();
@@ -287,7 +294,8 @@ static void test_fast_path_queries(void **state) {
   gg_torch_free(p, MiB, DEV, side);
   assert_int_equal(gg_host_op_count("stream_capture"), 6);
   gg_assert_fails(gg_plugin_graph_stats(DEV, NULL), GG_EINVAL, "NULL");
-  gg_assert_fails(gg_plugin_graph_stats(-1, &(gg_plugin_graph_stats_t){0}), GG_EINVAL, "out of range");
+  gg_assert_fails(gg_plugin_graph_stats(-1, &(gg_plugin_graph_stats_t){0}), GG_EINVAL,
+                  "out of range");
   gg_assert_fails(gg_plugin_trim(GG_PLUGIN_MAX_DEVICES, 0, NULL), GG_EINVAL, "out of range");
   size_t released = 1;
   gg_assert_ok(gg_plugin_trim(7, 0, &released)); /* a device never used: nothing to do */

@@ -1,20 +1,20 @@
-/* test_plugin_graph_threads.c — one thread captures graphs through the allocator plugin while another
- * allocates and frees on its own stream, the one the registered arena tracks: no capture is
- * invalidated, no block the other thread gets overlaps memory a live graph holds, and everything comes
- * back. Also run under ThreadSanitizer (label threads).
+/* test_plugin_graph_threads.c — one thread captures graphs through the allocator plugin while
+ * another allocates and frees on its own stream, the one the registered arena tracks: no capture is
+ * invalidated, no block the other thread gets overlaps memory a live graph holds, and everything
+ * comes back. Also run under ThreadSanitizer (label threads).
  *
- * The other thread stays off the legacy stream on purpose: the plugin learns that a capture began only
- * at the capture's first call, so a call of another thread that has already decided to use the legacy
- * stream when the capture begins still does (in global mode that would invalidate a blocking capture
- * stream; PyTorch's capture streams are non-blocking). */
+ * The other thread stays off the legacy stream on purpose: the plugin learns that a capture began
+ * only at the capture's first call, so a call of another thread that has already decided to use the
+ * legacy stream when the capture begins still does (in global mode that would invalidate a blocking
+ * capture stream; PyTorch's capture streams are non-blocking). */
 #include <pthread.h>
 #include <stdatomic.h>
 
 #include "gg_test.h"
 
-#define DEV 1
-#define MiB ((size_t)1 << 20)
-#define ROUNDS 200
+#define DEV      1
+#define MiB      ((size_t)1 << 20)
+#define ROUNDS   200
 #define HELD_MAX 64
 
 static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -27,7 +27,8 @@ static atomic_int failures;
 static char failure[256];
 
 static void fail_once(const char *what, unsigned long long detail) {
-  if (atomic_fetch_add(&failures, 1) == 0) snprintf(failure, sizeof failure, "%s (%llu): %s", what, detail, gg_last_error());
+  if (atomic_fetch_add(&failures, 1) == 0)
+    snprintf(failure, sizeof failure, "%s (%llu): %s", what, detail, gg_last_error());
 }
 
 /* The streams outlive the threads: blocks freed on them may go back after the threads end. */
@@ -42,15 +43,18 @@ static void *capturer(void *arg) {
     if (gg_host_stream_capture_begin(cs) < 0) fail_once("capture_begin", (unsigned long long)round);
     for (int i = 0; i < 8; i++) {
       n[i] = (size_t)(i % 3 + 1) * MiB / 2;
-      if (!(p[i] = gg_torch_alloc((ssize_t)n[i], DEV, cs))) fail_once("alloc in capture", (unsigned long long)i);
+      if (!(p[i] = gg_torch_alloc((ssize_t)n[i], DEV, cs)))
+        fail_once("alloc in capture", (unsigned long long)i);
       pthread_mutex_lock(&held_lock);
       held[nheld].lo = (uintptr_t)p[i], held[nheld].hi = (uintptr_t)p[i] + n[i], nheld++;
       pthread_mutex_unlock(&held_lock);
       if (i % 2) gg_torch_free(p[i], (ssize_t)n[i], DEV, cs); /* temporaries: the pool keeps them */
     }
     unsigned long long g = 0;
-    if (gg_host_stream_capture_end(cs, &g) < 0) fail_once("capture invalidated", (unsigned long long)round);
-    for (int i = 0; i < 8; i += 2) gg_torch_free(p[i], (ssize_t)n[i], DEV, cs); /* outputs, after the capture */
+    if (gg_host_stream_capture_end(cs, &g) < 0)
+      fail_once("capture invalidated", (unsigned long long)round);
+    for (int i = 0; i < 8; i += 2)
+      gg_torch_free(p[i], (ssize_t)n[i], DEV, cs); /* outputs, after the capture */
     pthread_mutex_lock(&held_lock);
     nheld = 0; /* from here on the memory may be handed out again */
     pthread_mutex_unlock(&held_lock);
@@ -74,7 +78,8 @@ static void *allocator(void *arg) {
     }
     pthread_mutex_lock(&held_lock);
     for (size_t i = 0; i < nheld; i++)
-      if ((uintptr_t)p < held[i].hi && held[i].lo < (uintptr_t)p + n) fail_once("overlaps a live graph's memory", k);
+      if ((uintptr_t)p < held[i].hi && held[i].lo < (uintptr_t)p + n)
+        fail_once("overlaps a live graph's memory", k);
     pthread_mutex_unlock(&held_lock);
     gg_torch_free(p, (ssize_t)n, DEV, stream);
     k++;

@@ -1,7 +1,7 @@
-/* test_proc.c — children that never outlive the job: death with the parent (SIGKILL, a race at arming,
- * short-lived spawning threads), teardown (grace, stubborn and stopped children, groups, subreaper,
- * bounded time, receipts), pid reuse, adopt, exec failures, fork safety, the fatal path, descriptor
- * closing. Every wait polls against a deadline; each test states its bound. */
+/* test_proc.c — children that never outlive the job: death with the parent (SIGKILL, a race at
+ * arming, short-lived spawning threads), teardown (grace, stubborn and stopped children, groups,
+ * subreaper, bounded time, receipts), pid reuse, adopt, exec failures, fork safety, the fatal path,
+ * descriptor closing. Every wait polls against a deadline; each test states its bound. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -123,7 +123,8 @@ static size_t children_of(pid_t parent, pid_t *out, size_t cap) {
   while (d && (e = readdir(d))) {
     gg__pinfo_t info;
     pid_t pid = (pid_t)atoi(e->d_name);
-    if (pid > 0 && gg__proc_read_stat(pid, &info) == 0 && info.ppid == parent && info.state != 'Z' && n < cap)
+    if (pid > 0 && gg__proc_read_stat(pid, &info) == 0 && info.ppid == parent &&
+        info.state != 'Z' && n < cap)
       out[n++] = pid;
   }
   if (d) closedir(d);
@@ -212,7 +213,9 @@ static void test_parent_dies_before_arming(void **state) {
   kill(mid, SIGKILL);
   waitpid(mid, NULL, 0);
   double took = wait_all_gone(&child, 1, 1300);
-  printf("  parent died before arming: child gone after %.1f ms (arming delay 300, bound 1300 ms)\n", took);
+  printf(
+      "  parent died before arming: child gone after %.1f ms (arming delay 300, bound 1300 ms)\n",
+      took);
   assert_true(took >= 0);
   reap_all();
 }
@@ -282,7 +285,9 @@ static void test_thread_exit_does_not_kill_child(void **state) {
   kill(mid, SIGKILL);
   waitpid(mid, NULL, 0);
   double took = wait_all_gone(&child, 1, 1000);
-  printf("  thread-spawned child outlived its thread, gone %.1f ms after the parent (bound 1000 ms)\n", took);
+  printf(
+      "  thread-spawned child outlived its thread, gone %.1f ms after the parent (bound 1000 ms)\n",
+      took);
   assert_true(took >= 0);
   reap_all();
 }
@@ -329,7 +334,8 @@ static pid_t spawn_stubborn(gg_guard_t *g) {
   return pid;
 }
 
-/* Bound: a child ignoring SIGTERM is SIGKILLed after the grace; teardown returns within grace + 500 ms. */
+/* Bound: a child ignoring SIGTERM is SIGKILLed after the grace; teardown returns within grace + 500
+ * ms. */
 static void test_teardown_kills_after_grace(void **state) {
   (void)state;
   pid_t pid = spawn_stubborn(NULL);
@@ -378,8 +384,8 @@ static void test_teardown_stopped(void **state) {
 }
 
 /* A process that cannot be ended (muted signals stand in for uninterruptible sleep): teardown still
- * returns within grace + 250 ms kill wait + margin (bound grace + 700 ms), says GG_ETIMEDOUT with the
- * state, keeps it in the set, and the next teardown ends it. */
+ * returns within grace + 250 ms kill wait + margin (bound grace + 700 ms), says GG_ETIMEDOUT with
+ * the state, keeps it in the set, and the next teardown ends it. */
 static void test_teardown_bounded_when_unkillable(void **state) {
   (void)state;
   const char *sleeper[] = {"sleep", "30", NULL};
@@ -445,7 +451,8 @@ static void test_teardown_group_and_descendants(void **state) {
   assert_string_equal(outcome(r, kids[0])->found, "descendant");
   assert_string_equal(outcome(r, kids[1])->found, "descendant");
   assert_true(outcome(r, sh)->sent & GG_PROC_SENT_TERM);
-  printf("  teardown of a group leader and 2 grandchildren: %.1f ms (bound 2000 ms)\n", r->elapsed_ms);
+  printf("  teardown of a group leader and 2 grandchildren: %.1f ms (bound 2000 ms)\n",
+         r->elapsed_ms);
   gg_proc_receipt_free(r);
   assert_true(wait_all_gone(kids, 2, 1000) >= 0);
   reap_all();
@@ -460,7 +467,8 @@ static void test_teardown_subreaper_orphan(void **state) {
   gg_spawn_options_t o;
   gg_spawn_options_init(&o);
   o.stdout_fd = p[1];
-  const char *argv[] = {"/bin/sh", "-c", "setsid sleep 30 </dev/null >/dev/null 2>&1 & echo $!", NULL};
+  const char *argv[] = {"/bin/sh", "-c", "setsid sleep 30 </dev/null >/dev/null 2>&1 & echo $!",
+                        NULL};
   pid_t sh = spawn_ok(NULL, argv, &o);
   close(p[1]);
   pid_t orphan = read_pid(p[0]);
@@ -479,7 +487,8 @@ static void test_teardown_subreaper_orphan(void **state) {
   assert_string_equal(o2->found, "reparented");
   assert_int_equal(o2->end, GG_PROC_SIGNALED); /* reaped by us, as its new parent */
   assert_int_equal(outcome(r, sh)->end, GG_PROC_EXITED);
-  printf("  teardown as subreaper of a setsid grandchild: %.1f ms (bound 1000 ms)\n", r->elapsed_ms);
+  printf("  teardown as subreaper of a setsid grandchild: %.1f ms (bound 1000 ms)\n",
+         r->elapsed_ms);
   assert_true(r->elapsed_ms < 1000);
   gg_proc_receipt_free(r);
   assert_true(gone(orphan));
@@ -581,7 +590,8 @@ static void test_spawn_errors(void **state) {
   gg_spawn_options_init(&o);
   o.cwd = "/nonexistent-dir";
   const char *sleeper[] = {"sleep", "30", NULL};
-  gg_assert_fails(gg_proc_spawn(NULL, sleeper, &o, NULL), GG_EIO, "change directory to /nonexistent-dir");
+  gg_assert_fails(gg_proc_spawn(NULL, sleeper, &o, NULL), GG_EIO,
+                  "change directory to /nonexistent-dir");
   gg_spawn_options_init(&o);
   o.stdout_fd = 999;
   gg_assert_fails(gg_proc_spawn(NULL, sleeper, &o, NULL), GG_EINVAL, "stdout descriptor 999");
@@ -610,7 +620,8 @@ static void test_spawn_options(void **state) {
   assert_true(read_line(p[0], line, sizeof line, 10000));
   assert_string_equal(line, "bar /tmp abc123");
   close(p[0]);
-  assert_true(wait_all_gone(&pid, 1, 10000) >= 0); /* exited by itself (a zombie until teardown reaps it) */
+  assert_true(wait_all_gone(&pid, 1, 10000) >=
+              0); /* exited by itself (a zombie until teardown reaps it) */
   gg_proc_receipt_t *r = NULL;
   gg_assert_ok(gg_proc_teardown_ex(NULL, 2000, &r));
   assert_int_equal(outcome(r, pid)->end, GG_PROC_EXITED);
@@ -630,15 +641,17 @@ static void test_receipt_json(void **state) {
                          .end = GG_PROC_ALIVE,
                          .state = 'D'};
   strcpy(o.command, "x \"q\" \\ \n");
-  gg_proc_receipt_t r = {.count = 1, .n_alive = 1, .grace_ms = 100, .elapsed_ms = 350.25, .procs = &o};
+  gg_proc_receipt_t r = {
+      .count = 1, .n_alive = 1, .grace_ms = 100, .elapsed_ms = 350.25, .procs = &o};
   char buf[512];
   size_t len = 0;
   gg_assert_ok(gg_proc_receipt_json(&r, buf, sizeof buf, &len));
   assert_int_equal(len, strlen(buf));
   assert_string_equal(
-      buf, "{\"grace_ms\":100,\"elapsed_ms\":350.2,\"alive\":1,\"processes\":[{\"pid\":42,\"ppid\":1,"
-           "\"start_time\":7,\"command\":\"x \\\"q\\\" \\\\ \\n\",\"found\":\"tracked\","
-           "\"sent\":[\"TERM\",\"KILL\"],\"end\":\"alive\",\"code\":0,\"state\":\"D\"}]}");
+      buf,
+      "{\"grace_ms\":100,\"elapsed_ms\":350.2,\"alive\":1,\"processes\":[{\"pid\":42,\"ppid\":1,"
+      "\"start_time\":7,\"command\":\"x \\\"q\\\" \\\\ \\n\",\"found\":\"tracked\","
+      "\"sent\":[\"TERM\",\"KILL\"],\"end\":\"alive\",\"code\":0,\"state\":\"D\"}]}");
   char small[16];
   size_t need = 0;
   gg_assert_fails(gg_proc_receipt_json(&r, small, sizeof small, &need), GG_ENOMEM, "needs");
@@ -649,8 +662,8 @@ static void test_receipt_json(void **state) {
 
 /* ---------------------------------------------------------------- fork safety, fatal path */
 
-/* A forked child refuses its parent's guard set (GG_ESTATE), starts an empty default set, and neither
- * teardown nor the fatal path touches the parent's children. */
+/* A forked child refuses its parent's guard set (GG_ESTATE), starts an empty default set, and
+ * neither teardown nor the fatal path touches the parent's children. */
 static void test_fork_inherited_set(void **state) {
   (void)state;
   gg_guard_t *g = quiet_guard();
@@ -701,8 +714,8 @@ static void on_segv(int sig) {
   raise(sig);
 }
 
-/* The fatal path: a crashing process's adopted child (which has no death signal) is SIGKILLed by the
- * handler within 1 s, and its registry record is unlinked. */
+/* The fatal path: a crashing process's adopted child (which has no death signal) is SIGKILLed by
+ * the handler within 1 s, and its registry record is unlinked. */
 static void test_fatal_path(void **state) {
   (void)state;
   char dir[] = "/tmp/gg_reg_XXXXXX";
@@ -743,9 +756,9 @@ static void test_fatal_path(void **state) {
   assert_true(WIFSIGNALED(st));
   assert_int_equal(WTERMSIG(st), SIGSEGV);
   double took = wait_all_gone(kids, 3, 1000);
-  printf(
-      "  fatal path: adopted child, group leader and member gone %.1f ms after the crash (bound 1000 ms)\n",
-      took);
+  printf("  fatal path: adopted child, group leader and member gone %.1f ms after the crash (bound "
+         "1000 ms)\n",
+         took);
   assert_true(took >= 0);
   char rec[512];
   snprintf(rec, sizeof rec, "%s/%d.rec", dir, (int)mid);

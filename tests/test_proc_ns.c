@@ -1,8 +1,8 @@
 /* test_proc_ns.c — gg_proc_spawn() with a PID namespace: the job is pid 2 of its own namespace, its
- * status comes back through the keeper, a teardown ends it, every signal of gg_proc_job_signals() sent
- * to the keeper reaches the job (none ends the keeper first), and when the spawning process is
- * SIGKILLed the kernel ends every process of the job, a setsid'd daemon included. Skipped (77) where
- * the system refuses namespaces; bad values refused. */
+ * status comes back through the keeper, a teardown ends it, every signal of gg_proc_job_signals()
+ * sent to the keeper reaches the job (none ends the keeper first), and when the spawning process is
+ * SIGKILLed the kernel ends every process of the job, a setsid'd daemon included. Skipped (77)
+ * where the system refuses namespaces; bad values refused. */
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +72,8 @@ static void test_job_signals_list(void **state) {
   int cut[3];
   assert_int_equal(gg_proc_job_signals(cut, 3), n);
   assert_memory_equal(cut, sigs, sizeof cut);
-  static const int must[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGALRM, SIGPIPE, SIGXCPU, SIGVTALRM, SIGXFSZ};
+  static const int must[] = {SIGINT,  SIGTERM, SIGHUP,    SIGUSR1, SIGALRM,
+                             SIGPIPE, SIGXCPU, SIGVTALRM, SIGXFSZ};
   static const int never[] = {SIGKILL, SIGSTOP, SIGSEGV, SIGBUS, SIGABRT, SIGCHLD, SIGCONT};
   for (size_t i = 0; i < sizeof must / sizeof must[0]; i++) {
     bool in = false;
@@ -80,7 +81,8 @@ static void test_job_signals_list(void **state) {
     assert_true(in);
   }
   for (size_t k = 0; k < n; k++)
-    for (size_t i = 0; i < sizeof never / sizeof never[0]; i++) assert_int_not_equal(sigs[k], never[i]);
+    for (size_t i = 0; i < sizeof never / sizeof never[0]; i++)
+      assert_int_not_equal(sigs[k], never[i]);
 }
 
 /* Each job signal sent to the keeper reaches the job, which traps it and exits 7: the keeper must
@@ -96,7 +98,8 @@ static void test_every_job_signal_reaches_the_job(void **state) {
     gg_spawn_options_init(&o);
     o.pid_ns = GG_SPAWN_PID_NS_ON, o.stdout_fd = p[1];
     char script[128];
-    snprintf(script, sizeof script, "trap 'exit 7' %d; echo ready; while :; do sleep 0.02; done", sigs[i]);
+    snprintf(script, sizeof script, "trap 'exit 7' %d; echo ready; while :; do sleep 0.02; done",
+             sigs[i]);
     const char *argv[] = {"/bin/sh", "-c", script, NULL};
     pid_t keeper;
     gg_assert_ok(gg_proc_spawn(NULL, argv, &o, &keeper));
@@ -113,8 +116,9 @@ static void test_every_job_signal_reaches_the_job(void **state) {
     gg_proc_receipt_t *r = NULL;
     gg_assert_ok(gg_proc_teardown_ex(NULL, 500, &r));
     if (r->procs[0].end != GG_PROC_EXITED || r->procs[0].code != 7)
-      fail_msg("signal %d (%s): the keeper ended %s %d, not by the job's exit 7", sigs[i], strsignal(sigs[i]),
-               r->procs[0].end == GG_PROC_SIGNALED ? "by signal" : "with", r->procs[0].code);
+      fail_msg("signal %d (%s): the keeper ended %s %d, not by the job's exit 7", sigs[i],
+               strsignal(sigs[i]), r->procs[0].end == GG_PROC_SIGNALED ? "by signal" : "with",
+               r->procs[0].code);
     gg_proc_receipt_free(r);
   }
 }

@@ -7,7 +7,7 @@
 
 #include "gg_test.h"
 #include "core/internal.h"
-#include "query/nvml.h"
+#include "query/nvml_internal.h"
 #include "proc/procfs_internal.h"
 
 static char log_path[64];
@@ -75,8 +75,8 @@ static int count_lines(const char *path, const char *word) {
   return n;
 }
 
-/* The row of pid, or fail. On a machine with a GPU the list also holds real processes (this test among
- * them once it has loaded the driver), so rows are found by pid, never by position. */
+/* The row of pid, or fail. On a machine with a GPU the list also holds real processes (this test
+ * among them once it has loaded the driver), so rows are found by pid, never by position. */
 static const gg_process_t *find_row(const gg_process_t *rows, size_t n, pid_t pid) {
   for (size_t i = 0; i < n; i++)
     if (rows[i].pid == pid) return &rows[i];
@@ -140,7 +140,7 @@ static void test_count_only_and_truncation(void **state) {
   setenv("FAKE_NVML_PROCS", "", 1);
   size_t base = 99, n = 99;
   gg_assert_ok(gg_process_list(0, NULL, 0, &base)); /* real descriptor holders, on a GPU machine */
-  setenv("FAKE_NVML_PROCS", "1:10,1:20,1:30", 1); /* duplicates collapse to one row */
+  setenv("FAKE_NVML_PROCS", "1:10,1:20,1:30", 1);   /* duplicates collapse to one row */
   setenv("FAKE_NVML_GRAPHICS", "2:5", 1);
   gg_assert_ok(gg_process_list(0, NULL, 0, &n));
   assert_int_equal(n, base + 2);
@@ -205,7 +205,8 @@ static void test_telemetry(void **state) {
   unsetenv("FAKE_NVML_TELEMETRY");
   gg_assert_fails(gg_device_telemetry(0, NULL), GG_EINVAL, "t is NULL");
   gg_assert_fails(gg_device_telemetry(-1, &t), GG_ENODEV, "device -1");
-  if (gg__cuda_probe() != 0) gg_assert_fails(gg_device_telemetry(3, &t), GG_ENODEV, "NVML has no such device");
+  if (gg__cuda_probe() != 0)
+    gg_assert_fails(gg_device_telemetry(3, &t), GG_ENODEV, "NVML has no such device");
   setenv("FAKE_NVML_FAIL_INIT", "1", 1);
   gg_assert_fails(gg_device_telemetry(0, &t), GG_ENOTSUP, "nvmlInit failed");
   assert_int_equal(t.utilization_gpu, -1);

@@ -1,8 +1,9 @@
 /* test_query_pidns.c — gg_process_list inside a PID namespace (a container): NVML's pids may be the
  * host's, so a pid is joined with /proc only when the process of that number here holds the device
- * open; another process that merely has the same number here is never shown in its place (issue 16
- * item 16). Runs a real namespace with its own /proc and a stand-in /dev/nvidia7 on a private tmpfs;
- * needs root, skipped otherwise. NVML is the test stand-in. */
+ * open; another process that merely has the same number here is never shown in its place (a wrong
+ * row would send `reap` or a person after an innocent process). Runs a real namespace with its own
+ * /proc and a stand-in /dev/nvidia7 on a private tmpfs; needs root, skipped otherwise. NVML is the
+ * test stand-in. */
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -18,14 +19,14 @@ static const gg_process_t *row_of(const gg_process_t *rows, size_t n, int pid) {
   return NULL;
 }
 
-/* pid 1 of the new namespace: makes pid 2 (no device) and pid 3 (holds /dev/nvidia7), lists, judges.
- * Exit codes: 0 right, 1 the unrelated pid 2 was shown as a GPU process, 2 the holder was not joined,
- * 10+ setup failures. */
+/* pid 1 of the new namespace: makes pid 2 (no device) and pid 3 (holds /dev/nvidia7), lists,
+ * judges. Exit codes: 0 right, 1 the unrelated pid 2 was shown as a GPU process, 2 the holder was
+ * not joined, 10+ setup failures. */
 static int inside(void) {
   if (mount("proc", "/proc", "proc", 0, NULL) != 0) return 10;
   if (mount("tmpfs", "/dev", "tmpfs", 0, "mode=0755") != 0) return 11;
-  /* Node 7 (the stand-in NVML's minor): on a GPU machine the CUDA driver, initialised by the query in
-   * this process, sets up the nodes of the real devices (nvidia0...) in this /dev itself. */
+  /* Node 7 (the stand-in NVML's minor): on a GPU machine the CUDA driver, initialised by the query
+   * in this process, sets up the nodes of the real devices (nvidia0...) in this /dev itself. */
   int fd = open("/dev/nvidia7", O_CREAT | O_RDWR, 0666);
   if (fd < 0) return 12;
   close(fd);
@@ -66,7 +67,8 @@ static void test_driver_pids_in_a_pid_namespace(void **state) {
   unsetenv("GPUGUARD_TEST_PIDNS");
   pid_t kid = fork();
   if (kid == 0) {
-    if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) _exit(77); /* refused here (a locked-down runner) */
+    if (unshare(CLONE_NEWPID | CLONE_NEWNS) != 0)
+      _exit(77); /* refused here (a locked-down runner) */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) _exit(20);
     pid_t init = fork();
     if (init == 0) _exit(inside());

@@ -1,5 +1,6 @@
-/* test_raii.c — the C cleanup macros of gpuguard/scope.h with guards: gg_auto runs the teardown on every
- * way out of a block (fall-through, return, goto, break) and GG_TAKE_PTR hands ownership out. */
+/* test_raii.c — the C cleanup macros of gpuguard/scope.h with guards: gg_auto runs the teardown on
+ * every way out of a block (fall-through, return, goto, break) and GG_TAKE_PTR hands ownership out.
+ * */
 #include "gg_test.h"
 #include "gpuguard/scope.h"
 

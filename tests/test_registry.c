@@ -1,6 +1,6 @@
-/* test_registry.c — the session registry: records appear and disappear, workers inherit the session,
- * stale records are flagged and pruned, unsafe directories are refused, garbage is skipped. Each test
- * uses its own directory through GPUGUARD_REGISTRY_DIR. */
+/* test_registry.c — the session registry: records appear and disappear, workers inherit the
+ * session, stale records are flagged and pruned, unsafe directories are refused, garbage is
+ * skipped. Each test uses its own directory through GPUGUARD_REGISTRY_DIR. */
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -75,9 +75,11 @@ static void test_register_list_unregister(void **state) {
   char session[40];
   gg_assert_ok(gg_registry_session(session, sizeof session));
   assert_string_equal(session, rows[0].session);
-  assert_null(getenv("GPUGUARD_SESSION")); /* never setenv(): spawned children get it in their own envp */
+  assert_null(
+      getenv("GPUGUARD_SESSION")); /* never setenv(): spawned children get it in their own envp */
 
-  /* A forked worker inherits the session; after it dies without unregistering, its record is stale. */
+  /* A forked worker inherits the session; after it dies without unregistering, its record is stale.
+   * */
   pid_t kid = fork();
   if (kid == 0) _exit(gg_registry_register(NULL) == 0 ? 0 : 1);
   int wst = 0;
@@ -103,15 +105,17 @@ static void test_register_list_unregister(void **state) {
   gg_assert_ok(gg_registry_unregister()); /* twice is fine */
 }
 
-/* A record of this process's pid with a start time `delta` ticks off its own, in text (for name). */
-static int self_record(char *text, size_t cap, char *name, size_t name_cap, unsigned long long delta,
-                       const char *session) {
+/* A record of this process's pid with a start time `delta` ticks off its own, in text (for name).
+ * */
+static int self_record(char *text, size_t cap, char *name, size_t name_cap,
+                       unsigned long long delta, const char *session) {
   gg__pinfo_t me;
   assert_int_equal(gg__proc_read_stat(getpid(), &me), 0);
   snprintf(name, name_cap, "%d.rec", (int)getpid());
-  return snprintf(text, cap,
-                  "gpuguard-record 1\npid %d\nstart %llu\nppid 1\nsession %s\nrole leader\ndevices \ncmd x\n",
-                  (int)getpid(), me.start + delta, session);
+  return snprintf(
+      text, cap,
+      "gpuguard-record 1\npid %d\nstart %llu\nppid 1\nsession %s\nrole leader\ndevices \ncmd x\n",
+      (int)getpid(), me.start + delta, session);
 }
 
 /* A record whose pid now names another process (different start time) is stale too. */
@@ -131,7 +135,8 @@ static void test_stale_by_start_time(void **state) {
 }
 
 /* Between prune's judgement and the removal, the process whose pid the stale record names registers
- * (rename over the name, as gg_registry_register does): its live record must stay (issue 16 item 16). */
+ * (rename over the name, as gg_registry_register does): its live record must stay, or reap would
+ * take a live session for an orphan. */
 static void replace_with_live(int dfd, const char *name) {
   char text[256], mine[32];
   int len = self_record(text, sizeof text, mine, sizeof mine, 0, "cd34");
@@ -173,14 +178,18 @@ static void test_garbage_skipped(void **state) {
   gg_assert_ok(gg_registry_register(NULL));
   write_file("123.rec", "hello\n", 0600);
   write_file("notes.txt", "not a record\n", 0600);
-  write_file("124.rec",
-             "gpuguard-record 1\npid 999\nstart 1\nppid 1\nsession ab\nrole leader\ndevices \ncmd x\n",
-             0600); /* pid does not match the name */
-  write_file("125.rec",
-             "gpuguard-record 1\npid 125\nstart 1\nppid 1\nsession ab\nrole king\ndevices \ncmd x\n", 0600);
-  write_file("126.rec",
-             "gpuguard-record 1\npid 126\nstart 1\nppid 1\nsession ab\nrole leader\ndevices \ncmd x\n",
-             0666); /* others could have written it */
+  write_file(
+      "124.rec",
+      "gpuguard-record 1\npid 999\nstart 1\nppid 1\nsession ab\nrole leader\ndevices \ncmd x\n",
+      0600); /* pid does not match the name */
+  write_file(
+      "125.rec",
+      "gpuguard-record 1\npid 125\nstart 1\nppid 1\nsession ab\nrole king\ndevices \ncmd x\n",
+      0600);
+  write_file(
+      "126.rec",
+      "gpuguard-record 1\npid 126\nstart 1\nppid 1\nsession ab\nrole leader\ndevices \ncmd x\n",
+      0666); /* others could have written it */
   char target[160], link[160];
   snprintf(target, sizeof target, "%s/%d.rec", dir, (int)getpid());
   snprintf(link, sizeof link, "%s/127.rec", dir);
@@ -197,7 +206,8 @@ static void test_garbage_skipped(void **state) {
   gg_assert_ok(gg_registry_unregister());
 }
 
-/* Unsafe directories are refused: a symlink, group/world access, a file, another user's (as root). */
+/* Unsafe directories are refused: a symlink, group/world access, a file, another user's (as root).
+ * */
 static void test_unsafe_dir_refused(void **state) {
   (void)state;
   char got[256], link[96];
@@ -249,7 +259,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_register_list_unregister, setup, teardown),
       cmocka_unit_test_setup_teardown(test_stale_by_start_time, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_prune_keeps_a_record_replaced_meanwhile, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_prune_keeps_a_record_replaced_meanwhile, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_garbage_skipped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unsafe_dir_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_default_location, setup, teardown),

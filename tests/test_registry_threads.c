@@ -1,7 +1,7 @@
-/* test_registry_threads.c — registering and spawning while other threads read the environment (issue 16
- * item 16: setenv(GPUGUARD_SESSION) raced with getenv on other threads). The session reaches each
- * spawned child through the environment array built for it; the process environment is never written.
- * Labelled `threads`: also run under ThreadSanitizer. */
+/* test_registry_threads.c — registering and spawning while other threads read the environment
+ * (setenv(GPUGUARD_SESSION) once raced with getenv on other threads). The session reaches each
+ * spawned child through the environment array built for it; the process environment is never
+ * written. Labelled `threads`: also run under ThreadSanitizer. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
@@ -74,7 +74,8 @@ static void test_register_and_spawn_beside_getenv(void **state) {
   pid_t kid = fork();
   if (kid == 0) {
     char s[40];
-    _exit(gg_registry_register(NULL) == 0 && gg_registry_session(s, sizeof s) == 0 && strcmp(s, session) == 0
+    _exit(gg_registry_register(NULL) == 0 && gg_registry_session(s, sizeof s) == 0 &&
+                  strcmp(s, session) == 0
               ? 0
               : 1);
   }
@@ -87,15 +88,16 @@ static void test_register_and_spawn_beside_getenv(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
-/* An inherited GPUGUARD_SESSION this process did not join (its leader is dead) is replaced by ours in
- * the child's environment: the child must not look like the dead session's worker. */
+/* An inherited GPUGUARD_SESSION this process did not join (its leader is dead) is replaced by ours
+ * in the child's environment: the child must not look like the dead session's worker. */
 static void test_dead_inherited_session_is_replaced_for_children(void **state) {
   (void)state;
   strcpy(dir, "/tmp/gg_regthr_XXXXXX");
   assert_non_null(mkdtemp(dir));
   setenv("GPUGUARD_REGISTRY_DIR", dir, 1);
   char session[40], line[128], want[64];
-  gg_assert_ok(gg_registry_session(session, sizeof session)); /* the first test's, in this process */
+  gg_assert_ok(
+      gg_registry_session(session, sizeof session)); /* the first test's, in this process */
   assert_int_equal(strlen(session), 32);
   setenv("GPUGUARD_SESSION", "deadbeef", 1);
   child_session(line, sizeof line);

@@ -1,7 +1,8 @@
-/* test_registry_trust.c — what the registry believes (issue 16 items 3, 5 and 15): an inherited
+/* test_registry_trust.c — what the registry believes, so that reap kills no live job: an inherited
  * session is joined only while its leader lives and is our ancestor; records written in another pid
  * namespace are judged there or counted alive; record names and pids beyond an int are refused; a
- * trailing slash does not get a symlinked directory through; warnings about bad entries are capped. */
+ * trailing slash does not get a symlinked directory through; warnings about bad entries are capped.
+ * */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -33,12 +34,14 @@ static int teardown(void **state) {
   return system(cmd) == 0 ? 0 : -1;
 }
 
-static void write_record(pid_t pid, unsigned long long start, const char *session, const char *extra) {
+static void write_record(pid_t pid, unsigned long long start, const char *session,
+                         const char *extra) {
   char path[160], text[512];
   snprintf(path, sizeof path, "%s/%d.rec", dir, (int)pid);
-  snprintf(text, sizeof text,
-           "gpuguard-record 2\npid %d\nstart %llu\nppid 1\nsession %s\nrole leader\ndevices \ncmd x\n%s",
-           (int)pid, start, session, extra ? extra : "");
+  snprintf(
+      text, sizeof text,
+      "gpuguard-record 2\npid %d\nstart %llu\nppid 1\nsession %s\nrole leader\ndevices \ncmd x\n%s",
+      (int)pid, start, session, extra ? extra : "");
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   assert_true(fd >= 0);
   assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
@@ -68,7 +71,8 @@ static int register_as(const char *session, const char *want) {
       bool joined = strcmp(rows[i].session, session) == 0;
       if (joined != (strcmp(want, "worker") == 0)) _exit(13);
       char mine[40];
-      if (gg_registry_session(mine, sizeof mine) != 0 || strcmp(mine, rows[i].session) != 0) _exit(14);
+      if (gg_registry_session(mine, sizeof mine) != 0 || strcmp(mine, rows[i].session) != 0)
+        _exit(14);
       gg_registry_unregister();
       _exit(0);
     }
@@ -79,11 +83,12 @@ static int register_as(const char *session, const char *want) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
 }
 
-/* Item 5: GPUGUARD_SESSION naming a dead session (or a live one that is not ours) is not joined: the
- * process would be that session's orphan to `reap`. The leader's own child joins. */
+/* Item 5: GPUGUARD_SESSION naming a dead session (or a live one that is not ours) is not joined:
+ * the process would be that session's orphan to `reap`. The leader's own child joins. */
 static void test_inherited_session_is_checked(void **state) {
   (void)state;
-  write_record(getpid(), start_of(getpid()) + 7, "dead01", NULL); /* our pid, another start: stale */
+  write_record(getpid(), start_of(getpid()) + 7, "dead01",
+               NULL); /* our pid, another start: stale */
   assert_int_equal(register_as("dead01", "leader"), 0);
   assert_int_equal(register_as("0123456789abcdef", "leader"), 0); /* no record at all */
   pid_t other = fork(); /* alive, ours, but not our ancestor */
@@ -103,7 +108,8 @@ static void test_inherited_session_is_checked(void **state) {
 static void test_pids_beyond_int_are_refused(void **state) {
   (void)state;
   char path[160];
-  const char *text = "gpuguard-record 1\npid 4294967297\nstart 1\nppid 1\nsession ab\nrole leader\ndevices \ncmd x\n";
+  const char *text = "gpuguard-record 1\npid 4294967297\nstart 1\nppid 1\nsession ab\nrole "
+                     "leader\ndevices \ncmd x\n";
   snprintf(path, sizeof path, "%s/4294967297.rec", dir);
   int fd = open(path, O_WRONLY | O_CREAT, 0600);
   assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
@@ -145,7 +151,8 @@ static int count_lines(const char *path, const char *needle) {
   return n;
 }
 
-/* Item 15: one warning per bad name, at most 64 names, then one line saying the rest are skipped. */
+/* Item 15: one warning per bad name, at most 64 names, then one line saying the rest are skipped.
+ * */
 static void test_warnings_are_capped(void **state) {
   (void)state;
   for (int i = 0; i < 100; i++) {
@@ -166,7 +173,8 @@ static void test_warnings_are_capped(void **state) {
   dup2(saved, 2);
   close(saved);
   close(lfd);
-  int junk = count_lines(log, "skipping 'junk"); /* earlier tests of this process used a few names */
+  int junk =
+      count_lines(log, "skipping 'junk"); /* earlier tests of this process used a few names */
   assert_true(junk >= 60 && junk <= 64);
   assert_int_equal(count_lines(log, "more than 64 bad entries"), 1);
   unlink(log);
@@ -183,7 +191,8 @@ static void test_foreign_namespace_unknown_is_alive(void **state) {
   assert_false(rows[0].stale);
   gg_assert_ok(gg_registry_prune(&removed));
   assert_int_equal(removed, 0);
-  /* The same record from our own namespace is judged by its pid: pid 2 never started at tick 12345. */
+  /* The same record from our own namespace is judged by its pid: pid 2 never started at tick 12345.
+   * */
   unsigned long long ns = 0;
   assert_int_equal(gg__proc_pidns(0, &ns), 0);
   char extra[64];
@@ -193,8 +202,8 @@ static void test_foreign_namespace_unknown_is_alive(void **state) {
   assert_true(rows[0].stale);
 }
 
-/* Item 3 with a real namespace (root only): a leader registered as pid 1 of its own namespace is alive
- * from here; another pid of that namespace, which we can see, is proven dead. */
+/* Item 3 with a real namespace (root only): a leader registered as pid 1 of its own namespace is
+ * alive from here; another pid of that namespace, which we can see, is proven dead. */
 static void test_real_namespace(void **state) {
   (void)state;
   int go[2], ready[2];
@@ -225,8 +234,10 @@ static void test_real_namespace(void **state) {
   gg_assert_ok(gg_registry_list(rows, 4, &n));
   assert_int_equal(n, 1);
   assert_int_equal(rows[0].pid, 1);
-  assert_false(rows[0].stale); /* pid 1 here is init, long started: judged by pid, it looked stale */
-  /* A second record of the same namespace naming a pid nobody has there: visible namespace, dead. */
+  assert_false(
+      rows[0].stale); /* pid 1 here is init, long started: judged by pid, it looked stale */
+  /* A second record of the same namespace naming a pid nobody has there: visible namespace, dead.
+   * */
   char path[160], text[1024];
   snprintf(path, sizeof path, "%s/1.rec", dir);
   FILE *f = fopen(path, "r");
@@ -245,7 +256,8 @@ static void test_real_namespace(void **state) {
   gg_assert_ok(gg_registry_list(rows, 4, &n));
   assert_int_equal(n, 2);
   for (size_t i = 0; i < n; i++) assert_int_equal(rows[i].stale, rows[i].pid == 7);
-  /* Once the namespace is gone nothing here can prove anything: both count as alive (documented). */
+  /* Once the namespace is gone nothing here can prove anything: both count as alive (documented).
+   * */
   assert_int_equal(write(go[1], "x", 1), 1);
   waitpid(outer, NULL, 0);
   gg_assert_ok(gg_registry_list(rows, 4, &n));

@@ -1,5 +1,6 @@
-/* test_report.c — gg_report: this process's arenas with their statistics, devices, JSON that parses and
- * Prometheus text that prometheus_client's parser accepts (checked with python3 when it is there). */
+/* test_report.c — gg_report: this process's arenas with their statistics, devices, JSON that parses
+ * and Prometheus text that prometheus_client's parser accepts (checked with python3 when it is
+ * there). */
 #include <string.h>
 #include <unistd.h>
 
@@ -9,8 +10,7 @@ static char path[64];
 
 static int setup(void **state) {
   (void)state;
-  setenv("GPUGUARD_BACKEND", "host", 1);
-  setenv("GPUGUARD_HOST_CAPACITY", "256M", 1);
+  gg_test_use_host("256M", NULL);
   snprintf(path, sizeof path, "/tmp/gg_report_%d.txt", (int)getpid());
   return 0;
 }
@@ -33,8 +33,8 @@ static char *render(gg_format_t fmt, unsigned what) {
   return text;
 }
 
-/* Runs a python3 check on the rendered file; returns false (and says why) when python3 or the parser
- * is missing, so the C assertions still stand on their own. */
+/* Runs a python3 check on the rendered file; returns false (and says why) when python3 or the
+ * parser is missing, so the C assertions still stand on their own. */
 static bool python_check(const char *code) {
   char cmd[2048];
   snprintf(cmd, sizeof cmd, "python3 -c 'import sys; %s' %s", code, path);
@@ -68,14 +68,15 @@ static void test_arenas_in_reports(void **state) {
   free(json);
   python_check("import json; d = json.load(open(sys.argv[1])); "
                "a = {x[\"name\"]: x for x in d[\"arenas\"]}; "
-               "assert a[\"activations\"][\"n_live\"] == 1 and a[\"weights \\\"fp32\\\"\"][\"bytes_mapped\"] == 4 << 20, a");
+               "assert a[\"activations\"][\"n_live\"] == 1 and a[\"weights "
+               "\\\"fp32\\\"\"][\"bytes_mapped\"] == 4 << 20, a");
 
   char *prom = render(GG_FORMAT_PROMETHEUS, GG_REPORT_DEVICES | GG_REPORT_ARENAS);
   char want[256];
   gg_device_info_t dev;
   gg_assert_ok(gg_device_info(0, &dev));
-  /* A host arena keeps gpuguard's ordinal and the host device's UUID; the device itself is no GPU and
-   * is not exported (no NVML here). */
+  /* A host arena keeps gpuguard's ordinal and the host device's UUID; the device itself is no GPU
+   * and is not exported (no NVML here). */
   snprintf(want, sizeof want, "gpuguard_arena_in_use_bytes{gpu=\"0\",UUID=\"%s\",", dev.uuid);
   assert_non_null(strstr(prom, want));
   snprintf(want, sizeof want, ",pid=\"%d\",arena=\"activations\",arena_id=\"", (int)getpid());
@@ -101,8 +102,8 @@ static void test_arenas_in_reports(void **state) {
   free(json);
 }
 
-/* Without arenas no gpuguard_arena_* family is written; label values stay valid UTF-8 and cannot break
- * a line, whatever bytes an arena name holds; the parser reads the name back. */
+/* Without arenas no gpuguard_arena_* family is written; label values stay valid UTF-8 and cannot
+ * break a line, whatever bytes an arena name holds; the parser reads the name back. */
 static void test_prometheus_families_and_labels(void **state) {
   (void)state;
   char *prom = render(GG_FORMAT_PROMETHEUS, GG_REPORT_ALL);
@@ -116,10 +117,12 @@ static void test_prometheus_families_and_labels(void **state) {
   gg_assert_ok(gg_arena_create(&a, &o));
   prom = render(GG_FORMAT_PROMETHEUS, GG_REPORT_ARENAS);
   assert_non_null(strstr(prom, "arena=\"bad\xef\xbf\xbd\xef\xbf\xbd[31m\\\"q\\\"\\nx\xc3\xa9\""));
-  for (const unsigned char *p = (const unsigned char *)prom; *p; p++) assert_true(*p >= 0x20 || *p == '\n');
+  for (const unsigned char *p = (const unsigned char *)prom; *p; p++)
+    assert_true(*p >= 0x20 || *p == '\n');
   free(prom);
   python_check("from prometheus_client.parser import text_string_to_metric_families as p; "
-               "f = {m.name: m for m in p(open(sys.argv[1], encoding=\"utf-8\", errors=\"strict\").read())}; "
+               "f = {m.name: m for m in p(open(sys.argv[1], encoding=\"utf-8\", "
+               "errors=\"strict\").read())}; "
                "s = f[\"gpuguard_arena_live_blocks\"].samples; "
                "assert s[0].labels[\"arena\"] == \"bad\\ufffd\\ufffd[31m\\\"q\\\"\\nx\\u00e9\", s; "
                "assert s[0].labels[\"gpu\"] == \"0\" and s[0].labels[\"UUID\"], s");
@@ -149,8 +152,9 @@ static void test_telemetry_and_not_self(void **state) {
   assert_null(strstr(prom, "gpuguard_process_memory_used_bytes")); /* no sample: no family */
   free(prom);
   char *json = render(GG_FORMAT_JSON, GG_REPORT_DEVICES);
-  assert_non_null(strstr(json, "\"utilization_gpu\":87,\"utilization_memory\":40,\"temperature_c\":61,"
-                               "\"power_watts\":412.500,\"power_limit_watts\":700.000"));
+  assert_non_null(strstr(json,
+                         "\"utilization_gpu\":87,\"utilization_memory\":40,\"temperature_c\":61,"
+                         "\"power_watts\":412.500,\"power_limit_watts\":700.000"));
   free(json);
   unsetenv("FAKE_NVML_TELEMETRY");
   prom = render(GG_FORMAT_PROMETHEUS, GG_REPORT_DEVICES);

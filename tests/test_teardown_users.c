@@ -1,7 +1,8 @@
-/* test_teardown_users.c — a teardown never signals another user's process (issue 16 item 4): a tracked
- * process leading a group that holds another user's process gets its group signalled member by member,
- * ours only, and the receipt says so; the fatal path (crash hooks) keeps the same rule. Needs root (to
- * run a process as another uid); skipped otherwise. */
+/* test_teardown_users.c — a teardown never signals another user's process (root's teardown must not
+ * hit what it does not own): a tracked process leading a group that holds another user's process
+ * gets its group signalled member by member, ours only, and the receipt says so; the fatal path
+ * (crash hooks) keeps the same rule. Needs root (to run a process as another uid); skipped
+ * otherwise. */
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -10,8 +11,8 @@
 #include "gg_test.h"
 #include "proc/proc_internal.h"
 
-/* A process group led by a sleeping child, with a member of ours and one of uid 65534 (returned once
- * it runs as that user); -1 in *leader when something failed. */
+/* A process group led by a sleeping child, with a member of ours and one of uid 65534 (returned
+ * once it runs as that user); -1 in *leader when something failed. */
 typedef struct group3 {
   pid_t leader, ours, foreign;
 } group3_t;
@@ -77,7 +78,8 @@ static void test_foreign_member_of_a_group_is_spared(void **state) {
   gg_proc_receipt_free(r);
 }
 
-/* Without a foreign member the group is signalled as before (a member that is not tracked goes too). */
+/* Without a foreign member the group is signalled as before (a member that is not tracked goes
+ * too). */
 static void test_group_of_ours_is_signalled(void **state) {
   (void)state;
   pid_t leader = fork();
@@ -96,9 +98,10 @@ static void test_group_of_ours_is_signalled(void **state) {
   gg_proc_receipt_free(r);
 }
 
-/* In a child of the test: a group led by `leader` with a member of ours and one of uid 65534; the fatal
- * path runs (tracked: through the snapshot; subreaper: through the walk of our children). Exits 0 when
- * our member died and the other user's member still runs, 1 when the other user's member was killed. */
+/* In a child of the test: a group led by `leader` with a member of ours and one of uid 65534; the
+ * fatal path runs (tracked: through the snapshot; subreaper: through the walk of our children).
+ * Exits 0 when our member died and the other user's member still runs, 1 when the other user's
+ * member was killed. */
 static int fatal_path_case(bool tracked) {
   if (!tracked && prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) return 11;
   group3_t g = make_group();

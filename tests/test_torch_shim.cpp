@@ -1,6 +1,7 @@
-/* test_torch_shim.cpp — libgpuguard_torch's gg_torch_malloc, the entry point PyTorch's global allocator
- * calls under gpuguard.torch.use_arena: a request the arena cannot hold throws (PyTorch turns that into a
- * Python exception) with the arena's full detail, instead of returning NULL (a tensor at address 0). */
+/* test_torch_shim.cpp — libgpuguard_torch's gg_torch_malloc, the entry point PyTorch's global
+ * allocator calls under gpuguard.torch.use_arena: a request the arena cannot hold throws (PyTorch
+ * turns that into a Python exception) with the arena's full detail, instead of returning NULL (a
+ * tensor at address 0). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,7 +15,8 @@ extern "C" {
 #include <string>
 
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wshadow" /* C functions named like their struct tags (gg_arena_stats) */
+#pragma GCC diagnostic ignored \
+    "-Wshadow" /* C functions named like their struct tags (gg_arena_stats) */
 #include "gpuguard/arena.h"
 #include "gpuguard/plugin.h"
 #pragma GCC diagnostic pop
@@ -49,7 +51,8 @@ static void test_out_of_memory_throws_with_the_arena_detail(void **) {
   assert_true(what.find("capacity") != std::string::npos); /* the arena's detail */
   assert_int_equal(gg_plugin_stats(0, &after), 0);
   assert_int_equal(after.n_failed_allocs, before.n_failed_allocs + 1);
-  /* The arena is unharmed: the next request that fits is served, and freed through the same library. */
+  /* The arena is unharmed: the next request that fits is served, and freed through the same
+   * library. */
   void *p = gg_torch_malloc(1 << 20, 0, nullptr);
   assert_non_null(p);
   gg_arena_stats_t s;

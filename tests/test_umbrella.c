@@ -1,5 +1,5 @@
-/* test_umbrella.c — the umbrella header alone is enough for the C scope macros: GG_SCOPE, gg_auto and
- * GG_TAKE_PTR compile and work with only gpuguard/gpuguard.h included (GCC and Clang). */
+/* test_umbrella.c — the umbrella header alone is enough for the C scope macros: GG_SCOPE, gg_auto
+ * and GG_TAKE_PTR compile and work with only gpuguard/gpuguard.h included (GCC and Clang). */
 #include "gg_test.h" /* includes gpuguard/gpuguard.h and nothing else of gpuguard */
 
 static gg_arena_t *make_arena(void) {

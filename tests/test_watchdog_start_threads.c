@@ -1,8 +1,9 @@
-/* test_watchdog_start_threads.c — the first guard of a process starts the watchdog and guard threads;
- * when either cannot start (injected EAGAIN), gg_guard_create fails with GG_ENOMEM naming the thread and
- * leaves no thread and no descriptor behind, and a later create starts them cleanly (issue 16 item 16).
- * Own program: the threads start once per process. Labelled `threads` (TSan sees a lock reinitialised
- * under a waiting thread). */
+/* test_watchdog_start_threads.c — the first guard of a process starts the watchdog and guard
+ * threads; when either cannot start (injected EAGAIN), gg_guard_create fails with GG_ENOMEM naming
+ * the thread and leaves no thread and no descriptor behind, and a later create starts them cleanly
+ * (a leftover watchdog once sat on a lock the next start initialised again).
+ * Own program: the threads start once per process. Labelled `threads` (TSan sees a lock
+ * reinitialised under a waiting thread). */
 #include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
@@ -41,13 +42,15 @@ static void *nothing(void *arg) { return arg; }
 
 static void test_start_failures_leave_nothing(void **state) {
   (void)state;
-  /* ThreadSanitizer starts a thread of its own at the first pthread_create: let it, before counting. */
+  /* ThreadSanitizer starts a thread of its own at the first pthread_create: let it, before
+   * counting. */
   pthread_t warm;
   assert_int_equal(pthread_create(&warm, NULL, nothing, NULL), 0);
   pthread_join(warm, NULL);
   create_fails_cleanly(1, "cannot start the watchdog thread");
   create_fails_cleanly(2, "cannot start the guard thread");
-  create_fails_cleanly(2, "cannot start the guard thread"); /* again: the retry path itself is clean */
+  create_fails_cleanly(2,
+                       "cannot start the guard thread"); /* again: the retry path itself is clean */
 
   /* Then a guard starts, and a SIGTERM is torn down and honoured as usual (the threads work). */
   int threads = count_entries("/proc/self/task");

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "core/clock_internal.h" /* the one clock reading: no library state */
 #include "gpuguard/gpuguard.h"
 
 #define EXIT_USAGE  2

@@ -208,12 +208,6 @@ void exporter_close(exporter_t *ex) {
 
 /* ---- HTTP --------------------------------------------------------------------------------------------- */
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* The answer, whole, in c->out; then the client is only written to. */
 static void respond(client_t *c, const char *status, const char *type, const char *extra, const char *body,
                     size_t len, bool head_only) {
@@ -231,7 +225,7 @@ static void respond(client_t *c, const char *status, const char *type, const cha
   memcpy(c->out, head, (size_t)n);
   if (blen) memcpy(c->out + n, body, blen);
   c->out_len = (size_t)n + blen, c->out_off = 0;
-  c->deadline = now_ms() + WRITE_LIMIT_MS;
+  c->deadline = gg__now_ms() + WRITE_LIMIT_MS;
 }
 
 static const char index_page[] =
@@ -286,7 +280,7 @@ static void accept_all(exporter_t *ex) {
       close(fd);
       continue;
     }
-    *slot = (client_t){.fd = fd, .deadline = now_ms() + READ_LIMIT_MS, .req = req};
+    *slot = (client_t){.fd = fd, .deadline = gg__now_ms() + READ_LIMIT_MS, .req = req};
   }
 }
 
@@ -322,7 +316,7 @@ int exporter_serve(exporter_t *ex, double deadline_ms, int wake_fd) {
   struct pollfd p[MAX_CLIENTS + 2];
   int idx[MAX_CLIENTS + 2];
   for (;;) {
-    double now = now_ms(), until = deadline_ms;
+    double now = gg__now_ms(), until = deadline_ms;
     int n = 0;
     p[n++] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
     p[n++] = (struct pollfd){.fd = ex->lfd, .events = POLLIN};

@@ -398,20 +398,14 @@ static bool parse_grace(const char *text, long *out) {
   return true;
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Free memory of the device after the job: the driver frees a dead process's memory shortly after it
  * dies (~100 ms on an H200), so wait up to limit_ms for it to come back to `before`. */
 static bool free_after(int device, size_t before, double limit_ms, size_t *after, double *waited_ms) {
-  double t0 = now_ms();
+  double t0 = gg__now_ms();
   gg_device_info_t d;
   for (;;) {
     if (gg_device_info(device, &d) != 0) return false;
-    *after = d.free_bytes, *waited_ms = now_ms() - t0;
+    *after = d.free_bytes, *waited_ms = gg__now_ms() - t0;
     if (d.free_bytes >= before || *waited_ms >= limit_ms) return true;
     struct timespec ts = {0, 20 * 1000000L};
     nanosleep(&ts, NULL);
@@ -670,7 +664,7 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r) {
     /* At most 100 ms per wait: a thread that had SIGCHLD unblocked before phase 2 (one the CUDA driver
      * started while the device figures were read) takes the signal and drops it, and a CMD whose end
      * went unnoticed left the runner waiting forever (seen on an H200 host). A timed-out wait looks. */
-    double left = deadline < 0 ? 100 : deadline - now_ms();
+    double left = deadline < 0 ? 100 : deadline - gg__now_ms();
     if (left <= 0) break;
     if (left > 100) left = 100;
     struct timespec ts = {(time_t)(left / 1e3), (long)(fmod(left, 1e3) * 1e6)};
@@ -690,7 +684,7 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r) {
     }
     r->runner_sig = sig;
     if (si.si_code != SI_KERNEL) kill(r->pid, sig);
-    deadline = now_ms() + (double)grace;
+    deadline = gg__now_ms() + (double)grace;
     fprintf(stderr, "gpuguard run: got %s; the job has %ld ms to end (grace period)\n", strsignal(sig),
             grace);
   }
@@ -705,7 +699,7 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r) {
 static int run_teardown(long grace, double deadline, gg_proc_receipt_t **receipt) {
   long left = grace;
   if (deadline >= 0)
-    left = (long)(deadline - now_ms()), left = left < 100 ? 100 : left > grace ? grace : left;
+    left = (long)(deadline - gg__now_ms()), left = left < 100 ? 100 : left > grace ? grace : left;
   int trc = gg_proc_teardown_ex(NULL, (int)left, receipt);
   size_t termed = 0, killed = 0;
   for (size_t i = 0; *receipt && i < (*receipt)->count; i++) {

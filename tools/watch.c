@@ -316,12 +316,6 @@ typedef struct recorder {
   long step;
 } recorder_t;
 
-static double unix_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Opens path for appending; a new (or empty) file gets the meta record first, an existing timeline is
  * continued (its start and step count kept), so several runs of watch make one timeline. */
 static int record_open(recorder_t *r, const char *path) {
@@ -341,7 +335,7 @@ static int record_open(recorder_t *r, const char *path) {
   r->f = fopen(path, "ae");
   if (!r->f) return fprintf(stderr, "gpuguard watch: --record %s: %s\n", path, strerror(errno)), 1;
   if (r->start <= 0) {
-    r->start = unix_now();
+    r->start = gg__clock_ms(CLOCK_REALTIME) / 1e3;
     int n = 0;
     gg_device_count(&n);
     fprintf(r->f,
@@ -363,7 +357,8 @@ static void record_sample(recorder_t *r) {
   if (!r->f) return;
   int n = 0;
   gg_device_count(&n);
-  fprintf(r->f, "{\"type\":\"sample\",\"t\":%.3f,\"step\":%ld", unix_now() - r->start, r->step++);
+  double t = gg__clock_ms(CLOCK_REALTIME) / 1e3 - r->start;
+  fprintf(r->f, "{\"type\":\"sample\",\"t\":%.3f,\"step\":%ld", t, r->step++);
   for (int i = 0; i < n; i++) {
     gg_device_info_t d;
     if (i)
@@ -447,20 +442,14 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
   return -1;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* Waits until deadline (now_s), a key, a signal or a client. Returns the signal number, 'q' for q, 'k'
- * for another key, 'c' for a client waiting on listen_fd, 0 when the time is up. */
+/* Waits until deadline (gg__now_ms() / 1e3: seconds), a key, a signal or a client. Returns the signal
+ * number, 'q' for q, 'k' for another key, 'c' for a client waiting on listen_fd, 0 when the time is up. */
 static int wait_event(double deadline, bool keys, int listen_fd) {
   struct pollfd p[3] = {{.fd = wake_pipe[0], .events = POLLIN},
                         {.fd = keys ? STDIN_FILENO : -1, .events = POLLIN},
                         {.fd = listen_fd, .events = POLLIN}};
   for (;;) {
-    double left = deadline - now_s();
+    double left = deadline - gg__now_ms() / 1e3;
     if (left <= 0) return 0;
     int n = poll(p, 3, (int)(left * 1e3) + 1);
     if (n < 0 && errno == EINTR) continue;
@@ -495,9 +484,9 @@ static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
   if (w->listen && !ex) return 1;
   bool ticking = w->prom || w->record, failing = false;
   long done = 0;
-  double next = now_s();
+  double next = (gg__now_ms() / 1e3);
   for (;;) {
-    if (ticking && now_s() >= next) {
+    if (ticking && (gg__now_ms() / 1e3) >= next) {
       if (w->prom) {
         bool failed = exporter_write_file(w->prom, what) != 0;
         if (failed && !failing)
@@ -510,7 +499,7 @@ static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
       next += w->interval;
       if (w->count > 0 && ++done >= w->count) break;
     }
-    double until = ticking ? next : now_s() + 3600;
+    double until = ticking ? next : (gg__now_ms() / 1e3) + 3600;
     int ev = ex ? exporter_serve(ex, until * 1e3, wake_pipe[0]) : wait_event(until, false, -1);
     if (ev == 'c') {
       if (!ticking && w->count > 0 && ++done >= w->count) break;
@@ -535,7 +524,7 @@ static int run_view(const watch_opts_t *w, term_t *t, recorder_t *rec) {
     free(s.buf);
     record_sample(rec);
     if (w->count > 0 && i + 1 >= w->count) break;
-    double deadline = now_s() + w->interval;
+    double deadline = gg__now_ms() / 1e3 + w->interval;
     int ev = wait_event(deadline, t->in_tty, -1);
     if (ev == SIGTSTP) { /* ^Z: hand the terminal back, stop; redraw when continued */
       struct sigaction dfl, mine;

@@ -1,6 +1,7 @@
-/* arena.c — arena handles: create and destroy, checking and locking a handle for a call, quarantine of
- * destroyed handles, the process's live arenas, the fork handlers of their locks, statistics, and the
- * checked copies. The allocator itself lives in the other src/arena*.c files (see arena_impl.h). */
+/* arena.c — arena handles: create and destroy, checking and locking a handle for a call, quarantine
+ * of destroyed handles, the process's live arenas, the fork handlers of their locks, statistics,
+ * and the checked copies. The allocator itself lives in the other src/arena*.c files (see
+ * arena_impl.h). */
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,9 +11,9 @@
 #include "guard/guard_internal.h"
 #include "core/internal.h"
 
-/* 8 MiB: each map costs ~30 us whatever its size on an H200, so growing by 8 MiB costs ~4 ms per GiB
- * (2 MiB: 16 ms); and trim returns memory in pieces that small. Replaying a PyTorch training trace, peak
- * mapped / peak in use was 1.004 (2 MiB: 1.001, 64 MiB: 1.012). */
+/* 8 MiB: each map costs ~30 us whatever its size on an H200, so growing by 8 MiB costs ~4 ms per
+ * GiB (2 MiB: 16 ms); and trim returns memory in pieces that small. Replaying a PyTorch training
+ * trace, peak mapped / peak in use was 1.004 (2 MiB: 1.001, 64 MiB: 1.012). */
 #define GG__DEFAULT_CHUNK ((size_t)8 << 20)
 #define GG__QUARANTINE    64 /* destroyed handles kept readable so late calls fail cleanly */
 
@@ -33,18 +34,19 @@ int gg__arena_quietly(gg_arena_t *a, int (*step)(gg_arena_t *a, void *ctx), void
   return rc;
 }
 
-/* ---- handles: validation, locking, quarantine ---------------------------------------------------- */
+/* ---- handles: validation, locking, quarantine ------------------------------------------------ */
 
-/* Global locks of the arena, in the order they are taken around fork(): the live list's lock, then the
- * quarantine's lock. No code path holds both; an arena's own lock may be taken under the live list's. */
+/* Global locks of the arena, in the order they are taken around fork(): the live list's lock, then
+ * the quarantine's lock. No code path holds both; an arena's own lock may be taken under the live
+ * list's. */
 static pthread_mutex_t gg__live_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t gg__quarantine_lock = PTHREAD_MUTEX_INITIALIZER;
 static gg_arena_t *gg__quarantined[GG__QUARANTINE];
 static size_t gg__quarantine_next;
 
-/* A destroyed handle stays allocated (magic cleared) until GG__QUARANTINE later destroys, so a call on
- * it reads valid memory and fails with GG_EINVAL instead of touching freed memory. Older handles are
- * truly freed: a call on them is undefined behaviour, as with any dangling pointer. */
+/* A destroyed handle stays allocated (magic cleared) until GG__QUARANTINE later destroys, so a call
+ * on it reads valid memory and fails with GG_EINVAL instead of touching freed memory. Older handles
+ * are truly freed: a call on them is undefined behaviour, as with any dangling pointer. */
 static void gg__quarantine(gg_arena_t *a) {
   pthread_mutex_lock(&gg__quarantine_lock);
   gg_arena_t *old = gg__quarantined[gg__quarantine_next];
@@ -63,18 +65,19 @@ int gg__arena_valid_slow(const gg_arena_t *a, const char *call) {
                    "gg_arena_destroy() is still valid on it",
                    call, a->name);
   if (magic != GG__MAGIC)
-    return gg__err(GG_EINVAL, "%s: %p is not a live arena (destroyed already, or not an arena)", call,
-                   (const void *)a);
+    return gg__err(GG_EINVAL, "%s: %p is not a live arena (destroyed already, or not an arena)",
+                   call, (const void *)a);
   return gg__check_fork(a->fork_gen, call);
 }
 
-/* A call counts itself before it looks at the handle again and locks it; gg_arena_destroy() marks the
- * handle dead under the lock and then waits until no call is counted, so no call is ever left waiting
- * on a lock that was destroyed. Whichever of the two comes first, the other sees it (sequentially
- * consistent atomics): a call counted too late for destroy's wait finds the handle dead and never
- * touches the lock. */
+/* A call counts itself before it looks at the handle again and locks it; gg_arena_destroy() marks
+ * the handle dead under the lock and then waits until no call is counted, so no call is ever left
+ * waiting on a lock that was destroyed. Whichever of the two comes first, the other sees it
+ * (sequentially consistent atomics): a call counted too late for destroy's wait finds the handle
+ * dead and never touches the lock. */
 int gg__arena_lock_counted(gg_arena_t *a, const char *call) {
-  atomic_fetch_add(&a->calls, 1); /* after gg__arena_valid: a pointer that is not an arena is never written */
+  atomic_fetch_add(&a->calls,
+                   1); /* after gg__arena_valid: a pointer that is not an arena is never written */
   if (GG__LIKELY(atomic_load(&a->magic) == GG__MAGIC)) {
     pthread_mutex_lock(&a->lock);
     if (GG__LIKELY(a->magic == GG__MAGIC)) return 0;
@@ -85,7 +88,7 @@ int gg__arena_lock_counted(gg_arena_t *a, const char *call) {
   return rc;
 }
 
-/* ---- the process's live arenas, fork, the destroy hook ------------------------------------------- */
+/* ---- the process's live arenas, fork, the destroy hook --------------------------------------- */
 
 /* Reports list this process's arenas. Lock order: this list's lock, then an arena's lock. */
 static gg_arena_t *gg__live_head;
@@ -119,28 +122,32 @@ int gg__arena_foreach_live(int (*fn)(gg_arena_t *arena, void *user), void *user)
   return rc;
 }
 
-void gg__arena_fork_prepare(void) {
+static void gg__arena_fork_prepare(void) {
   pthread_mutex_lock(&gg__live_lock);
   pthread_mutex_lock(&gg__quarantine_lock);
 }
 
-void gg__arena_fork_parent(void) {
+static void gg__arena_fork_parent(void) {
   pthread_mutex_unlock(&gg__quarantine_lock);
   pthread_mutex_unlock(&gg__live_lock);
 }
 
 /* The forking thread took both locks and is the child's only thread: it owns them and may unlock
  * them. The lists stay as they were; the parent's arenas in them refuse use in the child. */
-void gg__arena_fork_child(void) {
+static void gg__arena_fork_child(void) {
   pthread_mutex_unlock(&gg__quarantine_lock);
   pthread_mutex_unlock(&gg__live_lock);
 }
+GG__FORK_REGISTER(GG__FORK_ARENAS, gg__arena_fork_prepare, gg__arena_fork_parent,
+                  gg__arena_fork_child)
 
 static void (*_Atomic gg__destroy_hook)(const gg_arena_t *arena);
 
-void gg__arena_on_destroy(void (*fn)(const gg_arena_t *arena)) { atomic_store(&gg__destroy_hook, fn); }
+void gg__arena_on_destroy(void (*fn)(const gg_arena_t *arena)) {
+  atomic_store(&gg__destroy_hook, fn);
+}
 
-/* ---- figures, for stats and messages ------------------------------------------------------------ */
+/* ---- figures, for stats and messages --------------------------------------------------------- */
 
 static size_t gg__largest_free(const gg_arena_t *a) {
   const gg__block_t *b = gg__freelist_largest(&a->freelist);
@@ -164,7 +171,7 @@ void gg__arena_fill_stats(const gg_arena_t *a, gg_arena_stats_t *s) {
   s->n_stream_waits = a->probe.stream_waits;
 }
 
-/* ---- create and destroy -------------------------------------------------------------------------- */
+/* ---- create and destroy ---------------------------------------------------------------------- */
 
 void gg_arena_options_init(gg_arena_options_t *opts) {
   if (opts) memset(opts, 0, sizeof *opts);
@@ -180,7 +187,8 @@ static int gg__arena_open(gg_arena_t *a, const gg_arena_options_t *o) {
   size_t g = a->granularity, cap = o->capacity ? o->capacity : a->dev->props.total_mem;
   size_t chunk = o->chunk_size ? o->chunk_size : GG__DEFAULT_CHUNK;
   if (cap > SIZE_MAX - g || chunk > SIZE_MAX - g)
-    return gg__err(GG_EINVAL, "gg_arena_create: capacity %zu or chunk size %zu overflows when rounded to %zu",
+    return gg__err(GG_EINVAL,
+                   "gg_arena_create: capacity %zu or chunk size %zu overflows when rounded to %zu",
                    cap, chunk, g);
   a->capacity = (size_t)gg__align_up(cap, g), a->chunk_size = (size_t)gg__align_up(chunk, g);
   a->limit = a->capacity;
@@ -227,7 +235,8 @@ int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
   atomic_init(&a->tc_epoch, 1), atomic_init(&a->tc_safe, 1); /* ticket 0 is reusable at once */
   a->fork_gen = a->dev->fork_gen, a->magic = GG__MAGIC;
   /* A live guard of this device tears the arena down with its other cleanups, LIFO. */
-  if ((rc = gg__guard_attach(a->ops->name, o.device, &gg__arena_attach_ops, a, &a->guard_token)) < 0) {
+  if ((rc = gg__guard_attach(a->ops->name, o.device, &gg__arena_attach_ops, a, &a->guard_token)) <
+      0) {
     gg_arena_destroy(a);
     return rc;
   }
@@ -242,21 +251,25 @@ int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
 /* Gives every device resource back: events, chunks, the range, the device. Lock held. */
 static int gg__release_device(gg_arena_t *a, bool whole_ctx) {
   int rc = 0;
-  /* Live blocks may still be in use by queued work: wait before unmapping. gg_arena_destroy() waits for
-   * the arena's stream, as its caller promised the rest. At the guard's teardown (exit, a signal) the
-   * program can no longer wait itself, and its kernels on other streams may use the arena's memory
-   * too: the whole context is waited for, bounded (a kernel that never ends, say one waiting for a
-   * dead peer, must not hang the exit; the watchdog's limit is the guard's, this one is per arena). On
-   * timeout the memory is unmapped anyway, as at process exit, and the detail says so. */
-  int sync = whole_ctx && a->mapped && a->ops->ctx_sync ? a->ops->ctx_sync(a->dev, GG__TEARDOWN_SYNC_MS) : 1;
+  /* Live blocks may still be in use by queued work: wait before unmapping. gg_arena_destroy() waits
+   * for the arena's stream, as its caller promised the rest. At the guard's teardown (exit, a
+   * signal) the program can no longer wait itself, and its kernels on other streams may use the
+   * arena's memory too: the whole context is waited for, bounded (a kernel that never ends, say one
+   * waiting for a dead peer, must not hang the exit; the watchdog's limit is the guard's, this one
+   * is per arena). On timeout the memory is unmapped anyway, as at process exit, and the detail
+   * says so. */
+  int sync = whole_ctx && a->mapped && a->ops->ctx_sync
+                 ? a->ops->ctx_sync(a->dev, GG__TEARDOWN_SYNC_MS)
+                 : 1;
   if (sync != 0 && sync != GG_ETIMEDOUT && a->track && a->mapped)
-    sync = a->ops->stream_sync(a->dev, a->stream); /* no context wait (refused, or not asked): our stream */
+    sync = a->ops->stream_sync(a->dev,
+                               a->stream); /* no context wait (refused, or not asked): our stream */
   if (sync < 0) GG_KEEP_FIRST(rc, sync);
   GG_KEEP_FIRST(rc, gg__arena_events_destroy(a));
   GG_KEEP_FIRST(rc, gg__arena_unmap_all(a));
   GG_KEEP_FIRST(rc, a->ops->va_release(a->dev, a->base, a->capacity));
-  /* A chunk whose unmap failed stays mapped until the process ends (the driver frees everything then;
-   * cuMemCreate memory does not go with the context). The error is returned to the caller. */
+  /* A chunk whose unmap failed stays mapped until the process ends (the driver frees everything
+   * then; cuMemCreate memory does not go with the context). The error is returned to the caller. */
   gg__dev_close(a->dev);
   a->dev = NULL;
   return rc;
@@ -266,13 +279,13 @@ static int gg__release_device_or_say(gg_arena_t *a, void *unused) {
   (void)unused;
   int rc = gg__release_device(a, true);
   if (rc < 0)
-    fprintf(stderr, "gpuguard: arena '%s': giving its memory back at the guard's teardown: %s\n", a->name,
-            gg_last_error());
+    fprintf(stderr, "gpuguard: arena '%s': giving its memory back at the guard's teardown: %s\n",
+            a->name, gg_last_error());
   return rc;
 }
 
-/* The guard's teardown step for an attached arena: device memory back now, the handle kept (calls on it
- * fail with GG_ESTATE) until its owner calls gg_arena_destroy(). */
+/* The guard's teardown step for an attached arena: device memory back now, the handle kept (calls
+ * on it fail with GG_ESTATE) until its owner calls gg_arena_destroy(). */
 static void gg__arena_guard_teardown(void *obj) {
   gg_arena_t *a = obj;
   pthread_mutex_lock(&a->lock);
@@ -290,16 +303,18 @@ static int gg__arena_attached_foreach(void *obj, gg_block_visitor_t visit, void 
   return gg_arena_foreach_block(obj, visit, user);
 }
 
-static const gg__attach_ops_t gg__arena_attach_ops = {"arena", gg__arena_guard_teardown,
-                                                      gg__arena_attached_name, gg__arena_attached_backend,
-                                                      gg__arena_attached_foreach};
+static const gg__attach_ops_t gg__arena_attach_ops = {
+    "arena", gg__arena_guard_teardown, gg__arena_attached_name, gg__arena_attached_backend,
+    gg__arena_attached_foreach};
 
 /* Frees the host side of an arena (not the handle). Lock held. */
 static void gg__arena_free_metadata(gg_arena_t *a) {
   gg__arena_tags_free(a);
   gg__sites_free(a);
-  for (size_t d = 0; d < a->frames_cap; d++) free(a->frames[d].recs), gg__addr_map_free(&a->frames[d].used);
-  free(a->chunks), free(a->spare_events), free(a->closed), free(a->bump), free(a->runs), free(a->frames);
+  for (size_t d = 0; d < a->frames_cap; d++)
+    free(a->frames[d].recs), gg__addr_map_free(&a->frames[d].used);
+  free(a->chunks), free(a->spare_events), free(a->closed), free(a->bump), free(a->runs),
+      free(a->frames);
   gg__freelist_free(&a->freelist);
   gg__addr_map_free(&a->used);
   free(a->ord_tick);
@@ -311,12 +326,15 @@ int gg_arena_destroy(gg_arena_t *a) {
   if (rc == GG_ESTATE && a->magic == GG__TORN) rc = 0; /* torn down by its guard: free the handle */
   if (rc < 0) return rc;
   if (atomic_exchange(&a->destroying, true)) /* a concurrent destroy goes ahead */
-    return gg__err(GG_EINVAL, "gg_arena_destroy: %p is not a live arena (destroyed already)", (void *)a);
+    return gg__err(GG_EINVAL, "gg_arena_destroy: %p is not a live arena (destroyed already)",
+                   (void *)a);
   gg__live_remove(a);
-  /* Before our lock: whoever hooked in (PyTorch's plugin) stops using the arena and starts no new use. */
+  /* Before our lock: whoever hooked in (PyTorch's plugin) stops using the arena and starts no new
+   * use. */
   void (*hook)(const gg_arena_t *) = atomic_load(&gg__destroy_hook);
   if (hook) hook(a);
-  /* Before our lock: if the guard is tearing this arena down right now, this waits for that step. */
+  /* Before our lock: if the guard is tearing this arena down right now, this waits for that step.
+   * */
   gg__guard_detach(a->guard_token);
   pthread_mutex_lock(&a->lock);
   bool torn = a->magic == GG__TORN;
@@ -325,15 +343,15 @@ int gg_arena_destroy(gg_arena_t *a) {
   if (!torn) rc = gg__release_device(a, false);
   gg__arena_free_metadata(a);
   pthread_mutex_unlock(&a->lock);
-  /* Calls that counted themselves before the handle died leave at once (they find it dead); the lock
-   * is destroyed only once none is left in it. */
+  /* Calls that counted themselves before the handle died leave at once (they find it dead); the
+   * lock is destroyed only once none is left in it. */
   while (atomic_load(&a->calls)) sched_yield();
   pthread_mutex_destroy(&a->lock);
   gg__quarantine(a);
   return rc;
 }
 
-/* ---- statistics and blocks ----------------------------------------------------------------------- */
+/* ---- statistics and blocks ------------------------------------------------------------------- */
 
 int gg_arena_stats(gg_arena_t *a, gg_arena_stats_t *stats) {
   int rc = gg__arena_enter(a, "gg_arena_stats");
@@ -383,7 +401,8 @@ int gg_arena_foreach_block(gg_arena_t *a, gg_block_visitor_t visit, void *user) 
   size_t n = 0;
   if (rc < 0) {
   } else if (!v) {
-    rc = gg__err(GG_ENOMEM, "gg_arena_foreach_block: out of host memory for %llu blocks", a->n_live);
+    rc =
+        gg__err(GG_ENOMEM, "gg_arena_foreach_block: out of host memory for %llu blocks", a->n_live);
   } else {
     for (int d = 0; d < a->n_frames; d++) {
       const gg__addr_map_t *m = gg__used_map(a, d);
@@ -416,7 +435,7 @@ const char *gg_arena_backend(const gg_arena_t *a) {
   return a && (a->magic == GG__MAGIC || a->magic == GG__TORN) ? a->ops->name : NULL;
 }
 
-/* ---- copies that prove memory is real ------------------------------------------------------------- */
+/* ---- copies that prove memory is real -------------------------------------------------------- */
 
 /* Whether [p, p+n) lies inside one live block the arena's own structures hold. */
 static bool gg__in_live_block(const gg_arena_t *a, uintptr_t p, size_t n) {
@@ -437,8 +456,8 @@ static int gg__check_range(gg_arena_t *a, const char *call, uintptr_t p, size_t 
   if (gg__in_live_block(a, p, n)) return 0;
   /* A block a thread's cache handed out is found once the caches published theirs. */
   if (gg__tcache_publish_all(a) > 0 && gg__in_live_block(a, p, n)) return 0;
-  return gg__err(GG_EINVAL, "%s: %zu bytes at %#jx do not lie inside one live block of arena '%s'", call, n,
-                 (uintmax_t)p, a->name);
+  return gg__err(GG_EINVAL, "%s: %zu bytes at %#jx do not lie inside one live block of arena '%s'",
+                 call, n, (uintmax_t)p, a->name);
 }
 
 int gg_arena_copy_to_device(gg_arena_t *a, void *dst, const void *src, size_t n) {
@@ -489,12 +508,14 @@ int gg__arena_options_of(gg_arena_t *a, gg_arena_options_t *out) {
   if (rc < 0) return rc;
   gg_arena_options_init(out);
   out->device = a->dev->index, out->backend = a->ops->name, out->capacity = a->capacity;
-  out->chunk_size = a->chunk_size, out->stream = a->stream, out->flags = a->flags, out->name = a->name;
+  out->chunk_size = a->chunk_size, out->stream = a->stream, out->flags = a->flags,
+  out->name = a->name;
   gg__arena_leave(a);
   return 0;
 }
 
-/* ---- limit and chunk walk ------------------------------------------------------------------------ */
+/* ---- limit and chunk walk
+ * ------------------------------------------------------------------------ */
 
 int gg_arena_set_limit(gg_arena_t *a, size_t limit) {
   int rc = gg__arena_enter(a, "gg_arena_set_limit");

@@ -1,7 +1,7 @@
-/* arena_alloc.c — one allocation and one free. An allocation climbs a ladder of steps, each tried only
- * when the one before found no room: the free list as it is; what the stream has finished with; trim
- * before growth; growth; waiting for the stream; giving back every free chunk and growing again; and
- * last, out of memory with the arena's figures in the message. */
+/* arena_alloc.c — one allocation and one free. An allocation climbs a ladder of steps, each tried
+ * only when the one before found no room: the free list as it is; what the stream has finished
+ * with; trim before growth; growth; waiting for the stream; giving back every free chunk and
+ * growing again; and last, out of memory with the arena's figures in the message. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +9,7 @@
 #include "arena/arena_impl.h"
 #include "core/internal.h"
 
-/* ---- tags ---------------------------------------------------------------------------------------- */
+/* ---- tags ------------------------------------------------------------------------------------ */
 
 static uint64_t gg__strhash(const char *s, size_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -38,7 +38,8 @@ static int gg__intern(gg_arena_t *a, const char *tag, const char **out) {
   if (!tag || !*tag) return (*out = ""), 0;
   size_t n = strnlen(tag, GG__TAG_MAX);
   if (tag[n]) n = gg__utf8_whole(tag, n); /* cut: keep whole characters */
-  if (a->tag_last && n == a->tag_last_len && memcmp(tag, a->tag_last, n) == 0) return (*out = a->tag_last), 0;
+  if (a->tag_last && n == a->tag_last_len && memcmp(tag, a->tag_last, n) == 0)
+    return (*out = a->tag_last), 0;
   int rc;
   if (a->n_tags + 1 > a->tags_cap / 2 && (rc = gg__tags_grow(a)) < 0) return rc;
   size_t j = gg__strhash(tag, n) & (a->tags_cap - 1);
@@ -60,7 +61,7 @@ void gg__arena_tags_free(gg_arena_t *a) {
   a->tags = NULL, a->tags_cap = a->n_tags = 0;
 }
 
-/* ---- the allocation ladder ----------------------------------------------------------------------- */
+/* ---- the allocation ladder ------------------------------------------------------------------- */
 
 /* One request on its way down the ladder. */
 typedef struct gg__request {
@@ -78,6 +79,8 @@ static bool gg__take_free(gg_arena_t *a, gg__request_t *q) {
   if (b) {
     b = gg__freelist_carve(&a->freelist, b, q->size, q->align);
     uintptr_t p = b->addr;
+    GG__ASSERT(b->state != GG__BLOCK_USED && (q->align < 2 || p % q->align == 0) &&
+               b->size == q->size);
     b->state = GG__BLOCK_USED, b->req = q->asked, b->tag = q->tag, b->depth = a->n_frames - 1;
     gg__frame_link(a, b);
     gg__addr_map_put(gg__used_map(a, b->depth), p, b);
@@ -126,11 +129,11 @@ static int gg__trim_idle(gg_arena_t *a, void *unused) {
   return gg__arena_trim_idle_locked(a);
 }
 
-/* Step: give wholly free chunks back before a growth would raise peak mapped (a failure only means the
- * growth maps more). Never waits for the GPU: a chunk that queued work may still use stays mapped (the
- * growth maps beside it), where waiting for it drained the GPU's queue once a step on training loops
- * whose steps outgrow each other (a Hugging Face GPT-2: 1.22-1.30x PyTorch's step time). 1: allocated
- * from what the trim settled; 0: no room. */
+/* Step: give wholly free chunks back before a growth would raise peak mapped (a failure only means
+ * the growth maps more). Never waits for the GPU: a chunk that queued work may still use stays
+ * mapped (the growth maps beside it), where waiting for it drained the GPU's queue once a step on
+ * training loops whose steps outgrow each other (a Hugging Face GPT-2: 1.22-1.30x PyTorch's step
+ * time). 1: allocated from what the trim settled; 0: no room. */
 static int gg__step_trim_before_growth(gg_arena_t *a, gg__request_t *q) {
   if (!gg__arena_trim_before_growth(a, q->size)) return 0;
   gg__arena_quietly(a, gg__trim_idle, NULL);
@@ -166,11 +169,12 @@ static void gg__step_wait_for_stream(gg_arena_t *a, gg__request_t *q) {
 static int gg__step_out_of_memory(gg_arena_t *a, const gg__request_t *q, const char *why) {
   gg_arena_stats_t s;
   gg__arena_fill_stats(a, &s);
-  return gg__err(GG_ENOMEM,
-                 "gg_alloc: cannot allocate %zu bytes (alignment %zu) in arena '%s': %s; in use %zu, mapped "
-                 "%zu, pending reuse %zu, capacity %zu, largest free block %zu (fragmentation %.3f)",
-                 q->asked, q->align, a->name, why, s.bytes_in_use, s.bytes_mapped, s.bytes_pending,
-                 s.bytes_reserved, s.largest_free_block, s.fragmentation);
+  return gg__err(
+      GG_ENOMEM,
+      "gg_alloc: cannot allocate %zu bytes (alignment %zu) in arena '%s': %s; in use %zu, mapped "
+      "%zu, pending reuse %zu, capacity %zu, largest free block %zu (fragmentation %.3f)",
+      q->asked, q->align, a->name, why, s.bytes_in_use, s.bytes_mapped, s.bytes_pending,
+      s.bytes_reserved, s.largest_free_block, s.fragmentation);
 }
 
 /* Step: free memory that does not fit. Every wholly free chunk goes back, so that growing again can
@@ -183,10 +187,10 @@ static bool gg__step_give_back_free_chunks(gg_arena_t *a, gg__request_t *q) {
 }
 
 /* Step: free blocks threads' caches hold go back before anything is mapped for a large request. A
- * request a cache could serve maps one chunk at most instead: giving back every thread's cache to find a
- * few KiB sent sixteen threads on an H200 host back to the arena's lock for their refills, over and over
- * (their rate fell below one thread's). Caches still go back before an out-of-memory error (the
- * ladder's wait step), at a scope's start and on a trim. */
+ * request a cache could serve maps one chunk at most instead: giving back every thread's cache to
+ * find a few KiB sent sixteen threads on an H200 host back to the arena's lock for their refills,
+ * over and over (their rate fell below one thread's). Caches still go back before an out-of-memory
+ * error (the ladder's wait step), at a scope's start and on a trim. */
 static int gg__step_give_back_cached(gg_arena_t *a, gg__request_t *q, bool any_size) {
   if (!any_size && q->size <= GG__TC_MAX_SIZE) return 0;
   return gg__tcache_give_back_all(a, false) ? gg__step_free_list(a, q) : 0;
@@ -214,24 +218,29 @@ static int gg__climb(gg_arena_t *a, gg__request_t *q) {
   return gg__step_out_of_memory(a, q, q->why[0] ? q->why : "no block fits");
 }
 
-/* ---- public calls -------------------------------------------------------------------------------- */
+/* ---- public calls ---------------------------------------------------------------------------- */
 
-static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t size, const char *tag,
-                            void **ptr, void *caller);
+static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t size,
+                            const char *tag, void **ptr, void *caller);
 
-/* caller: the return address of the public call, where a recorded site starts (GG_ARENA_BACKTRACE). */
-static int gg__alloc(gg_arena_t *a, size_t size, size_t align, const char *tag, void **ptr, void *caller) {
+/* caller: the return address of the public call, where a recorded site starts (GG_ARENA_BACKTRACE).
+ * */
+static int gg__alloc(gg_arena_t *a, size_t size, size_t align, const char *tag, void **ptr,
+                     void *caller) {
   int rc = gg__arena_valid(a, "gg_alloc");
   if (rc < 0) return rc;
   if (!ptr) return gg__err(GG_EINVAL, "gg_alloc: ptr (the out-pointer) is NULL");
   *ptr = NULL;
   if (size == 0) return gg__err(GG_EINVAL, "gg_alloc: size is 0");
   if (align == 0) align = GG__QUANTUM;
-  if (align & (align - 1)) return gg__err(GG_EINVAL, "gg_alloc: alignment %zu is not a power of two", align);
+  if (align & (align - 1))
+    return gg__err(GG_EINVAL, "gg_alloc: alignment %zu is not a power of two", align);
   if (align < GG__QUANTUM) align = GG__QUANTUM;
   if (size > SIZE_MAX - align)
-    return gg__err(GG_EINVAL, "gg_alloc: size %zu with alignment %zu overflows when rounded", size, align);
-  /* First this thread's cache, without the arena's lock (not when sites are recorded: each needs its own). */
+    return gg__err(GG_EINVAL, "gg_alloc: size %zu with alignment %zu overflows when rounded", size,
+                   align);
+  /* First this thread's cache, without the arena's lock (not when sites are recorded: each needs
+   * its own). */
   size_t rounded = gg__rounded_size(size);
   if (align == GG__QUANTUM && rounded <= GG__TC_MAX_SIZE && !gg__arena_records_sites(a) &&
       gg__tcache_alloc(a, rounded, size, tag, ptr))
@@ -240,8 +249,8 @@ static int gg__alloc(gg_arena_t *a, size_t size, size_t align, const char *tag, 
 }
 
 /* The arena's own path for one allocation. */
-static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t size, const char *tag,
-                            void **ptr, void *caller) {
+static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t size,
+                            const char *tag, void **ptr, void *caller) {
   gg__request_t q; /* not zeroed as a whole: `why` alone is 400 bytes, ~40 ns on every call */
   q.size = rounded, q.align = align, q.asked = size, q.tag = NULL, q.ptr = 0, q.why[0] = '\0';
   bool sites = gg__arena_records_sites(a);
@@ -271,36 +280,39 @@ int gg_alloc_ex(gg_arena_t *a, size_t size, size_t align, const char *tag, void 
   return gg__alloc(a, size, align, tag, ptr, __builtin_return_address(0));
 }
 
-/* ---- free ---------------------------------------------------------------------------------------- */
+/* ---- free ------------------------------------------------------------------------------------ */
 
 /* Says why p is not a live block: the message is the whole value of the error path. */
 static int gg__bad_free(gg_arena_t *a, uintptr_t p) {
   const gg__block_t *b = gg__used_holding(a, p);
   if (b && p > b->addr)
-    return gg__err(GG_EINVAL, "gg_free: %#jx points into the middle of the block at %#jx (%zu bytes)",
+    return gg__err(GG_EINVAL,
+                   "gg_free: %#jx points into the middle of the block at %#jx (%zu bytes)",
                    (uintmax_t)p, (uintmax_t)b->addr, b->req);
   size_t i = gg__chunk_index(a, p + 1);
   if (i > 0 && p < a->chunks[i - 1]->ptr + a->chunks[i - 1]->size)
-    return gg__err(GG_EINVAL, "gg_free: %#jx is not a live block of arena '%s' (double free?)", (uintmax_t)p,
-                   a->name);
+    return gg__err(GG_EINVAL, "gg_free: %#jx is not a live block of arena '%s' (double free?)",
+                   (uintmax_t)p, a->name);
   return gg__err(GG_EINVAL, "gg_free: %#jx was not allocated by arena '%s'", (uintmax_t)p, a->name);
 }
 
-/* Frees bump log entry i, whose memory holds p. The entry stays in the log as freed; its memory returns
- * when the log is cut or compacted. */
+/* Frees bump log entry i, whose memory holds p. The entry stays in the log as freed; its memory
+ * returns when the log is cut or compacted. */
 static int gg__free_bump_entry(gg_arena_t *a, size_t i, uintptr_t p, bool ordered) {
   gg__bump_entry_t *e = &a->bump[i];
   if (p != e->ptr)
-    return gg__err(GG_EINVAL, "gg_free: %#jx points into the middle of the block at %#jx (%zu bytes)",
+    return gg__err(GG_EINVAL,
+                   "gg_free: %#jx points into the middle of the block at %#jx (%zu bytes)",
                    (uintmax_t)p, (uintmax_t)e->ptr, e->req);
-  if (!e->live) return gg__err(GG_EINVAL, "gg_free: %#jx was freed already (double free)", (uintmax_t)p);
+  if (!e->live)
+    return gg__err(GG_EINVAL, "gg_free: %#jx was freed already (double free)", (uintmax_t)p);
   size_t n = gg__rounded_size(e->req);
   e->live = false, e->ordered = ordered;
   if (ordered) gg__arena_ordered_note(a, e->ptr, n);
   gg__arena_count_release(a, n, 1);
   a->bump_live_bytes -= n, a->frames[e->depth].bump_live--, a->frames[e->depth].bump_bytes -= n;
-  /* LIFO frees leave the log at once: without stream tracking top moves back over them; with it they
-   * join the open batch and, once it completes, merge into top the same way. */
+  /* LIFO frees leave the log at once: without stream tracking top moves back over them; with it
+   * they join the open batch and, once it completes, merge into top the same way. */
   if (i == a->bump_count - 1) {
     gg__bump_pop_dead(a);
     gg__arena_after_release(a);
@@ -316,8 +328,9 @@ static int gg__free_block(gg_arena_t *a, uintptr_t p, bool ordered) {
   if (!b) return gg__bad_free(a, p);
   gg__frame_unlink(a, b);
   gg__arena_count_release(a, b->size, 1);
-  int rc = gg__freelist_reserve(&a->freelist, 1); /* merging may need a map slot; the record is b's own */
-  if (rc < 0) {                                   /* keep the block live: nothing changed */
+  int rc = gg__freelist_reserve(&a->freelist,
+                                1); /* merging may need a map slot; the record is b's own */
+  if (rc < 0) {                     /* keep the block live: nothing changed */
     gg__frame_link(a, b), gg__addr_map_put(gg__used_map(a, b->depth), p, b);
     a->in_use += b->size, a->n_live++, a->n_frees--;
     return rc;
@@ -328,9 +341,10 @@ static int gg__free_block(gg_arena_t *a, uintptr_t p, bool ordered) {
   return 0;
 }
 
-/* Frees ptr; `ordered`: released in stream order (the plugin), reusable at once. Inline into its two
- * callers: a call less on every free that takes the lock. */
-static inline __attribute__((always_inline)) int gg__free_locked(gg_arena_t *a, void *ptr, bool ordered) {
+/* Frees ptr; `ordered`: released in stream order (the plugin), reusable at once. Inline into its
+ * two callers: a call less on every free that takes the lock. */
+static inline __attribute__((always_inline)) int gg__free_locked(gg_arena_t *a, void *ptr,
+                                                                 bool ordered) {
   if (!ptr) return gg__err(GG_EINVAL, "gg_free: ptr is NULL");
   uintptr_t p = (uintptr_t)ptr;
   if (p == a->placed_open) a->placed_open = 0; /* freed before the next allocation: a pair */
@@ -348,14 +362,14 @@ int gg_free(gg_arena_t *a, void *ptr) {
   return rc;
 }
 
-/* ---- for the allocator plugin -------------------------------------------------------------------- */
+/* ---- for the allocator plugin ---------------------------------------------------------------- */
 
 /* CU_STREAM_LEGACY (0x1) names the same stream as NULL, the legacy default stream. */
 static void *gg__norm_stream(void *stream) { return stream == (void *)0x1 ? NULL : stream; }
 
-/* Orders `to` after the work queued on `from` so far, on the device: an event recorded on `from` that
- * `to` waits for. The host never waits. One event per arena, recorded again each time (a wait takes the
- * event as it is when the wait is queued). Lock held. */
+/* Orders `to` after the work queued on `from` so far, on the device: an event recorded on `from`
+ * that `to` waits for. The host never waits. One event per arena, recorded again each time (a wait
+ * takes the event as it is when the wait is queued). Lock held. */
 static int gg__join_locked(gg_arena_t *a, void *from, void *to) {
   int rc;
   if (!a->join_event && (rc = a->ops->event_create(a->dev, &a->join_event)) < 0) {
@@ -381,14 +395,15 @@ int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *joined) {
   int rc = gg__arena_valid(a, "gg_torch_free");
   if (rc < 0) return rc;
   /* On the arena's own stream (or none tracked) no wait is needed: the cache may take it back. */
-  if (ptr && (!a->track || gg__norm_stream(stream) == a->stream) && gg__tcache_free(a, ptr, true)) return 0;
+  if (ptr && (!a->track || gg__norm_stream(stream) == a->stream) && gg__tcache_free(a, ptr, true))
+    return 0;
   if ((rc = gg__arena_lock_counted(a, "gg_torch_free")) < 0) return rc;
-  /* Stream-ordered, as PyTorch's own allocator: a block freed on the arena's stream is reusable at once
-   * by later work on that stream, which the stream runs after the work before the free; an allocation
-   * for another stream makes that stream wait for the arena's first (gg__arena_alloc_on). For a block
-   * freed on another stream, the arena's stream first waits for that stream's work so far, on the
-   * device: the block is then in the arena's stream order too. Under the lock (a guard's teardown
-   * cannot close the device meanwhile). */
+  /* Stream-ordered, as PyTorch's own allocator: a block freed on the arena's stream is reusable at
+   * once by later work on that stream, which the stream runs after the work before the free; an
+   * allocation for another stream makes that stream wait for the arena's first
+   * (gg__arena_alloc_on). For a block freed on another stream, the arena's stream first waits for
+   * that stream's work so far, on the device: the block is then in the arena's stream order too.
+   * Under the lock (a guard's teardown cannot close the device meanwhile). */
   rc = gg__join_other_locked(a, stream);
   if (rc > 0) *joined = 1;
   if (rc >= 0) rc = gg__free_locked(a, ptr, true);
@@ -408,8 +423,8 @@ int gg__arena_alloc_on(gg_arena_t *a, size_t size, void *stream, void **ptr, int
   *joined = 0;
   int rc = gg__alloc(a, size, 0, "torch", ptr, __builtin_return_address(0));
   if (rc < 0 || !a->track || gg__norm_stream(stream) == a->stream) return rc;
-  /* For another stream: what the arena's stream still runs may touch a block released onto it, so that
-   * stream waits for it, on the device. */
+  /* For another stream: what the arena's stream still runs may touch a block released onto it, so
+   * that stream waits for it, on the device. */
   if ((rc = gg__arena_enter(a, "gg_torch_alloc")) == 0) {
     rc = gg__join_locked(a, a->stream, gg__norm_stream(stream));
     gg__arena_leave(a);

@@ -1,31 +1,40 @@
-/* arena_cache.c — per-thread caches of an arena: each thread keeps, per arena it uses, a few free blocks of
- * the sizes it allocates most, so an alloc+free pair needs no arena lock. Eight threads on one lock cost
- * 13-14 us per pair on an H200 host; a cache's own lock is taken by its thread and, rarely, by an
- * arena-wide operation.
+/* arena_cache.c — per-thread caches of an arena: each thread keeps, per arena it uses, a few free
+ * blocks of the sizes it allocates most, so an alloc+free pair needs no arena lock. Eight threads
+ * on one lock cost 13-14 us per pair on an H200 host; a cache's own lock is taken by its thread
+ * and, rarely, by an arena-wide operation.
  *
- * A cache holds two kinds of blocks, both records in state GG__BLOCK_CACHED (arena_check.c counts them in
- * the tiling): FREE ones in a ring per size class, each with the stream ticket of its free, and LIVE ones it
- * handed out since it last published (their counters are the cache's deltas). Publishing turns the live
- * ones into ordinary USED records of the outermost scope and moves the deltas into the arena's counters;
- * it happens at every refill, before a locked allocation of the same thread, and whenever the arena looks
- * for a block it does not find (a free on another thread, a copy, foreach).
+ * A cache holds two kinds of blocks, both records in state GG__BLOCK_CACHED (arena_check.c counts
+ * them in the tiling): FREE ones in a ring per size class, each with the stream ticket of its free,
+ * and LIVE ones it handed out since it last published (their counters are the cache's deltas).
+ * Publishing turns the live ones into ordinary USED records of the outermost scope and moves the
+ * deltas into the arena's counters; it happens at every refill, before a locked allocation of the
+ * same thread, and whenever the arena looks for a block it does not find (a free on another thread,
+ * a copy, foreach).
  *
  * Rules that keep the arena's guarantees:
- *  - scopes: the cache is bypassed while a scope is open (scopes_open, read under the cache's lock), and
- *    gg_scope_begin sets it and then takes every cache's lock: an allocation is linearised before the
+ *  - scopes: the cache is bypassed while a scope is open (scopes_open, read under the cache's
+ * lock), and
+ *    gg_scope_begin sets it and then takes every cache's lock: an allocation is linearised before
+ * the
  *    scope (an outermost block) or after it (the arena's own path, owned by the scope);
- *  - the stream: a free on a tracking arena takes the arena's cache epoch as its ticket; the block is
- *    handed out again only once the safe epoch passed the ticket: a thread advances the epoch, then finds
- *    the stream idle, or an event it records on it then completes. The epoch and the safe mark are shared
+ *  - the stream: a free on a tracking arena takes the arena's cache epoch as its ticket; the block
+ * is
+ *    handed out again only once the safe epoch passed the ticket: a thread advances the epoch, then
+ * finds
+ *    the stream idle, or an event it records on it then completes. The epoch and the safe mark are
+ * shared
  *    by every cache of the arena (each on its own line, written once per observation, read on the
- *    path): one observation serves all threads, and one thread asks at a time — the driver serialises
+ *    path): one observation serves all threads, and one thread asks at a time — the driver
+ * serialises
  *    stream queries, so a query per thread made eight threads no faster than one;
- *  - lifetime: caches hang in the arena's list (arena lock) and in their thread's list (thread-local);
- *    destroy and teardown detach them under both locks before any device resource goes; a thread that
+ *  - lifetime: caches hang in the arena's list (arena lock) and in their thread's list
+ * (thread-local);
+ *    destroy and teardown detach them under both locks before any device resource goes; a thread
+ * that
  *    exits gives its caches back, or leaves them to the arena (orphans) when that cannot be done.
  *
- * Lock order: an arena's lock, then a cache's lock. A thread holding its cache's lock never takes the
- * arena's lock. */
+ * Lock order: an arena's lock, then a cache's lock. A thread holding its cache's lock never takes
+ * the arena's lock. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -34,15 +43,15 @@
 #include "arena/arena_impl.h"
 #include "core/internal.h"
 
-#define GG__TC_CLASSES     8                 /* sizes per cache */
-#define GG__TC_RING        64                /* free blocks per size: one stream query serves a ring */
+#define GG__TC_CLASSES     8  /* sizes per cache */
+#define GG__TC_RING        64 /* free blocks per size: one stream query serves a ring */
 #define GG__TC_CLASS_BYTES ((size_t)1 << 20) /* free bytes per size, a refill's worth */
 #define GG__TC_SHARE       8                 /* a refill takes at most 1/8 of the free memory */
 #define GG__TC_BYTES       ((size_t)8 << 20) /* free bytes per cache */
-#define GG__TC_LIVE_SLOTS  128               /* handed out and not yet published: at most half of this */
-#define GG__TC_BACKOFF     16                /* allocations that do not ask a busy stream again */
-#define GG__TC_TRIES       8                 /* questions a checkpoint waits for before the locked path */
-#define GG__TC_SIZE_HASH   64                /* entries of a cache's filter of the sizes its classes hold */
+#define GG__TC_LIVE_SLOTS  128 /* handed out and not yet published: at most half of this */
+#define GG__TC_BACKOFF     16  /* allocations that do not ask a busy stream again */
+#define GG__TC_TRIES       8   /* questions a checkpoint waits for before the locked path */
+#define GG__TC_SIZE_HASH   64  /* entries of a cache's filter of the sizes its classes hold */
 
 typedef struct gg__tc_entry {
   gg__block_t *rec;
@@ -53,7 +62,8 @@ typedef struct gg__tc_entry {
 typedef struct gg__tc_class {
   size_t size;      /* rounded size; 0 when the slot is unused */
   unsigned head, n; /* ring, oldest at head */
-  unsigned batch;   /* blocks the next refill carves: doubles per refill, so sizes seen once cost little */
+  unsigned
+      batch; /* blocks the next refill carves: doubles per refill, so sizes seen once cost little */
   unsigned long long used; /* last refill, for eviction */
   gg__tc_entry_t ring[GG__TC_RING];
 } gg__tc_class_t;
@@ -69,20 +79,25 @@ struct gg__tcache {
   gg__tcache_t *next;            /* its thread's caches (that thread only) */
   gg__tcache_t *a_prev, *a_next; /* its arena's caches (arena lock) */
   gg__tc_class_t cls[GG__TC_CLASSES];
-  /* Classes per value of a size's low bits (gg__tc_size_hash): most sizes of a random mix match none, and
-   * one byte says so before the lock and the walk over the classes. Written and read by its thread only. */
+  /* Classes per value of a size's low bits (gg__tc_size_hash): most sizes of a random mix match
+   * none, and one byte says so before the lock and the walk over the classes. Written and read by
+   * its thread only. */
   uint8_t size_seen[GG__TC_SIZE_HASH];
   size_t free_bytes;
   unsigned long long clock;
-  gg__block_t *live[GG__TC_LIVE_SLOTS];       /* by address, linear probing */
-  uint64_t live_bits[GG__TC_LIVE_SLOTS / 64]; /* bit i: live[i] is taken (publishing visits only those) */
-  _Atomic size_t n_live; /* written under the lock; its thread reads it without, to skip frees not its own */
-  const char *tag;       /* the interned tag of the last refill: allocations with that tag may be served */
-  size_t d_bytes, peak;  /* since the last publish: live bytes, highest total seen by this thread */
+  gg__block_t *live[GG__TC_LIVE_SLOTS]; /* by address, linear probing */
+  uint64_t live_bits[GG__TC_LIVE_SLOTS /
+                     64]; /* bit i: live[i] is taken (publishing visits only those) */
+  _Atomic size_t
+      n_live; /* written under the lock; its thread reads it without, to skip frees not its own */
+  const char
+      *tag; /* the interned tag of the last refill: allocations with that tag may be served */
+  size_t d_bytes, peak; /* since the last publish: live bytes, highest total seen by this thread */
   unsigned long long d_allocs, d_frees;
   unsigned backoff;
-  void *event; /* recorded on the arena's stream when it was busy, covering tickets below event_epoch */
-  uint64_t event_epoch;      /* 0: no event out */
+  void *event;          /* recorded on the arena's stream when it was busy, covering tickets below
+                           event_epoch */
+  uint64_t event_epoch; /* 0: no event out */
   unsigned long long events; /* recorded since the last publish, for the arena's probe */
 };
 
@@ -92,13 +107,13 @@ static _Thread_local gg__tcache_t *gg__tc_mine __attribute__((tls_model("initial
 static pthread_key_t gg__tc_key; /* its destructor gives them back when the thread exits */
 static pthread_once_t gg__tc_once = PTHREAD_ONCE_INIT;
 
-/* ---- the cache's lock -------------------------------------------------------------------------------- */
+/* ---- the cache's lock ------------------------------------------------------------------------ */
 
 static void gg__tc_lock(gg__tcache_t *c) { gg__spin_lock(&c->lock); }
 
 static void gg__tc_unlock(gg__tcache_t *c) { gg__spin_unlock(&c->lock); }
 
-/* ---- live blocks, by address ------------------------------------------------------------------------- */
+/* ---- live blocks, by address ----------------------------------------------------------------- */
 
 static size_t gg__tc_nlive(const gg__tcache_t *c) {
   return atomic_load_explicit(&c->n_live, memory_order_relaxed);
@@ -133,7 +148,8 @@ static gg__block_t *gg__tc_live_take(gg__tcache_t *c, uintptr_t addr) {
   gg__block_t *b = c->live[i];
   if (!b) return NULL;
   gg__tc_live_set(c, i, NULL), gg__tc_set_nlive(c, gg__tc_nlive(c) - 1);
-  for (size_t j = (i + 1) & (GG__TC_LIVE_SLOTS - 1); c->live[j]; j = (j + 1) & (GG__TC_LIVE_SLOTS - 1)) {
+  for (size_t j = (i + 1) & (GG__TC_LIVE_SLOTS - 1); c->live[j];
+       j = (j + 1) & (GG__TC_LIVE_SLOTS - 1)) {
     size_t home = gg__tc_slot(c->live[j]->addr);
     if (((j - home) & (GG__TC_LIVE_SLOTS - 1)) >= ((j - i) & (GG__TC_LIVE_SLOTS - 1)))
       gg__tc_live_set(c, i, c->live[j]), gg__tc_live_set(c, j, NULL), i = j;
@@ -141,9 +157,11 @@ static gg__block_t *gg__tc_live_take(gg__tcache_t *c, uintptr_t addr) {
   return b;
 }
 
-/* ---- size classes and tickets ------------------------------------------------------------------------ */
+/* ---- size classes and tickets ---------------------------------------------------------------- */
 
-static size_t gg__tc_size_hash(size_t size) { return (size / GG__QUANTUM) & (GG__TC_SIZE_HASH - 1); }
+static size_t gg__tc_size_hash(size_t size) {
+  return (size / GG__QUANTUM) & (GG__TC_SIZE_HASH - 1);
+}
 
 /* Gives class k the size `size` (0: none), keeping the filter. */
 static void gg__tc_class_set_size(gg__tcache_t *c, gg__tc_class_t *k, size_t size) {
@@ -179,10 +197,10 @@ static bool gg__tc_safe_for(const gg_arena_t *a, uint64_t ticket) {
 }
 
 /* Whether the work queued before the frees of tickets below the arena's epoch is done: the epoch is
- * advanced first (later frees get a later ticket), then this cache's earlier event is asked, then the
- * stream; while it is busy an event is recorded, so a stream that never runs dry still lets blocks come
- * back. One thread asks at a time (another one asking serves this cache too). Never blocks; failures
- * only delay reuse (this thread's error detail is kept). */
+ * advanced first (later frees get a later ticket), then this cache's earlier event is asked, then
+ * the stream; while it is busy an event is recorded, so a stream that never runs dry still lets
+ * blocks come back. One thread asks at a time (another one asking serves this cache too). Never
+ * blocks; failures only delay reuse (this thread's error detail is kept). */
 static int gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
   gg__err_quiet_t quiet; /* the detail is copied only if a driver call fails */
   gg__err_quiet_begin(&quiet);
@@ -208,16 +226,17 @@ static int gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
   return idle;
 }
 
-/* Waits until no thread is asking the stream: one query, a few hundred nanoseconds, against microseconds
- * for the arena's locked path the caller would take instead. */
+/* Waits until no thread is asking the stream: one query, a few hundred nanoseconds, against
+ * microseconds for the arena's locked path the caller would take instead. */
 static void gg__tc_await_asker(gg_arena_t *a) {
   for (unsigned spins = 0; atomic_load_explicit(&a->tc_asking, memory_order_acquire); spins++)
     if (spins >= 64) sched_yield(); /* the asker may be descheduled: do not burn its core */
 }
 
-/* For the oldest free of a class: asks, or awaits the answer of the thread asking (it covers this ticket
- * when the free came before its question), so threads share queries instead of queueing on the driver's
- * lock. A stream found busy is not asked again for GG__TC_BACKOFF allocations of this cache. */
+/* For the oldest free of a class: asks, or awaits the answer of the thread asking (it covers this
+ * ticket when the free came before its question), so threads share queries instead of queueing on
+ * the driver's lock. A stream found busy is not asked again for GG__TC_BACKOFF allocations of this
+ * cache. */
 static bool gg__tc_checkpoint(gg_arena_t *a, gg__tcache_t *c, uint64_t ticket) {
   if (c->backoff) return c->backoff--, false;
   for (int tries = 0; tries < GG__TC_TRIES; tries++) {
@@ -243,9 +262,9 @@ static bool gg__tc_reusable(const gg_arena_t *a, const gg__tc_entry_t *e) {
   return !a->track || e->ordered || gg__tc_safe_for(a, e->ticket);
 }
 
-/* The tag the caller asked for, when it is the cache's: the interned text (the tag cut at GG__TAG_MAX
- * bytes), without the arena's lock. Compared byte by byte: tags are short, and strnlen + strncmp cost
- * more than the loop on every allocation the plugin makes (its tag is "torch"). */
+/* The tag the caller asked for, when it is the cache's: the interned text (the tag cut at
+ * GG__TAG_MAX bytes), without the arena's lock. Compared byte by byte: tags are short, and strnlen
+ * + strncmp cost more than the loop on every allocation the plugin makes (its tag is "torch"). */
 static bool gg__tc_tag(const gg__tcache_t *c, const char *tag, const char **out) {
   if (!tag || !*tag) return (*out = ""), true;
   const char *t = c->tag;
@@ -257,7 +276,7 @@ static bool gg__tc_tag(const gg__tcache_t *c, const char *tag, const char **out)
   return (*out = t), true; /* the first GG__TAG_MAX bytes match, and t holds no more */
 }
 
-/* ---- finding this thread's cache --------------------------------------------------------------------- */
+/* ---- finding this thread's cache ------------------------------------------------------------- */
 
 static void gg__tc_thread_exit(void *head);
 
@@ -292,26 +311,28 @@ static void gg__tc_sweep(gg__tcache_t *only) {
   gg__tcache_t **pp = &gg__tc_mine;
   while (*pp) {
     gg__tcache_t *c = *pp;
-    bool parent = c->fork_gen != gg__fork_generation(); /* its arena refuses use here; its lock may be held */
+    bool parent =
+        c->fork_gen != gg__fork_generation(); /* its arena refuses use here; its lock may be held */
     if ((only && c != only) || (!parent && atomic_load(&c->attached))) {
       pp = &c->next;
       continue;
     }
     *pp = c->next;
-    if (!parent) gg__tc_lock(c), gg__tc_unlock(c); /* the detaching thread may still be leaving the lock */
+    if (!parent)
+      gg__tc_lock(c), gg__tc_unlock(c); /* the detaching thread may still be leaving the lock */
     free(c);
   }
   gg__tc_set_head(gg__tc_mine);
 }
 
-/* ---- publishing and giving back ---------------------------------------------------------------------- */
+/* ---- publishing and giving back -------------------------------------------------------------- */
 
 /* Arena and cache locked. Live blocks become USED records of the outermost scope (the cache is
  * bypassed while a scope is open, so that is where they were allocated); the deltas move into the
  * arena's counters. 0 or GG_ENOMEM (nothing changed). */
 static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
-  /* Nothing since the last publish (most locked allocations of a thread whose cache missed): only what
-   * a publish does without deltas. */
+  /* Nothing since the last publish (most locked allocations of a thread whose cache missed): only
+   * what a publish does without deltas. */
   if (!c->d_allocs && !c->d_frees && !c->events && !c->peak && !c->d_bytes && !gg__tc_nlive(c)) {
     if (a->in_use > a->peak_in_use) a->peak_in_use = a->in_use;
     atomic_store_explicit(&a->in_use_seen, a->in_use, memory_order_relaxed);
@@ -322,12 +343,14 @@ static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
     int rc = gg__addr_map_reserve(&a->used, n_live);
     if (rc < 0) return rc;
     a->n_live += n_live;
-    /* The taken slots by their bits: a scan of the table cost ~130 instructions per publish of one. */
+    /* The taken slots by their bits: a scan of the table cost ~130 instructions per publish of one.
+     * */
     for (size_t w = 0; w < GG__TC_LIVE_SLOTS / 64; w++)
       for (uint64_t bits = c->live_bits[w]; bits; bits &= bits - 1) {
         size_t i = w * 64 + (size_t)__builtin_ctzll(bits);
         gg__block_t *b = c->live[i];
         c->live[i] = NULL;
+        GG__ASSERT(b->state == GG__BLOCK_CACHED); /* handed out by this cache, not yet published */
         b->state = GG__BLOCK_USED, b->depth = 0;
         gg__frame_link(a, b);
         gg__addr_map_put(&a->used, b->addr, b);
@@ -344,8 +367,9 @@ static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
   return 0;
 }
 
-/* Arena and cache locked. The free blocks of one class go back to the arena: reusable at once when their
- * ticket allows it, else into the open batch like any other release. 0 or GG_ENOMEM (nothing changed). */
+/* Arena and cache locked. The free blocks of one class go back to the arena: reusable at once when
+ * their ticket allows it, else into the open batch like any other release. 0 or GG_ENOMEM (nothing
+ * changed). */
 static int gg__tc_give_back_class(gg_arena_t *a, gg__tcache_t *c, gg__tc_class_t *k) {
   if (!k->n) return 0;
   int rc = gg__freelist_reserve(&a->freelist, k->n);
@@ -354,7 +378,8 @@ static int gg__tc_give_back_class(gg_arena_t *a, gg__tcache_t *c, gg__tc_class_t
     gg__tc_entry_t *e = &k->ring[k->head];
     gg__block_t *b = e->rec;
     c->free_bytes -= b->size;
-    if (e->ordered) gg__arena_ordered_note(a, b->addr, b->size); /* unmapped once its work is done */
+    if (e->ordered)
+      gg__arena_ordered_note(a, b->addr, b->size); /* unmapped once its work is done */
     gg__arena_release(a, b->addr, b->size, b->seg, b, gg__tc_reusable(a, e));
   }
   k->head = 0;
@@ -363,12 +388,13 @@ static int gg__tc_give_back_class(gg_arena_t *a, gg__tcache_t *c, gg__tc_class_t
 
 static int gg__tc_give_back_all(gg_arena_t *a, gg__tcache_t *c) {
   int rc = 0;
-  for (int i = 0; i < GG__TC_CLASSES; i++) GG_KEEP_FIRST(rc, gg__tc_give_back_class(a, c, &c->cls[i]));
+  for (int i = 0; i < GG__TC_CLASSES; i++)
+    GG_KEEP_FIRST(rc, gg__tc_give_back_class(a, c, &c->cls[i]));
   return rc;
 }
 
-/* Arena and cache locked, the device still open: the cache's event goes (what it covered goes back to
- * the arena as pending, or was given back already). */
+/* Arena and cache locked, the device still open: the cache's event goes (what it covered goes back
+ * to the arena as pending, or was given back already). */
 static void gg__tc_drop_event(gg_arena_t *a, gg__tcache_t *c) {
   if (!c->event) return;
   gg__err_quiet_t quiet; /* the detail is copied only if a driver call fails */
@@ -395,11 +421,13 @@ static void gg__tc_drop_if_empty_orphan(gg_arena_t *a, gg__tcache_t *c) {
   free(c);
 }
 
-/* The thread's destructor: each cache goes back to its arena, or to nobody when the arena let it go. */
+/* The thread's destructor: each cache goes back to its arena, or to nobody when the arena let it
+ * go. */
 static void gg__tc_thread_exit(void *head) {
   for (gg__tcache_t *c = head, *next; c; c = next) {
     next = c->next;
-    if (c->fork_gen != gg__fork_generation()) { /* its arena belongs to the parent: only the memory goes */
+    if (c->fork_gen !=
+        gg__fork_generation()) { /* its arena belongs to the parent: only the memory goes */
       free(c);
       continue;
     }
@@ -431,24 +459,28 @@ static void gg__tc_thread_exit(void *head) {
   }
 }
 
-/* ---- the calls without the arena's lock -------------------------------------------------------------- */
+/* ---- the calls without the arena's lock ------------------------------------------------------ */
 
 bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag, void **ptr) {
   gg__tcache_t *c = gg__tc_find(a);
   if (!c) return false;
-  /* No class of this size: the filter is this thread's own (a detached cache goes on, to be swept). */
-  if (!c->size_seen[gg__tc_size_hash(size)] && atomic_load_explicit(&c->attached, memory_order_relaxed))
+  /* No class of this size: the filter is this thread's own (a detached cache goes on, to be swept).
+   * */
+  if (!c->size_seen[gg__tc_size_hash(size)] &&
+      atomic_load_explicit(&c->attached, memory_order_relaxed))
     return false;
   gg__tc_lock(c);
   bool attached = atomic_load_explicit(&c->attached, memory_order_relaxed), got = false;
   const char *t;
   gg__tc_class_t *k;
-  if (attached && !atomic_load_explicit(&a->scopes_open, memory_order_relaxed) && gg__tc_tag(c, tag, &t) &&
-      (k = gg__tc_class(c, size)) && k->n && gg__tc_nlive(c) < GG__TC_LIVE_SLOTS / 2) {
+  if (attached && !atomic_load_explicit(&a->scopes_open, memory_order_relaxed) &&
+      gg__tc_tag(c, tag, &t) && (k = gg__tc_class(c, size)) && k->n &&
+      gg__tc_nlive(c) < GG__TC_LIVE_SLOTS / 2) {
     gg__tc_entry_t *e = &k->ring[k->head];
-    /* The oldest free still waits: while the class is still growing, the arena's path adds blocks (one
-     * stream query per ring then covers more pairs); once full, the stream is asked. */
-    if (gg__tc_reusable(a, e) || (k->batch >= gg__tc_cap(size) && gg__tc_checkpoint(a, c, e->ticket))) {
+    /* The oldest free still waits: while the class is still growing, the arena's path adds blocks
+     * (one stream query per ring then covers more pairs); once full, the stream is asked. */
+    if (gg__tc_reusable(a, e) ||
+        (k->batch >= gg__tc_cap(size) && gg__tc_checkpoint(a, c, e->ticket))) {
       gg__block_t *b = e->rec;
       k->head = (k->head + 1) % GG__TC_RING, k->n--;
       c->free_bytes -= size;
@@ -468,7 +500,8 @@ bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag,
 
 bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered) {
   gg__tcache_t *c = gg__tc_find(a);
-  if (!c || !gg__tc_nlive(c)) return false; /* handed nothing out: not ours (publishers only lower it) */
+  if (!c || !gg__tc_nlive(c))
+    return false; /* handed nothing out: not ours (publishers only lower it) */
   gg__tc_lock(c);
   bool attached = atomic_load_explicit(&c->attached, memory_order_relaxed), done = false;
   gg__block_t *b;
@@ -476,7 +509,8 @@ bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered) {
       (b = gg__tc_live_take(c, (uintptr_t)ptr))) {
     gg__tc_class_t *k = gg__tc_class_claim(c, b->size);
     if (k && k->n < GG__TC_RING && c->free_bytes + b->size <= GG__TC_BYTES) {
-      uint64_t ticket = a->track && !ordered ? atomic_load(&a->tc_epoch) : 0; /* see gg__tc_ask_stream */
+      uint64_t ticket =
+          a->track && !ordered ? atomic_load(&a->tc_epoch) : 0; /* see gg__tc_ask_stream */
       k->ring[(k->head + k->n++) % GG__TC_RING] = (gg__tc_entry_t){b, ticket, ordered};
       c->free_bytes += b->size;
       c->d_bytes -= b->size, c->d_frees++;
@@ -490,7 +524,8 @@ bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered) {
   return done;
 }
 
-/* ---- under the arena's lock: refills --------------------------------------------------------------------
+/* ---- under the arena's lock: refills
+ * --------------------------------------------------------------------
  */
 
 static gg__tcache_t *gg__tc_create(gg_arena_t *a) {
@@ -509,9 +544,10 @@ static gg__tcache_t *gg__tc_create(gg_arena_t *a) {
   return c;
 }
 
-/* Makes room for `want` blocks of `size` within the cache's bounds: the least recently refilled other
- * classes go back. Returns how many fit. */
-static size_t gg__tc_room(gg_arena_t *a, gg__tcache_t *c, gg__tc_class_t *k, size_t size, size_t want) {
+/* Makes room for `want` blocks of `size` within the cache's bounds: the least recently refilled
+ * other classes go back. Returns how many fit. */
+static size_t gg__tc_room(gg_arena_t *a, gg__tcache_t *c, gg__tc_class_t *k, size_t size,
+                          size_t want) {
   while (c->free_bytes + want * size > GG__TC_BYTES) {
     gg__tc_class_t *old = NULL;
     for (int i = 0; i < GG__TC_CLASSES; i++)
@@ -522,8 +558,8 @@ static size_t gg__tc_room(gg_arena_t *a, gg__tcache_t *c, gg__tc_class_t *k, siz
   return want < fit ? want : fit;
 }
 
-/* Carves up to `want` blocks of `size` from free memory as it is, in one piece (best fit, else the bump
- * block), halving the count until one fits. Fills recs; returns how many. */
+/* Carves up to `want` blocks of `size` from free memory as it is, in one piece (best fit, else the
+ * bump block), halving the count until one fits. Fills recs; returns how many. */
 static size_t gg__tc_carve(gg_arena_t *a, size_t size, size_t want, gg__block_t **recs) {
   gg__freelist_t *fl = &a->freelist;
   if (gg__freelist_reserve(fl, want + 2) < 0) return 0;
@@ -533,7 +569,8 @@ static size_t gg__tc_carve(gg_arena_t *a, size_t size, size_t want, gg__block_t 
     void *seg;
     gg__block_t *b = gg__freelist_fit(fl, n, GG__QUANTUM), *t = fl->top;
     if (b) {
-      gg__block_t *piece = gg__freelist_carve(fl, b, n, GG__QUANTUM); /* the record of the n bytes */
+      gg__block_t *piece =
+          gg__freelist_carve(fl, b, n, GG__QUANTUM); /* the record of the n bytes */
       seg = piece->seg, p = piece->addr;
       gg__freelist_give_record(fl, piece);
     } else if (t && t->size >= n) {
@@ -564,10 +601,11 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
   /* Published first: a locked allocation raises the peak from the arena's own counters. */
   if (gg__tc_publish(a, c) == 0 && cacheable) {
     gg__tc_class_t *k = gg__tc_class(c, size);
-    if (!k) { /* a size seen the first time only takes a slot (the least recently used): sizes that do
-               * not come back (a random mix) cost no refill, only the arena's path as before */
+    if (!k) { /* a size seen the first time only takes a slot (the least recently used): sizes that
+               * do not come back (a random mix) cost no refill, only the arena's path as before */
       for (int i = 0; i < GG__TC_CLASSES; i++)
-        if (!k || c->cls[i].n < k->n || (c->cls[i].n == k->n && c->cls[i].used < k->used)) k = &c->cls[i];
+        if (!k || c->cls[i].n < k->n || (c->cls[i].n == k->n && c->cls[i].used < k->used))
+          k = &c->cls[i];
       if (!k->n || gg__tc_give_back_class(a, c, k) == 0)
         gg__tc_class_set_size(c, k, size), k->head = 0, k->batch = 0, k->used = ++c->clock;
       k = NULL;
@@ -580,10 +618,11 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
     want = want < 1 ? 1 : want > gg__tc_cap(size) ? gg__tc_cap(size) : want;
     gg__block_t *recs[GG__TC_RING];
     size_t n = 0;
-    if (k &&
-        (want = gg__tc_room(a, c, k, size, want < GG__TC_RING - k->n + 1 ? want : GG__TC_RING - k->n + 1)))
+    if (k && (want = gg__tc_room(a, c, k, size,
+                                 want < GG__TC_RING - k->n + 1 ? want : GG__TC_RING - k->n + 1)))
       n = gg__tc_carve(a, size, want, recs);
-    if (!n && k) k->batch = gg__tc_cap(size); /* no room to grow: the ring asks the stream as it is */
+    if (!n && k)
+      k->batch = gg__tc_cap(size); /* no room to grow: the ring asks the stream as it is */
     if (n) {
       k->used = ++c->clock, k->batch = (k->batch ? k->batch : 2) * 2;
       if (k->batch > gg__tc_cap(size)) k->batch = gg__tc_cap(size);
@@ -603,7 +642,7 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
   return got;
 }
 
-/* ---- under the arena's lock: arena-wide operations ---------------------------------------------------- */
+/* ---- under the arena's lock: arena-wide operations ------------------------------------------- */
 
 int gg__tcache_publish_all(gg_arena_t *a) {
   int n = 0;
@@ -626,8 +665,8 @@ bool gg__tcache_give_back_all(gg_arena_t *a, bool publish) {
     next = c->a_next;
     gg__tc_lock(c);
     any |= c->free_bytes != 0;
-    /* Asked first: blocks whose work is done go back as free memory, not as pending releases (a large
-     * allocation that needs them then fits without a wait, a trim or a growth). */
+    /* Asked first: blocks whose work is done go back as free memory, not as pending releases (a
+     * large allocation that needs them then fits without a wait, a trim or a growth). */
     if (c->free_bytes && a->track) gg__tc_ask_stream(a, c);
     if (publish || c->orphan) gg__tc_publish(a, c);
     gg__tc_give_back_all(a, c);
@@ -687,8 +726,8 @@ void gg__tcache_reset_peak(gg_arena_t *a) {
   }
 }
 
-const char *gg__tcache_census(gg_arena_t *a, void (*add)(void *ctx, const gg__block_t *b, bool live),
-                              void *ctx) {
+const char *gg__tcache_census(gg_arena_t *a,
+                              void (*add)(void *ctx, const gg__block_t *b, bool live), void *ctx) {
   const char *w = NULL;
   for (gg__tcache_t *c = a->caches; c && !w; c = c->a_next) {
     gg__tc_lock(c);
@@ -710,7 +749,8 @@ const char *gg__tcache_census(gg_arena_t *a, void (*add)(void *ctx, const gg__bl
     uint8_t seen[GG__TC_SIZE_HASH] = {0};
     for (int i = 0; i < GG__TC_CLASSES; i++)
       if (c->cls[i].size) seen[gg__tc_size_hash(c->cls[i].size)]++;
-    if (memcmp(seen, c->size_seen, sizeof seen)) w = "a cache's filter of sizes disagrees with its classes";
+    if (memcmp(seen, c->size_seen, sizeof seen))
+      w = "a cache's filter of sizes disagrees with its classes";
     if (c->d_allocs - c->d_frees != live) w = "a cache's allocation counts are wrong";
     gg__tc_unlock(c);
   }

@@ -1,6 +1,9 @@
-/* arena_check.c — for tests: the probe (counters of internal work) and the full consistency check,
- * which walks every structure of an arena and proves that its pieces tile the mapped memory exactly
- * and agree with every counter. */
+/* arena_check.c — for tests and the debug build: the probe (counters of internal work) and the full
+ * consistency check, which walks every structure of an arena and proves that its pieces tile the
+ * mapped memory exactly and agree with every counter. */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "arena/arena_impl.h"
@@ -10,13 +13,14 @@ int gg__arena_probe(gg_arena_t *a, gg__arena_probe_t *out) {
   int rc = gg__arena_enter(a, "gg__arena_probe");
   if (rc < 0) return rc;
   *out = a->probe;
-  out->bump_entries = a->bump_count, out->free_blocks = a->freelist.count, out->chunks = a->n_chunks;
+  out->bump_entries = a->bump_count, out->free_blocks = a->freelist.count,
+  out->chunks = a->n_chunks;
   out->top_bytes = a->freelist.top ? a->freelist.top->size : 0;
   gg__arena_leave(a);
   return 0;
 }
 
-/* ---- regions: every piece of mapped memory, whatever structure holds it -------------------------- */
+/* ---- regions: every piece of mapped memory, whatever structure holds it ---------------------- */
 
 enum { GG__REGION_FREE, GG__REGION_USED, GG__REGION_PENDING, GG__REGION_RUN, GG__REGION_CACHED };
 
@@ -52,7 +56,8 @@ static const char *gg__check_free(const gg_arena_t *a, gg__census_t *c) {
   gg__block_t **fs = malloc((a->freelist.count + 1) * sizeof *fs);
   if (!fs) return "out of host memory";
   size_t nf = gg__freelist_list(&a->freelist, fs, a->freelist.count);
-  for (size_t i = 0; i < nf; i++) gg__census_add(c, fs[i]->addr, fs[i]->size, GG__REGION_FREE, fs[i]->seg);
+  for (size_t i = 0; i < nf; i++)
+    gg__census_add(c, fs[i]->addr, fs[i]->size, GG__REGION_FREE, fs[i]->seg);
   free(fs);
   const gg__block_t *t = a->freelist.top;
   if (t && t->size) gg__census_add(c, t->addr, t->size, GG__REGION_FREE, t->seg);
@@ -66,15 +71,18 @@ static const char *gg__check_used(const gg_arena_t *a, gg__census_t *c) {
     for (size_t i = 0; i < m->cap && c->n < c->cap; i++) {
       const gg__block_t *b = m->slots[i].val;
       if (!b) continue;
-      if (b->state != GG__BLOCK_USED || b->addr != m->slots[i].key) return "a used record is not USED";
+      if (b->state != GG__BLOCK_USED || b->addr != m->slots[i].key)
+        return "a used record is not USED";
       if (b->depth != d) return "a used record is in another scope's map";
-      if (b->size != gg__rounded_size(b->req)) return "a used record's size does not match its request";
+      if (b->size != gg__rounded_size(b->req))
+        return "a used record's size does not match its request";
       gg__census_add(c, b->addr, b->size, GG__REGION_USED, b->seg);
       c->live++, c->live_bytes += b->size;
     }
   }
   for (int d = a->n_frames; d < (int)a->frames_cap; d++)
-    if (a->frames[d].used.n || a->frames[d].n_blocks) return "a scope that ended still holds records";
+    if (a->frames[d].used.n || a->frames[d].n_blocks)
+      return "a scope that ended still holds records";
   size_t in_frames = 0, n = 0;
   for (const gg__block_t *b = a->frames[0].blocks; b; b = b->r, n++) {
     if (b->depth != 0 || gg__addr_map_get(&a->used, b->addr) != b)
@@ -113,11 +121,13 @@ static const char *gg__check_batches(const gg_arena_t *a, gg__census_t *c) {
   return pending != a->pending ? "pending bytes are wrong" : NULL;
 }
 
-/* The bump log: sorted, each run without holes, entries aligned and in open scopes; a run is a region. */
+/* The bump log: sorted, each run without holes, entries aligned and in open scopes; a run is a
+ * region. */
 static const char *gg__check_bump_runs(const gg_arena_t *a, gg__census_t *c) {
   size_t run_bytes = 0;
   for (size_t ri = 0; ri < a->run_count; ri++) {
-    size_t first = a->runs[ri].first, last = ri + 1 < a->run_count ? a->runs[ri + 1].first : a->bump_count;
+    size_t first = a->runs[ri].first,
+           last = ri + 1 < a->run_count ? a->runs[ri + 1].first : a->bump_count;
     if (first >= last) return "an empty run in the bump log";
     if (ri && a->bump[first].start < gg__bump_entry_end(&a->bump[first - 1]))
       return "the bump log is not sorted";
@@ -158,7 +168,8 @@ static const char *gg__check_scope_marks(const gg_arena_t *a, const gg__census_t
   size_t bytes = 0;
   for (int d = 0; d < a->n_frames; d++) {
     live += a->frames[d].bump_live, bytes += a->frames[d].bump_bytes;
-    if (d && a->frames[d].bump_first < a->frames[d - 1].bump_first) return "scope log marks out of order";
+    if (d && a->frames[d].bump_first < a->frames[d - 1].bump_first)
+      return "scope log marks out of order";
     size_t end = d + 1 < a->n_frames ? a->frames[d + 1].bump_first : a->bump_count;
     for (size_t i = a->frames[d].bump_first; i < end; i++)
       if (a->bump[i].depth != d) return "a bump entry lies in another scope's part of the log";
@@ -183,7 +194,8 @@ static const char *gg__check_inside_chunks(const gg_arena_t *a, const gg__region
 }
 
 /* The regions in address order: aligned, not overlapping, free neighbours merged, inside chunks. */
-static const char *gg__check_tiling(const gg_arena_t *a, gg__census_t *c, size_t *total, size_t *free_bytes) {
+static const char *gg__check_tiling(const gg_arena_t *a, gg__census_t *c, size_t *total,
+                                    size_t *free_bytes) {
   if (c->n >= c->cap) return "too many regions";
   qsort(c->r, c->n, sizeof *c->r, gg__region_cmp);
   const char *w;
@@ -191,17 +203,19 @@ static const char *gg__check_tiling(const gg_arena_t *a, gg__census_t *c, size_t
     const gg__region_t *r = &c->r[i], *next = i + 1 < c->n ? &c->r[i + 1] : NULL;
     *total += r->size;
     if (r->kind == GG__REGION_FREE) *free_bytes += r->size;
-    if (!r->size || r->addr % GG__QUANTUM || r->size % GG__QUANTUM) return "a region is empty or misaligned";
+    if (!r->size || r->addr % GG__QUANTUM || r->size % GG__QUANTUM)
+      return "a region is empty or misaligned";
     if (next && r->addr + r->size > next->addr) return "two regions overlap";
-    if (next && r->kind == GG__REGION_FREE && next->kind == GG__REGION_FREE && r->seg == next->seg &&
-        r->addr + r->size == next->addr)
+    if (next && r->kind == GG__REGION_FREE && next->kind == GG__REGION_FREE &&
+        r->seg == next->seg && r->addr + r->size == next->addr)
       return "two free neighbours were not merged";
     if ((w = gg__check_inside_chunks(a, r))) return w;
   }
   return NULL;
 }
 
-/* The chunks: sorted, apart, inside the reservation; their sum, the regions' and the counters agree. */
+/* The chunks: sorted, apart, inside the reservation; their sum, the regions' and the counters
+ * agree. */
 static const char *gg__check_chunks(const gg_arena_t *a, size_t total, size_t free_bytes) {
   size_t mapped = 0;
   for (size_t i = 0; i < a->n_chunks; i++) {
@@ -222,22 +236,65 @@ static const char *gg__check_locked(gg_arena_t *a, gg__census_t *c) {
   const char *w;
   size_t total = 0, free_bytes = 0;
   if ((w = gg__check_free(a, c)) || (w = gg__check_used(a, c)) || (w = gg__check_batches(a, c)) ||
-      (w = gg__check_bump_runs(a, c)) || (w = gg__check_scope_marks(a, c)) || (w = gg__check_caches(a, c)) ||
-      (w = gg__check_tiling(a, c, &total, &free_bytes)))
+      (w = gg__check_bump_runs(a, c)) || (w = gg__check_scope_marks(a, c)) ||
+      (w = gg__check_caches(a, c)) || (w = gg__check_tiling(a, c, &total, &free_bytes)))
     return w;
   return gg__check_chunks(a, total, free_bytes);
+}
+
+/* Arena locked: what is wrong, NULL when nothing is, GG__CHECK_NO_MEMORY when the census has no
+ * room. */
+static const char GG__CHECK_NO_MEMORY[] = "out of host memory";
+static const char *gg__check_all(gg_arena_t *a) {
+  gg__census_t c = {.cap = a->freelist.count + 2 + gg__used_count(a) + a->run_count +
+                           a->open.count + 1 + gg__tcache_records(a)};
+  for (size_t k = a->closed_head; k < a->closed_end; k++) c.cap += a->closed[k].count;
+  c.r = malloc(c.cap * sizeof *c.r);
+  const char *w = c.r ? gg__check_locked(a, &c) : GG__CHECK_NO_MEMORY;
+  free(c.r);
+  return w;
 }
 
 int gg__arena_check(gg_arena_t *a) {
   int rc = gg__arena_enter(a, "gg__arena_check");
   if (rc < 0) return rc;
-  gg__census_t c = {.cap = a->freelist.count + 2 + gg__used_count(a) + a->run_count + a->open.count + 1 +
-                           gg__tcache_records(a)};
-  for (size_t k = a->closed_head; k < a->closed_end; k++) c.cap += a->closed[k].count;
-  c.r = malloc(c.cap * sizeof *c.r);
-  const char *w = c.r ? gg__check_locked(a, &c) : "out of host memory";
-  free(c.r);
+  const char *w = gg__check_all(a);
   if (w) rc = gg__err(GG_ESTATE, "arena '%s' is inconsistent: %s", a->name, w);
-  gg__arena_leave(a);
+  gg__arena_leave_unchecked(a);
   return rc;
 }
+
+#ifdef GG_DEBUG
+/* Arenas mapping more than this, or holding more blocks, skip the check at every call (it walks
+ * every block: O(blocks) a call, so a test of 100,000 blocks would take O(blocks^2)).
+ * GPUGUARD_DEBUG_CHECK_BELOW changes the size (0 turns the check off). */
+#define GG__DEBUG_CHECK_BELOW  ((size_t)64 << 20)
+#define GG__DEBUG_CHECK_BLOCKS 1024
+
+static size_t gg__debug_check_below(void) {
+  static _Atomic size_t limit = SIZE_MAX; /* SIZE_MAX: not read yet */
+  size_t v = atomic_load_explicit(&limit, memory_order_relaxed);
+  if (v != SIZE_MAX) return v;
+  v = GG__DEBUG_CHECK_BELOW;
+  const char *text = gg__env("GPUGUARD_DEBUG_CHECK_BELOW");
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  if (text && gg__parse_size("GPUGUARD_DEBUG_CHECK_BELOW", text, &v) < 0) v = GG__DEBUG_CHECK_BELOW;
+  gg__err_restore(&saved);
+  if (v == SIZE_MAX) v--;
+  atomic_store_explicit(&limit, v, memory_order_relaxed);
+  return v;
+}
+
+void gg__arena_debug_check(gg_arena_t *a) {
+  if (a->mapped > gg__debug_check_below()) return;
+  if (gg__used_count(a) + a->freelist.count + a->open.count > GG__DEBUG_CHECK_BLOCKS) return;
+  const char *w = gg__check_all(a);
+  if (w == GG__CHECK_NO_MEMORY)
+    return; /* a host-memory fault test: nothing to say about the arena */
+  if (w) {
+    fprintf(stderr, "gpuguard: arena '%s' is inconsistent after a call: %s\n", a->name, w);
+    gg__assert_fail("gg__arena_check(arena) == 0", __FILE__, __LINE__, __func__);
+  }
+}
+#endif

@@ -8,23 +8,24 @@
 #include "arena/arena_impl.h"
 #include "core/internal.h"
 
-/* ---- top ------------------------------------------------------------------------------------------- */
+/* ---- top ------------------------------------------------------------------------------------- */
 
-/* Bump allocation (and O(1) scope ends) continue in the largest free block. The log is flushed first
- * when top moves below it. */
+/* Bump allocation (and O(1) scope ends) continue in the largest free block. The log is flushed
+ * first when top moves below it. */
 void gg__arena_promote(gg_arena_t *a) {
   gg__block_t *b = gg__freelist_largest(&a->freelist), *t = a->freelist.top;
   if (!b || (t && t->size >= b->size)) return;
   if (a->bump_count && b->addr < gg__bump_entry_end(&a->bump[a->bump_count - 1])) {
     if (gg__bump_flush(a) < 0) return; /* keeps the old top: only speed is lost */
-    if (!(b = gg__freelist_largest(&a->freelist)) || ((t = a->freelist.top) && t->size >= b->size)) return;
+    if (!(b = gg__freelist_largest(&a->freelist)) || ((t = a->freelist.top) && t->size >= b->size))
+      return;
   }
   if (gg__freelist_reserve(&a->freelist, 1) < 0) return;
   gg__freelist_set_top(&a->freelist, b);
   a->bump_new_run = true;
 }
 
-/* ---- growth -------------------------------------------------------------------------------------- */
+/* ---- growth ---------------------------------------------------------------------------------- */
 
 size_t gg__chunk_index(const gg_arena_t *a, uintptr_t p) {
   size_t lo = 0, hi = a->n_chunks;
@@ -42,8 +43,9 @@ size_t gg__chunk_index(const gg_arena_t *a, uintptr_t p) {
  * ends at gs, if any); the size to map there, or 0 when they do not fit. */
 static size_t gg__gap_fit(const gg_arena_t *a, uintptr_t gs, uintptr_t ge, size_t n, size_t al) {
   if (ge <= gs) return 0;
-  const gg__block_t *t = a->freelist.top,
-                    *l = (t && t->addr + t->size == gs) ? t : gg__freelist_ending_at(&a->freelist, gs);
+  const gg__block_t *t = a->freelist.top, *l = (t && t->addr + t->size == gs)
+                                                   ? t
+                                                   : gg__freelist_ending_at(&a->freelist, gs);
   uintptr_t start = l ? l->addr : gs, p = gg__align_up(start, al);
   if (p < start || p > ge || ge - p < n) return 0;
   size_t m = p + n > gs ? (size_t)gg__align_up(p + n - gs, a->granularity) : a->granularity;
@@ -103,8 +105,8 @@ static int gg__unmap_pieces(gg_arena_t *a, void *ctx) {
 }
 
 /* Maps `size` bytes at `at` as pieces of `piece` bytes into made[]: all or nothing. */
-static int gg__map_pieces(gg_arena_t *a, uintptr_t at, size_t size, size_t piece, gg__chunk_t **made,
-                          char *why, size_t whycap) {
+static int gg__map_pieces(gg_arena_t *a, uintptr_t at, size_t size, size_t piece,
+                          gg__chunk_t **made, char *why, size_t whycap) {
   int rc = 0;
   size_t done = 0, k = 0;
   for (; done < size; k++) {
@@ -121,7 +123,8 @@ static int gg__map_pieces(gg_arena_t *a, uintptr_t at, size_t size, size_t piece
     }
     done += sz;
   }
-  if (rc < 0) gg__arena_quietly(a, gg__unmap_pieces, &(gg__pieces_t){made, k}); /* the map error stays */
+  if (rc < 0)
+    gg__arena_quietly(a, gg__unmap_pieces, &(gg__pieces_t){made, k}); /* the map error stays */
   return rc;
 }
 
@@ -131,12 +134,14 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
   int rc = gg__find_room(a, n, al, &at, &m, why, whycap);
   if (rc < 0) return rc;
   if (a->limit < a->capacity && (a->mapped > a->limit || m > a->limit - a->mapped)) {
-    snprintf(why, whycap, "the arena's limit of %zu bytes (gg_arena_set_limit) is reached", a->limit);
+    snprintf(why, whycap, "the arena's limit of %zu bytes (gg_arena_set_limit) is reached",
+             a->limit);
     return GG_ENOMEM;
   }
-  /* With VMM a large request is mapped as chunk-sized pieces at consecutive addresses: one block to the
-   * allocator, but trim can later give back each piece that no live block touches, so a big mapping
-   * that small blocks reuse does not stay pinned whole (and a growth finds whole pieces to reuse). */
+  /* With VMM a large request is mapped as chunk-sized pieces at consecutive addresses: one block to
+   * the allocator, but trim can later give back each piece that no live block touches, so a big
+   * mapping that small blocks reuse does not stay pinned whole (and a growth finds whole pieces to
+   * reuse). */
   size_t piece = a->contiguous && m > a->chunk_size ? a->chunk_size : m;
   size_t pieces = (m + piece - 1) / piece;
   rc = gg__arena_grow_array(&a->chunks, &a->chunks_cap, a->n_chunks + pieces, sizeof *a->chunks);
@@ -149,6 +154,7 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
     return rc;
   }
   size_t i = gg__chunk_index(a, made[0]->ptr);
+  GG__ASSERT(i == 0 || a->chunks[i - 1]->ptr + a->chunks[i - 1]->size <= made[0]->ptr); /* apart */
   memmove(a->chunks + i + pieces, a->chunks + i, (a->n_chunks - i) * sizeof *a->chunks);
   memcpy(a->chunks + i, made, pieces * sizeof *made);
   a->n_chunks += pieces;
@@ -160,30 +166,31 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
   return 0;
 }
 
-/* ---- trim ---------------------------------------------------------------------------------------- */
+/* ---- trim ------------------------------------------------------------------------------------ */
 
-/* Only when the growth would raise peak mapped: free memory in the wrong place is then not kept mapped
- * beside the new mapping, which keeps peak mapped close to peak in use when request sizes vary from
- * step to step. Below the peak the arena keeps what it has (no map/unmap churn; trim() gives it back).
- * The trim never waits (gg__arena_trim_idle_locked); it runs only when a free block, or what the bump
- * log frees once compacted, could hold a whole chunk. */
+/* Only when the growth would raise peak mapped: free memory in the wrong place is then not kept
+ * mapped beside the new mapping, which keeps peak mapped close to peak in use when request sizes
+ * vary from step to step. Below the peak the arena keeps what it has (no map/unmap churn; trim()
+ * gives it back). The trim never waits (gg__arena_trim_idle_locked); it runs only when a free
+ * block, or what the bump log frees once compacted, could hold a whole chunk. */
 bool gg__arena_trim_before_growth(const gg_arena_t *a, size_t n) {
   if (!a->contiguous || a->freelist.bytes < 2 * a->chunk_size) return false;
   size_t grow = (size_t)gg__align_up(n, a->granularity);
   if (grow < a->chunk_size) grow = a->chunk_size;
   if (a->mapped + grow <= a->peak_mapped) return false;
-  /* Worth a trim only when what would come back is at least 2 chunks and 1/64 of what is mapped (the
-   * unmapped memory is mapped again soon after, and each map and unmap is a driver call). With an
-   * absolute threshold alone, a decoder's forward pass that outgrew its peak trimmed at almost every
-   * growth, for a few chunks of a multi-GiB mapping: 42 trims in 30 steps of its trace, 14 with the
-   * share; peak mapped / peak in use 1.0030 -> 1.0049. Now that the trim never waits, 1/256 of what is
-   * mapped, or the total free instead of the largest block, changed the replayed traces by -0.0006 to
-   * +0.0005 (a ViT-like one 1.0174 -> 1.0154) for 1.1-2.9x the trims. */
+  /* Worth a trim only when what would come back is at least 2 chunks and 1/64 of what is mapped
+   * (the unmapped memory is mapped again soon after, and each map and unmap is a driver call). With
+   * an absolute threshold alone, a decoder's forward pass that outgrew its peak trimmed at almost
+   * every growth, for a few chunks of a multi-GiB mapping: 42 trims in 30 steps of its trace, 14
+   * with the share; peak mapped / peak in use 1.0030 -> 1.0049. Now that the trim never waits,
+   * 1/256 of what is mapped, or the total free instead of the largest block, changed the replayed
+   * traces by -0.0006 to +0.0005 (a ViT-like one 1.0174 -> 1.0154) for 1.1-2.9x the trims. */
   size_t worth = a->mapped / 64 > 2 * a->chunk_size ? a->mapped / 64 : 2 * a->chunk_size;
   const gg__block_t *b = gg__freelist_largest(&a->freelist), *t = a->freelist.top;
   size_t largest = b ? b->size : 0;
   if (t && t->size > largest) largest = t->size;
-  return largest >= worth || gg__bump_dead_bytes(a) >= worth; /* dead bump bytes: free once compacted */
+  return largest >= worth ||
+         gg__bump_dead_bytes(a) >= worth; /* dead bump bytes: free once compacted */
 }
 
 static int gg__addr_desc(const void *x, const void *y) {
@@ -191,12 +198,12 @@ static int gg__addr_desc(const void *x, const void *y) {
   return a < b ? 1 : a > b ? -1 : 0;
 }
 
-/* Unmaps the chunks that free block fb covers wholly, highest first, while more than keep bytes stay
- * mapped (with `idle_only`, only chunks no queued work may still use: the others stay mapped and
- * free): each run of adjacent chunks that may go in one backend call (one driver call where the driver
- * takes a range). Their records stay in a->chunks, marked in gone[], until the trim ends, so the array
- * is compacted once rather than once per chunk. What is left of fb goes back as free blocks. Adds the
- * bytes unmapped to *returned. */
+/* Unmaps the chunks that free block fb covers wholly, highest first, while more than keep bytes
+ * stay mapped (with `idle_only`, only chunks no queued work may still use: the others stay mapped
+ * and free): each run of adjacent chunks that may go in one backend call (one driver call where the
+ * driver takes a range). Their records stay in a->chunks, marked in gone[], until the trim ends, so
+ * the array is compacted once rather than once per chunk. What is left of fb goes back as free
+ * blocks. Adds the bytes unmapped to *returned. */
 static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool idle_only, bool *gone,
                           size_t *returned) {
   int rc = 0;
@@ -223,6 +230,8 @@ static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool idle
     if (t->ptr + t->size < hi)
       gg__freelist_put_plain(&a->freelist, t->ptr + t->size, hi - (t->ptr + t->size), seg);
     hi = a->chunks[top - done]->ptr;
+    GG__ASSERT(done <= top - j &&
+               a->chunks[top - done]->ptr >= lo); /* unmapped inside the free block */
     for (size_t k = top - done; k < top; k++)
       gone[k] = true, a->mapped -= a->chunks[k]->size, *returned += a->chunks[k]->size;
   }
@@ -233,8 +242,8 @@ static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool idle
   return rc;
 }
 
-/* Unmaps the chunks free blocks cover wholly; a free block that covers chunks is split around them; a
- * failed unmap leaves the rest as it was. */
+/* Unmaps the chunks free blocks cover wholly; a free block that covers chunks is split around them;
+ * a failed unmap leaves the rest as it was. */
 static int gg__trim_free_chunks(gg_arena_t *a, size_t keep, bool idle_only) {
   int rc = 0;
   if (!a->n_chunks) return 0;
@@ -249,7 +258,8 @@ static int gg__trim_free_chunks(gg_arena_t *a, size_t keep, bool idle_only) {
   nf = gg__freelist_list(&a->freelist, fs, nf);
   qsort(fs, nf, sizeof *fs, gg__addr_desc);
   size_t returned = 0;
-  for (size_t k = 0; k < nf && rc == 0; k++) rc = gg__trim_block(a, fs[k], keep, idle_only, gone, &returned);
+  for (size_t k = 0; k < nf && rc == 0; k++)
+    rc = gg__trim_block(a, fs[k], keep, idle_only, gone, &returned);
   size_t w = 0;
   for (size_t r = 0; r < a->n_chunks; r++) {
     if (gone[r])
@@ -276,9 +286,10 @@ int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
   return gg__trim_free_chunks(a, keep, false);
 }
 
-/* Never waits: releases still pending stay so (the ladder merged what is done), threads' caches keep
- * their blocks (their chunks are not wholly free), and a chunk whose last stream-ordered user may still
- * run stays mapped: the growth maps beside it instead, and a later growth gives it back. */
+/* Never waits: releases still pending stay so (the ladder merged what is done), threads' caches
+ * keep their blocks (their chunks are not wholly free), and a chunk whose last stream-ordered user
+ * may still run stays mapped: the growth maps beside it instead, and a later growth gives it back.
+ */
 int gg__arena_trim_idle_locked(gg_arena_t *a) {
   int rc;
   if (!a->n_chunks || (rc = gg__bump_flush(a)) < 0) return 0;
@@ -286,8 +297,8 @@ int gg__arena_trim_idle_locked(gg_arena_t *a) {
   return gg__trim_free_chunks(a, 0, true);
 }
 
-/* Destroy and teardown: every chunk, in runs of adjacent chunks; a run that fails is finished chunk by
- * chunk, so one failure does not keep the rest mapped. The first error is returned. */
+/* Destroy and teardown: every chunk, in runs of adjacent chunks; a run that fails is finished chunk
+ * by chunk, so one failure does not keep the rest mapped. The first error is returned. */
 int gg__arena_unmap_all(gg_arena_t *a) {
   int rc = 0;
   for (size_t i = 0, j; i < a->n_chunks; i = j) {
@@ -296,7 +307,8 @@ int gg__arena_unmap_all(gg_arena_t *a) {
     size_t done = 0;
     int r = a->ops->unmap_run(a->dev, a->chunks + i, j - i, &done);
     GG_KEEP_FIRST(rc, r);
-    for (size_t k = j - done; r < 0 && k-- > i;) GG_KEEP_FIRST(rc, a->ops->unmap(a->dev, a->chunks[k]));
+    for (size_t k = j - done; r < 0 && k-- > i;)
+      GG_KEEP_FIRST(rc, a->ops->unmap(a->dev, a->chunks[k]));
   }
   for (size_t i = 0; i < a->n_chunks; i++) free(a->chunks[i]);
   a->n_chunks = 0, a->mapped = 0;

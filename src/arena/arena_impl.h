@@ -2,10 +2,11 @@
  * structure and the functions one part of the arena calls in another.
  *
  * Memory of an arena is, at any moment, tiled exactly by five kinds of pieces (arena_check.c proves
- * it): free blocks (the size-class lists of freelist.c, plus the bump block "top"), USED block records
- * (allocations served by best fit, or flushed from the bump log), PENDING records (released, waiting
- * for the stream), runs of the bump log (allocations carved from top, live or freed), and CACHED
- * records that threads' caches hold (free there, or handed out and not yet published).
+ * it): free blocks (the size-class lists of freelist.c, plus the bump block "top"), USED block
+ * records (allocations served by best fit, or flushed from the bump log), PENDING records
+ * (released, waiting for the stream), runs of the bump log (allocations carved from top, live or
+ * freed), and CACHED records that threads' caches hold (free there, or handed out and not yet
+ * published).
  *
  *   arena.c          handles, create and destroy, the live list, quarantine, fork, stats, copies
  *   arena_alloc.c    one allocation (the ladder of steps, free list to out of memory) and one free
@@ -27,7 +28,7 @@
 
 #include "arena/arena_internal.h"
 #include "backend/backend.h"
-#include "arena/freelist.h"
+#include "arena/freelist_internal.h"
 #include "core/internal.h"
 
 #define GG__MAGIC 0x67676172u /* "ggar" */
@@ -35,7 +36,8 @@
 /* "torn": its guard gave the device memory back; the handle waits for gg_arena_destroy() */
 #define GG__TORN 0x746f726eu
 
-/* Where a block was allocated (GG_ARENA_BACKTRACE): return addresses, the allocating call's first. */
+/* Where a block was allocated (GG_ARENA_BACKTRACE): return addresses, the allocating call's first.
+ * */
 #define GG__SITE_FRAMES 8
 typedef struct gg__site {
   uint64_t hash;
@@ -45,7 +47,7 @@ typedef struct gg__site {
 typedef struct gg__sites gg__sites_t;
 #define GG__TAG_MAX     63                 /* longer tags are cut */
 #define GG__TC_MAX_SIZE ((size_t)64 << 10) /* larger requests always take the arena's lock */
-#define GG__ORD_EVENTS  32                 /* epochs of stream-ordered releases awaiting their event */
+#define GG__ORD_EVENTS  32 /* epochs of stream-ordered releases awaiting their event */
 
 typedef struct gg__tcache gg__tcache_t;
 
@@ -69,13 +71,15 @@ typedef struct gg__bump_run {
 /* A scope (frame 0 stands for "outside any scope" and never ends). */
 typedef struct gg__frame {
   unsigned long long id;
-  gg__block_t *blocks; /* frame 0: its USED block records, a list (threads' caches publish into it) */
+  gg__block_t
+      *blocks; /* frame 0: its USED block records, a list (threads' caches publish into it) */
   /* A scope: its USED block records, an array its end walks without chasing links (so it can load
    * records and map slots far ahead); kept with its room for the next scope at this depth. */
   gg__block_t **recs;
   size_t n_blocks, recs_cap; /* records it owns (list or array); room in recs */
-  /* A scope: the same records by address (frame 0's are the arena's `used`). Its end empties the map
-   * whole instead of deleting record by record, and keeps it for the next scope at this depth. */
+  /* A scope: the same records by address (frame 0's are the arena's `used`). Its end empties the
+   * map whole instead of deleting record by record, and keeps it for the next scope at this depth.
+   * */
   gg__addr_map_t used;
   size_t bump_first;            /* its bump entries are [bump_first, next frame's bump_first) */
   unsigned long long bump_live; /* live entries among them, and their bytes */
@@ -87,14 +91,14 @@ typedef struct gg__batch {
   void *event;
   gg__block_t *head;
   size_t bytes, count;
-  bool mixed;    /* open batch: since it opened, an allocation came after two or more releases, or one
-                  * made meanwhile was still live at the next (not alloc+free pairs) */
+  bool mixed; /* open batch: since it opened, an allocation came after two or more releases, or one
+               * made meanwhile was still live at the next (not alloc+free pairs) */
   bool deferred; /* open batch: the usual rule would have closed it; kept open as pairs only */
 } gg__batch_t;
 
 struct gg_arena {
   _Atomic unsigned magic; /* read without the lock: the guard may tear the arena down meanwhile */
-  atomic_uint calls;      /* calls between gg__arena_enter and gg__arena_leave: destroy waits for them */
+  atomic_uint calls; /* calls between gg__arena_enter and gg__arena_leave: destroy waits for them */
   atomic_bool destroying; /* set by the one gg_arena_destroy() that goes ahead */
   unsigned fork_gen;
   pthread_mutex_t lock;
@@ -129,12 +133,12 @@ struct gg_arena {
   size_t closed_head, closed_end, closed_cap;
   void **spare_events; /* spare events, and room for every event ever made */
   size_t n_spare_events, events_cap, events_made;
-  size_t pending;              /* bytes in batches */
-  bool idle_seen;              /* the last stream query found the arena's stream idle */
-  uintptr_t placed_open;       /* the last allocation, when made while the open batch had releases and
-                                * not freed since; else 0 */
+  size_t pending;        /* bytes in batches */
+  bool idle_seen;        /* the last stream query found the arena's stream idle */
+  uintptr_t placed_open; /* the last allocation, when made while the open batch had releases and
+                          * not freed since; else 0 */
   size_t releases_since_alloc; /* into the open batch since the last allocation */
-  unsigned pair_streak;        /* allocations in a row that followed the alloc+free pattern (saturates) */
+  unsigned pair_streak; /* allocations in a row that followed the alloc+free pattern (saturates) */
 
   gg__chunk_t **chunks; /* by address */
   size_t n_chunks, chunks_cap;
@@ -147,19 +151,22 @@ struct gg_arena {
   size_t in_use, mapped, peak_in_use, peak_mapped;
   unsigned long long n_live, n_allocs, n_frees, n_trims, bytes_trimmed;
   gg__arena_probe_t probe;
-  unsigned long long guard_token;         /* registration with the live guard of its device, 0 if none */
+  unsigned long long guard_token; /* registration with the live guard of its device, 0 if none */
   struct gg_arena *live_prev, *live_next; /* the process's live arenas, for reports */
   bool on_live;
-  bool ordered_released; /* stream-ordered releases no granule records: unmapping must wait for the stream */
-  void *join_event;      /* recorded on one stream for another to wait on (plugin calls on other streams) */
-  gg__sites_t *sites;    /* allocation sites (GG_ARENA_BACKTRACE), or NULL; set at creation only */
+  bool ordered_released; /* stream-ordered releases no granule records: unmapping must wait for the
+                            stream */
+  void *join_event; /* recorded on one stream for another to wait on (plugin calls on other streams)
+                     */
+  gg__sites_t *sites; /* allocation sites (GG_ARENA_BACKTRACE), or NULL; set at creation only */
 
-  /* Stream-ordered releases (the plugin's) make memory reusable at once, in stream order, but it may be
-   * unmapped only once the work queued before the release is done. Each granule of the range keeps the
-   * epoch of the last such release that touched it; an event recorded on the stream closes an epoch,
-   * and every epoch up to ord_safe is known done. Growth then gives back only chunks whose last user is
-   * done, and never waits for the stream (arena_release.c). */
-  uint64_t *ord_tick;  /* by granule (contiguous arenas), or NULL: none made yet, or no host memory */
+  /* Stream-ordered releases (the plugin's) make memory reusable at once, in stream order, but it
+   * may be unmapped only once the work queued before the release is done. Each granule of the range
+   * keeps the epoch of the last such release that touched it; an event recorded on the stream
+   * closes an epoch, and every epoch up to ord_safe is known done. Growth then gives back only
+   * chunks whose last user is done, and never waits for the stream (arena_release.c). */
+  uint64_t
+      *ord_tick; /* by granule (contiguous arenas), or NULL: none made yet, or no host memory */
   uint64_t ord_epoch;  /* the epoch releases are marked with now; >= 1 once anything was marked */
   uint64_t ord_marked; /* the latest epoch a release was marked with (0: none) */
   uint64_t ord_safe;   /* every epoch up to it is done */
@@ -171,61 +178,84 @@ struct gg_arena {
   } ord_ev[GG__ORD_EVENTS]; /* a FIFO of closed epochs, oldest at ord_head */
   unsigned ord_head, ord_n;
 
-  /* Threads' caches (arena_cache.c). Read by them without the arena's lock, each on its own line. */
-  unsigned long long id; /* unique in the process: a cache of a dead arena never matches a new one */
-  gg__tcache_t *caches;  /* under the arena's lock */
-  _Alignas(64) atomic_bool scopes_open;    /* written only as scopes begin and end */
-  _Alignas(64) _Atomic size_t in_use_seen; /* in_use, for the caches' peak (written by the locked path) */
-  /* Stream tickets of the caches' frees, shared by all of them: a free takes `tc_epoch` as its ticket; a
-   * thread about to ask the stream advances it, and when the stream (or an event recorded after the
-   * advance) says the work is done, tickets below the advanced value are safe. One observation, by any
-   * thread, serves every cache: the driver serialises stream queries, so per-thread ones do not scale. */
+  /* Threads' caches (arena_cache.c). Read by them without the arena's lock, each on its own line.
+   */
+  unsigned long long
+      id;               /* unique in the process: a cache of a dead arena never matches a new one */
+  gg__tcache_t *caches; /* under the arena's lock */
+  _Alignas(64) atomic_bool scopes_open; /* written only as scopes begin and end */
+  _Alignas(64) _Atomic size_t
+      in_use_seen; /* in_use, for the caches' peak (written by the locked path) */
+  /* Stream tickets of the caches' frees, shared by all of them: a free takes `tc_epoch` as its
+   * ticket; a thread about to ask the stream advances it, and when the stream (or an event recorded
+   * after the advance) says the work is done, tickets below the advanced value are safe. One
+   * observation, by any thread, serves every cache: the driver serialises stream queries, so
+   * per-thread ones do not scale. */
   _Alignas(64) _Atomic uint64_t tc_epoch; /* written only by a thread about to ask the stream */
-  _Alignas(64) _Atomic uint64_t tc_safe;  /* tickets below it are reusable (raised, never lowered) */
-  _Alignas(64) atomic_bool tc_asking;     /* a thread is asking the stream: the others do not */
+  _Alignas(64) _Atomic uint64_t tc_safe; /* tickets below it are reusable (raised, never lowered) */
+  _Alignas(64) atomic_bool tc_asking;    /* a thread is asking the stream: the others do not */
   _Alignas(64) char gg__pad;
 };
 
-static inline size_t gg__rounded_size(size_t req) { return (req + GG__QUANTUM - 1) & ~(GG__QUANTUM - 1); }
+static inline size_t gg__rounded_size(size_t req) {
+  return (req + GG__QUANTUM - 1) & ~(GG__QUANTUM - 1);
+}
 static inline uintptr_t gg__bump_entry_end(const gg__bump_entry_t *e) {
   return e->ptr + gg__rounded_size(e->req);
 }
 /* Bytes of the bump log that are freed but not yet given back to the free memory. */
-static inline size_t gg__bump_dead_bytes(const gg_arena_t *a) { return a->bump_bytes - a->bump_live_bytes; }
+static inline size_t gg__bump_dead_bytes(const gg_arena_t *a) {
+  return a->bump_bytes - a->bump_live_bytes;
+}
 
-/* Whether the arena records allocation sites. Fixed from creation to destroy, so it may be read without
- * the lock: a fast path that bypasses gg_alloc_ex's locked path (a per-thread cache) must not serve
- * allocations while it is true, since each needs its site recorded. */
+/* Whether the arena records allocation sites. Fixed from creation to destroy, so it may be read
+ * without the lock: a fast path that bypasses gg_alloc_ex's locked path (a per-thread cache) must
+ * not serve allocations while it is true, since each needs its site recorded. */
 static inline bool gg__arena_records_sites(const gg_arena_t *a) { return a->sites != NULL; }
 
-/* ---- arena.c ------------------------------------------------------------------------------------- */
+/* ---- arena.c --------------------------------------------------------------------------------- */
 
 /* Checks the handle without locking it: NULL, destroyed, torn down, inherited through fork(). */
 int gg__arena_valid_slow(const gg_arena_t *a, const char *call);
 /* The same, inline where the handle is live: every allocation and free asks first. */
 static inline int gg__arena_valid(const gg_arena_t *a, const char *call) {
-  if (GG__LIKELY(a && atomic_load(&a->magic) == GG__MAGIC && a->fork_gen == gg__fork_generation())) return 0;
+  if (GG__LIKELY(a && atomic_load(&a->magic) == GG__MAGIC && a->fork_gen == gg__fork_generation()))
+    return 0;
   return gg__arena_valid_slow(a, call);
 }
-/* For a handle gg__arena_valid() accepted: counts the call among those in flight and takes the lock;
- * 0, or the handle's error when it died meanwhile. */
+/* For a handle gg__arena_valid() accepted: counts the call among those in flight and takes the
+ * lock; 0, or the handle's error when it died meanwhile. */
 int gg__arena_lock_counted(gg_arena_t *a, const char *call);
 /* Checks the handle, counts the call and takes the lock; 0 or the handle's error. */
 static inline int gg__arena_enter(gg_arena_t *a, const char *call) {
   int rc = gg__arena_valid(a, call);
   return rc < 0 ? rc : gg__arena_lock_counted(a, call);
 }
-static inline void gg__arena_leave(gg_arena_t *a) {
+/* Unlocks and uncounts the call (gg__arena_enter's other half). */
+static inline void gg__arena_leave_unchecked(gg_arena_t *a) {
   pthread_mutex_unlock(&a->lock);
   atomic_fetch_sub(&a->calls, 1);
+}
+#ifdef GG_DEBUG
+/* The debug build's expensive check (GG__ASSERT_EXPENSIVE's level): the whole arena, as
+ * gg__arena_check() walks it, on arenas below a size (arena_check.c); aborts naming what is wrong.
+ * */
+void gg__arena_debug_check(gg_arena_t *a);
+#endif
+/* The end of every locked public call: in the debug build the whole arena is checked first. */
+static inline void gg__arena_leave(gg_arena_t *a) {
+#ifdef GG_DEBUG
+  gg__arena_debug_check(a);
+#endif
+  gg__arena_leave_unchecked(a);
 }
 int gg__arena_grow_array_slow(void *arr, size_t *cap, size_t need, size_t elem);
 /* Grows a dynamic array so it holds at least `need` elements. 0 or GG_ENOMEM. */
 static inline int gg__arena_grow_array(void *arr, size_t *cap, size_t need, size_t elem) {
   return GG__LIKELY(need <= *cap) ? 0 : gg__arena_grow_array_slow(arr, cap, need, elem);
 }
-/* Runs a step whose failure only delays reuse or makes a growth map more: this thread's error detail
- * is kept as it was before the step. Returns the step's status. */
+/* Runs a step whose failure only delays reuse or makes a growth map more: this thread's error
+ * detail is kept as it was before the step. Returns the step's status. */
 int gg__arena_quietly(gg_arena_t *a, int (*step)(gg_arena_t *a, void *ctx), void *ctx);
 static inline void gg__arena_count_alloc(gg_arena_t *a, size_t n) {
   a->in_use += n, a->n_live++, a->n_allocs++;
@@ -238,22 +268,24 @@ static inline void gg__arena_count_release(gg_arena_t *a, size_t bytes, unsigned
 }
 void gg__arena_fill_stats(const gg_arena_t *a, gg_arena_stats_t *s);
 
-/* ---- arena_alloc.c ------------------------------------------------------------------------------- */
+/* ---- arena_alloc.c --------------------------------------------------------------------------- */
 
 void gg__arena_tags_free(gg_arena_t *a);
 
-/* ---- arena_release.c ----------------------------------------------------------------------------- */
+/* ---- arena_release.c ------------------------------------------------------------------------- */
 
 /* Released memory: reusable at once without stream tracking or when released in stream order
  * (`ordered`), else once the open batch's event says the work queued before now is done. `rec` is a
  * record to reuse, or NULL (reserved by the caller). */
-void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__block_t *rec, bool ordered);
-/* Before `releases` releases at once (a scope end): true when they may go straight to the free list, as
- * released in stream order. Always without stream tracking; with it, only when they would close the open
- * batch anyway (which asks the stream) and the stream, asked now, is idle: every release before them is
- * then merged too. Never blocks; a failure only means false. */
+void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__block_t *rec,
+                       bool ordered);
+/* Before `releases` releases at once (a scope end): true when they may go straight to the free
+ * list, as released in stream order. Always without stream tracking; with it, only when they would
+ * close the open batch anyway (which asks the stream) and the stream, asked now, is idle: every
+ * release before them is then merged too. Never blocks; a failure only means false. */
 bool gg__arena_settle_before(gg_arena_t *a, size_t releases);
-/* After releases: closes the open batch once it is large enough (never blocks, failures only delay). */
+/* After releases: closes the open batch once it is large enough (never blocks, failures only
+ * delay). */
 void gg__arena_after_release(gg_arena_t *a);
 /* Under the lock, before an allocation of a tracking arena: a batch kept open for alloc+free pairs
  * closes when the allocation pattern is no longer pairs (see gg__arena_after_release). */
@@ -261,26 +293,28 @@ void gg__arena_before_alloc(gg_arena_t *a);
 /* Never blocks and never fails: makes reusable what the stream has finished with (a failure only
  * delays reuse; this thread's error detail is left as it was). */
 void gg__arena_reclaim_finished(gg_arena_t *a);
-/* Its step, for a caller already inside gg__arena_quietly (a region costs two thread-local writes). */
+/* Its step, for a caller already inside gg__arena_quietly (a region costs two thread-local writes).
+ * */
 int gg__arena_reclaim_finished_step(gg_arena_t *a, void *unused);
 /* Blocking: waits for the work every pending release waits on, then makes all of it reusable. */
 int gg__arena_wait_pending(gg_arena_t *a);
-/* Destroys every event (device teardown); the first failure is returned, the rest are still done. */
+/* Destroys every event (device teardown); the first failure is returned, the rest are still done.
+ * */
 int gg__arena_events_destroy(gg_arena_t *a);
-/* A release in stream order of [addr, addr + size): reusable at once, but unmapped only once the work
- * queued before now is done (the granules it touches are marked with the current epoch). Never fails:
- * without room for the marks, the next trim waits for the stream. */
+/* A release in stream order of [addr, addr + size): reusable at once, but unmapped only once the
+ * work queued before now is done (the granules it touches are marked with the current epoch). Never
+ * fails: without room for the marks, the next trim waits for the stream. */
 void gg__arena_ordered_note(gg_arena_t *a, uintptr_t addr, size_t size);
 /* Never blocks and never fails: closes the current epoch with an event and learns which epochs are
  * done (a failure only means fewer chunks are known idle). */
 void gg__arena_ordered_poll(gg_arena_t *a);
 /* Whether no work queued before a stream-ordered release may still use [addr, addr + size). */
 bool gg__arena_range_idle(const gg_arena_t *a, uintptr_t addr, size_t size);
-/* Blocking (one counted host wait), only when some stream-ordered release is not known done: afterwards
- * all of them are. */
+/* Blocking (one counted host wait), only when some stream-ordered release is not known done:
+ * afterwards all of them are. */
 int gg__arena_ordered_wait(gg_arena_t *a);
 
-/* ---- arena_bump.c -------------------------------------------------------------------------------- */
+/* ---- arena_bump.c ---------------------------------------------------------------------------- */
 
 /* Room for one more log entry and run. 0 or GG_ENOMEM. */
 static inline int gg__bump_reserve(gg_arena_t *a) {
@@ -307,22 +341,28 @@ static inline long gg__bump_find(const gg_arena_t *a, uintptr_t p) {
 /* Room for k more records in scope d's array (frame 0 needs none). 0 or GG_ENOMEM. */
 static inline int gg__frame_reserve(gg_arena_t *a, int d, size_t k) {
   gg__frame_t *f = &a->frames[d];
-  return d == 0 ? 0 : gg__arena_grow_array(&f->recs, &f->recs_cap, f->n_blocks + k, sizeof *f->recs);
+  return d == 0 ? 0
+                : gg__arena_grow_array(&f->recs, &f->recs_cap, f->n_blocks + k, sizeof *f->recs);
 }
-/* The map of depth d's USED records: frame 0's is the arena's own (threads' caches publish into it). */
-static inline gg__addr_map_t *gg__used_map(gg_arena_t *a, int d) { return d ? &a->frames[d].used : &a->used; }
+/* The map of depth d's USED records: frame 0's is the arena's own (threads' caches publish into
+ * it). */
+static inline gg__addr_map_t *gg__used_map(gg_arena_t *a, int d) {
+  return d ? &a->frames[d].used : &a->used;
+}
 /* The USED record at p (innermost scope first), or NULL; take also removes it from its map. */
 gg__block_t *gg__used_get(const gg_arena_t *a, uintptr_t p);
 gg__block_t *gg__used_take(gg_arena_t *a, uintptr_t p);
-/* The USED record whose memory holds p, or NULL: a scan of every map, for error messages and checks. */
+/* The USED record whose memory holds p, or NULL: a scan of every map, for error messages and
+ * checks. */
 const gg__block_t *gg__used_holding(const gg_arena_t *a, uintptr_t p);
 /* USED records in all maps. */
 size_t gg__used_count(const gg_arena_t *a);
-/* Links a USED record into (or out of) its scope's blocks; linking into a scope needs a reservation. */
+/* Links a USED record into (or out of) its scope's blocks; linking into a scope needs a
+ * reservation. */
 void gg__frame_link(gg_arena_t *a, gg__block_t *b);
 void gg__frame_unlink(gg_arena_t *a, gg__block_t *b);
 
-/* ---- arena_sites.c ------------------------------------------------------------------------------- */
+/* ---- arena_sites.c --------------------------------------------------------------------------- */
 
 /* Makes the arena record sites (creation, outside the lock). 0 or GG_ENOMEM. */
 int gg__sites_create(gg_arena_t *a);
@@ -333,9 +373,10 @@ void gg__site_note(gg_arena_t *a, uintptr_t p, void *caller);
 /* The site of the live block at p, or NULL. */
 const gg__site_t *gg__site_of(const gg_arena_t *a, uintptr_t p);
 
-/* ---- arena_grow.c -------------------------------------------------------------------------------- */
+/* ---- arena_grow.c ---------------------------------------------------------------------------- */
 
-/* Makes the largest free block the bump block when it is larger than top. Failures only lose speed. */
+/* Makes the largest free block the bump block when it is larger than top. Failures only lose speed.
+ * */
 void gg__arena_promote(gg_arena_t *a);
 /* Index of the first chunk at or above p. */
 size_t gg__chunk_index(const gg_arena_t *a, uintptr_t p);
@@ -344,25 +385,26 @@ size_t gg__chunk_index(const gg_arena_t *a, uintptr_t p);
 int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap);
 /* Whether to give wholly free chunks back before mapping n more bytes. */
 bool gg__arena_trim_before_growth(const gg_arena_t *a, size_t n);
-/* Unmaps wholly free chunks, highest first, while more than keep bytes stay mapped. May wait for the
- * stream (counted), so that every free chunk can go. */
+/* Unmaps wholly free chunks, highest first, while more than keep bytes stay mapped. May wait for
+ * the stream (counted), so that every free chunk can go. */
 int gg__arena_trim_locked(gg_arena_t *a, size_t keep);
-/* Before a growth: unmaps the wholly free chunks no queued work may still use. Never waits; a failure
- * only means the growth maps more. */
+/* Before a growth: unmaps the wholly free chunks no queued work may still use. Never waits; a
+ * failure only means the growth maps more. */
 int gg__arena_trim_idle_locked(gg_arena_t *a);
-/* Unmaps every chunk (destroy, teardown) and frees the records; the first error (every chunk is tried). */
+/* Unmaps every chunk (destroy, teardown) and frees the records; the first error (every chunk is
+ * tried). */
 int gg__arena_unmap_all(gg_arena_t *a);
 
-/* ---- arena_cache.c ------------------------------------------------------------------------------- */
+/* ---- arena_cache.c --------------------------------------------------------------------------- */
 
 /* Without the arena's lock, on a handle gg__arena_valid() accepted. Serve an allocation of `size`
- * (rounded; the default alignment) from this thread's cache, or take back a block the cache handed out;
- * false: the arena's own path must do it. */
+ * (rounded; the default alignment) from this thread's cache, or take back a block the cache handed
+ * out; false: the arena's own path must do it. */
 bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag, void **ptr);
 bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered);
-/* Refills this thread's cache with blocks of `size` carved from free memory as it is and hands one out
- * (1); 0 when the request is not for the cache or nothing fits (the ladder takes over). Publishes the
- * cache first either way, so the arena's counters are this thread's too. */
+/* Refills this thread's cache with blocks of `size` carved from free memory as it is and hands one
+ * out (1); 0 when the request is not for the cache or nothing fits (the ladder takes over).
+ * Publishes the cache first either way, so the arena's counters are this thread's too. */
 int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t align, const char *tag,
                             uintptr_t *ptr);
 /* Publishes every cache's live blocks as USED records; how many, or GG_ENOMEM. */
@@ -370,13 +412,15 @@ int gg__tcache_publish_all(gg_arena_t *a);
 /* Every cache's free blocks back to the arena (publishing too, with `publish`); errors keep them.
  * Whether any came back. */
 bool gg__tcache_give_back_all(gg_arena_t *a, bool publish);
-/* Destroy and teardown: every cache lets go of the arena (its blocks go with the arena's memory). */
+/* Destroy and teardown: every cache lets go of the arena (its blocks go with the arena's memory).
+ * */
 void gg__tcache_detach_all(gg_arena_t *a);
 /* Adds the caches' deltas (and cached frees still waiting for the stream, as pending) to stats. */
 void gg__tcache_add_stats(gg_arena_t *a, gg_arena_stats_t *s);
 void gg__tcache_reset_peak(gg_arena_t *a);
-/* For the checker: every cached record, and what is wrong with a cache's own bookkeeping, or NULL. */
-const char *gg__tcache_census(gg_arena_t *a, void (*add)(void *ctx, const gg__block_t *b, bool live),
-                              void *ctx);
+/* For the checker: every cached record, and what is wrong with a cache's own bookkeeping, or NULL.
+ * */
+const char *gg__tcache_census(gg_arena_t *a,
+                              void (*add)(void *ctx, const gg__block_t *b, bool live), void *ctx);
 size_t gg__tcache_records(gg_arena_t *a);
 #endif

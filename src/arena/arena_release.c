@@ -1,5 +1,5 @@
-/* arena_release.c — released memory that work queued on the arena's stream may still use: batches of
- * releases that share one event, the checks that make them reusable without blocking, and the
+/* arena_release.c — released memory that work queued on the arena's stream may still use: batches
+ * of releases that share one event, the checks that make them reusable without blocking, and the
  * blocking wait that makes all of them reusable. */
 #include <stdlib.h>
 #include <string.h>
@@ -10,8 +10,9 @@
 #define GG__BATCH_MAX   1024 /* releases per batch before its event is recorded anyway */
 #define GG__CLOSE_MIN   2    /* releases a batch needs before a small share of memory closes it */
 #define GG__MERGE_AHEAD 8    /* releases a merge looks ahead to start loading their map slots */
-#define GG__PAIRS_MAX   16   /* releases a batch of alloc+free pairs holds before it closes anyway */
-#define GG__PAIRS_RUN   4    /* allocations in a row in that pattern before a batch is kept open for it */
+#define GG__PAIRS_MAX   16 /* releases a batch of alloc+free pairs holds before it closes anyway */
+/* Allocations in a row in that pattern before a batch is kept open for it. */
+#define GG__PAIRS_RUN 4
 
 void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__block_t *rec,
                        bool ordered) {
@@ -20,6 +21,7 @@ void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg
     return;
   }
   if (!rec) rec = gg__freelist_take_record(&a->freelist);
+  GG__ASSERT(rec->state != GG__BLOCK_PENDING && rec->state != GG__BLOCK_FREE); /* released twice */
   memset(rec, 0, sizeof *rec);
   rec->addr = addr, rec->size = size, rec->seg = seg, rec->state = GG__BLOCK_PENDING;
   if (++a->releases_since_alloc > 1) a->open.mixed = true;
@@ -27,17 +29,19 @@ void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg
   a->open.bytes += size, a->open.count++, a->pending += size;
 }
 
-/* ---- batches ------------------------------------------------------------------------------------- */
+/* ---- batches --------------------------------------------------------------------------------- */
 
 /* Records one event for the open batch: the only driver call a batch costs until it is reused. */
 static int gg__batch_record(gg_arena_t *a) {
   if (!a->open.count) return 0;
   int rc;
   if (a->closed_end == a->closed_cap && a->closed_head) {
-    memmove(a->closed, a->closed + a->closed_head, (a->closed_end - a->closed_head) * sizeof *a->closed);
+    memmove(a->closed, a->closed + a->closed_head,
+            (a->closed_end - a->closed_head) * sizeof *a->closed);
     a->closed_end -= a->closed_head, a->closed_head = 0;
   }
-  if ((rc = gg__arena_grow_array(&a->closed, &a->closed_cap, a->closed_end + 1, sizeof *a->closed)) < 0)
+  if ((rc = gg__arena_grow_array(&a->closed, &a->closed_cap, a->closed_end + 1,
+                                 sizeof *a->closed)) < 0)
     return rc;
   void *ev;
   if (a->n_spare_events) {
@@ -64,7 +68,8 @@ static int gg__batch_record(gg_arena_t *a) {
 static int gg__batch_merge(gg_arena_t *a, gg__batch_t *b) {
   int rc = gg__freelist_reserve(&a->freelist, b->count);
   if (rc < 0) return rc;
-  /* Large batches (a scope's blocks) miss the cache on every map slot: start loading a few ahead. */
+  /* Large batches (a scope's blocks) miss the cache on every map slot: start loading a few ahead.
+   * */
   gg__block_t *ahead = b->head;
   for (int i = 0; ahead && i < GG__MERGE_AHEAD; i++) ahead = ahead->r;
   for (gg__block_t *r = b->head, *next; r; r = next) {
@@ -81,7 +86,8 @@ static int gg__batch_merge(gg_arena_t *a, gg__batch_t *b) {
 
 /* Merges the recorded batches before index `upto`, oldest first, stopping at a failure. */
 static void gg__merge_recorded(gg_arena_t *a, size_t upto) {
-  while (a->closed_head < upto && gg__batch_merge(a, &a->closed[a->closed_head]) == 0) a->closed_head++;
+  while (a->closed_head < upto && gg__batch_merge(a, &a->closed[a->closed_head]) == 0)
+    a->closed_head++;
   if (a->closed_head == a->closed_end) a->closed_head = a->closed_end = 0;
 }
 
@@ -103,7 +109,8 @@ static void gg__merge_completed(gg_arena_t *a) {
   }
 }
 
-/* Asks the stream; idle, every release so far is merged (the open batch, then the recorded ones). */
+/* Asks the stream; idle, every release so far is merged (the open batch, then the recorded ones).
+ * */
 static bool gg__settle_if_idle(gg_arena_t *a) {
   a->probe.stream_queries++;
   a->idle_seen = a->ops->stream_query(a->dev, a->stream) == 1;
@@ -112,9 +119,9 @@ static bool gg__settle_if_idle(gg_arena_t *a) {
   return a->idle_seen;
 }
 
-/* When the stream has nothing queued, every release so far is safe to reuse: one stream query settles
- * the open batch and all recorded ones, with no event. Otherwise the open batch gets its event and
- * finished batches are merged. */
+/* When the stream has nothing queued, every release so far is safe to reuse: one stream query
+ * settles the open batch and all recorded ones, with no event. Otherwise the open batch gets its
+ * event and finished batches are merged. */
 int gg__arena_reclaim_finished_step(gg_arena_t *a, void *unused) {
   (void)unused;
   if ((a->open.count || a->closed_head != a->closed_end) && gg__settle_if_idle(a)) return 0;
@@ -131,7 +138,8 @@ bool gg__arena_settle_before(gg_arena_t *a, size_t releases) {
   if (!a->track) return true;
   if (a->open.count + releases < GG__BATCH_MAX) return false;
   if (gg__arena_quietly(a, gg__settle_step, NULL) != 1) return false;
-  a->releases_since_alloc += releases; /* as if released one by one: the next allocation is no pair */
+  a->releases_since_alloc +=
+      releases; /* as if released one by one: the next allocation is no pair */
   return true;
 }
 
@@ -140,20 +148,21 @@ void gg__arena_reclaim_finished(gg_arena_t *a) {
 }
 
 /* A batch is closed (its event recorded) once it holds GG__BATCH_MAX releases, or two or more worth
- * max(1/256 of the mapped memory, half a chunk). Large frees thus come back at the addresses they were
- * freed from before later allocations land above them (training-like sequence: peak mapped / peak in
- * use 1.006, against 1.05-1.10 when batches close only as memory runs out), while small and mid-sized
- * frees share an event among 16-1024 of them.
- * Alloc+free pairs (each allocation right after at most one free, and freed before the next one), once
- * GG__PAIRS_RUN allocations in a row followed that pattern, keep the batch open past that rule, up to
- * GG__PAIRS_MAX releases or an allocation that finds no room, while the stream was last seen idle: only
- * blocks that were freed at once land elsewhere meanwhile, and one query settles them all (2 MiB pairs:
- * a query every 3-4 pairs instead of 2; a random mix of sizes: 0.16 per pair instead of 0.25). The
- * allocation after one that broke the pattern closes the batch before it is placed
- * (gg__arena_before_alloc); with the run required first, the training-like sequence and the recorded
- * traces replayed through gg_alloc/gg_free keep their ratios exactly (closing later in general raised
- * the training-like ratio to 1.02-1.05, and without the run one trace moved by +-0.5%). On a busy stream
- * events are recorded as early as before, so they are complete by the time their memory is needed. */
+ * max(1/256 of the mapped memory, half a chunk). Large frees thus come back at the addresses they
+ * were freed from before later allocations land above them (training-like sequence: peak mapped /
+ * peak in use 1.006, against 1.05-1.10 when batches close only as memory runs out), while small and
+ * mid-sized frees share an event among 16-1024 of them.
+ * Alloc+free pairs (each allocation right after at most one free, and freed before the next one),
+ * once GG__PAIRS_RUN allocations in a row followed that pattern, keep the batch open past that
+ * rule, up to GG__PAIRS_MAX releases or an allocation that finds no room, while the stream was last
+ * seen idle: only blocks that were freed at once land elsewhere meanwhile, and one query settles
+ * them all (2 MiB pairs: a query every 3-4 pairs instead of 2; a random mix of sizes: 0.16 per pair
+ * instead of 0.25). The allocation after one that broke the pattern closes the batch before it is
+ * placed (gg__arena_before_alloc); with the run required first, the training-like sequence and the
+ * recorded traces replayed through gg_alloc/gg_free keep their ratios exactly (closing later in
+ * general raised the training-like ratio to 1.02-1.05, and without the run one trace moved by
+ * +-0.5%). On a busy stream events are recorded as early as before, so they are complete by the
+ * time their memory is needed. */
 void gg__arena_after_release(gg_arena_t *a) {
   if (!a->track) return;
   size_t c = a->open.count, b = a->open.bytes;
@@ -177,9 +186,10 @@ void gg__arena_before_alloc(gg_arena_t *a) {
   if (a->open.deferred && a->open.mixed) gg__arena_reclaim_finished(a);
 }
 
-/* ---- waiting ------------------------------------------------------------------------------------- */
+/* ---- waiting --------------------------------------------------------------------------------- */
 
-/* Waits on the newest batch's event (recording the open batch's first), which covers every batch. */
+/* Waits on the newest batch's event (recording the open batch's first), which covers every batch.
+ * */
 static int gg__wait_newest_event(gg_arena_t *a, void *unused) {
   (void)unused;
   int rc = gg__batch_record(a);
@@ -194,7 +204,8 @@ int gg__arena_wait_pending(gg_arena_t *a) {
   if (!a->track || (a->closed_head == a->closed_end && !a->open.count)) return 0;
   int rc;
   if (gg__arena_quietly(a, gg__wait_newest_event, NULL) < 0) {
-    /* No event to wait on, or waiting on it failed: the whole stream covers every batch, open too. */
+    /* No event to wait on, or waiting on it failed: the whole stream covers every batch, open too.
+     * */
     a->probe.stream_waits++;
     if ((rc = a->ops->stream_sync(a->dev, a->stream)) < 0) return rc;
     if (a->open.count && (rc = gg__batch_merge(a, &a->open)) < 0) return rc;
@@ -205,15 +216,17 @@ int gg__arena_wait_pending(gg_arena_t *a) {
              : gg__err(GG_ENOMEM, "arena: out of host memory merging released blocks");
 }
 
-/* ---- stream-ordered releases: when their memory may be unmapped -------------------------------- */
+/* ---- stream-ordered releases: when their memory may be unmapped --------------------------------
+ */
 
-/* An epoch closes (its event is recorded) once its releases reach this share of the mapped memory and
- * number at least GG__ORD_CLOSE_FREES: growth needs whole free chunks known idle, and a step's frees are
- * then covered by events a few dozen times a step, not only by the one made as growth asks. The count
- * keeps alloc+free pairs of large blocks from paying a record each (~2 us on an H200; on the host
- * backend 64 MiB plugin pairs went from ~0.4 to ~2 us without it). A bound in time instead (one close a
- * millisecond) did the same for pairs, but replayed traces, which run faster than a GPU, then closed
- * epochs too seldom (a decoder trace: peak ratio 1.0045 -> 1.039). */
+/* An epoch closes (its event is recorded) once its releases reach this share of the mapped memory
+ * and number at least GG__ORD_CLOSE_FREES: growth needs whole free chunks known idle, and a step's
+ * frees are then covered by events a few dozen times a step, not only by the one made as growth
+ * asks. The count keeps alloc+free pairs of large blocks from paying a record each (~2 us on an
+ * H200; on the host backend 64 MiB plugin pairs went from ~0.4 to ~2 us without it). A bound in
+ * time instead (one close a millisecond) did the same for pairs, but replayed traces, which run
+ * faster than a GPU, then closed epochs too seldom (a decoder trace: peak ratio 1.0045 -> 1.039).
+ */
 #define GG__ORD_CLOSE_FREES 16
 
 static size_t gg__ord_close_bytes(const gg_arena_t *a) {
@@ -240,8 +253,8 @@ void gg__arena_ordered_note(gg_arena_t *a, uintptr_t addr, size_t size) {
     gg__arena_quietly(a, gg__ord_record_step, NULL);
 }
 
-/* Non-blocking: every closed epoch whose event says its work is done. Events complete in stream order:
- * the newest is asked first (one query settles all), then the oldest ones. */
+/* Non-blocking: every closed epoch whose event says its work is done. Events complete in stream
+ * order: the newest is asked first (one query settles all), then the oldest ones. */
 static void gg__ord_collect(gg_arena_t *a) {
   if (!a->ord_n) return;
   unsigned newest = (a->ord_head + a->ord_n - 1) % GG__ORD_EVENTS;
@@ -259,9 +272,9 @@ static void gg__ord_collect(gg_arena_t *a) {
   }
 }
 
-/* Closes the current epoch with an event recorded now, on the arena's stream. With every slot waiting,
- * the newest event is recorded again instead: it then covers its own epoch and this one (later than
- * needed for its own, never too early). */
+/* Closes the current epoch with an event recorded now, on the arena's stream. With every slot
+ * waiting, the newest event is recorded again instead: it then covers its own epoch and this one
+ * (later than needed for its own, never too early). */
 static int gg__ord_record_step(gg_arena_t *a, void *unused) {
   (void)unused;
   if (a->ord_marked != a->ord_epoch) return 0; /* nothing released since the last close */

@@ -1,7 +1,7 @@
-/* arena_sites.c — where live blocks were allocated (GG_ARENA_BACKTRACE or GPUGUARD_BACKTRACE=1): a short
- * backtrace per allocation, interned (one copy per distinct site), found by the block's address. Return
- * addresses only are kept; they are turned into names only when a report prints them. */
-#include <dlfcn.h>
+/* arena_sites.c — where live blocks were allocated (GG_ARENA_BACKTRACE or GPUGUARD_BACKTRACE=1): a
+ * short backtrace per allocation, interned (one copy per distinct site), found by the block's
+ * address. Return addresses only are kept; they are turned into names only when a report prints
+ * them. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,11 +16,13 @@
 #include "arena/arena_impl.h"
 #include "core/internal.h"
 
-/* Frames of the library's own above the caller's return address: the capture looks this far for it. */
+/* Frames of the library's own above the caller's return address: the capture looks this far for it.
+ * */
 #define GG__SITE_OWN_FRAMES 6
 
-/* How many of them there are (the same for every allocating entry point), learnt on the first capture:
- * later ones unwind only that many more than they keep, at about 1 us a frame. -1: not known yet. */
+/* How many of them there are (the same for every allocating entry point), learnt on the first
+ * capture: later ones unwind only that many more than they keep, at about 1 us a frame. -1: not
+ * known yet. */
 static _Atomic int gg__own_frames = -1;
 
 struct gg__sites {
@@ -33,7 +35,7 @@ struct gg__sites {
   size_t at_cap, at_n;
 };
 
-/* ---- the two tables ------------------------------------------------------------------------------ */
+/* ---- the two tables -------------------------------------------------------------------------- */
 
 static size_t gg__slot_of(uintptr_t key, size_t cap) {
   return (size_t)(((uint64_t)key >> 8) * 0x9e3779b97f4a7c15ull >> 20) & (cap - 1);
@@ -54,8 +56,9 @@ static bool gg__block_live_at(const gg_arena_t *a, uintptr_t p) {
   return i >= 0 && a->bump[i].live && a->bump[i].ptr == p;
 }
 
-/* Rebuilds the address table with room for `want` entries, dropping entries whose block is gone (freed
- * blocks are not removed one by one: a new block at the same address overwrites, the rest goes here). */
+/* Rebuilds the address table with room for `want` entries, dropping entries whose block is gone
+ * (freed blocks are not removed one by one: a new block at the same address overwrites, the rest
+ * goes here). */
 static int gg__at_rebuild(gg_arena_t *a, size_t want) {
   gg__sites_t *t = a->sites;
   size_t cap = 64;
@@ -119,11 +122,12 @@ static const gg__site_t *gg__site_intern(gg__sites_t *t, void *const *pc, int n)
   return s;
 }
 
-/* ---- for the arena ------------------------------------------------------------------------------- */
+/* ---- for the arena --------------------------------------------------------------------------- */
 
 int gg__sites_create(gg_arena_t *a) {
   a->sites = calloc(1, sizeof *a->sites);
-  if (!a->sites) return gg__err(GG_ENOMEM, "gg_arena_create: out of host memory for allocation sites");
+  if (!a->sites)
+    return gg__err(GG_ENOMEM, "gg_arena_create: out of host memory for allocation sites");
 #ifdef GG__HAVE_BACKTRACE
   /* The first backtrace() loads the unwinder (dlopen): done here, outside the arena's lock. */
   void *pc[2];
@@ -151,12 +155,14 @@ void gg__site_note(gg_arena_t *a, uintptr_t p, void *caller) {
     if (pc[i] == caller) from = i;
   if (own < 0 && from >= 0) atomic_store_explicit(&gg__own_frames, from, memory_order_relaxed);
 #endif
-  if (from < 0) pc[0] = caller, n = 1, from = 0; /* no unwinder, or the caller was not found: one frame */
+  if (from < 0)
+    pc[0] = caller, n = 1, from = 0; /* no unwinder, or the caller was not found: one frame */
   n -= from;
   if (n > GG__SITE_FRAMES) n = GG__SITE_FRAMES;
   const gg__site_t *s = gg__site_intern(t, pc + from, n);
   /* Entries of freed blocks are dropped when the table would grow; a live one per block stays. */
-  if (s && t->at_n + 1 > t->at_cap / 2 && gg__at_rebuild(a, 2 * (size_t)a->n_live + 64) < 0) s = NULL;
+  if (s && t->at_n + 1 > t->at_cap / 2 && gg__at_rebuild(a, 2 * (size_t)a->n_live + 64) < 0)
+    s = NULL;
   if (s)
     t->at_n += gg__at_put(t->at, t->at_cap, p, s);
   else
@@ -169,22 +175,4 @@ const gg__site_t *gg__site_of(const gg_arena_t *a, uintptr_t p) {
   size_t i = gg__slot_of(p, t->at_cap);
   while (t->at[i].key && t->at[i].key != p) i = (i + 1) & (t->at_cap - 1);
   return t->at[i].key ? t->at[i].site : NULL;
-}
-
-/* ---- names, for reports -------------------------------------------------------------------------- */
-
-void gg__site_name(const void *pc, char *out, size_t cap) {
-  Dl_info info;
-  memset(&info, 0, sizeof info);
-  /* A return address may lie just past its function (a call that does not return): look up pc - 1. */
-  if (!pc || !dladdr((const char *)pc - 1, &info)) {
-    snprintf(out, cap, "%p", pc);
-    return;
-  }
-  const char *file = info.dli_fname ? strrchr(info.dli_fname, '/') : NULL;
-  file = file ? file + 1 : info.dli_fname ? info.dli_fname : "?";
-  if (info.dli_sname)
-    snprintf(out, cap, "%s+%#tx (%s)", info.dli_sname, (const char *)pc - (const char *)info.dli_saddr, file);
-  else
-    snprintf(out, cap, "%s+%#tx", file, (const char *)pc - (const char *)info.dli_fbase);
 }

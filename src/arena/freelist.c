@@ -1,33 +1,70 @@
-/* freelist.c — an arena's free memory: segregated size classes with bitmaps, O(1) coalescing through
- * boundary maps, the bump block, and the pool of block records. Not thread-safe: the arena's lock covers it.
+/* freelist.c — an arena's free memory: segregated size classes with bitmaps, O(1) coalescing
+ * through boundary maps, the bump block, and the pool of block records. Not thread-safe: the
+ * arena's lock covers it.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/freelist.h"
+#include "arena/freelist_internal.h"
 #include "core/internal.h"
 
 /* Small helpers every put and carve runs, several times each: inlined, they spare a call and the
  * saving of registers around it (the 64-live case of bench_calls: ~40 instructions a step). */
 #define GG__HOT static inline __attribute__((always_inline))
 
-/* ---- address maps ------------------------------------------------------------------------------ */
+/* Zeroed memory on a cache line's boundary: calloc's 16-byte alignment put every other 32-byte
+ * bound slot, and half the 64-byte records, across two lines (a scope end of 65,536 blocks: 5.4
+ * lines a block missed beyond the L2, 1.5 of them only for that). n * size is a multiple of the
+ * line. */
+#define GG__LINE 64
+_Static_assert(sizeof(gg__block_t) == GG__LINE && 2 * sizeof(struct gg__bound) == GG__LINE,
+               "a record fills a line, two bound slots fill one");
+static void *gg__calloc_lines(size_t n, size_t size) {
+  void *p = aligned_alloc(GG__LINE, n * size);
+  if (p) memset(p, 0, n * size);
+  return p;
+}
+
+/* Both hash tables (address map, boundary map) keep a block address as each slot's first member (0:
+ * empty) and probe linearly from gg__addr_hash: one grow for both, re-placing every key. `lines`:
+ * the new slots start on a cache line (the boundary map's two slots a line). */
+_Static_assert(offsetof(struct gg__addr_slot, key) == 0 && offsetof(struct gg__bound, key) == 0,
+               "a slot's key comes first");
+static uintptr_t gg__slot_key(const char *slot) {
+  uintptr_t key;
+  memcpy(&key, slot, sizeof key);
+  return key;
+}
+
+static int gg__table_grow(void **slots, size_t *cap, size_t want, size_t elem, bool lines) {
+  size_t n = *cap ? *cap : 64;
+  while (want > n / 2) {
+    n *= 2;
+  }
+  if (n == *cap) return 0;
+  char *s = lines ? gg__calloc_lines(n, elem) : calloc(n, elem);
+  if (!s) return gg__err(GG_ENOMEM, "arena: out of host memory for block metadata (%zu slots)", n);
+  const char *old = *slots;
+  for (size_t i = 0; i < *cap; i++) {
+    uintptr_t key = gg__slot_key(old + i * elem);
+    if (!key) continue;
+    size_t j = gg__addr_hash(key, n);
+    while (gg__slot_key(s + j * elem)) {
+      j = (j + 1) & (n - 1);
+    }
+    memcpy(s + j * elem, old + i * elem, elem);
+  }
+  free(*slots);
+  *slots = s;
+  *cap = n;
+  return 0;
+}
+
+/* ---- address maps ---------------------------------------------------------------------------- */
 
 int gg__addr_map_grow(gg__addr_map_t *m, size_t want) {
-  size_t cap = m->cap ? m->cap : 64;
-  while (want > cap / 2) cap *= 2;
-  if (cap == m->cap) return 0;
-  struct gg__addr_slot *s = calloc(cap, sizeof *s);
-  if (!s) return gg__err(GG_ENOMEM, "arena: out of host memory for block metadata (%zu slots)", cap);
-  for (size_t i = 0; i < m->cap; i++) {
-    if (!m->slots[i].key) continue;
-    size_t j = gg__addr_hash(m->slots[i].key, cap);
-    while (s[j].key) j = (j + 1) & (cap - 1);
-    s[j] = m->slots[i];
-  }
-  free(m->slots);
-  m->slots = s, m->cap = cap;
-  return 0;
+  return gg__table_grow((void **)&m->slots, &m->cap, want, sizeof *m->slots, false);
 }
 
 void gg__addr_map_put(gg__addr_map_t *m, uintptr_t key, gg__block_t *val) {
@@ -53,7 +90,8 @@ gg__block_t *gg__addr_map_del(gg__addr_map_t *m, uintptr_t key) {
     j = (j + 1) & mask;
   }
   gg__block_t *val = m->slots[j].val;
-  /* Backward shift: pull later members of the probe run into the hole so lookups never stop early. */
+  /* Backward shift: pull later members of the probe run into the hole so lookups never stop early.
+   * */
   for (size_t k = (j + 1) & mask; m->slots[k].key; k = (k + 1) & mask) {
     size_t home = gg__addr_hash(m->slots[k].key, m->cap);
     if (((k - home) & mask) >= ((k - j) & mask)) m->slots[j] = m->slots[k], j = k;
@@ -68,37 +106,12 @@ void gg__addr_map_free(gg__addr_map_t *m) {
   memset(m, 0, sizeof *m);
 }
 
-/* Zeroed memory on a cache line's boundary: calloc's 16-byte alignment put every other 32-byte bound
- * slot, and half the 64-byte records, across two lines (a scope end of 65,536 blocks: 5.4 lines a
- * block missed beyond the L2, 1.5 of them only for that). n * size is a multiple of the line. */
-#define GG__LINE 64
-_Static_assert(sizeof(gg__block_t) == GG__LINE && 2 * sizeof(struct gg__bound) == GG__LINE,
-               "a record fills a line, two bound slots fill one");
-static void *gg__calloc_lines(size_t n, size_t size) {
-  void *p = aligned_alloc(GG__LINE, n * size);
-  if (p) memset(p, 0, n * size);
-  return p;
-}
-
-/* ---- boundary map ------------------------------------------------------------------------------ */
+/* ---- boundary map ---------------------------------------------------------------------------- */
 
 typedef struct gg__bound gg__bound_t;
 
 static int gg__bounds_grow(gg__bounds_t *m, size_t want) {
-  size_t cap = m->cap ? m->cap : 64;
-  while (want > cap / 2) cap *= 2;
-  if (cap == m->cap) return 0;
-  gg__bound_t *s = gg__calloc_lines(cap, sizeof *s);
-  if (!s) return gg__err(GG_ENOMEM, "arena: out of host memory for block metadata (%zu slots)", cap);
-  for (size_t i = 0; i < m->cap; i++) {
-    if (!m->slots[i].key) continue;
-    size_t j = gg__addr_hash(m->slots[i].key, cap);
-    while (s[j].key) j = (j + 1) & (cap - 1);
-    s[j] = m->slots[i];
-  }
-  free(m->slots);
-  m->slots = s, m->cap = cap;
-  return 0;
+  return gg__table_grow((void **)&m->slots, &m->cap, want, sizeof *m->slots, true);
 }
 
 /* The slot holding key, or the empty slot where it would go. */
@@ -125,7 +138,8 @@ static gg__bound_t *gg__bounds_at(gg__bounds_t *m, uintptr_t key) {
   return gg__bounds_take(m, gg__bounds_probe(m, key), key);
 }
 
-/* Empties one side of the slot at index j (which holds a key); the slot goes once both sides are empty. */
+/* Empties one side of the slot at index j (which holds a key); the slot goes once both sides are
+ * empty. */
 GG__HOT void gg__bounds_clear_at(gg__bounds_t *m, size_t j, bool above) {
   size_t mask = m->cap - 1;
   gg__bound_t *s = &m->slots[j];
@@ -134,7 +148,8 @@ GG__HOT void gg__bounds_clear_at(gg__bounds_t *m, size_t j, bool above) {
   else
     s->below = NULL;
   if (s->above || s->below) return;
-  /* Backward shift: pull later members of the probe run into the hole so lookups never stop early. */
+  /* Backward shift: pull later members of the probe run into the hole so lookups never stop early.
+   * */
   for (size_t k = (j + 1) & mask; m->slots[k].key; k = (k + 1) & mask) {
     size_t home = gg__addr_hash(m->slots[k].key, m->cap);
     if (((k - home) & mask) >= ((k - j) & mask)) m->slots[j] = m->slots[k], j = k;
@@ -158,7 +173,7 @@ gg__block_t *gg__freelist_ending_at(const gg__freelist_t *fl, uintptr_t addr) {
   return s ? s->below : NULL;
 }
 
-/* ---- record pool ------------------------------------------------------------------------------- */
+/* ---- record pool ----------------------------------------------------------------------------- */
 
 #define GG__SLAB_RECORDS 256
 
@@ -187,6 +202,7 @@ gg__block_t *gg__freelist_take_record(gg__freelist_t *fl) {
 }
 
 void gg__freelist_give_record(gg__freelist_t *fl, gg__block_t *b) {
+  GG__ASSERT(b != fl->spare && b != fl->top); /* a record given back twice, or top's */
   b->state = GG__BLOCK_SPARE;
   b->r = fl->spare, fl->spare = b, fl->n_spare++;
 }
@@ -198,12 +214,11 @@ void gg__freelist_free(gg__freelist_t *fl) {
   memset(fl, 0, sizeof *fl);
 }
 
-/* ---- size classes ------------------------------------------------------------------------------ */
+/* ---- size classes ---------------------------------------------------------------------------- */
 
 #define GG__EXACT_BITS 7 /* log2(GG__EXACT_CLASSES) */
-#define GG__FIT_LOOK                                                                    \
-  16 /* blocks of one class a fit looks at: bounds the work, not the choice in practice \
-      */
+/* Blocks of one class a fit looks at: bounds the work, not the choice in practice. */
+#define GG__FIT_LOOK 16
 
 _Static_assert(GG__EXACT_CLASSES == 1 << GG__EXACT_BITS, "exact classes are a power of two");
 _Static_assert(GG__CLASS_WORDS <= 32, "the word summary is 32 bits");
@@ -222,7 +237,8 @@ GG__HOT unsigned gg__class_of(size_t size) {
 static size_t gg__class_min_quanta(unsigned c) {
   if (c < GG__EXACT_CLASSES) return c;
   unsigned e = GG__EXACT_BITS + (c - GG__EXACT_CLASSES) / GG__SUB_CLASSES;
-  return ((size_t)GG__SUB_CLASSES + (c - GG__EXACT_CLASSES) % GG__SUB_CLASSES) << (e - GG__SUB_BITS);
+  return ((size_t)GG__SUB_CLASSES + (c - GG__EXACT_CLASSES) % GG__SUB_CLASSES)
+         << (e - GG__SUB_BITS);
 }
 
 /* The first non-empty class at or above c, or -1: two bit scans. */
@@ -271,8 +287,9 @@ static void gg__class_unlink(gg__freelist_t *fl, gg__block_t *b) {
   gg__class_unlink_from(fl, b, gg__class_of(b->size));
 }
 
-/* Sets a listed block's size; it moves to the head of its new class only when the class changes. Each
- * class is computed once (a merge or carve changes a size on every release and most allocations). */
+/* Sets a listed block's size; it moves to the head of its new class only when the class changes.
+ * Each class is computed once (a merge or carve changes a size on every release and most
+ * allocations). */
 GG__HOT void gg__class_resize(gg__freelist_t *fl, gg__block_t *b, size_t size) {
   unsigned from = gg__class_of(b->size), to = gg__class_of(size);
   b->size = size;
@@ -285,9 +302,11 @@ static bool gg__smaller(const gg__block_t *a, const gg__block_t *b) {
   return a->size < b->size || (a->size == b->size && a->addr < b->addr);
 }
 
-/* ---- free memory ------------------------------------------------------------------------------- */
+/* ---- free memory ----------------------------------------------------------------------------- */
 
 static void gg__freelist_link(gg__freelist_t *fl, gg__block_t *b) {
+  GG__ASSERT(b->state != GG__BLOCK_FREE); /* listed twice */
+  GG__ASSERT(b->size && b->size % GG__QUANTUM == 0 && b->addr % GG__QUANTUM == 0);
   b->state = GG__BLOCK_FREE;
   gg__class_link(fl, b);
   gg__bounds_at(&fl->bounds, b->addr)->above = b;
@@ -296,6 +315,7 @@ static void gg__freelist_link(gg__freelist_t *fl, gg__block_t *b) {
 }
 
 void gg__freelist_remove(gg__freelist_t *fl, gg__block_t *b) {
+  GG__ASSERT(b->state == GG__BLOCK_FREE && fl->count > 0 && fl->bytes >= b->size);
   gg__class_unlink(fl, b);
   gg__bounds_clear(&fl->bounds, b->addr, true);
   gg__bounds_clear(&fl->bounds, b->addr + b->size, false);
@@ -310,8 +330,9 @@ void gg__freelist_put_plain(gg__freelist_t *fl, uintptr_t addr, size_t size, voi
   gg__freelist_link(fl, b);
 }
 
-/* Moves a listed block's bounds in place: only the boundary map entries and the class that change are
- * touched (cheaper than removing it and listing a new one). Free bytes are the caller's to count. */
+/* Moves a listed block's bounds in place: only the boundary map entries and the class that change
+ * are touched (cheaper than removing it and listing a new one). Free bytes are the caller's to
+ * count. */
 static void gg__freelist_reshape(gg__freelist_t *fl, gg__block_t *b, uintptr_t addr, size_t size) {
   if (addr != b->addr)
     gg__bounds_clear(&fl->bounds, b->addr, true), gg__bounds_at(&fl->bounds, addr)->above = b;
@@ -322,11 +343,12 @@ static void gg__freelist_reshape(gg__freelist_t *fl, gg__block_t *b, uintptr_t a
   gg__class_resize(fl, b, size);
 }
 
-/* The range [addr, addr+size) joins its listed free neighbour lo (ending at addr) and/or n (starting at
- * addr+size); j_lo and j_hi are the boundary slots already probed for addr and addr+size. The slots and
- * classes are changed in place, each probed once (removing n and reshaping lo probed four). Nothing
- * free starts at addr or ends at addr+size (the range was not free), so a side cleared there may empty
- * its slot. Writing a slot at an index found before a deletion must come first: a deletion shifts. */
+/* The range [addr, addr+size) joins its listed free neighbour lo (ending at addr) and/or n
+ * (starting at addr+size); j_lo and j_hi are the boundary slots already probed for addr and
+ * addr+size. The slots and classes are changed in place, each probed once (removing n and reshaping
+ * lo probed four). Nothing free starts at addr or ends at addr+size (the range was not free), so a
+ * side cleared there may empty its slot. Writing a slot at an index found before a deletion must
+ * come first: a deletion shifts. */
 static gg__block_t *gg__freelist_grow_into(gg__freelist_t *fl, gg__block_t *lo, gg__block_t *n,
                                            uintptr_t addr, size_t size, size_t j_lo, size_t j_hi) {
   gg__bounds_t *m = &fl->bounds;
@@ -354,7 +376,8 @@ static gg__block_t *gg__freelist_grow_into(gg__freelist_t *fl, gg__block_t *lo, 
   return b;
 }
 
-gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg, gg__block_t *rec) {
+gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg,
+                              gg__block_t *rec) {
   gg__block_t *t = fl->top, *n, *lo;
   fl->bytes += size;
   /* The neighbour below: top, or a listed block ending where this range starts. */
@@ -368,7 +391,8 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
     if (rec) gg__freelist_give_record(fl, rec);
     return t;
   }
-  /* The slots of both boundaries: a range with no free neighbour lists itself in them as they are. */
+  /* The slots of both boundaries: a range with no free neighbour lists itself in them as they are.
+   * */
   size_t j_lo = fl->bounds.cap ? gg__bounds_probe(&fl->bounds, addr) : 0;
   if ((lo = fl->bounds.cap && fl->bounds.slots[j_lo].key ? fl->bounds.slots[j_lo].below : NULL) &&
       lo->seg != seg)
@@ -428,7 +452,8 @@ gg__block_t *gg__freelist_fit(const gg__freelist_t *fl, size_t n, size_t a) {
     if (b) return b;
     return (d = gg__class_next(fl, c + 1)) < 0 ? NULL : gg__class_best(fl->heads[d], n, a);
   }
-  /* Over-aligned: a few classes from n up, then a class whose every block fits wherever it starts. */
+  /* Over-aligned: a few classes from n up, then a class whose every block fits wherever it starts.
+   * */
   d = gg__class_next(fl, c);
   for (int i = 0; d >= 0 && i < 4; i++, d = gg__class_next(fl, (unsigned)d + 1)) {
     gg__block_t *b = gg__class_best(fl->heads[d], n, a);
@@ -443,7 +468,9 @@ gg__block_t *gg__freelist_fit(const gg__freelist_t *fl, size_t n, size_t a) {
 
 gg__block_t *gg__freelist_carve(gg__freelist_t *fl, gg__block_t *b, size_t n, size_t a) {
   uintptr_t p = gg__align_up(b->addr, a), end = b->addr + b->size;
-  if (p == b->addr && p + n < end) { /* the front: b stays listed as the rest, a new record is handed out */
+  GG__ASSERT(b->state == GG__BLOCK_FREE && n % GG__QUANTUM == 0 && p + n <= end);
+  if (p == b->addr &&
+      p + n < end) { /* the front: b stays listed as the rest, a new record is handed out */
     gg__block_t *u = gg__freelist_take_record(fl);
     u->addr = p, u->size = n, u->seg = b->seg;
     gg__freelist_reshape(fl, b, p + n, end - (p + n));
@@ -479,6 +506,7 @@ void gg__freelist_drop_top(gg__freelist_t *fl) {
 }
 
 void gg__freelist_set_top(gg__freelist_t *fl, gg__block_t *b) {
+  GG__ASSERT(b != fl->top);
   gg__freelist_remove(fl, b);
   fl->bytes += b->size; /* still free: it only moves out of the lists */
   gg__freelist_drop_top(fl);
@@ -501,7 +529,8 @@ static const char *gg__class_check(const gg__freelist_t *fl, unsigned c, size_t 
     if (b->state != GG__BLOCK_FREE) return "a listed block is not FREE";
     if (b->l != prev) return "a class list's back link is broken";
     if (gg__class_of(b->size) != c) return "a free block is in the wrong size class";
-    if (gg__freelist_starting_at(fl, b->addr) != b || gg__freelist_ending_at(fl, b->addr + b->size) != b)
+    if (gg__freelist_starting_at(fl, b->addr) != b ||
+        gg__freelist_ending_at(fl, b->addr + b->size) != b)
       return "a free block is missing from the boundary map";
     (*n)++, *bytes += b->size;
   }
@@ -514,15 +543,18 @@ const char *gg__freelist_check(const gg__freelist_t *fl) {
   for (unsigned c = 0; c < GG__CLASSES; c++)
     if ((w = gg__class_check(fl, c, &n, &bytes))) return w;
   for (unsigned i = 0; i < GG__CLASS_WORDS; i++)
-    if (((fl->words >> i) & 1) != (fl->bits[i] != 0)) return "the class word summary disagrees with the bits";
+    if (((fl->words >> i) & 1) != (fl->bits[i] != 0))
+      return "the class word summary disagrees with the bits";
   if (n != fl->count) return "free block count mismatch";
-  /* Every slot names listed blocks only (each found above, so n of each side means no stale one). */
+  /* Every slot names listed blocks only (each found above, so n of each side means no stale one).
+   * */
   size_t keys = 0, above = 0, below = 0;
   for (size_t i = 0; i < fl->bounds.cap; i++) {
     const gg__bound_t *s = &fl->bounds.slots[i];
     if (!s->key) continue;
     if (!s->above && !s->below) return "an empty boundary slot was left in the map";
-    if ((s->above && s->above->addr != s->key) || (s->below && s->below->addr + s->below->size != s->key))
+    if ((s->above && s->above->addr != s->key) ||
+        (s->below && s->below->addr + s->below->size != s->key))
       return "a boundary slot names a block that does not start or end there";
     keys++, above += s->above != NULL, below += s->below != NULL;
   }

@@ -6,11 +6,19 @@
 
 int gg__backend_resolve(const char *requested, int device, const char **chosen) {
   const char *what = "options.backend", *v = requested;
-  if (!v || !*v) what = "GPUGUARD_BACKEND", v = gg__env("GPUGUARD_BACKEND");
+  if (!v || !*v) {
+    what = "GPUGUARD_BACKEND";
+    v = gg__env("GPUGUARD_BACKEND");
+  }
   if (!v) v = "auto";
-  if (strcmp(v, "cuda") == 0 || strcmp(v, "host") == 0) return (*chosen = v[0] == 'c' ? "cuda" : "host"), 0;
-  if (strcmp(v, "auto") != 0) return gg__err(GG_EINVAL, "%s='%s': expected auto, cuda or host", what, v);
-  /* auto: cuda when the driver loads and has this device; the probe's message is not an error here. */
+  if (strcmp(v, "cuda") == 0 || strcmp(v, "host") == 0) {
+    *chosen = v[0] == 'c' ? "cuda" : "host";
+    return 0;
+  }
+  if (strcmp(v, "auto") != 0)
+    return gg__err(GG_EINVAL, "%s='%s': expected auto, cuda or host", what, v);
+  /* auto: cuda when the driver loads and has this device; the probe's message is not an error here.
+   * */
   int n = 0;
   gg__err_saved_t saved;
   gg__err_save(&saved);
@@ -35,6 +43,9 @@ int gg__dev_count(const char *name, int *count) {
   const char *b;
   int rc = gg__backend_resolve(name, 0, &b);
   if (rc < 0) return rc;
-  if (b[0] == 'h') return (*count = 1), 0;
+  if (b[0] == 'h') {
+    *count = 1;
+    return 0;
+  }
   return gg__cuda_count(count);
 }

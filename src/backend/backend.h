@@ -1,6 +1,6 @@
-/* backend.h — the one interface between the library and a device; everything that touches the driver
- * or device memory goes through it. Two implementations: cuda.c (driver loaded at run time) and host.c
- * (a simulated device in host memory with fault injection). */
+/* backend.h — the one interface between the library and a device; everything that touches the
+ * driver or device memory goes through it. Two implementations: cuda.c (driver loaded at run time)
+ * and host.c (a simulated device in host memory with fault injection). */
 #ifndef GG_BACKEND_H
 #define GG_BACKEND_H
 
@@ -10,8 +10,9 @@
 
 typedef struct gg__dev gg__dev_t;
 
-/* Physical memory mapped at ptr. With a contiguous backend, ptr is the address the caller chose inside
- * its reservation; otherwise the backend chose it (cuMemAlloc'd chunks on devices without VMM). */
+/* Physical memory mapped at ptr. With a contiguous backend, ptr is the address the caller chose
+ * inside its reservation; otherwise the backend chose it (cuMemAlloc'd chunks on devices without
+ * VMM). */
 typedef struct gg__chunk {
   uintptr_t ptr;
   size_t size;
@@ -36,18 +37,19 @@ typedef struct gg__backend_ops {
    * yields base 0 and only checks the size. */
   int (*va_reserve)(gg__dev_t *d, size_t size, uintptr_t *base);
   int (*va_release)(gg__dev_t *d, uintptr_t base, size_t size);
-  /* Create size bytes of physical memory and map them read-write at `at` (granularity-aligned, inside
-   * a reservation; pass 0 when !d->contiguous). */
+  /* Create size bytes of physical memory and map them read-write at `at` (granularity-aligned,
+   * inside a reservation; pass 0 when !d->contiguous). */
   int (*map)(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out);
-  /* Unmap and give the physical memory back to the driver. 0 means the range is no longer mapped (if
-   * only the release of its physical memory failed, that is counted and recorded in the detail, and the
-   * memory stays with the driver until the process ends); an error means nothing changed. */
+  /* Unmap and give the physical memory back to the driver. 0 means the range is no longer mapped
+   * (if only the release of its physical memory failed, that is counted and recorded in the detail,
+   * and the memory stays with the driver until the process ends); an error means nothing changed.
+   * */
   int (*unmap)(gg__dev_t *d, const gg__chunk_t *chunk);
   /* unmap() for n chunks that tile one range without gaps (chunks[] in address order), with as few
    * driver calls as the driver allows: one range unmap where it accepts a range that spans several
    * mappings, then each chunk's release. *done: how many are unmapped, counted from the highest. 0
-   * means all of them (*done == n); an error means chunks[0 .. n - *done) are still mapped and the rest
-   * are not. */
+   * means all of them (*done == n); an error means chunks[0 .. n - *done) are still mapped and the
+   * rest are not. */
   int (*unmap_run)(gg__dev_t *d, gg__chunk_t *const *chunks, size_t n, size_t *done);
   /* Synchronous copies and fill, used by tests and examples to prove the memory is real. */
   int (*copy_to_dev)(gg__dev_t *d, uintptr_t dst, const void *src, size_t n);
@@ -62,29 +64,32 @@ typedef struct gg__backend_ops {
   int (*event_destroy)(gg__dev_t *d, void *ev);
   int (*stream_sync)(gg__dev_t *d, void *stream);
   /* Non-blocking: 1 when every piece of work queued on the stream so far is done, 0 while some is
-   * pending, <0 on error. One call instead of an event record and a query when the stream is idle. */
+   * pending, <0 on error. One call instead of an event record and a query when the stream is idle.
+   * */
   int (*stream_query)(gg__dev_t *d, void *stream);
   /* cuStreamWaitEvent: work queued on `stream` after this call runs only after the work the event
    * covers (the event as last recorded). No host-side wait. */
   int (*stream_wait)(gg__dev_t *d, void *stream, void *ev);
-  /* 0 when `stream` is a handle this backend can use, else GG_EINVAL naming `op`. NULL: every handle is
-   * taken as given (the driver checks it). Counts as no operation for fault injection. */
+  /* 0 when `stream` is a handle this backend can use, else GG_EINVAL naming `op`. NULL: every
+   * handle is taken as given (the driver checks it). Counts as no operation for fault injection. */
   int (*stream_check)(gg__dev_t *d, void *stream, const char *op);
-  /* CUDA graph capture. stream_capture: 0 with *capture_id 0 when `stream` is not capturing, 0 with the
-   * capture's unique id (never 0) when it is (an invalidated capture still counts: it has not ended),
-   * 1 with *capture_id 0 when `stream` is the legacy default stream while another stream captures
-   * (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: some capture is underway, no stream operation may run), <0 on
-   * error. Never invalidates a capture. */
+  /* CUDA graph capture. stream_capture: 0 with *capture_id 0 when `stream` is not capturing, 0 with
+   * the capture's unique id (never 0) when it is (an invalidated capture still counts: it has not
+   * ended), 1 with *capture_id 0 when `stream` is the legacy default stream while another stream
+   * captures (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: some capture is underway, no stream operation may
+   * run), <0 on error. Never invalidates a capture. */
   int (*stream_capture)(gg__dev_t *d, void *stream, unsigned long long *capture_id);
-  /* Ties `destroy(user)` to the graph being captured on `stream`: the backend calls it once, on a thread
-   * of its own, when that graph and every executable graph made from it are destroyed (and their
-   * launches done). destroy must not call the driver: it only marks. On failure destroy is never called. */
+  /* Ties `destroy(user)` to the graph being captured on `stream`: the backend calls it once, on a
+   * thread of its own, when that graph and every executable graph made from it are destroyed (and
+   * their launches done). destroy must not call the driver: it only marks. On failure destroy is
+   * never called. */
   int (*graph_retain)(gg__dev_t *d, void *stream, void (*destroy)(void *user), void *user);
   /* Waits until all work queued on the device's context so far, on every stream, is done, at most
-   * timeout_ms (< 0: no limit). GG_ETIMEDOUT when the limit passed first (the work may still run; the
-   * wait is not cancelled on cuda, where it goes on on a thread of its own). */
+   * timeout_ms (< 0: no limit). GG_ETIMEDOUT when the limit passed first (the work may still run;
+   * the wait is not cancelled on cuda, where it goes on on a thread of its own). */
   int (*ctx_sync)(gg__dev_t *d, int timeout_ms);
-  /* Destroy every resource of the device's primary context (opt-in, for processes owning the device). */
+  /* Destroy every resource of the device's primary context (opt-in, for processes owning the
+   * device). */
   int (*ctx_reset)(gg__dev_t *d);
   /* Release what open() took (the primary context retain) and free d. */
   void (*close)(gg__dev_t *d);
@@ -116,13 +121,10 @@ int gg__dev_count(const char *name, int *count);
 int gg__cuda_open(int index, gg__dev_t **dev);
 int gg__cuda_count(int *count);
 int gg__cuda_props(int index, gg__dev_props_t *props);
-/* 0 when the driver loads and has at least one device; else the reason (GG_ENODEV and a message). */
+/* 0 when the driver loads and has at least one device; else the reason (GG_ENODEV and a message).
+ * */
 int gg__cuda_probe(void);
 int gg__host_open(int index, gg__dev_t **dev);
-/* Fork handlers of the host backend's device lock: prepare takes it, release (parent and child) gives
- * it back. */
-void gg__host_fork_prepare(void);
-void gg__host_fork_release(void);
 int gg__host_props(int index, gg__dev_props_t *props);
 
 #endif

@@ -12,54 +12,57 @@
 
 #include "backend/backend.h"
 #include "core/internal.h"
+#include "core/thread_internal.h"
 
-/* The driver entry points the library uses, each resolved for the CUDA 12.0 ABI (so cuMemAlloc gives
- * the _v2 entry, and so on). Member names carry a prefix so cuda.h's versioning macros leave them alone. */
-#define GG__CU_FUNCS(X)                                                                                     \
-  X(cuInit, (unsigned int))                                                                                 \
-  X(cuDriverGetVersion, (int *))                                                                            \
-  X(cuGetErrorName, (CUresult, const char **))                                                              \
-  X(cuGetErrorString, (CUresult, const char **))                                                            \
-  X(cuDeviceGetCount, (int *))                                                                              \
-  X(cuDeviceGet, (CUdevice *, int))                                                                         \
-  X(cuDeviceGetName, (char *, int, CUdevice))                                                               \
-  X(cuDeviceGetUuid, (CUuuid *, CUdevice))                                                                  \
-  X(cuDeviceTotalMem, (size_t *, CUdevice))                                                                 \
-  X(cuDeviceGetAttribute, (int *, CUdevice_attribute, CUdevice))                                            \
-  X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                                      \
-  X(cuDevicePrimaryCtxRelease, (CUdevice))                                                                  \
-  X(cuDevicePrimaryCtxReset, (CUdevice))                                                                    \
-  X(cuCtxGetCurrent, (CUcontext *))                                                                         \
-  X(cuCtxPushCurrent, (CUcontext))                                                                          \
-  X(cuCtxPopCurrent, (CUcontext *))                                                                         \
-  X(cuCtxSynchronize, (void))                                                                               \
-  X(cuMemGetInfo, (size_t *, size_t *))                                                                     \
-  X(cuMemGetAllocationGranularity,                                                                          \
-    (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                              \
-  X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))                  \
-  X(cuMemAddressFree, (CUdeviceptr, size_t))                                                                \
-  X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
-  X(cuMemRelease, (CUmemGenericAllocationHandle))                                                           \
-  X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))              \
-  X(cuMemUnmap, (CUdeviceptr, size_t))                                                                      \
-  X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))                                 \
-  X(cuMemAlloc, (CUdeviceptr *, size_t))                                                                    \
-  X(cuMemFree, (CUdeviceptr))                                                                               \
-  X(cuMemcpyHtoD, (CUdeviceptr, const void *, size_t))                                                      \
-  X(cuMemcpyDtoH, (void *, CUdeviceptr, size_t))                                                            \
-  X(cuMemsetD8, (CUdeviceptr, unsigned char, size_t))                                                       \
-  X(cuEventCreate, (CUevent *, unsigned int))                                                               \
-  X(cuEventRecord, (CUevent, CUstream))                                                                     \
-  X(cuEventQuery, (CUevent))                                                                                \
-  X(cuEventSynchronize, (CUevent))                                                                          \
-  X(cuEventDestroy, (CUevent))                                                                              \
-  X(cuStreamSynchronize, (CUstream))                                                                        \
-  X(cuStreamQuery, (CUstream))                                                                              \
-  X(cuStreamWaitEvent, (CUstream, CUevent, unsigned int))                                                   \
-  X(cuStreamGetCaptureInfo,                                                                                 \
-    (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, const CUgraphNode **, size_t *))           \
-  X(cuUserObjectCreate, (CUuserObject *, void *, CUhostFn, unsigned int, unsigned int))                     \
-  X(cuGraphRetainUserObject, (CUgraph, CUuserObject, unsigned int, unsigned int))                           \
+/* The driver entry points the library uses, each resolved for the CUDA 12.0 ABI (so cuMemAlloc
+ * gives the _v2 entry, and so on). Member names carry a prefix so cuda.h's versioning macros leave
+ * them alone. */
+#define GG__CU_FUNCS(X)                                                                           \
+  X(cuInit, (unsigned int))                                                                       \
+  X(cuDriverGetVersion, (int *))                                                                  \
+  X(cuGetErrorName, (CUresult, const char **))                                                    \
+  X(cuGetErrorString, (CUresult, const char **))                                                  \
+  X(cuDeviceGetCount, (int *))                                                                    \
+  X(cuDeviceGet, (CUdevice *, int))                                                               \
+  X(cuDeviceGetName, (char *, int, CUdevice))                                                     \
+  X(cuDeviceGetUuid, (CUuuid *, CUdevice))                                                        \
+  X(cuDeviceTotalMem, (size_t *, CUdevice))                                                       \
+  X(cuDeviceGetAttribute, (int *, CUdevice_attribute, CUdevice))                                  \
+  X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                            \
+  X(cuDevicePrimaryCtxRelease, (CUdevice))                                                        \
+  X(cuDevicePrimaryCtxReset, (CUdevice))                                                          \
+  X(cuCtxGetCurrent, (CUcontext *))                                                               \
+  X(cuCtxPushCurrent, (CUcontext))                                                                \
+  X(cuCtxPopCurrent, (CUcontext *))                                                               \
+  X(cuCtxSynchronize, (void))                                                                     \
+  X(cuMemGetInfo, (size_t *, size_t *))                                                           \
+  X(cuMemGetAllocationGranularity,                                                                \
+    (size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags))                    \
+  X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))        \
+  X(cuMemAddressFree, (CUdeviceptr, size_t))                                                      \
+  X(cuMemCreate,                                                                                  \
+    (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long))    \
+  X(cuMemRelease, (CUmemGenericAllocationHandle))                                                 \
+  X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))    \
+  X(cuMemUnmap, (CUdeviceptr, size_t))                                                            \
+  X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))                       \
+  X(cuMemAlloc, (CUdeviceptr *, size_t))                                                          \
+  X(cuMemFree, (CUdeviceptr))                                                                     \
+  X(cuMemcpyHtoD, (CUdeviceptr, const void *, size_t))                                            \
+  X(cuMemcpyDtoH, (void *, CUdeviceptr, size_t))                                                  \
+  X(cuMemsetD8, (CUdeviceptr, unsigned char, size_t))                                             \
+  X(cuEventCreate, (CUevent *, unsigned int))                                                     \
+  X(cuEventRecord, (CUevent, CUstream))                                                           \
+  X(cuEventQuery, (CUevent))                                                                      \
+  X(cuEventSynchronize, (CUevent))                                                                \
+  X(cuEventDestroy, (CUevent))                                                                    \
+  X(cuStreamSynchronize, (CUstream))                                                              \
+  X(cuStreamQuery, (CUstream))                                                                    \
+  X(cuStreamWaitEvent, (CUstream, CUevent, unsigned int))                                         \
+  X(cuStreamGetCaptureInfo,                                                                       \
+    (CUstream, CUstreamCaptureStatus *, cuuint64_t *, CUgraph *, const CUgraphNode **, size_t *)) \
+  X(cuUserObjectCreate, (CUuserObject *, void *, CUhostFn, unsigned int, unsigned int))           \
+  X(cuGraphRetainUserObject, (CUgraph, CUuserObject, unsigned int, unsigned int))                 \
   X(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *))
 
 static struct {
@@ -87,7 +90,8 @@ static const char *gg__cu_errname(CUresult r) {
 
 static const char *gg__cu_errtext(CUresult r) {
   const char *s = NULL;
-  if (gg__cu.fn_cuGetErrorString && gg__cu.fn_cuGetErrorString(r, &s) == CUDA_SUCCESS && s) return s;
+  if (gg__cu.fn_cuGetErrorString && gg__cu.fn_cuGetErrorString(r, &s) == CUDA_SUCCESS && s)
+    return s;
   return "unknown error";
 }
 
@@ -119,8 +123,8 @@ static void gg__cu_load(void) {
   gg__cu_status = GG_ENODEV;
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
-    snprintf(gg__cu_reason, sizeof gg__cu_reason, "the CUDA driver (libcuda.so.1) could not be loaded: %s",
-             dlerror());
+    snprintf(gg__cu_reason, sizeof gg__cu_reason,
+             "the CUDA driver (libcuda.so.1) could not be loaded: %s", dlerror());
     return;
   }
   /* dlsym returns an object pointer; memcpy is the conversion ISO C allows. */
@@ -133,29 +137,31 @@ static void gg__cu_load(void) {
     memcpy(&gp1, &sym, sizeof sym);
   if (!gp2 && !gp1) {
     snprintf(gg__cu_reason, sizeof gg__cu_reason,
-             "the CUDA driver is too old: libcuda.so.1 has no cuGetProcAddress (CUDA 11.3 or newer needed)");
+             "the CUDA driver is too old: libcuda.so.1 has no cuGetProcAddress (CUDA 11.3 or newer "
+             "needed)");
     return;
   }
-#define GG__CU_RESOLVE(name, args)                                                                   \
-  {                                                                                                  \
-    void *fp = NULL;                                                                                 \
-    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;                                 \
-    CUresult r = gp2 ? gp2(#name, &fp, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st)                      \
-                     : gp1(#name, &fp, 12000, CU_GET_PROC_ADDRESS_DEFAULT);                          \
-    if (r != CUDA_SUCCESS || !fp) {                                                                  \
-      snprintf(gg__cu_reason, sizeof gg__cu_reason,                                                  \
-               "the CUDA driver lacks %s (CUresult %d): a CUDA 12 driver or newer is needed", #name, \
-               (int)r);                                                                              \
-      return;                                                                                        \
-    }                                                                                                \
-    memcpy(&gg__cu.fn_##name, &fp, sizeof fp);                                                       \
+#define GG__CU_RESOLVE(name, args)                                                            \
+  {                                                                                           \
+    void *fp = NULL;                                                                          \
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;                          \
+    CUresult r = gp2 ? gp2(#name, &fp, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st)               \
+                     : gp1(#name, &fp, 12000, CU_GET_PROC_ADDRESS_DEFAULT);                   \
+    if (r != CUDA_SUCCESS || !fp) {                                                           \
+      snprintf(gg__cu_reason, sizeof gg__cu_reason,                                           \
+               "the CUDA driver lacks %s (CUresult %d): a CUDA 12 driver or newer is needed", \
+               #name, (int)r);                                                                \
+      return;                                                                                 \
+    }                                                                                         \
+    memcpy(&gg__cu.fn_##name, &fp, sizeof fp);                                                \
   }
   GG__CU_FUNCS(GG__CU_RESOLVE)
 #undef GG__CU_RESOLVE
   CUresult r = gg__cu.fn_cuInit(0);
   if (r != CUDA_SUCCESS) {
-    snprintf(gg__cu_reason, sizeof gg__cu_reason, "the CUDA driver loaded but cuInit failed: %s (%s)%s",
-             gg__cu_errname(r), gg__cu_errtext(r),
+    snprintf(gg__cu_reason, sizeof gg__cu_reason,
+             "the CUDA driver loaded but cuInit failed: %s (%s)%s", gg__cu_errname(r),
+             gg__cu_errtext(r),
              r == CUDA_ERROR_NO_DEVICE ? ": this machine has no CUDA device" : "");
     return;
   }
@@ -168,10 +174,11 @@ static int gg__cu_ready(const char *call) {
   pthread_once(&gg__cu_once, gg__cu_load);
   if (gg__cu_status < 0) return gg__err(gg__cu_status, "%s: %s", call, gg__cu_reason);
   if (gg__fork_generation() != gg__cu_init_gen)
-    return gg__err(GG_ESTATE,
-                   "%s: CUDA was initialised in the parent before fork(); a forked child cannot use "
-                   "CUDA: exec a new process (or use the multiprocessing 'spawn' start method)",
-                   call);
+    return gg__err(
+        GG_ESTATE,
+        "%s: CUDA was initialised in the parent before fork(); a forked child cannot use "
+        "CUDA: exec a new process (or use the multiprocessing 'spawn' start method)",
+        call);
   return 0;
 }
 
@@ -208,22 +215,26 @@ int gg__cuda_props(int index, gg__dev_props_t *p) {
   GG__CU(gg__cu.fn_cuDeviceGetName(p->name, (int)sizeof p->name, dev), "cuDeviceGetName");
   GG__CU(gg__cu.fn_cuDeviceGetUuid(&u, dev), "cuDeviceGetUuid");
   GG__CU(gg__cu.fn_cuDeviceTotalMem(&p->total_mem, dev), "cuDeviceTotalMem");
-  GG__CU(gg__cu.fn_cuDeviceGetAttribute(&p->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+  GG__CU(gg__cu.fn_cuDeviceGetAttribute(&p->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                        dev),
          "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)");
-  GG__CU(gg__cu.fn_cuDeviceGetAttribute(&p->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+  GG__CU(gg__cu.fn_cuDeviceGetAttribute(&p->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                        dev),
          "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR)");
-  GG__CU(gg__cu.fn_cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
+  GG__CU(gg__cu.fn_cuDeviceGetAttribute(
+             &vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
          "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
   GG__CU(gg__cu.fn_cuDriverGetVersion(&p->driver_version), "cuDriverGetVersion");
   p->vmm = vmm != 0;
   const unsigned char *b = (const unsigned char *)u.bytes;
   snprintf(p->uuid, sizeof p->uuid,
-           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2], b[3],
-           b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+           "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+           b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+           b[15]);
   return 0;
 }
 
-/* ---- an open device ----------------------------------------------------------------------------------- */
+/* ---- an open device -------------------------------------------------------------------------- */
 
 typedef struct gg__cudev {
   unsigned long long leaked_handles; /* physical handles whose release failed after their unmap */
@@ -277,12 +288,14 @@ static int gg__c_mem_info(gg__dev_t *d, size_t *free_b, size_t *total_b) {
   GG__CU_IN_CTX(d, gg__cu.fn_cuMemGetInfo(free_b, total_b), "cuMemGetInfo");
 }
 
-/* cuMemCreate, cuMemMap and the rest are "potentially unsafe" calls: made while any thread captures a
- * CUDA graph in global mode (PyTorch's default), they invalidate that capture. Memory management never
- * touches a stream, so each runs with this thread's capture mode exchanged to relaxed, then restored. */
+/* cuMemCreate, cuMemMap and the rest are "potentially unsafe" calls: made while any thread captures
+ * a CUDA graph in global mode (PyTorch's default), they invalidate that capture. Memory management
+ * never touches a stream, so each runs with this thread's capture mode exchanged to relaxed, then
+ * restored. */
 static CUstreamCaptureMode gg__relaxed_enter(void) {
   CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
-  if (gg__cu.fn_cuThreadExchangeStreamCaptureMode(&m) != CUDA_SUCCESS) m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (gg__cu.fn_cuThreadExchangeStreamCaptureMode(&m) != CUDA_SUCCESS)
+    m = CU_STREAM_CAPTURE_MODE_RELAXED;
   return m;
 }
 
@@ -294,12 +307,16 @@ static int gg__c_va_reserve_any(gg__dev_t *d, size_t size, uintptr_t *base) {
   if (size == 0 || size % d->granularity)
     return gg__err(GG_EINVAL, "cuda backend: reserve of %zu bytes is not a multiple of %zu", size,
                    d->granularity);
-  if (!d->contiguous) return (*base = 0), 0;
+  if (!d->contiguous) {
+    *base = 0;
+    return 0;
+  }
   CUdeviceptr p = 0;
   gg__ctx_scope_t s;
   int rc = gg__ctx_enter(d, &s);
   if (rc < 0) return rc;
-  rc = gg__ctx_done(&s, gg__cu.fn_cuMemAddressReserve(&p, size, d->granularity, 0, 0), "cuMemAddressReserve");
+  rc = gg__ctx_done(&s, gg__cu.fn_cuMemAddressReserve(&p, size, d->granularity, 0, 0),
+                    "cuMemAddressReserve");
   if (rc == 0) *base = (uintptr_t)p;
   return rc;
 }
@@ -344,14 +361,15 @@ static int gg__c_map_any(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *o
   return rc;
 }
 
-/* Gives back the physical memory of a chunk whose range is unmapped already. A failure is counted and
- * recorded in the detail, not returned: to the caller the chunk is gone (it must not be handed out
- * again); only its memory stays with the driver until the process ends. */
+/* Gives back the physical memory of a chunk whose range is unmapped already. A failure is counted
+ * and recorded in the detail, not returned: to the caller the chunk is gone (it must not be handed
+ * out again); only its memory stays with the driver until the process ends. */
 static void gg__c_release_unmapped(gg__cudev_t *c, const gg__chunk_t *ch) {
   CUresult r = gg__cu.fn_cuMemRelease((CUmemGenericAllocationHandle)ch->handle);
   if (r != CUDA_SUCCESS) {
     c->leaked_handles++;
-    gg__cu_fail(r, "cuMemRelease (after a successful cuMemUnmap: the chunk's memory is held until exit)");
+    gg__cu_fail(
+        r, "cuMemRelease (after a successful cuMemUnmap: the chunk's memory is held until exit)");
   }
 }
 
@@ -359,7 +377,8 @@ static void gg__c_release_unmapped(gg__cudev_t *c, const gg__chunk_t *ch) {
 static int gg__c_unmap_one(gg__dev_t *d, const gg__chunk_t *ch) {
   CUresult r;
   if (!d->contiguous) {
-    if ((r = gg__cu.fn_cuMemFree((CUdeviceptr)ch->ptr)) != CUDA_SUCCESS) return gg__cu_fail(r, "cuMemFree");
+    if ((r = gg__cu.fn_cuMemFree((CUdeviceptr)ch->ptr)) != CUDA_SUCCESS)
+      return gg__cu_fail(r, "cuMemFree");
     return 0;
   }
   if ((r = gg__cu.fn_cuMemUnmap((CUdeviceptr)ch->ptr, ch->size)) != CUDA_SUCCESS)
@@ -377,10 +396,10 @@ static int gg__c_unmap_any(gg__dev_t *d, const gg__chunk_t *ch) {
   return rc;
 }
 
-/* Adjacent chunks: one cuMemUnmap over their whole range, then each release. cuMemUnmap's contract is
- * that the range must not cut a mapping; one that spans several whole mappings is what this tries
- * first. A driver that refuses it (CUDA_ERROR_INVALID_VALUE, nothing unmapped) is remembered once the
- * same chunks then unmap one by one, and later runs go chunk by chunk from the start. */
+/* Adjacent chunks: one cuMemUnmap over their whole range, then each release. cuMemUnmap's contract
+ * is that the range must not cut a mapping; one that spans several whole mappings is what this
+ * tries first. A driver that refuses it (CUDA_ERROR_INVALID_VALUE, nothing unmapped) is remembered
+ * once the same chunks then unmap one by one, and later runs go chunk by chunk from the start. */
 static int gg__c_unmap_run_any(gg__dev_t *d, gg__chunk_t *const *chunks, size_t n, size_t *done) {
   gg__cudev_t *c = d->impl;
   gg__ctx_scope_t s;
@@ -390,7 +409,8 @@ static int gg__c_unmap_run_any(gg__dev_t *d, gg__chunk_t *const *chunks, size_t 
   bool tried = false;
   if (n > 1 && d->contiguous && !c->range_refused) {
     uintptr_t lo = chunks[0]->ptr;
-    CUresult r = gg__cu.fn_cuMemUnmap((CUdeviceptr)lo, chunks[n - 1]->ptr + chunks[n - 1]->size - lo);
+    CUresult r =
+        gg__cu.fn_cuMemUnmap((CUdeviceptr)lo, chunks[n - 1]->ptr + chunks[n - 1]->size - lo);
     if (r == CUDA_SUCCESS) {
       for (size_t k = 0; k < n; k++) gg__c_release_unmapped(c, chunks[k]);
       *done = n;
@@ -484,13 +504,17 @@ static int gg__c_event_query(gg__dev_t *d, void *ev) {
   int rc = gg__ctx_enter(d, &s);
   if (rc < 0) return rc;
   CUresult r = gg__cu.fn_cuEventQuery((CUevent)ev);
-  if (r == CUDA_ERROR_NOT_READY) return gg__ctx_done(&s, CUDA_SUCCESS, "cuEventQuery"), 0;
+  if (r == CUDA_ERROR_NOT_READY) {
+    gg__ctx_done(&s, CUDA_SUCCESS, "cuEventQuery");
+    return 0;
+  }
   rc = gg__ctx_done(&s, r, "cuEventQuery");
   return rc < 0 ? rc : 1;
 }
 
 static int gg__c_stream_wait(gg__dev_t *d, void *stream, void *ev) {
-  GG__CU_IN_CTX(d, gg__cu.fn_cuStreamWaitEvent((CUstream)stream, (CUevent)ev, 0), "cuStreamWaitEvent");
+  GG__CU_IN_CTX(d, gg__cu.fn_cuStreamWaitEvent((CUstream)stream, (CUevent)ev, 0),
+                "cuStreamWaitEvent");
 }
 
 static int gg__c_event_sync(gg__dev_t *d, void *ev) {
@@ -510,7 +534,10 @@ static int gg__c_stream_query(gg__dev_t *d, void *stream) {
   int rc = gg__ctx_enter(d, &s);
   if (rc < 0) return rc;
   CUresult r = gg__cu.fn_cuStreamQuery((CUstream)stream);
-  if (r == CUDA_ERROR_NOT_READY) return gg__ctx_done(&s, CUDA_SUCCESS, "cuStreamQuery"), 0;
+  if (r == CUDA_ERROR_NOT_READY) {
+    gg__ctx_done(&s, CUDA_SUCCESS, "cuStreamQuery");
+    return 0;
+  }
   rc = gg__ctx_done(&s, r, "cuStreamQuery");
   return rc < 0 ? rc : 1;
 }
@@ -530,7 +557,8 @@ static int gg__c_stream_capture(gg__dev_t *d, void *stream, unsigned long long *
     return 1;
   }
   if ((rc = gg__ctx_done(&s, r, "cuStreamGetCaptureInfo")) < 0) return rc;
-  /* ACTIVE or INVALIDATED: either way the capture has not ended and the stream must not be touched. */
+  /* ACTIVE or INVALIDATED: either way the capture has not ended and the stream must not be touched.
+   * */
   if (st != CU_STREAM_CAPTURE_STATUS_NONE) *capture_id = id ? (unsigned long long)id : ~0ull;
   return 0;
 }
@@ -548,14 +576,15 @@ static int gg__c_graph_retain(gg__dev_t *d, void *stream, void (*destroy)(void *
   if (r == CUDA_SUCCESS && (st != CU_STREAM_CAPTURE_STATUS_ACTIVE || !g)) {
     gg__relaxed_leave(m);
     gg__ctx_leave(&s);
-    return gg__err(GG_ESTATE, "cuda backend: graph_retain: the stream is not capturing (status %d)", (int)st);
+    return gg__err(GG_ESTATE, "cuda backend: graph_retain: the stream is not capturing (status %d)",
+                   (int)st);
   }
   if (r == CUDA_SUCCESS)
     r = gg__cu.fn_cuUserObjectCreate(&obj, user, destroy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
     what = "cuUserObjectCreate";
-  /* MOVE hands our one reference to the graph. If that fails the object is left unreleased (a few bytes
-   * of the driver's until exit): releasing it would run destroy, which the caller was told never happens
-   * on failure. */
+  /* MOVE hands our one reference to the graph. If that fails the object is left unreleased (a few
+   * bytes of the driver's until exit): releasing it would run destroy, which the caller was told
+   * never happens on failure. */
   if (r == CUDA_SUCCESS)
     r = gg__cu.fn_cuGraphRetainUserObject(g, obj, 1, CU_GRAPH_USER_OBJECT_MOVE),
     what = "cuGraphRetainUserObject";
@@ -564,8 +593,8 @@ static int gg__c_graph_retain(gg__dev_t *d, void *stream, void (*destroy)(void *
 }
 
 /* A bounded cuCtxSynchronize: the driver has no timed form, so the wait runs on a thread of its own
- * that holds its own retain of the primary context (the caller may close the device meanwhile), and the
- * caller waits for it at most timeout_ms. On timeout the thread is left to finish by itself. */
+ * that holds its own retain of the primary context (the caller may close the device meanwhile), and
+ * the caller waits for it at most timeout_ms. On timeout the thread is left to finish by itself. */
 typedef struct gg__csync {
   pthread_mutex_t lock;
   pthread_cond_t cond; /* CLOCK_MONOTONIC */
@@ -596,7 +625,8 @@ static void *gg__csync_main(void *arg) {
   }
   gg__cu.fn_cuDevicePrimaryCtxRelease(s->dev);
   pthread_mutex_lock(&s->lock);
-  s->r = r, s->done = true;
+  s->r = r;
+  s->done = true;
   pthread_cond_signal(&s->cond);
   pthread_mutex_unlock(&s->lock);
   gg__csync_put(s);
@@ -621,17 +651,9 @@ static int gg__c_ctx_sync(gg__dev_t *d, int timeout_ms) {
   pthread_mutex_init(&s->lock, NULL);
   pthread_cond_init(&s->cond, &ca);
   pthread_condattr_destroy(&ca);
-  s->refs = 2, s->dev = c->dev;
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old); /* signals go to the program's threads */
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t t;
-  int e = pthread_create(&t, &attr, gg__csync_main, s);
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  s->refs = 2;
+  s->dev = c->dev;
+  int e = gg__thread_start(NULL, gg__csync_main, s, true);
   if (e != 0) {
     gg__cu.fn_cuDevicePrimaryCtxRelease(c->dev);
     s->refs = 1;
@@ -641,7 +663,8 @@ static int gg__c_ctx_sync(gg__dev_t *d, int timeout_ms) {
   struct timespec until;
   clock_gettime(CLOCK_MONOTONIC, &until);
   long long ns = until.tv_nsec + (long long)(timeout_ms % 1000) * 1000000LL;
-  until.tv_sec += timeout_ms / 1000 + (time_t)(ns / 1000000000LL), until.tv_nsec = (long)(ns % 1000000000LL);
+  until.tv_sec += timeout_ms / 1000 + (time_t)(ns / 1000000000LL),
+      until.tv_nsec = (long)(ns % 1000000000LL);
   pthread_mutex_lock(&s->lock);
   int w = 0;
   while (!s->done && w != ETIMEDOUT) w = pthread_cond_timedwait(&s->cond, &s->lock, &until);
@@ -714,17 +737,25 @@ int gg__cuda_open(int index, gg__dev_t **out) {
   gg__dev_t *d = calloc(1, sizeof *d);
   gg__cudev_t *c = calloc(1, sizeof *c);
   if (!d || !c) {
-    free(d), free(c);
+    free(d);
+    free(c);
     return gg__err(GG_ENOMEM, "cuda backend: open: out of host memory");
   }
-  d->ops = &gg__cuda_ops, d->index = index, d->impl = c, d->props = props, d->contiguous = vmm;
+  d->ops = &gg__cuda_ops;
+  d->index = index;
+  d->impl = c;
+  d->props = props;
+  d->contiguous = vmm;
   d->fork_gen = gg__fork_generation();
   CUresult r = gg__cu.fn_cuDeviceGet(&c->dev, index);
   const char *what = "cuDeviceGet";
-  if (r == CUDA_SUCCESS)
-    r = gg__cu.fn_cuDevicePrimaryCtxRetain(&c->ctx, c->dev), what = "cuDevicePrimaryCtxRetain";
+  if (r == CUDA_SUCCESS) {
+    r = gg__cu.fn_cuDevicePrimaryCtxRetain(&c->ctx, c->dev);
+    what = "cuDevicePrimaryCtxRetain";
+  }
   if (r != CUDA_SUCCESS) {
-    free(c), free(d);
+    free(c);
+    free(d);
     return gg__cu_fail(r, what);
   }
   c->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -736,9 +767,11 @@ int gg__cuda_open(int index, gg__dev_t **out) {
     r = gg__cu.fn_cuMemGetAllocationGranularity(&g, &c->prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
     if (r != CUDA_SUCCESS || g == 0 || (g & (g - 1))) {
       gg__cu.fn_cuDevicePrimaryCtxRelease(c->dev);
-      free(c), free(d);
-      return r != CUDA_SUCCESS ? gg__cu_fail(r, "cuMemGetAllocationGranularity")
-                               : gg__err(GG_EDRIVER, "cuda backend: odd allocation granularity %zu", g);
+      free(c);
+      free(d);
+      return r != CUDA_SUCCESS
+                 ? gg__cu_fail(r, "cuMemGetAllocationGranularity")
+                 : gg__err(GG_EDRIVER, "cuda backend: odd allocation granularity %zu", g);
     }
     d->granularity = g;
   }

@@ -1,6 +1,7 @@
 /* error.c — status code texts and the thread-local detail of the last failed call. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/internal.h"
@@ -9,8 +10,9 @@
 
 static _Thread_local char gg__detail[GG__DETAIL_MAX];
 static _Thread_local int gg__driver_status;
-/* The innermost quiet region, or NULL. Initial-exec: every reclaim on the allocation path enters and
- * leaves a region, and the default model costs a __tls_get_addr call each time in the shared library. */
+/* The innermost quiet region, or NULL. Initial-exec: every reclaim on the allocation path enters
+ * and leaves a region, and the default model costs a __tls_get_addr call each time in the shared
+ * library. */
 static _Thread_local gg__err_quiet_t *gg__quiet __attribute__((tls_model("initial-exec")));
 
 /* Before the detail changes inside a quiet region: keeps what the region must put back. */
@@ -18,7 +20,8 @@ static void gg__quiet_copy(void) {
   gg__err_quiet_t *q = gg__quiet;
   if (GG__LIKELY(!q) || q->copied) return;
   gg__strlcpy(q->saved.text, gg__detail, sizeof q->saved.text);
-  q->saved.driver_status = gg__driver_status, q->copied = true;
+  q->saved.driver_status = gg__driver_status;
+  q->copied = true;
 }
 
 const char *gg_strerror(int code) {
@@ -58,7 +61,8 @@ static void gg__vrecord(int code, const char *fmt, va_list ap) {
   int n = snprintf(gg__detail, sizeof gg__detail, "%s: ", gg_err_name(code));
   if (n < 0 || (size_t)n >= sizeof gg__detail) return;
   int m = vsnprintf(gg__detail + n, sizeof gg__detail - (size_t)n, fmt, ap);
-  if (m > 0 && (size_t)m >= sizeof gg__detail - (size_t)n) /* cut: keep whole characters of a name */
+  if (m > 0 &&
+      (size_t)m >= sizeof gg__detail - (size_t)n) /* cut: keep whole characters of a name */
     gg__detail[gg__utf8_whole(gg__detail, sizeof gg__detail - 1)] = '\0';
 }
 
@@ -92,7 +96,8 @@ void gg__err_restore(const gg__err_saved_t *s) {
 }
 
 void gg__err_quiet_begin(gg__err_quiet_t *q) {
-  q->copied = false, q->outer = gg__quiet;
+  q->copied = false;
+  q->outer = gg__quiet;
   gg__quiet = q;
 }
 
@@ -106,7 +111,8 @@ void gg__err_quiet_end(gg__err_quiet_t *q) {
 
 size_t gg__utf8_whole(const char *s, size_t len) {
   size_t i = len;
-  while (i > 0 && len - i < 3 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) i--; /* continuation bytes */
+  while (i > 0 && len - i < 3 && ((unsigned char)s[i - 1] & 0xC0) == 0x80)
+    i--; /* continuation bytes */
   if (i == 0) return len;
   unsigned char lead = (unsigned char)s[i - 1];
   if (lead < 0xC0 || lead > 0xF4) return len; /* ASCII, or not UTF-8: nothing to repair */
@@ -121,3 +127,13 @@ void gg__strlcpy(char *dst, const char *src, size_t cap) {
   if (n) memcpy(dst, src, n);
   dst[n] = '\0';
 }
+
+#ifdef GG_DEBUG
+/* The debug build's assertion failure (GG__ASSERT): said once, on stderr, then abort() for a core.
+ * */
+_Noreturn void gg__assert_fail(const char *cond, const char *file, int line, const char *func) {
+  fprintf(stderr, "gpuguard: internal assertion failed: %s (%s:%d, %s)\n", cond, file, line, func);
+  fflush(stderr);
+  abort();
+}
+#endif

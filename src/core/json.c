@@ -1,12 +1,13 @@
-/* json.c — the one JSON string writer: UTF-8-correct, escapes what JSON requires, replaces what is not
- * text (see json_internal.h for the exact rules). */
+/* json.c — the one JSON string writer: UTF-8-correct, escapes what JSON requires, replaces what is
+ * not text (see json_internal.h for the exact rules). */
 #include <string.h>
 
 #include "gpuguard/report.h"
 #include "core/internal.h"
 #include "core/json_internal.h"
 
-/* p is NUL-terminated, so a truncated sequence stops at the NUL, which is never a continuation byte. */
+/* p is NUL-terminated, so a truncated sequence stops at the NUL, which is never a continuation
+ * byte. */
 size_t gg__utf8_len(const unsigned char *p) {
   unsigned char c = p[0];
   if (c < 0x80) return 1;
@@ -14,21 +15,25 @@ size_t gg__utf8_len(const unsigned char *p) {
   unsigned char lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
   if (c >= 0xC2 && c <= 0xDF)
     n = 2;
-  else if (c == 0xE0)
-    n = 3, lo = 0xA0;
-  else if (c >= 0xE1 && c <= 0xEC)
+  else if (c == 0xE0) {
     n = 3;
-  else if (c == 0xED)
-    n = 3, hi = 0x9F; /* U+D800..U+DFFF are surrogates */
-  else if (c >= 0xEE && c <= 0xEF)
+    lo = 0xA0;
+  } else if (c >= 0xE1 && c <= 0xEC)
     n = 3;
-  else if (c == 0xF0)
-    n = 4, lo = 0x90;
-  else if (c >= 0xF1 && c <= 0xF3)
+  else if (c == 0xED) { /* U+D800..U+DFFF are surrogates */
+    n = 3;
+    hi = 0x9F;
+  } else if (c >= 0xEE && c <= 0xEF)
+    n = 3;
+  else if (c == 0xF0) {
     n = 4;
-  else if (c == 0xF4)
-    n = 4, hi = 0x8F; /* nothing above U+10FFFF */
-  else
+    lo = 0x90;
+  } else if (c >= 0xF1 && c <= 0xF3)
+    n = 4;
+  else if (c == 0xF4) { /* nothing above U+10FFFF */
+    n = 4;
+    hi = 0x8F;
+  } else
     return 0;
   if (p[1] < lo || p[1] > hi) return 0;
   for (size_t i = 2; i < n; i++)
@@ -44,7 +49,8 @@ void gg__json_string(const char *s, gg__json_sink_fn put, void *ctx) {
     /* The longest run that needs nothing: one put per run, not per byte. */
     const unsigned char *run = p;
     size_t n;
-    while (*p && *p >= 0x20 && *p != 0x7f && *p != '"' && *p != '\\' && (n = gg__utf8_len(p)) > 0) p += n;
+    while (*p && *p >= 0x20 && *p != 0x7f && *p != '"' && *p != '\\' && (n = gg__utf8_len(p)) > 0)
+      p += n;
     if (p > run) put(ctx, (const char *)run, (size_t)(p - run));
     if (!*p) break;
     unsigned char c = *p++;

@@ -19,7 +19,8 @@ int gg__parse_size(const char *what, const char *text, size_t *out) {
   const char *p = text;
   while (isspace((unsigned char)*p)) p++;
   if (!isdigit((unsigned char)*p))
-    return gg__err(GG_EINVAL, "%s='%s': not a size (bytes, optionally with K, M, G or T)", what, text);
+    return gg__err(GG_EINVAL, "%s='%s': not a size (bytes, optionally with K, M, G or T)", what,
+                   text);
   errno = 0;
   char *end = NULL;
   unsigned long long v = strtoull(p, &end, 10);
@@ -47,7 +48,8 @@ int gg__parse_size(const char *what, const char *text, size_t *out) {
   if (shift && (*end == 'i' || *end == 'I')) end++; /* accept KiB-style spelling */
   if (shift && (*end == 'b' || *end == 'B')) end++;
   while (isspace((unsigned char)*end)) end++;
-  if (*end != '\0') return gg__err(GG_EINVAL, "%s='%s': trailing characters after the size", what, text);
+  if (*end != '\0')
+    return gg__err(GG_EINVAL, "%s='%s': trailing characters after the size", what, text);
   if (shift && v > (SIZE_MAX >> shift)) return gg__err(GG_EINVAL, "%s='%s': too large", what, text);
   *out = (size_t)(v << shift);
   return 0;
@@ -58,8 +60,14 @@ int gg__parse_bool(const char *what, const char *text, bool *out) {
   static const char *const no[] = {"0", "off", "no", "false"};
   if (text) {
     for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
-      if (strcasecmp(text, yes[i]) == 0) return (*out = true), 0;
-      if (strcasecmp(text, no[i]) == 0) return (*out = false), 0;
+      if (strcasecmp(text, yes[i]) == 0) {
+        *out = true;
+        return 0;
+      }
+      if (strcasecmp(text, no[i]) == 0) {
+        *out = false;
+        return 0;
+      }
     }
   }
   return gg__err(GG_EINVAL, "%s='%s': expected 1/0, on/off, yes/no or true/false", what,
@@ -73,7 +81,8 @@ int gg__parse_int(const char *what, const char *text, long lo, long hi, long *ou
   long v = strtol(text, &end, 10);
   if (errno == ERANGE || *end != '\0' || end == text)
     return gg__err(GG_EINVAL, "%s='%s': not an integer", what, text);
-  if (v < lo || v > hi) return gg__err(GG_EINVAL, "%s='%s': must be in %ld..%ld", what, text, lo, hi);
+  if (v < lo || v > hi)
+    return gg__err(GG_EINVAL, "%s='%s': must be in %ld..%ld", what, text, lo, hi);
   *out = v;
   return 0;
 }

@@ -1,5 +1,5 @@
-/* vec.c — the growing array behind every list the library builds up (cleanups, process sets, teardown
- * targets, report rows). */
+/* vec.c — the growing array behind every list the library builds up (cleanups, process sets,
+ * teardown targets, report rows). */
 #include <stdint.h>
 #include <stdlib.h>
 

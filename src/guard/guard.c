@@ -14,6 +14,7 @@
 #include "guard/guard_internal.h"
 #include "core/internal.h"
 #include "core/json_internal.h"
+#include "core/symbol_internal.h"
 #include "proc/proc_internal.h"
 #include "guard/signal_internal.h"
 #include "proc/teardown_internal.h"
@@ -74,12 +75,13 @@ static struct {
   bool wired; /* the hooks below are given to the lower layers in this process */
 } gg__live = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-void gg__guard_fork_prepare(void) { pthread_mutex_lock(&gg__live.lock); }
-void gg__guard_fork_parent(void) { pthread_mutex_unlock(&gg__live.lock); }
-void gg__guard_fork_child(void) {
+static void gg__guard_fork_prepare(void) { pthread_mutex_lock(&gg__live.lock); }
+static void gg__guard_fork_parent(void) { pthread_mutex_unlock(&gg__live.lock); }
+static void gg__guard_fork_child(void) {
   gg__live.wired = false; /* the child's crash-hook table starts empty */
   pthread_mutex_unlock(&gg__live.lock);
 }
+GG__FORK_REGISTER(GG__FORK_GUARDS, gg__guard_fork_prepare, gg__guard_fork_parent, gg__guard_fork_child)
 
 /* Why a teardown runs. */
 enum gg__reason { GG__BY_DESTROY, GG__BY_EXIT, GG__BY_SIGNAL };

@@ -30,11 +30,4 @@ int gg__guard_attach(const char *backend, int device, const gg__attach_ops_t *op
  * waits until that teardown step has finished, so obj may be freed afterwards). */
 int gg__guard_detach(unsigned long long token);
 
-/* ---- fork --------------------------------------------------------------------------------------------- */
-
-/* fork.c's handler calls these first in the lock order: the live-guard list's lock. */
-void gg__guard_fork_prepare(void);
-void gg__guard_fork_parent(void);
-void gg__guard_fork_child(void);
-
 #endif

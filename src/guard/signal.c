@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "core/thread_internal.h"
 #include "guard/signal_internal.h"
 
 /* Bit i of a GG_GUARD_SIG* mask is gg__sigs[i]; the first four are the terminating signals. */
@@ -92,14 +93,6 @@ static struct {
 } gg__sig = {.lock = PTHREAD_MUTEX_INITIALIZER, .pipe_w = -1, .pipe_r = -1};
 
 void gg__sig_set_exiting(bool on) { atomic_store(&gg__sig.exiting, on ? 1 : 0); }
-
-int gg__sig_set_default(int sig) {
-  struct sigaction dfl;
-  memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
-  sigemptyset(&dfl.sa_mask);
-  return sigaction(sig, &dfl, NULL);
-}
 
 /* The caller may block sig: it is unblocked here. */
 _Noreturn void gg__sig_die_by(int sig) {
@@ -475,12 +468,7 @@ void gg__sig_test_fail_start(int nth) { atomic_store(&gg__fail_thread, nth); }
 /* Creates a joinable thread with every signal blocked, so handlers run on the application's threads. */
 static int gg__spawn(pthread_t *t, void *(*fn)(void *), void *arg, int nth) {
   if (atomic_load(&gg__fail_thread) == nth) return EAGAIN;
-  sigset_t all, prev;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, &prev);
-  int e = pthread_create(t, NULL, fn, arg);
-  pthread_sigmask(SIG_SETMASK, &prev, NULL);
-  return e;
+  return gg__thread_start(t, fn, arg, false);
 }
 
 static int gg__start(void) {
@@ -566,18 +554,18 @@ static void gg__restore(int i) {
 
 /* ---- fork (called by fork.c in the lock order) -------------------------------------------------------- */
 
-void gg__sig_fork_prepare(void) {
+static void gg__sig_fork_prepare(void) {
   pthread_mutex_lock(&gg__sig.lock);
   pthread_mutex_lock(&gg__hooks_lock);
 }
 
-void gg__sig_fork_parent(void) {
+static void gg__sig_fork_parent(void) {
   pthread_mutex_unlock(&gg__hooks_lock);
   pthread_mutex_unlock(&gg__sig.lock);
 }
 
 /* The child gets the dispositions it had before gpuguard; the guard threads did not come along. */
-void gg__sig_fork_child(void) {
+static void gg__sig_fork_child(void) {
   pthread_mutex_unlock(&gg__hooks_lock);
   for (int i = 0; i < GG__NSIGS; i++) {
     if (gg__sig.installed[i]) gg__restore(i);
@@ -594,6 +582,7 @@ void gg__sig_fork_child(void) {
   atomic_store(&gg__sig.exiting, 0);
   pthread_mutex_unlock(&gg__sig.lock);
 }
+GG__FORK_REGISTER(GG__FORK_SIGNAL, gg__sig_fork_prepare, gg__sig_fork_parent, gg__sig_fork_child)
 
 int gg__sig_acquire(unsigned mask, gg__sig_teardown_fn on_signal) {
   int rc = 0;

@@ -52,8 +52,6 @@ void gg__sig_set_exiting(bool on);
 
 /* Ends the calling process with sig's default action, from any thread (sets SIG_DFL, unblocks, raises). */
 _Noreturn void gg__sig_die_by(int sig);
-/* Sets sig's disposition to SIG_DFL. Async-signal-safe. Returns sigaction()'s result. */
-int gg__sig_set_default(int sig);
 
 /* ---- the watchdog ------------------------------------------------------------------------------------- */
 
@@ -76,11 +74,5 @@ char *gg__fmt_hex(char *p, char *end, unsigned long long v);
 const char *gg__sig_name(int sig);
 
 /* ---- fork --------------------------------------------------------------------------------------------- */
-
-/* fork.c's handler calls these in the lock order (see fork.c): the signal state, then the hook table.
- * The child gets the dispositions it had before gpuguard and no guard threads. */
-void gg__sig_fork_prepare(void);
-void gg__sig_fork_parent(void);
-void gg__sig_fork_child(void);
 
 #endif

@@ -1,5 +1,5 @@
-/* plugin.c — the allocator plugin: PyTorch's CUDAPluggableAllocator entry points over one registered
- * arena per device, and their counters. */
+/* plugin.c — the allocator plugin: PyTorch's CUDAPluggableAllocator entry points over one
+ * registered arena per device, and their counters. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -7,16 +7,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "arena/freelist.h"
 #include "gpuguard/plugin.h"
 #include "arena/arena_internal.h"
 #include "core/internal.h"
-#include "plugin/plugin_graph.h"
+#include "plugin/plugin_graph_internal.h"
 #include "plugin/plugin_internal.h"
-#include "plugin/plugin_threads.h"
+#include "plugin/plugin_threads_internal.h"
 
-/* The table is read on every allocation and written only at registration: a call announces the arena it
- * uses in its thread's record and a writer waits for the calls using the arena it replaces
+/* The table is read on every allocation and written only at registration: a call announces the
+ * arena it uses in its thread's record and a writer waits for the calls using the arena it replaces
  * (plugin_threads.c), so calls from many threads share no lock. */
 static _Atomic(gg_arena_t *) gg__plug[GG_PLUGIN_MAX_DEVICES];
 static pthread_once_t gg__plug_once = PTHREAD_ONCE_INIT;
@@ -24,8 +23,9 @@ static atomic_bool gg__plug_used; /* set once the table was first written */
 /* Serialises gg_plugin_ensure_arena(): two first allocations on one device make one arena. */
 static pthread_mutex_t gg__plug_make_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* GPUGUARD_PLUGIN_TRACE=FILE records every call, for bench_replay: `a PTR SIZE STREAM`, `f PTR STREAM`.
- * Opened at the first call; a name that cannot be opened is reported once and tracing stays off. */
+/* GPUGUARD_PLUGIN_TRACE=FILE records every call, for bench_replay: `a PTR SIZE STREAM`, `f PTR
+ * STREAM`. Opened at the first call; a name that cannot be opened is reported once and tracing
+ * stays off. */
 static pthread_once_t gg__trace_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t gg__trace_lock = PTHREAD_MUTEX_INITIALIZER;
 static FILE *gg__trace;
@@ -63,8 +63,9 @@ static int gg__plug_device(int device, const char *call) {
   return 0;
 }
 
-/* Streams PyTorch recorded blocks on (Tensor.record_stream): ptr → streams, joined at the free. Rare
- * (side-stream communication), so a small list under a mutex, checked at a free only when not empty. */
+/* Streams PyTorch recorded blocks on (Tensor.record_stream): ptr → streams, joined at the free.
+ * Rare (side-stream communication), so a small list under a mutex, checked at a free only when not
+ * empty. */
 typedef struct gg__recorded {
   void *ptr, *stream;
   int device;
@@ -110,14 +111,14 @@ static bool gg__recorded_take(int device, void *ptr, void **stream) {
 }
 
 /* fork() while another thread holds one of these would leave it held forever in the child: fork.c's
- * handler takes them around the fork, outermost of the library's locks. The child's table starts empty
- * (the parent's arenas refuse use there anyway), and so does its list of recorded streams. */
+ * handler takes them around the fork, outermost of the library's locks. The child's table starts
+ * empty (the parent's arenas refuse use there anyway), and so does its list of recorded streams. */
 static _Thread_local bool gg__plug_forking; /* this thread's prepare took the locks */
 
-void gg__plugin_fork_prepare(void) {
+static void gg__plugin_fork_prepare(void) {
   gg__pt_fork_prepare();
-  /* Only once the plugin was used (as when it registered its own handler at first use): a program that
-   * never touches it forks as before. */
+  /* Only once the plugin was used (as when it registered its own handler at first use): a program
+   * that never touches it forks as before. */
   if (!atomic_load(&gg__plug_used)) return;
   pthread_mutex_lock(&gg__plug_make_lock);
   pthread_mutex_lock(&gg__trace_lock);
@@ -126,7 +127,7 @@ void gg__plugin_fork_prepare(void) {
   gg__plug_forking = true;
 }
 
-void gg__plugin_fork_parent(void) {
+static void gg__plugin_fork_parent(void) {
   if (gg__plug_forking) {
     gg__plug_forking = false;
     gg__graph_fork_release();
@@ -137,7 +138,7 @@ void gg__plugin_fork_parent(void) {
   gg__pt_fork_parent();
 }
 
-void gg__plugin_fork_child(void) {
+static void gg__plugin_fork_child(void) {
   gg__pt_fork_child();
   if (!gg__plug_forking) return;
   gg__plug_forking = false;
@@ -145,19 +146,22 @@ void gg__plugin_fork_child(void) {
   gg__nrec = 0;
   atomic_store(&gg__nrec_any, 0);
   /* Re-made, not unlocked: a parent thread blocked in the same lock (a second fork() at once) left
-   * itself recorded as a waiter, and an unlock in the child hands the lock to that thread, which does
-   * not exist here: the child's next reader would wait forever. */
+   * itself recorded as a waiter, and an unlock in the child hands the lock to that thread, which
+   * does not exist here: the child's next reader would wait forever. */
   gg__graph_fork_reinit();
   pthread_mutex_init(&gg__rec_lock, NULL);
   pthread_mutex_init(&gg__trace_lock, NULL);
   pthread_mutex_init(&gg__plug_make_lock, NULL);
 }
+GG__FORK_REGISTER(GG__FORK_PLUGIN, gg__plugin_fork_prepare, gg__plugin_fork_parent,
+                  gg__plugin_fork_child)
 
 int gg_plugin_set_arena(int device, gg_arena_t *arena) {
   int rc = gg__plug_device(device, "gg_plugin_set_arena");
   if (rc < 0) return rc;
   if (arena) {
-    gg_arena_stats_t probe; /* validates the handle: live, not torn down, not inherited through fork */
+    gg_arena_stats_t
+        probe; /* validates the handle: live, not torn down, not inherited through fork */
     if ((rc = gg_arena_stats(arena, &probe)) < 0) return rc;
   }
   pthread_once(&gg__plug_once, gg__plug_install);
@@ -186,8 +190,9 @@ int gg_plugin_ensure_arena(int device, const gg_arena_options_t *opts, gg_arena_
   }
   o.device = device;
   if (o.flags & GG_ARENA_NO_STREAM) {
-    return gg__err(GG_EINVAL, "gg_plugin_ensure_arena: GG_ARENA_NO_STREAM would hand out blocks that "
-                              "PyTorch's kernels may still use");
+    return gg__err(GG_EINVAL,
+                   "gg_plugin_ensure_arena: GG_ARENA_NO_STREAM would hand out blocks that "
+                   "PyTorch's kernels may still use");
   }
   if (!o.name) {
     o.name = "torch";
@@ -240,8 +245,8 @@ int gg_plugin_stats(int device, gg_plugin_stats_t *stats) {
 }
 
 void gg__plugin_forget(const gg_arena_t *arena) {
-  /* Called by every gg_arena_destroy(): a cheap read first, the writer's wait only when it is registered
-   * (gg_arena_t is const here only for the comparison). */
+  /* Called by every gg_arena_destroy(): a cheap read first, the writer's wait only when it is
+   * registered (gg_arena_t is const here only for the comparison). */
   for (int i = 0; i < GG_PLUGIN_MAX_DEVICES; i++) {
     if (atomic_load(&gg__plug[i]) == arena) gg__pt_retract(&gg__plug[i], (gg_arena_t *)arena);
   }
@@ -262,7 +267,8 @@ int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
     if (g != 0)
       rc = g < 0 ? g : 0;
     else if (!a)
-      rc = gg__err(GG_ESTATE, "gg_torch_alloc: no arena is registered for device %d (gg_plugin_set_arena)",
+      rc = gg__err(GG_ESTATE,
+                   "gg_torch_alloc: no arena is registered for device %d (gg_plugin_set_arena)",
                    device);
     else
       rc = gg__arena_alloc_on(a, (size_t)size, stream, ptr, &joins);
@@ -290,17 +296,20 @@ void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
   int rc = gg__plug_device(device, "gg_torch_free");
   if (rc == 0) {
     gg_arena_t *a = gg__pt_enter(&gg__plug[device], &me);
-    int g = gg__graph_free(device, a, ptr, size > 0 ? (size_t)size : 0, stream); /* a graph's block */
+    int g =
+        gg__graph_free(device, a, ptr, size > 0 ? (size_t)size : 0, stream); /* a graph's block */
     void *other;
-    if (g != 0) { /* the pool keeps the block for as long as its graph lives: no stream to wait for now */
+    if (g != 0) { /* the pool keeps the block for as long as its graph lives: no stream to wait for
+                     now */
       rc = g < 0 ? g : 0;
       while (gg__recorded_take(device, ptr, &other)) {
       }
     } else if (!a)
-      rc = gg__err(GG_ESTATE,
-                   "gg_torch_free: no arena is registered for device %d any more; the block stays with the "
-                   "arena that handed it out",
-                   device);
+      rc = gg__err(
+          GG_ESTATE,
+          "gg_torch_free: no arena is registered for device %d any more; the block stays with the "
+          "arena that handed it out",
+          device);
     else {
       int joined = 0;
       /* Tensor.record_stream: the arena's stream first waits for those streams' work so far. */
@@ -313,5 +322,6 @@ void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
     gg__pt_count(me, device, rc, false, size > 0 ? (size_t)size : 0, joins);
   }
   if (rc < 0)
-    fprintf(stderr, "gpuguard: gg_torch_free(%p, device %d) failed: %s\n", ptr, device, gg_last_error());
+    fprintf(stderr, "gpuguard: gg_torch_free(%p, device %d) failed: %s\n", ptr, device,
+            gg_last_error());
 }

@@ -1,22 +1,27 @@
-/* plugin_graph.c — the allocator plugin under CUDA stream capture (torch.cuda.graph, torch.compile's
- * "reduce-overhead"): per capture a pool that owns the blocks its graph uses until the graph is
- * destroyed, served from a per-device graph arena made with GG_ARENA_NO_STREAM, so that nothing the
- * plugin does during a capture touches a stream.
+/* plugin_graph.c — the allocator plugin under CUDA stream capture (torch.cuda.graph,
+ * torch.compile's "reduce-overhead"): per capture a pool that owns the blocks its graph uses until
+ * the graph is destroyed, served from a per-device graph arena made with GG_ARENA_NO_STREAM, so
+ * that nothing the plugin does during a capture touches a stream.
  *
- * Every plugin call first asks the backend whether its stream captures (one driver query; a second one
- * for the main arena's tracked stream when the call is for another stream). Then, in one of three modes:
+ * Every plugin call first asks the backend whether its stream captures (one driver query; a second
+ * one for the main arena's tracked stream when the call is for another stream). Then, in one of
+ * three modes:
  *  - CAPTURE (the call's stream captures, capture id c): allocations come from pool c's free list
- *    (blocks freed earlier in capture c, best fit) or else from the graph arena; frees go to the owning
- *    pool's free list. A main-arena block freed during capture c is kept by pool c: the graph reads it
+ *    (blocks freed earlier in capture c, best fit) or else from the graph arena; frees go to the
+ * owning
+ *    pool's free list. A main-arena block freed during capture c is kept by pool c: the graph reads
+ * it
  *    at every replay.
- *  - QUIET (the main arena may not touch its stream: the legacy stream while some stream captures, its
- *    tracked stream captures, or a capture this plugin saw is still underway): allocations come from the
+ *  - QUIET (the main arena may not touch its stream: the legacy stream while some stream captures,
+ * its
+ *    tracked stream captures, or a capture this plugin saw is still underway): allocations come
+ * from the
  *    graph arena as unowned blocks; frees of main-arena blocks wait on a give-back list.
- *  - NORMAL: the main arena serves the call as always; only frees of blocks held here are looked up.
- * The first block of capture c ties a marker to c's graph (the backend's graph_retain). The driver sets
- * its flag, on a thread of its own, once the graph and its executable instances are destroyed; the next
- * plugin call then gives the pool's freed blocks back. Lock order: a plugin call's hold on the table
- * (plugin_threads.c), then a device's graph lock, then an arena's lock. */
+ *  - NORMAL: the main arena serves the call as always; only frees of blocks held here are looked
+ * up. The first block of capture c ties a marker to c's graph (the backend's graph_retain). The
+ * driver sets its flag, on a thread of its own, once the graph and its executable instances are
+ * destroyed; the next plugin call then gives the pool's freed blocks back. Lock order: a plugin
+ * call's hold on the table (plugin_threads.c), then a device's graph lock, then an arena's lock. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -28,7 +33,7 @@
 #include "backend/backend.h"
 #include "gpuguard/plugin.h"
 #include "core/internal.h"
-#include "plugin/plugin_graph.h"
+#include "plugin/plugin_graph_internal.h"
 #include "plugin/plugin_internal.h"
 
 enum { GG__G_NORMAL, GG__G_CAPTURE, GG__G_QUIET };
@@ -43,14 +48,15 @@ typedef struct gg__gblk {
   gg_arena_t *from;  /* the main arena it came from; NULL: the graph arena */
   void *stream;      /* the stream it was freed on, when `streamed` */
   bool freed;        /* PyTorch freed it: it is on its pool's free list or the give-back list */
-  bool streamed;     /* freed outside a capture: work queued on `stream` before the free may use it */
+  bool streamed; /* freed outside a capture: work queued on `stream` before the free may use it */
   struct gg__gblk *next;
 } gg__gblk_t;
 
 /* The memory of one capture's graph. */
 struct gg__gpool {
-  atomic_bool dead;      /* set by the backend's thread once the graph is gone; the only field it touches */
-  bool gone;             /* its death has been handled */
+  atomic_bool
+      dead;  /* set by the backend's thread once the graph is gone; the only field it touches */
+  bool gone; /* its death has been handled */
   bool capturing;        /* its capture may still be underway */
   unsigned long long id; /* the capture's id */
   void *stream;          /* the capturing stream (asked whether the capture has ended) */
@@ -75,12 +81,12 @@ typedef struct gg__gdev {
   pthread_mutex_t lock;
   unsigned fork_gen;
   _Atomic(gg_arena_t *) main; /* the main arena the next four fields describe */
-  gg__dev_t *dev;             /* our own handle, for capture queries; NULL: captures are not handled */
-  void *main_stream;          /* the main arena's tracked stream */
-  bool main_track;            /* the main arena tracks it (not GG_ARENA_NO_STREAM) */
-  bool mismatch;              /* the main arena is on another device than what is held here */
-  gg_arena_options_t gopts;   /* the graph arena's options, from the main arena's */
-  gg_arena_t *garena;         /* the graph arena, made at the first need */
+  gg__dev_t *dev;    /* our own handle, for capture queries; NULL: captures are not handled */
+  void *main_stream; /* the main arena's tracked stream */
+  bool main_track;   /* the main arena tracks it (not GG_ARENA_NO_STREAM) */
+  bool mismatch;     /* the main arena is on another device than what is held here */
+  gg_arena_options_t gopts; /* the graph arena's options, from the main arena's */
+  gg_arena_t *garena;       /* the graph arena, made at the first need */
   gg__gmap_t map;
   gg__gpool_t *pools;
   gg__gblk_t *giveback;
@@ -93,12 +99,13 @@ typedef struct gg__gdev {
 
 static _Atomic(gg__gdev_t *) gg__gdevs[GG_PLUGIN_MAX_DEVICES];
 static pthread_mutex_t gg__gdevs_lock = PTHREAD_MUTEX_INITIALIZER;
-static atomic_ullong gg__deaths; /* graphs destroyed, process-wide: a change means "scan the pools" */
+static atomic_ullong
+    gg__deaths; /* graphs destroyed, process-wide: a change means "scan the pools" */
 
 /* CU_STREAM_LEGACY (0x1) names the legacy default stream, as NULL does. */
 static void *gg__gnorm(void *stream) { return stream == (void *)0x1 ? NULL : stream; }
 
-/* ---- the record map ------------------------------------------------------------------------------- */
+/* ---- the record map -------------------------------------------------------------------------- */
 
 static size_t gg__gslot(uintptr_t k, size_t cap) {
   uint64_t h = (uint64_t)(k >> 8) * 0x9e3779b97f4a7c15ull; /* blocks are 256-byte aligned */
@@ -154,10 +161,11 @@ static void gg__gmap_del(gg__gmap_t *m, uintptr_t k) {
   m->n--;
 }
 
-/* ---- pools ---------------------------------------------------------------------------------------- */
+/* ---- pools ----------------------------------------------------------------------------------- */
 
-/* The backend calls this on a thread of its own once a pool's graph is gone. It only marks: the pool is
- * freed by a plugin call that has seen the flag, so nothing here may touch the pool after the store. */
+/* The backend calls this on a thread of its own once a pool's graph is gone. It only marks: the
+ * pool is freed by a plugin call that has seen the flag, so nothing here may touch the pool after
+ * the store. */
 static void gg__pool_dead(void *user) {
   atomic_store_explicit(&((gg__gpool_t *)user)->dead, true, memory_order_release);
   atomic_fetch_add_explicit(&gg__deaths, 1, memory_order_release);
@@ -215,7 +223,8 @@ static void gg__pool_drop_if_done(gg__gdev_t *st, gg__gpool_t *p) {
 static gg__gblk_t *gg__pool_take(gg__gpool_t *p, size_t size) {
   gg__gblk_t **best = NULL;
   for (gg__gblk_t **pp = &p->free; *pp; pp = &(*pp)->next)
-    if (!(*pp)->streamed && (*pp)->size >= size && (!best || (*pp)->size < (*best)->size)) best = pp;
+    if (!(*pp)->streamed && (*pp)->size >= size && (!best || (*pp)->size < (*best)->size))
+      best = pp;
   if (!best) return NULL;
   gg__gblk_t *r = *best;
   *best = r->next;
@@ -228,14 +237,15 @@ static void gg__giveback_push(gg__gdev_t *st, gg__gblk_t *r) {
   atomic_store(&st->work, true);
 }
 
-/* ---- giving memory back --------------------------------------------------------------------------- */
+/* ---- giving memory back ---------------------------------------------------------------------- */
 
-/* Pools whose graph is gone let go of the pools they held; the freed blocks of released pools join the
- * give-back list (blocks still live go back when PyTorch frees them). */
+/* Pools whose graph is gone let go of the pools they held; the freed blocks of released pools join
+ * the give-back list (blocks still live go back when PyTorch frees them). */
 static void gg__gscan(gg__gdev_t *st) {
   unsigned long long d = atomic_load_explicit(&gg__deaths, memory_order_acquire);
   if (d == atomic_load(&st->seen_deaths)) return;
-  atomic_store(&st->seen_deaths, d); /* first: a death marked during the scan is seen by the next one */
+  atomic_store(&st->seen_deaths,
+               d); /* first: a death marked during the scan is seen by the next one */
   for (gg__gpool_t *p = st->pools; p; p = p->next) {
     if (p->gone || !atomic_load_explicit(&p->dead, memory_order_acquire)) continue;
     p->gone = true;
@@ -256,9 +266,10 @@ static void gg__gscan(gg__gdev_t *st) {
   }
 }
 
-/* What a sweep of the give-back list may do: `main` the registered arena, which may touch its stream in
- * this call when `main_ok` (NORMAL mode); `stream` the stream of the call that sweeps; `any_stream` for
- * the explicit calls (stats, trim), which may wait for any stream of a block freed during a capture. */
+/* What a sweep of the give-back list may do: `main` the registered arena, which may touch its
+ * stream in this call when `main_ok` (NORMAL mode); `stream` the stream of the call that sweeps;
+ * `any_stream` for the explicit calls (stats, trim), which may wait for any stream of a block freed
+ * during a capture. */
 typedef struct gg__gsweep {
   gg_arena_t *main;
   bool main_ok;
@@ -266,25 +277,28 @@ typedef struct gg__gsweep {
   bool any_stream;
 } gg__gsweep_t;
 
-/* Gives one block back: 1 when done (or when it is no longer ours to give), 0 to try again later. */
+/* Gives one block back: 1 when done (or when it is no longer ours to give), 0 to try again later.
+ * */
 static int gg__give(gg__gdev_t *st, gg__gblk_t *r, const gg__gsweep_t *w) {
   gg_arena_t *main = w->main;
   if (r->from && !w->main_ok) return 0;
-  if (r->from && r->from != main) return 1; /* its arena was unregistered: the block stays that arena's */
+  if (r->from && r->from != main)
+    return 1; /* its arena was unregistered: the block stays that arena's */
   if (r->streamed) {
-    /* A block freed during a capture waits for its stream, which its own thread may be about to capture
-     * on again: checking then waiting from another thread's call on another stream lost that race (the
-     * wait ended the new capture). Only calls on that stream, or the explicit ones, wait for it. */
+    /* A block freed during a capture waits for its stream, which its own thread may be about to
+     * capture on again: checking then waiting from another thread's call on another stream lost
+     * that race (the wait ended the new capture). Only calls on that stream, or the explicit ones,
+     * wait for it. */
     if (!w->any_stream && gg__gnorm(r->stream) != gg__gnorm(w->stream)) return 0;
     unsigned long long id = 0;
     if (st->dev->ops->stream_capture(st->dev, gg__gnorm(r->stream), &id) != 0 || id) return 0;
   }
   if (r->from) {
-    /* The main arena's own stream-ordered path: it waits for the stream of the free when that is not
-     * its own stream; a block freed during a capture is released onto its own stream (the graph is
-     * gone, so no replay uses it any more). */
-    int synced = 0,
-        rc = gg__arena_free_on(main, (void *)r->ptr, r->streamed ? r->stream : st->main_stream, &synced);
+    /* The main arena's own stream-ordered path: it waits for the stream of the free when that is
+     * not its own stream; a block freed during a capture is released onto its own stream (the graph
+     * is gone, so no replay uses it any more). */
+    int synced = 0, rc = gg__arena_free_on(main, (void *)r->ptr,
+                                           r->streamed ? r->stream : st->main_stream, &synced);
     st->n_syncs += (unsigned long long)synced;
     return rc == 0 || rc == GG_EINVAL; /* EINVAL: not a live block of that arena, nothing to give */
   }
@@ -292,18 +306,21 @@ static int gg__give(gg__gdev_t *st, gg__gblk_t *r, const gg__gsweep_t *w) {
     st->n_syncs++;
     if (st->dev->ops->stream_sync(st->dev, gg__gnorm(r->stream)) < 0) return 0;
   }
-  if (st->garena) gg_free(st->garena, (void *)r->ptr); /* fails only for an arena its guard tore down */
+  if (st->garena)
+    gg_free(st->garena, (void *)r->ptr); /* fails only for an arena its guard tore down */
   return 1;
 }
 
-/* Main-arena blocks of an arena that is no longer registered stay that arena's: 1 to forget them. */
+/* Main-arena blocks of an arena that is no longer registered stay that arena's: 1 to forget them.
+ * */
 static int gg__stale(gg__gdev_t *st, gg__gblk_t *r, const gg__gsweep_t *w) {
   (void)st;
   return r->from && r->from != w->main;
 }
 
 /* Forgets every block of the give-back list for which `done` says 1. Lock held. */
-static void gg__giveback_sweep(gg__gdev_t *st, int (*done)(gg__gdev_t *, gg__gblk_t *, const gg__gsweep_t *),
+static void gg__giveback_sweep(gg__gdev_t *st,
+                               int (*done)(gg__gdev_t *, gg__gblk_t *, const gg__gsweep_t *),
                                const gg__gsweep_t *w) {
   for (gg__gblk_t **pp = &st->giveback; *pp;) {
     gg__gblk_t *r = *pp;
@@ -319,7 +336,8 @@ static void gg__giveback_sweep(gg__gdev_t *st, int (*done)(gg__gdev_t *, gg__gbl
   atomic_store(&st->work, st->giveback != NULL);
 }
 
-/* Scans for dead graphs and gives back what can go back now (`w` says what may be waited for). Lock held. */
+/* Scans for dead graphs and gives back what can go back now (`w` says what may be waited for). Lock
+ * held. */
 static void gg__gmaintain_locked(gg__gdev_t *st, const gg__gsweep_t *w) {
   gg__gscan(st);
   if (!st->giveback) return;
@@ -335,28 +353,32 @@ static bool gg__gpending(gg__gdev_t *st) {
              atomic_load_explicit(&st->seen_deaths, memory_order_relaxed);
 }
 
-/* ---- binding a device to its main arena ----------------------------------------------------------- */
+/* ---- binding a device to its main arena ------------------------------------------------------ */
 
 static bool gg__gempty(const gg__gdev_t *st) { return !st->pools && atomic_load(&st->nrec) == 0; }
 
 /* The registered arena changed (or this is the first call): describe it, and keep our own device
- * handle for the same device. What is held for an earlier arena stays held until it can go back. The
- * graph arena is never destroyed here (this runs under the plugin table's lock, which gg_arena_destroy
- * takes): an empty one only gives its memory back; gg_plugin_trim(device, 0) destroys it. Lock held. */
+ * handle for the same device. What is held for an earlier arena stays held until it can go back.
+ * The graph arena is never destroyed here (this runs under the plugin table's lock, which
+ * gg_arena_destroy takes): an empty one only gives its memory back; gg_plugin_trim(device, 0)
+ * destroys it. Lock held. */
 static void gg__grebind_locked(gg__gdev_t *st, gg_arena_t *main) {
   gg__err_saved_t saved;
   gg__err_save(&saved);
   gg_arena_options_t o;
   bool ok = main && gg__arena_options_of(main, &o) == 0;
-  bool same = ok && st->dev && st->dev->index == o.device && strcmp(st->dev->ops->name, o.backend) == 0;
+  bool same =
+      ok && st->dev && st->dev->index == o.device && strcmp(st->dev->ops->name, o.backend) == 0;
   st->mismatch = false;
   if (ok && !same) {
     if (st->dev && (!gg__gempty(st) || st->garena)) {
-      st->mismatch = true; /* graph memory of another device is still held: captures here are refused */
+      st->mismatch =
+          true; /* graph memory of another device is still held: captures here are refused */
     } else {
       gg__dev_close(st->dev);
       st->dev = NULL;
-      if (gg__dev_open(o.backend, o.device, &st->dev) < 0) st->dev = NULL; /* captures then fail as before */
+      if (gg__dev_open(o.backend, o.device, &st->dev) < 0)
+        st->dev = NULL; /* captures then fail as before */
     }
   }
   if (ok) {
@@ -401,7 +423,7 @@ static gg__gdev_t *gg__gbind(int device, gg_arena_t *main) {
   return st;
 }
 
-/* ---- the mode of a call --------------------------------------------------------------------------- */
+/* ---- the mode of a call ---------------------------------------------------------------------- */
 
 /* Whether a capture this plugin saw may still be underway (its stream still captures with its id);
  * pools whose capture has ended stop being asked. */
@@ -421,8 +443,8 @@ static bool gg__gcapture_underway(gg__gdev_t *st) {
   return underway;
 }
 
-/* CAPTURE (with *id), QUIET or NORMAL; see the file's head. A failed query counts as "not capturing":
- * the call then runs as it did before captures were handled. */
+/* CAPTURE (with *id), QUIET or NORMAL; see the file's head. A failed query counts as "not
+ * capturing": the call then runs as it did before captures were handled. */
 static int gg__gmode(gg__gdev_t *st, void *stream, unsigned long long *id) {
   *id = 0;
   stream = gg__gnorm(stream);
@@ -440,7 +462,7 @@ static int gg__gmode(gg__gdev_t *st, void *stream, unsigned long long *id) {
   return GG__G_NORMAL;
 }
 
-/* ---- the two entry points ------------------------------------------------------------------------- */
+/* ---- the two entry points -------------------------------------------------------------------- */
 
 static int gg__galloc(gg__gdev_t *st, size_t size, gg__gpool_t *p, gg__gblk_t **out) {
   int rc = 0;
@@ -494,13 +516,14 @@ int gg__graph_alloc(int device, gg_arena_t *main, size_t size, void *stream, voi
 }
 
 /* A free that is ours: lock held. */
-static int gg__gfree_locked(gg__gdev_t *st, gg_arena_t *main, int mode, unsigned long long id, void *ptr,
-                            size_t size, void *stream) {
+static int gg__gfree_locked(gg__gdev_t *st, gg_arena_t *main, int mode, unsigned long long id,
+                            void *ptr, size_t size, void *stream) {
   gg__gblk_t *r = gg__gmap_get(&st->map, (uintptr_t)ptr);
   gg__gpool_t *p = NULL;
   int rc = 0;
   if (r && r->freed)
-    return gg__err(GG_EINVAL, "gg_torch_free: %p was freed already (double free of a graph block)", ptr);
+    return gg__err(GG_EINVAL, "gg_torch_free: %p was freed already (double free of a graph block)",
+                   ptr);
   if (!r && (mode == GG__G_NORMAL || !main)) return 0;
   if (mode == GG__G_CAPTURE && (rc = gg__pool_get(st, id, stream, &p)) < 0) return rc;
   if (!r) {
@@ -536,7 +559,8 @@ static int gg__gfree_locked(gg__gdev_t *st, gg_arena_t *main, int mode, unsigned
     if (st->dev->ops->stream_sync(st->dev, gg__gnorm(stream)) == 0) r->streamed = false;
   }
   if (r->pool && !gg__pool_released(r->pool)) {
-    r->freed = true, r->next = r->pool->free, r->pool->free = r; /* its graph still replays into it */
+    r->freed = true, r->next = r->pool->free,
+    r->pool->free = r; /* its graph still replays into it */
     return 1;
   }
   gg__gpool_t *old = r->pool;
@@ -551,10 +575,12 @@ int gg__graph_free(int device, gg_arena_t *main, void *ptr, size_t size, void *s
   if (!st || !st->dev) return 0;
   unsigned long long id;
   int mode = gg__gmode(st, stream, &id);
-  if (GG__LIKELY(mode == GG__G_NORMAL && atomic_load_explicit(&st->nrec, memory_order_relaxed) == 0)) {
+  if (GG__LIKELY(mode == GG__G_NORMAL &&
+                 atomic_load_explicit(&st->nrec, memory_order_relaxed) == 0)) {
     if (GG__UNLIKELY(gg__gpending(st))) {
       pthread_mutex_lock(&st->lock);
-      gg__gmaintain_locked(st, &(gg__gsweep_t){.main = main, .main_ok = main != NULL, .stream = stream});
+      gg__gmaintain_locked(
+          st, &(gg__gsweep_t){.main = main, .main_ok = main != NULL, .stream = stream});
       pthread_mutex_unlock(&st->lock);
     }
     return 0;
@@ -567,12 +593,12 @@ int gg__graph_free(int device, gg_arena_t *main, void *ptr, size_t size, void *s
   return rc;
 }
 
-/* ---- public calls --------------------------------------------------------------------------------- */
+/* ---- public calls ---------------------------------------------------------------------------- */
 
 static gg__gdev_t *gg__gstate(int device, const char *call, int *rc) {
   if (device < 0 || device >= GG_PLUGIN_MAX_DEVICES) {
-    *rc =
-        gg__err(GG_EINVAL, "%s: device %d is out of range (0..%d)", call, device, GG_PLUGIN_MAX_DEVICES - 1);
+    *rc = gg__err(GG_EINVAL, "%s: device %d is out of range (0..%d)", call, device,
+                  GG_PLUGIN_MAX_DEVICES - 1);
     return NULL;
   }
   *rc = 0;
@@ -588,7 +614,8 @@ int gg_plugin_graph_stats(int device, gg_plugin_graph_stats_t *out) {
   memset(out, 0, sizeof *out);
   if (!st) return 0;
   pthread_mutex_lock(&st->lock);
-  if (st->dev) gg__gmaintain_locked(st, &(gg__gsweep_t){.any_stream = true}); /* graph-arena blocks only */
+  if (st->dev)
+    gg__gmaintain_locked(st, &(gg__gsweep_t){.any_stream = true}); /* graph-arena blocks only */
   for (const gg__gpool_t *p = st->pools; p; p = p->next) out->n_pools++;
   for (size_t i = 0; i < st->map.cap; i++) {
     const gg__gblk_t *r = st->map.vals[i];
@@ -619,16 +646,18 @@ int gg_plugin_trim(int device, size_t keep, size_t *released) {
   if (st->dev) gg__gmaintain_locked(st, &(gg__gsweep_t){.any_stream = true});
   if (st->garena) {
     gg_arena_stats_t before, after;
-    if ((rc = gg_arena_stats(st->garena, &before)) == 0 && (rc = gg_arena_trim(st->garena, keep)) == 0 &&
+    if ((rc = gg_arena_stats(st->garena, &before)) == 0 &&
+        (rc = gg_arena_trim(st->garena, keep)) == 0 &&
         (rc = gg_arena_stats(st->garena, &after)) == 0) {
       freed = before.bytes_mapped - after.bytes_mapped;
       /* Nothing held: the reservation goes too (the next capture makes a new graph arena). */
-      if (keep == 0 && after.n_live == 0) drop = st->garena, st->garena = NULL, freed += after.bytes_mapped;
+      if (keep == 0 && after.n_live == 0)
+        drop = st->garena, st->garena = NULL, freed += after.bytes_mapped;
     }
   }
   pthread_mutex_unlock(&st->lock);
-  /* Outside our lock: a plugin call holding the table's lock may be waiting for ours, and destroy takes
-   * the table's lock. */
+  /* Outside our lock: a plugin call holding the table's lock may be waiting for ours, and destroy
+   * takes the table's lock. */
   if (drop) GG_KEEP_FIRST(rc, gg_arena_destroy(drop));
   if (released) *released = freed;
   return rc;

@@ -4,14 +4,8 @@
 
 #include "gpuguard/arena.h"
 
-/* Drops the arena from the plugin table, waiting for plugin calls that are using it. Registered as the
- * arena's destroy hook (gg__arena_on_destroy) when the table is first written. */
+/* Drops the arena from the plugin table, waiting for plugin calls that are using it. Registered as
+ * the arena's destroy hook (gg__arena_on_destroy) when the table is first written. */
 void gg__plugin_forget(const gg_arena_t *arena);
-
-/* fork.c's handler: take the plugin's locks before fork() (table, trace, recorded streams, graph
- * state), release them after; the child's table and recorded streams start empty. */
-void gg__plugin_fork_prepare(void);
-void gg__plugin_fork_parent(void);
-void gg__plugin_fork_child(void);
 
 #endif

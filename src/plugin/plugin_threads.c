@@ -1,36 +1,38 @@
-/* plugin_threads.c — what each thread calling the allocator plugin keeps for itself, so that calls from
- * many threads write no shared cache line: the arena its call uses (instead of a reader-writer lock on
- * the plugin table) and its deltas of the device's counters (instead of shared counters).
+/* plugin_threads.c — what each thread calling the allocator plugin keeps for itself, so that calls
+ * from many threads write no shared cache line: the arena its call uses (instead of a reader-writer
+ * lock on the plugin table) and its deltas of the device's counters (instead of shared counters).
  *
- * On an H200 host, 16 threads making alloc+free pairs through the plugin did 0.8 M pairs/s in all, a
- * tenth of one thread's rate: each call took the table's read lock and updated the device's counters,
- * lines every thread writes. Without both, the same 16 threads did 82 M pairs/s.
+ * On an H200 host, 16 threads making alloc+free pairs through the plugin did 0.8 M pairs/s in all,
+ * a tenth of one thread's rate: each call took the table's read lock and updated the device's
+ * counters, lines every thread writes. Without both, the same 16 threads did 82 M pairs/s.
  *
- * The table: a call announces itself in its thread's `hold` (set until it is done) and then checks that no
- * writer is at work; a writer raises `gg__pt_writing`, waits until no hold is set, stores and lowers the flag
- * (Dekker's pattern, sequentially consistent: either the call sees the flag and steps back until the writer
- * is done, or the writer sees the call and waits for it). Calls wait only while a writer stores, and a writer
- * only for the calls already under way. A thread that cannot get its record (out of host memory) counts
- * itself in `gg__pt_anon` instead.
+ * The table: a call announces itself in its thread's `hold` (set until it is done) and then checks
+ * that no writer is at work; a writer raises `gg__pt_writing`, waits until no hold is set, stores
+ * and lowers the flag (Dekker's pattern, sequentially consistent: either the call sees the flag and
+ * steps back until the writer is done, or the writer sees the call and waits for it). Calls wait
+ * only while a writer stores, and a writer only for the calls already under way. A thread that
+ * cannot get its record (out of host memory) counts itself in `gg__pt_anon` instead.
  *
  * The counters: each thread adds its calls to a delta per device under its own spin lock (taken by
- * others only to read the statistics) and folds the delta into the device's counters every GG__PT_FOLD
- * calls. Its peak estimate is the device's figure at its last fold plus its own delta since: with one
- * thread allocating, peaks are exact; with several, a peak is the highest figure one thread could see
- * (another thread's calls since this one's last fold are not in it: at most GG__PT_FOLD calls of each).
- * Readers fold every thread first, so current, allocated and freed figures are always exact. */
+ * others only to read the statistics) and folds the delta into the device's counters every
+ * GG__PT_FOLD calls. Its peak estimate is the device's figure at its last fold plus its own delta
+ * since: with one thread allocating, peaks are exact; with several, a peak is the highest figure
+ * one thread could see (another thread's calls since this one's last fold are not in it: at most
+ * GG__PT_FOLD calls of each). Readers fold every thread first, so current, allocated and freed
+ * figures are always exact. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/freelist.h"
+#include "arena/freelist_internal.h"
 #include "core/internal.h"
-#include "plugin/plugin_threads.h"
+#include "plugin/plugin_threads_internal.h"
 
-#define GG__PT_FOLD    64 /* calls between folds of a thread's delta */
-#define GG__PT_DEVICES 4  /* devices a thread keeps deltas for; more count under the device's lock */
-#define GG__PT_STATS   9  /* bytes, requested, blocks (x3) of all, small, large (+0, +1, +2) */
+#define GG__PT_FOLD 64 /* calls between folds of a thread's delta */
+/* Devices a thread keeps deltas for; more count under the device's lock. */
+#define GG__PT_DEVICES 4
+#define GG__PT_STATS   9 /* bytes, requested, blocks (x3) of all, small, large (+0, +1, +2) */
 #define GG__SMALL_MAX  ((size_t)1 << 20) /* PyTorch's small pool: blocks of at most 1 MiB */
 
 typedef struct gg__pt_counts {
@@ -61,14 +63,16 @@ struct gg__pt {
 
 static pthread_mutex_t gg__pt_lock = PTHREAD_MUTEX_INITIALIZER; /* the list; writers of the table */
 static gg__pt_t *gg__pt_all;
-static atomic_uint gg__pt_anon;    /* calls under way of threads without a record */
-static atomic_bool gg__pt_writing; /* a writer waits for the calls under way; new ones wait for it */
+static atomic_uint gg__pt_anon; /* calls under way of threads without a record */
+static atomic_bool
+    gg__pt_writing; /* a writer waits for the calls under way; new ones wait for it */
 static _Thread_local gg__pt_t *gg__pt_mine __attribute__((tls_model("initial-exec")));
-static pthread_key_t gg__pt_key; /* its destructor folds and frees the record when the thread exits */
+static pthread_key_t
+    gg__pt_key; /* its destructor folds and frees the record when the thread exits */
 static pthread_once_t gg__pt_once = PTHREAD_ONCE_INIT;
 static gg__pt_device_t gg__pt_dev[GG_PLUGIN_MAX_DEVICES];
 
-/* ---- counting ------------------------------------------------------------------------------------------ */
+/* ---- counting -------------------------------------------------------------------------------- */
 
 /* Both locked: moves a delta into its device's figures and starts the next one from them. */
 static void gg__pt_fold(gg__pt_device_t *g, gg__pt_delta_t *dl) {
@@ -77,7 +81,8 @@ static void gg__pt_fold(gg__pt_device_t *g, gg__pt_delta_t *dl) {
   n->failed_allocs += d->failed_allocs, n->failed_frees += d->failed_frees;
   for (int k = 0; k < GG__PT_STATS; k++) {
     gg_plugin_stat_t *s = &n->stat[k];
-    s->current += d->stat[k].current, s->allocated += d->stat[k].allocated, s->freed += d->stat[k].freed;
+    s->current += d->stat[k].current, s->allocated += d->stat[k].allocated,
+        s->freed += d->stat[k].freed;
     if (d->stat[k].peak > s->peak) s->peak = d->stat[k].peak;
     if (s->current > s->peak) s->peak = s->current;
   }
@@ -107,13 +112,13 @@ static void gg__pt_add(gg__pt_delta_t *dl, int rc, bool add, size_t size, bool j
   add ? d->allocs++ : d->frees++;
   d->waits += joined; /* streams ordered on the device (n_stream_waits) */
   if (!size) return;
-  /* What PyTorch's statistics count for one block: its bytes (rounded as the arena rounds), the bytes
-   * asked for and the block itself, in "all" and in its size class. */
+  /* What PyTorch's statistics count for one block: its bytes (rounded as the arena rounds), the
+   * bytes asked for and the block itself, in "all" and in its size class. */
   unsigned long long bytes = (size + GG__QUANTUM - 1) & ~(unsigned long long)(GG__QUANTUM - 1);
   int c = size <= GG__SMALL_MAX ? GG_PLUGIN_SMALL : GG_PLUGIN_LARGE;
   if (add)
-    gg__pt_up(dl, 0, bytes), gg__pt_up(dl, c, bytes), gg__pt_up(dl, 3, size), gg__pt_up(dl, 3 + c, size),
-        gg__pt_up(dl, 6, 1), gg__pt_up(dl, 6 + c, 1);
+    gg__pt_up(dl, 0, bytes), gg__pt_up(dl, c, bytes), gg__pt_up(dl, 3, size),
+        gg__pt_up(dl, 3 + c, size), gg__pt_up(dl, 6, 1), gg__pt_up(dl, 6 + c, 1);
   else
     gg__pt_down(dl, 0, bytes), gg__pt_down(dl, c, bytes), gg__pt_down(dl, 3, size),
         gg__pt_down(dl, 3 + c, size), gg__pt_down(dl, 6, 1), gg__pt_down(dl, 6 + c, 1);
@@ -124,7 +129,8 @@ static gg__pt_device_t *gg__pt_device_lock(int device) {
   return &gg__pt_dev[device];
 }
 
-/* This thread's delta for device (claimed on first use), its record locked; NULL (unlocked) if none. */
+/* This thread's delta for device (claimed on first use), its record locked; NULL (unlocked) if
+ * none. */
 static gg__pt_delta_t *gg__pt_delta_lock(gg__pt_t *me, int device) {
   gg__spin_lock(&me->lock);
   if (GG__LIKELY(me->delta[0].device == device)) return &me->delta[0]; /* a thread's first device */
@@ -163,7 +169,8 @@ void gg__pt_count(gg__pt_t *me, int device, int rc, bool add, size_t size, bool 
   gg__spin_unlock(&g->lock);
 }
 
-/* The list locked: folds the device's delta of every thread (device < 0: every device of `only`). */
+/* The list locked: folds the device's delta of every thread (device < 0: every device of `only`).
+ * */
 static void gg__pt_fold_every(int device, gg__pt_t *only) {
   for (gg__pt_t *pt = only ? only : gg__pt_all; pt; pt = only ? NULL : pt->next) {
     gg__spin_lock(&pt->lock);
@@ -200,11 +207,12 @@ void gg__pt_reset(int device, bool peaks, bool totals) {
     if (peaks) s->peak = s->current;
     if (totals) s->allocated = s->freed = 0;
   }
-  gg__spin_unlock(&g->lock); /* the deltas, folded, start from these figures: current did not move */
+  gg__spin_unlock(
+      &g->lock); /* the deltas, folded, start from these figures: current did not move */
   pthread_mutex_unlock(&gg__pt_lock);
 }
 
-/* ---- a thread's record -------------------------------------------------------------------------------- */
+/* ---- a thread's record ----------------------------------------------------------------------- */
 
 static void gg__pt_unlink(gg__pt_t *pt) {
   if (pt->prev)
@@ -245,7 +253,7 @@ static gg__pt_t *gg__pt_self(void) {
   return gg__pt_mine = pt;
 }
 
-/* ---- the table's readers and writers ------------------------------------------------------------------ */
+/* ---- the table's readers and writers --------------------------------------------------------- */
 
 /* Waits while a writer changes the table (a short store, once the calls under way ended). */
 static void gg__pt_await_writer(void) {
@@ -273,10 +281,12 @@ void gg__pt_leave(gg__pt_t *me) {
     atomic_fetch_sub_explicit(&gg__pt_anon, 1, memory_order_release);
 }
 
-/* Stores arena in the slot (with `only`: if it still holds `expect`) once no call is under way, while
- * new calls wait: every call sees one table, as under a reader-writer lock (the graph state binds to
- * the arena a call read, and two calls with different arenas would rebind it under each other). */
-static void gg__pt_store(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena, bool only, gg_arena_t *expect) {
+/* Stores arena in the slot (with `only`: if it still holds `expect`) once no call is under way,
+ * while new calls wait: every call sees one table, as under a reader-writer lock (the graph state
+ * binds to the arena a call read, and two calls with different arenas would rebind it under each
+ * other). */
+static void gg__pt_store(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena, bool only,
+                         gg_arena_t *expect) {
   pthread_mutex_lock(&gg__pt_lock);
   atomic_store(&gg__pt_writing, true);
   for (gg__pt_t *pt = gg__pt_all; pt; pt = pt->next)
@@ -294,17 +304,19 @@ void gg__pt_publish(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena) {
   gg__pt_store(slot, arena, false, NULL);
 }
 
-void gg__pt_retract(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena) { gg__pt_store(slot, NULL, true, arena); }
+void gg__pt_retract(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena) {
+  gg__pt_store(slot, NULL, true, arena);
+}
 
-/* ---- fork ---------------------------------------------------------------------------------------------- */
+/* ---- fork ------------------------------------------------------------------------------------ */
 
 void gg__pt_fork_prepare(void) { pthread_mutex_lock(&gg__pt_lock); }
 
 void gg__pt_fork_parent(void) { pthread_mutex_unlock(&gg__pt_lock); }
 
-/* Only the forking thread exists in the child: the others' records go (their calls under way, and what
- * they had not folded, were the parent's), and every spin lock starts free; the list's lock is this
- * thread's own from prepare, unlocked as in the parent. */
+/* Only the forking thread exists in the child: the others' records go (their calls under way, and
+ * what they had not folded, were the parent's), and every spin lock starts free; the list's lock is
+ * this thread's own from prepare, unlocked as in the parent. */
 void gg__pt_fork_child(void) {
   for (gg__pt_t *pt = gg__pt_all, *next; pt; pt = next) {
     next = pt->next;

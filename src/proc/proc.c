@@ -17,7 +17,7 @@
 
 #include "proc/proc_internal.h"
 #include "proc/registry_internal.h"
-#include "guard/signal_internal.h"
+#include "core/thread_internal.h"
 #include "core/vec_internal.h"
 
 extern char **environ;
@@ -320,16 +320,16 @@ static pthread_mutex_t gg__sp_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gg__sp_wake = PTHREAD_COND_INITIALIZER, gg__sp_done = PTHREAD_COND_INITIALIZER;
 static pid_t gg__sp_owner; /* the process whose spawn thread runs; threads do not survive fork() */
 
-void gg__proc_fork_prepare(void) {
+static void gg__proc_fork_prepare(void) {
   pthread_mutex_lock(&gg__lock);
   pthread_mutex_lock(&gg__sp_lock);
   gg__forking_pid = getpid();
 }
-void gg__proc_fork_parent(void) {
+static void gg__proc_fork_parent(void) {
   pthread_mutex_unlock(&gg__sp_lock);
   pthread_mutex_unlock(&gg__lock);
 }
-void gg__proc_fork_child(void) {
+static void gg__proc_fork_child(void) {
   gg__parent_at_fork = gg__forking_pid;
   /* The parent's children are not ours: the fatal path must not kill them from here. */
   for (int i = 0; i < GG__SNAP_MAX; i++) atomic_store(&gg__snap[i].pid, 0);
@@ -341,6 +341,7 @@ void gg__proc_fork_child(void) {
   pthread_mutex_unlock(&gg__sp_lock);
   pthread_mutex_unlock(&gg__lock);
 }
+GG__FORK_REGISTER(GG__FORK_PROC, gg__proc_fork_prepare, gg__proc_fork_parent, gg__proc_fork_child)
 
 /* The guard layer's check of a guard key (see proc_internal.h). */
 static _Atomic(gg__proc_key_check_fn) gg__key_check;
@@ -474,16 +475,7 @@ static void *gg__spawn_thread(void *arg) {
  * that forked the child exits, so it must never be a caller's short-lived thread. */
 static int gg__spawn_thread_ensure(void) {
   if (gg__sp_owner == getpid()) return 0;
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old); /* inherited: signals go to the program's threads */
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_t t;
-  int e = pthread_create(&t, &attr, gg__spawn_thread, NULL);
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  int e = gg__thread_start(NULL, gg__spawn_thread, NULL, true);
   if (e != 0) return gg__err(GG_EIO, "gg_proc_spawn: cannot start the spawn thread: %s", strerror(e));
   gg__sp_owner = getpid();
   return 0;

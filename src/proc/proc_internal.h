@@ -67,9 +67,4 @@ void gg__proc_set_key_check(gg__proc_key_check_fn fn);
  * 127, as the caller's other steps do. */
 void gg__pid_ns_child(int mode, int grace_ms, int errfd, int fail_step);
 
-/* fork.c's handler calls these in the lock order (see fork.c). */
-void gg__proc_fork_prepare(void);
-void gg__proc_fork_parent(void);
-void gg__proc_fork_child(void);
-
 #endif

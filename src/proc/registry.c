@@ -31,9 +31,11 @@ static char gg__reg_path[PATH_MAX];
 static atomic_int gg__reg_owner;
 
 /* fork() while another thread holds the lock must not leave it held forever in the child (fork.c). */
-void gg__registry_fork_prepare(void) { pthread_mutex_lock(&gg__reg_lock); }
-void gg__registry_fork_parent(void) { pthread_mutex_unlock(&gg__reg_lock); }
-void gg__registry_fork_child(void) { pthread_mutex_unlock(&gg__reg_lock); }
+static void gg__registry_fork_prepare(void) { pthread_mutex_lock(&gg__reg_lock); }
+static void gg__registry_fork_parent(void) { pthread_mutex_unlock(&gg__reg_lock); }
+static void gg__registry_fork_child(void) { pthread_mutex_unlock(&gg__reg_lock); }
+GG__FORK_REGISTER(GG__FORK_REGISTRY, gg__registry_fork_prepare, gg__registry_fork_parent,
+                  gg__registry_fork_child)
 
 void gg__registry_fatal_unlink(void) {
   if (atomic_load(&gg__reg_owner) == (int)getpid()) unlink(gg__reg_path);
@@ -153,8 +155,8 @@ static int gg__leader_one(int dfd, const char *name, const gg__rec_t *rec, void 
 /* Under gg__reg_lock: the session and role, decided once per process. A forked child (whose memory
  * holds its parent's decision) decides again: it finds the session in its environment and works for it.
  * An inherited session is joined only while its leader lives: a session id copied from a dead job (or
- * made up) would otherwise make this process look like that dead session's orphan to `reap` (issue 16
- * item 5); such a process leads a session of its own instead. */
+ * made up) would otherwise make this process look like that dead session's orphan to `reap`, which
+ * would kill it; such a process leads a session of its own instead. */
 static pid_t gg__session_pid;
 static void gg__session_init(int dfd, const char *dir) {
   if (gg__session[0] && gg__session_pid == getpid()) return;
@@ -214,8 +216,8 @@ int gg_registry_register(const char *devices) {
   gg__pinfo_t info;
   unsigned long long start = gg__proc_read_self(&info) == 0 ? info.start : 0;
   /* Where this record is read from another pid namespace (a registry shared with containers), the
-   * namespace and the pid the outermost visible namespace knows let the reader judge it (issue 16
-   * item 3). */
+   * namespace and the pid the outermost visible namespace knows let the reader judge it (a pid read
+   * in the wrong namespace names another process, which reap would kill). */
   unsigned long long ns = 0;
   pid_t outer = 0, inner = 0;
   if (gg__proc_pidns(0, &ns) != 0) ns = 0;
@@ -374,7 +376,7 @@ static int gg__ns_visit(const gg__pinfo_t *info, void *user) {
 
 /* A record written in another pid namespace names a pid of that namespace, which means nothing here
  * (a job in a container records pid 2; reading pid 2 here says "stale" and reap would kill the live
- * job: issue 16 item 3). It is alive unless proven dead: found through the pid the writer saw in the
+ * job). It is alive unless proven dead: found through the pid the writer saw in the
  * outermost namespace it could see, or proven dead when some process of its namespace is visible here
  * but none is the recorded one. A namespace none of whose processes we can see (a sibling container,
  * or one that is gone entirely) proves nothing: the record counts as alive and stays until it is

@@ -18,9 +18,4 @@ int gg__registry_list_ns(gg_session_record_t *rows, unsigned char *foreign, size
  * is removed (where another process may replace it). NULL turns it off. */
 void gg__registry_test_prune_hook(void (*fn)(int dfd, const char *name));
 
-/* fork.c's handler calls these in the lock order (see fork.c): take the lock, then release it. */
-void gg__registry_fork_prepare(void);
-void gg__registry_fork_parent(void);
-void gg__registry_fork_child(void);
-
 #endif

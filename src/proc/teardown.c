@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock_internal.h"
 #include "core/json_internal.h"
 #include "proc/proc_internal.h"
 #include "proc/teardown_internal.h"
@@ -44,12 +45,6 @@ typedef struct gg__td {
   bool subreaper;
   int err;
 } gg__td_t;
-
-static double gg__now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static gg__target_t *gg__find(gg__td_t *td, pid_t pid) {
   for (size_t i = 0; i < td->n; i++)
@@ -94,7 +89,7 @@ static bool gg__poll_exited(gg__target_t *t) {
 }
 
 /* kill(-pgrp) would reach every member, another user's too (root's teardown, or a setuid program in the
- * job's group: issue 16 item 4). When a member is not ours, the group is not signalled as a whole: each
+ * job's group). When a member is not ours, the group is not signalled as a whole: each
  * member of ours is, and the receipt says so (GG_PROC_SENT_GROUP_FOREIGN). */
 static void gg__signal_group(pid_t pgrp, int sig, unsigned *sent) {
   if (gg__proc_signal_group(pgrp, sig) == 1) *sent |= GG_PROC_SENT_GROUP_FOREIGN;

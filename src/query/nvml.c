@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "query/nvml.h"
+#include "query/nvml_internal.h"
 
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;

@@ -8,7 +8,7 @@
 
 #include "backend/backend.h"
 #include "core/internal.h"
-#include "query/nvml.h"
+#include "query/nvml_internal.h"
 #include "proc/procfs_internal.h"
 #include "proc/registry_internal.h"
 
@@ -216,7 +216,7 @@ static void gg__classify(gg_process_t *row, const gg__sessions_t *s) {
 
 /* Can NVML's pids be taken as pids of our /proc? In the initial pid namespace they are. In any other (a
  * container) the driver gives host pids (older drivers) or pids of the caller's namespace (newer ones),
- * and nothing says which: pid 40 of the host may be pid 40 here too, another process (issue 16 item 16).
+ * and nothing says which: pid 40 of the host may be pid 40 here too, another process, shown wrongly.
  * GPUGUARD_TEST_PIDNS ("initial" or "child") lets tests choose. */
 static bool gg__nvml_pids_local(void) {
   const char *t = gg__env("GPUGUARD_TEST_PIDNS");

@@ -12,7 +12,7 @@
 #include "core/json_internal.h"
 #include "core/vec_internal.h"
 #include "backend/backend.h"
-#include "query/nvml.h"
+#include "query/nvml_internal.h"
 
 /* Prometheus label value: backslash, double quote and newline escaped, as the exposition format asks;
  * the value is made valid UTF-8 (the format's requirement), other control characters and every byte

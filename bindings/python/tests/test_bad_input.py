@@ -1,5 +1,5 @@
-"""Python values C cannot hold are refused at the boundary, never wrapped or cut by ctypes (issue 16,
-items 9 and 11): before, alloc(2**64 + 100) got 256 bytes, teardown(grace_ms=2**32) became grace 0,
+"""Python values C cannot hold are refused at the boundary, never wrapped or cut by ctypes:
+before, alloc(2**64 + 100) got 256 bytes, teardown(grace_ms=2**32) became grace 0,
 Arena(device=2**32) opened device 0, and spawn(['tr\\0ue']) ran `tr`."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""Handles and names that came from elsewhere (issue 16, items 8 and 10): the host backend refuses a
+"""Handles and names that came from elsewhere: the host backend refuses a
 stream it did not make instead of reading it (stream=2, cudaStreamPerThread, crashed .stats()), and
 names cut to fit a C buffer stay valid UTF-8 (a name of 'é' * 40 made registry_list() raise
 UnicodeDecodeError for every caller)."""

@@ -1,6 +1,7 @@
-/* nvml.h — the few NVML calls gpuguard makes (NVML loaded at run time; the toolkit ships no nvml.h). */
-#ifndef GG_NVML_H
-#define GG_NVML_H
+/* nvml_internal.h — the few NVML calls gpuguard makes (NVML loaded at run time; the toolkit ships
+ * no nvml.h). */
+#ifndef GG_NVML_INTERNAL_H
+#define GG_NVML_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
