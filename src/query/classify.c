@@ -224,8 +224,9 @@ gg_process_class_t gg__classify_unsessioned(gg_process_t *row) {
   bool det = gone ? gg__detached_evidence(row, &st, detached, sizeof detached)
                   : gg__kept_on_purpose(row->pid, st.ppid, detached, sizeof detached);
   if (det || gone) {
-    snprintf(row->why, sizeof row->why, "%s%s%s%s", detached, det && gone ? "; " : "", parent,
-             det ? "" : ": no sign of a worker, so a program left running on purpose");
+    snprintf(row->why, sizeof row->why, "%s%s%s%s%s%s", detached, det && gone ? "; " : "", parent,
+             det ? "" : ": no sign of a worker, so a program left running on purpose", worker[0] ? "; " : "",
+             worker);
     return GG_PROCESS_DETACHED;
   }
   snprintf(row->why, sizeof row->why, "its parent %d is alive%s%s", (int)st.ppid, worker[0] ? "; " : "",
