@@ -184,7 +184,15 @@ static pid_t start_stranded(const char *const *argv, const char *const *env, con
   return w;
 }
 
-static bool have_python(void) { return system("python3 -c pass >/dev/null 2>&1") == 0; }
+/* The interpreter itself (python3 in PATH may be a pyenv shim, a shell script, for a while). */
+static char python[512];
+static bool have_python(void) {
+  FILE *p = popen("python3 -c 'import sys; print(sys.executable)' 2>/dev/null", "r");
+  bool ok = p && fgets(python, sizeof python, p) != NULL;
+  if (p) pclose(p);
+  python[strcspn(python, "\n")] = '\0';
+  return ok && python[0] == '/';
+}
 
 static gg_process_t describe(pid_t pid) {
   gg_process_t r;
@@ -197,7 +205,7 @@ static gg_process_t describe(pid_t pid) {
 static void test_forged_worker_is_not_stranded(void **state) {
   (void)state;
   /* The exact arguments of a spawn child, given to the shell (its `from` fails; it sleeps). */
-  const char *argv[] = {"python3", "-c",
+  const char *argv[] = {python, "-c",
                         "from multiprocessing.spawn import spawn_main 2>/dev/null; spawn_main 2>/dev/null; sleep 30",
                         "--multiprocessing-fork", NULL};
   exec_path = "/bin/sh";
@@ -226,7 +234,7 @@ static void test_spawn_child_stranded(void **state) {
            "    p = mp.get_context('spawn').Process(target=time.sleep, args=(30,)); p.start()\n"
            "    open('%s', 'w').write(str(p.pid)); time.sleep(30)\n",
            out);
-  const char *argv[] = {"python3", "-c", code, NULL};
+  const char *argv[] = {python, "-c", code, NULL};
   pid_t trainer = start_stranded(argv, NULL, "python");
   pid_t kid = 0;
   for (int i = 0; i < 5000 && kid <= 0; i++) {
@@ -255,7 +263,7 @@ static void test_spawn_child_stranded(void **state) {
 static void test_dataloader_rank_and_fork_siblings(void **state) {
   (void)state;
   if (!have_python()) skip();
-  const char *dl[] = {"python3", "-c",
+  const char *dl[] = {python, "-c",
                       "import ctypes, time; ctypes.CDLL(None).prctl(15, b'pt_data_worker'); time.sleep(30)", NULL};
   pid_t w = start_stranded(dl, NULL, "pt_data_worker");
   gg_process_t r = describe(w);
@@ -263,7 +271,7 @@ static void test_dataloader_rank_and_fork_siblings(void **state) {
   assert_non_null(strstr(r.why, "DataLoader"));
   stop(w);
 
-  const char *rank[] = {"python3", "-c", "import time; time.sleep(30)", NULL};
+  const char *rank[] = {python, "-c", "import time; time.sleep(30)", NULL};
   const char *env[] = {"PATH=/usr/local/bin:/usr/bin:/bin", "TORCHELASTIC_RUN_ID=none", "LOCAL_RANK=3", NULL};
   char path[4096];
   snprintf(path, sizeof path, "PATH=%s", getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
@@ -280,7 +288,7 @@ static void test_dataloader_rank_and_fork_siblings(void **state) {
   assert_int_equal(r.cls, GG_PROCESS_DETACHED);
   stop(w);
 
-  const char *pool[] = {"python3", "-c",
+  const char *pool[] = {python, "-c",
                         "import os, time\n"
                         "for i in range(2):\n"
                         "    if os.fork() == 0:\n"
@@ -342,6 +350,78 @@ static void test_describe_bad_input(void **state) {
   assert_int_equal(gg_process_describe(0x7ffffff0, &r), GG_ENOTFOUND);
 }
 
+/* A pid reused between listing and signalling is never signalled: the process listed died and another
+ * took its number (root: /proc/sys/kernel/ns_last_pid picks the pid of the next fork). */
+static void test_reap_pid_reused(void **state) {
+  (void)state;
+  pid_t first = start_sleeper();
+  gg__pinfo_t info;
+  gg_assert_ok(gg__proc_read_stat(first, &info));
+  unsigned long long listed = info.start;
+  stop(first);
+  usleep(30000); /* start times count clock ticks (10 ms): a process started in the same tick is the same */
+  pid_t again = -1;
+  FILE *f = fopen("/proc/sys/kernel/ns_last_pid", "w");
+  for (int attempt = 0; f && attempt < 20 && again != first; attempt++) {
+    fprintf(f, "%d", (int)first - 1);
+    fflush(f);
+    again = fork();
+    if (again == 0) {
+      execlp("sleep", "sleep", "30", (char *)NULL);
+      _exit(127);
+    }
+    if (again != first) stop(again);
+  }
+  if (f) fclose(f);
+  if (again != first) { /* not root: the same check with a start time that is not the process's */
+    again = start_sleeper();
+    gg_assert_ok(gg__proc_read_stat(again, &info));
+    listed = info.start + 1;
+  }
+  usleep(20000);
+  int pid = again;
+  gg_proc_outcome_t out;
+  assert_int_equal(gg_reap(&pid, &listed, 1, 100, 0, &out), 0);
+  if (out.end != GG_PROC_SKIPPED) fail_msg("pid %d (first %d): %s", pid, (int)first, out.found);
+  assert_int_equal(out.sent, 0);
+  assert_non_null(strstr(out.found, "another process"));
+  assert_int_equal(waitpid(again, NULL, WNOHANG), 0); /* still running */
+  /* The right start time: TERM, and KILL for one that ignores TERM. */
+  pid_t stubborn = fork();
+  if (stubborn == 0) {
+    signal(SIGTERM, SIG_IGN);
+    execlp("sleep", "sleep", "30", (char *)NULL);
+    _exit(127);
+  }
+  usleep(50000);
+  unsigned long long starts[2];
+  int pids[2] = {again, stubborn};
+  for (int i = 0; i < 2; i++) {
+    gg_assert_ok(gg__proc_read_stat(pids[i], &info));
+    starts[i] = info.start;
+  }
+  gg_proc_outcome_t outs[2];
+  assert_int_equal(gg_reap(pids, starts, 2, 200, 0, outs), 0);
+  assert_int_equal(outs[0].end, GG_PROC_ENDED);
+  assert_int_equal(outs[0].sent, GG_PROC_SENT_TERM);
+  assert_int_equal(outs[1].end, GG_PROC_ENDED);
+  assert_int_equal(outs[1].sent, GG_PROC_SENT_TERM | GG_PROC_SENT_KILL);
+  waitpid(again, NULL, 0);
+  waitpid(stubborn, NULL, 0);
+  /* Bad input: never a signal. */
+  int self = getpid(), one = 1, zero = 0;
+  unsigned long long any = 1;
+  assert_int_equal(gg_reap(&self, &any, 1, 0, 0, &out), 0);
+  assert_int_equal(out.end, GG_PROC_SKIPPED);
+  assert_int_equal(gg_reap(&one, &any, 1, 0, 0, &out), 0);
+  assert_int_equal(out.end, GG_PROC_SKIPPED);
+  assert_int_equal(gg_reap(&zero, &any, 1, 0, 0, &out), 0);
+  assert_int_equal(out.end, GG_PROC_SKIPPED);
+  assert_int_equal(gg_reap(NULL, NULL, 1, 0, 0, NULL), GG_EINVAL);
+  assert_int_equal(gg_reap(&self, &any, 1, -1, 0, &out), GG_EINVAL);
+  assert_int_equal(gg_reap(&self, &any, 1, 0, 8, &out), GG_EINVAL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_unknown_without_evidence, setup, teardown),
@@ -352,6 +432,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_dataloader_rank_and_fork_siblings, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nohup_detached, setup, teardown),
       cmocka_unit_test_setup_teardown(test_describe_bad_input, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_reap_pid_reused, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -740,7 +740,13 @@ static bool parse_pid(const char *text, int *out, char *why, size_t cap) {
 static const char *refuse_named(const gg_process_t *row, bool all_users) {
   if (row->pid == 1) return "pid 1 (init) is never ended";
   if (row->pid == (int)getpid()) return "that is this gpuguard process";
-  if (row->command[0] == '[' && row->ppid <= 2) return "a kernel thread";
+  gg_process_t up;
+  for (int p = (int)getppid(), depth = 0; p > 1 && depth < 128; depth++) {
+    if (p == row->pid) return "an ancestor of this gpuguard process (ending it would end its own shell)";
+    if (gg_process_describe(p, &up) != 0) break;
+    p = up.ppid;
+  }
+  if (row->command[0] == '[' && (row->ppid == 2 || row->pid == 2)) return "a kernel thread";
   if (row->uid != (unsigned)getuid() && !(all_users && geteuid() == 0))
     return geteuid() == 0 ? "another user's process (add --all-users to end it)"
                           : "another user's process (only root may end it, with --all-users)";

@@ -103,7 +103,7 @@ static bool gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, 
     }
     gg__why_add(why, cap, "thread name %s, but the program is not Python: not believed", comm);
   }
-  if (kind && !python) gg__why_add(why, cap, "its command line claims %s, but the program is not Python", kind);
+  if (kind && !python) gg__why_add(why, cap, "its command line claims a Python worker, but the program is not Python");
   if (gg__proc_environ_get(row->pid, "TORCHELASTIC_RUN_ID", val, sizeof val) == 0) {
     char rank[16] = "?";
     gg__proc_environ_get(row->pid, "LOCAL_RANK", rank, sizeof rank);
@@ -224,9 +224,8 @@ gg_process_class_t gg__classify_unsessioned(gg_process_t *row) {
   bool det = gone ? gg__detached_evidence(row, &st, detached, sizeof detached)
                   : gg__kept_on_purpose(row->pid, st.ppid, detached, sizeof detached);
   if (det || gone) {
-    snprintf(row->why, sizeof row->why, "%s%s%s%s%s%s", detached, det && gone ? "; " : "", parent,
-             det ? "" : ": no sign of a worker, so a program left running on purpose", worker[0] ? "; " : "",
-             worker);
+    snprintf(row->why, sizeof row->why, "%s%s%s%s%s%s", worker, worker[0] ? "; " : "", detached,
+             det && gone ? "; " : "", parent, det ? "" : ", and no sign of a worker: left running on purpose");
     return GG_PROCESS_DETACHED;
   }
   snprintf(row->why, sizeof row->why, "its parent %d is alive%s%s", (int)st.ppid, worker[0] ? "; " : "",
