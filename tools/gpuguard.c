@@ -235,8 +235,10 @@ static int print_processes(FILE *f, bool all_users, bool why, bool *no_gpu) {
     cli_safe_text(p->user, user, sizeof user); /* another user's command line is not ours to print raw */
     cli_safe_text(p->command, cmd, sizeof cmd);
     bool red = reapable(p);
-    if (red && p->uid != me) theirs++;
-    else if (red) stranded += p->cls == GG_PROCESS_STRANDED, orphans += p->cls == GG_PROCESS_ORPHAN;
+    if (red && p->uid != me)
+      theirs++;
+    else if (red)
+      stranded += p->cls == GG_PROCESS_STRANDED, orphans += p->cls == GG_PROCESS_ORPHAN;
     detached += p->cls == GG_PROCESS_DETACHED;
     fprintf(f, "%s%-3d %8d %8d %-10.10s %12s %-5c %-10s %s%s\n", red && tty ? "\033[1;31m" : "", p->device,
             p->pid, p->ppid, user, mem, p->state >= 0x21 && p->state < 0x7f ? p->state : '?', class_label(p),
@@ -259,8 +261,7 @@ static int print_processes(FILE *f, bool all_users, bool why, bool *no_gpu) {
   if (theirs)
     fprintf(f, ", %u of other users stranded or orphaned (%s)", theirs,
             geteuid() == 0 ? "end them with: gpuguard reap --all-users" : "only root can end them");
-  if (detached)
-    fprintf(f, ", %u detached (left alone: end one with gpuguard reap --pid PID)", detached);
+  if (detached) fprintf(f, ", %u detached (left alone: end one with gpuguard reap --pid PID)", detached);
   if (hidden) fprintf(f, ", %u of other users hidden (--all-users shows them)", hidden);
   fputc('\n', f);
   return 0;
@@ -731,7 +732,8 @@ static bool parse_pid(const char *text, int *out, char *why, size_t cap) {
   if (neg || v < 0)
     return snprintf(why, cap, "--pid '%s': negative (a negative pid names a process group)", safe), false;
   if (v == 0) return snprintf(why, cap, "--pid 0: names the caller's process group, not a process"), false;
-  if (errno || v > max) return snprintf(why, cap, "--pid '%s': out of range (pids go up to %ld here)", safe, max), false;
+  if (errno || v > max)
+    return snprintf(why, cap, "--pid '%s': out of range (pids go up to %ld here)", safe, max), false;
   *out = (int)v;
   return true;
 }
@@ -759,8 +761,8 @@ static void print_candidate(const gg_process_t *p) {
   cli_safe_text(p->user, user, sizeof user); /* escape sequences in argv must not reach the terminal */
   cli_safe_text(p->command, cmd, sizeof cmd);
   cli_safe_text(p->why[0] ? p->why : "no evidence either way", why, sizeof why);
-  printf("%s %d (user %s, GPU memory %s, start %llu): %s\n    why: %s\n", gg_process_class_name(p->cls), p->pid,
-         user, mem, p->start_time, cmd, why);
+  printf("%s %d (user %s, GPU memory %s, start %llu): %s\n    why: %s\n", gg_process_class_name(p->cls),
+         p->pid, user, mem, p->start_time, cmd, why);
 }
 
 typedef struct reap_opts {
@@ -809,7 +811,8 @@ static int reap_parse(int argc, char **argv, reap_opts_t *o) {
     }
   }
   if (o->dry && o->yes) return bad_usage("%s", "--dry-run and --yes are exclusive");
-  if (o->all && geteuid() != 0) return bad_usage("%s", "--all-users: only root may end other users' processes");
+  if (o->all && geteuid() != 0)
+    return bad_usage("%s", "--all-users: only root may end other users' processes");
   return -1;
 }
 
@@ -831,9 +834,12 @@ static int cmd_reap(int argc, char **argv) {
       bool dup = false;
       for (size_t j = 0; j < n; j++) dup = dup || rows[j].pid == o.pids[i];
       if (dup) continue;
-      if (o.pids[i] == 1) no = "pid 1 (init) is never ended";
-      else if (gg_process_describe(o.pids[i], &row) != 0) no = "no such process";
-      else no = refuse_named(&row, o.all);
+      if (o.pids[i] == 1)
+        no = "pid 1 (init) is never ended";
+      else if (gg_process_describe(o.pids[i], &row) != 0)
+        no = "no such process";
+      else
+        no = refuse_named(&row, o.all);
       if (no) {
         printf("refused %d: %s; nothing was sent to it\n", o.pids[i], no);
         refused = true;
@@ -935,7 +941,8 @@ static int cmd_check(int argc, char **argv) {
     if (o == 'j')
       json = true;
     else if (o == 'a') {
-      if (!parse_bytes(optarg, &allow)) return bad_usage("--allow '%s': bytes expected (e.g. 0, 512M, 2G)", optarg);
+      if (!parse_bytes(optarg, &allow))
+        return bad_usage("--allow '%s': bytes expected (e.g. 0, 512M, 2G)", optarg);
     } else
       return cli_opt_error(o, argv);
   }
@@ -946,7 +953,8 @@ static int cmd_check(int argc, char **argv) {
   if (cli_gather_processes(&rows, &n, &no_gpu, stderr) != 0) {
     free(rows);
     if (!no_gpu) return 1;
-    fprintf(stderr, "gpuguard check: no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads)\n");
+    fprintf(stderr,
+            "gpuguard check: no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads)\n");
     if (json) puts("{\"ok\":false,\"no_gpu\":true,\"problems\":[]}");
     return EXIT_NO_GPU;
   }
@@ -974,8 +982,8 @@ static int cmd_check(int argc, char **argv) {
       cli_safe_text(p->command, cmd, sizeof cmd);
       cli_safe_text(p->why, why, sizeof why);
       cli_safe_text(p->user, user, sizeof user);
-      fprintf(f, "GPU %d: %s process %d (user %s) holds %s: %s (%s)\n", p->device, gg_process_class_name(p->cls),
-              p->pid, user, mem, cmd, why);
+      fprintf(f, "GPU %d: %s process %d (user %s) holds %s: %s (%s)\n", p->device,
+              gg_process_class_name(p->cls), p->pid, user, mem, cmd, why);
     }
     problems++;
   }
@@ -994,13 +1002,15 @@ static int cmd_check(int argc, char **argv) {
       fprintf(f, "%s{\"kind\":\"unaccounted\",\"device\":%d,\"used_bytes\":%lld,\"listed_bytes\":%lld}",
               problems ? "," : "", d, (long long)info.used_bytes, listed);
     else
-      fprintf(f, "GPU %d: %s in use that no listed process holds (allowed: %s)\n", d, human((double)loose, a, sizeof a),
-              human((double)allow, b, sizeof b));
+      fprintf(f, "GPU %d: %s in use that no listed process holds (allowed: %s)\n", d,
+              human((double)loose, a, sizeof a), human((double)allow, b, sizeof b));
     problems++;
   }
   free(rows);
-  if (json) fprintf(f, "],\"ok\":%s}\n", problems ? "false" : "true");
-  else if (!problems) fputs("ok: no stranded or orphaned processes, nothing held beyond the allowance\n", f);
+  if (json)
+    fprintf(f, "],\"ok\":%s}\n", problems ? "false" : "true");
+  else if (!problems)
+    fputs("ok: no stranded or orphaned processes, nothing held beyond the allowance\n", f);
   return problems ? 1 : 0;
 }
 
@@ -1047,8 +1057,8 @@ static int cmd_plot(int argc, char **argv) {
 /* ---- dispatch ----------------------------------------------------------------------------------------- */
 
 static const command_t commands[] = {
-    {"ps", "[--json] [--all-users] [--why]", "Lists the processes holding GPU memory; stranded ones stand out.",
-     cmd_ps,
+    {"ps", "[--json] [--all-users] [--why]",
+     "Lists the processes holding GPU memory; stranded ones stand out.", cmd_ps,
      "  --json        devices and processes as JSON (each with its class and \"why\")\n"
      "  --all-users   include processes of other users (hidden by default)\n"
      "  --why         the evidence for each class, on a line under its row\n"

@@ -58,7 +58,8 @@ static int gg__send(const gg__victim_t *v, int sig) {
 }
 
 /* Checks one named process and takes hold of it; false (with out->found saying why) to skip it. */
-static bool gg__take(pid_t pid, unsigned long long start, unsigned flags, gg__victim_t *v, gg_proc_outcome_t *out) {
+static bool gg__take(pid_t pid, unsigned long long start, unsigned flags, gg__victim_t *v,
+                     gg_proc_outcome_t *out) {
   out->end = GG_PROC_SKIPPED;
   gg__pinfo_t info;
   uid_t uid;
@@ -72,7 +73,8 @@ static bool gg__take(pid_t pid, unsigned long long start, unsigned flags, gg__vi
   out->ppid = info.ppid, out->start_time = info.start;
   gg__proc_cmdline(pid, out->command, sizeof out->command);
   if (start == 0 || info.start != start) return out->found = "its pid now names another process", false;
-  if (gg__proc_flags(pid, &kflags) == 0 && (kflags & GG__PF_KTHREAD)) return out->found = "a kernel thread", false;
+  if (gg__proc_flags(pid, &kflags) == 0 && (kflags & GG__PF_KTHREAD))
+    return out->found = "a kernel thread", false;
   if (uid != getuid() && !((flags & GG_REAP_ALL_USERS) && geteuid() == 0))
     return out->found = "another user's process", false;
   if (info.state == 'Z' || info.state == 'X') {
@@ -142,6 +144,8 @@ int gg_reap(const int *pids, const unsigned long long *starts, size_t n, int gra
     if (v[i].pidfd >= 0) close(v[i].pidfd);
   }
   free(v);
-  if (alive) return gg__err(GG_ETIMEDOUT, "gg_reap: %zu process%s still alive after SIGKILL", alive, alive == 1 ? "" : "es");
+  if (alive)
+    return gg__err(GG_ETIMEDOUT, "gg_reap: %zu process%s still alive after SIGKILL", alive,
+                   alive == 1 ? "" : "es");
   return 0;
 }

@@ -20,9 +20,9 @@
 #include "proc/procfs_internal.h"
 #include "proc/registry_internal.h"
 
-#define GG__REC_MAX 4096 /* a record larger than this is not one of ours */
+#define GG__REC_MAX        4096          /* a record larger than this is not one of ours */
 #define GG__INIT_PIDNS_INO 0xEFFFFFFCULL /* the initial pid namespace (PROC_PID_INIT_INO) */
-#define GG__JOBNS_MAX 8                  /* PID namespaces of its jobs a record names */
+#define GG__JOBNS_MAX      8             /* PID namespaces of its jobs a record names */
 
 static pthread_mutex_t gg__reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static char gg__session[40];
@@ -127,8 +127,8 @@ typedef struct gg__rec {
   gg_session_record_t r;
   unsigned long long pidns; /* the writer's pid namespace (0: not recorded, an older record) */
   pid_t hostpid;            /* its pid in the namespace of the /proc it read (0: not recorded) */
-  unsigned long long jobns[GG__JOBNS_MAX];  /* PID namespaces its jobs were started in (0: none) */
-  bool foreign;             /* written in another pid namespace than ours */
+  unsigned long long jobns[GG__JOBNS_MAX]; /* PID namespaces its jobs were started in (0: none) */
+  bool foreign;                            /* written in another pid namespace than ours */
 } gg__rec_t;
 
 typedef int (*gg__rec_fn)(int dfd, const char *name, const gg__rec_t *r, void *user);
@@ -248,7 +248,8 @@ int gg_registry_register(const char *devices) {
   if (gg__proc_nspid(0, &outer, &inner, NULL) != 0) outer = 0;
   char jobns[GG__JOBNS_MAX * 21 + 1];
   gg__jobns_text(jobns, sizeof jobns);
-  if (devices != gg__reg_devices) gg__strlcpy(gg__reg_devices, devices ? devices : "", sizeof gg__reg_devices);
+  if (devices != gg__reg_devices)
+    gg__strlcpy(gg__reg_devices, devices ? devices : "", sizeof gg__reg_devices);
   char dev[64], cmd[256], text[GG__REC_MAX], name[64], tmp[80];
   gg__clean(dev, devices, sizeof dev);
   gg__proc_cmdline(me, cmd, sizeof cmd);
@@ -393,8 +394,7 @@ static bool gg__parse_record(char *text, pid_t file_pid, gg__rec_t *rec) {
         p = *end ? end + 1 : end;
       }
       end = NULL;
-    }
-    else if (!strcmp(line, "session") && gg__session_ok(v))
+    } else if (!strcmp(line, "session") && gg__session_ok(v))
       gg__strlcpy(r->session, v, sizeof r->session), seen |= 8;
     else if (!strcmp(line, "role") && (!strcmp(v, "leader") || !strcmp(v, "worker")))
       gg__strlcpy(r->role, v, sizeof r->role), seen |= 16;
@@ -531,13 +531,16 @@ static void gg__made_scan(DIR *d, int dfd, unsigned long long my_ns, gg__made_t 
     if (fd < 0) continue;
     struct stat st;
     char text[GG__REC_MAX + 1];
-    ssize_t len = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() ? read(fd, text, GG__REC_MAX) : -1;
+    ssize_t len = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()
+                      ? read(fd, text, GG__REC_MAX)
+                      : -1;
     close(fd);
     if (len <= 0) continue;
     text[len] = '\0';
     const char *ns = strstr(text, "\npidns "), *jobs = strstr(text, "\njobns ");
     if (!jobs || (ns && strtoull(ns + 7, NULL, 10) != my_ns)) continue;
-    for (const char *p = jobs + 7; *p >= '0' && *p <= '9' && made->n < sizeof made->ns / sizeof made->ns[0];) {
+    for (const char *p = jobs + 7;
+         *p >= '0' && *p <= '9' && made->n < sizeof made->ns / sizeof made->ns[0];) {
       char *end;
       made->ns[made->n++] = strtoull(p, &end, 10);
       p = *end == ',' ? end + 1 : end;

@@ -48,7 +48,8 @@ static const char *gg__worker_argv(const char **args, int n) {
   if (n > 0 && strncmp(args[0], "ray::", 5) == 0) return "a Ray worker (its title ray::...)";
   for (int i = 1; i < n; i++) {
     const char *next = i + 1 < n ? args[i + 1] : "";
-    if (strcmp(args[i], "-c") == 0 && strncmp(next, "from multiprocessing.spawn import spawn_main", 44) == 0 &&
+    if (strcmp(args[i], "-c") == 0 &&
+        strncmp(next, "from multiprocessing.spawn import spawn_main", 44) == 0 &&
         strcmp(args[n - 1], "--multiprocessing-fork") == 0)
       return "a multiprocessing spawn child (spawn_main --multiprocessing-fork)";
     if (strcmp(args[i], "-c") == 0 && strncmp(next, "from multiprocessing.forkserver import main", 43) == 0)
@@ -103,7 +104,8 @@ static bool gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, 
     }
     gg__why_add(why, cap, "thread name %s, but the program is not Python: not believed", comm);
   }
-  if (kind && !python) gg__why_add(why, cap, "its command line claims a Python worker, but the program is not Python");
+  if (kind && !python)
+    gg__why_add(why, cap, "its command line claims a Python worker, but the program is not Python");
   if (gg__proc_environ_get(row->pid, "TORCHELASTIC_RUN_ID", val, sizeof val) == 0) {
     char rank[16] = "?";
     gg__proc_environ_get(row->pid, "LOCAL_RANK", rank, sizeof rank);
@@ -118,8 +120,10 @@ static bool gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, 
   if (parent_gone && python && n > 0 && st->pid != st->pgrp && st->pid != st->sid) {
     gg__sib_t s = {row->pid, st->ppid, st->pgrp, st->sid, (uid_t)row->uid, argv, len, 0};
     if (gg__proc_walk(gg__sib_visit, &s) == 0 && s.found > 0) {
-      gg__why_add(why, cap, "forked: %d other process%s of its group with its command line, left to the same "
-                  "reaper", s.found, s.found == 1 ? "" : "es");
+      gg__why_add(why, cap,
+                  "forked: %d other process%s of its group with its command line, left to the same "
+                  "reaper",
+                  s.found, s.found == 1 ? "" : "es");
       return true;
     }
   }
@@ -128,8 +132,8 @@ static bool gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, 
 
 /* Reapers a process is handed to when its parent dies, as PID 1: init systems and container inits. */
 static bool gg__is_init(const char *comm) {
-  static const char *const inits[] = {"systemd", "init",     "tini",    "dumb-init", "docker-init",
-                                      "catatonit", "s6-svscan", "runit", "runsvdir", "launchd"};
+  static const char *const inits[] = {"systemd",   "init",      "tini",  "dumb-init", "docker-init",
+                                      "catatonit", "s6-svscan", "runit", "runsvdir",  "launchd"};
   for (size_t i = 0; i < sizeof inits / sizeof inits[0]; i++)
     if (strcmp(comm, inits[i]) == 0) return true;
   return false;
@@ -225,7 +229,8 @@ gg_process_class_t gg__classify_unsessioned(gg_process_t *row) {
                   : gg__kept_on_purpose(row->pid, st.ppid, detached, sizeof detached);
   if (det || gone) {
     snprintf(row->why, sizeof row->why, "%s%s%s%s%s%s", worker, worker[0] ? "; " : "", detached,
-             det && gone ? "; " : "", parent, det ? "" : ", and no sign of a worker: left running on purpose");
+             det && gone ? "; " : "", parent,
+             det ? "" : ", and no sign of a worker: left running on purpose");
     return GG_PROCESS_DETACHED;
   }
   snprintf(row->why, sizeof row->why, "its parent %d is alive%s%s", (int)st.ppid, worker[0] ? "; " : "",

@@ -218,8 +218,8 @@ static void gg__classify(gg_process_t *row, const gg__sessions_t *s, uid_t me) {
              row->session);
   } else if (parent_gone) {
     row->cls = GG_PROCESS_ORPHAN;
-    snprintf(row->why, sizeof row->why, "session %.8s, whose leader this registry never saw; its parent is gone",
-             row->session);
+    snprintf(row->why, sizeof row->why,
+             "session %.8s, whose leader this registry never saw; its parent is gone", row->session);
   } else {
     row->cls = GG_PROCESS_GUARDED;
     snprintf(row->why, sizeof row->why, "session %.8s (leader not in this registry); its parent %d is alive",
@@ -326,7 +326,8 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
         gg__classify(row, &sessions, me);
         if (row->cls != GG_PROCESS_STRANDED && row->cls != GG_PROCESS_ORPHAN) {
           row->cls = GG_PROCESS_FD_HOLDER;
-          gg__strlcpy(row->why, "holds /dev/nvidia* descriptors but no context the driver lists", sizeof row->why);
+          gg__strlcpy(row->why, "holds /dev/nvidia* descriptors but no context the driver lists",
+                      sizeof row->why);
         }
       }
     }
@@ -431,10 +432,12 @@ static bool gg__reap_add(gg_process_t *rows, size_t cap, size_t *n, const gg_pro
 int gg_reap_list(unsigned flags, gg_process_t *rows, size_t cap, size_t *count) {
   if (!count) return gg__err(GG_EINVAL, "gg_reap_list: count is NULL");
   if (!rows && cap) return gg__err(GG_EINVAL, "gg_reap_list: rows is NULL but cap is %zu", cap);
-  if (flags & ~(unsigned)GG_REAP_ALL_USERS) return gg__err(GG_EINVAL, "gg_reap_list: unknown flags 0x%x", flags);
+  if (flags & ~(unsigned)GG_REAP_ALL_USERS)
+    return gg__err(GG_EINVAL, "gg_reap_list: unknown flags 0x%x", flags);
   bool all = flags & GG_REAP_ALL_USERS;
   if (all && geteuid() != 0)
-    return gg__err(GG_EPERM, "gg_reap_list: other users' processes only as root (euid %u)", (unsigned)geteuid());
+    return gg__err(GG_EPERM, "gg_reap_list: other users' processes only as root (euid %u)",
+                   (unsigned)geteuid());
   *count = 0;
   size_t n = 0;
   int rc = gg_orphan_list(rows, cap, &n);
