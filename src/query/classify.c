@@ -150,8 +150,10 @@ bool gg__parent_gone(const gg_process_t *row, const gg__pinfo_t *st, char *why, 
     return gg__why_add(why, cap, "its parent %d has exited", (int)st->ppid), true;
   if (parent.start > row->start_time)
     return gg__why_add(why, cap, "its parent %d started after it (the pid was reused)", (int)st->ppid), true;
-  if (st->ppid == 1 && gg__is_init(comm))
-    return gg__why_add(why, cap, "its parent is gone (reparented to init, %s)", comm), true;
+  /* PID 1 is a reaper (an init system, a container's init), unless it is a launcher that started this
+   * process itself: a Python program (torchrun as a container's PID 1), or one in whose session it runs. */
+  if (st->ppid == 1 && (gg__is_init(comm) || (!gg__is_python(1) && parent.sid != st->sid)))
+    return gg__why_add(why, cap, "its parent is gone (reparented to PID 1, %s)", comm), true;
   /* A child stays in its parent's session unless it calls setsid(), which makes it the leader: in
    * another session without leading one, it was handed to this parent (a subreaper) by a dead one. */
   if (parent.sid != st->sid && st->sid != st->pid)
