@@ -121,6 +121,42 @@ export FAKE_NVML_PROCS=""
 set +e; "$g" check > "$tmp/ok"; rc=$?; set -e
 [ $rc = 0 ] || { cat "$tmp/ok"; fail "check after reap: exit $rc"; }
 
+set +e
+GPUGUARD_NVML_LIBRARY=/nonexistent/libnvidia-ml.so.1 GPUGUARD_BACKEND=host "$g" check > /dev/null 2>&1; rc=$?
+set -e
+[ $rc = 3 ] || fail "check without NVML or a driver: exit $rc, want 3"
+echo "check: 1 with stranded processes (one line each), 0 after reap, 2 for a bad --allow, 3 without a GPU"
+
+# The registry stays true: a SIGKILLed runner's record goes with its orphan at reap; two jobs in PID
+# namespaces that both register as pid 2 keep two records, and none is left when they end.
+rm -rf "$GPUGUARD_REGISTRY_DIR"
+"$g" run --pid-ns=off -- sleep 64 2>/dev/null & runner=$!
+keep+=($runner)
+for i in $(seq 1 300); do pgrep -f "^sleep 64$" >/dev/null && break; sleep 0.02; done
+keep+=($(pgrep -f "^sleep 64$"))
+kill -9 $runner; wait $runner 2>/dev/null || true
+ls "$GPUGUARD_REGISTRY_DIR"/*.rec >/dev/null 2>&1 || fail "the runner left no record to prune"
+"$g" reap --yes --grace 300 > "$tmp/r0"
+[ -z "$(ls "$GPUGUARD_REGISTRY_DIR"/*.rec 2>/dev/null)" ] || { ls "$GPUGUARD_REGISTRY_DIR"; fail "reap left the dead leader's record"; }
+echo "registry: reap removed the SIGKILLed runner's record with its orphan"
+if "$g" run --pid-ns=on -- true 2>/dev/null; then
+  cat > "$tmp/reg.py" <<'PY'
+import ctypes, sys, time
+assert ctypes.CDLL(sys.argv[1]).gg_registry_register(b"0") == 0
+open(sys.argv[2], "w").write("ok"); time.sleep(1.5)
+PY
+  "$g" run --pid-ns=on -- python3 "$tmp/reg.py" "$lib" "$tmp/j1" 2>/dev/null & j1=$!
+  "$g" run --pid-ns=on -- python3 "$tmp/reg.py" "$lib" "$tmp/j2" 2>/dev/null & j2=$!
+  for i in $(seq 1 300); do [ -s "$tmp/j1" ] && [ -s "$tmp/j2" ] && break; sleep 0.02; done
+  n=$(ls "$GPUGUARD_REGISTRY_DIR" | grep -c '^2\.[0-9]*\.rec$' || true)
+  [ "$n" = 2 ] || { ls "$GPUGUARD_REGISTRY_DIR"; fail "two jobs registered as pid 2: $n records"; }
+  wait $j1 $j2
+  [ -z "$(ls "$GPUGUARD_REGISTRY_DIR"/*.rec 2>/dev/null)" ] || { ls "$GPUGUARD_REGISTRY_DIR"; fail "records left after the jobs ended"; }
+  echo "registry: two namespaced jobs as pid 2 kept two records; none left after they ended"
+else
+  echo "SKIP part: PID namespaces refused here"
+fi
+
 # Another user's stranded worker (root, a second uid): untouched without --all-users.
 if [ "$(id -u)" != 0 ] || ! command -v setpriv >/dev/null; then
   echo "SKIP part: another user's stranded worker (needs root and setpriv)"; exit 0
