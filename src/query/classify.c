@@ -83,24 +83,25 @@ static int gg__sib_visit(const gg__pinfo_t *info, void *user) {
   return 0;
 }
 
-/* Worker evidence: the command line of a Python worker, DataLoader's thread name, a launcher's
+/* Worker evidence: 0 none, 1 a worker, 2 a worker only a Python launcher starts (torchrun's agent). From
+ * the command line of a Python worker, DataLoader's thread name, a launcher's
  * environment, or fork siblings (several Python processes of one group with one command line, all
  * left to the same reaper: a multiprocessing pool forked by a parent that is gone). */
-static bool gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, bool parent_gone, char *why,
-                                size_t cap) {
+static int gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, bool parent_gone, char *why,
+                               size_t cap) {
   char argv[4096], comm[64], val[64];
   ssize_t len = gg__proc_argv(row->pid, argv, sizeof argv);
   const char *args[64];
   int n = len > 0 ? gg__split_argv(argv, len, args, 64) : 0;
   bool python = gg__is_python(row->pid);
   const char *kind = gg__worker_argv(args, n);
-  if (kind && python) return gg__why_add(why, cap, "%s", kind), true;
+  if (kind && python) return gg__why_add(why, cap, "%s", kind), 1;
   if (gg__proc_comm(row->pid, comm, sizeof comm) == 0 &&
       (strcmp(comm, "pt_data_worker") == 0 || strncmp(comm, "ray::", 5) == 0)) {
     if (python) {
       gg__why_add(why, cap, "%s (thread name %s)",
                   comm[0] == 'p' ? "a PyTorch DataLoader worker" : "a Ray worker", comm);
-      return true;
+      return 1;
     }
     gg__why_add(why, cap, "thread name %s, but the program is not Python: not believed", comm);
   }
@@ -110,12 +111,12 @@ static bool gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, 
     char rank[16] = "?";
     gg__proc_environ_get(row->pid, "LOCAL_RANK", rank, sizeof rank);
     gg__why_add(why, cap, "a torch.distributed rank (TORCHELASTIC_RUN_ID, LOCAL_RANK=%s)", rank);
-    return true;
+    return 2;
   }
   if (gg__proc_environ_get(row->pid, "LOCAL_RANK", val, sizeof val) == 0 &&
       gg__proc_environ_get(row->pid, "WORLD_SIZE", val + 32, 32) == 0) {
     gg__why_add(why, cap, "a distributed rank started by a launcher (LOCAL_RANK, WORLD_SIZE)");
-    return true;
+    return 1; /* mpirun's ranks too: their launcher need not be Python */
   }
   if (parent_gone && python && n > 0 && st->pid != st->pgrp && st->pid != st->sid) {
     gg__sib_t s = {row->pid, st->ppid, st->pgrp, st->sid, (uid_t)row->uid, argv, len, 0};
@@ -124,10 +125,10 @@ static bool gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, 
                   "forked: %d other process%s of its group with its command line, left to the same "
                   "reaper",
                   s.found, s.found == 1 ? "" : "es");
-      return true;
+      return 1;
     }
   }
-  return false;
+  return 0;
 }
 
 /* Reapers a process is handed to when its parent dies, as PID 1: init systems and container inits. */
@@ -150,9 +151,11 @@ bool gg__parent_gone(const gg_process_t *row, const gg__pinfo_t *st, char *why, 
     return gg__why_add(why, cap, "its parent %d has exited", (int)st->ppid), true;
   if (parent.start > row->start_time)
     return gg__why_add(why, cap, "its parent %d started after it (the pid was reused)", (int)st->ppid), true;
-  /* PID 1 is a reaper (an init system, a container's init), unless it is a launcher that started this
-   * process itself: a Python program (torchrun as a container's PID 1), or one in whose session it runs. */
-  if (st->ppid == 1 && (gg__is_init(comm) || (!gg__is_python(1) && parent.sid != st->sid)))
+  /* PID 1 is a reaper (an init system, a container's init), unless it started this process itself: it
+   * runs in PID 1's session, or PID 1 is a Python launcher (torchrun as a container's PID 1) and the
+   * process leads its own session as launchers start ranks. */
+  if (st->ppid == 1 &&
+      (gg__is_init(comm) || (parent.sid != st->sid && (!gg__is_python(1) || st->sid != st->pid))))
     return gg__why_add(why, cap, "its parent is gone (reparented to PID 1, %s)", comm), true;
   /* A child stays in its parent's session unless it calls setsid(), which makes it the leader: in
    * another session without leading one, it was handed to this parent (a subreaper) by a dead one. */
@@ -220,7 +223,16 @@ gg_process_class_t gg__classify_unsessioned(gg_process_t *row) {
   }
   char parent[96] = "", worker[192] = "", detached[160] = "";
   bool gone = gg__parent_gone(row, &st, parent, sizeof parent);
-  bool is_worker = gg__worker_evidence(row, &st, gone, worker, sizeof worker);
+  int is_worker = gg__worker_evidence(row, &st, gone, worker, sizeof worker);
+  /* torchrun's agent is Python: a rank under any other program was handed to it (a subreaper, also
+   * when the rank leads its own session, which the session rule cannot see through). */
+  if (!gone && is_worker == 2 && !gg__is_python(st.ppid)) {
+    char comm[64] = "?";
+    gg__proc_comm(st.ppid, comm, sizeof comm);
+    snprintf(parent, sizeof parent, "its launcher is gone (now under %d, %s, not Python)", (int)st.ppid,
+             comm);
+    gone = true;
+  }
   row->why[0] = '\0';
   if (gone && is_worker) {
     snprintf(row->why, sizeof row->why, "%s; %s", worker, parent);
