@@ -127,6 +127,53 @@ set -e
 [ $rc = 3 ] || fail "check without NVML or a driver: exit $rc, want 3"
 echo "check: 1 with stranded processes (one line each), 0 after reap, 2 for a bad --allow, 3 without a GPU"
 
+# A pid reused between the listing and the answer at the terminal's prompt is never signalled (root:
+# ns_last_pid gives the next fork the listed pid).
+if [ -w /proc/sys/kernel/ns_last_pid ]; then
+  python3 - "$g" <<'PY' || fail "pid reuse at the prompt"
+import os, pty, select, signal, subprocess, sys, time
+g = sys.argv[1]
+victim = subprocess.Popen(["sleep", "60"])
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(g, [g, "reap", "--pid", str(victim.pid)])
+out = b""
+while b"[y/N]" not in out:
+    r, _, _ = select.select([fd], [], [], 10)
+    assert r, out
+    out += os.read(fd, 4096)
+victim.kill(); victim.wait()
+time.sleep(0.05)  # a new start time: at least a clock tick later
+for attempt in range(50):
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(victim.pid - 1))
+    new = subprocess.Popen(["sleep", "60"])
+    if new.pid == victim.pid:
+        break
+    new.kill(); new.wait()
+else:
+    print("SKIP part: could not reuse the pid"); os.write(fd, b"n\n"); os.waitpid(pid, 0); sys.exit(0)
+os.write(fd, b"y\n")
+while True:
+    try:
+        chunk = os.read(fd, 4096)
+    except OSError:
+        break
+    if not chunk:
+        break
+    out += chunk
+os.waitpid(pid, 0)
+text = out.decode(errors="replace")
+alive = new.poll() is None
+new.kill(); new.wait()
+assert alive, text
+assert f"skipped {victim.pid}: its pid now names another process" in text, text
+print(f"reap at a terminal: pid {victim.pid} reused before the answer: skipped, the new process untouched")
+PY
+else
+  echo "SKIP part: pid reuse at the prompt (needs root for ns_last_pid)"
+fi
+
 # The registry stays true: a SIGKILLed runner's record goes with its orphan at reap; two jobs in PID
 # namespaces that both register as pid 2 keep two records, and none is left when they end.
 rm -rf "$GPUGUARD_REGISTRY_DIR"
