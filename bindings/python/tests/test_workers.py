@@ -10,7 +10,10 @@ import time
 
 import pytest
 
-PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import gpuguard
+
+# Where the gpuguard under test lives (the source tree, or the installed wheel): the children import it.
+PKG = os.path.dirname(os.path.dirname(os.path.abspath(gpuguard.__file__)))
 
 TRAINER = textwrap.dedent("""
     import multiprocessing as mp, sys, time
