@@ -2,7 +2,8 @@
  * session is joined only while its leader lives and is our ancestor; records written in another pid
  * namespace are judged there or counted alive; record names and pids beyond an int are refused; a
  * trailing slash does not get a symlinked directory through; warnings about bad entries are capped.
- * */
+ */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -237,10 +238,17 @@ static void test_real_namespace(void **state) {
   assert_false(
       rows[0].stale); /* pid 1 here is init, long started: judged by pid, it looked stale */
   /* A second record of the same namespace naming a pid nobody has there: visible namespace, dead.
-   * */
-  char path[160], text[1024];
-  snprintf(path, sizeof path, "%s/1.rec", dir);
+   */
+  /* Records outside the initial namespace are named PID.NAMESPACE.rec. */
+  char path[160], text[1024], ns[32] = "";
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));)
+    if (strncmp(e->d_name, "1.", 2) == 0) sscanf(e->d_name, "1.%31[0-9].rec", ns);
+  if (d) closedir(d);
+  assert_true(ns[0] != '\0');
+  snprintf(path, sizeof path, "%s/1.%s.rec", dir, ns);
   FILE *f = fopen(path, "r");
+  assert_non_null(f);
   size_t len = fread(text, 1, sizeof text - 1, f);
   fclose(f);
   text[len] = '\0';
@@ -249,7 +257,7 @@ static void test_real_namespace(void **state) {
   assert_non_null(h);
   p[4] = '7';
   strcpy(h, "hostpid 0\n");
-  snprintf(path, sizeof path, "%s/7.rec", dir);
+  snprintf(path, sizeof path, "%s/7.%s.rec", dir, ns);
   int fd = open(path, O_WRONLY | O_CREAT, 0600);
   assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
   close(fd);

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -306,35 +307,65 @@ int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *e
   return 0;
 }
 
-static int print_processes(FILE *f, bool all_users, bool *no_gpu, int only, int color) {
+/* Whether `gpuguard reap` (as this user; with --all-users as root) ends what this row is. */
+static bool reapable(const gg_process_t *p) {
+  return p->cls == GG_PROCESS_STRANDED || p->cls == GG_PROCESS_ORPHAN;
+}
+
+static const char *class_label(const gg_process_t *p) {
+  if (p->cls == GG_PROCESS_ORPHAN) return "ORPHAN";
+  if (p->cls == GG_PROCESS_STRANDED) return "STRANDED";
+  return gg_process_class_name(p->cls);
+}
+
+static int print_processes(FILE *f, bool all_users, bool why, bool *no_gpu, int only, int color) {
   gg_process_t *rows;
   size_t n;
   if (cli_gather_processes(&rows, &n, no_gpu, stderr) != 0) return free(rows), 1;
   bool tty = cli_color_on(color, fileno(f));
+  unsigned me = (unsigned)getuid();
   fprintf(f, "%-3s %8s %8s %-10s %12s %-5s %-10s %s\n", "GPU", "PID", "PPID", "USER", "GPU-MEMORY", "STATE",
           "CLASS", "COMMAND");
-  unsigned shown = 0, orphans = 0, hidden = 0;
+  unsigned shown = 0, stranded = 0, orphans = 0, theirs = 0, detached = 0, hidden = 0;
   for (size_t i = 0; i < n; i++) {
     const gg_process_t *p = &rows[i];
     if (only >= 0 && p->device != only) continue;
-    if (!all_users && p->cls == GG_PROCESS_FOREIGN) {
+    if (!all_users && p->uid != me && p->state != '?') {
       hidden++;
       continue;
     }
-    char mem[32] = "?", user[sizeof p->user * 4], cmd[sizeof p->command * 4];
+    char mem[32] = "?", user[sizeof p->user * 4], cmd[sizeof p->command * 4], text[sizeof p->why * 4];
     if (p->used_bytes >= 0) human((double)p->used_bytes, mem, sizeof mem);
     cli_safe_text(p->user, user, sizeof user); /* another user's command line is not ours to print raw */
     cli_safe_text(p->command, cmd, sizeof cmd);
-    bool orphan = p->cls == GG_PROCESS_ORPHAN;
-    orphans += orphan;
-    fprintf(f, "%s%-3d %8d %8d %-10.10s %12s %-5c %-10s %s%s\n", orphan && tty ? "\033[1;31m" : "", p->device,
-            p->pid, p->ppid, user, mem, p->state >= 0x21 && p->state < 0x7f ? p->state : '?',
-            orphan ? "ORPHAN" : gg_process_class_name(p->cls), cmd, orphan && tty ? "\033[0m" : "");
+    bool red = reapable(p);
+    if (red && p->uid != me)
+      theirs++;
+    else if (red)
+      stranded += p->cls == GG_PROCESS_STRANDED, orphans += p->cls == GG_PROCESS_ORPHAN;
+    detached += p->cls == GG_PROCESS_DETACHED;
+    fprintf(f, "%s%-3d %8d %8d %-10.10s %12s %-5c %-10s %s%s\n", red && tty ? "\033[1;31m" : "", p->device,
+            p->pid, p->ppid, user, mem, p->state >= 0x21 && p->state < 0x7f ? p->state : '?', class_label(p),
+            cmd, red && tty ? "\033[0m" : "");
+    if (why) {
+      cli_safe_text(p->why[0] ? p->why : "no evidence either way", text, sizeof text);
+      fprintf(f, "    why: %s\n", text);
+    }
     shown++;
   }
   free(rows);
+  /* The footer names the command that ends what it counts, and counts only what that command ends. */
   fprintf(f, "%u process%s", shown, shown == 1 ? "" : "es");
-  if (orphans) fprintf(f, ", %u ORPHAN%s (end them with: gpuguard reap)", orphans, orphans == 1 ? "" : "S");
+  if (stranded || orphans) {
+    fputs(", ", f);
+    if (stranded) fprintf(f, "%u STRANDED%s", stranded, orphans ? ", " : "");
+    if (orphans) fprintf(f, "%u ORPHAN%s", orphans, orphans == 1 ? "" : "S");
+    fputs(" (end them with: gpuguard reap)", f);
+  }
+  if (theirs)
+    fprintf(f, ", %u of other users stranded or orphaned (%s)", theirs,
+            geteuid() == 0 ? "end them with: gpuguard reap --all-users" : "only root can end them");
+  if (detached) fprintf(f, ", %u detached (left alone: end one with gpuguard reap --pid PID)", detached);
   if (hidden) fprintf(f, ", %u of other users hidden (--all-users shows them)", hidden);
   fputc('\n', f);
   return 0;
@@ -347,9 +378,10 @@ static const char no_gpu_text[] =
 static int cmd_ps(int argc, char **argv) {
   static const struct option longs[] = {
       {"json", no_argument, 0, 'j'},     {"all-users", no_argument, 0, 'a'},
-      {"id", required_argument, 0, 'i'}, {"color", required_argument, 0, 'C'},
-      {"help", no_argument, 0, 'h'},     {0, 0, 0, 0}};
-  bool json = false, all = false;
+      {"why", no_argument, 0, 'w'},      {"id", required_argument, 0, 'i'},
+      {"color", required_argument, 0, 'C'}, {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  bool json = false, all = false, why = false;
   int o, only = -1, color = 2;
   while ((o = next_opt(argc, argv, longs)) != -1) {
     if (o == 'h') return usage(stdout, current), 0;
@@ -361,6 +393,8 @@ static int cmd_ps(int argc, char **argv) {
       json = true;
     else if (o == 'a')
       all = true;
+    else if (o == 'w')
+      why = true;
     else
       return cli_opt_error(o, argv);
   }
@@ -382,7 +416,7 @@ static int cmd_ps(int argc, char **argv) {
           gg_report(stdout, GG_FORMAT_JSON, GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF) < 0;
     if (rc) fprintf(stderr, "gpuguard ps: %s\n", gg_last_error());
   } else {
-    rc = print_processes(stdout, all, &no_gpu, only, color);
+    rc = print_processes(stdout, all, why, &no_gpu, only, color);
   }
   if (no_gpu) fputs(no_gpu_text, stderr);
   return no_gpu ? EXIT_NO_GPU : rc ? 1 : 0;
@@ -773,6 +807,9 @@ static int cmd_run(int argc, char **argv) {
   fix_job_entry(receipt, &o, &r);
   if (env.have_dev && !free_after((int)o.device, env.dev.free_bytes, 3000, &env.free_after, &env.waited_ms))
     env.have_dev = false;
+  /* Before our own record goes: it names the job's PID namespace, which proves that namespace's
+   * records stale now that the job is over (and those of runners SIGKILLed go too). */
+  gg_registry_prune(NULL);
   gg_registry_unregister();
   run_summary(&o, &r, receipt, &env);
   if (trc != 0) fprintf(stderr, "gpuguard run: teardown: %s\n", gg_last_error());
@@ -783,68 +820,307 @@ static int cmd_run(int argc, char **argv) {
 
 /* ---- reap --------------------------------------------------------------------------------------------- */
 
+/* A --pid value: decimal, 2 .. the kernel's pid_max. Anything else is a usage error naming it. */
+static bool parse_pid(const char *text, int *out, char *why, size_t cap) {
+  long max = 4194304; /* PID_MAX_LIMIT, when pid_max cannot be read */
+  FILE *f = fopen("/proc/sys/kernel/pid_max", "r");
+  if (f) {
+    if (fscanf(f, "%ld", &max) != 1) max = 4194304;
+    fclose(f);
+  }
+  char safe[64];
+  cli_safe_text(text, safe, sizeof safe);
+  const char *p = text;
+  bool neg = *p == '-';
+  p += neg;
+  bool digits = *p != '\0';
+  for (const char *q = p; *q; q++) digits = digits && *q >= '0' && *q <= '9';
+  if (!digits) return snprintf(why, cap, "--pid '%s': not a process id (a decimal number)", safe), false;
+  errno = 0;
+  long long v = strtoll(text, NULL, 10);
+  if (neg || v < 0)
+    return snprintf(why, cap, "--pid '%s': negative (a negative pid names a process group)", safe), false;
+  if (v == 0) return snprintf(why, cap, "--pid 0: names the caller's process group, not a process"), false;
+  if (errno || v > max)
+    return snprintf(why, cap, "--pid '%s': out of range (pids go up to %ld here)", safe, max), false;
+  *out = (int)v;
+  return true;
+}
+
+/* Why a named process is not ours to end, or NULL. */
+static const char *refuse_named(const gg_process_t *row, bool all_users) {
+  if (row->pid == 1) return "pid 1 (init) is never ended";
+  if (row->pid == (int)getpid()) return "that is this gpuguard process";
+  gg_process_t up;
+  for (int p = (int)getppid(), depth = 0; p > 1 && depth < 128; depth++) {
+    if (p == row->pid) return "an ancestor of this gpuguard process (ending it would end its own shell)";
+    if (gg_process_describe(p, &up) != 0) break;
+    p = up.ppid;
+  }
+  if (row->command[0] == '[' && (row->ppid == 2 || row->pid == 2)) return "a kernel thread";
+  if (row->uid != (unsigned)getuid() && !(all_users && geteuid() == 0))
+    return geteuid() == 0 ? "another user's process (add --all-users to end it)"
+                          : "another user's process (only root may end it, with --all-users)";
+  return NULL;
+}
+
+static void print_candidate(const gg_process_t *p) {
+  char mem[32] = "-", user[sizeof p->user * 4], cmd[sizeof p->command * 4], why[sizeof p->why * 4];
+  if (p->used_bytes >= 0) human((double)p->used_bytes, mem, sizeof mem);
+  cli_safe_text(p->user, user, sizeof user); /* escape sequences in argv must not reach the terminal */
+  cli_safe_text(p->command, cmd, sizeof cmd);
+  cli_safe_text(p->why[0] ? p->why : "no evidence either way", why, sizeof why);
+  printf("%s %d (user %s, GPU memory %s, start %llu): %s\n    why: %s\n", gg_process_class_name(p->cls),
+         p->pid, user, mem, p->start_time, cmd, why);
+}
+
+typedef struct reap_opts {
+  bool dry, yes, all;
+  long grace;
+  int *pids;
+  size_t npids;
+} reap_opts_t;
+
+/* reap's arguments, in any order; every value after --pid up to the next option is a pid. */
+static int reap_parse(int argc, char **argv, reap_opts_t *o) {
+  bool in_pids = false;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    char why[160];
+    bool number = a[0] != '-' || (a[1] >= '0' && a[1] <= '9'); /* "-5" is a (bad) pid, not an option */
+    if (in_pids && number) {
+      int pid;
+      if (!parse_pid(a, &pid, why, sizeof why)) return bad_usage("%s", why);
+      o->pids[o->npids++] = pid;
+      continue;
+    }
+    in_pids = false;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout, current), 0;
+    if (!strcmp(a, "-n") || !strcmp(a, "--dry-run")) {
+      o->dry = true;
+    } else if (!strcmp(a, "-y") || !strcmp(a, "--yes")) {
+      o->yes = true;
+    } else if (!strcmp(a, "--all-users")) {
+      o->all = true;
+    } else if (!strcmp(a, "--pid") || !strncmp(a, "--pid=", 6)) {
+      const char *v = a[5] == '=' ? a + 6 : i + 1 < argc ? argv[++i] : NULL;
+      if (!v) return bad_usage("%s", "--pid needs a value");
+      int pid;
+      if (!parse_pid(v, &pid, why, sizeof why)) return bad_usage("%s", why);
+      o->pids[o->npids++] = pid;
+      in_pids = true;
+    } else if (!strcmp(a, "--grace") || !strncmp(a, "--grace=", 8)) {
+      const char *v = a[7] == '=' ? a + 8 : i + 1 < argc ? argv[++i] : NULL;
+      if (!v) return bad_usage("%s", "--grace needs a value");
+      if (!parse_grace(v, &o->grace)) return EXIT_USAGE;
+    } else if (a[0] == '-') {
+      return bad_usage("unknown option '%s'", a);
+    } else {
+      return bad_usage("unexpected argument '%s' (pids go after --pid)", a);
+    }
+  }
+  if (o->dry && o->yes) return bad_usage("%s", "--dry-run and --yes are exclusive");
+  if (o->all && geteuid() != 0)
+    return bad_usage("%s", "--all-users: only root may end other users' processes");
+  return -1;
+}
+
 static int cmd_reap(int argc, char **argv) {
-  static const struct option longs[] = {{"dry-run", no_argument, 0, 'n'},
-                                        {"yes", no_argument, 0, 'y'},
-                                        {"grace", required_argument, 0, 'g'},
+  reap_opts_t o = {.grace = 2000};
+  o.pids = calloc((size_t)argc, sizeof *o.pids);
+  if (!o.pids) return fprintf(stderr, "gpuguard reap: out of memory\n"), 1;
+  int rc = reap_parse(argc, argv, &o);
+  if (rc >= 0) return free(o.pids), rc;
+
+  gg_process_t *rows = NULL;
+  size_t n = 0;
+  bool refused = false;
+  if (o.npids) { /* named: any class, with the same checks */
+    rows = calloc(o.npids, sizeof *rows);
+    for (size_t i = 0; rows && i < o.npids; i++) {
+      gg_process_t row;
+      const char *no = NULL;
+      bool dup = false;
+      for (size_t j = 0; j < n; j++) dup = dup || rows[j].pid == o.pids[i];
+      if (dup) continue;
+      if (o.pids[i] == 1)
+        no = "pid 1 (init) is never ended";
+      else if (gg_process_describe(o.pids[i], &row) != 0)
+        no = "no such process";
+      else
+        no = refuse_named(&row, o.all);
+      if (no) {
+        printf("refused %d: %s; nothing was sent to it\n", o.pids[i], no);
+        refused = true;
+        continue;
+      }
+      rows[n++] = row;
+    }
+  } else {
+    size_t count = 0, cap = 64;
+    for (int attempt = 0; attempt < 4; attempt++) {
+      gg_process_t *grown = realloc(rows, cap * sizeof *rows);
+      if (!grown) break;
+      rows = grown;
+      if (gg_reap_list(o.all ? GG_REAP_ALL_USERS : 0, rows, cap, &count) != 0) {
+        fprintf(stderr, "gpuguard reap: %s\n", gg_last_error());
+        return free(rows), free(o.pids), 1;
+      }
+      if (count <= cap) break;
+      cap = count + 16;
+    }
+    n = count < cap ? count : cap;
+  }
+  free(o.pids);
+  if (!rows) return fprintf(stderr, "gpuguard reap: out of memory\n"), 1;
+  if (n == 0) {
+    free(rows);
+    if (refused) return 1;
+    gg_registry_prune(NULL); /* records of dead sessions with nothing left are not sessions any more */
+    return puts("gpuguard reap: no stranded workers and no orphans of dead sessions"), 0;
+  }
+  for (size_t i = 0; i < n; i++) print_candidate(&rows[i]);
+  const char *what = n == 1 ? "process" : "processes";
+  if (o.dry) return printf("%zu %s; --dry-run: nothing was done\n", n, what), free(rows), refused;
+  if (!o.yes) {
+    if (!isatty(STDIN_FILENO))
+      return printf("%zu %s; run with --yes to end them\n", n, what), free(rows), refused;
+    printf("end %s? [y/N] ", n == 1 ? "it" : "them");
+    fflush(stdout);
+    int c = getchar();
+    if (c != 'y' && c != 'Y') return puts("nothing was done"), free(rows), refused;
+  }
+  int *pids = calloc(n, sizeof *pids);
+  unsigned long long *starts = calloc(n, sizeof *starts);
+  gg_proc_outcome_t *out = calloc(n, sizeof *out);
+  if (!pids || !starts || !out) return fprintf(stderr, "gpuguard reap: out of memory\n"), 1;
+  for (size_t i = 0; i < n; i++) pids[i] = rows[i].pid, starts[i] = rows[i].start_time;
+  rc = gg_reap(pids, starts, n, (int)o.grace, o.all ? GG_REAP_ALL_USERS : 0, out);
+  size_t ended = 0, skipped = 0, alive = 0;
+  for (size_t i = 0; i < n; i++) {
+    const gg_proc_outcome_t *p = &out[i];
+    if (p->end == GG_PROC_SKIPPED || (p->end == GG_PROC_ENDED && !p->sent)) {
+      printf("skipped %d: %s; nothing was sent to it\n", (int)p->pid, p->found);
+      skipped++;
+      continue;
+    }
+    bool up = p->end == GG_PROC_ALIVE;
+    alive += up, ended += !up;
+    printf("%d: sent%s%s%s -> %s", (int)p->pid, p->sent & GG_PROC_SENT_TERM ? " TERM" : "",
+           p->sent & GG_PROC_SENT_CONT ? " CONT" : "", p->sent & GG_PROC_SENT_KILL ? " KILL" : "",
+           up ? "STILL ALIVE" : "ended");
+    if (up) printf(" (state %c)", p->state >= 0x21 && p->state < 0x7f ? p->state : '?');
+    putchar('\n');
+  }
+  size_t pruned = 0;
+  gg_registry_prune(&pruned); /* a dead leader's record goes once nothing of its session is left */
+  printf("%zu ended, %zu skipped, %zu could not be ended", ended, skipped, alive);
+  if (pruned) printf("; %zu stale registry record%s removed", pruned, pruned == 1 ? "" : "s");
+  putchar('\n');
+  free(pids), free(starts), free(out), free(rows);
+  return rc == 0 && !refused ? 0 : 1;
+}
+
+/* ---- check -------------------------------------------------------------------------------------------- */
+
+/* BYTES with an optional K/M/G/T suffix (powers of 1024). */
+static bool parse_bytes(const char *text, long long *out) {
+  char *end = NULL;
+  errno = 0;
+  if (!(*text >= '0' && *text <= '9')) return false;
+  unsigned long long v = strtoull(text, &end, 10);
+  int shift = 0;
+  const char *units = "KMGT", *u = *end ? strchr(units, *end & ~0x20) : NULL;
+  if (u && end[1] == '\0') shift = 10 * (int)(u - units + 1), end++;
+  if (errno || *end || v > (unsigned long long)INT64_MAX >> shift) return false;
+  *out = (long long)(v << shift);
+  return true;
+}
+
+static int cmd_check(int argc, char **argv) {
+  static const struct option longs[] = {{"json", no_argument, 0, 'j'},
+                                        {"allow", required_argument, 0, 'a'},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
-  bool dry = false, yes = false;
-  long grace = 2000;
+  bool json = false;
+  long long allow = 1LL << 30;
   int o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
     if (o == 'h') return usage(stdout, current), 0;
-    if (o == 'n')
-      dry = true;
-    else if (o == 'y')
-      yes = true;
-    else if (o == 'g') {
-      if (!parse_grace(optarg, &grace)) return EXIT_USAGE;
+    if (o == 'j')
+      json = true;
+    else if (o == 'a') {
+      if (!parse_bytes(optarg, &allow))
+        return bad_usage("--allow '%s': bytes expected (e.g. 0, 512M, 2G)", optarg);
     } else
       return cli_opt_error(o, argv);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-  if (dry && yes) return bad_usage("%s", "--dry-run and --yes are exclusive");
-
-  gg_process_t rows[256];
-  size_t n = 0;
-  if (gg_orphan_list(rows, 256, &n) != 0) return fprintf(stderr, "gpuguard reap: %s\n", gg_last_error()), 1;
-  if (n > 256) n = 256;
-  if (n == 0) return puts("gpuguard reap: no orphans of dead sessions"), 0;
-  for (size_t i = 0; i < n; i++) {
-    char mem[32] = "-";
-    if (rows[i].used_bytes >= 0) human((double)rows[i].used_bytes, mem, sizeof mem);
-    printf("orphan %d (session %.8s, start %llu, GPU memory %s): %s\n", rows[i].pid,
-           rows[i].session[0] ? rows[i].session : "none", rows[i].start_time, mem, rows[i].command);
+  gg_process_t *rows;
+  size_t n;
+  bool no_gpu = false;
+  if (cli_gather_processes(&rows, &n, &no_gpu, stderr) != 0) {
+    free(rows);
+    if (!no_gpu) return 1;
+    fprintf(stderr,
+            "gpuguard check: no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads)\n");
+    if (json) puts("{\"ok\":false,\"no_gpu\":true,\"problems\":[]}");
+    return EXIT_NO_GPU;
   }
-  if (dry) return printf("%zu orphan%s; --dry-run: nothing was done\n", n, n == 1 ? "" : "s"), 0;
-  if (!yes) {
-    if (!isatty(STDIN_FILENO))
-      return printf("%zu orphan%s; run with --yes to end them\n", n, n == 1 ? "" : "s"), 0;
-    printf("end %s? [y/N] ", n == 1 ? "it" : "them");
-    fflush(stdout);
-    int c = getchar();
-    if (c != 'y' && c != 'Y') return puts("nothing was done"), 0;
-  }
-  /* Each pid is taken only if it is still the process listed (start time), and ours. */
-  size_t taken = 0;
+  int ndev = 0;
+  if (gg_device_count(&ndev) != 0) ndev = 0;
+  FILE *f = stdout;
+  unsigned problems = 0;
+  if (json) fprintf(f, "{\"allow_bytes\":%lld,\"problems\":[", allow);
   for (size_t i = 0; i < n; i++) {
-    if (gg_proc_adopt_ex(NULL, rows[i].pid, rows[i].start_time) == 0)
-      taken++;
+    const gg_process_t *p = &rows[i];
+    if (!reapable(p)) continue;
+    char mem[32] = "? bytes", cmd[sizeof p->command * 4], why[sizeof p->why * 4], user[sizeof p->user * 4];
+    if (json) {
+      fprintf(f, "%s{\"kind\":\"%s\",\"device\":%d,\"pid\":%d,\"uid\":%u,\"start_time\":%llu,\"used_bytes\":",
+              problems ? "," : "", gg_process_class_name(p->cls), p->device, p->pid, p->uid, p->start_time);
+      if (p->used_bytes < 0)
+        fputs("null", f);
+      else
+        fprintf(f, "%lld", p->used_bytes);
+      fputs(",\"command\":", f), gg_json_write_string(f, p->command);
+      fputs(",\"why\":", f), gg_json_write_string(f, p->why);
+      fputc('}', f);
+    } else {
+      if (p->used_bytes >= 0) human((double)p->used_bytes, mem, sizeof mem);
+      cli_safe_text(p->command, cmd, sizeof cmd);
+      cli_safe_text(p->why, why, sizeof why);
+      cli_safe_text(p->user, user, sizeof user);
+      fprintf(f, "GPU %d: %s process %d (user %s) holds %s: %s (%s)\n", p->device,
+              gg_process_class_name(p->cls), p->pid, user, mem, cmd, why);
+    }
+    problems++;
+  }
+  /* Memory the driver counts as used that no listed process holds: a dead process the driver has not
+   * cleaned up, another container's, or the driver's own reserve (which --allow is for). */
+  for (int d = 0; d < ndev; d++) {
+    gg_device_info_t info;
+    if (gg_device_info(d, &info) != 0) continue;
+    long long listed = 0;
+    for (size_t i = 0; i < n; i++)
+      if (rows[i].device == d && rows[i].used_bytes > 0) listed += rows[i].used_bytes;
+    long long loose = (long long)info.used_bytes - listed;
+    if (loose <= allow) continue;
+    char a[32], b[32];
+    if (json)
+      fprintf(f, "%s{\"kind\":\"unaccounted\",\"device\":%d,\"used_bytes\":%lld,\"listed_bytes\":%lld}",
+              problems ? "," : "", d, (long long)info.used_bytes, listed);
     else
-      printf("skipped %d: %s\n", rows[i].pid, gg_last_error());
+      fprintf(f, "GPU %d: %s in use that no listed process holds (allowed: %s)\n", d,
+              human((double)loose, a, sizeof a), human((double)allow, b, sizeof b));
+    problems++;
   }
-  gg_proc_receipt_t *receipt = NULL;
-  int rc = gg_proc_teardown_ex(NULL, (int)grace, &receipt);
-  for (size_t i = 0; receipt && i < receipt->count; i++) {
-    const gg_proc_outcome_t *p = &receipt->procs[i];
-    printf("%d: sent%s%s -> %s\n", (int)p->pid, p->sent & GG_PROC_SENT_TERM ? " TERM" : "",
-           p->sent & GG_PROC_SENT_KILL ? " KILL" : "", p->end == GG_PROC_ALIVE ? "STILL ALIVE" : "ended");
-  }
-  printf("%zu orphan%s ended, %zu could not be\n", receipt ? receipt->count - receipt->n_alive : 0,
-         taken == 1 ? "" : "s", receipt ? receipt->n_alive : 0);
-  gg_proc_receipt_free(receipt);
-  return rc == 0 ? 0 : 1;
+  free(rows);
+  if (json)
+    fprintf(f, "],\"ok\":%s}\n", problems ? "false" : "true");
+  else if (!problems)
+    fputs("ok: no stranded or orphaned processes, nothing held beyond the allowance\n", f);
+  return problems ? 1 : 0;
 }
 
 /* ---- plot -------------------------------------------------------------------------------------------- */
@@ -893,16 +1169,20 @@ static int cmd_plot(int argc, char **argv) {
 /* ---- dispatch ----------------------------------------------------------------------------------------- */
 
 static const command_t commands[] = {
-    {"ps", "[--json] [--all-users] [-i N] [--color=WHEN]",
-     "Lists the processes holding GPU memory; orphans stand out.", cmd_ps,
-     "  --json        devices and processes as JSON\n"
+    {"ps", "[--json] [--all-users] [--why] [-i N] [--color=WHEN]",
+     "Lists the processes holding GPU memory; stranded ones stand out.", cmd_ps,
+     "  --json        devices and processes as JSON (each with its class and \"why\")\n"
      "  --all-users   include processes of other users (hidden by default)\n"
+     "  --why         the evidence for each class, on a line under its row\n"
      "  -i, --id N    only device N\n"
      "  --color=WHEN  auto (on a terminal, unless NO_COLOR is set), always or never\n"
      "  -h, --help    this help\n"
-     "Classes: guarded (in a live gpuguard session), orphan (its session leader or parent is gone),\n"
-     "fd-holder (holds /dev/nvidia* but no context), foreign (another user), unknown. gpuguard itself\n"
-     "is never listed. Control characters in commands are shown as \\xHH.\n"
+     "Classes: guarded (in a live gpuguard session), orphan (its session's leader died), stranded (a\n"
+     "worker no session knows whose parent is gone: multiprocessing, DataLoader, torch.distributed,\n"
+     "joblib, Ray), detached (a program left running on purpose: nohup, setsid, tmux, a service, a\n"
+     "container's init; never reaped unless named), fd-holder (holds /dev/nvidia* but no context),\n"
+     "foreign (another user), unknown. gpuguard itself is never listed. Control characters in commands\n"
+     "are shown as \\xHH. The last line names the command that ends what it counts.\n"
      "Exit status (the same with --json): 0 listed (also when nothing holds a GPU), 1 the list could not\n"
      "be read, 2 usage error, 3 no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads).\n"},
     {"run", "[--grace MS] [--receipt PATH] [--device N] [--pid-ns[=auto|on|off]] [--torch] -- CMD ARGS...",
@@ -924,15 +1204,30 @@ static const command_t commands[] = {
      "GPUGUARD_SESSION), forwards to CMD every signal that would otherwise end the runner (SIGINT,\n"
      "SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM, SIGPIPE, SIGXCPU, ...), and exits with CMD's status\n"
      "(128+N when CMD was ended by signal N); the runner's own signal is in the receipt.\n"},
-    {"reap", "[-n|--dry-run] [-y|--yes] [--grace TIME]",
-     "Ends your orphans of dead gpuguard sessions (their leader's registry record is stale).", cmd_reap,
+    {"reap", "[-n|--dry-run] [-y|--yes] [--grace TIME] [--all-users] [--pid PID...]",
+     "Ends your stranded workers and the orphans of dead gpuguard sessions.", cmd_reap,
      "  -n, --dry-run  list them, do nothing\n"
      "  -y, --yes      end them without asking (otherwise asks on a terminal, lists elsewhere)\n"
      "  --grace TIME   time between SIGTERM and SIGKILL: 500ms, 2s (a bare number is milliseconds;\n"
      "                 default 2s, at most 600s)\n"
+     "  --all-users    as root: other users' stranded workers too\n"
+     "  --pid PID...   end these processes instead, whatever their class (the only way to end a\n"
+     "                 detached one); pid 1, this process and its ancestors, kernel threads and other\n"
+     "                 users' processes (without --all-users as root) are refused\n"
      "  -h, --help     this help\n"
-     "Only your own processes, only with that proof; each is verified by its start time before it is\n"
-     "signalled.\n"},
+     "Each process is checked by its start time and held by pidfd right before the first signal, so a\n"
+     "pid reused since the listing is never signalled; one line per process says what was sent.\n"
+     "Stale registry records with nothing of their session left are removed. Exit status: 0 done (or\n"
+     "nothing to do), 1 something was refused or survived SIGKILL, 2 usage error.\n"},
+    {"check", "[--json] [--allow BYTES]",
+     "Exits 0 when the GPUs hold nothing beyond the allowance, 1 when something is held.", cmd_check,
+     "  --json         the problems as JSON\n"
+     "  --allow BYTES  memory no listed process holds that is tolerated per GPU (K/M/G suffixes;\n"
+     "                 default 1G: NVML counts the driver's reserve as used)\n"
+     "  -h, --help     this help\n"
+     "One line per problem on stdout: a stranded or orphaned process and the memory it holds, memory\n"
+     "no listed process holds. Exit status: 0 ok, 1 something is held, 2 usage error, 3 no NVIDIA GPU.\n"
+     "For Slurm prologs and epilogs, Kubernetes probes and CI steps (docs/deploy.md).\n"},
     {"info", "[--json|--prom] [-i N]", "Shows the devices and their memory.", cmd_info,
      "  --json        as JSON\n"
      "  --prom        as Prometheus text exposition (format 0.0.4): the GPUs NVML sees, labelled as\n"

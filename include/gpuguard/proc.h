@@ -242,6 +242,22 @@ GG_API int gg_proc_teardown(gg_guard_t *guard, int grace_ms);
  *  @return as gg_proc_teardown(), or GG_ENOMEM. Thread-safe. */
 GG_API int gg_proc_teardown_ex(gg_guard_t *guard, int grace_ms, gg_proc_receipt_t **receipt);
 
+/** Ends the processes named by pid and start time, as `gpuguard reap` does: each is checked right
+ *  before it is signalled (still the process that started at that time, not a kernel thread, not pid 1
+ *  or this process or an ancestor of it, ours unless @p flags has GG_REAP_ALL_USERS and we are root)
+ *  and held by pidfd from that check on, so a pid reused meanwhile is never signalled; then SIGTERM
+ *  (SIGCONT to stopped ones), up to grace_ms for them to exit, SIGKILL to those left, and up to a
+ *  second more. Unlike a teardown it does not go after descendants: only what is named.
+ *  @param pids the processes. @param starts their start times (clock ticks after boot; 0 refuses).
+ *  @param n how many. @param grace_ms 0..@ref GG_PROC_GRACE_MAX_MS.
+ *  @param flags 0 or GG_REAP_ALL_USERS (query.h).
+ *  @param[out] out n outcomes, in order: `end` GG_PROC_SKIPPED (never signalled; `found` says why),
+ *  GG_PROC_ENDED, or GG_PROC_ALIVE; `found` is a static string.
+ *  @return 0 when every process named ended or was skipped; GG_ETIMEDOUT when some are alive;
+ *  GG_EINVAL for NULL arrays with n > 0 or a bad grace_ms. Thread-safe. */
+GG_API int gg_reap(const int *pids, const unsigned long long *starts, size_t n, int grace_ms, unsigned flags,
+                   gg_proc_outcome_t *out);
+
 /** Frees a receipt. NULL is a no-op. @param receipt the receipt. */
 GG_API void gg_proc_receipt_free(gg_proc_receipt_t *receipt);
 
@@ -269,7 +285,8 @@ GG_API int gg_proc_receipt_write(const gg_proc_receipt_t *receipt, FILE *f);
  *  worker from an orphan: `$XDG_RUNTIME_DIR/gpuguard`, else `/dev/shm/gpuguard-UID`, else
  *  `/tmp/gpuguard-UID`; GPUGUARD_REGISTRY_DIR overrides it. The directory is created with mode 0700
  *  and refused (GG_EPERM) if it is a symlink, not a directory, owned by another user, or accessible
- *  to group or others. Records (`PID.rec`, mode 0600) are written atomically (temporary file and
+ *  to group or others. Records (`PID.rec`; `PID.NAMESPACE.rec` outside the initial PID namespace, so that
+ *  jobs in different namespaces never share a name; mode 0600) are written atomically (temporary file and
  *  rename) and removed at teardown; the fatal-signal path unlinks them too. A record whose pid is gone
  *  or names another process (start time differs) is stale. A record written in another PID namespace
  *  (it records the namespace and the pid the outermost visible /proc gave it) is judged there: alive
@@ -324,7 +341,10 @@ GG_API int gg_registry_session(char *buf, size_t cap);
  *  @return 0, or the errors of gg_registry_dir(). Thread-safe. */
 GG_API int gg_registry_list(gg_session_record_t *rows, size_t cap, size_t *count);
 
-/** Removes stale records (their process is gone or their pid reused).
+/** Removes stale records (their process is gone or their pid reused; a record of a PID namespace below
+ *  ours that has no process left). A dead leader's record stays while a live process of ours still
+ *  carries its session (it is what proves that process an orphan); `gpuguard reap` and `gpuguard run`
+ *  call this after they end processes.
  *  @param[out] removed receives how many were removed; may be NULL.
  *  @return 0, or the errors of gg_registry_dir(). */
 GG_API int gg_registry_prune(size_t *removed);

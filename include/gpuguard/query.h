@@ -32,7 +32,13 @@ typedef enum gg_process_class {
   GG_PROCESS_GUARDED = 1,   /**< part of a live gpuguard session */
   GG_PROCESS_ORPHAN = 2,    /**< its session's leader is dead, or its parent is gone and it was a worker */
   GG_PROCESS_FD_HOLDER = 3, /**< holds /dev/nvidia* descriptors but no context the driver lists */
-  GG_PROCESS_FOREIGN = 4    /**< belongs to another user */
+  GG_PROCESS_FOREIGN = 4,   /**< belongs to another user (and nothing more is known) */
+  GG_PROCESS_STRANDED = 5,  /**< a worker no gpuguard session knows whose parent is gone: a
+                                 multiprocessing or DataLoader worker, a torch.distributed rank whose
+                                 launcher died, a joblib or Ray worker; `gpuguard reap` ends it */
+  GG_PROCESS_DETACHED = 6   /**< a main program whose parent went away on purpose (nohup, setsid, tmux
+                                 or screen, a systemd service, a container's PID 1), or one whose parent
+                                 is gone with no sign of being a worker; never reaped unless named */
 } gg_process_class_t;
 
 /** One process holding a device, as gg_process_list() reports it. */
@@ -48,6 +54,9 @@ typedef struct gg_process {
   gg_process_class_t cls;        /**< see gg_process_class_t */
   char session[40];              /**< gpuguard session id, "" when none */
   char command[256];             /**< command line, arguments separated by spaces (cut to fit) */
+  char why[192];                 /**< the evidence for `cls`, in words ("multiprocessing spawn child;
+                                      parent 812 is gone (reparented to init)"); "" when none. Appended
+                                      in 0.2 */
 } gg_process_t;
 
 /** Utilisation, temperature and power of one device, as gg_device_telemetry() reports them (NVML's
@@ -63,7 +72,8 @@ typedef struct gg_device_telemetry {
 
 GG_BEGIN_DECLS
 
-/** The name of a process class: "unknown", "guarded", "orphan", "fd-holder", "foreign". Never NULL. */
+/** The name of a process class: "unknown", "guarded", "orphan", "fd-holder", "foreign", "stranded",
+ *  "detached". Never NULL. */
 GG_API const char *gg_process_class_name(gg_process_class_t cls);
 
 /** Number of devices on the selected backend (the host backend has one).
@@ -119,6 +129,33 @@ GG_API int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *c
  *  @return 0; GG_EINVAL for a NULL count (or NULL rows with cap > 0); GG_EIO when /proc cannot be read.
  *  A machine without a GPU is not an error here. Thread-safe. */
 GG_API int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count);
+
+/** Describes one process as gg_process_list() would (user, state, parent, start time, command, class
+ *  and evidence), whether it holds a device or not (used_bytes -1, device -1).
+ *  @param pid the process.
+ *  @param[out] row filled on success.
+ *  @return 0; GG_EINVAL for a NULL row or pid <= 0; GG_ENOTFOUND when no such process can be read.
+ *  Thread-safe. */
+GG_API int gg_process_describe(int pid, gg_process_t *row);
+
+/** Flags of gg_reap_list() and gg_reap(). */
+enum {
+  /** Other users' processes too (only as root: GG_EPERM otherwise). */
+  GG_REAP_ALL_USERS = 1
+};
+
+/** Lists what `gpuguard reap` ends: the caller's orphans of dead sessions (as gg_orphan_list()) and the
+ *  processes holding a device (as gg_process_list() finds them, on every device) classified
+ *  GG_PROCESS_STRANDED or GG_PROCESS_ORPHAN; with GG_REAP_ALL_USERS, those of every user. Each row
+ *  carries the start time to verify before acting, and its evidence in `why`.
+ *  @param flags 0 or GG_REAP_ALL_USERS.
+ *  @param[out] rows array of @p cap rows (may be NULL when cap is 0).
+ *  @param cap rows available.
+ *  @param[out] count receives the number found (may exceed cap).
+ *  @return 0; GG_EINVAL for a NULL count, NULL rows with cap > 0 or unknown flags; GG_EPERM for
+ *  GG_REAP_ALL_USERS when not root; GG_EIO when /proc cannot be read. No GPU is not an error.
+ *  Thread-safe. */
+GG_API int gg_reap_list(unsigned flags, gg_process_t *rows, size_t cap, size_t *count);
 
 GG_END_DECLS
 

@@ -592,8 +592,12 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
   r.path = path;
   r.argv = (char *const *)argv; /* execve's prototype predates const; it does not write */
   r.envp = env ? env : r.opts.env ? r.opts.env : environ;
+#ifdef GG_TESTING /* test builds only: widens the window between fork and the death signal */
   const char *delay = gg__env("GPUGUARD_TEST_ARM_DELAY_MS");
   r.arm_delay_ms = delay ? atol(delay) : 0;
+#else
+  r.arm_delay_ms = 0;
+#endif
 
   pthread_mutex_lock(&gg__sp_lock);
   rc = gg__spawn_thread_ensure();
@@ -636,6 +640,7 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
     waitpid(r.pid, NULL, 0);
     return rc;
   }
+  if (r.opts.pid_ns != GG_SPAWN_PID_NS_OFF) gg__registry_note_job_ns(r.pid);
   if (pid) *pid = r.pid;
   return 0;
 }

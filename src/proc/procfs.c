@@ -177,6 +177,72 @@ void gg__proc_cmdline(pid_t pid, char *buf, size_t cap) {
   buf[len] = '\0';
 }
 
+ssize_t gg__proc_argv(pid_t pid, char *buf, size_t cap) {
+  char path[64];
+  if (cap < 2) return -EINVAL;
+  gg__proc_path(path, sizeof path, pid, "cmdline");
+  return gg__read_small(path, buf, cap); /* NUL-terminated at len even when cut */
+}
+
+int gg__proc_comm(pid_t pid, char *buf, size_t cap) {
+  char path[64];
+  gg__proc_path(path, sizeof path, pid, "comm");
+  ssize_t len = gg__read_small(path, buf, cap);
+  if (len < 0) return (int)len;
+  while (len > 0 && buf[len - 1] == '\n') buf[--len] = '\0';
+  return 0;
+}
+
+int gg__proc_exe(pid_t pid, char *buf, size_t cap) {
+  char path[64];
+  if (cap < 2) return -EINVAL;
+  gg__proc_path(path, sizeof path, pid, "exe");
+  ssize_t n = readlink(path, buf, cap - 1);
+  if (n < 0) return -errno;
+  buf[n] = '\0';
+  return 0;
+}
+
+int gg__proc_sigign(pid_t pid, unsigned long long *mask) {
+  char path[64], buf[4096];
+  gg__proc_path(path, sizeof path, pid, "status");
+  ssize_t len = gg__read_small(path, buf, sizeof buf);
+  if (len < 0) return (int)len;
+  const char *line = strstr(buf, "\nSigIgn:");
+  if (!line) return -EINVAL;
+  char *end = NULL;
+  *mask = strtoull(line + 8, &end, 16);
+  return end == line + 8 ? -EINVAL : 0;
+}
+
+int gg__proc_flags(pid_t pid, unsigned long long *flags) {
+  char path[64], buf[1024];
+  gg__proc_path(path, sizeof path, pid, "stat");
+  if (gg__read_small(path, buf, sizeof buf) < 0) return -ENOENT;
+  const char *p = strrchr(buf, ')');
+  if (!p || p[1] != ' ') return -EINVAL;
+  p += 2;
+  for (int field = 3; field < 9 && *p; field++) (void)gg__take_num(&p); /* state is field 3 */
+  if (*p < '0' || *p > '9') return -EINVAL;
+  *flags = (unsigned long long)gg__take_num(&p);
+  return 0;
+}
+
+int gg__proc_cgroup(pid_t pid, char *buf, size_t cap) {
+  char path[64], text[4096];
+  gg__proc_path(path, sizeof path, pid, "cgroup");
+  ssize_t len = gg__read_small(path, text, sizeof text);
+  if (len < 0) return (int)len;
+  const char *line = strstr(text, "0::");
+  line = line && (line == text || line[-1] == '\n') ? line : text;
+  const char *colon = strchr(line, ':');
+  colon = colon ? strchr(colon + 1, ':') : NULL;
+  if (!colon) return -EINVAL;
+  size_t n = strcspn(colon + 1, "\n");
+  snprintf(buf, cap, "%.*s", (int)n, colon + 1);
+  return 0;
+}
+
 /* getdents64 rather than readdir: readdir allocates, and this also runs in signal handlers. */
 struct gg__dirent64 {
   unsigned long long d_ino;

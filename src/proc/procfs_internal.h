@@ -31,6 +31,21 @@ int gg__proc_pidns(pid_t pid, unsigned long long *ino);
 int gg__proc_nspid(pid_t pid, pid_t *outer, pid_t *inner, int *levels);
 /* Command line with spaces between arguments, "[comm]" when there is none (zombies); "" if gone. */
 void gg__proc_cmdline(pid_t pid, char *buf, size_t cap);
+/* The raw command line (NUL-separated arguments, the last one NUL-terminated too); returns its length
+ * in bytes (0 for zombies and kernel threads), or -errno. Cut at cap - 1 bytes. */
+ssize_t gg__proc_argv(pid_t pid, char *buf, size_t cap);
+/* The thread name of PID's main thread (/proc/PID/comm, without the newline). 0 or -errno. */
+int gg__proc_comm(pid_t pid, char *buf, size_t cap);
+/* The program PID runs (readlink /proc/PID/exe, " (deleted)" kept). 0 or -errno (EACCES: another
+ * user's process and we are not root). */
+int gg__proc_exe(pid_t pid, char *buf, size_t cap);
+/* Signals PID ignores (SigIgn of /proc/PID/status: bit N-1 for signal N). 0 or -errno. */
+int gg__proc_sigign(pid_t pid, unsigned long long *mask);
+/* PID's kernel flags (field 9 of /proc/PID/stat; PF_KTHREAD 0x00200000 marks a kernel thread). */
+int gg__proc_flags(pid_t pid, unsigned long long *flags);
+/* The path of PID's cgroup (the unified hierarchy's "0::" line, else the first line's path). 0 or
+ * -errno. */
+int gg__proc_cgroup(pid_t pid, char *buf, size_t cap);
 /* [AS-safe] Calls fn for every process in /proc (skipping those that vanish); stops at fn's first
  * nonzero return and returns it; -errno when /proc cannot be read. */
 int gg__proc_walk(int (*fn)(const gg__pinfo_t *info, void *user), void *user);

@@ -20,7 +20,9 @@
 #include "proc/procfs_internal.h"
 #include "proc/registry_internal.h"
 
-#define GG__REC_MAX 4096 /* a record larger than this is not one of ours */
+#define GG__REC_MAX        4096          /* a record larger than this is not one of ours */
+#define GG__INIT_PIDNS_INO 0xEFFFFFFCULL /* the initial pid namespace (PROC_PID_INIT_INO) */
+#define GG__JOBNS_MAX      8             /* PID namespaces of its jobs a record names */
 
 static pthread_mutex_t gg__reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static char gg__session[40];
@@ -110,6 +112,11 @@ int gg_registry_dir(char *buf, size_t cap) {
   return 0;
 }
 
+static bool gg__ends_rec(const char *name) {
+  size_t n = strlen(name);
+  return n > 4 && strcmp(name + n - 4, ".rec") == 0;
+}
+
 static bool gg__session_ok(const char *s) {
   size_t n = 0;
   for (; s[n]; n++)
@@ -122,7 +129,8 @@ typedef struct gg__rec {
   gg_session_record_t r;
   unsigned long long pidns; /* the writer's pid namespace (0: not recorded, an older record) */
   pid_t hostpid;            /* its pid in the namespace of the /proc it read (0: not recorded) */
-  bool foreign;             /* written in another pid namespace than ours */
+  unsigned long long jobns[GG__JOBNS_MAX]; /* PID namespaces its jobs were started in (0: none) */
+  bool foreign;                            /* written in another pid namespace than ours */
 } gg__rec_t;
 
 typedef int (*gg__rec_fn)(int dfd, const char *name, const gg__rec_t *r, void *user);
@@ -203,6 +211,24 @@ static void gg__clean(char *dst, const char *src, size_t cap) {
     if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
 }
 
+/* The PID namespaces this process started jobs in (gg_proc_spawn with pid_ns), written into its
+ * record: a namespace made from ours is below ours, so all its processes are in our /proc while it
+ * lives; one with none left, whose maker's record names it, has ended with its job (the kernel killed
+ * every process of it at once, none could unlink its record). */
+static unsigned long long gg__jobns[GG__JOBNS_MAX];
+static size_t gg__n_jobns;
+static char gg__reg_devices[64];
+
+static void gg__jobns_text(char *buf, size_t cap) {
+  size_t at = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < gg__n_jobns && i < GG__JOBNS_MAX; i++) {
+    int n = snprintf(buf + at, cap - at, "%s%llu", at ? "," : "", gg__jobns[i]);
+    if (n < 0 || (size_t)n >= cap - at) break;
+    at += (size_t)n;
+  }
+}
+
 int gg_registry_register(const char *devices) {
   pthread_mutex_lock(&gg__reg_lock);
   char dir[PATH_MAX];
@@ -222,17 +248,26 @@ int gg_registry_register(const char *devices) {
   pid_t outer = 0, inner = 0;
   if (gg__proc_pidns(0, &ns) != 0) ns = 0;
   if (gg__proc_nspid(0, &outer, &inner, NULL) != 0) outer = 0;
-  char dev[64], cmd[256], text[GG__REC_MAX], name[32], tmp[48];
+  char jobns[GG__JOBNS_MAX * 21 + 1];
+  gg__jobns_text(jobns, sizeof jobns);
+  if (devices != gg__reg_devices)
+    gg__strlcpy(gg__reg_devices, devices ? devices : "", sizeof gg__reg_devices);
+  char dev[64], cmd[256], text[GG__REC_MAX], name[64], tmp[80];
   gg__clean(dev, devices, sizeof dev);
   gg__proc_cmdline(me, cmd, sizeof cmd);
   gg__clean(cmd, cmd, sizeof cmd);
   int len =
       snprintf(text, sizeof text,
                "gpuguard-record 2\npid %d\nstart %llu\nppid %d\nsession %s\nrole %s\ndevices %s\ncmd %s\n"
-               "pidns %llu\nhostpid %d\n",
-               (int)me, start, (int)getppid(), gg__session, gg__role, dev, cmd, ns, (int)outer);
-  snprintf(name, sizeof name, "%d.rec", (int)me);
-  snprintf(tmp, sizeof tmp, ".%d.tmp", (int)me);
+               "pidns %llu\nhostpid %d\njobns %s\n",
+               (int)me, start, (int)getppid(), gg__session, gg__role, dev, cmd, ns, (int)outer, jobns);
+  /* Outside the initial pid namespace the record's name carries the namespace: pid 2 of one container
+   * and pid 2 of another are two processes, and two records. */
+  if (ns && ns != GG__INIT_PIDNS_INO)
+    snprintf(name, sizeof name, "%d.%llu.rec", (int)me, ns);
+  else
+    snprintf(name, sizeof name, "%d.rec", (int)me);
+  snprintf(tmp, sizeof tmp, ".%s.tmp", name);
   /* Temporary file then rename: a reader sees the whole old record or the whole new one. */
   unlinkat(dfd, tmp, 0);
   int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -255,6 +290,30 @@ int gg_registry_register(const char *devices) {
   close(dfd);
   pthread_mutex_unlock(&gg__reg_lock);
   return rc;
+}
+
+static unsigned long long gg__my_pidns(void);
+
+void gg__registry_note_job_ns(pid_t keeper) {
+  char path[64], link[64];
+  snprintf(path, sizeof path, "/proc/%d/ns/pid_for_children", (int)keeper);
+  ssize_t n = readlink(path, link, sizeof link - 1);
+  if (n <= 0) return;
+  link[n] = '\0';
+  unsigned long long ns = 0;
+  if (sscanf(link, "pid:[%llu]", &ns) != 1 || ns == 0 || ns == gg__my_pidns()) return; /* none was made */
+  pthread_mutex_lock(&gg__reg_lock);
+  gg__jobns[gg__n_jobns++ % GG__JOBNS_MAX] = ns;
+  bool registered = atomic_load(&gg__reg_owner) == (int)getpid();
+  char devices[sizeof gg__reg_devices];
+  gg__strlcpy(devices, gg__reg_devices, sizeof devices);
+  pthread_mutex_unlock(&gg__reg_lock);
+  if (registered) {
+    gg__err_saved_t saved;
+    gg__err_save(&saved);
+    gg_registry_register(devices); /* the same record again, now naming the namespace */
+    gg__err_restore(&saved);
+  }
 }
 
 int gg_registry_unregister(void) {
@@ -329,7 +388,15 @@ static bool gg__parse_record(char *text, pid_t file_pid, gg__rec_t *rec) {
       rec->pidns = strtoull(v, &end, 10);
     else if (!strcmp(line, "hostpid"))
       v_host = strtol(v, &end, 10);
-    else if (!strcmp(line, "session") && gg__session_ok(v))
+    else if (!strcmp(line, "jobns")) {
+      const char *p = v;
+      for (int k = 0; *p && k < GG__JOBNS_MAX; k++) {
+        rec->jobns[k] = strtoull(p, &end, 10);
+        if (end == p || (*end && *end != ',')) return false;
+        p = *end ? end + 1 : end;
+      }
+      end = NULL;
+    } else if (!strcmp(line, "session") && gg__session_ok(v))
       gg__strlcpy(r->session, v, sizeof r->session), seen |= 8;
     else if (!strcmp(line, "role") && (!strcmp(v, "leader") || !strcmp(v, "worker")))
       gg__strlcpy(r->role, v, sizeof r->role), seen |= 16;
@@ -381,7 +448,14 @@ static int gg__ns_visit(const gg__pinfo_t *info, void *user) {
  * but none is the recorded one. A namespace none of whose processes we can see (a sibling container,
  * or one that is gone entirely) proves nothing: the record counts as alive and stays until it is
  * judged from its own namespace (or removed by hand). */
-static bool gg__foreign_stale(const gg__rec_t *rec, bool *parent_alive) {
+/* Namespaces that records of our own namespace say their writers made (gg__reg_scan's first pass). */
+typedef struct gg__made {
+  unsigned long long ns[64];
+  size_t n;
+} gg__made_t;
+
+static bool gg__foreign_stale(const gg__rec_t *rec, unsigned long long my_ns, const gg__made_t *made,
+                              bool *parent_alive) {
   *parent_alive = true; /* unknowable from here */
   gg__pinfo_t info;
   if (rec->hostpid > 0 && gg__proc_read_stat(rec->hostpid, &info) == 0 && info.state != 'Z' &&
@@ -389,7 +463,14 @@ static bool gg__foreign_stale(const gg__rec_t *rec, bool *parent_alive) {
     return false;
   gg__ns_look_t l = {rec, false, false};
   if (gg__proc_walk(gg__ns_visit, &l) < 0) return false;
-  return l.seen_ns && !l.alive;
+  if (l.seen_ns) return !l.alive;
+  /* Every process of a namespace made from ours is in our /proc (when that /proc is our namespace's:
+   * our own pid there is getpid()). One with no process left has ended, its job with it. */
+  pid_t outer = 0, inner = 0;
+  if (!my_ns || !made || gg__proc_nspid(0, &outer, &inner, NULL) != 0 || outer != getpid()) return false;
+  for (size_t k = 0; k < made->n; k++)
+    if (made->ns[k] == rec->pidns) return true;
+  return false;
 }
 
 static unsigned long long gg__my_pidns(void) {
@@ -400,7 +481,7 @@ static unsigned long long gg__my_pidns(void) {
 /* Reads and judges record `name` of dfd (written by pid `pid`): 0 when it is a valid record of ours,
  * -1 when it was skipped (with a warning naming `shown`, unless it vanished). */
 static int gg__reg_read(int dfd, const char *name, const char *shown, pid_t pid, unsigned long long my_ns,
-                        gg__rec_t *rec) {
+                        const gg__made_t *made, gg__rec_t *rec) {
   int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno != ENOENT)
@@ -431,7 +512,7 @@ static int gg__reg_read(int dfd, const char *name, const char *shown, pid_t pid,
   rec->foreign = rec->pidns && my_ns && rec->pidns != my_ns;
   if (rec->foreign) {
     bool parent_alive;
-    r->stale = gg__foreign_stale(rec, &parent_alive);
+    r->stale = gg__foreign_stale(rec, my_ns, made, &parent_alive);
     r->parent_alive = parent_alive;
   } else {
     gg__pinfo_t info;
@@ -440,6 +521,37 @@ static int gg__reg_read(int dfd, const char *name, const char *shown, pid_t pid,
   }
   return 0;
 }
+
+/* The jobns lines of the records written in our namespace (a light read: it only ever proves a
+ * namespace of our making dead, and the directory is ours alone). */
+static void gg__made_scan(DIR *d, int dfd, unsigned long long my_ns, gg__made_t *made) {
+  made->n = 0;
+  const struct dirent *e;
+  while ((e = readdir(d)) && made->n < sizeof made->ns / sizeof made->ns[0]) {
+    if (e->d_name[0] == '.' || !gg__ends_rec(e->d_name)) continue;
+    int fd = openat(dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat st;
+    char text[GG__REC_MAX + 1];
+    ssize_t len = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()
+                      ? read(fd, text, GG__REC_MAX)
+                      : -1;
+    close(fd);
+    if (len <= 0) continue;
+    text[len] = '\0';
+    const char *ns = strstr(text, "\npidns "), *jobs = strstr(text, "\njobns ");
+    if (!jobs || (ns && strtoull(ns + 7, NULL, 10) != my_ns)) continue;
+    for (const char *p = jobs + 7;
+         *p >= '0' && *p <= '9' && made->n < sizeof made->ns / sizeof made->ns[0];) {
+      char *end;
+      made->ns[made->n++] = strtoull(p, &end, 10);
+      p = *end == ',' ? end + 1 : end;
+    }
+  }
+}
+
+/* The scan in progress's namespaces (under gg__reg_lock), for a callback that reads a record again. */
+static const gg__made_t *gg__scan_made;
 
 /* Under gg__reg_lock: reads every valid record in dfd; the rest is warned about and skipped. */
 static int gg__reg_scan(int dfd, const char *call, const char *dir, gg__rec_fn fn, void *user) {
@@ -450,6 +562,10 @@ static int gg__reg_scan(int dfd, const char *call, const char *dir, gg__rec_fn f
     return gg__err(GG_EIO, "%s: cannot list '%s': %s", call, dir, strerror(errno));
   }
   unsigned long long my_ns = gg__my_pidns();
+  gg__made_t made;
+  gg__made_scan(d, dfd, my_ns, &made);
+  rewinddir(d);
+  gg__scan_made = &made;
   int rc = 0;
   const struct dirent *e;
   while ((e = readdir(d))) {
@@ -458,14 +574,25 @@ static int gg__reg_scan(int dfd, const char *call, const char *dir, gg__rec_fn f
     char *end = NULL;
     errno = 0;
     long pid = strtol(name, &end, 10);
+    unsigned long long ns = 0;
+    if (end != name && *end == '.' && end[1] >= '0' && end[1] <= '9') { /* PID.NS.rec */
+      char *end2 = NULL;
+      ns = strtoull(end + 1, &end2, 10);
+      end = end2;
+    }
     if (pid <= 0 || pid > INT_MAX || errno || end == name || strcmp(end, ".rec") != 0) {
-      gg__warn(name, "not a record name (PID.rec)");
+      gg__warn(name, "not a record name (PID.rec or PID.NAMESPACE.rec)");
       continue;
     }
     gg__rec_t rec;
-    if (gg__reg_read(dfd, name, name, (pid_t)pid, my_ns, &rec) != 0) continue;
+    if (gg__reg_read(dfd, name, name, (pid_t)pid, my_ns, &made, &rec) != 0) continue;
+    if (ns && rec.pidns != ns) {
+      gg__warn(name, "its name says pid namespace %llu, its record %llu", ns, rec.pidns);
+      continue;
+    }
     if ((rc = fn(dfd, name, &rec, user)) != 0) break;
   }
+  gg__scan_made = NULL;
   closedir(d);
   return rc < 0 ? rc : 0;
 }
@@ -532,15 +659,39 @@ static int gg__rename_noreplace(int dfd, const char *from, const char *to) {
  * live record. So the file is first renamed to a name of our own, which atomically makes whatever is
  * there ours alone, and judged again there: still stale, it goes; live, it is put back under its name
  * unless a newer record took the name meanwhile (then that newer one is the process's record). */
+typedef struct gg__members {
+  const char *session;
+  bool found;
+} gg__members_t;
+
+static int gg__member_visit(const gg__pinfo_t *info, void *user) {
+  gg__members_t *m = user;
+  uid_t uid;
+  char session[40];
+  if (info->state == 'Z' || gg__proc_uid(info->pid, &uid) != 0 || uid != getuid()) return 0;
+  if (gg__proc_environ_get(info->pid, "GPUGUARD_SESSION", session, sizeof session) != 0) return 0;
+  m->found = strcmp(session, m->session) == 0;
+  return m->found;
+}
+
+/* Whether a live process of ours still carries the session: then its dead leader's record is the proof
+ * that it is an orphan (what `reap` goes by), and stays until the orphan is gone. */
+static bool gg__session_has_members(const char *session) {
+  gg__members_t m = {session, false};
+  gg__proc_walk(gg__member_visit, &m);
+  return m.found;
+}
+
 static int gg__prune_one(int dfd, const char *name, const gg__rec_t *r, void *user) {
   if (!r->r.stale) return 0;
+  if (!r->foreign && strcmp(r->r.role, "leader") == 0 && gg__session_has_members(r->r.session)) return 0;
   void (*hook)(int, const char *) = atomic_load(&gg__prune_hook);
   if (hook) hook(dfd, name);
   char mine[96];
   snprintf(mine, sizeof mine, ".prune.%d.%s", (int)getpid(), name);
   if (renameat(dfd, name, dfd, mine) != 0) return 0; /* gone already */
   gg__rec_t again;
-  if (gg__reg_read(dfd, mine, name, r->r.pid, gg__my_pidns(), &again) == 0 && again.r.stale) {
+  if (gg__reg_read(dfd, mine, name, r->r.pid, gg__my_pidns(), gg__scan_made, &again) == 0 && again.r.stale) {
     if (unlinkat(dfd, mine, 0) == 0) ++*(size_t *)user;
   } else if (gg__rename_noreplace(dfd, mine, name) != 0) {
     unlinkat(dfd, mine, 0);

@@ -11,6 +11,7 @@
 #include "query/nvml_internal.h"
 #include "proc/procfs_internal.h"
 #include "proc/registry_internal.h"
+#include "query/classify_internal.h"
 
 int gg_device_count(int *count) {
   if (!count) return gg__err(GG_EINVAL, "gg_device_count: count is NULL");
@@ -88,6 +89,8 @@ const char *gg_process_class_name(gg_process_class_t cls) {
   case GG_PROCESS_ORPHAN: return "orphan";
   case GG_PROCESS_FD_HOLDER: return "fd-holder";
   case GG_PROCESS_FOREIGN: return "foreign";
+  case GG_PROCESS_STRANDED: return "stranded";
+  case GG_PROCESS_DETACHED: return "detached";
   case GG_PROCESS_UNKNOWN: break;
   }
   return "unknown";
@@ -179,35 +182,48 @@ static int gg__leader_alive(const gg__sessions_t *s, const char *session) {
   return state;
 }
 
-/* Multiprocessing children started by spawn or forkserver say so on their command line. */
-static bool gg__looks_like_worker(const char *cmd) {
-  return strstr(cmd, "multiprocessing.spawn") || strstr(cmd, "multiprocessing.forkserver") ||
-         strstr(cmd, "spawn_main(");
-}
-
-/* guarded: part of a live session; orphan: its session's leader is dead, or its parent is gone and it
- * was a worker. Only evidence moves a row out of "unknown". */
-static void gg__classify(gg_process_t *row, const gg__sessions_t *s) {
-  if (row->cls == GG_PROCESS_FOREIGN || row->state == '?') return;
-  const gg_session_record_t *rec = gg__live_record(s, row->pid, row->start_time);
+/* guarded: part of a live session; orphan: its session's leader is dead (or unknown and its parent
+ * gone); for a process without a session, stranded, detached or unknown (classify.c). Another user's
+ * process is judged only by root (who can read its environment), and only without a session: their
+ * sessions are in their own registry. The evidence goes to row->why. */
+static void gg__classify(gg_process_t *row, const gg__sessions_t *s, uid_t me) {
+  if (row->state == '?') return;
+  bool foreign = row->cls == GG_PROCESS_FOREIGN;
+  if (foreign && me != 0) return;
+  const gg_session_record_t *rec = foreign ? NULL : gg__live_record(s, row->pid, row->start_time);
   if (rec)
     gg__strlcpy(row->session, rec->session, sizeof row->session);
   else if (gg__proc_environ_get(row->pid, "GPUGUARD_SESSION", row->session, sizeof row->session) != 0)
     row->session[0] = '\0';
+  if (foreign) {
+    gg_process_class_t c = row->session[0] ? GG_PROCESS_UNKNOWN : gg__classify_unsessioned(row);
+    row->cls = c == GG_PROCESS_STRANDED || c == GG_PROCESS_DETACHED ? c : GG_PROCESS_FOREIGN;
+    return;
+  }
+  if (!row->session[0]) {
+    row->cls = gg__classify_unsessioned(row);
+    return;
+  }
   gg__pinfo_t parent;
   bool parent_gone =
       row->ppid <= 1 || gg__proc_read_stat(row->ppid, &parent) != 0 || (rec && rec->ppid != row->ppid);
-  if (row->session[0]) {
-    int leader = gg__leader_alive(s, row->session);
-    if (rec && strcmp(rec->role, "leader") == 0) leader = 1; /* it is the leader, alive */
-    if (leader == 1)
-      row->cls = GG_PROCESS_GUARDED;
-    else if (leader == 0 || parent_gone)
-      row->cls = GG_PROCESS_ORPHAN;
-    else
-      row->cls = GG_PROCESS_GUARDED;
-  } else if (parent_gone && gg__looks_like_worker(row->command)) {
+  int leader = gg__leader_alive(s, row->session);
+  if (rec && strcmp(rec->role, "leader") == 0) leader = 1; /* it is the leader, alive */
+  if (leader == 1) {
+    row->cls = GG_PROCESS_GUARDED;
+    snprintf(row->why, sizeof row->why, "session %.8s: its leader is alive", row->session);
+  } else if (leader == 0) {
     row->cls = GG_PROCESS_ORPHAN;
+    snprintf(row->why, sizeof row->why, "session %.8s: its leader died (its registry record is stale)",
+             row->session);
+  } else if (parent_gone) {
+    row->cls = GG_PROCESS_ORPHAN;
+    snprintf(row->why, sizeof row->why,
+             "session %.8s, whose leader this registry never saw; its parent is gone", row->session);
+  } else {
+    row->cls = GG_PROCESS_GUARDED;
+    snprintf(row->why, sizeof row->why, "session %.8s (leader not in this registry); its parent %d is alive",
+             row->session, row->ppid);
   }
 }
 
@@ -216,11 +232,14 @@ static void gg__classify(gg_process_t *row, const gg__sessions_t *s) {
 
 /* Can NVML's pids be taken as pids of our /proc? In the initial pid namespace they are. In any other (a
  * container) the driver gives host pids (older drivers) or pids of the caller's namespace (newer ones),
- * and nothing says which: pid 40 of the host may be pid 40 here too, another process, shown wrongly.
- * GPUGUARD_TEST_PIDNS ("initial" or "child") lets tests choose. */
+ * and nothing says which: pid 40 of the host may be pid 40 here too, another process. In test builds
+ * only (GG_TESTING, the static library the tests link), GPUGUARD_TEST_PIDNS ("initial" or "child")
+ * chooses: the shipped library never lets the environment decide what reap may end. */
 static bool gg__nvml_pids_local(void) {
+#ifdef GG_TESTING
   const char *t = gg__env("GPUGUARD_TEST_PIDNS");
   if (t) return strcmp(t, "child") != 0;
+#endif
   unsigned long long ino = 0;
   return gg__proc_pidns(0, &ino) != 0 || ino == GG__INIT_PIDNS_INO;
 }
@@ -309,7 +328,16 @@ int gg__process_list_at(const char *uuid, int device, gg_process_t *rows, size_t
         gg__join_proc(row, me);
       else
         gg__row_unjoined(row);
-      if (row->cls != GG_PROCESS_FD_HOLDER) gg__classify(row, &sessions);
+      if (row->cls != GG_PROCESS_FD_HOLDER) {
+        gg__classify(row, &sessions, me);
+      } else if (row->state != '?') { /* a worker holding inherited descriptors is still stranded */
+        gg__classify(row, &sessions, me);
+        if (row->cls != GG_PROCESS_STRANDED && row->cls != GG_PROCESS_ORPHAN) {
+          row->cls = GG_PROCESS_FD_HOLDER;
+          gg__strlcpy(row->why, "holds /dev/nvidia* descriptors but no context the driver lists",
+                      sizeof row->why);
+        }
+      }
     }
     total++;
   }
@@ -350,7 +378,7 @@ static int gg__orphan_visit(const gg__pinfo_t *info, void *user) {
   row.device = -1;
   row.used_bytes = -1;
   gg__join_proc(&row, w->me);
-  gg__classify(&row, w->sessions);
+  gg__classify(&row, w->sessions, w->me);
   /* Only proof counts here: the session's leader left a record and it is stale. A session whose
    * leader this registry never saw (another registry directory, another tool) is not ours to judge. */
   if (row.cls == GG_PROCESS_ORPHAN && row.start_time == info->start &&
@@ -384,5 +412,76 @@ int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count) {
   }
   gg__err_restore(&saved);
   *count = w.n;
+  return 0;
+}
+
+int gg_process_describe(int pid, gg_process_t *row) {
+  if (!row) return gg__err(GG_EINVAL, "gg_process_describe: row is NULL");
+  if (pid <= 0) return gg__err(GG_EINVAL, "gg_process_describe: pid %d is not a process", pid);
+  memset(row, 0, sizeof *row);
+  row->pid = pid, row->device = -1, row->used_bytes = -1;
+  gg__join_proc(row, getuid());
+  if (row->state == '?') return gg__err(GG_ENOTFOUND, "gg_process_describe: no process %d", pid);
+  gg__sessions_t sessions;
+  gg__sessions_load(&sessions);
+  gg__classify(row, &sessions, getuid());
+  gg__sessions_free(&sessions);
+  return 0;
+}
+
+/* Adds row unless its pid is listed already (among the n written); false when it was. */
+static bool gg__reap_add(gg_process_t *rows, size_t cap, size_t *n, const gg_process_t *row) {
+  for (size_t i = 0; i < *n; i++)
+    if (rows[i].pid == row->pid) return false;
+  if (*n < cap) rows[(*n)++] = *row;
+  return true;
+}
+
+int gg_reap_list(unsigned flags, gg_process_t *rows, size_t cap, size_t *count) {
+  if (!count) return gg__err(GG_EINVAL, "gg_reap_list: count is NULL");
+  if (!rows && cap) return gg__err(GG_EINVAL, "gg_reap_list: rows is NULL but cap is %zu", cap);
+  if (flags & ~(unsigned)GG_REAP_ALL_USERS)
+    return gg__err(GG_EINVAL, "gg_reap_list: unknown flags 0x%x", flags);
+  bool all = flags & GG_REAP_ALL_USERS;
+  if (all && geteuid() != 0)
+    return gg__err(GG_EPERM, "gg_reap_list: other users' processes only as root (euid %u)",
+                   (unsigned)geteuid());
+  *count = 0;
+  size_t n = 0;
+  int rc = gg_orphan_list(rows, cap, &n);
+  if (rc < 0) return rc;
+  size_t total = n; /* those beyond cap are counted; only those written are compared below */
+  if (n > cap) n = cap;
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  int ndev = 0;
+  if (gg_device_count(&ndev) != 0) ndev = 0;
+  uid_t me = getuid();
+  pid_t self = getpid();
+  size_t want = 32;
+  gg_process_t *got = NULL;
+  for (int d = 0; d < ndev; d++) {
+    size_t k = 0;
+    for (int attempt = 0; attempt < 4; attempt++) {
+      gg_process_t *grown = realloc(got, want * sizeof *grown);
+      if (!grown) {
+        free(got);
+        return gg__err(GG_ENOMEM, "gg_reap_list: out of host memory");
+      }
+      got = grown;
+      if (gg_process_list(d, got, want, &k) != 0) k = 0;
+      if (k <= want) break;
+      want = k + 16;
+    }
+    for (size_t i = 0; i < k && i < want; i++) {
+      const gg_process_t *p = &got[i];
+      if (p->pid == self || (p->cls != GG_PROCESS_STRANDED && p->cls != GG_PROCESS_ORPHAN)) continue;
+      if (p->uid != me && !all) continue;
+      if (gg__reap_add(rows, cap, &n, p)) total++;
+    }
+  }
+  free(got);
+  gg__err_restore(&saved);
+  *count = total;
   return 0;
 }

@@ -252,6 +252,7 @@ static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
         fprintf(f, ",\"orphan\":%s,\"session\":", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
         gg__json_fputs(f, p->session);
         fputs(",\"command\":", f), gg__json_fputs(f, p->command);
+        fputs(",\"why\":", f), gg__json_fputs(f, p->why);
         fputc('}', f);
       }
     fputc(']', f);
@@ -486,7 +487,7 @@ static void gg__prom_processes(FILE *f, const gg__promctx_t *c) {
       gg__prom_head(f, "gpuguard_processes", "gauge", "Processes holding the device, by class.");
       head = true;
     }
-    for (int k = GG_PROCESS_UNKNOWN; k <= GG_PROCESS_FOREIGN; k++) {
+    for (int k = GG_PROCESS_UNKNOWN; k <= GG_PROCESS_DETACHED; k++) {
       unsigned long count = 0;
       for (size_t j = 0; j < c->rows[i].nprocs; j++)
         count += c->rows[i].procs[j].cls == (gg_process_class_t)k;

@@ -92,7 +92,7 @@ class DeviceTelemetry(Structure):
 class Process(Structure):
     _fields_ = [("pid", c_int), ("ppid", c_int), ("uid", c_uint), ("user", c_char * 32), ("state", c_char),
                 ("start_time", c_ulonglong), ("used_bytes", c_longlong), ("device", c_int), ("cls", c_int),
-                ("session", c_char * 40), ("command", c_char * 256)]
+                ("session", c_char * 40), ("command", c_char * 256), ("why", c_char * 192)]
 
 
 class ArenaOptions(Structure):

@@ -118,6 +118,16 @@ def arm_child() -> None:
     C.gg_proc_arm_child()
 
 
+def arm_worker() -> int:
+    """Call first thing in a worker process (a multiprocessing child, a DataLoader worker, a rank started
+    by a launcher): it gets SIGKILL when its parent dies (:func:`arm_child`; a parent already gone ends it
+    at once), and drops the /dev/nvidia* descriptors it inherited (:func:`close_device_fds`), which
+    would otherwise keep the parent's device memory held after the parent died. Returns how many
+    descriptors were closed. ``GPUGUARD_TORCH=1`` does this in every worker (gpuguard._workers)."""
+    C.gg_proc_arm_child()
+    return int(C.gg_proc_close_device_fds())
+
+
 def set_subreaper(on: bool = True) -> None:
     """Makes this process a child subreaper (or stops): orphaned descendants become our children, and a
     teardown ends them with the rest."""
