@@ -358,7 +358,10 @@ static int open_receipt(run_opts_t *o) {
   bool exists = lstat(path, &st) == 0;
   if (exists && !S_ISREG(st.st_mode)) {
     snprintf(why, sizeof why, "--receipt %s: not a regular file (%s); the job was not started", path,
-             S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ? "a directory" : "a device or socket");
+             S_ISLNK(st.st_mode)    ? "a symbolic link"
+             : S_ISFIFO(st.st_mode) ? "a FIFO"
+             : S_ISDIR(st.st_mode)  ? "a directory"
+                                    : "a device or socket");
     return bad_usage("%s", why);
   }
   int fd = temp_beside(path, tmp, sizeof tmp) ? mkostemp(tmp, O_CLOEXEC) : (errno = ENAMETOOLONG, -1);
@@ -462,7 +465,8 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
   int e = errno;
   free(text);
   if (ok) return 0;
-  fprintf(stderr, "gpuguard run: the receipt %s could not be written: %s (the exit status is still the job's)\n",
+  fprintf(stderr,
+          "gpuguard run: the receipt %s could not be written: %s (the exit status is still the job's)\n",
           to_file ? path : "(stdout)", strerror(e));
   return -1;
 }
@@ -629,7 +633,8 @@ static bool canary_saw(canary_t *c, const siginfo_t *si) {
   for (;;) {
     canary_pump(c);
     for (int i = 0; i < c->n; i++)
-      if (c->seen[i].sig == si->si_signo && c->seen[i].code == si->si_code && c->seen[i].pid == (int)si->si_pid) {
+      if (c->seen[i].sig == si->si_signo && c->seen[i].code == si->si_code &&
+          c->seen[i].pid == (int)si->si_pid) {
         c->seen[i] = c->seen[--c->n], c->at[i] = c->at[c->n];
         return true;
       }
@@ -696,7 +701,9 @@ static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
 /* The signals that ask the runner itself to end, on which the job gets its grace period and then the
  * teardown. Any other (SIGUSR1, SIGALRM, a real-time signal, ...) is a message for the job: passed on,
  * and if the job lives on, so does the runner. */
-static bool asks_to_end(int sig) { return sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT; }
+static bool asks_to_end(int sig) {
+  return sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT;
+}
 
 /* Phase 4: wait for CMD. Where a signal came from decides what the runner does with it:
  *  - from the terminal (the kernel sent it to the foreground group: Ctrl-C, Ctrl-\, a hangup) with CMD

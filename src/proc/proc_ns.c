@@ -175,9 +175,9 @@ static void gg__forwarded(sigset_t *set, int keep_ignored) {
  * passes on only what its parent (the caller of gg_proc_spawn) sends it, and the init only what the
  * keeper passes on, which it tells by the token the keeper queues with each signal. */
 typedef struct gg__relay {
-  pid_t from;   /* keeper: the parent whose signals count; 0 for the init */
-  pid_t to;     /* where they go; 0: nowhere */
-  int token;    /* queued with each (keeper) or expected with each (init) */
+  pid_t from; /* keeper: the parent whose signals count; 0 for the init */
+  pid_t to;   /* where they go; 0: nowhere */
+  int token;  /* queued with each (keeper) or expected with each (init) */
 } gg__relay_t;
 
 static void gg__relay(const gg__relay_t *r, int sig, const siginfo_t *si) {
