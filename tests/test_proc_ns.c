@@ -2,8 +2,8 @@
  * status comes back through the keeper, a teardown ends it, every signal of gg_proc_job_signals() sent
  * to the keeper reaches the job (none ends the keeper first), and when the spawning process is
  * SIGKILLed the kernel ends every process of the job, a setsid'd daemon included. A job that crashes
- * ends its keeper by the same signal, without a second core dump (the keeper's over the job's). Skipped (77) where
- * the system refuses namespaces; bad values refused. */
+ * ends its keeper by the same signal, without a second core dump (the keeper's over the job's). Skipped (77)
+ * where the system refuses namespaces; bad values refused. */
 #include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
