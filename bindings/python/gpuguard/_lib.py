@@ -137,7 +137,7 @@ class SpawnOptions(Structure):
     _fields_ = [("size", c_size_t), ("new_process_group", c_int), ("env", POINTER(c_char_p)),
                 ("stdin_fd", c_int), ("stdout_fd", c_int), ("stderr_fd", c_int), ("cwd", c_char_p),
                 ("death_signal", c_int), ("close_device_fds", c_int), ("pid_ns", c_int),
-                ("pid_ns_grace_ms", c_int)]
+                ("pid_ns_grace_ms", c_int), ("keep_ignored", c_int)]
 
 
 class SessionRecord(Structure):
