@@ -299,8 +299,12 @@ def raise_for(rc: int) -> None:
 
 
 def enc(s: Optional[str]) -> Optional[bytes]:
-    """str → bytes for char* arguments (None stays NULL)."""
-    return None if s is None else s.encode()
+    """str → bytes for char* arguments (None stays NULL); TypeError for anything else."""
+    if s is None:
+        return None
+    if not isinstance(s, str):
+        raise TypeError(f"gpuguard: a str or None expected, not {type(s).__name__}")
+    return s.encode(errors="surrogateescape")
 
 
 def version() -> str:

@@ -28,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from .. import _lib
+from ..errors import check_interval
 from .holding import format_bytes
 
 __all__ = ["monitor", "Monitor", "report"]
@@ -130,7 +131,7 @@ class Monitor:
 
     def __init__(self, interval: float = 5.0, to: Union[Sink, Sequence[Sink], None] = None, device: int = 0,
                  guard: Any = None, processes: bool = True) -> None:
-        self.interval = float(interval)
+        self.interval = check_interval("gpuguard.monitor", interval)  # 0, negative, NaN: a busy loop
         self.device = device
         self.what = 0x7 if processes else 0x5
         self.samples = 0

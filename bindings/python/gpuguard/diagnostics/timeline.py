@@ -19,6 +19,7 @@ import threading
 import time
 from typing import IO, Any, Dict, List, Optional
 
+from ..errors import check_interval
 from ._memread import Reader, series as _default_series
 from .holding import holders
 
@@ -39,7 +40,7 @@ class Recorder:
                  readers: Optional[Dict[str, Reader]] = None, holders_at_peak: bool = True, top: int = 8,
                  arena: Any = None, name: str = "") -> None:
         self.path = path
-        self.interval = interval
+        self.interval = None if interval is None else check_interval("gpuguard.record", interval)
         self.device = device
         self.holders_at_peak = holders_at_peak
         self.top = top
