@@ -590,6 +590,7 @@ static int gg__report_open(const gg_guard_t *g) {
   struct stat st;
   const char *why = fd < 0 ? strerror(errno) : NULL;
   if (fd < 0 && errno == ELOOP) why = "a symbolic link (not followed)";
+  if (fd < 0 && errno == ENXIO) why = "a FIFO nobody reads (not a regular file)";
   if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) why = "not a regular file";
   if (!why) return fd;
   if (fd >= 0) close(fd);

@@ -61,12 +61,13 @@ def _num(v: Any) -> str:
 def _numbers_only(data: Dict[str, Any]) -> Dict[str, Any]:
     """The timeline with every value that is drawn or printed a number: samples whose t or step is not
     one, and series values that are not, are left out."""
-    samples = []
-    for s in data.get("samples", []):
-        if not isinstance(s, dict) or not all(_is_num(s[k]) for k in ("t", "step") if k in s):
-            continue
-        samples.append({k: v for k, v in s.items() if k in ("type", "t", "step") or v is None or _is_num(v)})
-    return dict(data, samples=samples)
+    def placed(r: Any) -> bool:
+        return isinstance(r, dict) and all(_is_num(r[k]) for k in ("t", "step") if k in r and r[k] is not None)
+
+    samples = [{k: v for k, v in s.items() if k in ("type", "t", "step") or v is None or _is_num(v)}
+               for s in data.get("samples", []) if placed(s)]
+    return dict(data, samples=samples, marks=[m for m in data.get("marks", []) if placed(m)],
+                holders=[h for h in data.get("holders", []) if placed(h)])
 
 
 def _series_names(data: Dict[str, Any]) -> List[str]:
