@@ -84,6 +84,8 @@ class ArenaScope:
     __slots__ = ("_arena", "_scope", "_open", "_used")
 
     def __init__(self, arena: "Arena") -> None:
+        if not isinstance(arena, Arena):
+            raise TypeError(f"gpuguard.ArenaScope: an Arena expected, not {type(arena).__name__}")
         self._arena = arena
         self._scope = _CScope()
         self._open = False

@@ -124,8 +124,8 @@ def check_interval(call: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{call}: interval must be a number of seconds, not {type(value).__name__}")
     v = float(value)
-    if not (v > 0 and v < float("inf")):
-        raise ValueError(f"{call}: interval {value!r} must be a positive, finite number of seconds")
+    if not (v >= 0.001 and v < float("inf")):
+        raise ValueError(f"{call}: interval {value!r} must be a finite number of seconds, at least 0.001")
     return v
 
 

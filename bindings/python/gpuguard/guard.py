@@ -127,7 +127,12 @@ class Guard:
         """Registers ``fn()`` to run once at teardown (LIFO). An exception inside it is printed to stderr
         and the teardown goes on; it never propagates into the library. On a signal path it runs on the
         library's guard thread. Returns an id for ``cancel()``."""
+        if not callable(fn):
+            raise TypeError(f"gpuguard.Guard.on_teardown: fn must be callable, not {type(fn).__name__}")
+        check_str("gpuguard.Guard.on_teardown", "name", name)
         label = name or getattr(fn, "__qualname__", None) or "cleanup"
+        if not isinstance(label, str):
+            label = "cleanup"
 
         def call(_user: Any) -> None:
             try:
@@ -144,6 +149,7 @@ class Guard:
 
     def cancel(self, ident: int) -> None:
         """Cancels a registration: its cleanup will not run (NotFoundError when it is not registered)."""
+        check_int("gpuguard.Guard.cancel", "ident", ident, 0, (1 << 64) - 1)
         C.gg_guard_cancel(self._handle(), ident)
         with self._lock:
             self._callbacks.pop(ident, None)

@@ -139,7 +139,7 @@ def arm_child() -> None:
 def set_subreaper(on: bool = True) -> None:
     """Makes this process a child subreaper (or stops): orphaned descendants become our children, and a
     teardown ends them with the rest."""
-    C.gg_proc_set_subreaper(int(on))
+    C.gg_proc_set_subreaper(1 if on else 0)
 
 
 def close_device_fds() -> int:

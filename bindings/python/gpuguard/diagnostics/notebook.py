@@ -172,6 +172,8 @@ class _Extension:
     # ---- %gpuguard ---------------------------------------------------------------------------------
 
     def magic(self, line: str) -> Any:
+        if not isinstance(line, str):
+            raise TypeError(f"%gpuguard: a line of text expected, not {type(line).__name__}")
         words = line.split()
         cmd = words[0] if words else ""
         if cmd == "holders":
