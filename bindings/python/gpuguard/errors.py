@@ -119,13 +119,14 @@ def check_int(call: str, name: str, value: object, lo: int, hi: int) -> int:
 
 
 def check_interval(call: str, value: object) -> float:
-    """A sampling interval in seconds: a positive, finite number, else ValueError (TypeError for a value
-    that is no number). Zero, a negative or NaN interval would sample in a busy loop."""
+    """A sampling interval in seconds: from 0.001 to 86400 (as `gpuguard watch` takes), else ValueError
+    (TypeError for a value that is no number). Zero, a negative or NaN interval would sample in a busy
+    loop; one beyond what a thread can wait would end the sampling thread."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{call}: interval must be a number of seconds, not {type(value).__name__}")
     v = float(value)
-    if not (v >= 0.001 and v < float("inf")):
-        raise ValueError(f"{call}: interval {value!r} must be a finite number of seconds, at least 0.001")
+    if not (0.001 <= v <= 86400):
+        raise ValueError(f"{call}: interval {value!r} must be a number of seconds from 0.001 to 86400")
     return v
 
 

@@ -26,6 +26,14 @@ trace = open("calls.log", "w")  # the call in progress, should one hang (the tes
 import faulthandler
 faulthandler.dump_traceback_later(budget + 60, exit=True)
 rnd = random.Random(seed)
+
+
+def thread_died(a):  # a sampling thread that dies of its arguments is a failure too
+    print(f"FAIL (seed {seed}): thread {a.thread.name} died: {a.exc_type.__name__}: {a.exc_value}", flush=True)
+    os._exit(5)
+
+
+threading.excepthook = thread_died
 ALLOWED = (GpuGuardError, TypeError, ValueError)
 sleeper = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
@@ -62,7 +70,7 @@ def value(name):
     if name in ("pid",):
         return rnd.choice(PIDS)
     if name in ("interval",) and rnd.random() < 0.5:
-        return rnd.choice([0, -1, math.nan, math.inf, 0.05, "1", None, 1e-9])
+        return rnd.choice([0, -1, math.nan, math.inf, 0.05, "1", None, 1e-9, 2**64, 1e300])
     if name in ("to",) and rnd.random() < 0.7:
         # (no http:// sinks: the endpoint's own tests cover them; a fuzzer must not bind ports)
         return rnd.choice([None, [], "x.jsonl", ["x.jsonl"], 5, [5], "m.prom", ["x.jsonl", 5], object()])
