@@ -979,9 +979,13 @@ static const command_t commands[] = {
      "                  GPUGUARD_PID_NS=auto|on|off sets the default (a bad value is a usage error)\n"
      "  -h, --help      this help\n"
      "The runner is a child subreaper, records a session leader in the registry (children inherit\n"
-     "GPUGUARD_SESSION), forwards to CMD every signal that would otherwise end the runner (SIGINT,\n"
-     "SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM, SIGPIPE, SIGXCPU, ...), and exits with CMD's status\n"
-     "(128+N when CMD was ended by signal N); the runner's own signal is in the receipt.\n"},
+     "GPUGUARD_SESSION), takes every signal that would otherwise end the runner (SIGINT, SIGTERM,\n"
+     "SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM, SIGPIPE, SIGXCPU, ...) and sees that CMD gets it once: the\n"
+     "terminal's and those sent to the whole group reach CMD directly, those sent to the runner alone are\n"
+     "passed on. Only SIGTERM, SIGINT, SIGHUP or SIGQUIT not from the terminal start the grace period.\n"
+     "Signals ignored at start (nohup) stay ignored, in CMD too. Exits with CMD's status (128+N when CMD\n"
+     "was ended by signal N), also when the receipt cannot be written; the runner's signal is in the\n"
+     "receipt, which replaces PATH in one rename.\n"},
     {"reap", "[--dry-run] [--yes] [--grace MS]",
      "Ends your orphans of dead gpuguard sessions (their leader's registry record is stale).", cmd_reap,
      "  --dry-run   list them, do nothing\n"
