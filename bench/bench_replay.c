@@ -3,11 +3,17 @@
  * (gg_torch_alloc / gg_torch_free on the arena's stream), once per chunk size, and prints a table:
  * peak mapped / peak in use, what trim leaves mapped, waits, and the time per call.
  *
- *   bench_replay TRACE[.gz] [CHUNK ...]        CHUNK: sizes such as 2M 64M (default: 2M 8M 64M)
+ *   bench_replay [--catch-up N|step] [--no-steady-waits] TRACE[.gz] [CHUNK ...]
+ *                CHUNK: sizes such as 2M 64M (default: 2M 8M 64M)
  *
  * On the host backend set GPUGUARD_HOST_CAPACITY above the trace's peak, GPUGUARD_HOST_POPULATE=0 (no
  * resident memory is needed: nothing is written) and GPUGUARD_HOST_BUSY=1 (streams always have work
- * queued, as a training stream does); on a GPU it maps real memory. */
+ * queued, as a training stream does); on a GPU it maps real memory. With GPUGUARD_HOST_BUSY=1 alone the
+ * simulated GPU never catches up unless the arena waits for it (the worst case for an allocator that
+ * never waits); --catch-up makes it finish all work queued so far every N events, or at every
+ * `# step` line of the trace (a training loop that reads its loss each step), through a wait on a
+ * second arena of the same device, not counted in the replayed arena's waits. --no-steady-waits fails
+ * the run (exit 1) when the arena waited for its stream in the second half of the events. */
 #define _POSIX_C_SOURCE 200809L
 #include <gpuguard/gpuguard.h>
 #include <gpuguard/plugin.h>
@@ -19,7 +25,7 @@
 #include <time.h>
 
 typedef struct {
-  char op;   /* 'a' or 'f' */
+  char op;   /* 'a', 'f', or 's' (a `# step` line) */
   size_t id; /* block number */
   size_t size;
 } ev_t;
@@ -60,9 +66,10 @@ static void am_del(addrmap_t *m, unsigned long long k) { /* backward-shift delet
 }
 
 /* Reads the trace (through gzip -dc for a .gz name): lines `a ADDR SIZE [STREAM]` and `f ADDR [STREAM]`,
- * ADDR in any base strtoull reads (0x... from the plugin). Numbers the blocks densely; counts events
- * on a stream other than the default one. Returns the events, or NULL. */
-static ev_t *load(const char *path, size_t *n_out, size_t *ids_out, size_t *other_stream) {
+ * ADDR in any base strtoull reads (0x... from the plugin), and `# step` lines between training steps.
+ * Numbers the blocks densely; counts events on a stream other than the default one, and the steps.
+ * Returns the events, or NULL. */
+static ev_t *load(const char *path, size_t *n_out, size_t *ids_out, size_t *other_stream, size_t *steps) {
   size_t len = strlen(path);
   bool gz = len > 3 && strcmp(path + len - 3, ".gz") == 0;
   FILE *f;
@@ -78,12 +85,14 @@ static ev_t *load(const char *path, size_t *n_out, size_t *ids_out, size_t *othe
   addrmap_t m = {.cap = 1 << 22};
   m.key = calloc(m.cap, sizeof *m.key), m.val = calloc(m.cap, sizeof *m.val);
   ev_t *ev = m.key && m.val ? malloc(cap * sizeof *ev) : NULL;
-  char line[256], op, sa[64], sb[64], sc[64];
-  *other_stream = 0;
+  char line[256], op = 0, sa[64], sb[64], sc[64];
+  *other_stream = 0, *steps = 0;
   while (ev && fgets(line, sizeof line, f)) {
-    if (line[0] == '#' || line[0] == '\n') continue;
-    int k = sscanf(line, " %c %63s %63s %63s", &op, sa, sb, sc);
-    unsigned long long addr = strtoull(sa, NULL, 0);
+    bool step = strncmp(line, "# step", 6) == 0;
+    if (!step && (line[0] == '#' || line[0] == '\n')) continue;
+    op = 's';
+    int k = step ? 0 : sscanf(line, " %c %63s %63s %63s", &op, sa, sb, sc);
+    unsigned long long addr = k >= 2 ? strtoull(sa, NULL, 0) : 0;
     bool found;
     ev_t e = {.op = op};
     const char *stream = NULL;
@@ -92,7 +101,9 @@ static ev_t *load(const char *path, size_t *n_out, size_t *ids_out, size_t *othe
       free(ev), ev = NULL;
       break;
     }
-    if (op == 'a' && k >= 3 && addr) {
+    if (op == 's') {
+      ++*steps;
+    } else if (op == 'a' && k >= 3 && addr) {
       e.size = (size_t)strtoull(sb, NULL, 0), e.id = ids++;
       *am_slot(&m, addr, &found) = e.id;
       stream = k == 4 ? sc : NULL;
@@ -137,28 +148,69 @@ static int parse_size(const char *s, size_t *out) {
   return 0;
 }
 
+/* Makes the simulated GPU finish everything queued so far: a wait on the clock arena's stream (the
+ * host backend's busy streams then complete all work recorded on the device). */
+static int catch_up(gg_arena_t *clock) {
+  void *p;
+  int rc = gg_alloc(clock, 256, &p);
+  if (rc == 0) rc = gg_free(clock, p);
+  if (rc == 0) rc = gg_arena_trim(clock, 0);
+  return rc;
+}
+
 int main(int argc, char **argv) {
-  if (argc < 2) {
-    fprintf(stderr, "usage: bench_replay TRACE[.gz] [CHUNK ...]   (CHUNK like 2M, 64M)\n");
+  int argi = 1;
+  long every = 0;           /* --catch-up: events between catch-ups; -1: at `# step` lines */
+  bool no_steady = false;   /* --no-steady-waits: fail when the second half waited for the stream */
+  for (;;) {
+    if (argc > argi + 1 && strcmp(argv[argi], "--catch-up") == 0) {
+      char *end = NULL;
+      every = strcmp(argv[argi + 1], "step") == 0 ? -1 : strtol(argv[argi + 1], &end, 10);
+      if (every == 0 || (every > 0 && *end)) {
+        fprintf(stderr, "bench_replay: --catch-up takes a number of events or 'step', not '%s'\n", argv[argi + 1]);
+        return 2;
+      }
+      argi += 2;
+    } else if (argc > argi && strcmp(argv[argi], "--no-steady-waits") == 0) {
+      no_steady = true;
+      argi++;
+    } else {
+      break;
+    }
+  }
+  if (argc <= argi) {
+    fprintf(stderr, "usage: bench_replay [--catch-up N|step] [--no-steady-waits] TRACE[.gz] [CHUNK ...]   (CHUNK "
+                    "like 2M, 64M)\n");
     return 2;
   }
-  size_t n, ids, other;
-  ev_t *ev = load(argv[1], &n, &ids, &other);
+  const char *path = argv[argi++];
+  size_t n, ids, other, steps;
+  ev_t *ev = load(path, &n, &ids, &other, &steps);
   if (!ev) {
-    fprintf(stderr, "bench_replay: cannot read %s\n", argv[1]);
+    fprintf(stderr, "bench_replay: cannot read %s\n", path);
     return 1;
+  }
+  if (every < 0 && !steps) {
+    fprintf(stderr, "bench_replay: --catch-up step: %s has no `# step` lines\n", path);
+    return 2;
   }
   void **ptr = calloc(ids ? ids : 1, sizeof *ptr);
   size_t *sz = calloc(ids ? ids : 1, sizeof *sz);
   const char *defaults[] = {"2M", "8M", "64M"};
-  int nchunks = argc > 2 ? argc - 2 : 3;
+  int nchunks = argc > argi ? argc - argi : 3;
   int rc = 0;
-  printf("# bench_replay: %s, %zu events (%zu on a stream other than the default one, replayed on it), "
-         "gpuguard %s\n", argv[1], n, other, GG_VERSION_STRING);
+  printf("# bench_replay: %s, %zu events in %zu steps (%zu on a stream other than the default one, replayed on "
+         "it), GPU catches up %s, gpuguard %s\n", path, n, steps, other,
+         every < 0 ? "at every step" : every > 0 ? "every N events" : "only when waited for", GG_VERSION_STRING);
+  if (every > 0) printf("# N = %ld\n", every);
   printf("\n| chunk | backend | peak in use MiB | peak mapped MiB | ratio | mapped after trim MiB (in use) | trims | "
-         "GiB trimmed | stream waits | ns per call |\n|---|---|---|---|---|---|---|---|---|---|\n");
+         "GiB trimmed | stream waits | waits in the 2nd half | ns per call |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|\n");
+  gg_arena_t *clock = NULL;
+  if (every && (rc = gg_arena_create(&clock, &(gg_arena_options_t){.name = "replay-clock"})) < 0)
+    fprintf(stderr, "bench_replay: %s: %s\n", gg_strerror(rc), gg_last_error());
   for (int c = 0; c < nchunks && rc == 0; c++) {
-    const char *arg = argc > 2 ? argv[2 + c] : defaults[c];
+    const char *arg = argc > argi ? argv[argi + c] : defaults[c];
     gg_arena_options_t o;
     gg_arena_options_init(&o);
     if (parse_size(arg, &o.chunk_size) < 0) {
@@ -173,30 +225,38 @@ int main(int argc, char **argv) {
       break;
     }
     memset(ptr, 0, ids * sizeof *ptr);
+    gg_arena_stats_t s, half = {0};
     double t0 = now_s();
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && rc == 0; i++) {
+      if (i == n / 2) gg_arena_stats(a, &half);
+      if (clock && ((every > 0 && i % (size_t)every == 0) || (every < 0 && ev[i].op == 's')) &&
+          (rc = catch_up(clock)) < 0)
+        fprintf(stderr, "bench_replay: catching up: %s\n", gg_last_error());
       if (ev[i].op == 'a') {
         ptr[ev[i].id] = gg_torch_alloc((ssize_t)ev[i].size, 0, NULL);
         sz[ev[i].id] = ev[i].size;
         if (!ptr[ev[i].id]) {
           fprintf(stderr, "bench_replay: event %zu: allocation of %zu bytes failed\n", i, ev[i].size);
           rc = -1;
-          break;
         }
-      } else if (ptr[ev[i].id]) {
+      } else if (ev[i].op == 'f' && ptr[ev[i].id]) {
         gg_torch_free(ptr[ev[i].id], (ssize_t)sz[ev[i].id], 0, NULL);
         ptr[ev[i].id] = NULL;
       }
     }
     double dt = now_s() - t0;
-    gg_arena_stats_t s;
+    gg_arena_stats(a, &s);
+    unsigned long long steady = s.n_stream_waits - half.n_stream_waits;
+    if (no_steady && steady) {
+      fprintf(stderr, "bench_replay: %llu host waits for the stream in the second half of the trace\n", steady);
+      rc = -1;
+    }
     gg_arena_trim(a, 0);
     gg_arena_stats(a, &s);
-    printf("| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %.1f | %llu | %.0f |\n", arg, gg_arena_backend(a),
-           s.peak_in_use / 1048576.0, s.peak_mapped / 1048576.0, (double)s.peak_mapped / (double)s.peak_in_use,
-           s.bytes_mapped / 1048576.0, s.bytes_in_use / 1048576.0, s.n_trims, s.bytes_trimmed / 1073741824.0,
-           s.n_stream_waits,
-           dt * 1e9 / (double)n);
+    printf("| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %.1f | %llu | %llu | %.0f |\n", arg,
+           gg_arena_backend(a), s.peak_in_use / 1048576.0, s.peak_mapped / 1048576.0,
+           (double)s.peak_mapped / (double)s.peak_in_use, s.bytes_mapped / 1048576.0, s.bytes_in_use / 1048576.0,
+           s.n_trims, s.bytes_trimmed / 1073741824.0, s.n_stream_waits, steady, dt * 1e9 / (double)n);
     for (size_t i = 0; i < ids; i++)
       if (ptr[i]) gg_torch_free(ptr[i], (ssize_t)sz[i], 0, NULL);
     gg_plugin_stats_t ps;
@@ -210,9 +270,11 @@ int main(int argc, char **argv) {
     gg_plugin_set_arena(0, NULL);
     gg_arena_destroy(a);
   }
+  gg_arena_destroy(clock);
   printf("\n(ratio: peak mapped / peak in use, the arena's own figures; trims: trims that returned memory, the "
          "final one included, and the bytes they returned; stream waits: host-side waits the arena made for its "
-         "stream)\n");
+         "stream, the final trim's included; waits in the 2nd half: those made in the second half of the events, "
+         "before the final trim: the steady state)\n");
   free(ptr), free(sz), free(ev);
   return rc < 0 ? 1 : rc;
 }

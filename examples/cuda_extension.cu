@@ -55,8 +55,12 @@ int main(int argc, char **argv) {
     return 2;
   }
   int count = 0;
-  const bool gpu = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  if (!gpu) setenv("GPUGUARD_BACKEND", "host", 1);
+  /* GPUGUARD_BACKEND is the user's (host: the host backend even with a GPU); only unset or auto is
+   * turned into host without a GPU, so a bad value reaches gpuguard and is refused there. */
+  const char *want = std::getenv("GPUGUARD_BACKEND");
+  const bool want_host = want && std::strcmp(want, "host") == 0;
+  const bool gpu = !want_host && cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  if (!gpu && (!want || !*want || std::strcmp(want, "auto") == 0)) setenv("GPUGUARD_BACKEND", "host", 1);
   try {
     cudaStream_t stream = nullptr;
     if (gpu) cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");

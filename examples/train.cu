@@ -128,9 +128,18 @@ int main(int argc, char **argv) {
     return 2;
   }
   int n = 0;
-  gpu = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  /* GPUGUARD_BACKEND is the user's: host runs on the host backend even with a GPU; cuda without one,
+   * or a bad value, is refused by gpuguard itself (never overwritten here). */
+  const char *want = getenv("GPUGUARD_BACKEND");
+  bool want_host = want && strcmp(want, "host") == 0;
+  gpu = !want_host && cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (!gpu && want && *want && !want_host && strcmp(want, "auto") != 0) {
+    fprintf(stderr, "train: GPUGUARD_BACKEND=%s, but no CUDA device can be used (host or auto run without one)\n",
+            want);
+    return 2;
+  }
   if (!gpu) {
-    setenv("GPUGUARD_BACKEND", "host", 1);
+    setenv("GPUGUARD_BACKEND", "host", 1); /* unset, auto or host: the host backend */
     printf("train: no CUDA device: running on gpuguard's host backend; each step is the same math in C on "
            "the arena's host pointers instead of CUDA kernels\n");
   } else {

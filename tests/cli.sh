@@ -49,8 +49,13 @@ expect_rc 2 $g run --grace -- true; grep -q -- "--grace needs a value" "$tmp/err
 # JSON and Prometheus text, parsed by real parsers.
 expect_rc 0 $g info --json
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["devices"][0]["backend"]=="host", d' "$tmp/out"
+# Without NVML (no GPU here) no device series at all, never the simulated host device: a line on
+# stderr and gpuguard_devices{source="none"} 0 say so.
 expect_rc 0 $g info --prom
 cp "$tmp/out" "$tmp/info.prom"
+grep -q "no NVIDIA GPU on this machine" "$tmp/err" || fail "info --prom without a GPU says nothing on stderr"
+grep -qx 'gpuguard_devices{source="none"} 0' "$tmp/info.prom" || fail "info --prom without a GPU: no gpuguard_devices 0"
+! grep -q "gpuguard_device_\|host device" "$tmp/info.prom" || fail "info --prom exported the simulated host device"
 cat > "$tmp/parse.py" <<'PY'
 import sys
 from prometheus_client.parser import text_string_to_metric_families
@@ -60,11 +65,13 @@ for name in sys.argv[2:]:
     assert name in fams, (name, sorted(fams))
 for f in fams.values():
     assert f.samples, ("empty family", f.name)
+    if f.name in ("gpuguard_build_info", "gpuguard_devices", "gpuguard_scrape_collector_success"):
+        continue  # not about one device
     for s in f.samples:
         assert s.labels.get("gpu") == "0" and s.labels.get("UUID", "").startswith("GPU-"), s
 print("parsed", len(fams), "metric families")
 PY
-python3 "$tmp/parse.py" "$tmp/info.prom" gpuguard_device_memory_used_bytes gpuguard_device_memory_total_bytes gpuguard_device_info
+python3 "$tmp/parse.py" "$tmp/info.prom" gpuguard_build_info gpuguard_devices
 
 # Processes from the stand-in NVML: this shell (1 MB) and a sleeper whose memory NVML does not know.
 sleep 60 & sleeper=$!
@@ -85,7 +92,7 @@ PY
 expect_rc 0 $g watch --prom-file "$tmp/gpu.prom" --count 2 --interval 0.05
 [ ! -e "$tmp/gpu.prom.tmp.$$" ] && ! ls "$tmp" | grep -q '\.tmp\.' || fail "temporary file left behind"
 python3 "$tmp/parse.py" "$tmp/gpu.prom" gpuguard_process_memory_used_bytes gpuguard_processes
-grep -q "gpuguard_process_memory_used_bytes{gpu=\"0\",UUID=\"GPU-[0-9a-f-]*\",pid=\"$$\"" "$tmp/gpu.prom" || fail "process series missing"
+grep -q "gpuguard_process_memory_used_bytes{gpu=\"0\",UUID=\"GPU-[0-9a-f-]*\",[^}]*pid=\"$$\"" "$tmp/gpu.prom" || fail "process series missing"
 python3 "$tmp/parse.py" "$tmp/gpu.prom" gpuguard_device_utilization_ratio gpuguard_device_temperature_celsius gpuguard_device_power_watts
 ! grep -q "gpuguard_arena_" "$tmp/gpu.prom" || fail "the CLI has no arenas, yet gpuguard_arena_* families were written"
 expect_rc 1 $g watch --prom-file /nonexistent-dir/x.prom --count 1
@@ -196,6 +203,13 @@ for bad in maybe ON 2 ' on'; do
 done
 [ ! -e "$tmp/started" ] || fail "the job ran although GPUGUARD_PID_NS was bad"
 GPUGUARD_PID_NS= expect_rc 0 $g run --pid-ns=off -- true
+# --torch puts GPUGUARD_TORCH=1 in the job's environment (the Python package's startup hook reads it).
+env -u GPUGUARD_TORCH $g run --pid-ns=off --torch -- sh -c 'echo "T=$GPUGUARD_TORCH" >"$0"' "$tmp/torch.env" \
+  >/dev/null 2>&1 || fail "run --torch failed"
+grep -qx 'T=1' "$tmp/torch.env" || fail "run --torch did not set GPUGUARD_TORCH=1: $(cat "$tmp/torch.env")"
+env -u GPUGUARD_TORCH $g run --pid-ns=off -- sh -c 'echo "T=${GPUGUARD_TORCH-unset}" >"$0"' "$tmp/torch.env" \
+  >/dev/null 2>&1 || fail "run failed"
+grep -qx 'T=unset' "$tmp/torch.env" || fail "run without --torch set GPUGUARD_TORCH"
 
 # No GPU at all: ps says so, text and --json with the same status (3).
 if ! [ -e /dev/nvidiactl ]; then

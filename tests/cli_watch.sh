@@ -221,6 +221,8 @@ for _ in range(3):  # several clients, one after another
         assert name in fams, (name, sorted(fams))
     for f in fams.values():
         assert f.samples, f.name
+        if f.name in ("gpuguard_build_info", "gpuguard_devices", "gpuguard_scrape_collector_success"):
+            continue  # not about one device
         for s in f.samples:
             assert s.labels["gpu"] == "0" and s.labels["UUID"].startswith("GPU-"), s
     assert not any(n.startswith("gpuguard_arena_") for n in fams), sorted(fams)
@@ -237,7 +239,9 @@ except OSError:
     pass
 assert reply == b"" or reply.startswith(b"HTTP/1.1 431"), reply[:80]
 silent.close(), big.close()
-assert get("/")[0] == 404 and get("/metric")[0] == 404 and get("/metrics/x")[0] == 404
+status, headers, page = get("/")  # a page for people, linking the metrics
+assert status == 200 and headers["Content-Type"].startswith("text/html") and b'href="/metrics"' in page, page
+assert get("/metric")[0] == 404 and get("/metrics/x")[0] == 404
 assert get("/metrics?x=1")[0] == 200
 assert get("/metrics", "POST")[0] == 405
 status, headers, body = get("/metrics", "HEAD")
@@ -256,6 +260,6 @@ url=$(grep -o 'http://[^ ]*/metrics' "$tmp/listen2.err")
 python3 -c 'import sys,urllib.request as u; [u.urlopen(sys.argv[1], timeout=20).read() for _ in range(2)]' "$url"
 set +e; wait $server; rc=$?; set -e
 [ $rc = 0 ] || fail "--count 2 with --listen: exited $rc"
-set +e; $g watch --listen nonsense 2>"$tmp/bad.err"; rc=$?; set -e
-[ $rc = 1 ] && grep -q "ADDR:PORT expected" "$tmp/bad.err" || fail "a bad --listen is not explained"
+set +e; $g watch --listen '[::1' 2>"$tmp/bad.err"; rc=$?; set -e
+[ $rc = 2 ] && grep -q "in brackets" "$tmp/bad.err" || fail "a bad --listen is not explained"
 echo "cli_watch: ok"

@@ -2,7 +2,9 @@
  * named in FAKE_NVML_PROCS ("pid:bytes,pid:na,...") with the record size in FAKE_NVML_STRIDE (16, 24 or
  * 32, the three layouts drivers have used), utilisation, temperature and power from FAKE_NVML_TELEMETRY
  * ("gpu%,mem%,celsius,milliwatts,limit-milliwatts"; absent: not supported), and logs init/shutdown to
- * FAKE_NVML_LOG. */
+ * FAKE_NVML_LOG. FAKE_NVML_COUNT devices (default 1), each named "NVIDIA Fake GPU" with the UUID
+ * GPU-fa4e0000-0000-4000-8000-00000000000N and PCI bus id 00000000:0N:00.0 (N = NVML index);
+ * FAKE_NVML_MEMORY "total,used" bytes (default 80 GiB, 1 GiB); device N > 0 lists FAKE_NVML_PROCS_N. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,18 @@ EXPORT int nvmlDeviceGetPowerUsage(void *dev, unsigned *mw);
 EXPORT int nvmlDeviceGetEnforcedPowerLimit(void *dev, unsigned *mw);
 EXPORT int nvmlDeviceGetComputeRunningProcesses_v3(void *dev, unsigned *count, void *infos);
 EXPORT int nvmlDeviceGetGraphicsRunningProcesses_v3(void *dev, unsigned *count, void *infos);
+EXPORT int nvmlDeviceGetCount_v2(unsigned *count);
+EXPORT int nvmlDeviceGetName(void *dev, char *name, unsigned len);
+EXPORT int nvmlDeviceGetUUID(void *dev, char *uuid, unsigned len);
+EXPORT int nvmlDeviceGetMemoryInfo(void *dev, unsigned long long *mem);
+EXPORT int nvmlDeviceGetPciInfo_v3(void *dev, unsigned char *pci);
+
+static unsigned fake_count(void) {
+  const char *c = getenv("FAKE_NVML_COUNT");
+  return c ? (unsigned)atoi(c) : 1;
+}
+/* Handles are index + 1. */
+static unsigned fake_index(const void *dev) { return (unsigned)((const char *)dev - (const char *)0) - 1; }
 
 int nvmlInit_v2(void) {
   if (getenv("FAKE_NVML_FAIL_INIT")) return 9; /* NVML_ERROR_DRIVER_NOT_LOADED */
@@ -39,19 +53,47 @@ int nvmlShutdown(void) {
 }
 const char *nvmlErrorString(int r) { return r == 9 ? "Driver Not Loaded" : "fake error"; }
 int nvmlDeviceGetHandleByIndex_v2(unsigned i, void **dev) {
-  if (i != 0) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
-  *dev = (void *)0x1;
+  if (i >= fake_count()) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
+  *dev = (char *)0 + i + 1;
   return 0;
 }
 int nvmlDeviceGetHandleByUUID(const char *uuid, void **dev) {
-  (void)uuid;
-  *dev = (void *)0x1;
+  unsigned i = 0; /* another UUID (the host backend's) is taken as device 0, as before */
+  const char *prefix = "GPU-fa4e0000-0000-4000-8000-";
+  if (strncmp(uuid, prefix, strlen(prefix)) == 0) i = (unsigned)strtoul(uuid + strlen(prefix), NULL, 16);
+  if (i >= fake_count()) return 6; /* NVML_ERROR_NOT_FOUND */
+  *dev = (char *)0 + i + 1;
   return 0;
 }
 int nvmlDeviceGetMinorNumber(void *dev, unsigned *minor) {
-  (void)dev;
   const char *m = getenv("FAKE_NVML_MINOR"); /* a node number no real device of the machine has */
-  *minor = m ? (unsigned)atoi(m) : 0;
+  *minor = (m ? (unsigned)atoi(m) : 0) + fake_index(dev);
+  return 0;
+}
+int nvmlDeviceGetCount_v2(unsigned *count) {
+  *count = fake_count();
+  return 0;
+}
+int nvmlDeviceGetName(void *dev, char *name, unsigned len) {
+  (void)dev;
+  snprintf(name, len, "NVIDIA Fake GPU");
+  return 0;
+}
+int nvmlDeviceGetUUID(void *dev, char *uuid, unsigned len) {
+  snprintf(uuid, len, "GPU-fa4e0000-0000-4000-8000-%012x", fake_index(dev));
+  return 0;
+}
+int nvmlDeviceGetMemoryInfo(void *dev, unsigned long long *mem) {
+  (void)dev;
+  const char *m = getenv("FAKE_NVML_MEMORY");
+  unsigned long long total = 80ull << 30, used = 1ull << 30;
+  if (m) total = strtoull(m, NULL, 10), used = strchr(m, ',') ? strtoull(strchr(m, ',') + 1, NULL, 10) : 0;
+  mem[0] = total, mem[1] = total - used, mem[2] = used;
+  return 0;
+}
+int nvmlDeviceGetPciInfo_v3(void *dev, unsigned char *pci) {
+  memset(pci, 0, 68);
+  snprintf((char *)pci + 36, 32, "00000000:%02X:00.0", fake_index(dev) + 1);
   return 0;
 }
 
@@ -91,11 +133,12 @@ static int fake_list(const char *env, unsigned *count, void *infos) {
 }
 
 int nvmlDeviceGetComputeRunningProcesses_v3(void *dev, unsigned *count, void *infos) {
-  (void)dev;
-  return fake_list("FAKE_NVML_PROCS", count, infos);
+  char name[32] = "FAKE_NVML_PROCS";
+  if (fake_index(dev) > 0) snprintf(name, sizeof name, "FAKE_NVML_PROCS_%u", fake_index(dev));
+  return fake_list(name, count, infos);
 }
 int nvmlDeviceGetGraphicsRunningProcesses_v3(void *dev, unsigned *count, void *infos) {
-  (void)dev;
+  if (fake_index(dev) > 0) return 0 * (int)(*count = 0);
   return fake_list("FAKE_NVML_GRAPHICS", count, infos);
 }
 

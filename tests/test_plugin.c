@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
+#include "arena/arena_internal.h"
 #include "gg_test.h"
 
 static gg_arena_t *make_arena(size_t capacity) {
@@ -93,37 +94,172 @@ static void test_ordered_free_in_log_is_reused_at_once(void **state) {
   gg_assert_ok(gg_host_stream_destroy(hs));
 }
 
-/* An allocation that would raise peak mapped first waits for the stream and gives back the wholly free
- * chunks (the device is always busy here: GPUGUARD_HOST_BUSY); one that stays under the peak maps
- * without waiting. */
-static void test_growth_past_the_peak_trims_first(void **state) {
+/* An allocation that would raise peak mapped first gives back the wholly free chunks whose last user is
+ * done, and never waits for the GPU: a chunk freed in stream order while work that may use it still
+ * runs (a held stream) stays mapped, untouched, and the growth maps beside it; once an event says that
+ * work is done, the next growth past the peak gives it back, still without a wait. Below the peak a
+ * growth maps without trimming. */
+static void test_growth_past_the_peak_never_waits_for_the_gpu(void **state) {
   (void)state;
-  setenv("GPUGUARD_HOST_BUSY", "1", 1);
   const size_t M = 1u << 20;
-  gg_arena_t *a = make_arena_on(256 * M, 2 * M, NULL);
+  void *hs = NULL;
+  gg_assert_ok(gg_host_stream_create(&hs));
+  gg_assert_ok(gg_host_fault_set(NULL)); /* resets the backend's operation counters */
+  gg_arena_t *a = make_arena_on(256 * M, 2 * M, hs);
   gg_assert_ok(gg_plugin_set_arena(4, a));
-  void *x = gg_torch_alloc((ssize_t)(16 * M), 4, NULL), *y = gg_torch_alloc(256, 4, NULL);
+  void *x = gg_torch_alloc((ssize_t)(16 * M), 4, hs), *y = gg_torch_alloc(256, 4, hs);
   assert_non_null(x), assert_non_null(y);
-  gg_torch_free(x, (ssize_t)(16 * M), 4, NULL); /* 16 MiB free below y; 18 MiB mapped */
+  gg_assert_ok(gg_host_stream_hold(hs));      /* a kernel still reads x */
+  gg_torch_free(x, (ssize_t)(16 * M), 4, hs); /* 16 MiB free below y; 18 MiB mapped */
   gg_arena_stats_t s0, s1, s2;
   gg_assert_ok(gg_arena_stats(a, &s0));
   assert_int_equal(s0.bytes_mapped, 18 * M);
-  void *z = gg_torch_alloc((ssize_t)(20 * M), 4, NULL); /* does not fit the hole: grows past the peak */
+  void *z = gg_torch_alloc((ssize_t)(20 * M), 4, hs); /* does not fit the hole: grows past the peak */
   assert_non_null(z);
   gg_assert_ok(gg_arena_stats(a, &s1));
-  assert_int_equal(s1.n_trims, s0.n_trims + 1);
-  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits + 1);
-  assert_true(s1.peak_mapped <= 24 * M); /* 38 MiB had the hole stayed mapped */
-  /* Below the peak: a growth maps without waiting (nothing else is free to give back anyway). */
-  gg_torch_free(z, (ssize_t)(20 * M), 4, NULL);
+  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits);
+  assert_int_equal(gg_host_op_count("stream_sync") + gg_host_op_count("event_sync"), 0);
+  assert_int_equal(s1.n_trims, s0.n_trims); /* x's memory stays mapped while the kernel may read it */
+  assert_int_equal(s1.bytes_mapped, 38 * M);
+  assert_ptr_not_equal(z, x); /* z is not x's memory either: it does not fit there */
+  /* The kernel ends; a growth past the peak now gives x's chunks back without a wait. */
+  gg_assert_ok(gg_host_stream_release(hs));
+  gg_assert_ok(gg_host_stream_hold(hs)); /* later work runs again, on other memory */
+  void *w = gg_torch_alloc((ssize_t)(24 * M), 4, hs);
+  assert_non_null(w);
+  gg_assert_ok(gg_arena_stats(a, &s2));
+  assert_int_equal(s2.n_stream_waits, s0.n_stream_waits);
+  assert_int_equal(gg_host_op_count("stream_sync") + gg_host_op_count("event_sync"), 0);
+  assert_int_equal(s2.n_trims, s1.n_trims + 1);
+  assert_true(s2.peak_mapped <= 46 * M); /* 62 MiB had the hole stayed mapped */
+  gg_assert_ok(gg__arena_check(a));
+  gg_assert_ok(gg_host_stream_release(hs));
+  /* Below the peak: a growth maps without trimming. */
+  gg_torch_free(z, (ssize_t)(20 * M), 4, hs);
+  gg_torch_free(w, (ssize_t)(24 * M), 4, hs);
   gg_assert_ok(gg_arena_trim(a, 0));
   gg_assert_ok(gg_arena_stats(a, &s1));
-  assert_non_null(z = gg_torch_alloc((ssize_t)(12 * M), 4, NULL));
+  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits); /* the frees' events said the work was done */
+  assert_non_null(z = gg_torch_alloc((ssize_t)(12 * M), 4, hs));
   gg_assert_ok(gg_arena_stats(a, &s2));
-  assert_int_equal(s2.n_stream_waits, s1.n_stream_waits);
+  assert_int_equal(s2.n_trims, s1.n_trims);
   assert_true(s2.bytes_mapped > s1.bytes_mapped);
+  gg_torch_free(z, (ssize_t)(12 * M), 4, hs);
+  gg_torch_free(y, 256, 4, hs);
   gg_assert_ok(gg_arena_destroy(a));
-  unsetenv("GPUGUARD_HOST_BUSY");
+  gg_assert_ok(gg_host_stream_destroy(hs));
+}
+
+/* The stream guarantee while the GPU never catches up (a held stream): growth past the peak over and
+ * over, with every free in stream order, never waits and never unmaps memory whose last user may still
+ * run; once the work is done, a trim gives everything back without a wait. */
+static void test_growth_under_running_work_keeps_recent_frees_mapped(void **state) {
+  (void)state;
+  const size_t M = 1u << 20;
+  void *hs = NULL;
+  gg_assert_ok(gg_host_stream_create(&hs));
+  gg_arena_t *a = make_arena_on(512 * M, 2 * M, hs);
+  gg_assert_ok(gg_plugin_set_arena(4, a));
+  gg_assert_ok(gg_host_stream_hold(hs));
+  gg_arena_stats_t s0, s;
+  gg_assert_ok(gg_arena_stats(a, &s0));
+  void *keep = NULL;
+  for (int step = 1; step <= 8; step++) { /* each step a larger layout than the one before */
+    void *big = gg_torch_alloc((ssize_t)(step * 6 * M), 4, hs), *small = gg_torch_alloc(4096, 4, hs);
+    assert_non_null(big), assert_non_null(small);
+    gg_torch_free(big, (ssize_t)(step * 6 * M), 4, hs);
+    if (keep) gg_torch_free(keep, 4096, 4, hs);
+    keep = small;
+    gg_assert_ok(gg_arena_stats(a, &s));
+    assert_int_equal(s.n_stream_waits, s0.n_stream_waits);
+    assert_int_equal(s.n_trims, s0.n_trims); /* nothing is known done: nothing is unmapped */
+    gg_assert_ok(gg__arena_check(a));
+  }
+  gg_torch_free(keep, 4096, 4, hs);
+  gg_assert_ok(gg_host_stream_release(hs));
+  gg_assert_ok(gg_arena_trim(a, 0));
+  gg_assert_ok(gg_arena_stats(a, &s));
+  assert_int_equal(s.n_stream_waits, s0.n_stream_waits);
+  assert_int_equal(s.bytes_mapped, 0);
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_ok(gg_host_stream_destroy(hs));
+}
+
+/* A block released outside stream order (gg_free) waits for its event; a growth past the peak while
+ * its work runs neither waits for it nor hands its memory out: the allocations land elsewhere, and the
+ * block becomes free once its event completes. */
+static void test_growth_past_the_peak_leaves_pending_blocks_alone(void **state) {
+  (void)state;
+  const size_t M = 1u << 20;
+  void *hs = NULL;
+  gg_assert_ok(gg_host_stream_create(&hs));
+  gg_arena_t *a = make_arena_on(256 * M, 2 * M, hs);
+  gg_assert_ok(gg_plugin_set_arena(4, a));
+  void *x = NULL;
+  gg_assert_ok(gg_alloc(a, 16 * M, &x));
+  void *y = gg_torch_alloc(256, 4, hs);
+  assert_non_null(y);
+  gg_assert_ok(gg_host_stream_hold(hs)); /* a kernel still reads x */
+  gg_assert_ok(gg_free(a, x));
+  gg_arena_stats_t s0, s1;
+  gg_assert_ok(gg_arena_stats(a, &s0));
+  assert_int_equal(s0.bytes_pending, 16 * M);
+  void *z = gg_torch_alloc((ssize_t)(20 * M), 4, hs), *w = gg_torch_alloc((ssize_t)(8 * M), 4, hs);
+  assert_non_null(z), assert_non_null(w);
+  uintptr_t xs = (uintptr_t)x, xe = xs + 16 * M;
+  assert_true((uintptr_t)z + 20 * M <= xs || (uintptr_t)z >= xe);
+  assert_true((uintptr_t)w + 8 * M <= xs || (uintptr_t)w >= xe);
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits);
+  assert_int_equal(s1.bytes_pending, 16 * M);
+  gg_assert_ok(gg__arena_check(a));
+  gg_assert_ok(gg_host_stream_release(hs));
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  assert_int_equal(s1.bytes_pending, 0);
+  gg_torch_free(z, (ssize_t)(20 * M), 4, hs);
+  gg_torch_free(w, (ssize_t)(8 * M), 4, hs);
+  gg_torch_free(y, 256, 4, hs);
+  gg_assert_ok(gg_arena_trim(a, 0));
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  assert_int_equal(s1.bytes_mapped, 0);
+  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits);
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_ok(gg_host_stream_destroy(hs));
+}
+
+/* Many small blocks freed in stream order (some held by this thread's cache until a large request takes
+ * them back): a growth past the peak while their work runs neither waits nor unmaps their memory. */
+static void test_cached_frees_are_not_unmapped_under_running_work(void **state) {
+  (void)state;
+  const size_t M = 1u << 20, K = 1u << 10;
+  void *hs = NULL;
+  gg_assert_ok(gg_host_stream_create(&hs));
+  gg_arena_t *a = make_arena_on(256 * M, 2 * M, hs);
+  gg_assert_ok(gg_plugin_set_arena(4, a));
+  enum { N = 96 };
+  void *p[N];
+  for (int i = 0; i < N; i++) assert_non_null(p[i] = gg_torch_alloc((ssize_t)(64 * K), 4, hs)); /* 6 MiB */
+  void *y = gg_torch_alloc(256, 4, hs);
+  assert_non_null(y);
+  gg_assert_ok(gg_host_stream_hold(hs)); /* kernels still read the small blocks */
+  for (int i = 0; i < N; i++) gg_torch_free(p[i], (ssize_t)(64 * K), 4, hs);
+  gg_arena_stats_t s0, s1;
+  gg_assert_ok(gg_arena_stats(a, &s0));
+  void *z = gg_torch_alloc((ssize_t)(24 * M), 4, hs); /* the caches give back, then growth past the peak */
+  assert_non_null(z);
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  assert_int_equal(s1.n_trims, s0.n_trims);
+  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits);
+  assert_true(s1.bytes_mapped >= s0.bytes_mapped + 24 * M);
+  gg_assert_ok(gg__arena_check(a));
+  gg_assert_ok(gg_host_stream_release(hs));
+  gg_torch_free(z, (ssize_t)(24 * M), 4, hs);
+  gg_torch_free(y, 256, 4, hs);
+  gg_assert_ok(gg_arena_trim(a, 0));
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  assert_int_equal(s1.bytes_mapped, 0);
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_ok(gg_host_stream_destroy(hs));
 }
 
 /* Bytes an arena on `stream` still counts as pending after one 4 KiB alloc+free: 0 once that stream
@@ -375,7 +511,10 @@ int main(void) {
       cmocka_unit_test(test_register_alloc_free_destroy),
       cmocka_unit_test(test_ordered_free_in_log_is_reused_at_once),
       cmocka_unit_test(test_record_stream_orders_the_free_after_that_stream),
-      cmocka_unit_test(test_growth_past_the_peak_trims_first),
+      cmocka_unit_test(test_growth_past_the_peak_never_waits_for_the_gpu),
+      cmocka_unit_test(test_growth_under_running_work_keeps_recent_frees_mapped),
+      cmocka_unit_test(test_growth_past_the_peak_leaves_pending_blocks_alone),
+      cmocka_unit_test(test_cached_frees_are_not_unmapped_under_running_work),
       cmocka_unit_test(test_allocations_race_registration_and_destroy),
       cmocka_unit_test(test_cuda_special_and_foreign_streams),
       cmocka_unit_test(test_counters_of_many_threads_are_exact),

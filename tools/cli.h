@@ -51,14 +51,38 @@ int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *e
 int cmd_watch(int argc, char **argv);
 
 /* exporter.c: Prometheus text for node_exporter's textfile collector, and over HTTP. */
-/* Writes the report to a new temporary file in path's directory (O_EXCL: nothing planted there is
- * followed) and renames it over path. 0, or 1 after a message. */
-int exporter_write_file(const char *path);
-/* Listens on "ADDR:PORT", "[V6ADDR]:PORT" or ":PORT" (every address); port 0 picks one. Says where on
- * stderr. Returns the socket, or -1 after a message. */
-int exporter_listen(const char *spec);
-/* Accepts one waiting client and answers it: /metrics, else 404; bounded in size and time. Returns 1
- * when a /metrics request was answered, else 0. */
-int exporter_serve_one(int listen_fd);
+/* The exporter's port when --listen gives none: DCGM's exporter has 9400 on the same GPU nodes, and
+ * Prometheus' list of exporter ports is full; 9402 keeps the GPU exporters side by side in firewall
+ * rules without taking DCGM's (or node_exporter's 9100, or nvidia_gpu_exporter's 9835). */
+#define EXPORTER_DEFAULT_PORT 9402
+typedef struct exporter exporter_t;
+/* Writes the report (gg_report bits `what`) to a new temporary file in path's directory (O_EXCL:
+ * nothing planted there is followed) and renames it over path. 0, or 1 after a message. */
+int exporter_write_file(const char *path, unsigned what);
+/* Splits --listen's value into host ("" for loopback) and port; 0, or 1 after a message. */
+int exporter_parse_listen(const char *spec, char *host, size_t hcap, unsigned *port);
+/* Listens on --listen's value: "ADDR:PORT", "[V6ADDR]:PORT", ":PORT" or "PORT" (loopback), "ADDR"
+ * (the default port); port 0 picks one. Says where on stderr, and warns when the address is not a
+ * loopback one. NULL after a message. */
+exporter_t *exporter_open(const char *spec, unsigned what);
+/* Serves clients (/metrics, / linking it, else 404), many at once, each bounded in request size and
+ * time, until deadline_ms (CLOCK_MONOTONIC milliseconds) or a byte arrives on wake_fd. Returns that
+ * byte, 'c' after a /metrics answer was sent whole, 0 when the time is up. */
+int exporter_serve(exporter_t *ex, double deadline_ms, int wake_fd);
+void exporter_close(exporter_t *ex);
+
+/* ---- option values every command reads the same way (gpuguard.c) ---- */
+/* A duration: a number with a unit (ms, s, m) or a bare number in default_unit_ms; between min_ms and
+ * max_ms. false after a usage message naming opt. */
+bool cli_duration(const char *opt, const char *text, double default_unit_ms, double min_ms, double max_ms,
+                  double *out_ms);
+/* --color=auto|always|never: 0 never, 1 always, 2 auto; -1 after a usage message. */
+int cli_color_mode(const char *text);
+/* Whether to colour output to fd: always, never, or auto (a terminal, NO_COLOR unset, TERM not dumb). */
+bool cli_color_on(int mode, int fd);
+/* -i/--id N: a device number; false after a usage message. */
+bool cli_device_arg(const char *text, int *device);
+/* No NVIDIA GPU here: the library runs on its simulated host device and NVML is not there either. */
+bool cli_no_gpu(void);
 
 #endif

@@ -1,6 +1,8 @@
 /* exporter.c — `gpuguard watch`'s Prometheus side: the textfile for node_exporter, written so nothing
- * planted at its temporary name is followed, and /metrics over plain HTTP, one client at a time with
- * bounded request size and time. */
+ * planted at its temporary name is followed, and /metrics over plain HTTP: many clients at once (one
+ * poll loop, no thread), each bounded in request size and time, so idle or slow clients cannot delay
+ * a scrape. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -17,14 +19,31 @@
 
 #define REQUEST_MAX    8192 /* a scrape's request is a few hundred bytes */
 #define READ_LIMIT_MS  2000 /* a client that has not sent its request by then is dropped */
-#define WRITE_LIMIT_MS 5000
+#define WRITE_LIMIT_MS 5000 /* one that does not take its answer by then, too */
+#define MAX_CLIENTS    64   /* connections served at once; more are closed at once */
+
+typedef struct client {
+  int fd;          /* -1: a free slot */
+  double deadline; /* monotonic ms: reading, then writing, must be done by then */
+  char *req;       /* REQUEST_MAX bytes while reading */
+  size_t got;
+  char *out; /* the whole answer while writing */
+  size_t out_len, out_off;
+  bool metrics; /* the answer is a /metrics scrape */
+} client_t;
+
+struct exporter {
+  int lfd;
+  unsigned what;
+  client_t c[MAX_CLIENTS];
+};
 
 /* The report, rendered into memory once per answer: what a scrape reads is one consistent reading. */
-static char *render(size_t *len) {
+static char *render(unsigned what, size_t *len) {
   char *buf = NULL;
   FILE *f = open_memstream(&buf, len);
   if (!f) return NULL;
-  int rc = gg_report(f, GG_FORMAT_PROMETHEUS, GG_REPORT_ALL | GG_REPORT_NOT_SELF);
+  int rc = gg_report(f, GG_FORMAT_PROMETHEUS, what);
   if (fclose(f) != 0 || rc < 0) {
     fprintf(stderr, "gpuguard watch: the report failed: %s\n", rc < 0 ? gg_last_error() : strerror(errno));
     free(buf);
@@ -35,7 +54,7 @@ static char *render(size_t *len) {
 
 /* ---- textfile ----------------------------------------------------------------------------------------- */
 
-int exporter_write_file(const char *path) {
+int exporter_write_file(const char *path, unsigned what) {
   char tmp[4096];
   if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
     return fprintf(stderr, "gpuguard watch: --prom-file path too long\n"), 1;
@@ -44,7 +63,7 @@ int exporter_write_file(const char *path) {
   int fd = mkostemp(tmp, O_CLOEXEC);
   if (fd < 0) return fprintf(stderr, "gpuguard watch: cannot write %s: %s\n", tmp, strerror(errno)), 1;
   size_t len = 0;
-  char *text = render(&len);
+  char *text = render(what, &len);
   bool ok = text != NULL && fchmod(fd, 0644) == 0; /* node_exporter runs as another user */
   for (size_t off = 0; ok && off < len;) {
     ssize_t w = write(fd, text + off, len - off);
@@ -64,26 +83,70 @@ int exporter_write_file(const char *path) {
   return 0;
 }
 
-/* ---- HTTP --------------------------------------------------------------------------------------------- */
+/* ---- where to listen ---------------------------------------------------------------------------------- */
 
-int exporter_listen(const char *spec) {
-  char host[256];
-  const char *colon = strrchr(spec, ':');
-  if (!colon || !colon[1] || (size_t)(colon - spec) >= sizeof host) {
-    fprintf(stderr,
-            "gpuguard watch: --listen '%s': ADDR:PORT expected (e.g. 127.0.0.1:9400, [::1]:9400, :9400)\n",
-            spec);
-    return -1;
+/* "PORT", ":PORT", "ADDR:PORT", "[V6]:PORT", "ADDR", "[V6]" or a bare IPv6 address: host (empty: the
+ * loopback address) and port (EXPORTER_DEFAULT_PORT when left out). A port must be a number from 0
+ * to 65535: getaddrinfo would take 74937 as 74937 % 65536. 0 on success, else 1 after a message. */
+int exporter_parse_listen(const char *spec, char *host, size_t hcap, unsigned *port) {
+  const char *h = spec, *p = NULL;
+  size_t hl;
+  if (spec[0] == '[') {
+    const char *close = strchr(spec, ']');
+    if (!close || (close[1] && close[1] != ':')) {
+      fprintf(stderr, "gpuguard watch: --listen '%s': an IPv6 address goes in brackets: [::1]:PORT\n", spec);
+      return 1;
+    }
+    h = spec + 1, hl = (size_t)(close - h), p = close[1] ? close + 2 : NULL;
+  } else if (strspn(spec, "0123456789") == strlen(spec)) {
+    hl = 0, p = spec;
+  } else {
+    const char *colon = strchr(spec, ':');
+    if (colon && strchr(colon + 1, ':')) /* two colons: a bare IPv6 address, no port */
+      hl = strlen(spec);
+    else
+      hl = colon ? (size_t)(colon - spec) : strlen(spec), p = colon ? colon + 1 : NULL;
   }
-  memcpy(host, spec, (size_t)(colon - spec));
-  host[colon - spec] = '\0';
-  char *h = host;
-  size_t hl = strlen(h);
-  if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') h[hl - 1] = '\0', h++; /* [::1] */
+  if (hl >= hcap) {
+    fprintf(stderr, "gpuguard watch: --listen '%s': the address is too long\n", spec);
+    return 1;
+  }
+  memcpy(host, h, hl);
+  host[hl] = '\0';
+  *port = EXPORTER_DEFAULT_PORT;
+  if (p && *p) {
+    size_t digits = strspn(p, "0123456789");
+    unsigned long v = digits && digits == strlen(p) && digits <= 5 ? strtoul(p, NULL, 10) : 70000;
+    if (v > 65535) {
+      fprintf(stderr, "gpuguard watch: --listen '%s': the port '%s' is not a number from 0 to 65535\n", spec,
+              p);
+      return 1;
+    }
+    *port = (unsigned)v;
+  }
+  return 0;
+}
+
+static bool is_loopback(const struct sockaddr_storage *ss) {
+  if (ss->ss_family == AF_INET)
+    return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+  if (ss->ss_family == AF_INET6) {
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+  }
+  return false;
+}
+
+static int listen_on(const char *spec) {
+  char host[256], port[8];
+  unsigned pnum;
+  if (exporter_parse_listen(spec, host, sizeof host, &pnum) != 0) return -1;
+  snprintf(port, sizeof port, "%u", pnum);
   struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-  int rc = getaddrinfo(*h ? h : NULL, colon + 1, &hints, &ai);
+  /* No address given: the loopback interface only; every interface is asked for by name. */
+  int rc = getaddrinfo(*host ? host : "127.0.0.1", port, &hints, &ai);
   if (rc != 0) {
-    fprintf(stderr, "gpuguard watch: --listen '%s': %s\n", spec, gai_strerror(rc));
+    fprintf(stderr, "gpuguard watch: --listen '%s': the address '%s': %s\n", spec, host, gai_strerror(rc));
     return -1;
   }
   int fd = -1, err = 0;
@@ -95,7 +158,7 @@ int exporter_listen(const char *spec) {
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* a restart binds at once */
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 16) != 0) err = errno, close(fd), fd = -1;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) err = errno, close(fd), fd = -1;
   }
   freeaddrinfo(ai);
   if (fd < 0) {
@@ -104,14 +167,46 @@ int exporter_listen(const char *spec) {
   }
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
-  char shown[NI_MAXHOST], port[NI_MAXSERV];
+  char shown[NI_MAXHOST], sport[NI_MAXSERV];
   if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
-      getnameinfo((struct sockaddr *)&ss, sl, shown, sizeof shown, port, sizeof port,
-                  NI_NUMERICHOST | NI_NUMERICSERV) == 0)
-    fprintf(stderr, "gpuguard watch: serving http://%s%s%s:%s/metrics\n", ss.ss_family == AF_INET6 ? "[" : "",
-            shown, ss.ss_family == AF_INET6 ? "]" : "", port);
+      getnameinfo((struct sockaddr *)&ss, sl, shown, sizeof shown, sport, sizeof sport,
+                  NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+    bool v6 = ss.ss_family == AF_INET6;
+    fprintf(stderr, "gpuguard watch: serving http://%s%s%s:%s/metrics\n", v6 ? "[" : "", shown, v6 ? "]" : "",
+            sport);
+    if (!is_loopback(&ss))
+      fprintf(stderr,
+              "gpuguard watch: warning: %s is not a loopback address: other machines can read /metrics "
+              "(users and GPU memory of the processes on this machine's GPUs)\n",
+              shown);
+  }
   return fd;
 }
+
+exporter_t *exporter_open(const char *spec, unsigned what) {
+  exporter_t *ex = calloc(1, sizeof *ex);
+  if (!ex) return fprintf(stderr, "gpuguard watch: out of memory\n"), NULL;
+  for (int i = 0; i < MAX_CLIENTS; i++) ex->c[i].fd = -1;
+  ex->what = what;
+  ex->lfd = listen_on(spec);
+  if (ex->lfd < 0) return free(ex), NULL;
+  return ex;
+}
+
+static void drop(client_t *c) {
+  if (c->fd >= 0) shutdown(c->fd, SHUT_WR), close(c->fd);
+  free(c->req), free(c->out);
+  *c = (client_t){.fd = -1};
+}
+
+void exporter_close(exporter_t *ex) {
+  if (!ex) return;
+  for (int i = 0; i < MAX_CLIENTS; i++) drop(&ex->c[i]);
+  close(ex->lfd);
+  free(ex);
+}
+
+/* ---- HTTP --------------------------------------------------------------------------------------------- */
 
 static double now_ms(void) {
   struct timespec ts;
@@ -119,89 +214,141 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* Waits for fd to be ready for events until deadline; false when the time is up. */
-static bool wait_fd(int fd, short events, double deadline) {
-  for (;;) {
-    double left = deadline - now_ms();
-    if (left <= 0) return false;
-    struct pollfd p = {.fd = fd, .events = events};
-    int n = poll(&p, 1, (int)left + 1);
-    if (n > 0) return true;
-    if (n < 0 && errno != EINTR) return false;
-  }
-}
-
-static void send_all(int fd, const char *p, size_t n, double deadline) {
-  while (n > 0 && wait_fd(fd, POLLOUT, deadline)) {
-    ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT); /* a client that went away is no SIGPIPE */
-    if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (w <= 0) return;
-    p += w, n -= (size_t)w;
-  }
-}
-
-static void respond(int fd, const char *status, const char *type, const char *extra, const char *body,
+/* The answer, whole, in c->out; then the client is only written to. */
+static void respond(client_t *c, const char *status, const char *type, const char *extra, const char *body,
                     size_t len, bool head_only) {
   char head[512];
   int n = snprintf(head, sizeof head,
                    "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n",
                    status, type, len, extra);
-  double deadline = now_ms() + WRITE_LIMIT_MS;
-  send_all(fd, head, (size_t)n, deadline);
-  if (!head_only) send_all(fd, body, len, deadline);
-}
-
-/* Reads the request head (up to the blank line), bounded in size and time. Its length, or -1. */
-static ssize_t read_request(int fd, char *buf, size_t cap) {
-  double deadline = now_ms() + READ_LIMIT_MS;
-  size_t got = 0;
-  while (got < cap - 1) {
-    if (!wait_fd(fd, POLLIN, deadline)) return -1;
-    ssize_t r = recv(fd, buf + got, cap - 1 - got, MSG_DONTWAIT);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (r <= 0) return -1;
-    got += (size_t)r;
-    buf[got] = '\0';
-    if (strstr(buf, "\r\n\r\n") || strstr(buf, "\n\n")) return (ssize_t)got;
+  size_t blen = head_only ? 0 : len;
+  free(c->req), c->req = NULL;
+  c->out = malloc((size_t)n + blen);
+  if (!c->out) {
+    c->deadline = 0; /* dropped at the next look */
+    return;
   }
-  return -2; /* too large */
+  memcpy(c->out, head, (size_t)n);
+  if (blen) memcpy(c->out + n, body, blen);
+  c->out_len = (size_t)n + blen, c->out_off = 0;
+  c->deadline = now_ms() + WRITE_LIMIT_MS;
 }
 
-int exporter_serve_one(int listen_fd) {
-  int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
-  if (fd < 0) return 0;
-  char req[REQUEST_MAX];
-  ssize_t n = read_request(fd, req, sizeof req);
-  int served = 0;
-  if (n == -2) {
-    static const char msg[] = "request too large\n";
-    respond(fd, "431 Request Header Fields Too Large", "text/plain", "", msg, sizeof msg - 1, false);
-  } else if (n > 0) {
-    char method[16] = "", target[1024] = "";
-    if (sscanf(req, "%15s %1023s", method, target) != 2) {
-      static const char msg[] = "bad request\n";
-      respond(fd, "400 Bad Request", "text/plain", "", msg, sizeof msg - 1, false);
-    } else if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
-      static const char msg[] = "only GET and HEAD\n";
-      respond(fd, "405 Method Not Allowed", "text/plain", "Allow: GET, HEAD\r\n", msg, sizeof msg - 1, false);
-    } else {
-      bool head = strcmp(method, "HEAD") == 0;
-      target[strcspn(target, "?#")] = '\0';
-      if (strcmp(target, "/metrics") != 0) {
-        static const char msg[] = "not found: gpuguard serves /metrics\n";
-        respond(fd, "404 Not Found", "text/plain", "", msg, sizeof msg - 1, head);
-      } else {
-        size_t len = 0;
-        char *body = render(&len);
-        if (body)
-          respond(fd, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "", body, len, head), served = 1;
-        else
-          respond(fd, "500 Internal Server Error", "text/plain", "", "report failed\n", 14, head);
-        free(body);
-      }
+static const char index_page[] =
+    "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>gpuguard exporter</title></head>\n"
+    "<body><h1>gpuguard exporter</h1>\n"
+    "<p>GPU memory, the processes holding it and gpuguard arenas, labelled as NVIDIA's DCGM exporter "
+    "labels GPUs.</p>\n<p><a href=\"/metrics\">Metrics</a></p>\n</body></html>\n";
+
+/* A whole request head is in c->req: answer it. */
+static void answer(exporter_t *ex, client_t *c) {
+  char method[16] = "", target[1024] = "";
+  if (sscanf(c->req, "%15s %1023s", method, target) != 2) {
+    static const char msg[] = "bad request\n";
+    respond(c, "400 Bad Request", "text/plain", "", msg, sizeof msg - 1, false);
+    return;
+  }
+  if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+    static const char msg[] = "only GET and HEAD\n";
+    respond(c, "405 Method Not Allowed", "text/plain", "Allow: GET, HEAD\r\n", msg, sizeof msg - 1, false);
+    return;
+  }
+  bool head = strcmp(method, "HEAD") == 0;
+  target[strcspn(target, "?#")] = '\0';
+  if (strcmp(target, "/") == 0) {
+    respond(c, "200 OK", "text/html; charset=utf-8", "", index_page, sizeof index_page - 1, head);
+  } else if (strcmp(target, "/metrics") == 0) {
+    size_t len = 0;
+    char *body = render(ex->what, &len);
+    if (body)
+      respond(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "", body, len, head),
+          c->metrics = true;
+    else
+      respond(c, "500 Internal Server Error", "text/plain", "", "report failed\n", 14, head);
+    free(body);
+  } else {
+    static const char msg[] = "not found: gpuguard serves /metrics (and / links to it)\n";
+    respond(c, "404 Not Found", "text/plain", "", msg, sizeof msg - 1, head);
+  }
+}
+
+/* Takes every waiting connection into a free slot; with none free, the connection is closed at once
+ * (a scraper retries; an idle crowd cannot hold the exporter). */
+static void accept_all(exporter_t *ex) {
+  for (;;) {
+    int fd = accept4(ex->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    client_t *slot = NULL;
+    for (int i = 0; i < MAX_CLIENTS && !slot; i++)
+      if (ex->c[i].fd < 0) slot = &ex->c[i];
+    char *req = slot ? malloc(REQUEST_MAX) : NULL;
+    if (!req) {
+      close(fd);
+      continue;
     }
+    *slot = (client_t){.fd = fd, .deadline = now_ms() + READ_LIMIT_MS, .req = req};
   }
-  shutdown(fd, SHUT_WR);
-  close(fd);
-  return served;
+}
+
+/* Reads or writes what the client is ready for. Returns 1 when a /metrics answer was sent whole. */
+static int step(exporter_t *ex, client_t *c) {
+  if (c->req) {
+    ssize_t r = recv(c->fd, c->req + c->got, REQUEST_MAX - 1 - c->got, 0);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (r <= 0) return drop(c), 0;
+    c->got += (size_t)r;
+    c->req[c->got] = '\0';
+    if (strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n")) {
+      answer(ex, c);
+    } else if (c->got >= REQUEST_MAX - 1) {
+      static const char msg[] = "request too large\n";
+      respond(c, "431 Request Header Fields Too Large", "text/plain", "", msg, sizeof msg - 1, false);
+    }
+    if (!c->out) return 0;
+  }
+  while (c->out_off < c->out_len) {
+    ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (w <= 0) return drop(c), 0;
+    c->out_off += (size_t)w;
+  }
+  int done = c->metrics;
+  drop(c);
+  return done;
+}
+
+int exporter_serve(exporter_t *ex, double deadline_ms, int wake_fd) {
+  struct pollfd p[MAX_CLIENTS + 2];
+  int idx[MAX_CLIENTS + 2];
+  for (;;) {
+    double now = now_ms(), until = deadline_ms;
+    int n = 0;
+    p[n++] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
+    p[n++] = (struct pollfd){.fd = ex->lfd, .events = POLLIN};
+    for (int i = 0; i < MAX_CLIENTS; i++) {
+      client_t *c = &ex->c[i];
+      if (c->fd < 0) continue;
+      if (c->deadline <= now) { /* too slow: its limit is up */
+        drop(c);
+        continue;
+      }
+      if (c->deadline < until) until = c->deadline;
+      idx[n] = i;
+      p[n++] = (struct pollfd){.fd = c->fd, .events = c->req ? POLLIN : POLLOUT};
+    }
+    if (now >= deadline_ms) return 0;
+    int r = poll(p, (nfds_t)n, (int)(until - now) + 1);
+    if (r < 0 && errno != EINTR) return 0;
+    if (r <= 0) continue;
+    if (p[0].revents & POLLIN) {
+      unsigned char b;
+      if (read(wake_fd, &b, 1) == 1) return b;
+    }
+    int answered = 0;
+    for (int k = 2; k < n; k++)
+      if (p[k].revents) answered += step(ex, &ex->c[idx[k]]);
+    if (p[1].revents & POLLIN) accept_all(ex);
+    if (answered) return 'c';
+  }
 }

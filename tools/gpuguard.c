@@ -46,7 +46,16 @@ const char *human(double bytes, char *buf, size_t cap) {
 
 int next_opt(int argc, char **argv, const struct option *longs) {
   opterr = 0;
-  int idx = -1, o = getopt_long(argc, argv, "+:h", longs, &idx);
+  /* Each command's short options beside -h (getopt's syntax); the long forms are in its table. */
+  static const struct {
+    const char *command, *shorts;
+  } short_opts[] = {{"ps", "i:"}, {"info", "i:"}, {"watch", "i:"}, {"check", "i:"}, {"reap", "ny"}};
+  const char *mine = "";
+  for (size_t i = 0; current && i < sizeof short_opts / sizeof short_opts[0]; i++)
+    if (strcmp(current->name, short_opts[i].command) == 0) mine = short_opts[i].shorts;
+  char shorts[64];
+  snprintf(shorts, sizeof shorts, "+:h%s", mine);
+  int idx = -1, o = getopt_long(argc, argv, shorts, longs, &idx);
   /* `--grace -- CMD`: getopt takes "--" as the value; it is the separator, so the value is missing. */
   if (idx >= 0 && longs[idx].has_arg == required_argument && optarg && strcmp(optarg, "--") == 0) {
     optind--;
@@ -113,18 +122,88 @@ size_t cli_fit(const char *s, int cols, int *used) {
   return off;
 }
 
+/* ---- option values every command reads the same way ------------------------------------------------ */
+
+bool cli_duration(const char *opt, const char *text, double default_unit_ms, double min_ms, double max_ms,
+                  double *out_ms) {
+  static const struct {
+    const char *suffix;
+    double ms;
+  } units[] = {{"ms", 1}, {"s", 1e3}, {"m", 60e3}, {"", 0}};
+  char *end = NULL;
+  errno = 0;
+  double v = strtod(text, &end);
+  double unit = -1;
+  for (size_t i = 0; end != text && i < sizeof units / sizeof units[0]; i++)
+    if (strcmp(end, units[i].suffix) == 0) unit = units[i].ms ? units[i].ms : default_unit_ms;
+  double ms = v * unit;
+  /* hex, inf and nan are numbers to strtod, not durations */
+  bool plain = strspn(text, "0123456789.") == (size_t)(end - text) && end != text;
+  if (errno || unit < 0 || !plain || !isfinite(ms) || ms < min_ms || ms > max_ms) {
+    char why[512];
+    bool in_s = default_unit_ms != 1;
+    snprintf(why, sizeof why,
+             "%s '%s': a duration from %g to %g %s expected, with a unit (500ms, 2s, 1m) or a bare number "
+             "in %s",
+             opt, text, min_ms / default_unit_ms, max_ms / default_unit_ms, in_s ? "s" : "ms",
+             in_s ? "seconds" : "milliseconds");
+    bad_usage("%s", why);
+    return false;
+  }
+  *out_ms = ms;
+  return true;
+}
+
+int cli_color_mode(const char *text) {
+  if (strcmp(text, "never") == 0) return 0;
+  if (strcmp(text, "always") == 0) return 1;
+  if (strcmp(text, "auto") == 0) return 2;
+  bad_usage("--color '%s': auto, always or never expected", text);
+  return -1;
+}
+
+bool cli_color_on(int mode, int fd) {
+  if (mode != 2) return mode == 1;
+  const char *nc = getenv("NO_COLOR"), *term = getenv("TERM");
+  return isatty(fd) == 1 && !(nc && *nc) && !(term && strcmp(term, "dumb") == 0);
+}
+
+bool cli_device_arg(const char *text, int *device) {
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno || end == text || *end || v < 0 || v > 1023) {
+    bad_usage("-i '%s': a device number (0, 1, ...) expected", text);
+    return false;
+  }
+  *device = (int)v;
+  return true;
+}
+
+bool cli_no_gpu(void) {
+  gg_device_info_t d;
+  gg_device_telemetry_t t;
+  /* telemetry says GG_ENOTSUP exactly when NVML cannot be loaded */
+  return gg_device_info(0, &d) == 0 && strcmp(d.backend, "host") == 0 &&
+         gg_device_telemetry(0, &t) == GG_ENOTSUP;
+}
+
 /* ---- info --------------------------------------------------------------------------------------------- */
 
-static int print_devices(FILE *f) {
+static int print_devices(FILE *f, int only) {
   int n = 0;
   if (gg_device_count(&n) < 0) {
     fprintf(stderr, "gpuguard: %s\n", gg_last_error());
     return 1;
   }
+  if (only >= n) {
+    fprintf(stderr, "gpuguard info: -i %d: no such device (there %s %d)\n", only, n == 1 ? "is" : "are", n);
+    return 1;
+  }
   char a[32], b[32], c[32];
   fprintf(f, "%-3s %-28s %-8s %12s %12s %12s  %s\n", "GPU", "NAME", "BACKEND", "TOTAL", "USED", "FREE",
           "UUID");
-  for (int i = 0; i < n; i++) {
+  for (int i = only >= 0 ? only : 0; i < (only >= 0 ? only + 1 : n); i++) {
     gg_device_info_t d;
     if (gg_device_info(i, &d) < 0) {
       fprintf(f, "%-3d (unreadable: %s)\n", i, gg_last_error());
@@ -136,17 +215,34 @@ static int print_devices(FILE *f) {
     if (strcmp(d.backend, "host") == 0)
       fprintf(f, "    (no usable CUDA device: this is gpuguard's simulated host device)\n");
   }
+  /* NVML without CUDA (a container given only the `utility` capability): the GPUs are there. Without
+   * CUDA, telemetry names devices by NVML index, so it counts them. */
+  gg_device_info_t d0;
+  gg_device_telemetry_t t;
+  int nvml = 0;
+  if (gg_device_info(0, &d0) == 0 && strcmp(d0.backend, "host") == 0)
+    while (nvml < 64 && gg_device_telemetry(nvml, &t) == 0) nvml++;
+  if (nvml)
+    fprintf(
+        f,
+        "NVML sees %d GPU%s that CUDA does not offer here: `gpuguard info --json` or `--prom` lists them\n",
+        nvml, nvml == 1 ? "" : "s");
   return 0;
 }
 
 static int cmd_info(int argc, char **argv) {
   static const struct option longs[] = {{"json", no_argument, 0, 'j'},
                                         {"prom", no_argument, 0, 'p'},
+                                        {"id", required_argument, 0, 'i'},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
-  int format = -1, o;
+  int format = -1, o, only = -1;
   while ((o = next_opt(argc, argv, longs)) != -1) {
     if (o == 'h') return usage(stdout, current), 0;
+    if (o == 'i') {
+      if (!cli_device_arg(optarg, &only)) return EXIT_USAGE;
+      continue;
+    }
     if (o == 'j' || o == 'p') {
       if (format != -1) return bad_usage("%s", "--json and --prom are exclusive");
       format = o == 'j' ? GG_FORMAT_JSON : GG_FORMAT_PROMETHEUS;
@@ -155,8 +251,14 @@ static int cmd_info(int argc, char **argv) {
     return cli_opt_error(o, argv);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+  if (only >= 0 && format >= 0)
+    return bad_usage("%s", "-i selects a device of the table; --json/--prom cover every device");
+  if (format == GG_FORMAT_PROMETHEUS && cli_no_gpu())
+    fputs("gpuguard info: no NVIDIA GPU on this machine (neither CUDA nor NVML): no device series, never the "
+          "simulated host device\n",
+          stderr);
   if (format < 0) {
-    if (print_devices(stdout)) return 1;
+    if (print_devices(stdout, only)) return 1;
   } else if (gg_report(stdout, (gg_format_t)format, GG_REPORT_DEVICES) < 0) {
     fprintf(stderr, "gpuguard info: %s\n", gg_last_error());
     return 1;
@@ -164,7 +266,8 @@ static int cmd_info(int argc, char **argv) {
   /* A device the listing could not read (a bad GPUGUARD_HOST_* value, say) is a failure too. */
   int n = 0, bad = 0;
   gg_device_info_t d;
-  for (int i = 0; gg_device_count(&n) == 0 && i < n; i++) bad += gg_device_info(i, &d) < 0;
+  for (int i = 0; gg_device_count(&n) == 0 && i < n; i++)
+    bad += (only < 0 || i == only) && gg_device_info(i, &d) < 0;
   return bad ? 1 : 0;
 }
 
@@ -205,16 +308,17 @@ int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *e
   return 0;
 }
 
-static int print_processes(FILE *f, bool all_users, bool *no_gpu) {
+static int print_processes(FILE *f, bool all_users, bool *no_gpu, int only, int color) {
   gg_process_t *rows;
   size_t n;
   if (cli_gather_processes(&rows, &n, no_gpu, stderr) != 0) return free(rows), 1;
-  bool tty = isatty(fileno(f));
+  bool tty = cli_color_on(color, fileno(f));
   fprintf(f, "%-3s %8s %8s %-10s %12s %-5s %-10s %s\n", "GPU", "PID", "PPID", "USER", "GPU-MEMORY", "STATE",
           "CLASS", "COMMAND");
   unsigned shown = 0, orphans = 0, hidden = 0;
   for (size_t i = 0; i < n; i++) {
     const gg_process_t *p = &rows[i];
+    if (only >= 0 && p->device != only) continue;
     if (!all_users && p->cls == GG_PROCESS_FOREIGN) {
       hidden++;
       continue;
@@ -243,15 +347,19 @@ static const char no_gpu_text[] =
     "loads); nothing holds GPU memory here\n";
 
 static int cmd_ps(int argc, char **argv) {
-  static const struct option longs[] = {{"json", no_argument, 0, 'j'},
-                                        {"all-users", no_argument, 0, 'a'},
-                                        {"help", no_argument, 0, 'h'},
-                                        {0, 0, 0, 0}};
+  static const struct option longs[] = {
+      {"json", no_argument, 0, 'j'},     {"all-users", no_argument, 0, 'a'},
+      {"id", required_argument, 0, 'i'}, {"color", required_argument, 0, 'C'},
+      {"help", no_argument, 0, 'h'},     {0, 0, 0, 0}};
   bool json = false, all = false;
-  int o;
+  int o, only = -1, color = 2;
   while ((o = next_opt(argc, argv, longs)) != -1) {
     if (o == 'h') return usage(stdout, current), 0;
-    if (o == 'j')
+    if (o == 'i') {
+      if (!cli_device_arg(optarg, &only)) return EXIT_USAGE;
+    } else if (o == 'C') {
+      if ((color = cli_color_mode(optarg)) < 0) return EXIT_USAGE;
+    } else if (o == 'j')
       json = true;
     else if (o == 'a')
       all = true;
@@ -259,16 +367,24 @@ static int cmd_ps(int argc, char **argv) {
       return cli_opt_error(o, argv);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+  if (json && only >= 0)
+    return bad_usage("%s", "-i selects the device of the table; --json covers every device");
   bool no_gpu = false;
   int rc;
   if (json) {
     size_t count;
     int ndev = 0;
     no_gpu = gg_device_count(&ndev) == 0 && ndev > 0 && gg_process_list(0, NULL, 0, &count) == GG_ENODEV;
-    rc = gg_report(stdout, GG_FORMAT_JSON, GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF) < 0;
+    /* No GPU: no devices and no processes, as the exit status says; never the simulated host device,
+     * which no process can hold (the exporter leaves it out too). */
+    if (no_gpu)
+      rc = printf("{\"version\":\"%s\",\"devices\":[],\"processes\":[]}\n", gg_version()) < 0;
+    else
+      rc =
+          gg_report(stdout, GG_FORMAT_JSON, GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF) < 0;
     if (rc) fprintf(stderr, "gpuguard ps: %s\n", gg_last_error());
   } else {
-    rc = print_processes(stdout, all, &no_gpu);
+    rc = print_processes(stdout, all, &no_gpu, only, color);
   }
   if (no_gpu) fputs(no_gpu_text, stderr);
   return no_gpu ? EXIT_NO_GPU : rc ? 1 : 0;
@@ -278,16 +394,9 @@ static int cmd_ps(int argc, char **argv) {
 
 /* --grace for run and reap: the library's own limit, so what the CLI accepts the teardown accepts. */
 static bool parse_grace(const char *text, long *out) {
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(text, &end, 10);
-  if (errno || end == text || *end || v < 0 || v > GG_PROC_GRACE_MAX_MS) {
-    fprintf(stderr, "gpuguard %s: --grace '%s': milliseconds from 0 to %d expected\n", current->name, text,
-            GG_PROC_GRACE_MAX_MS);
-    usage(stderr, current);
-    return false;
-  }
-  *out = v;
+  double ms;
+  if (!cli_duration("--grace", text, 1, 0, GG_PROC_GRACE_MAX_MS, &ms)) return false;
+  *out = lround(ms);
   return true;
 }
 
@@ -486,10 +595,13 @@ static int parse_pid_ns(const char *v) {
 
 /* Phase 1: the options. Returns -1 to go on, else the exit status. */
 static int run_parse(int argc, char **argv, run_opts_t *o) {
-  static const struct option longs[] = {
-      {"grace", required_argument, 0, 'g'},  {"receipt", required_argument, 0, 'r'},
-      {"device", required_argument, 0, 'd'}, {"pid-ns", optional_argument, 0, 'p'},
-      {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
+  static const struct option longs[] = {{"grace", required_argument, 0, 'g'},
+                                        {"receipt", required_argument, 0, 'r'},
+                                        {"device", required_argument, 0, 'd'},
+                                        {"pid-ns", optional_argument, 0, 'p'},
+                                        {"torch", no_argument, 0, 't'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
   *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_AUTO};
   /* auto by default: a SIGKILLed runner then takes its whole job with it (docs/cli.md says what was
    * measured before choosing it). The default comes from GPUGUARD_PID_NS when it is set (empty counts as
@@ -515,6 +627,9 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
     } else if (opt == 'p') {
       if ((o->pid_ns = parse_pid_ns(optarg ? optarg : "auto")) < 0)
         return bad_usage("--pid-ns=%s: auto, on or off expected", optarg);
+    } else if (opt == 't') {
+      /* The job's Python processes make gpuguard PyTorch's allocator (the wheel's startup hook). */
+      setenv("GPUGUARD_TORCH", "1", 1);
     } else if (opt == 'r') {
       if (!*optarg) return bad_usage("%s", "--receipt needs a path (or - for stdout)");
       o->receipt_path = optarg;
@@ -941,34 +1056,40 @@ static int cmd_plot(int argc, char **argv) {
       "sys.exit(main(sys.argv[1:]))\n";
   char **args = calloc((size_t)argc + 3, sizeof *args);
   if (!args) return fprintf(stderr, "gpuguard plot: out of memory\n"), 1;
-  args[0] = "python3", args[1] = "-c", args[2] = (char *)boot;
+  /* The interpreter the package was installed into (the wheel's `gpuguard` sets GPUGUARD_PYTHON), else
+   * python3 from PATH. */
+  const char *py = getenv("GPUGUARD_PYTHON");
+  if (!py || !*py) py = "python3";
+  args[0] = (char *)py, args[1] = "-c", args[2] = (char *)boot;
   for (int i = 1; i < argc; i++) args[i + 2] = argv[i];
   fflush(NULL);
-  execvp("python3", args);
+  execvp(py, args);
   int err = errno;
   free(args);
-  fprintf(stderr,
-          "gpuguard plot: cannot run python3 (%s): the chart is drawn by the Python package gpuguard\n",
-          strerror(err));
+  fprintf(stderr, "gpuguard plot: cannot run %s (%s): the chart is drawn by the Python package gpuguard\n",
+          py, strerror(err));
   return err == ENOENT ? 127 : 126;
 }
 
 /* ---- dispatch ----------------------------------------------------------------------------------------- */
 
 static const command_t commands[] = {
-    {"ps", "[--json] [--all-users]", "Lists the processes holding GPU memory; orphans stand out.", cmd_ps,
+    {"ps", "[--json] [--all-users] [-i N] [--color=WHEN]",
+     "Lists the processes holding GPU memory; orphans stand out.", cmd_ps,
      "  --json        devices and processes as JSON\n"
      "  --all-users   include processes of other users (hidden by default)\n"
+     "  -i, --id N    only device N\n"
+     "  --color=WHEN  auto (on a terminal, unless NO_COLOR is set), always or never\n"
      "  -h, --help    this help\n"
      "Classes: guarded (in a live gpuguard session), orphan (its session leader or parent is gone),\n"
      "fd-holder (holds /dev/nvidia* but no context), foreign (another user), unknown. gpuguard itself\n"
      "is never listed. Control characters in commands are shown as \\xHH.\n"
      "Exit status (the same with --json): 0 listed (also when nothing holds a GPU), 1 the list could not\n"
      "be read, 2 usage error, 3 no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads).\n"},
-    {"run", "[--grace MS] [--receipt PATH] [--device N] [--pid-ns[=auto|on|off]] -- CMD ARGS...",
+    {"run", "[--grace MS] [--receipt PATH] [--device N] [--pid-ns[=auto|on|off]] [--torch] -- CMD ARGS...",
      "Runs CMD as a guarded job; when it ends or the runner is signalled, nothing of it is left.", cmd_run,
-     "  --grace MS      how long the job has to end after SIGTERM before SIGKILL (default 2000,\n"
-     "                  at most 600000)\n"
+     "  --grace TIME    how long the job has to end after SIGTERM before SIGKILL: 500ms, 2s (a bare\n"
+     "                  number is milliseconds; default 2s, at most 600s)\n"
      "  --receipt PATH  write a JSON receipt: what was sent to whom, how each ended, device free memory\n"
      "                  before and after ('-' for stdout)\n"
      "  --device N      the device whose free memory the receipt records (default 0)\n"
@@ -977,6 +1098,8 @@ static const command_t commands[] = {
      "                  system allows one (root, or an unprivileged user namespace), otherwise\n"
      "                  without, saying so on one line (the default); on: or fail (exit 126); off.\n"
      "                  GPUGUARD_PID_NS=auto|on|off sets the default (a bad value is a usage error)\n"
+     "  --torch         GPUGUARD_TORCH=1 for the job: its Python processes take gpuguard as PyTorch's\n"
+     "                  CUDA allocator (the Python package's startup hook)\n"
      "  -h, --help      this help\n"
      "The runner is a child subreaper, records a session leader in the registry (children inherit\n"
      "GPUGUARD_SESSION), takes every signal that would otherwise end the runner (SIGINT, SIGTERM,\n"
@@ -986,17 +1109,20 @@ static const command_t commands[] = {
      "Signals ignored at start (nohup) stay ignored, in CMD too. Exits with CMD's status (128+N when CMD\n"
      "was ended by signal N), also when the receipt cannot be written; the runner's signal is in the\n"
      "receipt, which replaces PATH in one rename.\n"},
-    {"reap", "[--dry-run] [--yes] [--grace MS]",
+    {"reap", "[-n|--dry-run] [-y|--yes] [--grace TIME]",
      "Ends your orphans of dead gpuguard sessions (their leader's registry record is stale).", cmd_reap,
-     "  --dry-run   list them, do nothing\n"
-     "  --yes       end them without asking (otherwise asks on a terminal, lists elsewhere)\n"
-     "  --grace MS  time between SIGTERM and SIGKILL (default 2000, at most 600000)\n"
-     "  -h, --help  this help\n"
+     "  -n, --dry-run  list them, do nothing\n"
+     "  -y, --yes      end them without asking (otherwise asks on a terminal, lists elsewhere)\n"
+     "  --grace TIME   time between SIGTERM and SIGKILL: 500ms, 2s (a bare number is milliseconds;\n"
+     "                 default 2s, at most 600s)\n"
+     "  -h, --help     this help\n"
      "Only your own processes, only with that proof; each is verified by its start time before it is\n"
      "signalled.\n"},
-    {"info", "[--json|--prom]", "Shows the devices and their memory.", cmd_info,
+    {"info", "[--json|--prom] [-i N]", "Shows the devices and their memory.", cmd_info,
      "  --json        as JSON\n"
-     "  --prom        as Prometheus text exposition (format 0.0.4)\n"
+     "  --prom        as Prometheus text exposition (format 0.0.4): the GPUs NVML sees, labelled as\n"
+     "                DCGM's exporter labels them; none (and a line on stderr) without a GPU\n"
+     "  -i, --id N    only device N (the table)\n"
      "  -h, --help    this help\n"},
     {"plot", "FILE [-o OUT.html] [--x time|step] [--title TEXT]",
      "Draws a memory timeline (watch --record, gpuguard.record()) as one self-contained HTML file.", cmd_plot,
@@ -1004,29 +1130,41 @@ static const command_t commands[] = {
      "  --x time|step     horizontal axis (default time)\n"
      "  --title TEXT      the page's title\n"
      "  -h, --help        this help\n"
-     "Runs python3 -m gpuguard.diagnostics.plot (the Python package must be importable;\n"
+     "Runs gpuguard.diagnostics.plot with GPUGUARD_PYTHON (set by the wheel's gpuguard command to its\n"
+     "own interpreter), else python3 (the Python package must be importable;\n"
      "GPUGUARD_LIBRARY is set to this command's library unless it is set already).\n"},
     {"watch",
-     "[--interval S] [--count N] [--no-color] [--record FILE] | [--prom-file PATH] [--listen ADDR:PORT]",
+     "[--interval TIME] [--count N] [-i N] [--color=WHEN] [--record FILE] | [--prom-file PATH] "
+     "[--listen [ADDR][:PORT]] [--all-users]",
      "A live view of devices, processes and gpuguard sessions; or a Prometheus exporter.", cmd_watch,
-     "  --interval S        seconds between refreshes (default 2)\n"
+     "  --interval TIME     time between refreshes: 500ms, 10s, 1m (a bare number is seconds; default 2s)\n"
      "  --count N           stop after N refreshes (with --listen alone: after N scrapes)\n"
-     "  --no-color          no colours (also when NO_COLOR is set, or the output is not a terminal)\n"
+     "  -i, --id N          the view shows device N only\n"
+     "  --color=WHEN        auto (on a terminal, unless NO_COLOR is set), always or never\n"
+     "  --no-color          the same as --color=never\n"
      "  --record FILE       append a sample of each device's used memory to FILE every interval, as\n"
      "                      JSON lines that `gpuguard plot FILE` draws\n"
      "  --prom-file PATH    write Prometheus text to PATH every interval, atomically (node_exporter's\n"
      "                      textfile collector)\n"
-     "  --listen ADDR:PORT  serve Prometheus text at http://ADDR:PORT/metrics (e.g. :9400, 127.0.0.1:9400,\n"
-     "                      [::1]:9400; port 0 picks a free one, printed on stderr)\n"
+     "  --listen ADDR:PORT  serve Prometheus text at http://ADDR:PORT/metrics (and a page at / linking it)\n"
+     "                      to many scrapers at once. Without an address, loopback only (127.0.0.1):\n"
+     "                      9402, :9402 and 127.0.0.1 are the same; 0.0.0.0:9402 or [::]:9402 for every\n"
+     "                      interface (a warning says so). The default port is 9402 (DCGM's exporter\n"
+     "                      has 9400); port 0 picks a free one, printed on stderr\n"
+     "  --all-users         include other users' command lines in gpuguard_process_info (left out by\n"
+     "                      default, as ps hides them)\n"
      "  -h, --help          this help\n"
      "On a terminal the view fits the width and redraws in place: q quits, any other key refreshes.\n"
      "Per GPU: utilisation, memory utilisation, temperature and power (from NVML), memory used/total.\n"
-     "Series carry gpu and UUID labels as NVIDIA's DCGM exporter's do. SIGTERM/SIGINT end it (status 0).\n"},
+     "Series cover the GPUs NVML sees, labelled gpu (NVML's index), UUID, pci_bus_id, device, modelName\n"
+     "and Hostname as NVIDIA's DCGM exporter labels them; without a GPU, none (a line on stderr says so).\n"
+     "A failed --prom-file write is said and tried again next interval (the status is 1 if the last\n"
+     "failed). SIGTERM/SIGINT end it (status 0).\n"},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
 static void main_usage(FILE *f) {
-  fprintf(f, "usage: gpuguard COMMAND [OPTIONS]   (gpuguard %s)\n\ncommands:\n", gg_version());
+  fprintf(f, "usage: gpuguard COMMAND [OPTIONS]   (gpuguard %s; -V, --version)\n\ncommands:\n", gg_version());
   for (size_t i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-6s %s\n", commands[i].name, commands[i].summary);
   fprintf(f, "\n'gpuguard COMMAND --help' describes each command.\n");
 }
@@ -1035,7 +1173,8 @@ int main(int argc, char **argv) {
   if (argc < 2) return main_usage(stderr), EXIT_USAGE;
   if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help"))
     return main_usage(stdout), 0;
-  if (!strcmp(argv[1], "--version")) return printf("gpuguard %s\n", gg_version()), 0;
+  if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))
+    return printf("gpuguard %s\n", gg_version()), 0;
   for (size_t i = 0; i < NCOMMANDS; i++)
     if (!strcmp(argv[1], commands[i].name)) {
       current = &commands[i];

@@ -106,7 +106,7 @@ static void sc_fill(screen_t *s, const char *sgr) {
   sc_put(s, sgr, pad);
 }
 
-static void draw_devices(screen_t *s) {
+static void draw_devices(screen_t *s, int only) {
   int n = 0;
   if (gg_device_count(&n) < 0) {
     sc_printf(s, SGR_ORPHAN, "devices: %s", gg_last_error()), sc_endl(s);
@@ -115,7 +115,11 @@ static void draw_devices(screen_t *s) {
   sc_put(s, SGR_HEAD, "GPU NAME                  UTIL  MEM  TEMP     POWER  MEMORY");
   sc_fill(s, SGR_HEAD);
   sc_endl(s);
-  for (int i = 0; i < n; i++) {
+  if (only >= n) {
+    sc_printf(s, SGR_ORPHAN, "(no device %d: there %s %d)", only, n == 1 ? "is" : "are", n), sc_endl(s);
+    return;
+  }
+  for (int i = only >= 0 ? only : 0; i < (only >= 0 ? only + 1 : n); i++) {
     gg_device_info_t d;
     if (gg_device_info(i, &d) < 0) {
       char why[256];
@@ -163,7 +167,7 @@ static void draw_devices(screen_t *s) {
   }
 }
 
-static void draw_processes(screen_t *s) {
+static void draw_processes(screen_t *s, int only) {
   gg_process_t *rows = NULL;
   size_t n = 0;
   bool no_gpu = false;
@@ -177,8 +181,11 @@ static void draw_processes(screen_t *s) {
   sc_fill(s, SGR_HEAD);
   sc_endl(s);
   unsigned orphans = 0;
+  size_t shown = 0;
   for (size_t i = 0; i < n; i++) {
     const gg_process_t *p = &rows[i];
+    if (only >= 0 && p->device != only) continue;
+    shown++;
     char mem[32] = "?", user[64], cmd[1024];
     if (p->used_bytes >= 0) human((double)p->used_bytes, mem, sizeof mem);
     cli_safe_text(p->user, user, sizeof user);
@@ -189,7 +196,7 @@ static void draw_processes(screen_t *s) {
               user, mem, orphan ? "ORPHAN" : gg_process_class_name(p->cls), cmd);
     sc_endl(s);
   }
-  sc_printf(s, orphans ? SGR_ORPHAN : SGR_DIM, "%zu process%s%s", n, n == 1 ? "" : "es",
+  sc_printf(s, orphans ? SGR_ORPHAN : SGR_DIM, "%zu process%s%s", shown, shown == 1 ? "" : "es",
             orphans ? " (orphans: end them with gpuguard reap)" : "");
   sc_endl(s);
   free(rows);
@@ -215,16 +222,16 @@ static void draw_sessions(screen_t *s) {
   }
 }
 
-static void draw(screen_t *s, double interval) {
+static void draw(screen_t *s, double interval, int only) {
   time_t now = time(NULL);
   char stamp[32];
   strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", localtime(&now));
   sc_put(s, SGR_TITLE, "gpuguard watch");
   sc_printf(s, "", "  %s  every %.3g s%s", stamp, interval, s->tty ? "  (q quits)" : "");
   sc_endl(s);
-  draw_devices(s);
+  draw_devices(s, only);
   sc_endl(s);
-  draw_processes(s);
+  draw_processes(s, only);
   draw_sessions(s);
 }
 
@@ -401,29 +408,35 @@ static void record_sample(recorder_t *r) {
 /* ---- the command -------------------------------------------------------------------------------------- */
 
 typedef struct watch_opts {
-  double interval;
+  double interval; /* seconds */
   long count;
   const char *prom, *listen, *record;
-  bool no_color;
+  int color;  /* cli_color_mode: 0 never, 1 always, 2 auto */
+  int device; /* -i N: the view shows that device only; -1 all */
+  bool all_users;
 } watch_opts_t;
 
 static int parse(int argc, char **argv, watch_opts_t *w) {
-  static const struct option longs[] = {
-      {"interval", required_argument, 0, 'i'}, {"prom-file", required_argument, 0, 'p'},
-      {"listen", required_argument, 0, 'l'},   {"count", required_argument, 0, 'c'},
-      {"no-color", no_argument, 0, 'n'},       {"record", required_argument, 0, 'r'},
-      {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
-  *w = (watch_opts_t){.interval = 2.0, .count = -1};
+  static const struct option longs[] = {{"interval", required_argument, 0, 'I'},
+                                        {"prom-file", required_argument, 0, 'p'},
+                                        {"listen", required_argument, 0, 'l'},
+                                        {"count", required_argument, 0, 'c'},
+                                        {"no-color", no_argument, 0, 'n'},
+                                        {"color", required_argument, 0, 'C'},
+                                        {"record", required_argument, 0, 'r'},
+                                        {"id", required_argument, 0, 'i'},
+                                        {"all-users", no_argument, 0, 'a'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+  *w = (watch_opts_t){.interval = 2.0, .count = -1, .color = 2, .device = -1};
   int o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
     char *end = NULL;
     if (o == 'h') return usage(stdout, current), 0;
-    if (o == 'i') {
-      errno = 0;
-      w->interval = strtod(optarg, &end);
-      if (errno || end == optarg || *end || !(w->interval >= 0.05 && w->interval <= 86400) ||
-          !isfinite(w->interval))
-        return bad_usage("--interval '%s': seconds between 0.05 and 86400 expected", optarg);
+    if (o == 'I') {
+      double ms;
+      if (!cli_duration("--interval", optarg, 1000, 50, 86400e3, &ms)) return EXIT_USAGE;
+      w->interval = ms / 1e3;
     } else if (o == 'c') {
       errno = 0;
       w->count = strtol(optarg, &end, 10);
@@ -433,10 +446,19 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
       if (!*optarg) return bad_usage("%s", "--prom-file needs a path");
       w->prom = optarg;
     } else if (o == 'l') {
-      if (!*optarg) return bad_usage("%s", "--listen needs ADDR:PORT");
+      char host[256];
+      unsigned port;
+      if (!*optarg) return bad_usage("%s", "--listen needs [ADDR][:PORT]");
+      if (exporter_parse_listen(optarg, host, sizeof host, &port) != 0) return EXIT_USAGE;
       w->listen = optarg;
     } else if (o == 'n') {
-      w->no_color = true;
+      w->color = 0;
+    } else if (o == 'C') {
+      if ((w->color = cli_color_mode(optarg)) < 0) return EXIT_USAGE;
+    } else if (o == 'i') {
+      if (!cli_device_arg(optarg, &w->device)) return EXIT_USAGE;
+    } else if (o == 'a') {
+      w->all_users = true;
     } else if (o == 'r') {
       if (!*optarg) return bad_usage("%s", "--record needs a path");
       w->record = optarg;
@@ -445,6 +467,9 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
     }
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+  if (w->device >= 0 && (w->prom || w->listen))
+    return bad_usage("%s",
+                     "-i selects a device for the view; the exporter covers every GPU (as DCGM's does)");
   return -1;
 }
 
@@ -483,45 +508,54 @@ static int wait_event(double deadline, bool keys, int listen_fd) {
 }
 
 /* The exporter: the textfile (and the --record sample) every interval, and/or /metrics answered as
- * scrapes come. --count counts intervals, or answered scrapes when nothing is written per interval.
- * SIGTERM/SIGINT end it with 0. */
+ * scrapes come. A failed textfile write is said and tried again next interval (a moment of ENOSPC
+ * must not end /metrics); the status is 1 when the last write failed. --count counts intervals, or
+ * answered scrapes when nothing is written per interval. SIGTERM/SIGINT end it with 0. */
 static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
-  int lfd = w->listen ? exporter_listen(w->listen) : -1;
-  if (w->listen && lfd < 0) return 1;
-  bool ticking = w->prom || w->record;
+  unsigned what = GG_REPORT_ALL | GG_REPORT_NOT_SELF | (w->all_users ? GG_REPORT_ALL_COMMANDS : 0);
+  if (cli_no_gpu())
+    fputs("gpuguard watch: no NVIDIA GPU on this machine (neither CUDA nor NVML): exporting no device "
+          "series (gpuguard_devices{source=\"none\"} 0), never the simulated host device\n",
+          stderr);
+  exporter_t *ex = w->listen ? exporter_open(w->listen, what) : NULL;
+  if (w->listen && !ex) return 1;
+  bool ticking = w->prom || w->record, failing = false;
   long done = 0;
-  int rc = 0;
   double next = now_s();
   for (;;) {
     if (ticking && now_s() >= next) {
-      if (w->prom && exporter_write_file(w->prom) != 0) {
-        rc = 1;
-        break;
+      if (w->prom) {
+        bool failed = exporter_write_file(w->prom, what) != 0;
+        if (failed && !failing)
+          fprintf(stderr, "gpuguard watch: --prom-file %s: trying again every %.3g s\n", w->prom,
+                  w->interval);
+        if (!failed && failing) fprintf(stderr, "gpuguard watch: --prom-file %s: written again\n", w->prom);
+        failing = failed;
       }
       record_sample(rec);
       next += w->interval;
       if (w->count > 0 && ++done >= w->count) break;
     }
-    int ev = wait_event(ticking ? next : now_s() + 3600, false, lfd);
+    double until = ticking ? next : now_s() + 3600;
+    int ev = ex ? exporter_serve(ex, until * 1e3, wake_pipe[0]) : wait_event(until, false, -1);
     if (ev == 'c') {
-      if (exporter_serve_one(lfd) && !ticking && w->count > 0 && ++done >= w->count) break;
+      if (!ticking && w->count > 0 && ++done >= w->count) break;
     } else if (ev == SIGINT || ev == SIGTERM || ev == SIGHUP || ev == SIGQUIT) {
       break;
     }
   }
-  if (lfd >= 0) close(lfd);
-  return rc;
+  exporter_close(ex);
+  return failing ? 1 : 0;
 }
 
 static int run_view(const watch_opts_t *w, term_t *t, recorder_t *rec) {
-  const char *nc = getenv("NO_COLOR"), *term = getenv("TERM");
-  bool color = t->out_tty && !w->no_color && !(nc && *nc) && !(term && strcmp(term, "dumb") == 0);
+  bool color = cli_color_on(w->color, STDOUT_FILENO);
   term_enter(t);
   for (long i = 0; w->count < 0 || i < w->count; i++) {
     screen_t s = {.tty = t->out_tty, .color = color};
     screen_size(&s);
     if (s.tty) sc_raw(&s, "\033[H", 3); /* home, then overwrite: no clear, no flicker */
-    draw(&s, w->interval);
+    draw(&s, w->interval, w->device);
     if (s.tty) sc_raw(&s, "\033[J", 3); /* whatever the last frame had below this one */
     if (s.buf) write_all(s.buf, s.len);
     free(s.buf);

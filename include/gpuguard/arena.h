@@ -202,9 +202,46 @@ GG_API int gg_arena_reset_peak(gg_arena_t *arena);
  *  @return 0; GG_EINVAL for NULL arguments. */
 GG_API int gg_arena_stats(gg_arena_t *arena, gg_arena_stats_t *stats);
 
+/** gg_arena_stats() without asking the stream: no event is recorded and no stream queried, so it may
+ *  be called while a stream captures a CUDA graph. Released memory whose work may have completed meanwhile
+ *  still counts as pending (bytes_pending) and not in largest_free_block.
+ *  @return 0; GG_EINVAL for NULL arguments or a handle that is not live. Thread-safe. */
+GG_API int gg_arena_stats_quiet(gg_arena_t *arena, gg_arena_stats_t *stats);
+
 /** Calls @p visit for every live block, in address order, under the arena's lock.
  *  @return 0, or GG_EINVAL for NULL arena or visitor. */
 GG_API int gg_arena_foreach_block(gg_arena_t *arena, gg_block_visitor_t visit, void *user);
+
+/** One mapped range of an arena, as gg_arena_foreach_chunk() reports it. */
+typedef struct gg_chunk_info {
+  void *ptr;   /**< the range's first device address */
+  size_t size; /**< its bytes */
+} gg_chunk_info_t;
+
+/** Called once per mapped range; return non-zero to stop early. Must not call into the arena. */
+typedef int (*gg_chunk_visitor_t)(const gg_chunk_info_t *chunk, void *user);
+
+/** Calls @p visit for every mapped range of the arena, in address order, under the arena's lock.
+ *  Chunks mapped at consecutive addresses are reported as one range, so no block spans two ranges
+ *  (a memory snapshot's "segments").
+ *  @return 0; GG_EINVAL for a NULL, destroyed or foreign arena or a NULL visitor; GG_ESTATE after fork
+ *  or teardown. */
+GG_API int gg_arena_foreach_chunk(gg_arena_t *arena, gg_chunk_visitor_t visit, void *user);
+
+/** Limits the memory the arena maps to @p limit bytes (rounded down to the driver's granularity), below
+ *  its capacity: a growth past the limit fails with GG_ENOMEM as if the capacity were reached. What is
+ *  mapped already stays mapped (a trim gives it back). PyTorch's per-process memory fraction.
+ *  @param arena the arena.
+ *  @param limit bytes; 0 or anything at or above the capacity removes the limit.
+ *  @return 0; GG_EINVAL for a NULL, destroyed or foreign arena; GG_ESTATE after fork or teardown.
+ *  Thread-safe. */
+GG_API int gg_arena_set_limit(gg_arena_t *arena, size_t limit);
+
+/** The limit gg_arena_set_limit() set, or the capacity when none is set.
+ *  @param arena the arena.
+ *  @param[out] limit receives the bytes.
+ *  @return 0; GG_EINVAL for NULL arguments or a handle that is not live. Thread-safe. */
+GG_API int gg_arena_get_limit(gg_arena_t *arena, size_t *limit);
 
 /** The arena's name (as given in its options, or "arena"); never NULL for a valid arena. */
 GG_API const char *gg_arena_name(const gg_arena_t *arena);

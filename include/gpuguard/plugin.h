@@ -173,6 +173,16 @@ GG_API int gg_plugin_trim(int device, size_t keep, size_t *released);
  *  only once no call of this table is using the arena it replaced. */
 GG_API int gg_plugin_set_arena(int device, gg_arena_t *arena);
 
+/** The arena registered for @p device, made and registered first when there is none: what a backend
+ *  that creates its arenas on first use per device calls (two threads at once make one arena).
+ *  @param device the device ordinal (0 .. GG_PLUGIN_MAX_DEVICES-1).
+ *  @param opts options for a new arena (NULL: defaults; `device` is replaced by @p device, a NULL `name`
+ *  becomes "torch"); ignored when an arena is registered already.
+ *  @param[out] arena receives the registered arena, or NULL on failure.
+ *  @return 0; GG_EINVAL for a NULL @p arena, a device out of range or GG_ARENA_NO_STREAM in @p opts;
+ *  gg_arena_create()'s errors (GG_ENODEV without a device). Thread-safe. */
+GG_API int gg_plugin_ensure_arena(int device, const gg_arena_options_t *opts, gg_arena_t **arena);
+
 /** The arena registered for @p device.
  *  @param device the device ordinal.
  *  @param[out] arena receives the arena, or NULL when none is registered.

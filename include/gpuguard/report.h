@@ -8,9 +8,14 @@
 
 /** @defgroup gg_report Reports
  *  The query results rendered for machines: JSON (one object), or the Prometheus text exposition
- *  format 0.0.4 with metric names `gpuguard_*` carrying their unit, every series labelled with the
- *  device's index and UUID as NVIDIA's DCGM exporter labels them, e.g.
- *  `gpuguard_device_memory_used_bytes{gpu="0",UUID="GPU-..."}`. Families without a sample are left out.
+ *  format 0.0.4 with metric names `gpuguard_*` carrying their unit (`_bytes`, `_total` on counters),
+ *  every device series labelled as NVIDIA's DCGM exporter labels them (`gpu` is NVML's index, whatever
+ *  CUDA_VISIBLE_DEVICES says; `UUID`, `pci_bus_id`, `device`, `modelName`, `Hostname`), e.g.
+ *  `gpuguard_device_memory_used_bytes{gpu="0",UUID="GPU-...",...}`. Prometheus text lists the GPUs
+ *  NVML sees (also without CUDA), else CUDA's; never the simulated host device: `gpuguard_devices`
+ *  says how many and from where, `gpuguard_scrape_collector_success` whether each reading worked,
+ *  `gpuguard_build_info` the version. Process command lines are on `gpuguard_process_info`, apart
+ *  from the memory series. Families without a sample are left out.
  *  Label values are valid UTF-8: control characters and bytes that are not well-formed UTF-8 become
  *  U+FFFD.
  *  @{ */
@@ -26,6 +31,9 @@
 /** A modifier: leave the calling process out of the process list (a monitoring tool's own device
  *  descriptors are not worth a row). */
 #define GG_REPORT_NOT_SELF 0x8u
+/** A modifier for Prometheus text: include other users' command lines in `gpuguard_process_info`
+ *  (left out by default, as `gpuguard ps` hides them: flags may carry secrets). */
+#define GG_REPORT_ALL_COMMANDS 0x10u
 
 /** Output formats of gg_report(). */
 typedef enum gg_format {

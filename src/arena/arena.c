@@ -183,6 +183,7 @@ static int gg__arena_open(gg_arena_t *a, const gg_arena_options_t *o) {
     return gg__err(GG_EINVAL, "gg_arena_create: capacity %zu or chunk size %zu overflows when rounded to %zu",
                    cap, chunk, g);
   a->capacity = (size_t)gg__align_up(cap, g), a->chunk_size = (size_t)gg__align_up(chunk, g);
+  a->limit = a->capacity;
   if (o->stream && a->ops->stream_check &&
       (rc = a->ops->stream_check(a->dev, o->stream, "gg_arena_create")) < 0)
     return rc;
@@ -301,6 +302,7 @@ static void gg__arena_free_metadata(gg_arena_t *a) {
   free(a->chunks), free(a->spare_events), free(a->closed), free(a->bump), free(a->runs), free(a->frames);
   gg__freelist_free(&a->freelist);
   gg__addr_map_free(&a->used);
+  free(a->ord_tick);
 }
 
 int gg_arena_destroy(gg_arena_t *a) {
@@ -346,6 +348,20 @@ int gg_arena_stats(gg_arena_t *a, gg_arena_stats_t *stats) {
   }
   gg__arena_leave(a);
   return rc;
+}
+
+int gg_arena_stats_quiet(gg_arena_t *a, gg_arena_stats_t *stats) {
+  if (!stats) {
+    return gg__err(GG_EINVAL, "gg_arena_stats_quiet: stats is NULL");
+  }
+  int rc = gg__arena_enter(a, "gg_arena_stats_quiet");
+  if (rc < 0) {
+    return rc;
+  }
+  gg__arena_fill_stats(a, stats);
+  gg__tcache_add_stats(a, stats);
+  gg__arena_leave(a);
+  return 0;
 }
 
 static int gg__info_cmp(const void *x, const void *y) {
@@ -474,6 +490,60 @@ int gg__arena_options_of(gg_arena_t *a, gg_arena_options_t *out) {
   gg_arena_options_init(out);
   out->device = a->dev->index, out->backend = a->ops->name, out->capacity = a->capacity;
   out->chunk_size = a->chunk_size, out->stream = a->stream, out->flags = a->flags, out->name = a->name;
+  gg__arena_leave(a);
+  return 0;
+}
+
+/* ---- limit and chunk walk ------------------------------------------------------------------------ */
+
+int gg_arena_set_limit(gg_arena_t *a, size_t limit) {
+  int rc = gg__arena_enter(a, "gg_arena_set_limit");
+  if (rc < 0) {
+    return rc;
+  }
+  if (limit == 0 || limit >= a->capacity) {
+    a->limit = a->capacity;
+  } else {
+    a->limit = limit - limit % a->granularity;
+  }
+  gg__arena_leave(a);
+  return 0;
+}
+
+int gg_arena_get_limit(gg_arena_t *a, size_t *limit) {
+  if (!limit) {
+    return gg__err(GG_EINVAL, "gg_arena_get_limit: limit (the out-pointer) is NULL");
+  }
+  int rc = gg__arena_enter(a, "gg_arena_get_limit");
+  if (rc < 0) {
+    return rc;
+  }
+  *limit = a->limit;
+  gg__arena_leave(a);
+  return 0;
+}
+
+int gg_arena_foreach_chunk(gg_arena_t *a, gg_chunk_visitor_t visit, void *user) {
+  if (!visit) {
+    return gg__err(GG_EINVAL, "gg_arena_foreach_chunk: visit is NULL");
+  }
+  int rc = gg__arena_enter(a, "gg_arena_foreach_chunk");
+  if (rc < 0) {
+    return rc;
+  }
+  size_t i = 0;
+  while (i < a->n_chunks) {
+    gg_chunk_info_t c = {(void *)a->chunks[i]->ptr, a->chunks[i]->size};
+    i++;
+    /* Neighbours at consecutive addresses are one range: a block may span them. */
+    while (i < a->n_chunks && a->chunks[i]->ptr == (uintptr_t)c.ptr + c.size) {
+      c.size += a->chunks[i]->size;
+      i++;
+    }
+    if (visit(&c, user) != 0) {
+      break;
+    }
+  }
   gg__arena_leave(a);
   return 0;
 }

@@ -354,7 +354,7 @@ static int gg__tc_give_back_class(gg_arena_t *a, gg__tcache_t *c, gg__tc_class_t
     gg__tc_entry_t *e = &k->ring[k->head];
     gg__block_t *b = e->rec;
     c->free_bytes -= b->size;
-    if (a->track && e->ordered) a->ordered_released = true; /* trim waits for the stream before unmapping */
+    if (e->ordered) gg__arena_ordered_note(a, b->addr, b->size); /* unmapped once its work is done */
     gg__arena_release(a, b->addr, b->size, b->seg, b, gg__tc_reusable(a, e));
   }
   k->head = 0;

@@ -130,6 +130,10 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
   size_t m = 0;
   int rc = gg__find_room(a, n, al, &at, &m, why, whycap);
   if (rc < 0) return rc;
+  if (a->limit < a->capacity && (a->mapped > a->limit || m > a->limit - a->mapped)) {
+    snprintf(why, whycap, "the arena's limit of %zu bytes (gg_arena_set_limit) is reached", a->limit);
+    return GG_ENOMEM;
+  }
   /* With VMM a large request is mapped as chunk-sized pieces at consecutive addresses: one block to the
    * allocator, but trim can later give back each piece that no live block touches, so a big mapping
    * that small blocks reuse does not stay pinned whole (and a growth finds whole pieces to reuse). */
@@ -161,25 +165,25 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
 /* Only when the growth would raise peak mapped: free memory in the wrong place is then not kept mapped
  * beside the new mapping, which keeps peak mapped close to peak in use when request sizes vary from
  * step to step. Below the peak the arena keeps what it has (no map/unmap churn; trim() gives it back).
- * The trim may wait for the stream, so it runs only when a free block, or what waits to become free,
- * could hold a whole chunk. */
+ * The trim never waits (gg__arena_trim_idle_locked); it runs only when a free block, or what the bump
+ * log frees once compacted, could hold a whole chunk. */
 bool gg__arena_trim_before_growth(const gg_arena_t *a, size_t n) {
   if (!a->contiguous || a->freelist.bytes < 2 * a->chunk_size) return false;
   size_t grow = (size_t)gg__align_up(n, a->granularity);
   if (grow < a->chunk_size) grow = a->chunk_size;
   if (a->mapped + grow <= a->peak_mapped) return false;
-  /* Worth a wait only when what would come back is at least 2 chunks and 1/64 of what is mapped (the
-   * wait drains the GPU's queue; the unmapped memory is mapped again soon after). With an absolute
-   * threshold alone, a decoder's forward pass that outgrew its peak waited at almost every growth, for
-   * a few chunks of a multi-GiB mapping: 42 waits in 30 steps of its trace, 14 with the share, all while
-   * it warms up; peak mapped / peak in use 1.0030 -> 1.0049; the encoder trace 19 -> 15, 1.0041 -> 1.0040).
-   */
+  /* Worth a trim only when what would come back is at least 2 chunks and 1/64 of what is mapped (the
+   * unmapped memory is mapped again soon after, and each map and unmap is a driver call). With an
+   * absolute threshold alone, a decoder's forward pass that outgrew its peak trimmed at almost every
+   * growth, for a few chunks of a multi-GiB mapping: 42 trims in 30 steps of its trace, 14 with the
+   * share; peak mapped / peak in use 1.0030 -> 1.0049. Now that the trim never waits, 1/256 of what is
+   * mapped, or the total free instead of the largest block, changed the replayed traces by -0.0006 to
+   * +0.0005 (a ViT-like one 1.0174 -> 1.0154) for 1.1-2.9x the trims. */
   size_t worth = a->mapped / 64 > 2 * a->chunk_size ? a->mapped / 64 : 2 * a->chunk_size;
   const gg__block_t *b = gg__freelist_largest(&a->freelist), *t = a->freelist.top;
   size_t largest = b ? b->size : 0;
   if (t && t->size > largest) largest = t->size;
-  size_t waiting = a->pending + gg__bump_dead_bytes(a); /* free once settled or compacted */
-  return largest >= worth || waiting >= worth;
+  return largest >= worth || gg__bump_dead_bytes(a) >= worth; /* dead bump bytes: free once compacted */
 }
 
 static int gg__addr_desc(const void *x, const void *y) {
@@ -188,22 +192,29 @@ static int gg__addr_desc(const void *x, const void *y) {
 }
 
 /* Unmaps the chunks that free block fb covers wholly, highest first, while more than keep bytes stay
- * mapped: each run of adjacent chunks that may go in one backend call (one driver call where the driver
+ * mapped (with `idle_only`, only chunks no queued work may still use: the others stay mapped and
+ * free): each run of adjacent chunks that may go in one backend call (one driver call where the driver
  * takes a range). Their records stay in a->chunks, marked in gone[], until the trim ends, so the array
  * is compacted once rather than once per chunk. What is left of fb goes back as free blocks. Adds the
  * bytes unmapped to *returned. */
-static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool *gone, size_t *returned) {
+static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool idle_only, bool *gone,
+                          size_t *returned) {
   int rc = 0;
   uintptr_t lo = fb->addr, hi = fb->addr + fb->size;
   void *seg = fb->seg;
   size_t i0 = gg__chunk_index(a, lo), j = i0;
   while (j < a->n_chunks && a->chunks[j]->ptr + a->chunks[j]->size <= hi) j++;
   bool taken = false;
-  while (rc == 0) {
-    while (j > i0 && a->mapped - a->chunks[j - 1]->size < keep) j--; /* stays: keep would not be met */
+  while (rc == 0 && j > i0) {
+    const gg__chunk_t *c = a->chunks[j - 1];
+    if (a->mapped - c->size < keep || (idle_only && !gg__arena_range_idle(a, c->ptr, c->size))) {
+      j--; /* stays: keep would not be met, or queued work may still use it */
+      continue;
+    }
     size_t top = j, m = a->mapped;
-    while (j > i0 && m - a->chunks[j - 1]->size >= keep) m -= a->chunks[--j]->size;
-    if (j == top) break;
+    while (j > i0 && m - a->chunks[j - 1]->size >= keep &&
+           (!idle_only || gg__arena_range_idle(a, a->chunks[j - 1]->ptr, a->chunks[j - 1]->size)))
+      m -= a->chunks[--j]->size;
     if (!taken) gg__freelist_remove(&a->freelist, fb), taken = true;
     size_t done = 0;
     rc = a->ops->unmap_run(a->dev, a->chunks + j, top - j, &done);
@@ -222,19 +233,11 @@ static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool *gon
   return rc;
 }
 
-/* A free block that covers chunks is split around them; a failed unmap leaves the rest as it was. */
-int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
-  int rc;
-  gg__tcache_give_back_all(a, false); /* threads' caches keep no free memory mapped */
-  if ((rc = gg__bump_flush(a)) < 0 || (rc = gg__arena_wait_pending(a)) < 0) return rc;
+/* Unmaps the chunks free blocks cover wholly; a free block that covers chunks is split around them; a
+ * failed unmap leaves the rest as it was. */
+static int gg__trim_free_chunks(gg_arena_t *a, size_t keep, bool idle_only) {
+  int rc = 0;
   if (!a->n_chunks) return 0;
-  /* Releases made in stream order (the framework plugin) are free at once but may still be read by
-   * work queued before them: memory is unmapped only once the stream has run all of it. */
-  if (a->track && a->ordered_released) {
-    a->probe.stream_waits++;
-    if ((rc = a->ops->stream_sync(a->dev, a->stream)) < 0) return rc;
-  }
-  a->ordered_released = false;
   size_t nf = a->freelist.count + 1;
   gg__block_t **fs = malloc(nf * sizeof *fs);
   bool *gone = calloc(a->n_chunks, sizeof *gone);
@@ -246,7 +249,7 @@ int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
   nf = gg__freelist_list(&a->freelist, fs, nf);
   qsort(fs, nf, sizeof *fs, gg__addr_desc);
   size_t returned = 0;
-  for (size_t k = 0; k < nf && rc == 0; k++) rc = gg__trim_block(a, fs[k], keep, gone, &returned);
+  for (size_t k = 0; k < nf && rc == 0; k++) rc = gg__trim_block(a, fs[k], keep, idle_only, gone, &returned);
   size_t w = 0;
   for (size_t r = 0; r < a->n_chunks; r++) {
     if (gone[r])
@@ -259,6 +262,28 @@ int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
   if (returned) a->n_trims++, a->bytes_trimmed += returned;
   gg__arena_promote(a);
   return rc;
+}
+
+int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
+  int rc;
+  gg__tcache_give_back_all(a, false); /* threads' caches keep no free memory mapped */
+  if ((rc = gg__bump_flush(a)) < 0 || (rc = gg__arena_wait_pending(a)) < 0) return rc;
+  if (!a->n_chunks) return 0;
+  /* Releases made in stream order (the framework plugin) are free at once but may still be read by
+   * work queued before them: memory is unmapped only once the stream has run all of it (a wait only
+   * when some of it is not known done). */
+  if ((rc = gg__arena_ordered_wait(a)) < 0) return rc;
+  return gg__trim_free_chunks(a, keep, false);
+}
+
+/* Never waits: releases still pending stay so (the ladder merged what is done), threads' caches keep
+ * their blocks (their chunks are not wholly free), and a chunk whose last stream-ordered user may still
+ * run stays mapped: the growth maps beside it instead, and a later growth gives it back. */
+int gg__arena_trim_idle_locked(gg_arena_t *a) {
+  int rc;
+  if (!a->n_chunks || (rc = gg__bump_flush(a)) < 0) return 0;
+  gg__arena_ordered_poll(a);
+  return gg__trim_free_chunks(a, 0, true);
 }
 
 /* Destroy and teardown: every chunk, in runs of adjacent chunks; a run that fails is finished chunk by

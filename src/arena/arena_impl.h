@@ -45,6 +45,7 @@ typedef struct gg__site {
 typedef struct gg__sites gg__sites_t;
 #define GG__TAG_MAX     63                 /* longer tags are cut */
 #define GG__TC_MAX_SIZE ((size_t)64 << 10) /* larger requests always take the arena's lock */
+#define GG__ORD_EVENTS  32                 /* epochs of stream-ordered releases awaiting their event */
 
 typedef struct gg__tcache gg__tcache_t;
 
@@ -101,6 +102,7 @@ struct gg_arena {
   const gg__backend_ops_t *ops;
   uintptr_t base;
   size_t capacity, chunk_size, granularity;
+  size_t limit; /* mapped bytes a growth may reach (gg_arena_set_limit); the capacity by default */
   bool contiguous, track;
   void *stream;
   unsigned flags;
@@ -148,9 +150,26 @@ struct gg_arena {
   unsigned long long guard_token;         /* registration with the live guard of its device, 0 if none */
   struct gg_arena *live_prev, *live_next; /* the process's live arenas, for reports */
   bool on_live;
-  bool ordered_released; /* stream-ordered releases since the last trim: unmapping must wait for the stream */
+  bool ordered_released; /* stream-ordered releases no granule records: unmapping must wait for the stream */
   void *join_event;      /* recorded on one stream for another to wait on (plugin calls on other streams) */
   gg__sites_t *sites;    /* allocation sites (GG_ARENA_BACKTRACE), or NULL; set at creation only */
+
+  /* Stream-ordered releases (the plugin's) make memory reusable at once, in stream order, but it may be
+   * unmapped only once the work queued before the release is done. Each granule of the range keeps the
+   * epoch of the last such release that touched it; an event recorded on the stream closes an epoch,
+   * and every epoch up to ord_safe is known done. Growth then gives back only chunks whose last user is
+   * done, and never waits for the stream (arena_release.c). */
+  uint64_t *ord_tick;  /* by granule (contiguous arenas), or NULL: none made yet, or no host memory */
+  uint64_t ord_epoch;  /* the epoch releases are marked with now; >= 1 once anything was marked */
+  uint64_t ord_marked; /* the latest epoch a release was marked with (0: none) */
+  uint64_t ord_safe;   /* every epoch up to it is done */
+  size_t ord_bytes;    /* bytes released in stream order in the current epoch */
+  size_t ord_frees;    /* releases in stream order in the current epoch */
+  struct {
+    void *event;
+    uint64_t epoch;         /* recorded after every release of this epoch and the ones before */
+  } ord_ev[GG__ORD_EVENTS]; /* a FIFO of closed epochs, oldest at ord_head */
+  unsigned ord_head, ord_n;
 
   /* Threads' caches (arena_cache.c). Read by them without the arena's lock, each on its own line. */
   unsigned long long id; /* unique in the process: a cache of a dead arena never matches a new one */
@@ -248,6 +267,18 @@ int gg__arena_reclaim_finished_step(gg_arena_t *a, void *unused);
 int gg__arena_wait_pending(gg_arena_t *a);
 /* Destroys every event (device teardown); the first failure is returned, the rest are still done. */
 int gg__arena_events_destroy(gg_arena_t *a);
+/* A release in stream order of [addr, addr + size): reusable at once, but unmapped only once the work
+ * queued before now is done (the granules it touches are marked with the current epoch). Never fails:
+ * without room for the marks, the next trim waits for the stream. */
+void gg__arena_ordered_note(gg_arena_t *a, uintptr_t addr, size_t size);
+/* Never blocks and never fails: closes the current epoch with an event and learns which epochs are
+ * done (a failure only means fewer chunks are known idle). */
+void gg__arena_ordered_poll(gg_arena_t *a);
+/* Whether no work queued before a stream-ordered release may still use [addr, addr + size). */
+bool gg__arena_range_idle(const gg_arena_t *a, uintptr_t addr, size_t size);
+/* Blocking (one counted host wait), only when some stream-ordered release is not known done: afterwards
+ * all of them are. */
+int gg__arena_ordered_wait(gg_arena_t *a);
 
 /* ---- arena_bump.c -------------------------------------------------------------------------------- */
 
@@ -313,8 +344,12 @@ size_t gg__chunk_index(const gg_arena_t *a, uintptr_t p);
 int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap);
 /* Whether to give wholly free chunks back before mapping n more bytes. */
 bool gg__arena_trim_before_growth(const gg_arena_t *a, size_t n);
-/* Unmaps wholly free chunks, highest first, while more than keep bytes stay mapped. */
+/* Unmaps wholly free chunks, highest first, while more than keep bytes stay mapped. May wait for the
+ * stream (counted), so that every free chunk can go. */
 int gg__arena_trim_locked(gg_arena_t *a, size_t keep);
+/* Before a growth: unmaps the wholly free chunks no queued work may still use. Never waits; a failure
+ * only means the growth maps more. */
+int gg__arena_trim_idle_locked(gg_arena_t *a);
 /* Unmaps every chunk (destroy, teardown) and frees the records; the first error (every chunk is tried). */
 int gg__arena_unmap_all(gg_arena_t *a);
 

@@ -21,6 +21,8 @@
 static _Atomic(gg_arena_t *) gg__plug[GG_PLUGIN_MAX_DEVICES];
 static pthread_once_t gg__plug_once = PTHREAD_ONCE_INIT;
 static atomic_bool gg__plug_used; /* set once the table was first written */
+/* Serialises gg_plugin_ensure_arena(): two first allocations on one device make one arena. */
+static pthread_mutex_t gg__plug_make_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* GPUGUARD_PLUGIN_TRACE=FILE records every call, for bench_replay: `a PTR SIZE STREAM`, `f PTR STREAM`.
  * Opened at the first call; a name that cannot be opened is reported once and tracing stays off. */
@@ -117,6 +119,7 @@ void gg__plugin_fork_prepare(void) {
   /* Only once the plugin was used (as when it registered its own handler at first use): a program that
    * never touches it forks as before. */
   if (!atomic_load(&gg__plug_used)) return;
+  pthread_mutex_lock(&gg__plug_make_lock);
   pthread_mutex_lock(&gg__trace_lock);
   pthread_mutex_lock(&gg__rec_lock);
   gg__graph_fork_prepare();
@@ -129,6 +132,7 @@ void gg__plugin_fork_parent(void) {
     gg__graph_fork_release();
     pthread_mutex_unlock(&gg__rec_lock);
     pthread_mutex_unlock(&gg__trace_lock);
+    pthread_mutex_unlock(&gg__plug_make_lock);
   }
   gg__pt_fork_parent();
 }
@@ -146,6 +150,7 @@ void gg__plugin_fork_child(void) {
   gg__graph_fork_reinit();
   pthread_mutex_init(&gg__rec_lock, NULL);
   pthread_mutex_init(&gg__trace_lock, NULL);
+  pthread_mutex_init(&gg__plug_make_lock, NULL);
 }
 
 int gg_plugin_set_arena(int device, gg_arena_t *arena) {
@@ -158,6 +163,50 @@ int gg_plugin_set_arena(int device, gg_arena_t *arena) {
   pthread_once(&gg__plug_once, gg__plug_install);
   gg__pt_publish(&gg__plug[device], arena);
   return 0;
+}
+
+int gg_plugin_ensure_arena(int device, const gg_arena_options_t *opts, gg_arena_t **arena) {
+  if (!arena) {
+    return gg__err(GG_EINVAL, "gg_plugin_ensure_arena: arena (the out-pointer) is NULL");
+  }
+  *arena = NULL;
+  int rc = gg__plug_device(device, "gg_plugin_ensure_arena");
+  if (rc < 0) {
+    return rc;
+  }
+  gg_arena_t *have = atomic_load(&gg__plug[device]);
+  if (have) {
+    *arena = have;
+    return 0;
+  }
+  gg_arena_options_t o;
+  gg_arena_options_init(&o);
+  if (opts) {
+    o = *opts;
+  }
+  o.device = device;
+  if (o.flags & GG_ARENA_NO_STREAM) {
+    return gg__err(GG_EINVAL, "gg_plugin_ensure_arena: GG_ARENA_NO_STREAM would hand out blocks that "
+                              "PyTorch's kernels may still use");
+  }
+  if (!o.name) {
+    o.name = "torch";
+  }
+  pthread_mutex_lock(&gg__plug_make_lock);
+  have = atomic_load(&gg__plug[device]);
+  if (!have) {
+    rc = gg_arena_create(&have, &o);
+    if (rc == 0) {
+      rc = gg_plugin_set_arena(device, have);
+      if (rc < 0) {
+        gg_arena_destroy(have);
+        have = NULL;
+      }
+    }
+  }
+  pthread_mutex_unlock(&gg__plug_make_lock);
+  *arena = have;
+  return rc;
 }
 
 int gg_plugin_get_arena(int device, gg_arena_t **arena) {

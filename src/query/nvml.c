@@ -35,6 +35,10 @@ typedef struct gg__nvml {
   nvmlReturn_t (*temperature)(nvmlDevice_t, int, unsigned *);
   nvmlReturn_t (*power)(nvmlDevice_t, unsigned *);
   nvmlReturn_t (*power_limit)(nvmlDevice_t, unsigned *);
+  nvmlReturn_t (*count)(unsigned *);
+  nvmlReturn_t (*name)(nvmlDevice_t, char *, unsigned);
+  nvmlReturn_t (*uuid)(nvmlDevice_t, char *, unsigned);
+  nvmlReturn_t (*pci)(nvmlDevice_t, void *);
 } gg__nvml_t;
 
 /* dlsym gives an object pointer; memcpy is ISO C's way to turn it into a function pointer. */
@@ -72,6 +76,10 @@ static int gg__nvml_open(gg__nvml_t *n) {
   gg__sym(n->lib, "nvmlDeviceGetTemperature", &n->temperature);
   gg__sym(n->lib, "nvmlDeviceGetPowerUsage", &n->power);
   gg__sym(n->lib, "nvmlDeviceGetEnforcedPowerLimit", &n->power_limit);
+  gg__sym(n->lib, "nvmlDeviceGetCount_v2", &n->count);
+  gg__sym(n->lib, "nvmlDeviceGetName", &n->name);
+  gg__sym(n->lib, "nvmlDeviceGetUUID", &n->uuid);
+  gg__sym_versioned(n->lib, "nvmlDeviceGetPciInfo", &n->pci);
   gg__sym_versioned(n->lib, "nvmlDeviceGetComputeRunningProcesses", &n->compute);
   gg__sym_versioned(n->lib, "nvmlDeviceGetGraphicsRunningProcesses", &n->graphics);
   if (!n->init || !n->shutdown || !n->by_index || !n->by_uuid || !n->compute) {
@@ -206,6 +214,19 @@ int gg__nvml_memory(const char *uuid, int index, size_t *total, size_t *free_b) 
   return rc;
 }
 
+/* Each reading on its own: a device may support some and not others (NOT_SUPPORTED stays -1). */
+static void gg__nvml_read_telemetry(gg__nvml_t *n, nvmlDevice_t dev, gg__nvml_telemetry_t *t) {
+  t->util_gpu = t->util_memory = t->temperature_c = -1;
+  t->power_mw = t->power_limit_mw = -1;
+  unsigned u[2], v;
+  if (n->utilization && n->utilization(dev, u) == NVML_SUCCESS)
+    t->util_gpu = (int)u[0], t->util_memory = (int)u[1];
+  if (n->temperature && n->temperature(dev, 0 /* NVML_TEMPERATURE_GPU */, &v) == NVML_SUCCESS)
+    t->temperature_c = (int)v;
+  if (n->power && n->power(dev, &v) == NVML_SUCCESS) t->power_mw = (long long)v;
+  if (n->power_limit && n->power_limit(dev, &v) == NVML_SUCCESS) t->power_limit_mw = (long long)v;
+}
+
 int gg__nvml_telemetry(const char *uuid, int index, gg__nvml_telemetry_t *t) {
   t->util_gpu = t->util_memory = t->temperature_c = -1;
   t->power_mw = t->power_limit_mw = -1;
@@ -214,18 +235,70 @@ int gg__nvml_telemetry(const char *uuid, int index, gg__nvml_telemetry_t *t) {
   if (rc < 0) return rc;
   nvmlDevice_t dev = NULL;
   nvmlReturn_t r = uuid ? n.by_uuid(uuid, &dev) : n.by_index((unsigned)index, &dev);
-  if (r != NVML_SUCCESS) {
+  if (r != NVML_SUCCESS)
     rc = gg__err(GG_ENODEV, "NVML has no such device (%s)", n.error_string ? n.error_string(r) : "?");
-  } else {
-    /* Each reading on its own: a device may support some and not others (NOT_SUPPORTED stays -1). */
-    unsigned u[2], v;
-    if (n.utilization && n.utilization(dev, u) == NVML_SUCCESS)
-      t->util_gpu = (int)u[0], t->util_memory = (int)u[1];
-    if (n.temperature && n.temperature(dev, 0 /* NVML_TEMPERATURE_GPU */, &v) == NVML_SUCCESS)
-      t->temperature_c = (int)v;
-    if (n.power && n.power(dev, &v) == NVML_SUCCESS) t->power_mw = (long long)v;
-    if (n.power_limit && n.power_limit(dev, &v) == NVML_SUCCESS) t->power_limit_mw = (long long)v;
-  }
+  else
+    gg__nvml_read_telemetry(&n, dev, t);
   gg__nvml_close(&n);
   return rc;
+}
+
+/* nvmlPciInfo_t (v2 and v3 agree on the start): busIdLegacy[16], five unsigned ints, busId[32]. */
+#define GG__NVML_PCI_BUSID_OFF 36
+
+int gg__nvml_devices(gg__nvml_dev_t **out, int *count) {
+  *out = NULL, *count = 0;
+  gg__nvml_t n;
+  int rc = gg__nvml_open(&n);
+  if (rc < 0) return rc;
+  unsigned c = 0;
+  nvmlReturn_t r = NVML_SUCCESS;
+  if (n.count) {
+    r = n.count(&c);
+  } else { /* an NVML without the count call: probe the indices */
+    nvmlDevice_t probe;
+    while (c < 64 && n.by_index(c, &probe) == NVML_SUCCESS) c++;
+  }
+  if (r != NVML_SUCCESS) {
+    rc = gg__err(GG_EDRIVER, "nvmlDeviceGetCount failed: %s (%d)", n.error_string ? n.error_string(r) : "?",
+                 r);
+    gg__nvml_close(&n);
+    return rc;
+  }
+  gg__nvml_dev_t *d = calloc(c ? c : 1, sizeof *d);
+  if (!d) {
+    gg__nvml_close(&n);
+    return gg__err(GG_ENOMEM, "NVML device list: out of host memory");
+  }
+  for (unsigned i = 0; i < c; i++) {
+    gg__nvml_dev_t *e = &d[i];
+    nvmlDevice_t dev = NULL;
+    e->index = (int)i, e->minor = -1, e->have_memory = false;
+    e->tel.util_gpu = e->tel.util_memory = e->tel.temperature_c = -1;
+    e->tel.power_mw = e->tel.power_limit_mw = -1;
+    r = n.by_index(i, &dev);
+    if (r != NVML_SUCCESS) {
+      e->rc = gg__err(GG_EDRIVER, "NVML device %u: %s (%d)", i, n.error_string ? n.error_string(r) : "?", r);
+      gg__strlcpy(e->error, gg_last_error(), sizeof e->error);
+      continue;
+    }
+    if (n.name && n.name(dev, e->name, sizeof e->name) != NVML_SUCCESS) e->name[0] = '\0';
+    if (n.uuid && n.uuid(dev, e->uuid, sizeof e->uuid) != NVML_SUCCESS) e->uuid[0] = '\0';
+    e->name[sizeof e->name - 1] = e->uuid[sizeof e->uuid - 1] = '\0';
+    unsigned m = 0;
+    if (n.minor && n.minor(dev, &m) == NVML_SUCCESS) e->minor = (int)m;
+    unsigned char pci[256];
+    memset(pci, 0, sizeof pci);
+    if (n.pci && n.pci(dev, pci) == NVML_SUCCESS) {
+      memcpy(e->pci_bus_id, pci + GG__NVML_PCI_BUSID_OFF, sizeof e->pci_bus_id - 1);
+      e->pci_bus_id[sizeof e->pci_bus_id - 1] = '\0';
+    }
+    unsigned long long mem[3] = {0, 0, 0};
+    if (n.memory && n.memory(dev, mem) == NVML_SUCCESS && mem[1] <= mem[0])
+      e->have_memory = true, e->total = (size_t)mem[0], e->free_b = (size_t)mem[1];
+    gg__nvml_read_telemetry(&n, dev, &e->tel);
+  }
+  gg__nvml_close(&n);
+  *out = d, *count = (int)c;
+  return 0;
 }

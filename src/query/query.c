@@ -236,6 +236,14 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
   gg__err_save(&saved);
   bool have_uuid = gg__cuda_props(device, &props) == 0;
   gg__err_restore(&saved);
+  return gg__process_list_at(have_uuid ? props.uuid : NULL, device, rows, cap, count);
+}
+
+int gg__process_list_at(const char *uuid, int device, gg_process_t *rows, size_t cap, size_t *count) {
+  *count = 0;
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  bool have_uuid = uuid != NULL;
 
   gg__gpu_proc_t *gp = NULL;
   size_t ngp = 0, want = 64;
@@ -248,7 +256,7 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
       return gg__err(GG_ENOMEM, "gg_process_list: out of host memory");
     }
     gp = grown;
-    rc = gg__nvml_processes(have_uuid ? props.uuid : NULL, device, gp, want, &ngp, &minor);
+    rc = gg__nvml_processes(uuid, device, gp, want, &ngp, &minor);
     if (rc < 0 || ngp <= want) break;
     want = ngp + 16;
   }

@@ -11,6 +11,8 @@
 #include "core/internal.h"
 #include "core/json_internal.h"
 #include "core/vec_internal.h"
+#include "backend/backend.h"
+#include "query/nvml.h"
 
 /* Prometheus label value: backslash, double quote and newline escaped, as the exposition format asks;
  * the value is made valid UTF-8 (the format's requirement), other control characters and every byte
@@ -44,8 +46,82 @@ typedef struct gg__devrow {
   char error[256];
   gg_process_t *procs;
   size_t nprocs;
+  bool procs_failed;
+  int minor;    /* /dev/nvidia<minor>, -1 unknown */
+  char pci[32]; /* PCI bus id from NVML, "" unknown */
 } gg__devrow_t;
 
+/* The processes holding one device (uuid: by NVML UUID; else by the device number), grown until
+ * they fit; this process is left out under GG_REPORT_NOT_SELF. */
+static void gg__collect_procs(gg__devrow_t *r, unsigned what, const char *uuid, int device, bool by_uuid) {
+  size_t count = 0;
+  for (int attempt = 0; attempt < 3; attempt++) { /* the list may grow between the two calls */
+    int rc = by_uuid ? gg__process_list_at(uuid, device, r->procs, r->nprocs, &count)
+                     : gg_process_list(device, r->procs, r->nprocs, &count);
+    if (rc < 0) { /* no GPU: no processes */
+      gg__strlcpy(r->error, gg_last_error(), sizeof r->error);
+      r->procs_failed = rc != GG_ENODEV;
+      count = 0;
+      break;
+    }
+    if (count <= r->nprocs) {
+      r->nprocs = count;
+      break;
+    }
+    gg_process_t *grown = realloc(r->procs, (count + 8) * sizeof *grown);
+    if (!grown) break;
+    r->procs = grown, r->nprocs = count + 8;
+  }
+  if (count > r->nprocs) count = r->nprocs;
+  r->nprocs = 0;
+  for (size_t j = 0; j < count; j++) /* a monitor's own descriptors are not worth a row */
+    if (!(what & GG_REPORT_NOT_SELF) || r->procs[j].pid != (int)getpid()) r->procs[r->nprocs++] = r->procs[j];
+}
+
+/* The devices as NVML numbers them (what nvidia-smi and DCGM call `gpu`): every GPU of the machine,
+ * whatever CUDA_VISIBLE_DEVICES hides, also where there is NVML but no CUDA (a container given only
+ * the `utility` capability). GG_ENOTSUP without NVML. */
+static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
+  gg__nvml_dev_t *d = NULL;
+  int n = 0, rc = gg__nvml_devices(&d, &n);
+  *rows = NULL, *nrows = 0;
+  if (rc < 0) return rc;
+  gg__devrow_t *r = calloc(n > 0 ? (size_t)n : 1, sizeof *r);
+  if (!r) {
+    free(d);
+    return gg__err(GG_ENOMEM, "gg_report: out of host memory");
+  }
+  for (int i = 0; i < n; i++) {
+    r[i].minor = d[i].minor;
+    r[i].info.index = i;
+    r[i].rc = d[i].rc;
+    if (d[i].rc < 0) {
+      gg__strlcpy(r[i].error, d[i].error, sizeof r[i].error);
+      continue;
+    }
+    gg__strlcpy(r[i].info.backend, "nvml", sizeof r[i].info.backend);
+    gg__strlcpy(r[i].info.name, d[i].name, sizeof r[i].info.name);
+    gg__strlcpy(r[i].info.uuid, d[i].uuid, sizeof r[i].info.uuid);
+    gg__strlcpy(r[i].pci, d[i].pci_bus_id, sizeof r[i].pci);
+    if (d[i].have_memory) {
+      r[i].info.total_bytes = d[i].total, r[i].info.free_bytes = d[i].free_b;
+      r[i].info.used_bytes = d[i].total - d[i].free_b;
+    }
+    const gg__nvml_telemetry_t *t = &d[i].tel;
+    r[i].tel = (gg_device_telemetry_t){i,
+                                       t->util_gpu,
+                                       t->util_memory,
+                                       t->temperature_c,
+                                       t->power_mw < 0 ? -1 : (double)t->power_mw / 1e3,
+                                       t->power_limit_mw < 0 ? -1 : (double)t->power_limit_mw / 1e3};
+    if (what & GG_REPORT_PROCESSES) gg__collect_procs(&r[i], what, d[i].uuid[0] ? d[i].uuid : NULL, i, true);
+  }
+  free(d);
+  *rows = r, *nrows = n;
+  return 0;
+}
+
+/* The devices of the backend gpuguard uses (CUDA's ordinals, or the simulated host device). */
 static int gg__collect(unsigned what, gg__devrow_t **rows, int *nrows) {
   int n = 0, rc = gg_device_count(&n);
   *rows = NULL, *nrows = 0;
@@ -53,6 +129,7 @@ static int gg__collect(unsigned what, gg__devrow_t **rows, int *nrows) {
   gg__devrow_t *r = calloc(n > 0 ? (size_t)n : 1, sizeof *r);
   if (!r) return gg__err(GG_ENOMEM, "gg_report: out of host memory");
   for (int i = 0; i < n; i++) {
+    r[i].minor = -1;
     r[i].rc = gg_device_info(i, &r[i].info);
     if (r[i].rc < 0) {
       gg__strlcpy(r[i].error, gg_last_error(), sizeof r[i].error);
@@ -62,26 +139,7 @@ static int gg__collect(unsigned what, gg__devrow_t **rows, int *nrows) {
     gg__err_save(&saved);
     gg_device_telemetry(i, &r[i].tel); /* no NVML (the host backend): every reading stays -1 */
     gg__err_restore(&saved);
-    if (!(what & GG_REPORT_PROCESSES)) continue;
-    size_t count = 0;
-    for (int attempt = 0; attempt < 3; attempt++) { /* the list may grow between the two calls */
-      if (gg_process_list(i, r[i].procs, r[i].nprocs, &count) < 0) { /* no GPU: no processes */
-        gg__strlcpy(r[i].error, gg_last_error(), sizeof r[i].error);
-        break;
-      }
-      if (count <= r[i].nprocs) {
-        r[i].nprocs = count;
-        break;
-      }
-      gg_process_t *grown = realloc(r[i].procs, (count + 8) * sizeof *grown);
-      if (!grown) break;
-      r[i].procs = grown, r[i].nprocs = count + 8;
-    }
-    if (count > r[i].nprocs) count = r[i].nprocs;
-    r[i].nprocs = 0;
-    for (size_t j = 0; j < count; j++) /* a monitor's own descriptors are not worth a row */
-      if (!(what & GG_REPORT_NOT_SELF) || r[i].procs[j].pid != (int)getpid())
-        r[i].procs[r[i].nprocs++] = r[i].procs[j];
+    if (what & GG_REPORT_PROCESSES) gg__collect_procs(&r[i], what, NULL, i, false);
   }
   *rows = r, *nrows = n;
   return 0;
@@ -96,6 +154,7 @@ static void gg__release(gg__devrow_t *rows, int n) {
 typedef struct gg__arow {
   char name[64], backend[8];
   int device;
+  unsigned long long id; /* unique among this process's live arenas, stable for the arena's life */
   gg_arena_stats_t st;
 } gg__arow_t;
 
@@ -115,6 +174,11 @@ static int gg__arena_row(gg_arena_t *a, void *user) {
   gg_arena_options_t o;
   r.device = gg__arena_options_of(a, &o) == 0 ? o.device : -1;
   gg__err_restore(&saved);
+  /* The handle's address, mixed (splitmix64's finaliser) so the label tells nothing of the layout. */
+  unsigned long long z = (unsigned long long)(uintptr_t)a + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  r.id = (z ^ (z >> 31)) & 0xffffffffffffULL;
   gg__strlcpy(r.name, gg_arena_name(a), sizeof r.name);
   gg__strlcpy(r.backend, gg_arena_backend(a), sizeof r.backend);
   gg__arow_t *grown = gg__vec_reserve(l->rows, &l->cap, l->n + 1, sizeof *grown);
@@ -213,63 +277,103 @@ static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
   fputs("}\n", f);
 }
 
-/* The labels every series starts with, as DCGM exporter writes them: gpu="INDEX",UUID="GPU-...". The
- * UUID comes from the device rows when the report read them, else from the device itself. */
-static void gg__prom_gpu(FILE *f, const gg__devrow_t *rows, int n, int device) {
-  fprintf(f, "gpu=\"%d\",UUID=", device);
-  if (device >= 0 && device < n && rows[device].rc == 0) {
-    gg__prom_label(f, rows[device].info.uuid);
-    return;
-  }
-  gg_device_info_t d;
-  gg__err_saved_t saved;
-  gg__err_save(&saved);
-  int rc = device >= 0 ? gg_device_info(device, &d) : -1;
-  gg__err_restore(&saved);
-  gg__prom_label(f, rc == 0 ? d.uuid : "");
+/* ---- Prometheus ---------------------------------------------------------------------------------- */
+
+/* What every series of one scrape shares: where the devices came from and the host's name. */
+typedef struct gg__promctx {
+  const gg__devrow_t *rows;
+  int n;
+  char hostname[256];
+  unsigned what;
+} gg__promctx_t;
+
+/* The labels every device series starts with, as NVIDIA's DCGM exporter writes them, so that both
+ * exporters' series join on one dashboard: gpu (NVML's index), UUID, pci_bus_id, device (nvidiaN),
+ * modelName, Hostname. Unknown ones are left out. */
+static void gg__prom_dev_labels(FILE *f, const gg__promctx_t *c, const gg__devrow_t *r, int gpu) {
+  fprintf(f, "gpu=\"%d\",UUID=", gpu);
+  gg__prom_label(f, r ? r->info.uuid : "");
+  if (r && r->pci[0]) fputs(",pci_bus_id=", f), gg__prom_label(f, r->pci);
+  if (r && r->minor >= 0) fprintf(f, ",device=\"nvidia%d\"", r->minor);
+  if (r && r->info.name[0]) fputs(",modelName=", f), gg__prom_label(f, r->info.name);
+  fputs(",Hostname=", f), gg__prom_label(f, c->hostname);
 }
 
-/* One gauge per arena statistic, labelled with the arena's device, name, backend and this process's
- * pid. No arena: no families (an empty family tells a scraper nothing). */
-static void gg__prom_arenas(FILE *f, const gg__devrow_t *rows, int n, const gg__arows_t *ar) {
+/* An arena's device (gpuguard's ordinal) among the rows: the row with its UUID (rows may be NVML's,
+ * numbered differently); NULL when none is. */
+static const gg__devrow_t *gg__row_of(const gg__promctx_t *c, const char *uuid) {
+  for (int i = 0; uuid && uuid[0] && i < c->n; i++)
+    if (c->rows[i].rc == 0 && strcmp(c->rows[i].info.uuid, uuid) == 0) return &c->rows[i];
+  return NULL;
+}
+
+/* One gauge (or counter) per arena statistic, labelled with the arena's device, name, a unique
+ * arena_id (two unnamed arenas are two series), backend and this process's pid. No arena: no
+ * families (an empty family tells a scraper nothing). */
+static void gg__prom_arenas(FILE *f, const gg__promctx_t *c, const gg__arows_t *ar) {
   enum { SIZE, ULL, DBL };
   static const struct {
-    const char *name, *help;
+    const char *name, *type, *help;
     size_t off;
-    int type;
+    int kind;
   } m[] = {
-      {"gpuguard_arena_in_use_bytes", "Bytes in live blocks of the arena.",
+      {"gpuguard_arena_in_use_bytes", "gauge", "Bytes in live blocks of the arena.",
        offsetof(gg_arena_stats_t, bytes_in_use), SIZE},
-      {"gpuguard_arena_mapped_bytes", "Physical device memory the arena has mapped.",
+      {"gpuguard_arena_mapped_bytes", "gauge", "Physical device memory the arena has mapped.",
        offsetof(gg_arena_stats_t, bytes_mapped), SIZE},
-      {"gpuguard_arena_reserved_bytes", "Address space the arena reserved.",
+      {"gpuguard_arena_reserved_bytes", "gauge", "Address space the arena reserved.",
        offsetof(gg_arena_stats_t, bytes_reserved), SIZE},
-      {"gpuguard_arena_peak_in_use_bytes", "Highest bytes in use since the arena was created.",
+      {"gpuguard_arena_peak_in_use_bytes", "gauge", "Highest bytes in use since the arena was created.",
        offsetof(gg_arena_stats_t, peak_in_use), SIZE},
-      {"gpuguard_arena_peak_mapped_bytes", "Highest bytes mapped since the arena was created.",
+      {"gpuguard_arena_peak_mapped_bytes", "gauge", "Highest bytes mapped since the arena was created.",
        offsetof(gg_arena_stats_t, peak_mapped), SIZE},
-      {"gpuguard_arena_largest_free_block_bytes", "Largest free block of mapped memory.",
+      {"gpuguard_arena_largest_free_block_bytes", "gauge", "Largest free block of mapped memory.",
        offsetof(gg_arena_stats_t, largest_free_block), SIZE},
-      {"gpuguard_arena_live_blocks", "Live blocks in the arena.", offsetof(gg_arena_stats_t, n_live), ULL},
-      {"gpuguard_arena_fragmentation_ratio",
+      {"gpuguard_arena_live_blocks", "gauge", "Live blocks in the arena.", offsetof(gg_arena_stats_t, n_live),
+       ULL},
+      {"gpuguard_arena_fragmentation_ratio", "gauge",
        "1 - largest free block / (mapped - in use); 0 when nothing mapped is free.",
        offsetof(gg_arena_stats_t, fragmentation), DBL},
+      {"gpuguard_arena_allocations_total", "counter", "Blocks allocated since the arena was created.",
+       offsetof(gg_arena_stats_t, n_allocs), ULL},
+      {"gpuguard_arena_frees_total", "counter", "Blocks freed since the arena was created.",
+       offsetof(gg_arena_stats_t, n_frees), ULL},
+      {"gpuguard_arena_trims_total", "counter", "Trims that returned memory to the device.",
+       offsetof(gg_arena_stats_t, n_trims), ULL},
+      {"gpuguard_arena_trimmed_bytes_total", "counter", "Bytes returned to the device by trims.",
+       offsetof(gg_arena_stats_t, bytes_trimmed), ULL},
   };
   if (ar->n == 0) return;
   for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
-    gg__prom_head(f, m[k].name, "gauge", m[k].help);
+    gg__prom_head(f, m[k].name, m[k].type, m[k].help);
     for (size_t i = 0; i < ar->n; i++) {
-      const char *field = (const char *)&ar->rows[i].st + m[k].off;
+      const gg__arow_t *a = &ar->rows[i];
+      const char *field = (const char *)&a->st + m[k].off;
       fprintf(f, "%s{", m[k].name);
-      gg__prom_gpu(f, rows, n, ar->rows[i].device);
+      gg_device_info_t d;
+      gg__err_saved_t saved;
+      gg__err_save(&saved);
+      bool known = a->device >= 0 && gg_device_info(a->device, &d) == 0;
+      gg__err_restore(&saved);
+      const gg__devrow_t *row = known && strcmp(a->backend, "host") != 0 ? gg__row_of(c, d.uuid) : NULL;
+      if (row) {
+        gg__prom_dev_labels(f, c, row, row->info.index);
+      } else { /* a device NVML does not list (the simulated host device): gpuguard's ordinal */
+        gg__devrow_t own;
+        memset(&own, 0, sizeof own);
+        own.minor = -1;
+        if (known) own.info = d;
+        gg__prom_dev_labels(f, c, &own, a->device);
+      }
       fprintf(f, ",pid=\"%d\",arena=", (int)getpid());
-      gg__prom_label(f, ar->rows[i].name);
-      fputs(",backend=", f), gg__prom_label(f, ar->rows[i].backend);
-      if (m[k].type == SIZE) {
+      gg__prom_label(f, a->name);
+      fprintf(f, ",arena_id=\"%012llx\",backend=", a->id);
+      gg__prom_label(f, a->backend);
+      if (m[k].kind == SIZE) {
         size_t v;
         memcpy(&v, field, sizeof v);
         fprintf(f, "} %zu\n", v);
-      } else if (m[k].type == ULL) {
+      } else if (m[k].kind == ULL) {
         unsigned long long v;
         memcpy(&v, field, sizeof v);
         fprintf(f, "} %llu\n", v);
@@ -284,9 +388,15 @@ static void gg__prom_arenas(FILE *f, const gg__devrow_t *rows, int n, const gg__
 
 /* A device reading as a gauge: the family is written only when some device has the reading. */
 typedef double (*gg__reading_fn)(const gg__devrow_t *row);
-static double gg__total(const gg__devrow_t *r) { return (double)r->info.total_bytes; }
-static double gg__free(const gg__devrow_t *r) { return (double)r->info.free_bytes; }
-static double gg__used(const gg__devrow_t *r) { return (double)r->info.used_bytes; }
+static double gg__total(const gg__devrow_t *r) {
+  return r->info.total_bytes ? (double)r->info.total_bytes : -1;
+}
+static double gg__free(const gg__devrow_t *r) {
+  return r->info.total_bytes ? (double)r->info.free_bytes : -1;
+}
+static double gg__used(const gg__devrow_t *r) {
+  return r->info.total_bytes ? (double)r->info.used_bytes : -1;
+}
 static double gg__util(const gg__devrow_t *r) {
   return r->tel.utilization_gpu < 0 ? -1 : r->tel.utilization_gpu / 100.0;
 }
@@ -297,7 +407,7 @@ static double gg__temp(const gg__devrow_t *r) { return r->tel.temperature_c; }
 static double gg__power(const gg__devrow_t *r) { return r->tel.power_watts; }
 static double gg__plimit(const gg__devrow_t *r) { return r->tel.power_limit_watts; }
 
-static void gg__prom_devices(FILE *f, const gg__devrow_t *rows, int n) {
+static void gg__prom_devices(FILE *f, const gg__promctx_t *c) {
   static const struct {
     const char *name, *help;
     gg__reading_fn read;
@@ -314,93 +424,169 @@ static void gg__prom_devices(FILE *f, const gg__devrow_t *rows, int n) {
       {"gpuguard_device_power_limit_watts", "Enforced power limit (NVML).", gg__plimit},
   };
   bool any = false;
-  for (int i = 0; i < n; i++) any |= rows[i].rc == 0;
+  for (int i = 0; i < c->n; i++) any |= c->rows[i].rc == 0;
   if (!any) return;
   gg__prom_head(f, "gpuguard_device_info", "gauge", "Device identity; the value is always 1.");
-  for (int i = 0; i < n; i++) {
-    if (rows[i].rc < 0) continue;
+  for (int i = 0; i < c->n; i++) {
+    if (c->rows[i].rc < 0) continue;
     fputs("gpuguard_device_info{", f);
-    gg__prom_gpu(f, rows, n, i);
-    fputs(",backend=", f), gg__prom_label(f, rows[i].info.backend);
-    fputs(",name=", f), gg__prom_label(f, rows[i].info.name);
+    gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
     fputs("} 1\n", f);
   }
   for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
     bool head = false;
-    for (int i = 0; i < n; i++) {
-      double v = rows[i].rc == 0 ? m[k].read(&rows[i]) : -1;
+    for (int i = 0; i < c->n; i++) {
+      double v = c->rows[i].rc == 0 ? m[k].read(&c->rows[i]) : -1;
       if (v < 0) continue;
       if (!head) gg__prom_head(f, m[k].name, "gauge", m[k].help), head = true;
       fprintf(f, "%s{", m[k].name);
-      gg__prom_gpu(f, rows, n, i);
+      gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
       fprintf(f, "} %.15g\n", v); /* 15 digits: bytes stay exact, 0.87 stays 0.87 */
     }
   }
 }
 
-static void gg__prom_processes(FILE *f, const gg__devrow_t *rows, int n) {
-  bool head = false;
-  for (int i = 0; i < n; i++)
-    for (size_t j = 0; j < rows[i].nprocs; j++) {
-      const gg_process_t *p = &rows[i].procs[j];
-      if (p->used_bytes < 0) continue;
-      if (!head) {
-        gg__prom_head(f, "gpuguard_process_memory_used_bytes", "gauge",
-                      "Device memory the driver accounts to a process (absent when unknown).");
+/* Memory per process keyed by pid alone; what describes the process (user, class, command line) is
+ * on a separate gpuguard_process_info series, so a class change or a long command line does not
+ * multiply the memory series. Other users' command lines (secrets in flags) are left out unless
+ * GG_REPORT_ALL_COMMANDS asks for them, as `ps` hides them. */
+static void gg__prom_processes(FILE *f, const gg__promctx_t *c) {
+  for (int pass = 0; pass < 2; pass++) {
+    bool head = false;
+    for (int i = 0; i < c->n; i++)
+      for (size_t j = 0; j < c->rows[i].nprocs; j++) {
+        const gg_process_t *p = &c->rows[i].procs[j];
+        if (pass == 0 && p->used_bytes < 0) continue;
+        if (!head && pass == 0)
+          gg__prom_head(f, "gpuguard_process_memory_used_bytes", "gauge",
+                        "Device memory the driver accounts to a process (absent when unknown).");
+        if (!head && pass == 1)
+          gg__prom_head(f, "gpuguard_process_info", "gauge",
+                        "A process holding the device: user, class and command line; the value is always 1.");
         head = true;
+        fprintf(f, "%s{", pass == 0 ? "gpuguard_process_memory_used_bytes" : "gpuguard_process_info");
+        gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
+        fprintf(f, ",pid=\"%d\"", p->pid);
+        if (pass == 0) {
+          fprintf(f, "} %lld\n", p->used_bytes);
+          continue;
+        }
+        bool hide = p->cls == GG_PROCESS_FOREIGN && !(c->what & GG_REPORT_ALL_COMMANDS);
+        fputs(",user=", f), gg__prom_label(f, p->user);
+        fputs(",class=", f), gg__prom_label(f, gg_process_class_name(p->cls));
+        fprintf(f, ",orphan=\"%s\",command=", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
+        gg__prom_label(f, hide ? "" : p->command);
+        fputs("} 1\n", f);
       }
-      fputs("gpuguard_process_memory_used_bytes{", f);
-      gg__prom_gpu(f, rows, n, p->device);
-      fprintf(f, ",pid=\"%d\",user=", p->pid);
-      gg__prom_label(f, p->user);
-      fputs(",class=", f), gg__prom_label(f, gg_process_class_name(p->cls));
-      fprintf(f, ",orphan=\"%s\",command=", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
-      gg__prom_label(f, p->command);
-      fprintf(f, "} %lld\n", p->used_bytes);
-    }
-  head = false;
-  for (int i = 0; i < n; i++) {
-    if (rows[i].rc < 0) continue;
+  }
+  bool head = false;
+  for (int i = 0; i < c->n; i++) {
+    if (c->rows[i].rc < 0) continue;
     if (!head) {
       gg__prom_head(f, "gpuguard_processes", "gauge", "Processes holding the device, by class.");
       head = true;
     }
-    for (int c = GG_PROCESS_UNKNOWN; c <= GG_PROCESS_FOREIGN; c++) {
+    for (int k = GG_PROCESS_UNKNOWN; k <= GG_PROCESS_FOREIGN; k++) {
       unsigned long count = 0;
-      for (size_t j = 0; j < rows[i].nprocs; j++) count += rows[i].procs[j].cls == (gg_process_class_t)c;
+      for (size_t j = 0; j < c->rows[i].nprocs; j++)
+        count += c->rows[i].procs[j].cls == (gg_process_class_t)k;
       fputs("gpuguard_processes{", f);
-      gg__prom_gpu(f, rows, n, i);
-      fprintf(f, ",class=\"%s\",orphan=\"%s\"} %lu\n", gg_process_class_name((gg_process_class_t)c),
-              c == GG_PROCESS_ORPHAN ? "true" : "false", count);
+      gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
+      fprintf(f, ",class=\"%s\",orphan=\"%s\"} %lu\n", gg_process_class_name((gg_process_class_t)k),
+              k == GG_PROCESS_ORPHAN ? "true" : "false", count);
     }
   }
 }
 
-static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, const gg__arows_t *ar) {
-  if (what & GG_REPORT_DEVICES) gg__prom_devices(f, rows, n);
-  if (what & GG_REPORT_PROCESSES) gg__prom_processes(f, rows, n);
-  if (what & GG_REPORT_ARENAS) gg__prom_arenas(f, rows, n, ar);
+/* The devices for Prometheus: NVML's (every GPU, numbered as DCGM numbers them); without NVML, the
+ * CUDA devices; never the simulated host device, which is no GPU of this machine. */
+static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const char **source) {
+  int rc = gg__collect_nvml(what, rows, n);
+  *source = "nvml";
+  if (rc != GG_ENOTSUP) return rc;
+  const char *backend = NULL;
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  int brc = gg__backend_resolve(NULL, 0, &backend);
+  gg__err_restore(&saved);
+  if (brc == 0 && strcmp(backend, "cuda") == 0) {
+    *source = "cuda";
+    return gg__collect(what, rows, n);
+  }
+  *source = "none";
+  *rows = NULL, *n = 0;
+  return 0;
+}
+
+/* The devices for JSON: gpuguard's own (CUDA's ordinals, or the simulated host device), except where
+ * gpuguard fell back to the host device by itself and NVML sees GPUs (a container with NVML but no
+ * CUDA): then NVML's, backend "nvml". GPUGUARD_BACKEND=host asked for keeps the host device. */
+static int gg__collect_json(unsigned what, gg__devrow_t **rows, int *n) {
+  const char *backend = NULL, *asked = gg__env("GPUGUARD_BACKEND");
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  bool fell_back = gg__backend_resolve(NULL, 0, &backend) == 0 && strcmp(backend, "host") == 0 &&
+                   !(asked && strcmp(asked, "host") == 0);
+  if (fell_back && gg__collect_nvml(what, rows, n) == 0) {
+    if (*n > 0) return 0;
+    gg__release(*rows, *n);
+  }
+  gg__err_restore(&saved);
+  return gg__collect(what, rows, n);
+}
+
+static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, const char *source,
+                     int collect_rc, const gg__arows_t *ar) {
+  gg__promctx_t c = {.rows = rows, .n = n, .what = what};
+  if (gethostname(c.hostname, sizeof c.hostname) != 0) c.hostname[0] = '\0';
+  c.hostname[sizeof c.hostname - 1] = '\0';
+  gg__prom_head(f, "gpuguard_build_info", "gauge", "The gpuguard library that wrote these series; always 1.");
+  fputs("gpuguard_build_info{version=", f), gg__prom_label(f, gg_version()), fputs("} 1\n", f);
+  if (what & (GG_REPORT_DEVICES | GG_REPORT_PROCESSES)) {
+    int ok = 0;
+    for (int i = 0; i < n; i++) ok += rows[i].rc == 0;
+    gg__prom_head(f, "gpuguard_devices", "gauge",
+                  "GPUs this report covers, and where they were read: nvml, cuda, or none (no NVIDIA GPU "
+                  "here, so no device series).");
+    fprintf(f, "gpuguard_devices{source=\"%s\"} %d\n", source, ok);
+  }
+  bool dev_ok = collect_rc == 0, proc_ok = collect_rc == 0;
+  for (int i = 0; i < n; i++) dev_ok &= rows[i].rc == 0, proc_ok &= !rows[i].procs_failed;
+  gg__prom_head(f, "gpuguard_scrape_collector_success", "gauge",
+                "1 when the collector read everything it covers, 0 when some reading failed.");
+  if (what & GG_REPORT_DEVICES)
+    fprintf(f, "gpuguard_scrape_collector_success{collector=\"devices\"} %d\n", dev_ok);
+  if (what & GG_REPORT_PROCESSES)
+    fprintf(f, "gpuguard_scrape_collector_success{collector=\"processes\"} %d\n", proc_ok);
+  if (what & GG_REPORT_ARENAS) fputs("gpuguard_scrape_collector_success{collector=\"arenas\"} 1\n", f);
+  if (what & GG_REPORT_DEVICES) gg__prom_devices(f, &c);
+  if (what & GG_REPORT_PROCESSES) gg__prom_processes(f, &c);
+  if (what & GG_REPORT_ARENAS) gg__prom_arenas(f, &c, ar);
 }
 
 int gg_report(FILE *out, gg_format_t format, unsigned what) {
+  const unsigned known = GG_REPORT_ALL | GG_REPORT_NOT_SELF | GG_REPORT_ALL_COMMANDS;
   if (!out) return gg__err(GG_EINVAL, "gg_report: out is NULL");
   if (format != GG_FORMAT_JSON && format != GG_FORMAT_PROMETHEUS)
     return gg__err(GG_EINVAL, "gg_report: unknown format %d", (int)format);
-  if (what & ~(GG_REPORT_ALL | GG_REPORT_NOT_SELF))
-    return gg__err(GG_EINVAL, "gg_report: unknown report bits %#x",
-                   what & ~(GG_REPORT_ALL | GG_REPORT_NOT_SELF));
+  if (what & ~known) return gg__err(GG_EINVAL, "gg_report: unknown report bits %#x", what & ~known);
   gg__devrow_t *rows = NULL;
   int n = 0, rc = 0;
+  const char *source = "none";
   if (what & (GG_REPORT_DEVICES | GG_REPORT_PROCESSES)) {
-    rc = gg__collect(what, &rows, &n);
-    if (rc < 0) return rc;
+    if (format == GG_FORMAT_PROMETHEUS) {
+      rc = gg__collect_prom(what, &rows, &n, &source); /* a failed reading is a 0 success gauge */
+    } else {
+      rc = gg__collect_json(what, &rows, &n);
+      if (rc < 0) return rc;
+    }
   }
   gg__arows_t ar = {0};
   if (what & GG_REPORT_ARENAS) gg__arena_foreach_live(gg__arena_row, &ar);
   if (format == GG_FORMAT_JSON)
     gg__json(out, what, rows, n, &ar);
   else
-    gg__prom(out, what, rows, n, &ar);
+    gg__prom(out, what, rows, n, source, rc, &ar);
   gg__release(rows, n);
   free(ar.rows);
   if (fflush(out) != 0 || ferror(out)) return gg__err(GG_EIO, "gg_report: writing the report failed");

@@ -5,12 +5,14 @@ thin ctypes binding over libgpuguard (the same library C and C++ programs use).
 modules, imported on demand: ``import gpuguard`` never imports torch or cupy."""
 from __future__ import annotations
 
+import os as _os
+
 from ._lib import version
 from ._version import __version__
 from .arena import NO_STREAM, TRIM_ON_SCOPE_EXIT, Allocation, Arena, ArenaScope
-from .errors import (DriverError, GpuGuardError, InvalidArgumentError, IOError_, NoDeviceError,
-                     NotFoundError, NotSupportedError, OutOfMemoryError, PermissionError_, StateError,
-                     TimeoutError_)
+from .errors import (DriverError, GpuGuardError, InvalidArgumentError, IOError, IOError_, NoDeviceError,  # noqa: A004
+                     NotFoundError, NotSupportedError, OutOfMemoryError, PermissionError, PermissionError_,
+                     StateError, TimeoutError, TimeoutError_)
 from .guard import DEFAULT_SIGNALS, SIGHUP, SIGINT, SIGNALS_FATAL, SIGQUIT, SIGTERM, Guard
 from .proc import (adopt, arm_child, close_device_fds, orphans, pid_ns_probe, registry_list, registry_register,
                    registry_session, registry_unregister, set_subreaper, spawn, teardown)
@@ -33,6 +35,22 @@ def __getattr__(name: str) -> object:
     return value
 
 
+def get_include() -> str:
+    """The directory of gpuguard's C headers inside the installed package (``#include <gpuguard/gpuguard.h>``)."""
+    return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "include")
+
+
+def get_cmake_dir() -> str:
+    """The directory of gpuguard's CMake package inside the installed package (``gpuguard_DIR``)."""
+    return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "lib", "cmake", "gpuguard")
+
+
+#: The prefix to add to CMAKE_PREFIX_PATH so that ``find_package(gpuguard)`` finds the installed wheel's
+#: library, headers and CMake package: ``cmake -DCMAKE_PREFIX_PATH=$(python -c "import gpuguard;
+#: print(gpuguard.cmake_prefix_path)")``.
+cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
+
+
 def load_ipython_extension(shell: object) -> None:
     """``%load_ext gpuguard`` in IPython/Jupyter: see gpuguard.diagnostics.notebook."""
     from .diagnostics.notebook import load_ipython_extension as load
@@ -46,11 +64,20 @@ def unload_ipython_extension(shell: object) -> None:
 
 __all__ = [
     "Allocation", "Arena", "ArenaScope", "NO_STREAM", "TRIM_ON_SCOPE_EXIT", "DriverError", "GpuGuardError",
-    "InvalidArgumentError", "IOError_", "NoDeviceError", "NotFoundError", "NotSupportedError",
-    "OutOfMemoryError", "PermissionError_", "StateError", "TimeoutError_", "device_count", "device_info", "device_telemetry",
+    "InvalidArgumentError", "IOError", "NoDeviceError", "NotFoundError", "NotSupportedError",
+    "OutOfMemoryError", "PermissionError", "StateError", "TimeoutError", "device_count", "device_info", "device_telemetry",
     "processes", "version", "Guard", "DEFAULT_SIGNALS", "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT",
     "SIGNALS_FATAL", "spawn", "adopt", "teardown", "arm_child", "set_subreaper", "close_device_fds",
     "registry_list", "registry_register", "registry_session", "registry_unregister", "orphans", "pid_ns_probe",
     "holders", "Holders", "rounds", "MemoryGrowthWarning", "record", "monitor", "Monitor",
-    "load_ipython_extension", "unload_ipython_extension",
+    "load_ipython_extension", "unload_ipython_extension", "get_include", "get_cmake_dir", "cmake_prefix_path",
 ]
+
+
+def __dir__() -> "list[str]":
+    """The public names, the lazily imported diagnostics (holders, rounds, monitor, record) included."""
+    return sorted(set(__all__) | {"__version__"})
+
+
+# `from __future__ import annotations` leaves a module attribute that is no part of the API.
+del annotations

@@ -17,6 +17,9 @@ def main() -> int:
         sys.stderr.write(f"gpuguard: {exe} is missing: this gpuguard package was not installed from a wheel "
                          "(pip install ./bindings/python builds one); run the build tree's gpuguard instead\n")
         return 127
+    # `gpuguard plot` runs Python to draw: this interpreter, which has this package, whether or not its
+    # venv is activated (the python3 on PATH may be another).
+    os.environ.setdefault("GPUGUARD_PYTHON", sys.executable)
     # exec, not a child: signals, the exit status and the pid are the tool's own (`run` relies on it).
     os.execv(exe, ["gpuguard"] + sys.argv[1:])
     return 127  # not reached

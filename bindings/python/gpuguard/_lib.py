@@ -27,6 +27,10 @@ def _load() -> Tuple[ctypes.CDLL, str]:
     """GPUGUARD_LIBRARY alone when it is set (an explicit choice is never swapped for another copy);
     else the copy the wheel installed inside the package, then one next to it, then the system loader."""
     env = os.environ.get("GPUGUARD_LIBRARY")
+    if env and os.sep in env and not os.path.isabs(env):
+        # Made absolute once, here: a child started in another directory (a worker, `gpuguard plot`)
+        # inherits the variable and would otherwise look for another file.
+        env = os.environ["GPUGUARD_LIBRARY"] = os.path.abspath(env)
     if env:
         try:
             return ctypes.CDLL(env), env

@@ -1,5 +1,10 @@
-"""gpuguard.errors — one exception class per status code, each carrying the library's detail message."""
+"""gpuguard.errors — one exception class per status code, each carrying the library's detail message.
+Each also derives from the built-in exception of its kind, so ``except PermissionError`` (the built-in)
+catches ``gpuguard.PermissionError`` too; ``TimeoutError_``, ``IOError_`` and ``PermissionError_`` are the
+old names, kept as aliases."""
 from __future__ import annotations
+
+import builtins
 
 from typing import Dict, Type
 
@@ -60,7 +65,7 @@ class StateError(GpuGuardError):
     code, name = GG_ESTATE, "GG_ESTATE"
 
 
-class PermissionError_(GpuGuardError, PermissionError):
+class PermissionError(GpuGuardError, builtins.PermissionError):  # noqa: A001 (gpuguard.PermissionError)
     """GG_EPERM: not permitted (another user's process, an unsafe directory)."""
     code, name = GG_EPERM, "GG_EPERM"
 
@@ -70,7 +75,7 @@ class NotFoundError(GpuGuardError, LookupError):
     code, name = GG_ENOTFOUND, "GG_ENOTFOUND"
 
 
-class TimeoutError_(GpuGuardError, TimeoutError):
+class TimeoutError(GpuGuardError, builtins.TimeoutError):  # noqa: A001
     """GG_ETIMEDOUT: a bounded wait ran out."""
     code, name = GG_ETIMEDOUT, "GG_ETIMEDOUT"
 
@@ -80,15 +85,20 @@ class NotSupportedError(GpuGuardError):
     code, name = GG_ENOTSUP, "GG_ENOTSUP"
 
 
-class IOError_(GpuGuardError, OSError):
+class IOError(GpuGuardError, builtins.OSError):  # noqa: A001
     """GG_EIO: an input/output error."""
     code, name = GG_EIO, "GG_EIO"
 
 
+# The names of earlier versions.
+PermissionError_ = PermissionError
+TimeoutError_ = TimeoutError
+IOError_ = IOError
+
 BY_CODE: Dict[int, Type[GpuGuardError]] = {
     cls.code: cls
     for cls in (InvalidArgumentError, OutOfMemoryError, NoDeviceError, DriverError, StateError,
-                PermissionError_, NotFoundError, TimeoutError_, NotSupportedError, IOError_)
+                PermissionError, NotFoundError, TimeoutError, NotSupportedError, IOError)
 }
 
 

@@ -39,7 +39,7 @@ def spawn(argv: Sequence[PathLike], guard: Optional[Guard] = None, env: Optional
     or "on") runs the child in its own PID namespace, so that all of it dies with this process; the pid
     returned is then the namespace's keeper (see gg_spawn_pid_ns_t); ``pid_ns_probe()`` says whether
     the system allows one.
-    Raises NotFoundError for a missing program, PermissionError_ when it may not run."""
+    Raises NotFoundError for a missing program, PermissionError when it may not run."""
     from .errors import INT_MAX, check_int, check_no_nul
     call = "gpuguard.spawn"
     if isinstance(argv, (str, bytes)) or not hasattr(argv, "__iter__"):
@@ -104,7 +104,7 @@ def teardown(guard: Optional[Guard] = None, grace_ms: int = 2000) -> Dict[str, A
     """Ends every process of ``guard``'s set (None: the default set) and their descendants: SIGTERM,
     ``grace_ms`` to exit, SIGKILL, reaped. Returns the receipt as a dict (``grace_ms``, ``elapsed_ms``,
     ``alive``, ``processes``: pid, ppid, start_time, command, found, sent, end, code, state). When some
-    process could not be ended, raises TimeoutError_ with the receipt in its ``receipt`` attribute."""
+    process could not be ended, raises TimeoutError (gpuguard.TimeoutError) with the receipt in its ``receipt`` attribute."""
     receipt = c_void_p()
     from .errors import INT_MAX, check_int
     check_int("gpuguard.teardown", "grace_ms", grace_ms, 0, INT_MAX)

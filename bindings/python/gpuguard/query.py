@@ -53,7 +53,10 @@ def device_telemetry(device: int = 0) -> Dict[str, Any]:
 def processes(device: int = 0) -> List[Dict[str, Any]]:
     """The processes holding device memory (NVML, else /dev/nvidia* descriptors), each joined with /proc
     and classified: "guarded", "orphan", "fd-holder", "foreign" or "unknown". ``used_bytes`` is None
-    when the driver does not say."""
+    when the driver does not say. On a machine with no NVIDIA GPU (neither NVML nor the CUDA driver:
+    the host backend's simulated device, which no process can hold) raises NoDeviceError, as the C
+    gg_process_list() returns GG_ENODEV and ``gpuguard ps`` exits 3 with no device listed, while
+    device_info() describes the simulated device."""
     check_int("gpuguard.processes", "device", device, _INT_MIN, INT_MAX)
     count = c_size_t(0)
     rows = (Process * 0)()

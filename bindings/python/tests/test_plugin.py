@@ -184,15 +184,25 @@ def test_trim_waits_for_the_stream_after_stream_ordered_frees(host_stream):
         assert a.stats()["bytes_mapped"] == 0
 
 
-def test_trim_after_stream_ordered_frees_waits_for_the_stream_once(arena):
-    # Memory freed in stream order may still be read by queued work: trim waits for the stream first,
-    # counted in the arena's n_stream_waits and in the torch-style gpuguard.n_stream_waits key.
-    p = C.gg_torch_alloc(8 * MiB, 0, None)
-    C.gg_torch_free(p, 8 * MiB, 0, None)
-    assert arena.stats()["n_stream_waits"] == 0
-    arena.trim()
-    s = arena.stats()
-    assert s["n_stream_waits"] == 1 and s["bytes_mapped"] == 0
-    assert torch_style_stats(arena)["gpuguard.n_stream_waits"] == 1
-    arena.trim()  # nothing released since: no second wait
-    assert arena.stats()["n_stream_waits"] == 1
+def test_trim_after_stream_ordered_frees_waits_only_while_their_work_may_run(host_stream):
+    # Memory freed in stream order may still be read by queued work: trim waits for the stream first
+    # when the work queued before the free may still run, counted in the arena's n_stream_waits and in
+    # the torch-style gpuguard.n_stream_waits key; once an event says that work is done, it does not.
+    with gpuguard.Arena(capacity=16 * MiB, chunk_size=2 * MiB, stream=host_stream) as a:
+        C.gg_plugin_set_arena(0, a._handle())
+        p = C.gg_torch_alloc(8 * MiB, 0, host_stream)
+        C.gg_host_stream_hold(host_stream)  # "a kernel still reads the block"
+        C.gg_torch_free(p, 8 * MiB, 0, host_stream)
+        assert a.stats()["n_stream_waits"] == 0
+        with pytest.raises(gpuguard.TimeoutError_):
+            a.trim()  # the wait is counted though the held host stream cannot be waited for
+        assert a.stats()["n_stream_waits"] == 1
+        assert torch_style_stats(a)["gpuguard.n_stream_waits"] == 1
+        C.gg_host_stream_release(host_stream)  # the work is done: the free's event says so
+        a.trim()
+        s = a.stats()
+        assert s["n_stream_waits"] == 1 and s["bytes_mapped"] == 0
+        q = C.gg_torch_alloc(8 * MiB, 0, host_stream)
+        C.gg_torch_free(q, 8 * MiB, 0, host_stream)
+        a.trim()  # on a stream that is idle the free's event is complete at once: no wait
+        assert a.stats()["n_stream_waits"] == 1 and a.stats()["bytes_mapped"] == 0

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import secrets
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -86,6 +87,41 @@ def _write_textfile(path: str, text: str) -> None:
         raise
 
 
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """At most ``max_handlers`` connections at once, each with ``_Handler.timeout`` to send its request:
+    idle connections cannot park threads and descriptors in the job without bound (enough of them made
+    the job's own ``open()`` fail with EMFILE). A connection beyond the cap is closed at once."""
+
+    daemon_threads = True
+    max_handlers = 8
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(self.max_handlers)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def _public(sample: Dict[str, Any]) -> Dict[str, Any]:
+    """The sample for /json: other users' command lines left out, as ``gpuguard ps`` and /metrics do."""
+    procs = [dict(p, command="") if p.get("class") == "foreign" else p for p in sample.get("processes", [])]
+    return dict(sample, processes=procs) if "processes" in sample else sample
+
+
 class _Http:
     def __init__(self, url: str, mon: "Monitor") -> None:
         rest = url.split("://", 1)[1].rstrip("/")
@@ -93,11 +129,13 @@ class _Http:
         host = host.strip("[]") or "127.0.0.1"
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = 2.0  # seconds to send the request; the socket's timeout for the answer too
+
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 if self.path.split("?")[0] in ("/metrics", "/"):
                     body, ctype = mon.last_prometheus.encode(), "text/plain; version=0.0.4; charset=utf-8"
                 elif self.path.split("?")[0] == "/json":
-                    body, ctype = json.dumps(mon.last or {}).encode(), "application/json"
+                    body, ctype = json.dumps(_public(mon.last or {})).encode(), "application/json"
                 else:
                     self.send_error(404)
                     return
@@ -110,9 +148,12 @@ class _Http:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer((host, int(port or 0)), Handler)
-        self.server.daemon_threads = True
+        self.server = _BoundedHTTPServer((host, int(port or 0)), Handler)
         self.port = self.server.server_address[1]
+        bound = self.server.server_address[0]
+        if not (bound.startswith("127.") or bound in ("::1", "localhost")):
+            sys.stderr.write(f"gpuguard.monitor: warning: {url} is not a loopback address: other machines can "
+                             "read /metrics (users and GPU memory of the processes on this machine's GPUs)\n")
         self.thread = threading.Thread(target=self.server.serve_forever, name="gpuguard-monitor-http",
                                        daemon=True)
         self.thread.start()
@@ -176,17 +217,40 @@ class Monitor:
             self._prom_wanted = True
             self._closers.append(h.close)
         elif isinstance(sink, str) and sink.endswith(".prom"):
+            # Its directory is checked now, not at the first sample in the thread, where only
+            # ``errors`` would know.
+            d = os.path.dirname(os.path.abspath(sink))
+            if not os.path.isdir(d):
+                raise FileNotFoundError(f"gpuguard.monitor: {sink}: the directory {d} does not exist")
+            if not os.access(d, os.W_OK | os.X_OK):
+                raise PermissionError(f"gpuguard.monitor: {sink}: the directory {d} is not writable")
             self._prom_wanted = True
-            self._sinks.append(lambda s, p: _write_textfile(sink, p))
+            self._sinks.append(self._warn_once(sink, lambda s, p: _write_textfile(sink, p)))
         elif isinstance(sink, str):
-            f = open(sink, "a", encoding="utf-8")
-            self._sinks.append(lambda s, p: (f.write(json.dumps(s) + "\n"), f.flush()))
+            f = open(sink, "a", encoding="utf-8")  # a missing directory raises here, in the caller
+            self._sinks.append(self._warn_once(sink, lambda s, p: (f.write(json.dumps(s) + "\n"), f.flush())))
             self._closers.append(f.close)
         elif hasattr(sink, "write"):
             self._sinks.append(lambda s, p: (sink.write(json.dumps(s) + "\n"), sink.flush()))
         else:
             raise TypeError(f"gpuguard.monitor: unknown sink {sink!r} (a callable, a path, a .prom path, "
                             "http://127.0.0.1:PORT, a file object or a logging.Logger)")
+
+    def _warn_once(self, where: str, write: Callable[[Dict[str, Any], str], Any]) -> Callable[[Dict[str, Any], str], None]:
+        """A file sink that says on stderr, once, that it failed (a full disk, a directory removed later);
+        the failures are counted in ``errors`` as before."""
+        warned = [False]
+
+        def sink(s: Dict[str, Any], p: str) -> None:
+            try:
+                write(s, p)
+            except Exception as e:
+                if not warned[0]:
+                    warned[0] = True
+                    sys.stderr.write(f"gpuguard.monitor: writing {where} failed: {e} (said once; "
+                                     "Monitor.errors counts each failure)\n")
+                raise
+        return sink
 
     def sample(self) -> Dict[str, Any]:
         """Takes one sample now (the thread calls this) and gives it to the sinks."""

@@ -27,6 +27,7 @@ import contextlib
 import ctypes
 import gc
 import importlib.util
+import os
 from typing import Any, Dict, Iterator, Optional
 
 from .. import _lib
@@ -40,8 +41,8 @@ if importlib.util.find_spec("torch") is None:
     raise ImportError("gpuguard.torch needs PyTorch, which is not installed in this interpreter "
                       "(pip install torch); the rest of gpuguard works without it")
 
-__all__ = ["use_arena", "mem_pool", "memory_stats", "trim", "pluggable_allocator", "plugin_counters",
-           "shim_kind", "holders", "rounds", "record"]
+__all__ = ["use_native", "native_available", "backend", "oom_snapshot", "use_arena", "mem_pool", "memory_stats", "trim",
+           "pluggable_allocator", "plugin_counters", "shim_kind", "holders", "rounds", "record"]
 
 GG_ARENA_NO_STREAM = 0x1
 
@@ -75,6 +76,83 @@ def shim_kind() -> str:
     "RuntimeError" (the generic one) or "NULL" (none could be loaded); "" before the first use."""
     from . import _shim as _torchshim
     return _torchshim.kind()
+
+
+def use_native(capacity: Optional[int] = None, chunk_size: Optional[int] = None) -> None:
+    """Makes gpuguard PyTorch's CUDA allocator backend: a third backend beside PyTorch's ``native`` and
+    ``cudaMallocAsync`` that implements PyTorch's whole allocator interface over gpuguard arenas, one per
+    device, made at the first allocation there (``torch.cuda.get_allocator_backend()`` then returns
+    "gpuguard"). Every ``torch.cuda.memory_*`` function, ``empty_cache``, ``cudnn.benchmark``, CUDA graphs
+    and their shared pools, ``MemPool``, memory fractions, memory history and snapshots work as with
+    PyTorch's own allocators (docs/python.md lists each and its cost). ``capacity`` bounds each arena
+    (default: the device's memory), ``chunk_size`` is the arena's growth step. Must run before the first
+    CUDA tensor (StateError otherwise); ``GPUGUARD_TORCH=1`` in the environment does it for every Python
+    process without editing the script. Builds the backend against this PyTorch on first use
+    (NativeUnavailable, a RuntimeError saying what is missing, when it cannot)."""
+    from . import _native
+    torch = _torch()
+    if _native.active():
+        return
+    if torch.cuda.is_initialized():
+        raise StateError("gpuguard.torch.use_native: PyTorch's CUDA allocator is already initialised; call it "
+                         "before any CUDA tensor is created, or set GPUGUARD_TORCH=1 in the environment",
+                         GG_ESTATE, "GG_ESTATE")
+    if _global_arenas:
+        raise StateError("gpuguard.torch.use_native: use_arena() already installed the plugin allocator in "
+                         "this process", GG_ESTATE, "GG_ESTATE")
+    _native.install(torch, int(capacity or 0), int(chunk_size or 0))
+    path = os.environ.get("GPUGUARD_OOM_SNAPSHOT")
+    if path:
+        oom_snapshot(path)
+
+
+def oom_snapshot(path: str) -> None:
+    """Writes a memory snapshot (``torch.cuda.memory._dump_snapshot``'s format, which PyTorch's memory_viz
+    page opens) to ``path`` at the first out-of-memory error of this process, for a bug report; later
+    ones do not overwrite it. ``GPUGUARD_OOM_SNAPSHOT=PATH`` does this at ``use_native``. With memory
+    history on (``torch.cuda.memory._record_memory_history()``) the snapshot holds the trace and stacks
+    too."""
+    torch = _torch()
+    if not path:
+        raise InvalidArgumentError("gpuguard.torch.oom_snapshot: path is empty", GG_EINVAL, "GG_EINVAL")
+    written = []
+
+    def observer(device: int, allocated: int, total: int, free: int) -> None:
+        if written:
+            return
+        written.append(path)
+        try:
+            torch.cuda.memory._dump_snapshot(path)
+            import sys
+            sys.stderr.write(f"gpuguard: out of memory on device {device}: memory snapshot written to {path}\n")
+        except Exception as e:  # the out-of-memory error itself must reach the program
+            import sys
+            sys.stderr.write(f"gpuguard: out of memory on device {device}: the snapshot {path} could not "
+                             f"be written: {e}\n")
+
+    torch._C._cuda_attach_out_of_memory_observer(observer)
+
+
+def native_available() -> bool:
+    """Whether gpuguard's PyTorch backend can be built and loaded here (builds it once, ~10 s, cached);
+    ``gpuguard.torch._native.why_not()`` says why not."""
+    from . import _native
+    try:
+        _native.load(_torch())
+    except _native.NativeUnavailable:
+        return False
+    return True
+
+
+def backend() -> str:
+    """Which allocator serves PyTorch here: "gpuguard" (the native backend), "plugin" (``use_arena``'s
+    pluggable allocator), or PyTorch's own backend name ("native", "cudaMallocAsync")."""
+    from . import _native
+    if _native.active():
+        return "gpuguard"
+    if _global_arenas:
+        return "plugin"
+    return str(_torch().cuda.get_allocator_backend())
 
 
 def pluggable_allocator() -> Any:
@@ -116,6 +194,11 @@ def use_arena(arena: Arena, memory_api: bool = True) -> Any:
     if torch.cuda.is_initialized():
         raise StateError("gpuguard.torch.use_arena: PyTorch's CUDA allocator is already initialised; " + hint,
                          GG_ESTATE, "GG_ESTATE")
+    from . import _native
+    if _native.active():
+        raise StateError("gpuguard.torch.use_arena: gpuguard's PyTorch backend (GPUGUARD_TORCH=1 or "
+                         "use_native) serves this process already: its arenas are made per device on first "
+                         "use; use mem_pool(arena) for a region of your own", GG_ESTATE, "GG_ESTATE")
     _register(arena)
     alloc = pluggable_allocator()
     try:

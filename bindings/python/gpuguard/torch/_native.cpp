@@ -1,0 +1,1191 @@
+/* _native.cpp (gpuguard.torch) — gpuguard as a PyTorch CUDA allocator backend, beside PyTorch's own
+ * `native` and `cudaMallocAsync`: an implementation of c10::cuda::CUDACachingAllocator::CUDAAllocator
+ * over gpuguard arenas, installed with PyTorch's changeCurrentAllocator before the first CUDA
+ * allocation. Every method PyTorch's allocator interface has is implemented, so what PyTorch calls
+ * from C++ (cuDNN's cacheInfo, memory statistics, graph pools, snapshots) works as with its own
+ * allocators.
+ *
+ * Layout of the work:
+ *   - the default pool goes through the library's plugin (gg_torch_alloc_status / gg_torch_free): one
+ *     arena per device, made on first use (gg_plugin_ensure_arena), stream-ordered, side streams
+ *     ordered on the device, captures PyTorch does not announce handled by the plugin itself;
+ *   - private pools (CUDA graphs, torch.cuda.MemPool) are arenas of their own, one per stream a pool
+ *     allocates for, created with GG_ARENA_NO_STREAM: blocks freed in a pool are reused by the same
+ *     pool only, on the same stream, as PyTorch's own allocator does; a pool's memory goes back to the
+ *     driver once the pool is released and holds no live block;
+ *   - statistics, the block table and history are kept here under one lock, so they are exact under
+ *     any number of threads (autograd's backward thread frees what the main thread allocated).
+ *
+ * Built by gpuguard.torch at run time against the installed PyTorch's headers (cached per PyTorch
+ * version); it links libgpuguard, libc10, libc10_cuda and libtorch_cuda. */
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/ApproximateClock.h>
+#include <cuda_runtime_api.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "gpuguard/arena.h"
+#include "gpuguard/error.h"
+#include "gpuguard/plugin.h"
+
+namespace {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+namespace cda = c10::CachingDeviceAllocator;
+using c10::CachingAllocator::Stat;
+using c10::CachingAllocator::StatArray;
+using c10::CachingAllocator::StatType;
+
+constexpr size_t kSmallMax = size_t(1) << 20; /* PyTorch's small pool: blocks of at most 1 MiB */
+constexpr size_t kQuantum = 256;              /* the arena rounds every block to this */
+constexpr int kMaxDevices = GG_PLUGIN_MAX_DEVICES;
+constexpr int kNoMemory = GG_ENOMEM;
+
+size_t rounded(size_t n) { return (n + kQuantum - 1) / kQuantum * kQuantum; }
+
+std::string format_size(uint64_t n) {
+  char buf[64];
+  if (n < 1024) {
+    snprintf(buf, sizeof buf, "%" PRIu64 " bytes", n);
+  } else if (n < (uint64_t(1) << 20)) {
+    snprintf(buf, sizeof buf, "%.2f KiB", double(n) / 1024.0);
+  } else if (n < (uint64_t(1) << 30)) {
+    snprintf(buf, sizeof buf, "%.2f MiB", double(n) / 1048576.0);
+  } else {
+    snprintf(buf, sizeof buf, "%.2f GiB", double(n) / 1073741824.0);
+  }
+  return buf;
+}
+
+struct Pool;
+
+/* A block PyTorch holds. */
+struct Block {
+  size_t requested = 0;
+  size_t size = 0; /* as the arena counts it */
+  cudaStream_t stream = nullptr;
+  int device = 0;
+  Pool *pool = nullptr;
+  std::vector<cudaStream_t> recorded; /* record_stream on a pool block */
+  std::shared_ptr<c10::GatheredContext> context;
+};
+
+/* A private pool: CUDA graphs and torch.cuda.MemPool. */
+struct Pool {
+  c10::MempoolId_t id{0, 0};
+  int device = 0;
+  int use_count = 0;
+  size_t live = 0;
+  bool use_on_oom = false;
+  std::shared_ptr<cca::CUDAAllocator> custom; /* MemPool(allocator=...): its raw_alloc serves the pool */
+  std::vector<std::pair<cudaStream_t, gg_arena_t *>> arenas;
+};
+
+struct Capture {
+  c10::MempoolId_t id;
+  std::function<bool(cudaStream_t)> filter;
+};
+
+struct DeviceState {
+  StatArray allocation, active, allocated_bytes, active_bytes, requested_bytes;
+  int64_t num_ooms = 0;
+  int64_t num_alloc_retries = 0;
+  double fraction = -1.0; /* set by setMemoryFraction; < 0: none */
+  std::vector<Capture> captures;
+};
+
+/* The arena is told which device's context to use by its own handle; PyTorch's current device is
+ * made current for the runtime calls this file makes. */
+struct RelaxedCapture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode); }
+};
+
+void add(StatArray &s, size_t pool, size_t n) {
+  s[size_t(StatType::AGGREGATE)].increase(n);
+  s[pool].increase(n);
+}
+
+void sub(StatArray &s, size_t pool, size_t n) {
+  s[size_t(StatType::AGGREGATE)].decrease(n);
+  s[pool].decrease(n);
+}
+
+size_t pool_of(size_t size) {
+  return size <= kSmallMax ? size_t(StatType::SMALL_POOL) : size_t(StatType::LARGE_POOL);
+}
+
+class Backend;
+Backend *g_backend = nullptr; /* the one installed: PyTorch keeps it for the process's life */
+
+struct State final : public cca::AllocatorState {
+  c10::MempoolId_t id;
+  std::vector<void *> live;
+};
+
+class Backend final : public cca::CUDAAllocator {
+ public:
+  explicit Backend(const gg_arena_options_t &opts) : opts_(opts) {}
+
+  /* ---- c10::Allocator ------------------------------------------------------------------------ */
+
+  c10::DataPtr allocate(size_t n) override {
+    c10::DeviceIndex dev = c10::cuda::current_device();
+    cudaStream_t s = c10::cuda::getCurrentCUDAStream(dev).stream();
+    void *p = n ? alloc_block(n, dev, s) : nullptr;
+    return {p, p, &Backend::deleter, c10::Device(c10::DeviceType::CUDA, dev)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &Backend::deleter; }
+
+  void copy_data(void *dest, const void *src, std::size_t count) const override {
+    C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+  }
+
+  /* ---- DeviceAllocator / CUDAAllocator ---------------------------------------------------------- */
+
+  bool initialized() override { return initialized_.load(); }
+
+  void init(int device_count) override {
+    device_count_ = device_count;
+    initialized_.store(true);
+  }
+
+  void enable(bool value) override { enabled_ = value; }
+  bool isEnabled() const override { return enabled_; }
+
+  void *raw_alloc(size_t n) override {
+    if (n == 0) {
+      return nullptr;
+    }
+    c10::DeviceIndex dev = c10::cuda::current_device();
+    return alloc_block(n, dev, c10::cuda::getCurrentCUDAStream(dev).stream());
+  }
+
+  void *raw_alloc_with_stream(size_t n, cudaStream_t stream) override {
+    if (n == 0) {
+      return nullptr;
+    }
+    return alloc_block(n, c10::cuda::current_device(), stream);
+  }
+
+  void raw_delete(void *ptr) override {
+    if (!ptr) {
+      return;
+    }
+    TORCH_CHECK(free_block(ptr), "invalid device pointer: ", ptr,
+                " (not allocated by gpuguard's PyTorch backend, or freed already)");
+  }
+
+  double getMemoryFraction(c10::DeviceIndex device) override {
+    check_device(device, "getMemoryFraction");
+    std::lock_guard<std::mutex> g(mu_);
+    double f = dev_[device].fraction;
+    return f < 0 ? 1.0 : f;
+  }
+
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    check_device(device, "setMemoryFraction");
+    TORCH_CHECK(fraction >= 0 && fraction <= 1, "invalid fraction value: ", fraction,
+                ". Usage: fraction in [0, 1]");
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      dev_[device].fraction = fraction;
+    }
+    gg_arena_t *a = arena(device);
+    apply_fraction(device, a);
+  }
+
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override { return {}; }
+
+  void cacheInfo(c10::DeviceIndex device, size_t *largest) override {
+    check_device(device, "cacheInfo");
+    gg_arena_t *a = arena(device);
+    gg_arena_stats_t s{};
+    gg_arena_stats_quiet(a, &s);
+    size_t limit = 0;
+    gg_arena_get_limit(a, &limit);
+    size_t device_free = 0;
+    size_t total = 0;
+    {
+      c10::cuda::CUDAGuard guard(device);
+      if (cudaMemGetInfo(&device_free, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        device_free = 0;
+      }
+    }
+    /* What one allocation could get: the largest free block, or a growth into what the device and
+     * the arena's limit still allow (PyTorch's own starts from the device's free memory too). */
+    size_t growth = limit > s.bytes_mapped ? limit - s.bytes_mapped : 0;
+    growth = std::min(growth, device_free);
+    *largest = std::max(s.largest_free_block, growth);
+  }
+
+  void *getBaseAllocation(void *ptr, size_t *size) override {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = blocks_.find(ptr);
+    TORCH_CHECK(it != blocks_.end(), "invalid device pointer: ", ptr);
+    if (size) {
+      *size = it->second.size;
+    }
+    return ptr;
+  }
+
+  void recordStream(const c10::DataPtr &dp, c10::cuda::CUDAStream stream) override {
+    void *p = dp.get();
+    if (!p || dp.get_deleter() != &Backend::deleter) {
+      return; /* not ours (e.g. from another allocator or a from_blob tensor): nothing to track */
+    }
+    int device = -1;
+    bool in_pool = false;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = blocks_.find(p);
+      if (it == blocks_.end()) {
+        return;
+      }
+      device = it->second.device;
+      in_pool = it->second.pool != nullptr;
+      if (in_pool && stream.stream() != it->second.stream) {
+        it->second.recorded.push_back(stream.stream());
+      }
+    }
+    if (!in_pool && gg_plugin_record_stream(device, p, stream.stream()) < 0) {
+      /* The record could not be kept: wait now, so the block is never reused under that stream. */
+      C10_CUDA_CHECK(cudaStreamSynchronize(stream.stream()));
+    }
+  }
+
+  cda::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    check_device(device, "getDeviceStats");
+    cda::DeviceStats out;
+    std::vector<gg_arena_t *> arenas = arenas_of(device);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      const DeviceState &d = dev_[device];
+      out.allocation = d.allocation;
+      out.active = d.active;
+      out.allocated_bytes = d.allocated_bytes;
+      out.active_bytes = d.active_bytes;
+      out.requested_bytes = d.requested_bytes;
+      out.num_ooms = d.num_ooms;
+      out.num_alloc_retries = d.num_alloc_retries;
+    }
+    fill_reserved(device, arenas, out);
+    return out;
+  }
+
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    check_device(device, "resetAccumulatedStats");
+    std::lock_guard<std::mutex> g(mu_);
+    DeviceState &d = dev_[device];
+    for (StatArray *s : {&d.allocation, &d.active, &d.allocated_bytes, &d.active_bytes, &d.requested_bytes}) {
+      for (Stat &x : *s) {
+        x.reset_accumulated();
+      }
+    }
+    d.num_ooms = 0;
+    d.num_alloc_retries = 0;
+    reserved_base_[device] = reserved_total(device, nullptr);
+  }
+
+  void resetPeakStats(c10::DeviceIndex device) override {
+    check_device(device, "resetPeakStats");
+    for (gg_arena_t *a : arenas_of(device)) {
+      gg_arena_reset_peak(a);
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    DeviceState &d = dev_[device];
+    for (StatArray *s : {&d.allocation, &d.active, &d.allocated_bytes, &d.active_bytes, &d.requested_bytes}) {
+      for (Stat &x : *s) {
+        x.reset_peak();
+      }
+    }
+  }
+
+  cca::SnapshotInfo snapshot(c10::MempoolId_t id, bool include_traces) override;
+
+  void emptyCache(c10::MempoolId_t id) override {
+    bool all = id.first == 0 && id.second == 0;
+    std::vector<gg_arena_t *> dead;
+    std::vector<gg_arena_t *> trim;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (auto it = pools_.begin(); it != pools_.end();) {
+        Pool &p = *it->second;
+        if (!all && p.id != id) {
+          ++it;
+          continue;
+        }
+        if (p.use_count <= 0 && p.live == 0) {
+          for (auto &sa : p.arenas) {
+            dead.push_back(sa.second);
+          }
+          it = pools_.erase(it);
+          continue;
+        }
+        for (auto &sa : p.arenas) {
+          trim.push_back(sa.second);
+        }
+        ++it;
+      }
+    }
+    for (gg_arena_t *a : dead) {
+      gg_arena_destroy(a);
+    }
+    for (gg_arena_t *a : trim) {
+      gg_arena_trim(a, 0);
+    }
+    if (!all) {
+      return;
+    }
+    for (int d = 0; d < kMaxDevices; d++) {
+      gg_arena_t *a = arenas_[d].load();
+      if (a) {
+        int rc = gg_arena_trim(a, 0);
+        TORCH_CHECK(rc == 0, "gpuguard: empty_cache could not give device ", d, "'s memory back: ",
+                    gg_last_error());
+        gg_plugin_trim(d, 0, nullptr); /* what captures the plugin handled held */
+      }
+    }
+  }
+
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    check_device(device, "beginAllocateToPool");
+    std::lock_guard<std::mutex> g(mu_);
+    /* Each allocation to a pool holds a use, given back by the releasePool PyTorch pairs with it (a
+     * graph's reset, use_mem_pool's end): a pool shared by two graphs lives until both are gone. */
+    pool_locked(device, id).use_count++;
+    dev_[device].captures.push_back(Capture{id, std::move(filter)});
+    n_captures_.fetch_add(1);
+  }
+
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    check_device(device, "endAllocateToPool");
+    std::lock_guard<std::mutex> g(mu_);
+    auto &c = dev_[device].captures;
+    auto it = std::find_if(c.begin(), c.end(), [&](const Capture &x) { return x.id == id; });
+    TORCH_CHECK(it != c.end(), "endAllocateToPool: no allocation to pool (", id.first, ", ", id.second,
+                ") is under way on device ", int(device));
+    c.erase(it);
+    n_captures_.fetch_sub(1);
+  }
+
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    check_device(device, "releasePool");
+    std::vector<gg_arena_t *> dead;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = pools_.find(id);
+      if (it == pools_.end()) {
+        return; /* never allocated into: nothing to release */
+      }
+      Pool &p = *it->second;
+      if (p.use_count > 0) {
+        p.use_count--;
+      }
+      if (p.use_count == 0 && p.live == 0) {
+        for (auto &sa : p.arenas) {
+          dead.push_back(sa.second);
+        }
+        pools_.erase(it);
+      }
+    }
+    for (gg_arena_t *a : dead) {
+      gg_arena_destroy(a);
+    }
+  }
+
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    check_device(device, "getPoolUseCount");
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = pools_.find(id);
+    return it == pools_.end() ? 0 : it->second->use_count;
+  }
+
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    check_device(device, "createOrIncrefPool");
+    std::lock_guard<std::mutex> g(mu_);
+    Pool &p = pool_locked(device, id);
+    p.use_count++;
+    if (allocator && allocator.get() != this) {
+      TORCH_CHECK(!p.custom || p.custom == allocator, "createOrIncrefPool: pool (", id.first, ", ",
+                  id.second, ") already has another allocator");
+      p.custom = std::move(allocator);
+    }
+  }
+
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t id, bool use_on_oom) override {
+    check_device(device, "setUseOnOOM");
+    std::lock_guard<std::mutex> g(mu_);
+    pool_locked(device, id).use_on_oom = use_on_oom;
+  }
+
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    check_device(device, "setNoSplit");
+    std::lock_guard<std::mutex> g(mu_);
+    pool_locked(device, id); /* every arena block is its own: nothing is split across tensors */
+  }
+
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t id,
+                                const std::unordered_set<void *> &expected) override {
+    check_device(device, "checkPoolLiveAllocations");
+    std::lock_guard<std::mutex> g(mu_);
+    size_t n = 0;
+    for (const auto &kv : blocks_) {
+      const Block &b = kv.second;
+      if (b.device != device || !b.pool || b.pool->id != id) {
+        continue;
+      }
+      if (!expected.count(kv.first)) {
+        return false;
+      }
+      n++;
+    }
+    return n == expected.size();
+  }
+
+  cca::ShareableHandle shareIpcHandle(void *) override {
+    C10_THROW_ERROR(Error, "gpuguard's PyTorch backend cannot share this tensor with another process yet "
+                           "(CUDA IPC): send `t.cpu()` and move it to the GPU in the receiver, or run the "
+                           "sender without GPUGUARD_TORCH=1");
+  }
+
+  std::shared_ptr<void> getIpcDevPtr(std::string) override {
+    C10_THROW_ERROR(Error, "gpuguard's PyTorch backend cannot open a CUDA IPC handle of another process "
+                           "yet: run this process without GPUGUARD_TORCH=1 to receive CUDA tensors");
+  }
+
+  bool isHistoryEnabled() override { return history_on_.load(); }
+
+  void recordHistory(bool enabled, cda::CreateContextFn recorder, size_t max_entries,
+                     cda::RecordContext when, bool clear, const std::vector<std::string> &skip) override {
+    std::lock_guard<std::mutex> g(mu_);
+    recorder_ = enabled ? recorder : nullptr;
+    when_ = enabled ? when : cda::RecordContext::NEVER;
+    max_entries_ = std::max<size_t>(max_entries, 1);
+    skip_free_requested_ = std::find(skip.begin(), skip.end(), "free_requested") != skip.end();
+    history_on_.store(enabled);
+    if (clear || !enabled) {
+      trace_.clear();
+    }
+    while (trace_.size() > max_entries_) {
+      trace_.pop_front();
+    }
+  }
+
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> g(mu_);
+    oom_observers_.push_back(std::move(observer));
+  }
+
+  void attachAllocatorTraceTracker(cda::AllocatorTraceTracker tracker) override {
+    std::lock_guard<std::mutex> g(mu_);
+    trackers_.push_back(std::move(tracker));
+    have_trackers_.store(true);
+  }
+
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex to) override {
+    c10::cuda::CUDAGuard guard(dev);
+    cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();
+      return;
+    }
+    C10_CUDA_CHECK(err);
+  }
+
+  cudaError_t memcpyAsync(void *dst, int dst_device, const void *src, int src_device, size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override {
+    /* Arena memory is mapped for its own device only: across devices without peer access the copy
+     * must name both devices. */
+    if (p2p_enabled || dst_device == src_device) {
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    }
+    return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
+  }
+
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                          c10::MempoolId_t id) override {
+    check_device(device, "getCheckpointState");
+    auto st = std::make_shared<State>();
+    st->id = id;
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto &kv : blocks_) {
+      if (kv.second.device == device && kv.second.pool && kv.second.pool->id == id) {
+        st->live.push_back(kv.first);
+      }
+    }
+    return st;
+  }
+
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<cca::AllocatorState> pps) override {
+    check_device(device, "setCheckpointPoolState");
+    auto *st = dynamic_cast<State *>(pps.get());
+    TORCH_CHECK(st, "setCheckpointPoolState: the state was not made by gpuguard's backend");
+    std::lock_guard<std::mutex> g(mu_);
+    std::unordered_set<void *> want(st->live.begin(), st->live.end());
+    bool same = true;
+    size_t n = 0;
+    for (const auto &kv : blocks_) {
+      if (kv.second.device == device && kv.second.pool && kv.second.pool->id == st->id) {
+        same = same && want.count(kv.first);
+        n++;
+      }
+    }
+    /* Unchanged since the checkpoint: nothing to rewind. Anything else would need blocks placed back
+     * at their old addresses, which the arena does not do. */
+    TORCH_CHECK(same && n == want.size(),
+                "gpuguard's PyTorch backend cannot rewind a CUDA-graph pool to a checkpoint (torch.compile "
+                "mode='reduce-overhead' recording a second path, e.g. for new input shapes): keep shapes "
+                "static, mark them dynamic, or run without GPUGUARD_TORCH=1");
+    return {};
+  }
+
+  std::string name() override { return "gpuguard"; }
+
+  /* ---- used by the extern "C" functions below --------------------------------------------------- */
+
+  struct Counters {
+    uint64_t n_pools;
+    uint64_t n_pool_blocks;
+    uint64_t n_blocks;
+    uint64_t n_captures;
+  };
+
+  Counters counters() {
+    std::lock_guard<std::mutex> g(mu_);
+    Counters c{pools_.size(), 0, blocks_.size(), uint64_t(n_captures_.load())};
+    for (const auto &kv : blocks_) {
+      if (kv.second.pool) {
+        c.n_pool_blocks++;
+      }
+    }
+    return c;
+  }
+
+  static void deleter(void *ptr) {
+    if (ptr && g_backend && !g_backend->free_block(ptr)) {
+      fprintf(stderr, "gpuguard: PyTorch freed %p, which gpuguard's backend does not know\n", ptr);
+    }
+  }
+
+ private:
+  void check_device(int device, const char *call) {
+    TORCH_CHECK(device >= 0 && device < kMaxDevices, call, ": invalid device ", device);
+  }
+
+  /* The device's arena, made on first use. */
+  gg_arena_t *arena(int device) {
+    check_device(device, "allocate");
+    gg_arena_t *a = arenas_[device].load(std::memory_order_acquire);
+    if (a) {
+      return a;
+    }
+    int rc = gg_plugin_ensure_arena(device, &opts_, &a);
+    TORCH_CHECK(rc == 0, "gpuguard: cannot make the arena for CUDA device ", device, ": ", gg_last_error());
+    arenas_[device].store(a, std::memory_order_release);
+    apply_fraction(device, a);
+    return a;
+  }
+
+  void apply_fraction(int device, gg_arena_t *a) {
+    double f = -1.0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      f = dev_[device].fraction;
+    }
+    if (f < 0) {
+      return;
+    }
+    size_t device_free = 0;
+    size_t total = 0;
+    {
+      c10::cuda::CUDAGuard guard(device);
+      C10_CUDA_CHECK(cudaMemGetInfo(&device_free, &total));
+    }
+    size_t limit = size_t(f * double(total));
+    int rc = gg_arena_set_limit(a, limit == 0 ? 1 : limit);
+    TORCH_CHECK(rc == 0, "gpuguard: setMemoryFraction: ", gg_last_error());
+  }
+
+  Pool &pool_locked(int device, c10::MempoolId_t id) {
+    auto it = pools_.find(id);
+    if (it != pools_.end()) {
+      return *it->second;
+    }
+    auto p = std::make_unique<Pool>();
+    p->id = id;
+    p->device = device;
+    Pool &ref = *p;
+    pools_.emplace(id, std::move(p));
+    return ref;
+  }
+
+  /* The pool an allocation for `stream` goes to, when a capture or MemPool is active on the device. */
+  Pool *active_pool(int device, cudaStream_t stream) {
+    if (n_captures_.load(std::memory_order_relaxed) == 0) {
+      return nullptr;
+    }
+    std::vector<Capture> caps;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      caps = dev_[device].captures;
+    }
+    for (auto it = caps.rbegin(); it != caps.rend(); ++it) { /* the newest first, as PyTorch */
+      if (it->filter(stream)) {
+        std::lock_guard<std::mutex> g(mu_);
+        auto p = pools_.find(it->id);
+        return p == pools_.end() ? nullptr : p->second.get();
+      }
+    }
+    return nullptr;
+  }
+
+  gg_arena_t *pool_arena(Pool &p, cudaStream_t stream) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (auto &sa : p.arenas) {
+        if (sa.first == stream) {
+          return sa.second;
+        }
+      }
+    }
+    gg_arena_options_t o = opts_;
+    o.device = p.device;
+    o.flags |= GG_ARENA_NO_STREAM;
+    o.name = "torch-pool";
+    gg_arena_t *a = nullptr;
+    int rc = 0;
+    {
+      RelaxedCapture relaxed; /* reserving and mapping memory while the stream captures */
+      rc = gg_arena_create(&a, &o);
+    }
+    TORCH_CHECK(rc == 0, "gpuguard: cannot make an arena for a private pool on device ", p.device, ": ",
+                gg_last_error());
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto &sa : p.arenas) {
+      if (sa.first == stream) { /* another thread made one meanwhile */
+        gg_arena_destroy(a);
+        return sa.second;
+      }
+    }
+    p.arenas.emplace_back(stream, a);
+    return a;
+  }
+
+  int pool_alloc(Pool &p, size_t n, cudaStream_t stream, void **ptr) {
+    if (p.custom) {
+      *ptr = p.custom->raw_alloc_with_stream(n, stream);
+      return *ptr ? 0 : kNoMemory;
+    }
+    gg_arena_t *a = pool_arena(p, stream);
+    RelaxedCapture relaxed;
+    return gg_alloc_ex(a, n, 0, "torch-pool", ptr);
+  }
+
+  std::shared_ptr<c10::GatheredContext> gather(cda::RecordContext at_least) {
+    if (!history_on_.load(std::memory_order_relaxed)) {
+      return nullptr;
+    }
+    cda::CreateContextFn fn = nullptr;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (int(when_) < int(at_least)) {
+        return nullptr;
+      }
+      fn = recorder_;
+    }
+    return fn ? fn() : nullptr;
+  }
+
+  void *alloc_block(size_t n, int device, cudaStream_t stream) {
+    gg_arena_t *a = arena(device);
+    auto context = gather(cda::RecordContext::STATE);
+    Pool *pool = active_pool(device, stream);
+    void *p = nullptr;
+    int rc = 0;
+    if (n > size_t(SSIZE_MAX)) {
+      rc = kNoMemory;
+      gg_clear_error();
+    } else if (pool) {
+      rc = pool_alloc(*pool, n, stream, &p);
+    } else {
+      rc = gg_torch_alloc_status(ssize_t(n), device, stream, &p);
+      if (rc == kNoMemory) {
+        rc = alloc_on_oom_pool(n, device, stream, &p, &pool);
+      }
+    }
+    if (rc < 0) {
+      fail(rc, n, device, stream, a);
+    }
+    Block b;
+    b.requested = n;
+    b.size = rounded(n);
+    b.stream = stream;
+    b.device = device;
+    b.pool = pool;
+    b.context = std::move(context);
+    size_t sp = pool_of(b.size);
+    std::lock_guard<std::mutex> g(mu_);
+    DeviceState &d = dev_[device];
+    add(d.allocation, sp, 1);
+    add(d.active, sp, 1);
+    add(d.allocated_bytes, sp, b.size);
+    add(d.active_bytes, sp, b.size);
+    add(d.requested_bytes, sp, n);
+    if (pool) {
+      pool->live++;
+    }
+    if (history_on_.load(std::memory_order_relaxed) || have_trackers_.load(std::memory_order_relaxed)) {
+      record_locked(cda::TraceEntry::ALLOC, device, p, b.size, stream, pool, b.context);
+    }
+    blocks_.emplace(p, std::move(b));
+    return p;
+  }
+
+  int alloc_on_oom_pool(size_t n, int device, cudaStream_t stream, void **ptr, Pool **used) {
+    std::vector<Pool *> cands;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (auto &kv : pools_) {
+        if (kv.second->use_on_oom && kv.second->device == device) {
+          cands.push_back(kv.second.get());
+        }
+      }
+    }
+    for (Pool *p : cands) {
+      if (pool_alloc(*p, n, stream, ptr) == 0) {
+        *used = p;
+        return 0;
+      }
+    }
+    return kNoMemory;
+  }
+
+  [[noreturn]] void fail(int rc, size_t n, int device, cudaStream_t stream, gg_arena_t *a) {
+    std::string detail = gg_last_error();
+    if (rc != kNoMemory) {
+      C10_THROW_ERROR(Error, "gpuguard could not allocate " + std::to_string(n) + " bytes on CUDA device " +
+                                 std::to_string(device) + ": " + detail);
+    }
+    size_t device_free = 0;
+    size_t total = 0;
+    if (cudaMemGetInfo(&device_free, &total) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
+    gg_arena_stats_t s{};
+    gg_arena_stats_quiet(a, &s);
+    std::vector<cca::OutOfMemoryObserver> observers;
+    size_t allocated = 0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      DeviceState &d = dev_[device];
+      d.num_ooms++;
+      allocated = size_t(d.allocated_bytes[size_t(StatType::AGGREGATE)].current);
+      observers = oom_observers_;
+      if (history_on_.load() || have_trackers_.load()) {
+        record_locked(cda::TraceEntry::OOM, device, reinterpret_cast<void *>(device_free), n, stream, nullptr,
+                      nullptr);
+      }
+    }
+    for (auto &o : observers) {
+      o(device, allocated, total, device_free);
+    }
+    size_t reserved = s.bytes_mapped;
+    std::string msg = "CUDA out of memory. Tried to allocate " + format_size(n) + ". GPU " +
+                      std::to_string(device) + " has a total capacity of " + format_size(total) + " of which " +
+                      format_size(device_free) + " is free. Including non-PyTorch memory, this process has " +
+                      format_size(total - device_free) + " memory in use. Of the allocated memory " +
+                      format_size(allocated) + " is allocated by PyTorch, and " +
+                      format_size(reserved > allocated ? reserved - allocated : 0) +
+                      " is reserved by PyTorch but unallocated. gpuguard: " + detail +
+                      " (in use " + format_size(s.bytes_in_use) + ", mapped " + format_size(s.bytes_mapped) +
+                      ", pending reuse " + format_size(s.bytes_pending) + ", capacity " +
+                      format_size(s.bytes_reserved) + ", largest free block " + format_size(s.largest_free_block) +
+                      ", fragmentation " + std::to_string(s.fragmentation) + ")";
+    C10_THROW_ERROR(OutOfMemoryError, msg);
+  }
+
+  bool free_block(void *p) {
+    Block b;
+    std::vector<gg_arena_t *> dead;
+    gg_arena_t *pool_arena_of_block = nullptr;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = blocks_.find(p);
+      if (it == blocks_.end()) {
+        return false;
+      }
+      b = std::move(it->second);
+      blocks_.erase(it);
+      DeviceState &d = dev_[b.device];
+      size_t sp = pool_of(b.size);
+      sub(d.allocation, sp, 1);
+      sub(d.active, sp, 1);
+      sub(d.allocated_bytes, sp, b.size);
+      sub(d.active_bytes, sp, b.size);
+      sub(d.requested_bytes, sp, b.requested);
+      if (history_on_.load(std::memory_order_relaxed) || have_trackers_.load(std::memory_order_relaxed)) {
+        std::shared_ptr<c10::GatheredContext> ctx;
+        if (!skip_free_requested_) {
+          record_locked(cda::TraceEntry::FREE_REQUESTED, b.device, p, b.size, b.stream, b.pool, ctx);
+        }
+        record_locked(cda::TraceEntry::FREE_COMPLETED, b.device, p, b.size, b.stream, b.pool, ctx);
+      }
+      if (b.pool && !b.pool->custom) {
+        for (auto &sa : b.pool->arenas) {
+          if (sa.first == b.stream) {
+            pool_arena_of_block = sa.second;
+          }
+        }
+      }
+    }
+    if (!b.pool) {
+      gg_torch_free(p, ssize_t(b.size), b.device, b.stream);
+      return true;
+    }
+    if (!b.recorded.empty() &&
+        c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
+      for (cudaStream_t s : b.recorded) {
+        C10_CUDA_CHECK(cudaStreamSynchronize(s)); /* a pool block used on another stream */
+      }
+    }
+    if (b.pool->custom) {
+      b.pool->custom->raw_delete(p);
+    } else if (pool_arena_of_block) {
+      gg_free(pool_arena_of_block, p);
+    }
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      Pool *pool = b.pool;
+      pool->live--;
+      if (pool->use_count <= 0 && pool->live == 0) {
+        for (auto &sa : pool->arenas) {
+          dead.push_back(sa.second);
+        }
+        pools_.erase(pool->id);
+      }
+    }
+    for (gg_arena_t *a : dead) {
+      gg_arena_destroy(a);
+    }
+    return true;
+  }
+
+  void record_locked(cda::TraceEntry::Action action, int device, void *addr, size_t size, cudaStream_t stream,
+                     Pool *pool, std::shared_ptr<c10::GatheredContext> ctx) {
+    c10::MempoolId_t id = pool ? pool->id : c10::MempoolId_t{0, 0};
+    cda::TraceEntry te(action, c10::DeviceIndex(device), reinterpret_cast<size_t>(addr), size,
+                       static_cast<void *>(stream), id, c10::getApproximateTime(),
+                       when_ >= cda::RecordContext::ALLOC ? std::move(ctx) : nullptr);
+    for (auto &t : trackers_) {
+      t(te);
+    }
+    if (!history_on_.load(std::memory_order_relaxed)) {
+      return;
+    }
+    trace_.push_back(std::move(te));
+    if (trace_.size() > max_entries_) {
+      trace_.pop_front();
+    }
+  }
+
+  std::vector<gg_arena_t *> arenas_of(int device) {
+    std::vector<gg_arena_t *> out;
+    gg_arena_t *a = arenas_[device].load();
+    if (a) {
+      out.push_back(a);
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto &kv : pools_) {
+      if (kv.second->device == device) {
+        for (auto &sa : kv.second->arenas) {
+          out.push_back(sa.second);
+        }
+      }
+    }
+    return out;
+  }
+
+  /* Reserved = every arena's mapped memory on the device (and what the plugin holds for captures it
+   * handled itself); segments = their mapped ranges' chunks. */
+  int64_t reserved_total(int device, int64_t *peak) {
+    int64_t cur = 0;
+    int64_t pk = 0;
+    gg_arena_t *a = arenas_[device].load();
+    if (a) {
+      gg_arena_stats_t s{};
+      if (gg_arena_stats_quiet(a, &s) == 0) {
+        cur += int64_t(s.bytes_mapped);
+        pk += int64_t(s.peak_mapped);
+      }
+    }
+    if (peak) {
+      *peak = pk;
+    }
+    return cur;
+  }
+
+  void fill_reserved(int device, const std::vector<gg_arena_t *> &arenas, cda::DeviceStats &out) {
+    Stat reserved;
+    Stat segment;
+    int64_t in_use = 0;
+    uint64_t waits = 0;
+    for (gg_arena_t *a : arenas) {
+      gg_arena_stats_t s{};
+      if (gg_arena_stats_quiet(a, &s) != 0) {
+        continue;
+      }
+      reserved.current += int64_t(s.bytes_mapped);
+      reserved.peak += int64_t(s.peak_mapped);
+      segment.current += int64_t(s.n_chunks);
+      in_use += int64_t(s.bytes_in_use);
+      waits += s.n_stream_waits;
+      reserved.freed += int64_t(s.bytes_trimmed);
+    }
+    gg_plugin_graph_stats_t gs{};
+    if (gg_plugin_graph_stats(device, &gs) == 0) {
+      reserved.current += int64_t(gs.bytes_mapped);
+      in_use += int64_t(gs.bytes_in_use);
+      waits += gs.n_stream_waits;
+    }
+    reserved.peak = std::max(reserved.peak, reserved.current);
+    reserved.allocated = reserved.current + reserved.freed;
+    segment.peak = segment.current;
+    int64_t base = reserved_base_[device];
+    reserved.allocated = std::max<int64_t>(reserved.allocated - base, 0);
+    out.reserved_bytes[size_t(StatType::AGGREGATE)] = reserved;
+    out.reserved_bytes[size_t(StatType::LARGE_POOL)] = reserved;
+    out.segment[size_t(StatType::AGGREGATE)] = segment;
+    out.segment[size_t(StatType::LARGE_POOL)] = segment;
+    Stat inactive;
+    inactive.current = std::max<int64_t>(reserved.current - in_use, 0);
+    inactive.peak = inactive.current;
+    out.inactive_split_bytes[size_t(StatType::AGGREGATE)] = inactive;
+    out.inactive_split_bytes[size_t(StatType::LARGE_POOL)] = inactive;
+    out.num_sync_all_streams = int64_t(waits); /* every host wait the arenas made for their streams */
+    out.num_device_alloc = segment.current;
+    out.num_device_free = 0;
+    out.max_split_size = -1;
+  }
+
+  friend cca::SnapshotInfo snapshot_of(Backend &b, c10::MempoolId_t id, bool include_traces);
+
+  gg_arena_options_t opts_;
+  std::mutex mu_;
+  std::atomic<bool> initialized_{false};
+  int device_count_ = 0;
+  bool enabled_ = true;
+  std::atomic<gg_arena_t *> arenas_[kMaxDevices] = {};
+  DeviceState dev_[kMaxDevices];
+  int64_t reserved_base_[kMaxDevices] = {};
+  std::unordered_map<void *, Block> blocks_;
+  std::map<c10::MempoolId_t, std::unique_ptr<Pool>> pools_;
+  std::atomic<int> n_captures_{0};
+  std::atomic<bool> history_on_{false};
+  std::atomic<bool> have_trackers_{false};
+  cda::CreateContextFn recorder_ = nullptr;
+  cda::RecordContext when_ = cda::RecordContext::NEVER;
+  size_t max_entries_ = 1;
+  bool skip_free_requested_ = false;
+  std::deque<cda::TraceEntry> trace_;
+  std::vector<cca::OutOfMemoryObserver> oom_observers_;
+  std::vector<cda::AllocatorTraceTracker> trackers_;
+  c10::ApproximateClockToUnixTimeConverter clock_;
+};
+
+/* ---- snapshot ------------------------------------------------------------------------------------ */
+
+struct Range {
+  uintptr_t addr;
+  size_t size;
+  c10::MempoolId_t owner;
+  int device;
+};
+
+int collect_range(const gg_chunk_info_t *c, void *user) {
+  auto *out = static_cast<std::vector<Range> *>(user);
+  out->push_back(Range{reinterpret_cast<uintptr_t>(c->ptr), c->size, {0, 0}, 0});
+  return 0;
+}
+
+cca::SnapshotInfo snapshot_of(Backend &b, c10::MempoolId_t id, bool include_traces) {
+  bool all = id.first == 0 && id.second == 0;
+  std::vector<Range> ranges;
+  for (int d = 0; d < kMaxDevices; d++) {
+    gg_arena_t *a = b.arenas_[d].load();
+    if (!a || !all) {
+      continue;
+    }
+    size_t before = ranges.size();
+    gg_arena_foreach_chunk(a, collect_range, &ranges);
+    for (size_t i = before; i < ranges.size(); i++) {
+      ranges[i].device = d;
+    }
+  }
+  std::vector<std::pair<c10::MempoolId_t, std::pair<int, gg_arena_t *>>> pool_arenas;
+  {
+    std::lock_guard<std::mutex> g(b.mu_);
+    for (auto &kv : b.pools_) {
+      if (!all && kv.first != id) {
+        continue;
+      }
+      for (auto &sa : kv.second->arenas) {
+        pool_arenas.push_back({kv.first, {kv.second->device, sa.second}});
+      }
+    }
+  }
+  for (auto &pa : pool_arenas) {
+    size_t before = ranges.size();
+    gg_arena_foreach_chunk(pa.second.second, collect_range, &ranges);
+    for (size_t i = before; i < ranges.size(); i++) {
+      ranges[i].owner = pa.first;
+      ranges[i].device = pa.second.first;
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range &x, const Range &y) { return x.addr < y.addr; });
+
+  cca::SnapshotInfo out;
+  std::lock_guard<std::mutex> g(b.mu_);
+  std::vector<std::pair<uintptr_t, const Block *>> live;
+  live.reserve(b.blocks_.size());
+  for (const auto &kv : b.blocks_) {
+    live.emplace_back(reinterpret_cast<uintptr_t>(kv.first), &kv.second);
+  }
+  std::sort(live.begin(), live.end(), [](const auto &x, const auto &y) { return x.first < y.first; });
+  size_t k = 0;
+  for (const Range &r : ranges) {
+    cda::SegmentInfo seg;
+    seg.device = c10::DeviceIndex(r.device);
+    seg.address = r.addr;
+    seg.total_size = r.size;
+    seg.is_large = true;
+    seg.is_expandable = true;
+    seg.owner_private_pool_id = r.owner;
+    uintptr_t at = r.addr;
+    uintptr_t end = r.addr + r.size;
+    while (k < live.size() && live[k].first < r.addr) {
+      k++;
+    }
+    for (; k < live.size() && live[k].first < end; k++) {
+      const Block &bl = *live[k].second;
+      uintptr_t p = live[k].first;
+      if (p > at) {
+        cda::BlockInfo gap;
+        gap.size = p - at;
+        seg.blocks.push_back(gap);
+      }
+      cda::BlockInfo bi;
+      bi.size = std::min<size_t>(bl.size, end - p);
+      bi.requested_size = bl.requested;
+      bi.allocated = true;
+      bi.active = true;
+      bi.context_when_allocated = bl.context;
+      seg.blocks.push_back(bi);
+      seg.allocated_size += bi.size;
+      seg.active_size += bi.size;
+      seg.requested_size += bl.requested;
+      seg.stream = bl.stream;
+      at = p + bi.size;
+    }
+    if (at < end) {
+      cda::BlockInfo gap;
+      gap.size = end - at;
+      seg.blocks.push_back(gap);
+    }
+    out.segments.push_back(std::move(seg));
+  }
+  if (include_traces) {
+    int max_dev = 0;
+    for (const auto &te : b.trace_) {
+      max_dev = std::max(max_dev, int(te.device_) + 1);
+    }
+    max_dev = std::max(max_dev, b.device_count_);
+    out.device_traces.resize(size_t(std::max(max_dev, 1)));
+    auto to_ns = b.clock_.makeConverter();
+    for (const auto &te : b.trace_) {
+      cda::TraceEntry copy = te;
+      copy.time_.t_ = to_ns(te.time_.approx_t_) / 1000;
+      out.device_traces[size_t(te.device_)].push_back(std::move(copy));
+    }
+  }
+  out.config_metadata.garbage_collection_threshold = 0.0;
+  out.config_metadata.max_split_size = SIZE_MAX;
+  out.config_metadata.pinned_num_register_threads = 1;
+  out.config_metadata.expandable_segments = true;
+  out.config_metadata.release_lock_on_malloc = false;
+  out.config_metadata.pinned_use_host_register = false;
+  out.config_metadata.graph_capture_record_stream_reuse = false;
+  out.config_metadata.last_allocator_settings = "gpuguard";
+  return out;
+}
+
+cca::SnapshotInfo Backend::snapshot(c10::MempoolId_t id, bool include_traces) {
+  return snapshot_of(*this, id, include_traces);
+}
+
+} // namespace
+
+/* ---- the entry points gpuguard.torch calls through ctypes ------------------------------------------ */
+
+extern "C" __attribute__((visibility("default"))) int gg_torch_native_install(size_t capacity, size_t chunk_size,
+                                                                             char *err, size_t errcap) {
+  try {
+    if (g_backend) {
+      return 0;
+    }
+    gg_arena_options_t o;
+    gg_arena_options_init(&o);
+    o.backend = "cuda";
+    o.capacity = capacity;
+    o.chunk_size = chunk_size;
+    o.name = "torch";
+    auto b = std::make_shared<Backend>(o);
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(b);
+    g_backend = b.get(); /* PyTorch holds the shared_ptr for the process's life */
+    return 0;
+  } catch (const std::exception &e) {
+    snprintf(err, errcap, "%s", e.what());
+    return GG_ESTATE;
+  }
+}
+
+/* 1 when this process's PyTorch allocator is gpuguard's backend. */
+extern "C" __attribute__((visibility("default"))) int gg_torch_native_active(void) { return g_backend != nullptr; }
+
+/* Counters for tests and diagnostics: pools alive, blocks held in pools, blocks held in all, captures
+ * under way. 0, or GG_ESTATE when the backend is not installed. */
+extern "C" __attribute__((visibility("default"))) int gg_torch_native_counters(uint64_t out[4]) {
+  if (!g_backend) {
+    return GG_ESTATE;
+  }
+  auto c = g_backend->counters();
+  out[0] = c.n_pools;
+  out[1] = c.n_pool_blocks;
+  out[2] = c.n_blocks;
+  out[3] = c.n_captures;
+  return 0;
+}

@@ -1,0 +1,219 @@
+"""gpuguard.torch._native — gpuguard as PyTorch's CUDA allocator backend (``_native.cpp``): built once per
+PyTorch version against its headers, cached, loaded and installed with PyTorch's own
+``changeCurrentAllocator`` before the first CUDA allocation.
+
+The build needs a C++ compiler (``$CXX``, ``c++`` or ``g++``), PyTorch's headers (in every PyTorch wheel),
+the CUDA runtime's headers (``CUDA_HOME``, ``/usr/local/cuda`` or the ``nvidia-cuda-runtime`` wheel PyTorch
+depends on) and gpuguard's headers (in the gpuguard wheel). It takes ~10 s once; the library is cached
+under ``$XDG_CACHE_HOME/gpuguard`` (``~/.cache/gpuguard``), keyed by the source, PyTorch's version and
+path and libgpuguard's path, in a directory only the user may write (anything else is refused and the
+build goes to a private temporary directory instead)."""
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from typing import Any, List, Optional
+
+from .. import _lib
+
+_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native.cpp")
+_loaded: Optional[ctypes.CDLL] = None
+_why_not = ""
+
+
+class NativeUnavailable(RuntimeError):
+    """The backend cannot be built or loaded here; the message says what is missing and how to get it."""
+
+
+def why_not() -> str:
+    """Why the last attempt to build or load the backend failed ("" when it did not)."""
+    return _why_not
+
+
+def _safe_dir(path: str) -> bool:
+    """A directory this user owns, that nobody else may write, or one that can be made so."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return False
+    return not (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "gpuguard")
+    if _safe_dir(path):
+        return path
+    return tempfile.mkdtemp(prefix="gpuguard-torch-")  # private (0700), rebuilt per process
+
+
+def _site_dirs(torch: Any) -> List[str]:
+    tdir = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
+    return [tdir] + [p for p in sys.path if p.endswith("site-packages") and p != tdir]
+
+
+def _cuda_include(torch: Any) -> Optional[str]:
+    cands = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    dirs = [os.path.join(c, "include") for c in cands if c]
+    for site in _site_dirs(torch):
+        dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))
+    for d in dirs:
+        if os.path.exists(os.path.join(d, "cuda_runtime_api.h")):
+            return d
+    return None
+
+
+def _cudart(torch: Any) -> Optional[str]:
+    tlib = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
+    pats = [os.path.join(tlib, "libcudart.so*")]
+    for site in _site_dirs(torch):
+        pats.append(os.path.join(site, "nvidia", "*", "lib", "libcudart.so*"))
+    for c in [os.environ.get("CUDA_HOME"), "/usr/local/cuda"]:
+        if c:
+            pats.append(os.path.join(c, "lib64", "libcudart.so*"))
+    for pat in pats:
+        hits = sorted(glob.glob(pat))
+        if hits:
+            return hits[-1]
+    return None
+
+
+def _gpuguard_include() -> Optional[str]:
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cands = [os.environ.get("GPUGUARD_INCLUDE_DIR"), os.path.join(pkg, "include"),
+             os.path.join(pkg, "..", "..", "..", "include")]
+    for d in cands:
+        if d and os.path.exists(os.path.join(d, "gpuguard", "plugin.h")):
+            return os.path.abspath(d)
+    return None
+
+
+MIN_TORCH = (2, 11)
+
+
+def _torch_version(torch: Any) -> tuple:
+    parts = []
+    for p in str(torch.__version__).split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in p if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def _build(torch: Any) -> str:
+    if _torch_version(torch) < MIN_TORCH:
+        raise NativeUnavailable(
+            f"gpuguard's PyTorch backend is written against PyTorch's allocator interface of "
+            f"{MIN_TORCH[0]}.{MIN_TORCH[1]} and later; this is PyTorch {torch.__version__}: set "
+            "GPUGUARD_TORCH_OPTIONS=backend=plugin for gpuguard's pluggable allocator (gpuguard.torch.use_arena), "
+            "or upgrade PyTorch")
+    tdir = os.path.dirname(os.path.abspath(torch.__file__))
+    inc, libdir = os.path.join(tdir, "include"), os.path.join(tdir, "lib")
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    missing = []
+    if not cxx:
+        missing.append("a C++ compiler (install g++, or set CXX)")
+    if not os.path.exists(os.path.join(inc, "c10", "cuda", "CUDACachingAllocator.h")):
+        missing.append(f"PyTorch's CUDA headers (under {inc})")
+    cuda_inc = _cuda_include(torch)
+    if not cuda_inc:
+        missing.append("the CUDA runtime headers (cuda_runtime_api.h: set CUDA_HOME, or pip install "
+                       "nvidia-cuda-runtime for your CUDA version)")
+    gg_inc = _gpuguard_include()
+    if not gg_inc:
+        missing.append("gpuguard's headers (gpuguard/include in the wheel; or set GPUGUARD_INCLUDE_DIR)")
+    if missing:
+        raise NativeUnavailable("gpuguard's PyTorch backend is built on first use and needs " + "; ".join(missing))
+    lib = os.path.realpath(_lib.path)
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
+    with open(_SRC, "rb") as f:
+        key = hashlib.sha256(f.read() + f"{torch.__version__}|{tdir}|{lib}|{abi}|{gg_inc}".encode()).hexdigest()[:16]
+    cache = _cache_dir()
+    out = os.path.join(cache, f"libgpuguard_torch_native-{key}.so")
+    if os.path.exists(out):
+        st = os.lstat(out)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return out
+        raise NativeUnavailable(f"gpuguard: refusing {out}: not a regular file of this user, or writable by others")
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+    os.close(fd)
+    cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+           "-isystem", inc, "-isystem", cuda_inc, "-I", gg_inc, _SRC, "-o", tmp, lib,
+           f"-Wl,-rpath,{os.path.dirname(lib)}", f"-L{libdir}", "-lc10", "-lc10_cuda", "-ltorch_cuda",
+           f"-Wl,-rpath,{libdir}"]
+    rt = _cudart(torch)
+    if rt:
+        cmd += [rt, f"-Wl,-rpath,{os.path.dirname(rt)}"]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        os.unlink(tmp)
+        raise NativeUnavailable(f"gpuguard: building the PyTorch backend failed: {e}") from e
+    if r.returncode != 0:
+        os.unlink(tmp)
+        tail = "\n".join(r.stderr.strip().splitlines()[-12:])
+        raise NativeUnavailable(f"gpuguard: building the PyTorch backend failed ({' '.join(cmd[:2])} ...):\n{tail}")
+    os.chmod(tmp, 0o700)
+    os.replace(tmp, out)  # atomic: a concurrent process sees the whole file or none
+    return out
+
+
+def load(torch: Any) -> ctypes.CDLL:
+    """The backend's library, built first when needed; NativeUnavailable says why it cannot be."""
+    global _loaded, _why_not
+    if _loaded is not None:
+        return _loaded
+    try:
+        path = _build(torch)
+        lib = ctypes.CDLL(path)
+    except NativeUnavailable as e:
+        _why_not = str(e)
+        raise
+    except OSError as e:
+        _why_not = f"gpuguard: loading the PyTorch backend failed: {e}"
+        raise NativeUnavailable(_why_not) from e
+    lib.gg_torch_native_install.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+    lib.gg_torch_native_install.restype = ctypes.c_int
+    lib.gg_torch_native_active.restype = ctypes.c_int
+    lib.gg_torch_native_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+    lib.gg_torch_native_counters.restype = ctypes.c_int
+    _loaded = lib
+    return lib
+
+
+def install(torch: Any, capacity: int = 0, chunk_size: int = 0) -> None:
+    """Makes gpuguard PyTorch's CUDA allocator (once per process); StateError when PyTorch's allocator is
+    initialised already, NativeUnavailable when the backend cannot be built here."""
+    from ..errors import GG_ESTATE, StateError
+    lib = load(torch)
+    if lib.gg_torch_native_active():
+        return
+    err = ctypes.create_string_buffer(1024)
+    if lib.gg_torch_native_install(capacity, chunk_size, err, len(err)) != 0:
+        raise StateError("gpuguard.torch: PyTorch refused gpuguard's backend: " + err.value.decode(errors="replace")
+                         + " (install it before the first CUDA tensor: GPUGUARD_TORCH=1, or call "
+                         "gpuguard.torch.use_native() right after importing torch)", GG_ESTATE, "GG_ESTATE")
+
+
+def active() -> bool:
+    """Whether gpuguard's backend is this process's PyTorch allocator."""
+    return _loaded is not None and bool(_loaded.gg_torch_native_active())
+
+
+def counters() -> dict:
+    """Pools alive, blocks in pools, blocks in all, captures under way (for tests and diagnostics)."""
+    if _loaded is None:
+        return {}
+    v = (ctypes.c_uint64 * 4)()
+    if _loaded.gg_torch_native_counters(v) != 0:
+        return {}
+    return {"n_pools": v[0], "n_pool_blocks": v[1], "n_blocks": v[2], "n_captures": v[3]}

@@ -1,0 +1,429 @@
+"""gpuguard's PyTorch backend (GPUGUARD_TORCH=1 / gpuguard.torch.use_native) on a real GPU: each test runs
+a short script in a fresh interpreter (PyTorch's allocator is chosen once per process) and checks what it
+printed. Needs torch with CUDA and a device; skips saying so otherwise. The configuration checks at the
+bottom run anywhere."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG = os.path.dirname(HERE)
+
+
+def _have_cuda_torch() -> str:
+    r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        return "torch is not installed"
+    return "" if r.stdout.strip() == "True" else "torch has no CUDA device here"
+
+
+_WHY = None
+
+
+def need_gpu() -> None:
+    global _WHY
+    if _WHY is None:
+        _WHY = _have_cuda_torch()
+    if _WHY:
+        pytest.skip(f"gpuguard's PyTorch backend needs a GPU: {_WHY}")
+
+
+def _env(**extra: str) -> dict:
+    env = dict(os.environ)
+    if os.environ.get("GPUGUARD_TEST_INSTALLED") != "1":
+        env["PYTHONPATH"] = PKG + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+PRELUDE = """
+import json, os, sys, threading
+import gpuguard._autostart as A
+A.run()  # what gpuguard_torch.pth does at start in an installed wheel
+import torch
+out = {}
+def emit():
+    print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def run_script(body: str, timeout: int = 300, **env: str) -> dict:
+    code = PRELUDE + textwrap.dedent(body) + "\nemit()\n"
+    e = _env(**{"GPUGUARD_TORCH": "1", **env})
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=e)
+    assert r.returncode == 0, f"rc={r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-6000:]}"
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_backend_is_gpuguard_and_counts_exactly_under_threads() -> None:
+    need_gpu()
+    out = run_script("""
+        out["backend"] = torch.cuda.get_allocator_backend()
+        x = torch.empty(1000, device="cuda")  # 4000 B -> 4096 rounded by the arena
+        out["alloc1"] = torch.cuda.memory_allocated()
+        del x
+        out["alloc0"] = torch.cuda.memory_allocated()
+        # autograd's backward thread frees what the main thread allocated; other threads too
+        lin = torch.nn.Linear(512, 512).cuda()
+        for _ in range(20):
+            loss = lin(torch.randn(256, 512, device="cuda")).square().sum()
+            loss.backward()
+        def work():
+            for _ in range(200):
+                t = torch.empty(1 << 16, device="cuda")
+                del t
+        ts = [threading.Thread(target=work) for _ in range(4)]
+        [t.start() for t in ts]; [t.join() for t in ts]
+        del loss, lin
+        torch.cuda.synchronize()
+        s = torch.cuda.memory_stats()
+        out["keys"] = sorted(s)
+        out["cur"] = s["allocated_bytes.all.current"]
+        out["peak"] = s["allocated_bytes.all.peak"]
+        out["max"] = torch.cuda.max_memory_allocated()
+        out["active"] = s["active_bytes.all.current"]
+        out["nalloc"] = s["allocation.all.allocated"]
+        out["nfree"] = s["allocation.all.freed"]
+        out["reserved"] = torch.cuda.memory_reserved()
+        torch.cuda.reset_peak_memory_stats()
+        out["peak_after_reset"] = torch.cuda.max_memory_allocated()
+        torch.cuda.empty_cache()
+        out["reserved_after_empty"] = torch.cuda.memory_reserved()
+    """)
+    assert out["backend"] == "gpuguard"
+    assert out["alloc1"] == 4096 and out["alloc0"] == 0
+    assert out["cur"] == 0 and out["active"] == 0, out
+    assert 0 < out["peak"] == out["max"] < 1 << 40, out  # never wrapped
+    assert out["nalloc"] == out["nfree"] > 800
+    assert out["reserved"] > 0 and out["reserved_after_empty"] == 0
+    assert out["peak_after_reset"] == 0
+    for key in ("active_bytes.all.current", "inactive_split_bytes.all.current", "requested_bytes.all.peak",
+                "reserved_bytes.large_pool.peak", "segment.all.current", "num_alloc_retries", "num_ooms",
+                "num_sync_all_streams", "num_device_alloc", "num_device_free"):
+        assert key in out["keys"], key
+
+
+def test_memory_stats_has_every_key_of_pytorchs_own_allocator() -> None:
+    need_gpu()
+    code = "import torch, json; torch.empty(1, device='cuda'); print(json.dumps(sorted(torch.cuda.memory_stats())))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_env())
+    assert r.returncode == 0, r.stderr
+    theirs = set(json.loads(r.stdout.strip().splitlines()[-1]))
+    ours = set(run_script("torch.empty(1, device='cuda'); out['k'] = sorted(torch.cuda.memory_stats())")["k"])
+    assert theirs - ours == set(), sorted(theirs - ours)
+
+
+def test_cudnn_benchmark_convolutions_train() -> None:
+    need_gpu()
+    out = run_script("""
+        torch.backends.cudnn.benchmark = True
+        m = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(32, 8, 3, padding=1)).cuda().to(memory_format=torch.channels_last)
+        for hw in (32, 48, 32):
+            y = m(torch.randn(8, 3, hw, hw, device="cuda").to(memory_format=torch.channels_last))
+            y.sum().backward()
+        torch.cuda.synchronize()
+        out["ok"] = bool(torch.isfinite(y).all())
+    """)
+    assert out["ok"]
+
+
+def test_graph_capture_after_side_stream_warmup_and_shared_pools() -> None:
+    need_gpu()
+    out = run_script("""
+        lin = torch.nn.Linear(256, 256).cuda()
+        static_in = torch.randn(64, 256, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # the warm-up PyTorch's CUDA-graphs docs show
+            for _ in range(3):
+                y = lin(static_in).relu()
+        torch.cuda.current_stream().wait_stream(s)
+        g1 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g1):
+            out1 = lin(static_in).relu()
+        g2 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g2, pool=g1.pool()):  # shares g1's memory
+            out2 = (out1 * 2).sum()
+        static_in.copy_(torch.ones(64, 256, device="cuda"))
+        g1.replay(); g2.replay()
+        torch.cuda.synchronize()
+        want = (lin(static_in).relu() * 2).sum()
+        out["close"] = bool(torch.allclose(out2, want, rtol=1e-4, atol=1e-3))
+        from gpuguard.torch import _native
+        out["pools_live"] = _native.counters()["n_pools"]
+        f = torch.cuda.make_graphed_callables(torch.nn.Linear(32, 32).cuda(), (torch.randn(4, 32, device="cuda", requires_grad=True),))
+        z = f(torch.randn(4, 32, device="cuda", requires_grad=True)); z.sum().backward()
+        torch.cuda.synchronize()
+        out["graphed"] = list(z.shape)
+        del g1, g2, out1, out2, f, z
+        import gc; gc.collect()
+        torch.cuda.empty_cache()
+        out["pools_after"] = _native.counters()["n_pools"]
+    """)
+    assert out["close"]
+    assert out["pools_live"] == 1  # g2 used g1's pool: one pool for both
+    assert out["graphed"] == [4, 32]
+    assert out["pools_after"] <= 1  # make_graphed_callables' pool lives with its graphs' module refs
+
+
+def test_memory_history_snapshot_and_viz() -> None:
+    need_gpu()
+    out = run_script("""
+        import pickle, tempfile
+        torch.cuda.memory._record_memory_history(max_entries=1000)
+        a = torch.empty(1 << 20, device="cuda")
+        b = torch.empty(3 << 20, device="cuda")
+        del a
+        snap = torch.cuda.memory._snapshot()
+        path = tempfile.mktemp(suffix=".pickle")
+        torch.cuda.memory._dump_snapshot(path)
+        torch.cuda.memory._record_memory_history(enabled=None)
+        seg = snap["segments"]
+        out["nseg"] = len(seg)
+        out["tiled"] = all(sum(bl["size"] for bl in s["blocks"]) == s["total_size"] for s in seg)
+        states = [bl["state"] for s in seg for bl in s["blocks"]]
+        out["states"] = sorted(set(states))
+        actions = [e["action"] for e in snap["device_traces"][0]]
+        out["actions"] = sorted(set(actions))
+        out["frames"] = any(e.get("frames") for e in snap["device_traces"][0])
+        from torch.cuda import _memory_viz
+        with open(path, "rb") as f:
+            data = pickle.load(f)
+        html = _memory_viz.trace_plot(data)
+        out["html"] = len(html) > 1000
+        out["segplot"] = len(_memory_viz.segment_plot(data)) > 1000
+        del b
+    """)
+    assert out["nseg"] >= 1 and out["tiled"]
+    assert "active_allocated" in out["states"] and "inactive" in out["states"]
+    assert {"alloc", "free_requested", "free_completed"} <= set(out["actions"])
+    assert out["frames"] and out["html"] and out["segplot"]
+
+
+def test_memory_fraction_oom_message_observer_and_counts() -> None:
+    need_gpu()
+    out = run_script("""
+        seen = []
+        torch._C._cuda_attach_out_of_memory_observer(lambda *a: seen.append(a))
+        torch.cuda.set_per_process_memory_fraction(0.05)
+        out["fraction"] = torch.cuda.get_per_process_memory_fraction()
+        total = torch.cuda.get_device_properties(0).total_memory
+        try:
+            torch.empty(int(total * 0.2), dtype=torch.uint8, device="cuda")
+            out["raised"] = ""
+        except torch.OutOfMemoryError as e:
+            out["raised"] = str(e)
+        out["observed"] = len(seen)
+        out["ooms"] = torch.cuda.memory_stats()["num_ooms"]
+        small = torch.empty(1 << 20, device="cuda")  # still works below the limit
+        out["small"] = small.numel()
+        try:
+            torch.empty(1 << 62, dtype=torch.uint8, device="cuda")
+        except torch.OutOfMemoryError as e:
+            out["huge"] = str(e)[:40]
+        try:
+            torch.cuda.set_per_process_memory_fraction(1.5)
+        except RuntimeError as e:
+            out["bad_fraction"] = str(e)
+    """)
+    assert abs(out["fraction"] - 0.05) < 1e-9
+    assert out["raised"].startswith("CUDA out of memory. Tried to allocate "), out["raised"]
+    assert "gpuguard" in out["raised"]
+    assert out["observed"] == 1 and out["ooms"] == 1
+    assert out["small"] == 1 << 20
+    assert out["huge"].startswith("CUDA out of memory. Tried to allocate")
+    assert "fraction" in out["bad_fraction"]
+
+
+def test_oom_snapshot_is_written_once(tmp_path) -> None:
+    need_gpu()
+    snap = tmp_path / "oom.pickle"
+    out = run_script("""
+        import pickle
+        keep = torch.empty(1 << 20, device="cuda")
+        for _ in range(2):
+            try:
+                torch.empty(1 << 60, dtype=torch.uint8, device="cuda")
+            except torch.OutOfMemoryError:
+                pass
+        with open(os.environ["GPUGUARD_OOM_SNAPSHOT"], "rb") as f:
+            data = pickle.load(f)
+        out["segments"] = len(data["segments"])
+        out["live"] = sum(1 for s in data["segments"] for b in s["blocks"] if b["state"] == "active_allocated")
+    """, GPUGUARD_OOM_SNAPSHOT=str(snap))
+    assert out["segments"] >= 1 and out["live"] >= 1
+
+
+def test_mempool_use_mem_pool_and_cache_info() -> None:
+    need_gpu()
+    out = run_script("""
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            x = torch.empty(4 << 20, device="cuda")
+        y = torch.empty(1 << 20, device="cuda")
+        from gpuguard.torch import _native
+        out["pool_blocks"] = _native.counters()["n_pool_blocks"]
+        out["use_count"] = pool.use_count()
+        out["snap"] = len(pool.snapshot())
+        del x
+        del pool
+        import gc; gc.collect()
+        torch.cuda.empty_cache()
+        out["pools_after"] = _native.counters()["n_pools"]
+        largest = torch.cuda.memory.caching_allocator_alloc(1 << 20)
+        torch.cuda.memory.caching_allocator_delete(largest)
+        try:
+            torch.cuda.memory.caching_allocator_delete(12345)
+        except RuntimeError as e:
+            out["foreign"] = str(e)
+    """)
+    assert out["pool_blocks"] == 1
+    assert out["use_count"] >= 1
+    assert out["snap"] >= 1
+    assert out["pools_after"] == 0
+    assert "invalid device pointer" in out["foreign"]
+
+
+def test_compile_reduce_overhead_runs() -> None:
+    need_gpu()
+    out = run_script("""
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).cuda()
+        f = torch.compile(m, mode="reduce-overhead")
+        x = torch.randn(16, 64, device="cuda")
+        for _ in range(4):
+            y = f(x)
+        torch.cuda.synchronize()
+        out["close"] = bool(torch.allclose(y, m(x), atol=1e-5))
+    """, timeout=600)
+    assert out["close"]
+
+
+GPT2 = """
+    try:
+        import transformers
+    except ImportError:
+        out["skip"] = "transformers is not installed"
+        emit(); sys.exit(0)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=8192, n_positions=256)
+    model = transformers.GPT2LMHeadModel(cfg).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    losses = []
+    for step in range(6):
+        seq = (64, 128, 256, 96, 200, 128)[step]
+        ids = torch.randint(0, 8192, (4, seq), device="cuda", generator=g)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    out["losses"] = losses
+    out["backend"] = torch.cuda.get_allocator_backend()
+    out["peak"] = torch.cuda.max_memory_allocated()
+    out["cur"] = torch.cuda.memory_allocated()
+    out["reserved_peak"] = torch.cuda.max_memory_reserved()
+"""
+
+
+def test_transformers_gpt2_same_losses_as_pytorchs_allocator() -> None:
+    need_gpu()
+    ours = run_script(GPT2)
+    if ours.get("skip"):
+        pytest.skip(ours["skip"])
+    theirs = run_script(GPT2, GPUGUARD_TORCH="0")
+    assert ours["backend"] == "gpuguard" and theirs["backend"] == "native"
+    for a, b in zip(ours["losses"], theirs["losses"]):
+        assert abs(a - b) <= 1e-3 * max(1.0, abs(b)), (ours["losses"], theirs["losses"])
+    assert 0 < ours["cur"] <= ours["peak"] <= ours["reserved_peak"] < 1 << 40
+
+
+def test_lightning_trainer_with_device_stats_monitor(tmp_path) -> None:
+    need_gpu()
+    out = run_script(f"""
+        try:
+            import lightning as L
+        except ImportError:
+            out["skip"] = "lightning is not installed"
+            emit(); sys.exit(0)
+        from lightning.pytorch.callbacks import DeviceStatsMonitor
+        from lightning.pytorch.loggers import CSVLogger
+        class M(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+            def training_step(self, batch, i):
+                x, y = batch
+                loss = torch.nn.functional.mse_loss(self.net(x), y)
+                self.log("loss", loss)
+                return loss
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+        data = torch.utils.data.TensorDataset(torch.randn(256, 64), torch.randn(256, 1))
+        dl = torch.utils.data.DataLoader(data, batch_size=32)
+        trainer = L.Trainer(max_steps=8, accelerator="gpu", devices=1, callbacks=[DeviceStatsMonitor()],
+                            logger=CSVLogger({str(tmp_path)!r}), enable_checkpointing=False,
+                            enable_progress_bar=False, log_every_n_steps=1)
+        trainer.fit(M(), dl)
+        import csv, glob
+        rows = list(csv.DictReader(open(glob.glob({str(tmp_path)!r} + "/**/metrics.csv", recursive=True)[0])))
+        vals = [float(v) for r in rows for k, v in r.items() if v and ("memory" in k or "allocated" in k)]
+        out["n"] = len(vals)
+        out["max"] = max(vals) if vals else -1
+        out["min"] = min(vals) if vals else -1
+        out["backend"] = torch.cuda.get_allocator_backend()
+    """)
+    if out.get("skip"):
+        pytest.skip(out["skip"])
+    assert out["backend"] == "gpuguard"
+    assert out["n"] > 0 and 0 <= out["min"] and out["max"] < 2 ** 50  # logged, nothing wrapped
+
+
+# ---- configuration: runs anywhere ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value,opts,needle", [
+    ("maybe", "", "GPUGUARD_TORCH='maybe'"),
+    ("1", "capacity=lots", "capacity='lots'"),
+    ("1", "chunk=0", "chunk='0'"),
+    ("1", "backend=fast", "'backend=fast'"),
+    ("1", "capacity", "'capacity' is not key=value"),
+])
+def test_bad_values_stop_the_process_naming_variable_and_value(value: str, opts: str, needle: str) -> None:
+    env = _env(GPUGUARD_TORCH=value, GPUGUARD_TORCH_OPTIONS=opts)
+    r = subprocess.run([sys.executable, "-c", "import gpuguard._autostart as A; A.run(); print('ran on')"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "ran on" not in r.stdout
+    assert needle in r.stderr, r.stderr
+
+
+def test_parse_accepts_the_documented_forms() -> None:
+    from gpuguard import _autostart as A
+    assert A.parse(None, None) is None and A.parse("0", "") is None and A.parse(" off ", "x") is None
+    cfg = A.parse("1", "capacity=40G, chunk=64MiB,backend=plugin,fallback=torch,workers=off")
+    assert cfg == {"capacity": 40 << 30, "chunk": 64 << 20, "backend": "plugin", "fallback": "torch",
+                   "workers": False}
+
+
+def test_unset_variable_imports_nothing_of_gpuguard() -> None:
+    """What the .pth line does when GPUGUARD_TORCH is unset: no gpuguard module is imported."""
+    pth = os.path.join(os.path.dirname(PKG), "python", "gpuguard_torch.pth")
+    with open(pth) as f:
+        line = f.read().strip()
+    env = _env()
+    env.pop("GPUGUARD_TORCH", None)
+    r = subprocess.run([sys.executable, "-c", line + "\nimport sys; print(any(m.startswith('gpuguard') for m in sys.modules))"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "False", (r.stdout, r.stderr)
+    r = subprocess.run([sys.executable, "-c", line + "\nimport sys; print('gpuguard._autostart' in sys.modules)"],
+                       capture_output=True, text=True, timeout=60, env=dict(env, GPUGUARD_TORCH="1"))
+    assert r.returncode == 0 and r.stdout.strip() == "True", (r.stdout, r.stderr)

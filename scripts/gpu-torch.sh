@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# scripts/gpu-torch.sh — on a machine with a CUDA GPU and PyTorch: gpuguard's PyTorch backend end to end.
+#   1. builds the library (Release) and runs the backend's own tests (test_torch_native.py) and the other
+#      PyTorch tests of the binding;
+#   2. third-party training code unchanged under GPUGUARD_TORCH=1 beside PyTorch's default allocator
+#      (bench_python part w, one round: losses, peaks, memory figures);
+#   3. PyTorch's own test_cuda.py, when a copy sits in .ext/ (it is PyTorch's code, never committed: fetch
+#      it beside the checkout), run under each allocator with the same selection, and the counts compared;
+#      expecttest comes as a wheel in .whl/ where pip cannot reach PyPI;
+#   4. the workload benchmark (bench_python part w, --rounds R, default 3).
+# Logs and a summary go to $OUT (or build/gpu-logs). Usage: scripts/gpu-torch.sh [--quick]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build/gpu-logs}
+mkdir -p "$out"
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gg-site .whl/*.whl &&
+    export PYTHONPATH=/tmp/gg-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+summary=()
+note() { summary+=("$1"); echo "-- $1"; }
+b=build/gpu-torch
+if cmake -S . -B $b -DCMAKE_BUILD_TYPE=Release -DGPUGUARD_BUILD_TESTS=OFF -DGPUGUARD_BUILD_EXAMPLES=OFF \
+     -DGPUGUARD_BUILD_BENCH=OFF >"$out/configure.log" 2>&1 && cmake --build $b -j "$(nproc)" >"$out/build.log" 2>&1; then
+  note "build: ok"
+else
+  tail -40 "$out/build.log" "$out/configure.log"
+  exit 1
+fi
+export GPUGUARD_LIBRARY=$PWD/$b/libgpuguard.so PYTHONPATH=$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}
+
+# 1. the backend's tests, then the binding's other PyTorch tests
+timeout 900 python3 -m pytest -q -rs -p no:cacheprovider bindings/python/tests/test_torch_native.py \
+  2>&1 | tee "$out/pytest-native.log" | tail -25
+note "test_torch_native: $(grep -E '[0-9]+ (passed|failed)' "$out/pytest-native.log" | tail -1)"
+timeout 900 python3 -m pytest -q -rs -p no:cacheprovider bindings/python/tests/test_torch.py \
+  bindings/python/tests/test_torch_graphs.py 2>&1 | tee "$out/pytest-torch.log" | tail -10
+note "test_torch + graphs (plugin): $(grep -E '[0-9]+ (passed|failed)' "$out/pytest-torch.log" | tail -1)"
+
+# 2. third-party code, unchanged, one round per allocator
+steps=30
+[ $quick = 1 ] && steps=10
+timeout 900 python3 bench/bench_python.py --parts w --rounds 1 --steps $steps 2>&1 | tee "$out/thirdparty.log" | tail -40
+note "third-party (bench_python w, 1 round): exit ${PIPESTATUS[0]}"
+
+# 3. PyTorch's own CUDA tests, per allocator
+if [ -f .ext/test_cuda.py ]; then
+  sel=${GG_TEST_CUDA_SELECT:-"memory or graph or stream or oom or pool or snapshot or fraction or cudnn or caching"}
+  for alloc in default gpuguard; do
+    envs=(GPUGUARD_TORCH=0)
+    [ $alloc = gpuguard ] && envs=(GPUGUARD_TORCH=1)
+    (cd .ext && env "${envs[@]}" timeout 1500 python3 -m pytest -q -p no:cacheprovider -x --timeout 300 \
+       -k "$sel" test_cuda.py -rf 2>&1) >"$out/test_cuda-$alloc.log"
+    note "test_cuda.py ($alloc): $(grep -E '[0-9]+ (passed|failed)' "$out/test_cuda-$alloc.log" | tail -1)"
+  done
+  grep -h '^FAILED' "$out"/test_cuda-gpuguard.log | sed 's/ - .*//' | sort >"$out/failed-gpuguard.txt"
+  grep -h '^FAILED' "$out"/test_cuda-default.log | sed 's/ - .*//' | sort >"$out/failed-default.txt"
+  note "failing under gpuguard only: $(comm -13 "$out/failed-default.txt" "$out/failed-gpuguard.txt" | wc -l)"
+else
+  note "test_cuda.py: not run (no .ext/test_cuda.py beside the checkout)"
+fi
+
+# 4. the workload benchmark
+if [ $quick = 0 ]; then
+  timeout 1200 python3 bench/bench_python.py --parts w --rounds "${ROUNDS:-3}" 2>&1 | tee "$out/bench-w.log" | tail -60
+  note "bench_python w: exit ${PIPESTATUS[0]}"
+fi
+echo
+echo "== summary"
+printf '%s\n' "${summary[@]}" | tee "$out/summary.txt"

@@ -1,0 +1,272 @@
+/* test_backend_support.c — what a framework's allocator backend (gpuguard's PyTorch backend) asks of
+ * the library, on the host backend: an arena made once per device on first use, however many threads
+ * ask; a limit below the capacity (PyTorch's memory fraction); the mapped ranges for snapshots; and
+ * statistics read without touching the stream (safe while a stream captures). */
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "arena/arena_internal.h"
+#include "gg_test.h"
+
+static gg_arena_t *host_arena(size_t capacity, size_t chunk, void *stream) {
+  gg_arena_options_t o;
+  gg_arena_options_init(&o);
+  o.backend = "host";
+  o.capacity = capacity;
+  o.chunk_size = chunk;
+  o.stream = stream;
+  gg_arena_t *a = NULL;
+  gg_assert_ok(gg_arena_create(&a, &o));
+  return a;
+}
+
+/* ---- gg_plugin_ensure_arena ---------------------------------------------------------------------- */
+
+typedef struct {
+  gg_arena_options_t *opts;
+  gg_arena_t *got;
+  int rc;
+} ensure_job_t;
+
+static void *ensure_thread(void *p) {
+  ensure_job_t *j = p;
+  j->rc = gg_plugin_ensure_arena(0, j->opts, &j->got);
+  return NULL;
+}
+
+static void test_ensure_makes_one_arena_for_racing_threads(void **state) {
+  (void)state;
+  gg_arena_options_t o;
+  gg_arena_options_init(&o);
+  o.backend = "host";
+  o.capacity = 64u << 20;
+  o.chunk_size = 2u << 20;
+  enum { N = 8 };
+  pthread_t t[N];
+  ensure_job_t jobs[N];
+  for (int i = 0; i < N; i++) {
+    jobs[i] = (ensure_job_t){&o, NULL, -99};
+    assert_int_equal(pthread_create(&t[i], NULL, ensure_thread, &jobs[i]), 0);
+  }
+  for (int i = 0; i < N; i++) {
+    pthread_join(t[i], NULL);
+  }
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(jobs[i].rc, 0);
+    assert_non_null(jobs[i].got);
+    assert_ptr_equal(jobs[i].got, jobs[0].got);
+  }
+  gg_arena_t *reg = NULL;
+  gg_assert_ok(gg_plugin_get_arena(0, &reg));
+  assert_ptr_equal(reg, jobs[0].got);
+  assert_string_equal(gg_arena_name(reg), "torch"); /* the default name for a backend's arena */
+  /* A second call returns the registered one, whatever options it passes. */
+  gg_arena_t *again = NULL;
+  o.capacity = 1u << 20;
+  gg_assert_ok(gg_plugin_ensure_arena(0, &o, &again));
+  assert_ptr_equal(again, reg);
+  void *p = gg_torch_alloc(4096, 0, NULL);
+  assert_non_null(p);
+  gg_torch_free(p, 4096, 0, NULL);
+  gg_assert_ok(gg_arena_destroy(reg)); /* unregisters it: the next call makes a new one */
+  gg_assert_ok(gg_plugin_get_arena(0, &reg));
+  assert_null(reg);
+  gg_assert_ok(gg_plugin_ensure_arena(0, NULL, &again));
+  assert_non_null(again);
+  gg_assert_ok(gg_arena_destroy(again));
+}
+
+static void test_ensure_refuses_bad_input(void **state) {
+  (void)state;
+  gg_arena_t *a = (gg_arena_t *)0x1;
+  gg_assert_fails(gg_plugin_ensure_arena(0, NULL, NULL), GG_EINVAL, "NULL");
+  gg_assert_fails(gg_plugin_ensure_arena(-1, NULL, &a), GG_EINVAL, "out of range");
+  assert_null(a);
+  gg_assert_fails(gg_plugin_ensure_arena(GG_PLUGIN_MAX_DEVICES, NULL, &a), GG_EINVAL, "out of range");
+  gg_arena_options_t o;
+  gg_arena_options_init(&o);
+  o.backend = "host";
+  o.flags = GG_ARENA_NO_STREAM;
+  gg_assert_fails(gg_plugin_ensure_arena(10, &o, &a), GG_EINVAL, "GG_ARENA_NO_STREAM");
+  assert_null(a);
+  o.flags = 0;
+  o.backend = "no-such-backend";
+  assert_true(gg_plugin_ensure_arena(10, &o, &a) < 0);
+  assert_null(a);
+  gg_arena_t *reg = (gg_arena_t *)0x1;
+  gg_assert_ok(gg_plugin_get_arena(10, &reg));
+  assert_null(reg); /* nothing half-made stays registered */
+}
+
+/* ---- gg_arena_set_limit ------------------------------------------------------------------------- */
+
+static void test_limit_below_capacity_fails_growth_past_it(void **state) {
+  (void)state;
+  gg_arena_t *a = host_arena(64u << 20, 2u << 20, NULL);
+  size_t lim = 0;
+  gg_assert_ok(gg_arena_get_limit(a, &lim));
+  assert_int_equal(lim, 64u << 20); /* none set: the capacity */
+  gg_assert_ok(gg_arena_set_limit(a, (8u << 20) + 12345)); /* rounded down to the granularity */
+  gg_assert_ok(gg_arena_get_limit(a, &lim));
+  assert_true(lim <= (8u << 20) + 12345 && lim >= 6u << 20);
+  void *p = NULL;
+  void *q = NULL;
+  gg_assert_ok(gg_alloc(a, 4u << 20, &p));
+  gg_assert_fails(gg_alloc(a, 6u << 20, &q), GG_ENOMEM, "limit");
+  assert_null(q);
+  gg_arena_stats_t s;
+  gg_assert_ok(gg_arena_stats(a, &s));
+  assert_true(s.bytes_mapped <= lim);
+  assert_int_equal(s.n_live, 1); /* the failure lost nothing and leaked nothing */
+  /* Removing the limit (0) lets the same request through. */
+  gg_assert_ok(gg_arena_set_limit(a, 0));
+  gg_assert_ok(gg_arena_get_limit(a, &lim));
+  assert_int_equal(lim, 64u << 20);
+  gg_assert_ok(gg_alloc(a, 6u << 20, &q));
+  /* A limit under what is mapped keeps the mapping; the next growth fails, frees and reuse work. */
+  gg_assert_ok(gg_arena_set_limit(a, 2u << 20));
+  void *r = NULL;
+  gg_assert_fails(gg_alloc(a, 32u << 20, &r), GG_ENOMEM, "limit");
+  gg_assert_ok(gg_free(a, q));
+  gg_assert_ok(gg_alloc(a, 1u << 20, &r));
+  gg_assert_ok(gg_free(a, r));
+  gg_assert_ok(gg_free(a, p));
+  gg_assert_ok(gg__arena_check(a));
+  gg_assert_ok(gg_arena_set_limit(a, SIZE_MAX)); /* at or above the capacity: no limit */
+  gg_assert_ok(gg_arena_get_limit(a, &lim));
+  assert_int_equal(lim, 64u << 20);
+  gg_assert_fails(gg_arena_get_limit(a, NULL), GG_EINVAL, "NULL");
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_fails(gg_arena_set_limit(a, 1), GG_EINVAL, "");
+  gg_assert_fails(gg_arena_set_limit(NULL, 1), GG_EINVAL, "");
+  gg_assert_fails(gg_arena_get_limit(NULL, &lim), GG_EINVAL, "");
+}
+
+/* ---- gg_arena_foreach_chunk --------------------------------------------------------------------- */
+
+typedef struct {
+  gg_chunk_info_t seen[64];
+  int n;
+  int stop_after;
+} chunks_t;
+
+static int collect(const gg_chunk_info_t *c, void *user) {
+  chunks_t *cs = user;
+  if (cs->n < 64) {
+    cs->seen[cs->n] = *c;
+  }
+  cs->n++;
+  return cs->stop_after && cs->n >= cs->stop_after;
+}
+
+typedef struct {
+  const chunks_t *ranges;
+  int outside;
+  int n;
+} inside_t;
+
+static int block_inside(const gg_block_info_t *b, void *user) {
+  inside_t *in = user;
+  uintptr_t p = (uintptr_t)b->ptr;
+  int ok = 0;
+  for (int i = 0; i < in->ranges->n; i++) {
+    uintptr_t lo = (uintptr_t)in->ranges->seen[i].ptr;
+    if (p >= lo && p + b->size <= lo + in->ranges->seen[i].size) {
+      ok = 1;
+    }
+  }
+  in->outside += !ok;
+  in->n++;
+  return 0;
+}
+
+static void test_chunks_are_reported_as_ranges_that_hold_every_block(void **state) {
+  (void)state;
+  gg_arena_t *a = host_arena(256u << 20, 2u << 20, NULL);
+  chunks_t cs = {.n = 0};
+  gg_assert_ok(gg_arena_foreach_chunk(a, collect, &cs));
+  assert_int_equal(cs.n, 0); /* nothing mapped yet */
+  void *p[6];
+  size_t sizes[6] = {1000, 3u << 20, 5u << 20, 64, 9u << 20, 300u << 10};
+  for (int i = 0; i < 6; i++) {
+    gg_assert_ok(gg_alloc(a, sizes[i], &p[i]));
+  }
+  gg_arena_stats_t s;
+  gg_assert_ok(gg_arena_stats(a, &s));
+  memset(&cs, 0, sizeof cs);
+  gg_assert_ok(gg_arena_foreach_chunk(a, collect, &cs));
+  assert_true(cs.n >= 1);
+  assert_true((unsigned long long)cs.n <= s.n_chunks);
+  size_t total = 0;
+  for (int i = 0; i < cs.n; i++) {
+    total += cs.seen[i].size;
+    if (i > 0) { /* address order, and neighbours were merged: a gap between any two ranges */
+      assert_true((uintptr_t)cs.seen[i].ptr > (uintptr_t)cs.seen[i - 1].ptr + cs.seen[i - 1].size);
+    }
+  }
+  assert_int_equal(total, s.bytes_mapped);
+  inside_t in = {&cs, 0, 0};
+  gg_assert_ok(gg_arena_foreach_block(a, block_inside, &in));
+  assert_int_equal(in.n, 6);
+  assert_int_equal(in.outside, 0);
+  chunks_t one = {.stop_after = 1};
+  gg_assert_ok(gg_arena_foreach_chunk(a, collect, &one));
+  assert_int_equal(one.n, 1); /* a visitor's non-zero return stops the walk */
+  for (int i = 0; i < 6; i++) {
+    gg_assert_ok(gg_free(a, p[i]));
+  }
+  gg_assert_ok(gg_arena_trim(a, 0));
+  memset(&cs, 0, sizeof cs);
+  gg_assert_ok(gg_arena_foreach_chunk(a, collect, &cs));
+  assert_int_equal(cs.n, 0);
+  gg_assert_fails(gg_arena_foreach_chunk(a, NULL, NULL), GG_EINVAL, "visit");
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_fails(gg_arena_foreach_chunk(a, collect, &cs), GG_EINVAL, "");
+}
+
+/* ---- gg_arena_stats_quiet ------------------------------------------------------------------------ */
+
+static void test_quiet_stats_touch_no_stream(void **state) {
+  (void)state;
+  void *stream = NULL;
+  gg_assert_ok(gg_host_stream_create(&stream));
+  gg_arena_t *a = host_arena(64u << 20, 2u << 20, stream);
+  void *p = NULL;
+  gg_assert_ok(gg_alloc(a, 1u << 20, &p));
+  gg_assert_ok(gg_host_stream_hold(stream));
+  gg_assert_ok(gg_free(a, p)); /* released in stream order: pending while the stream is held */
+  gg_assert_ok(gg_host_fault_set("")); /* zeroes the operation counters */
+  gg_arena_stats_t q;
+  gg_assert_ok(gg_arena_stats_quiet(a, &q));
+  assert_int_equal(gg_host_op_count("event_record"), 0);
+  assert_int_equal(gg_host_op_count("event_query"), 0);
+  assert_int_equal(gg_host_op_count("stream_query"), 0);
+  assert_int_equal(q.n_live, 0);
+  assert_int_equal(q.bytes_in_use, 0);
+  assert_true(q.bytes_mapped >= 1u << 20);
+  assert_true(q.bytes_pending >= 1u << 20); /* not reclaimed: nobody asked the stream */
+  gg_arena_stats_t s;
+  gg_assert_ok(gg_arena_stats(a, &s)); /* the ordinary read does ask the stream */
+  assert_true(gg_host_op_count("event_record") + gg_host_op_count("event_query") +
+                  gg_host_op_count("stream_query") >
+              0);
+  assert_int_equal(s.bytes_mapped, q.bytes_mapped);
+  gg_assert_ok(gg_host_stream_release(stream));
+  gg_assert_fails(gg_arena_stats_quiet(a, NULL), GG_EINVAL, "NULL");
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_fails(gg_arena_stats_quiet(a, &q), GG_EINVAL, "");
+  gg_assert_ok(gg_host_stream_destroy(stream));
+}
+
+int main(void) {
+  setenv("GPUGUARD_HOST_CAPACITY", "1G", 1);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ensure_makes_one_arena_for_racing_threads),
+      cmocka_unit_test(test_ensure_refuses_bad_input),
+      cmocka_unit_test(test_limit_below_capacity_fails_growth_past_it),
+      cmocka_unit_test(test_chunks_are_reported_as_ranges_that_hold_every_block),
+      cmocka_unit_test(test_quiet_stats_touch_no_stream),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
