@@ -1,10 +1,14 @@
 /* test_proc_ns.c — gg_proc_spawn() with a PID namespace: the job is pid 2 of its own namespace, its
  * status comes back through the keeper, a teardown ends it, every signal of gg_proc_job_signals()
  * sent to the keeper reaches the job (none ends the keeper first), and when the spawning process is
- * SIGKILLed the kernel ends every process of the job, a setsid'd daemon included. Skipped (77)
- * where the system refuses namespaces; bad values refused. */
+ * SIGKILLed the kernel ends every process of the job, a setsid'd daemon included. A job that
+ * crashes ends its keeper by the same signal, without a second core dump (the keeper's over the
+ * job's). Skipped (77) where the system refuses namespaces; bad values refused. */
+#include <dirent.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -172,12 +176,46 @@ static void test_sigkilled_spawner_takes_the_whole_job(void **state) {
   assert_true(gone);
 }
 
+/* The job dies of SIGSEGV with core dumps allowed: the keeper dies of SIGSEGV too, but dumps no
+ * core of its own (it would overwrite the job's core file, and make a second crash report). */
+static void test_crash_gives_no_keeper_core(void **state) {
+  (void)state;
+  struct rlimit old, lim;
+  assert_int_equal(getrlimit(RLIMIT_CORE, &old), 0);
+  lim = old;
+  lim.rlim_cur = lim.rlim_max; /* as high as this process may: the keeper inherits it */
+  assert_int_equal(setrlimit(RLIMIT_CORE, &lim), 0);
+  char dir[] = "/tmp/gg_core_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  gg_spawn_options_t o;
+  gg_spawn_options_init(&o);
+  o.pid_ns = GG_SPAWN_PID_NS_ON, o.cwd = dir;
+  const char *argv[] = {"/bin/sh", "-c", "kill -SEGV $$", NULL};
+  pid_t keeper;
+  gg_assert_ok(gg_proc_spawn(NULL, argv, &o, &keeper));
+  int st = 0;
+  assert_int_equal(waitpid(keeper, &st, 0), keeper);
+  setrlimit(RLIMIT_CORE, &old);
+  assert_true(WIFSIGNALED(st));
+  assert_int_equal(WTERMSIG(st), SIGSEGV);
+  assert_false(WCOREDUMP(st)); /* the job's core (if the system writes one) is the only one */
+  gg_proc_teardown_ex(NULL, 100, NULL);
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  char path[600];
+  while (d && (e = readdir(d)))
+    if (e->d_name[0] != '.') snprintf(path, sizeof path, "%s/%s", dir, e->d_name), unlink(path);
+  if (d) closedir(d);
+  rmdir(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_job_is_pid_2_and_status_passes),
       cmocka_unit_test(test_job_signals_list),
       cmocka_unit_test(test_every_job_signal_reaches_the_job),
       cmocka_unit_test(test_sigkilled_spawner_takes_the_whole_job),
+      cmocka_unit_test(test_crash_gives_no_keeper_core),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -6,7 +6,9 @@
 #include <locale.h>
 #include <getopt.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <stdbool.h>
@@ -451,8 +453,6 @@ typedef struct run_opts {
   int pid_ns; /* GG_SPAWN_PID_NS_*; AUTO asks gg_proc_pid_ns_probe() first and says once if refused */
   bool in_ns; /* the job did get its namespace (for the receipt) */
   const char *receipt_path;
-  int receipt_fd;       /* opened before the job starts, so an unwritable path is said at once */
-  bool receipt_created; /* removed again when the job cannot start */
   char **cmd;
 } run_opts_t;
 
@@ -473,30 +473,69 @@ typedef struct run_env {
   double waited_ms;
 } run_env_t;
 
-/* The receipt's file, opened (not yet emptied) before the job starts. Returns -1 to go on, else the exit
- * status. */
+/* path's directory and a temporary name beside it: "DIR/.BASE.XXXXXX", for mkostemp. */
+static bool temp_beside(const char *path, char *out, size_t cap) {
+  const char *slash = strrchr(path, '/');
+  int dir = slash ? (int)(slash - path) + 1 : 0;
+  int n = snprintf(out, cap, "%.*s.%s.XXXXXX", dir, path, slash ? slash + 1 : path);
+  return n > 0 && (size_t)n < cap;
+}
+
+/* The receipt's path, checked before the job starts, so that a bad one is said at once: it is a
+ * regular file or nothing (never followed: a symlink, a FIFO or a device there is refused, as is a
+ * directory we cannot create a file in). An old receipt there is removed now: a runner that dies
+ * before writing the new one (SIGKILL) leaves no receipt, never the previous run's. The receipt itself
+ * is written at the end to a temporary file renamed over the path, so it is never seen half-written.
+ * Returns -1 to go on, else the exit status. */
 static int open_receipt(run_opts_t *o) {
-  o->receipt_fd = -1;
   if (!o->receipt_path || strcmp(o->receipt_path, "-") == 0) return -1;
-  int fd = open(o->receipt_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0644);
-  o->receipt_created = fd >= 0;
-  if (fd < 0 && errno == EEXIST) fd = open(o->receipt_path, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+  const char *path = o->receipt_path;
+  char why[4200], tmp[4200];
   struct stat st;
-  if (fd >= 0 && fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) close(fd), fd = -1, errno = EINVAL;
-  if (fd < 0) {
-    char why[4200];
-    snprintf(why, sizeof why, "--receipt %s: cannot be written (%s); the job was not started",
-             o->receipt_path, errno == EINVAL ? "not a regular file" : strerror(errno));
+  bool exists = lstat(path, &st) == 0;
+  if (exists && !S_ISREG(st.st_mode)) {
+    snprintf(why, sizeof why, "--receipt %s: not a regular file (%s); the job was not started", path,
+             S_ISLNK(st.st_mode)    ? "a symbolic link"
+             : S_ISFIFO(st.st_mode) ? "a FIFO"
+             : S_ISDIR(st.st_mode)  ? "a directory"
+                                    : "a device or socket");
     return bad_usage("%s", why);
   }
-  o->receipt_fd = fd;
+  int fd = temp_beside(path, tmp, sizeof tmp) ? mkostemp(tmp, O_CLOEXEC) : (errno = ENAMETOOLONG, -1);
+  if (fd >= 0) close(fd), unlink(tmp);
+  if (fd < 0 || (exists && unlink(path) != 0 && errno != ENOENT)) {
+    snprintf(why, sizeof why, "--receipt %s: cannot be written (%s); the job was not started", path,
+             strerror(errno));
+    return bad_usage("%s", why);
+  }
   return -1;
 }
 
-static void discard_receipt(run_opts_t *o) {
-  if (o->receipt_fd < 0) return;
-  close(o->receipt_fd), o->receipt_fd = -1;
-  if (o->receipt_created) unlink(o->receipt_path);
+static bool write_all(int fd, const char *buf, size_t len) {
+  for (size_t off = 0; off < len;) {
+    ssize_t w = write(fd, buf + off, len - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    off += (size_t)w;
+  }
+  return true;
+}
+
+/* The receipt's text goes to a new file beside the path, then replaces it in one rename. */
+static int put_receipt(const char *path, const char *text, size_t len) {
+  char tmp[4200];
+  int fd = temp_beside(path, tmp, sizeof tmp) ? mkostemp(tmp, O_CLOEXEC) : (errno = ENAMETOOLONG, -1);
+  if (fd < 0) return -1;
+  mode_t mask = umask(0);
+  umask(mask);
+  bool ok = fchmod(fd, 0644 & ~mask) == 0 && write_all(fd, text, len) && fsync(fd) == 0;
+  int e = errno;
+  ok = close(fd) == 0 && ok;
+  if (ok && rename(tmp, path) == 0) return 0;
+  e = ok ? errno : e;
+  unlink(tmp);
+  errno = e;
+  return -1;
 }
 
 /* The receipt's entry for CMD itself: the runner reaped CMD, so the teardown found it gone and knew
@@ -518,17 +557,17 @@ static void fix_job_entry(gg_proc_receipt_t *receipt, const run_opts_t *o, const
   }
 }
 
+/* Returns 0, or -1 having said why on stderr (the exit status stays CMD's: a receipt that could not be
+ * written, on a full filesystem say, is no reason to hide how the job ended). */
 static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_receipt_t *rc,
                          const run_env_t *env) {
   const char *path = o->receipt_path;
   char **cmd = o->cmd;
-  FILE *f = stdout;
-  if (o->receipt_fd >= 0) {
-    f = ftruncate(o->receipt_fd, 0) == 0 ? fdopen(o->receipt_fd, "w") : NULL;
-    if (!f)
-      return fprintf(stderr, "gpuguard run: cannot write the receipt %s: %s\n", path, strerror(errno)), 1;
-    o->receipt_fd = -1; /* the stream owns it now */
-  }
+  bool to_file = strcmp(path, "-") != 0;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = to_file ? open_memstream(&text, &len) : stdout;
+  if (!f) return fprintf(stderr, "gpuguard run: the receipt %s: out of memory\n", path), -1;
   fputs("{\"command\":[", f);
   for (int i = 0; cmd[i]; i++) fputs(i ? "," : "", f), gg_json_write_string(f, cmd[i]);
   fprintf(f, "],\"pid\":%d,\"session\":", (int)r->pid);
@@ -558,9 +597,15 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
   else
     fputs("null\n", f);
   fputs("}\n", f);
-  bool ok = !ferror(f);
-  if (f != stdout) ok = fclose(f) == 0 && ok;
-  return ok ? 0 : (fprintf(stderr, "gpuguard run: writing the receipt %s failed\n", path), 1);
+  bool ok = to_file ? fclose(f) == 0 : fflush(f) == 0 && !ferror(f);
+  if (ok && to_file && put_receipt(path, text, len) != 0) ok = false;
+  int e = errno;
+  free(text);
+  if (ok) return 0;
+  fprintf(stderr,
+          "gpuguard run: the receipt %s could not be written: %s (the exit status is still the job's)\n",
+          to_file ? path : "(stdout)", strerror(e));
+  return -1;
 }
 
 /* --pid-ns's value, and GPUGUARD_PID_NS's: a GG_SPAWN_PID_NS_* mode, -1 when it is none. */
@@ -585,7 +630,7 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
                                         {"torch", no_argument, 0, 't'},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
-  *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_AUTO, .receipt_fd = -1};
+  *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_AUTO};
   /* auto by default: a SIGKILLed runner then takes its whole job with it (docs/cli.md says what was
    * measured before choosing it). The default comes from GPUGUARD_PID_NS when it is set (empty counts as
    * unset); --pid-ns beats it. A bad value is refused even then: a typo in a site-wide setting should not go
@@ -635,14 +680,121 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
 /* Phase 2: every signal whose default action would end the runner (and leave the job running) is
  * blocked and read with sigwaitinfo, so nothing runs in a signal handler and each such signal ends in
  * the job's teardown. The list is the library's (gg_proc_job_signals), the one a namespace's keeper
- * passes on too; SIGCHLD says CMD is done. */
+ * passes on too; SIGCHLD says CMD is done. As tini does, the runner starts from known dispositions
+ * whatever its launcher left: SIGCHLD back to the default (ignored, the kernel reaps CMD itself and
+ * the runner never sees it end). A signal ignored at start (nohup) stays ignored, is not taken, and
+ * CMD inherits it ignored, as exec would have it. */
 static void run_take_signals(sigset_t *set) {
+  signal(SIGCHLD, SIG_DFL);
   int sigs[128];
   size_t n = gg_proc_job_signals(sigs, sizeof sigs / sizeof sigs[0]);
   sigemptyset(set);
-  for (size_t i = 0; i < n && i < sizeof sigs / sizeof sigs[0]; i++) sigaddset(set, sigs[i]);
+  for (size_t i = 0; i < n && i < sizeof sigs / sizeof sigs[0]; i++) {
+    struct sigaction cur;
+    if (sigaction(sigs[i], NULL, &cur) == 0 && cur.sa_handler == SIG_IGN) continue;
+    sigaddset(set, sigs[i]);
+  }
   sigaddset(set, SIGCHLD);
   sigprocmask(SIG_BLOCK, set, NULL);
+}
+
+/* The canary: a child of the runner, in the job's process group and control group, that takes the
+ * runner's signals and reports each (signal, code, sender) on a pipe. A signal sent to the whole group
+ * (kill -- -PGID, a shell's SIGHUP to its jobs) or to every process of the control group (systemd's
+ * stop, Slurm's) reaches it too, and the job with it; one sent to the runner alone does not. That is
+ * how the runner tells whether CMD has a signal from its sender already (passed on, CMD would get it
+ * twice). It dies with the runner. */
+typedef struct canary_note {
+  int sig, code, pid;
+} canary_note_t;
+
+typedef struct canary {
+  pid_t pid; /* -1: none (fork refused): every signal is taken as sent to the runner alone */
+  int fd;    /* the notes, read end, non-blocking */
+  canary_note_t seen[32];
+  double at[32];
+  int n;
+} canary_t;
+
+static void canary_start(canary_t *c, const sigset_t *set) {
+  int p[2];
+  c->pid = -1, c->fd = -1, c->n = 0;
+  if (pipe2(p, O_CLOEXEC) != 0) return;
+  pid_t parent = getpid();
+  pid_t kid = fork();
+  if (kid == 0) { /* only async-signal-safe calls: the runner may have threads (a driver's) */
+    sigset_t all;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, NULL); /* what it does not take stays pending, harmless */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(0);
+    close(p[0]);
+    fcntl(p[1], F_SETFL, O_NONBLOCK); /* a note the runner has no room for is dropped, never waited on */
+    sigset_t take = *set;
+    sigdelset(&take, SIGCHLD);
+    for (;;) {
+      siginfo_t si;
+      int sig = sigwaitinfo(&take, &si);
+      if (sig < 0) continue;
+      canary_note_t note = {sig, si.si_code, (int)si.si_pid};
+      if (write(p[1], &note, sizeof note) < 0 && errno == EPIPE) _exit(0);
+    }
+  }
+  close(p[1]);
+  if (kid < 0) {
+    close(p[0]);
+    return;
+  }
+  fcntl(p[0], F_SETFL, O_NONBLOCK);
+  c->pid = kid, c->fd = p[0];
+}
+
+/* Reads the notes that came, forgetting those older than two seconds. */
+static void canary_pump(canary_t *c) {
+  double now = gg__now_ms();
+  int k = 0;
+  for (int i = 0; i < c->n; i++)
+    if (now - c->at[i] < 2000) c->seen[k] = c->seen[i], c->at[k++] = c->at[i];
+  c->n = k;
+  canary_note_t note;
+  while (c->fd >= 0 && read(c->fd, &note, sizeof note) == (ssize_t)sizeof note) {
+    if (c->n == (int)(sizeof c->seen / sizeof c->seen[0])) {
+      memmove(c->seen, c->seen + 1, sizeof c->seen - sizeof c->seen[0]);
+      memmove(c->at, c->at + 1, sizeof c->at - sizeof c->at[0]);
+      c->n--;
+    }
+    c->seen[c->n] = note, c->at[c->n++] = now;
+  }
+}
+
+/* Whether the canary got the same signal from the same sender: then it was sent to the group (or the
+ * control group), CMD has it already. A control group's processes are signalled one after another, so
+ * the canary's may come a little after ours: up to 50 ms (what passing a signal on may be delayed). */
+static bool canary_saw(canary_t *c, const siginfo_t *si) {
+  if (c->pid < 0) return false;
+  double until = gg__now_ms() + 50;
+  for (;;) {
+    canary_pump(c);
+    for (int i = 0; i < c->n; i++)
+      if (c->seen[i].sig == si->si_signo && c->seen[i].code == si->si_code &&
+          c->seen[i].pid == (int)si->si_pid) {
+        c->seen[i] = c->seen[--c->n], c->at[i] = c->at[c->n];
+        return true;
+      }
+    double left = until - gg__now_ms();
+    if (left <= 0) return false;
+    struct pollfd pf = {.fd = c->fd, .events = POLLIN};
+    poll(&pf, 1, (int)left + 1);
+  }
+}
+
+static void canary_stop(canary_t *c) {
+  if (c->pid < 0) return;
+  kill(c->pid, SIGKILL);
+  while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR) {
+  }
+  close(c->fd);
+  c->pid = -1, c->fd = -1;
 }
 
 /* Phase 3: subreaper, session record, device figures, then CMD. Returns -1 on success, else the exit
@@ -659,6 +811,7 @@ static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
   gg_spawn_options_t so;
   gg_spawn_options_init(&so);
   so.pid_ns_grace_ms = (int)o->grace; /* the rest of the namespace gets --grace too */
+  so.keep_ignored = 1;                /* nohup's SIGHUP (and any signal ignored at start) stays so */
   o->in_ns = o->pid_ns != GG_SPAWN_PID_NS_OFF;
   bool fallback = o->pid_ns == GG_SPAWN_PID_NS_AUTO; /* one line when refused, then the design without */
   char why[512] = "";
@@ -688,10 +841,22 @@ static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
   return rc == GG_ENOTFOUND ? 127 : 126;
 }
 
-/* Phase 4: wait for CMD. A signal to the runner goes on to CMD (unless the terminal already sent it to
- * the whole foreground group), and CMD then has the grace period to finish; a second signal, or the
- * end of the grace period, ends the wait. Returns the deadline, or -1 when no signal came. */
-static double run_wait(const sigset_t *set, long grace, job_result_t *r) {
+/* The signals that ask the runner itself to end, on which the job gets its grace period and then the
+ * teardown. Any other (SIGUSR1, SIGALRM, a real-time signal, ...) is a message for the job: passed on,
+ * and if the job lives on, so does the runner. */
+static bool asks_to_end(int sig) {
+  return sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT;
+}
+
+/* Phase 4: wait for CMD. Where a signal came from decides what the runner does with it:
+ *  - from the terminal (the kernel sent it to the foreground group: Ctrl-C, Ctrl-\, a hangup) with CMD
+ *    in our group: CMD has it already; it is the job's business alone: not passed on, no deadline (an
+ *    interactive program that survives Ctrl-C goes on). As session leader a hangup is ours alone.
+ *  - sent to the whole group or control group (the canary got it too): CMD has it already, not passed on;
+ *  - sent to the runner alone: passed on to CMD.
+ * Only a signal that asks the runner to end (asks_to_end) starts the grace deadline, after which
+ * what is left gets SIGKILL; a second such signal ends the wait at once. Returns the deadline, or -1. */
+static double run_wait(const sigset_t *set, long grace, job_result_t *r, canary_t *canary) {
   double deadline = -1;
   while (!r->reaped) {
     siginfo_t si;
@@ -703,6 +868,7 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r) {
     if (left > 100) left = 100;
     struct timespec ts = {(time_t)(left / 1e3), (long)(fmod(left, 1e3) * 1e6)};
     int sig = sigtimedwait(set, &si, &ts);
+    canary_pump(canary);
     if (sig < 0 && errno == EAGAIN) sig = SIGCHLD; /* look anyway */
     if (sig < 0) continue;                         /* EINTR */
     if (sig == SIGCHLD) {
@@ -712,15 +878,21 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r) {
         if (p == r->pid) r->status = st, r->reaped = true;
       continue;
     }
-    if (r->runner_sig) { /* a second signal: tear down now */
+    bool in_group = getpgid(r->pid) == getpgrp();
+    bool leader_hup = sig == SIGHUP && getsid(0) == getpid();
+    if (si.si_code == SI_KERNEL && in_group && !leader_hup) continue; /* the terminal's, CMD has it */
+    bool has_it = si.si_code != SI_KERNEL && in_group && canary_saw(canary, &si);
+    if (!has_it) kill(r->pid, sig);
+    if (!r->runner_sig) r->runner_sig = sig;
+    if (!asks_to_end(sig)) continue;
+    if (deadline >= 0) { /* a second one: tear down now */
       fprintf(stderr, "gpuguard run: %s again: ending the job now\n", strsignal(sig));
       return deadline;
     }
     r->runner_sig = sig;
-    if (si.si_code != SI_KERNEL) kill(r->pid, sig);
     deadline = gg__now_ms() + (double)grace;
-    fprintf(stderr, "gpuguard run: got %s; the job has %ld ms to end (grace period)\n", strsignal(sig),
-            grace);
+    fprintf(stderr, "gpuguard run: got %s%s; the job has %ld ms to end (grace period)\n", strsignal(sig),
+            has_it ? " (the job got it too)" : "", grace);
   }
   if (!r->reaped && deadline >= 0)
     fprintf(stderr, "gpuguard run: grace period over; what is left of the job gets SIGKILL\n");
@@ -797,10 +969,13 @@ static int cmd_run(int argc, char **argv) {
   if (rc >= 0) return rc;
   sigset_t set;
   run_take_signals(&set);
+  canary_t canary;
+  canary_start(&canary, &set);
   run_env_t env = {0};
   job_result_t r = {0};
-  if ((rc = run_start(&o, &env, &r)) >= 0) return discard_receipt(&o), rc;
-  double deadline = run_wait(&set, o.grace, &r);
+  if ((rc = run_start(&o, &env, &r)) >= 0) return canary_stop(&canary), rc;
+  double deadline = run_wait(&set, o.grace, &r, &canary);
+  canary_stop(&canary); /* before the teardown, which would count it as the job's */
   gg_proc_receipt_t *receipt = NULL;
   int trc = run_teardown(o.grace, deadline, &receipt);
   run_conclude(&r, receipt);
@@ -813,9 +988,9 @@ static int cmd_run(int argc, char **argv) {
   gg_registry_unregister();
   run_summary(&o, &r, receipt, &env);
   if (trc != 0) fprintf(stderr, "gpuguard run: teardown: %s\n", gg_last_error());
-  int wrc = o.receipt_path ? write_receipt(&o, &r, receipt, &env) : 0;
+  if (o.receipt_path) write_receipt(&o, &r, receipt, &env);
   gg_proc_receipt_free(receipt);
-  return wrc ? wrc : r.exit_code;
+  return r.exit_code;
 }
 
 /* ---- reap --------------------------------------------------------------------------------------------- */
@@ -1201,9 +1376,13 @@ static const command_t commands[] = {
      "                  CUDA allocator (the Python package's startup hook)\n"
      "  -h, --help      this help\n"
      "The runner is a child subreaper, records a session leader in the registry (children inherit\n"
-     "GPUGUARD_SESSION), forwards to CMD every signal that would otherwise end the runner (SIGINT,\n"
-     "SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM, SIGPIPE, SIGXCPU, ...), and exits with CMD's status\n"
-     "(128+N when CMD was ended by signal N); the runner's own signal is in the receipt.\n"},
+     "GPUGUARD_SESSION), takes every signal that would otherwise end the runner (SIGINT, SIGTERM,\n"
+     "SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM, SIGPIPE, SIGXCPU, ...) and sees that CMD gets it once: the\n"
+     "terminal's and those sent to the whole group reach CMD directly, those sent to the runner alone are\n"
+     "passed on. Only SIGTERM, SIGINT, SIGHUP or SIGQUIT not from the terminal start the grace period.\n"
+     "Signals ignored at start (nohup) stay ignored, in CMD too. Exits with CMD's status (128+N when CMD\n"
+     "was ended by signal N), also when the receipt cannot be written; the runner's signal is in the\n"
+     "receipt, which replaces PATH in one rename.\n"},
     {"reap", "[-n|--dry-run] [-y|--yes] [--grace TIME] [--all-users] [--pid PID...]",
      "Ends your stranded workers and the orphans of dead gpuguard sessions.", cmd_reap,
      "  -n, --dry-run  list them, do nothing\n"

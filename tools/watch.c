@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
@@ -318,9 +319,30 @@ typedef struct recorder {
 
 /* Opens path for appending; a new (or empty) file gets the meta record first, an existing timeline is
  * continued (its start and step count kept), so several runs of watch make one timeline. */
+/* A timeline is a regular file: a symbolic link there is not followed (root would append to whatever
+ * it names) and a FIFO or device is refused at once instead of blocking before the first sample. */
+static FILE *record_fopen(const char *path, int flags, const char *mode) {
+  int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
+  if (fd < 0) return errno == ELOOP ? (errno = EINVAL, NULL) : NULL;
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || fcntl(fd, F_SETFL, flags & O_APPEND) != 0) {
+    close(fd);
+    errno = EINVAL;
+    return NULL;
+  }
+  FILE *f = fdopen(fd, mode);
+  if (!f) close(fd);
+  return f;
+}
+
 static int record_open(recorder_t *r, const char *path) {
   *r = (recorder_t){0};
-  FILE *old = fopen(path, "re");
+  FILE *old = record_fopen(path, O_RDONLY, "r");
+  if (!old && errno == EINVAL)
+    return fprintf(stderr,
+                   "gpuguard watch: --record %s: not a regular file (a symbolic link, FIFO or device)\n",
+                   path),
+           1;
   char line[4096];
   if (old) {
     bool first = true;
@@ -332,8 +354,12 @@ static int record_open(recorder_t *r, const char *path) {
     }
     fclose(old);
   }
-  r->f = fopen(path, "ae");
-  if (!r->f) return fprintf(stderr, "gpuguard watch: --record %s: %s\n", path, strerror(errno)), 1;
+  r->f = record_fopen(path, O_WRONLY | O_APPEND | O_CREAT, "a");
+  if (!r->f)
+    return fprintf(stderr, "gpuguard watch: --record %s: %s\n", path,
+                   errno == EINVAL ? "not a regular file (a symbolic link, FIFO or device)"
+                                   : strerror(errno)),
+           1;
   if (r->start <= 0) {
     r->start = gg__clock_ms(CLOCK_REALTIME) / 1e3;
     int n = 0;

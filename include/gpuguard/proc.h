@@ -61,6 +61,11 @@ typedef struct gg_spawn_options {
   int pid_ns_grace_ms;   /**< with a PID namespace: when the program ends, how long the rest of the
                               namespace has after SIGTERM before the kernel kills it (0 to
                               GG_PROC_GRACE_MAX_MS; default 1000). Appended in 0.2, after pid_ns */
+  int keep_ignored;      /**< nonzero: signals this process ignores (SIG_IGN) when the child starts
+                              stay ignored in the child, as exec keeps them (`nohup`), and a PID
+                              namespace's keeper and init neither take nor pass them on. SIGCHLD is
+                              reset all the same. Default 0: every disposition is reset. Appended
+                              in 0.3 */
 } gg_spawn_options_t;
 
 /** Where a spawned child runs (gg_spawn_options_t::pid_ns).
@@ -111,8 +116,9 @@ GG_API void gg_spawn_options_init(gg_spawn_options_t *opts);
 /** Starts a child running argv and records it in guard's set.
  *
  *  The child is forked by the library's long-lived spawn thread, so its death signal is tied to the
- *  process, not to the calling thread. In the child, signal dispositions are reset to the defaults and
- *  the signal mask is emptied before exec. A program name without '/' is looked up in this process's
+ *  process, not to the calling thread. In the child, signal dispositions are reset to the defaults
+ *  (except ignored ones with gg_spawn_options_t::keep_ignored) and the signal mask is emptied before
+ *  exec. A program name without '/' is looked up in this process's
  *  PATH (the `env` option does not change where it is found).
  *  @param guard the owning guard, or NULL for the default set.
  *  @param argv program and arguments, NULL-terminated; argv[0] is the program.

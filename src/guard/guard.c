@@ -2,12 +2,16 @@
  * teardown (cleanups, leak report, context reset and release) on every path: destroy, exit(), signals. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -579,6 +583,44 @@ static void gg__report_render(FILE *f, const gg_guard_t *g, const gg__report_t *
   }
 }
 
+/* A report file is a regular file: a symbolic link is not followed (root appending its report to the
+ * file another user's link names) and a FIFO or device is refused at once (opening a FIFO nobody reads
+ * blocks, and the teardown with it, past any signal). -1 with a message on stderr. */
+static int gg__report_open(const gg_guard_t *g) {
+  int fd = open(g->report.path,
+                O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
+  struct stat st;
+  const char *why = fd < 0 ? strerror(errno) : NULL;
+  if (fd < 0 && errno == ELOOP) why = "a symbolic link (not followed)";
+  if (fd < 0 && errno == ENXIO) why = "a FIFO nobody reads (not a regular file)";
+  if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) why = "not a regular file";
+  if (!why) return fd;
+  if (fd >= 0) close(fd);
+  fprintf(stderr, "gpuguard: guard '%s': cannot open the leak report file '%s': %s\n", g->name,
+          g->report.path, why);
+  return -1;
+}
+
+/* Writes len bytes within about two seconds in all: stdout or stderr may be a pipe nobody reads, and a
+ * teardown must end. After poll says there is room, a write of at most PIPE_BUF bytes does not block. */
+static void gg__report_write(int fd, const char *buf, size_t len) {
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (size_t off = 0; off < len;) {
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long spent = (long)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
+    struct pollfd pf = {.fd = fd, .events = POLLOUT};
+    int ready = spent >= 2000 ? 0 : poll(&pf, 1, (int)(2000 - spent));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0 || (pf.revents & (POLLERR | POLLHUP | POLLNVAL))) return;
+    size_t chunk = len - off < PIPE_BUF ? len - off : PIPE_BUF;
+    ssize_t w = write(fd, buf + off, chunk);
+    if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (w <= 0) return;
+    off += (size_t)w;
+  }
+}
+
 /* Renders into memory first, so the report reaches its destination in one write. */
 static void gg__report_emit(const gg_guard_t *g, gg__report_t *r, enum gg__reason why, int code) {
   if (g->report.dest == GG__TO_NONE || (!g->report.asked && r->count == 0)) return;
@@ -589,22 +631,11 @@ static void gg__report_emit(const gg_guard_t *g, gg__report_t *r, enum gg__reaso
   gg__report_render(m, g, r, why, code);
   fclose(m);
   int fd = g->report.dest == GG__TO_STDOUT ? 1 : 2;
-  bool own = false;
-  if (g->report.dest == GG__TO_FILE) {
-    fd = open(g->report.path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0)
-      fprintf(stderr, "gpuguard: guard '%s': cannot open the leak report file '%s': %s\n", g->name,
-              g->report.path, strerror(errno));
-    own = fd >= 0;
-  }
+  bool own = g->report.dest == GG__TO_FILE;
+  if (own) fd = gg__report_open(g);
   if (g->report.dest == GG__TO_STDOUT) fflush(stdout);
-  for (size_t off = 0; fd >= 0 && off < len;) {
-    ssize_t w = write(fd, buf + off, len - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
-    off += (size_t)w;
-  }
-  if (own) close(fd);
+  if (fd >= 0) gg__report_write(fd, buf, len);
+  if (own && fd >= 0) close(fd);
   free(buf);
 }
 

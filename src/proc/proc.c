@@ -405,11 +405,12 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
     if (src[i] >= 0 && dup2(src[i], i) < 0) gg__child_fail(errfd, GG__STEP_STDIO);
   if (r->opts.close_device_fds) gg__close_fds_matching("/dev/nvidia");
   /* Callers built before pid_ns passed a smaller size: they get the defaults (OFF). */
-  gg__pid_ns_child(r->opts.pid_ns, r->opts.pid_ns_grace_ms, errfd, GG__STEP_PIDNS);
+  gg__pid_ns_child(r->opts.pid_ns, r->opts.pid_ns_grace_ms, r->opts.keep_ignored, errfd, GG__STEP_PIDNS);
   /* The spawn thread blocks every signal and the program may have handlers or ignored signals: the
-   * child starts from the defaults and an empty mask. */
+   * child starts from the defaults and an empty mask (ignored ones kept when asked, as exec would). */
   for (int sig = 1; sig < NSIG; sig++)
-    if (sig != SIGKILL && sig != SIGSTOP) gg__sig_set_default(sig);
+    if (sig != SIGKILL && sig != SIGSTOP && !(r->opts.keep_ignored && sig != SIGCHLD && gg__sig_ignored(sig)))
+      gg__sig_set_default(sig);
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);

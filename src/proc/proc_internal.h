@@ -63,8 +63,11 @@ void gg__proc_set_key_check(gg__proc_key_check_fn fn);
 /* [AS-safe] In a spawned child between fork and exec (proc_ns.c): with mode ON or AUTO, moves the
  * job into a new PID namespace. Returns in the process that is to exec the job (pid 2 of the new
  * namespace, or the child itself when mode is OFF, or AUTO and namespaces are refused); the keeper and
- * the init never return. With ON and namespaces refused, writes {fail_step, errno} to errfd and exits
- * 127, as the caller's other steps do. */
-void gg__pid_ns_child(int mode, int grace_ms, int errfd, int fail_step);
+ * the init never return. keep_ignored: gg_spawn_options_t::keep_ignored. With ON and namespaces refused,
+ * writes {fail_step, errno} to errfd and exits 127, as the caller's other steps do. */
+void gg__pid_ns_child(int mode, int grace_ms, int keep_ignored, int errfd, int fail_step);
+
+/* [AS-safe] Whether sig's disposition in this process is SIG_IGN. */
+bool gg__sig_ignored(int sig);
 
 #endif

@@ -6,10 +6,12 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -137,18 +139,61 @@ size_t gg_proc_job_signals(int *sigs, size_t cap) {
   return n;
 }
 
+bool gg__sig_ignored(int sig) {
+  struct sigaction cur;
+  return sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_IGN;
+}
+
+/* [AS-safe] Starts a process the way tini does: SIGCHLD back to the default, whatever the launcher
+ * left (ignored, it makes the kernel reap our children itself, and waitpid never sees the job end). */
+static void gg__reset_sigchld(void) {
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGCHLD, &dfl, NULL);
+}
+
 /* [AS-safe] The keeper's and the init's set: the job signals, SIGCONT and SIGWINCH (harmless, but the
- * job should see them), and SIGCHLD (read with the rest). */
-static void gg__forwarded(sigset_t *set) {
+ * job should see them), and SIGCHLD (read with the rest). With keep_ignored, a signal ignored now stays
+ * out: ignored, it can end neither, and the job ignores it too. */
+static void gg__forwarded(sigset_t *set, int keep_ignored) {
   sigemptyset(set);
   for (size_t i = 0; i < sizeof gg__job_sigs / sizeof gg__job_sigs[0]; i++) sigaddset(set, gg__job_sigs[i]);
   for (int sig = SIGRTMIN; sig <= SIGRTMAX; sig++) sigaddset(set, sig);
   sigaddset(set, SIGCONT);
   sigaddset(set, SIGWINCH);
+  for (int sig = 1; keep_ignored && sig < NSIG; sig++)
+    if (sigismember(set, sig) == 1 && gg__sig_ignored(sig)) sigdelset(set, sig);
   sigaddset(set, SIGCHLD);
 }
 
-static int gg__wait_for(pid_t who, int *status, const sigset_t *set, pid_t forward_to, bool reap_all,
+/* Who passes what on. The keeper, the init and the job share a process group (and a control group),
+ * so whatever the terminal sends to its foreground group (Ctrl-C, a hangup, a resize), and whatever is
+ * sent to the whole group or control group (a shell's SIGHUP to its jobs, systemd's stop, Slurm), has
+ * reached the job already: passed on too, the job would get it two or three times. So the keeper
+ * passes on only what its parent (the caller of gg_proc_spawn) sends it, and the init only what the
+ * keeper passes on, which it tells by the token the keeper queues with each signal. */
+typedef struct gg__relay {
+  pid_t from; /* keeper: the parent whose signals count; 0 for the init */
+  pid_t to;   /* where they go; 0: nowhere */
+  int token;  /* queued with each (keeper) or expected with each (init) */
+} gg__relay_t;
+
+static void gg__relay(const gg__relay_t *r, int sig, const siginfo_t *si) {
+  if (!r || !r->to || sig == SIGCHLD) return;
+  if (r->from) {
+    bool sent = si->si_code == SI_USER || si->si_code == SI_QUEUE || si->si_code == SI_TKILL;
+    if (!sent || si->si_pid != r->from) return;
+    union sigval v;
+    v.sival_int = r->token;
+    sigqueue(r->to, sig, v);
+    return;
+  }
+  if (si->si_code == SI_QUEUE && si->si_value.sival_int == r->token) kill(r->to, sig);
+}
+
+static int gg__wait_for(pid_t who, int *status, const sigset_t *set, const gg__relay_t *relay, bool reap_all,
                         int timeout_ms) {
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -167,14 +212,14 @@ static int gg__wait_for(pid_t who, int *status, const sigset_t *set, pid_t forwa
       if (spent >= timeout_ms) return -1;
     }
     int sig = sigtimedwait(set, &si, &wait);
-    if (sig > 0 && sig != SIGCHLD && forward_to) kill(forward_to, sig);
+    if (sig > 0) gg__relay(relay, sig, &si);
   }
 }
 
 /* The init (pid 1 of the namespace): runs the job as pid 2, passes signals on, reaps every orphan of the
  * namespace, and when the job ends gives the rest grace_ms after SIGTERM before it exits itself — at
  * which point the kernel kills whatever is left. The job's wait status goes to the keeper. */
-static void gg__init(int alive_fd, int status_fd, int errfd, const sigset_t *set, int grace_ms) {
+static void gg__init(int alive_fd, int status_fd, int errfd, const sigset_t *set, int grace_ms, int token) {
   /* Dies with the keeper. It may have died before the arming: its end of alive_fd says so. */
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) _exit(127);
   struct pollfd pf = {.fd = alive_fd, .events = POLLIN};
@@ -189,45 +234,23 @@ static void gg__init(int alive_fd, int status_fd, int errfd, const sigset_t *set
   }
   close(errfd); /* only the job's exec may close the last copy: the spawner waits for that */
   int st = 127 << 8;
-  gg__wait_for(job, &st, set, job, true, -1);
+  gg__relay_t relay = {.from = 0, .to = job, .token = token};
+  gg__wait_for(job, &st, set, &relay, true, -1);
   kill(-1, SIGTERM); /* from a namespace's init: every other process of the namespace */
   int ignored;
-  gg__wait_for(0, &ignored, set, 0, true, grace_ms);
+  gg__wait_for(0, &ignored, set, NULL, true, grace_ms);
   ssize_t w = write(status_fd, &st, sizeof st);
   (void)w;
   _exit(0);
 }
 
-void gg__pid_ns_child(int mode, int grace_ms, int errfd, int fail_step) {
-  if (mode == GG_SPAWN_PID_NS_OFF) return;
-  int how = gg__enter(NULL);
-  if (how < 0) {
-    if (mode == GG_SPAWN_PID_NS_AUTO) return; /* today's design: the caller said so once already */
-    int msg[2] = {fail_step, errno};
-    ssize_t w = write(errfd, msg, sizeof msg);
-    (void)w;
-    _exit(127);
-  }
-  sigset_t set;
-  gg__forwarded(&set);
-  sigprocmask(SIG_BLOCK, &set, NULL);
-  int alive[2], status[2];
-  if (pipe2(alive, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0) _exit(127);
-  pid_t init = fork();
-  if (init < 0) _exit(127);
-  if (init == 0) {
-    close(alive[1]), close(status[0]);
-    gg__init(alive[0], status[1], errfd, &set, grace_ms);
-    sigprocmask(SIG_UNBLOCK, &set, NULL); /* the job: the caller resets every disposition too */
-    return;
-  }
-  /* The keeper, in our namespace: the process the caller tracks. It passes signals on to the init,
-   * exits as the job did, and its death (PR_SET_PDEATHSIG when the caller dies) ends the namespace. */
-  close(errfd), close(alive[0]), close(status[1]);
-  int st = 127 << 8, job_st = 127 << 8;
-  gg__wait_for(init, &st, &set, init, false, -1);
-  if (read(status[0], &job_st, sizeof job_st) != (ssize_t)sizeof job_st) job_st = st;
+/* [AS-safe] The keeper ends as the job did. A job's core-dumping signal re-raised here would dump the
+ * keeper's core over the job's (and a second crash report): not dumpable, no core limit, first. */
+static void gg__keeper_exit(int job_st) {
   if (WIFSIGNALED(job_st)) {
+    struct rlimit none = {0, 0};
+    setrlimit(RLIMIT_CORE, &none);
+    prctl(PR_SET_DUMPABLE, 0);
     signal(WTERMSIG(job_st), SIG_DFL);
     sigset_t one;
     sigemptyset(&one);
@@ -236,4 +259,43 @@ void gg__pid_ns_child(int mode, int grace_ms, int errfd, int fail_step) {
     raise(WTERMSIG(job_st));
   }
   _exit(WIFEXITED(job_st) ? WEXITSTATUS(job_st) : 127);
+}
+
+void gg__pid_ns_child(int mode, int grace_ms, int keep_ignored, int errfd, int fail_step) {
+  if (mode == GG_SPAWN_PID_NS_OFF) return;
+  pid_t parent = getppid();
+  int how = gg__enter(NULL);
+  if (how < 0) {
+    if (mode == GG_SPAWN_PID_NS_AUTO) return; /* today's design: the caller said so once already */
+    int msg[2] = {fail_step, errno};
+    ssize_t w = write(errfd, msg, sizeof msg);
+    (void)w;
+    _exit(127);
+  }
+  gg__reset_sigchld();
+  sigset_t set;
+  gg__forwarded(&set, keep_ignored);
+  sigprocmask(SIG_BLOCK, &set, NULL);
+  int alive[2], status[2];
+  if (pipe2(alive, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0) _exit(127);
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  int token = (int)((unsigned)now.tv_nsec ^ ((unsigned)getpid() << 16)) | 1;
+  pid_t init = fork();
+  if (init < 0) _exit(127);
+  if (init == 0) {
+    close(alive[1]), close(status[0]);
+    gg__init(alive[0], status[1], errfd, &set, grace_ms, token);
+    sigprocmask(SIG_UNBLOCK, &set, NULL); /* the job: the caller resets every disposition too */
+    return;
+  }
+  /* The keeper, in our namespace: the process the caller tracks. It passes its parent's signals on to
+   * the init, exits as the job did, and its death (PR_SET_PDEATHSIG when the caller dies) ends the
+   * namespace. */
+  close(errfd), close(alive[0]), close(status[1]);
+  int st = 127 << 8, job_st = 127 << 8;
+  gg__relay_t relay = {.from = parent, .to = init, .token = token};
+  gg__wait_for(init, &st, &set, &relay, false, -1);
+  if (read(status[0], &job_st, sizeof job_st) != (ssize_t)sizeof job_st) job_st = st;
+  gg__keeper_exit(job_st);
 }

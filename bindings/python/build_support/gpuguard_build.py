@@ -20,7 +20,7 @@ from scikit_build_core.build import (build_editable, build_wheel, get_requires_f
 
 # What the wheel's build reads, relative to the repository root (CMakeLists.txt guards the rest).
 _ROOT_ITEMS = ["CMakeLists.txt", "LICENSE", "cmake", "include", "src", "tools"]
-_PACKAGE_ITEMS = ["README.md", "build_support", "gpuguard"]
+_PACKAGE_ITEMS = ["README.md", "build_support", "gpuguard", "gpuguard_torch.pth"]
 
 
 def _root_and_package() -> "tuple[str, str]":

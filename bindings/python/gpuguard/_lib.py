@@ -141,7 +141,7 @@ class SpawnOptions(Structure):
     _fields_ = [("size", c_size_t), ("new_process_group", c_int), ("env", POINTER(c_char_p)),
                 ("stdin_fd", c_int), ("stdout_fd", c_int), ("stderr_fd", c_int), ("cwd", c_char_p),
                 ("death_signal", c_int), ("close_device_fds", c_int), ("pid_ns", c_int),
-                ("pid_ns_grace_ms", c_int)]
+                ("pid_ns_grace_ms", c_int), ("keep_ignored", c_int)]
 
 
 class SessionRecord(Structure):
@@ -303,8 +303,12 @@ def raise_for(rc: int) -> None:
 
 
 def enc(s: Optional[str]) -> Optional[bytes]:
-    """str → bytes for char* arguments (None stays NULL)."""
-    return None if s is None else s.encode()
+    """str → bytes for char* arguments (None stays NULL); TypeError for anything else."""
+    if s is None:
+        return None
+    if not isinstance(s, str):
+        raise TypeError(f"gpuguard: a str or None expected, not {type(s).__name__}")
+    return s.encode(errors="surrogateescape")
 
 
 def version() -> str:

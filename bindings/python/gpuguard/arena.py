@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import threading
 import weakref
@@ -10,7 +11,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from . import _lib
 from ._lib import C, RAW, ArenaOptions, ArenaStats, BlockInfo, Scope as _CScope, StatsBuffer, enc, raise_for
-from .errors import GG_ESTATE, INT_MAX, SIZE_MAX, StateError, check_int
+from .errors import GG_ESTATE, INT_MAX, SIZE_MAX, StateError, check_int, check_str
 
 NO_STREAM = 0x1
 """Flag: do not track a stream; released memory is reusable at once."""
@@ -24,6 +25,19 @@ _STATS_FIELDS = [name for name, _ in ArenaStats._fields_ if name != "reserved_"]
 _gg_alloc_ex, _gg_free = RAW.gg_alloc_ex, RAW.gg_free
 _outs: List[Any] = []
 _new_allocation = object.__new__
+_generation = itertools.count(1)
+
+
+def _addr(call: str, block: Any) -> int:
+    """A device address from an Allocation or an int, range-checked (ctypes would wrap 2**64 + p to p)."""
+    if type(block) is Allocation:
+        return block.ptr
+    return check_int(call, "address", block, 0, SIZE_MAX)
+
+
+def _freed(arena: "Arena", ptr: int) -> None:
+    """The block at ptr is gone: holders() must not list its Allocation any more."""
+    arena._gens.pop(ptr, None)
 
 
 def _destroy(handle: int, owner_pid: int) -> None:
@@ -40,10 +54,10 @@ class Allocation:
     for, ``tag`` the label given (or None). ``free()`` releases it; so does the end of the scope it was
     allocated in."""
 
-    __slots__ = ("ptr", "size", "tag", "_arena")
+    __slots__ = ("ptr", "size", "tag", "_arena", "_gen")
 
     def __init__(self, arena: "Arena", ptr: int, size: int, tag: Optional[str]) -> None:
-        self.ptr, self.size, self.tag, self._arena = ptr, size, tag, arena
+        self.ptr, self.size, self.tag, self._arena, self._gen = ptr, size, tag, arena, 0
 
     def free(self) -> None:
         """Releases the block (GG_EINVAL → InvalidArgumentError when it was released already)."""
@@ -53,6 +67,7 @@ class Allocation:
         rc = _gg_free(h, self.ptr)
         if rc < 0:
             raise_for(rc)
+        _freed(self._arena, self.ptr)
 
     def __int__(self) -> int:
         return self.ptr
@@ -66,26 +81,34 @@ class ArenaScope:
     also when an exception (KeyboardInterrupt included) leaves the ``with`` block; the exception then
     propagates unchanged."""
 
-    __slots__ = ("_arena", "_scope", "_open")
+    __slots__ = ("_arena", "_scope", "_open", "_used")
 
     def __init__(self, arena: "Arena") -> None:
+        if not isinstance(arena, Arena):
+            raise TypeError(f"gpuguard.ArenaScope: an Arena expected, not {type(arena).__name__}")
         self._arena = arena
         self._scope = _CScope()
         self._open = False
+        self._used = False
 
     def __enter__(self) -> "ArenaScope":
+        # One C scope per object: entering it again would overwrite the open one, and its blocks would
+        # never be released. Use arena.scope() for each (nested) scope.
+        if self._open or self._used:
+            raise StateError("gpuguard.ArenaScope: this scope was entered already; use arena.scope() for "
+                             "each scope", GG_ESTATE, "GG_ESTATE")
         rc = RAW.gg_scope_begin(self._arena._handle(), self._scope)
         if rc < 0:
             raise_for(rc)
-        self._open = True
+        self._open = self._used = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._open:
-            self._open = False
             rc = RAW.gg_scope_end(self._scope)
-            if rc < 0:
+            if rc < 0:  # still open: a retry ends it once the cause is gone
                 raise_for(rc)
+            self._open = False  # ended: only now
 
 
 class Arena:
@@ -103,6 +126,10 @@ class Arena:
                  name: Optional[str] = None) -> None:
         call = "gpuguard.Arena"
         check_int(call, "device", device, 0, INT_MAX)
+        check_str(call, "backend", backend)
+        check_str(call, "name", name)
+        if stream is not None:
+            check_int(call, "stream", stream, 0, SIZE_MAX)
         check_int(call, "capacity", capacity or 0, 0, SIZE_MAX)
         check_int(call, "chunk_size", chunk_size or 0, 0, SIZE_MAX)
         check_int(call, "flags", flags, 0, (1 << 32) - 1)
@@ -125,6 +152,10 @@ class Arena:
         """The GG_ARENA_* flags it was created with."""
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        # The generation of the Allocation that owns each address, set by alloc and dropped by free:
+        # holders() lists an Allocation only while the arena has its block and the generation is its own
+        # (a block freed by its scope's end, whose address a new block reuses, is not it).
+        self._gens: Dict[int, int] = {}
         self._finalizer = weakref.finalize(self, _destroy, h.value, os.getpid())
 
     def _handle(self) -> int:
@@ -170,9 +201,11 @@ class Arena:
         h = self._h
         if h is None:
             self._handle()  # raises StateError
-        if not (0 <= size <= SIZE_MAX and 0 <= align <= SIZE_MAX):  # ctypes would wrap it silently
-            check_int("gpuguard.Arena.alloc", "size", size, 0, SIZE_MAX)
+        if type(size) is not int or type(align) is not int or not (0 <= size <= SIZE_MAX and 0 <= align <= SIZE_MAX):
+            check_int("gpuguard.Arena.alloc", "size", size, 0, SIZE_MAX)  # ctypes would wrap it silently
             check_int("gpuguard.Arena.alloc", "align", align, 0, SIZE_MAX)
+        if tag is not None and type(tag) is not str:
+            check_str("gpuguard.Arena.alloc", "tag", tag)
         try:  # a reusable out-pointer: making one per call costs more than the C call it serves
             out = _outs.pop()
         except IndexError:
@@ -185,6 +218,7 @@ class Arena:
             raise_for(rc)
         a = _new_allocation(Allocation)
         a.ptr, a.size, a.tag, a._arena = ptr, size, tag, self
+        a._gen = self._gens[ptr] = next(_generation)
         return a
 
     def free(self, block: Union[Allocation, int]) -> None:
@@ -192,9 +226,11 @@ class Arena:
         h = self._h
         if h is None:
             self._handle()  # raises StateError
-        rc = _gg_free(h, block.ptr if type(block) is Allocation else int(block))
+        ptr = _addr("gpuguard.Arena.free", block)
+        rc = _gg_free(h, ptr)
         if rc < 0:
             raise_for(rc)
+        _freed(self, ptr)
 
     def scope(self) -> ArenaScope:
         """A scope, for ``with``: blocks allocated inside are released when it ends."""
@@ -202,6 +238,7 @@ class Arena:
 
     def trim(self, keep: int = 0) -> None:
         """Unmaps wholly free memory beyond ``keep`` bytes and gives it back to the driver."""
+        check_int("gpuguard.Arena.trim", "keep", keep, 0, SIZE_MAX)
         C.gg_arena_trim(self._handle(), keep)
 
     def stats(self) -> Dict[str, Any]:
@@ -225,15 +262,27 @@ class Arena:
 
     def write(self, dst: Union[Allocation, int], data: bytes) -> None:
         """Copies host bytes into device memory of this arena (synchronous)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"gpuguard.Arena.write: data must be bytes, not {type(data).__name__}")
+        data = bytes(data)
+        ptr = _addr("gpuguard.Arena.write", dst)
         buf = ctypes.create_string_buffer(data, len(data))
-        C.gg_arena_copy_to_device(self._handle(), int(dst), buf, len(data))
+        C.gg_arena_copy_to_device(self._handle(), ptr, buf, len(data))
 
     def read(self, src: Union[Allocation, int], n: int) -> bytes:
         """Copies n bytes of this arena's device memory to the host (synchronous)."""
+        ptr = _addr("gpuguard.Arena.read", src)
+        h = self._handle()
+        # No larger than the arena's reservation: a bigger read cannot succeed, and the host buffer
+        # would be allocated first.
+        check_int("gpuguard.Arena.read", "n", n, 0, self.stats()["bytes_reserved"])
         buf = ctypes.create_string_buffer(n)
-        C.gg_arena_copy_from_device(self._handle(), buf, int(src), n)
+        C.gg_arena_copy_from_device(h, buf, ptr, n)
         return buf.raw
 
     def fill(self, dst: Union[Allocation, int], value: int, n: int) -> None:
         """Sets n bytes of this arena's device memory to value (synchronous)."""
-        C.gg_arena_memset(self._handle(), int(dst), value, n)
+        ptr = _addr("gpuguard.Arena.fill", dst)
+        check_int("gpuguard.Arena.fill", "value", value, 0, 255)
+        check_int("gpuguard.Arena.fill", "n", n, 0, SIZE_MAX)
+        C.gg_arena_memset(self._handle(), ptr, value, n)

@@ -112,15 +112,38 @@ SIZE_MAX = (1 << 64) - 1
 INT_MAX = (1 << 31) - 1
 
 
+class _ArgumentTypeError(InvalidArgumentError, TypeError):
+    """A value of the wrong type where C wants an int: both InvalidArgumentError and TypeError."""
+
+
 def check_int(call: str, name: str, value: object, lo: int, hi: int) -> int:
     """``value`` as an int in [lo, hi], or InvalidArgumentError naming the call and argument: ctypes would
-    wrap an out-of-range Python int silently (2**64 + 100 becoming 100) where C's range ends."""
+    wrap an out-of-range Python int silently (2**64 + 100 becoming 100) where C's range ends. A value
+    that is no int (bool included) raises one that is a TypeError too."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"{call}: {name} must be an int, not {type(value).__name__}", GG_EINVAL,
-                                   "GG_EINVAL")
+        raise _ArgumentTypeError(f"{call}: {name} must be an int, not {type(value).__name__}", GG_EINVAL,
+                                 "GG_EINVAL")
     if not lo <= value <= hi:
         raise InvalidArgumentError(f"{call}: {name} {value} is out of range ({lo}..{hi})", GG_EINVAL, "GG_EINVAL")
     return value
+
+
+def check_interval(call: str, value: object) -> float:
+    """A sampling interval in seconds: from 0.001 to 86400 (as `gpuguard watch` takes), else ValueError
+    (TypeError for a value that is no number). Zero, a negative or NaN interval would sample in a busy
+    loop; one beyond what a thread can wait would end the sampling thread."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{call}: interval must be a number of seconds, not {type(value).__name__}")
+    v = float(value)
+    if not (0.001 <= v <= 86400):
+        raise ValueError(f"{call}: interval {value!r} must be a number of seconds from 0.001 to 86400")
+    return v
+
+
+def check_str(call: str, name: str, value: object) -> None:
+    """None or a str, else TypeError naming the argument."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{call}: {name} must be a str or None, not {type(value).__name__}")
 
 
 def check_no_nul(call: str, name: str, value: bytes) -> bytes:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from . import _lib
 from ._lib import C, CLEANUP_FN, GuardOptions, enc
-from .errors import GG_ESTATE, GpuGuardError, StateError
+from .errors import GG_ESTATE, INT_MAX, GpuGuardError, StateError, check_int, check_str
 
 SIGINT = 0x001
 """Handle SIGINT (GG_GUARD_SIGINT). Not in the default set: Python turns SIGINT into KeyboardInterrupt."""
@@ -77,6 +77,13 @@ class Guard:
                  reset_context: bool = False) -> None:
         if signals is None:
             signals = DEFAULT_SIGNALS | (SIGINT if handle_sigint else 0)
+        call = "gpuguard.Guard"
+        check_int(call, "device", device, 0, INT_MAX)
+        check_int(call, "signals", signals, 0, (1 << 32) - 1)
+        check_int(call, "teardown_timeout_ms", teardown_timeout_ms, 0, INT_MAX)
+        check_int(call, "child_grace_ms", child_grace_ms, 0, INT_MAX)
+        for label, text in (("backend", backend), ("leak_report", leak_report), ("name", name)):
+            check_str(call, label, text)
         opts = GuardOptions()
         C.gg_guard_options_init(byref(opts))
         keep = (enc(backend), enc(leak_report), enc(name))  # must outlive the create call
@@ -91,6 +98,8 @@ class Guard:
         self.device = device
         self.signals = signals
         self.run_at_exit = run_at_exit
+        self.teardown_timeout_ms = teardown_timeout_ms
+        """The longest its teardown at interpreter exit (or on a signal) may take; 0: no limit."""
         self._lock = threading.Lock()
         # id -> the CFUNCTYPE object: the C library holds a raw pointer to it until the guard is freed.
         self._callbacks: Dict[int, Any] = {}
@@ -118,7 +127,12 @@ class Guard:
         """Registers ``fn()`` to run once at teardown (LIFO). An exception inside it is printed to stderr
         and the teardown goes on; it never propagates into the library. On a signal path it runs on the
         library's guard thread. Returns an id for ``cancel()``."""
+        if not callable(fn):
+            raise TypeError(f"gpuguard.Guard.on_teardown: fn must be callable, not {type(fn).__name__}")
+        check_str("gpuguard.Guard.on_teardown", "name", name)
         label = name or getattr(fn, "__qualname__", None) or "cleanup"
+        if not isinstance(label, str):
+            label = "cleanup"
 
         def call(_user: Any) -> None:
             try:
@@ -135,6 +149,7 @@ class Guard:
 
     def cancel(self, ident: int) -> None:
         """Cancels a registration: its cleanup will not run (NotFoundError when it is not registered)."""
+        check_int("gpuguard.Guard.cancel", "ident", ident, 0, (1 << 64) - 1)
         C.gg_guard_cancel(self._handle(), ident)
         with self._lock:
             self._callbacks.pop(ident, None)
@@ -181,7 +196,26 @@ def _teardown_at_exit() -> None:
     for g in guards:
         if g is None or g.closed or g._pid != os.getpid() or not g.run_at_exit:
             continue
+        # Bounded as on the signal and exit() paths: a cleanup that never returns must not keep the
+        # process alive after the script ended. Past the limit the process ends (status 1).
+        limit = g.teardown_timeout_ms / 1000.0
+        timer = threading.Timer(limit, _exit_overdue, (g, limit)) if limit > 0 else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
         try:
             g.close()
         except Exception as e:
             sys.stderr.write(f"gpuguard: teardown at exit: {e}\n")
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+
+def _exit_overdue(g: Guard, limit: float) -> None:
+    try:
+        sys.stderr.write(f"gpuguard: the teardown at exit of {g!r} took more than teardown_timeout_ms "
+                         f"({limit * 1000:.0f} ms): ending the process\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(1)

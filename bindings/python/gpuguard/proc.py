@@ -16,6 +16,8 @@ PathLike = Union[str, bytes, "os.PathLike[str]"]
 
 def _guard_handle(guard: Optional[Guard]) -> Optional[int]:
     """None means this process's default set (no guard tears it down: call teardown() yourself)."""
+    if guard is not None and not isinstance(guard, Guard):
+        raise TypeError(f"gpuguard: guard must be a Guard or None, not {type(guard).__name__}")
     return None if guard is None else guard._handle()
 
 
@@ -38,8 +40,18 @@ def spawn(argv: Sequence[PathLike], guard: Optional[Guard] = None, env: Optional
     returned is then the namespace's keeper (see gg_spawn_pid_ns_t); ``pid_ns_probe()`` says whether
     the system allows one.
     Raises NotFoundError for a missing program, PermissionError when it may not run."""
-    from .errors import check_no_nul
-    args = [check_no_nul("gpuguard.spawn", "argument", _b(a)) for a in argv]
+    from .errors import INT_MAX, check_int, check_no_nul
+    call = "gpuguard.spawn"
+    if isinstance(argv, (str, bytes)) or not hasattr(argv, "__iter__"):
+        raise TypeError(f"{call}: argv must be a list of str, bytes or paths, not {type(argv).__name__}")
+    for name, fd in (("stdin", stdin), ("stdout", stdout), ("stderr", stderr)):
+        if fd is not None:
+            check_int(call, name, fd, 0, INT_MAX)
+    if not isinstance(pid_ns, str):
+        raise TypeError(f"{call}: pid_ns must be 'off', 'auto' or 'on', not {type(pid_ns).__name__}")
+    if env is not None and not isinstance(env, Mapping):
+        raise TypeError(f"{call}: env must be a mapping of str to str, not {type(env).__name__}")
+    args = [check_no_nul(call, "argument", _b(a)) for a in argv]
     if not args:
         from .errors import GG_EINVAL, InvalidArgumentError
         raise InvalidArgumentError("gpuguard.spawn: argv is empty", GG_EINVAL, "GG_EINVAL")
@@ -81,6 +93,10 @@ def adopt(pid: int, guard: Optional[Guard] = None, start_time: Optional[int] = N
     teardown ends it. With ``start_time`` (clock ticks after boot, as ``processes()``/``orphans()`` report
     it) the pid is adopted only if it still names that process: NotFoundError otherwise, so a reused pid is
     never signalled. Adopted processes get no death signal: use ``set_subreaper`` or ``arm_child``."""
+    from .errors import INT_MAX, check_int
+    check_int("gpuguard.adopt", "pid", pid, 1, INT_MAX)  # pid_t: 2**32 + pid would adopt pid
+    if start_time is not None:
+        check_int("gpuguard.adopt", "start_time", start_time, 0, (1 << 64) - 1)
     C.gg_proc_adopt_ex(_guard_handle(guard), pid, start_time or 0)
 
 
@@ -92,6 +108,8 @@ def teardown(guard: Optional[Guard] = None, grace_ms: int = 2000) -> Dict[str, A
     receipt = c_void_p()
     from .errors import INT_MAX, check_int
     check_int("gpuguard.teardown", "grace_ms", grace_ms, 0, INT_MAX)
+    if guard is not None and not isinstance(guard, Guard):
+        raise TypeError(f"gpuguard.teardown: guard must be a Guard or None, not {type(guard).__name__}")
     rc = C.gg_proc_teardown_ex(_guard_handle(guard), grace_ms, byref(receipt))
     out: Dict[str, Any] = {}
     if receipt.value:
@@ -131,7 +149,7 @@ def arm_worker() -> int:
 def set_subreaper(on: bool = True) -> None:
     """Makes this process a child subreaper (or stops): orphaned descendants become our children, and a
     teardown ends them with the rest."""
-    C.gg_proc_set_subreaper(int(on))
+    C.gg_proc_set_subreaper(1 if on else 0)
 
 
 def close_device_fds() -> int:

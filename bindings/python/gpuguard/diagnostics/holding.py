@@ -100,6 +100,9 @@ def _kind(o: Any) -> Optional[str]:
 
 # ---- what a buffer is ------------------------------------------------------------------------------
 
+_block_live: Dict[int, set] = {}  # per scan: the addresses each arena holds a block at, by id(arena)
+
+
 def _describe(o: Any, kind: str) -> Optional[Dict[str, Any]]:
     """The buffer ``o`` lives in, as {key, bytes, device, kind, shape, dtype}; None when it is not device
     memory (a CPU tensor) or cannot be read."""
@@ -137,6 +140,13 @@ def _describe(o: Any, kind: str) -> Optional[Dict[str, Any]]:
             arena = o._arena
             if arena._h is None:
                 return None
+            # Freed (free(), or the end of its scope) it is no buffer: the arena must hold a block at its
+            # address, and the block must be this Allocation's, not a newer one at a reused address.
+            live = _block_live.get(id(arena))
+            if live is None:
+                live = _block_live[id(arena)] = {b["ptr"] for b in arena.blocks()}
+            if o.ptr not in live or arena._gens.get(o.ptr) != getattr(o, "_gen", None):
+                return None
             dev = f"{arena.backend}:{arena.device}"
             return {"key": (dev, o.ptr), "bytes": o.size, "device": dev, "kind": _BLOCK,
                     "shape": None, "dtype": o.tag}
@@ -150,6 +160,7 @@ def _scan() -> Tuple[Dict[Tuple[str, int], Dict[str, Any]], int]:
     number of objects scanned: one pass over the garbage collector's objects, then over the autograd
     graphs of the tensors found (PyTorch keeps a saved tensor's buffer in C++ with no Python object:
     only its graph leads to it)."""
+    _block_live.clear()
     objs = gc.get_objects()
     scanned = len(objs)
     groups: Dict[Tuple[str, int], Dict[str, Any]] = {}

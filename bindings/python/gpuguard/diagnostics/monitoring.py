@@ -29,6 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from .. import _lib
+from ..errors import INT_MAX, check_int, check_interval
+from ..guard import Guard
 from .holding import format_bytes
 
 __all__ = ["monitor", "Monitor", "report"]
@@ -171,7 +173,10 @@ class Monitor:
 
     def __init__(self, interval: float = 5.0, to: Union[Sink, Sequence[Sink], None] = None, device: int = 0,
                  guard: Any = None, processes: bool = True) -> None:
-        self.interval = float(interval)
+        self.interval = check_interval("gpuguard.monitor", interval)  # 0, negative, NaN: a busy loop
+        check_int("gpuguard.monitor", "device", device, 0, INT_MAX)
+        if guard is not None and not isinstance(guard, Guard):
+            raise TypeError(f"gpuguard.monitor: guard must be a Guard or None, not {type(guard).__name__}")
         self.device = device
         self.what = 0x7 if processes else 0x5
         self.samples = 0
@@ -185,8 +190,13 @@ class Monitor:
         self._sinks: List[Callable[[Dict[str, Any], str], None]] = []
         self._closers: List[Callable[[], None]] = []
         self._prom_wanted = False
-        for sink in (to if isinstance(to, (list, tuple)) else [to] if to is not None else []):
-            self._add(sink)
+        try:
+            for sink in (to if isinstance(to, (list, tuple)) else [to] if to is not None else []):
+                self._add(sink)
+        except BaseException:  # a bad sink after good ones: close what was opened, leak nothing
+            for close in self._closers:
+                close()
+            raise
         self._guard_id = guard.on_teardown(self.stop, name="gpuguard.monitor") if guard is not None else None
         self._guard = guard
         self._thread = threading.Thread(target=self._run, name="gpuguard-monitor", daemon=True)

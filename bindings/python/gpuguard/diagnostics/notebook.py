@@ -25,6 +25,7 @@ import sys
 import threading
 from typing import Any, Dict, Optional
 
+from ..errors import check_interval
 from . import _memread
 from .holding import format_bytes, holders
 
@@ -171,6 +172,8 @@ class _Extension:
     # ---- %gpuguard ---------------------------------------------------------------------------------
 
     def magic(self, line: str) -> Any:
+        if not isinstance(line, str):
+            raise TypeError(f"%gpuguard: a line of text expected, not {type(line).__name__}")
         words = line.split()
         cmd = words[0] if words else ""
         if cmd == "holders":
@@ -199,7 +202,12 @@ class _Extension:
             if arg == "off":
                 self.watch_interval = None
             else:
-                self.watch_interval = float(words[2] if len(words) > 2 else (arg if arg != "on" else 1.0))
+                text = words[2] if len(words) > 2 else (arg if arg != "on" else "1")
+                try:
+                    value = float(text)
+                except ValueError:
+                    raise ValueError(f"%gpuguard watch {text}: a number of seconds expected") from None
+                self.watch_interval = check_interval("%gpuguard watch", value)
             print(f"gpuguard watch: {'off' if self.watch_interval is None else f'every {self.watch_interval:g} s during each cell'}")
             return None
         if cmd == "threshold":

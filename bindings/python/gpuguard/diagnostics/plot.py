@@ -14,6 +14,7 @@ import html
 import math
 import os
 import sys
+import tempfile
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .holding import format_bytes
@@ -47,6 +48,28 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _num(v: Any) -> str:
+    """A step or time from the file, as page text: numbers only (the page promises no script; a file may
+    carry anything). Anything else shows as "?"."""
+    return _fmt(v) if _is_num(v) else "?"
+
+
+def _numbers_only(data: Dict[str, Any]) -> Dict[str, Any]:
+    """The timeline with every value that is drawn or printed a number: samples whose t or step is not
+    one, and series values that are not, are left out."""
+    def placed(r: Any) -> bool:
+        return isinstance(r, dict) and all(_is_num(r[k]) for k in ("t", "step") if k in r and r[k] is not None)
+
+    samples = [{k: v for k, v in s.items() if k in ("type", "t", "step") or v is None or _is_num(v)}
+               for s in data.get("samples", []) if placed(s)]
+    return dict(data, samples=samples, marks=[m for m in data.get("marks", []) if placed(m)],
+                holders=[h for h in data.get("holders", []) if placed(h)])
+
+
 def _series_names(data: Dict[str, Any]) -> List[str]:
     """The series with at least one value (a series may join after the start: PyTorch's counters once
     it initialises CUDA), in a fixed order."""
@@ -64,6 +87,7 @@ def _text_at(x: float, right: float) -> Tuple[float, str]:
 
 def render_svg(data: Dict[str, Any], x: str = "t") -> str:
     """The chart alone, as an SVG document (``x``: "t" for seconds, "step" for steps)."""
+    data = _numbers_only(data)
     samples = data["samples"]
     names = _series_names(data)
     xs = [float(s.get(x) or 0) for s in samples] or [0.0]
@@ -164,7 +188,7 @@ def _holders_table(recs: Sequence[Dict[str, Any]]) -> str:
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
             format_bytes(r.get("bytes")), r.get("device", ""), what, r.get("via", ""))) +
             f"<td><code>{html.escape(r.get('chain', ''))}</code></td></tr>")
-    return (f"<h2>Top holders at the peak</h2><p class=note>At step {h.get('step')} (t = {h.get('t')} s), "
+    return (f"<h2>Top holders at the peak</h2><p class=note>At step {_num(h.get('step'))} (t = {_num(h.get('t'))} s), "
             f"{format_bytes(h.get('in_use'))} in use; the buffers below held {format_bytes(h.get('total_bytes'))} "
             "in all.</p><table><tr><th>size</th><th>device</th><th>what</th><th>via</th><th>held by</th></tr>"
             + "".join(rows) + "</table>")
@@ -172,9 +196,10 @@ def _holders_table(recs: Sequence[Dict[str, Any]]) -> str:
 
 def render_html(data: Dict[str, Any], x: str = "t", title: Optional[str] = None) -> str:
     """The whole page: a summary, the chart, the marks and the holders at the peak."""
+    data = _numbers_only(data)
     samples = data["samples"]
     meta = data.get("meta", {})
-    title = title or meta.get("name") or "GPU memory timeline"
+    title = str(title or meta.get("name") or "GPU memory timeline")
     names = _series_names(data)
     peaks = ", ".join(f"{_NAMES.get(n, n)} {format_bytes(max(s[n] for s in samples if s.get(n) is not None))}"
                       for n in names)
@@ -183,7 +208,7 @@ def render_html(data: Dict[str, Any], x: str = "t", title: Optional[str] = None)
     rounds = [m for m in data.get("marks", []) if m.get("kind") == "round"]
     summary = (f"{len(samples)} samples over {dur:.1f} s, {len(rounds)} round boundaries, "
                f"{len(ooms)} out-of-memory error{'s' if len(ooms) != 1 else ''}. Peaks: {peaks or 'none'}.")
-    oom_list = "".join(f"<li>step {m.get('step')}, t = {m.get('t')} s: {html.escape(m.get('label', ''))}</li>"
+    oom_list = "".join(f"<li>step {_num(m.get('step'))}, t = {_num(m.get('t'))} s: {html.escape(str(m.get('label', '')))}</li>"
                        for m in ooms)
     return ("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
             f"<title>{html.escape(title)}</title><style>body{{font:14px sans-serif;margin:24px;color:#222}}"
@@ -209,14 +234,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except OSError as e:
         print(f"gpuguard.diagnostics.plot: {e}", file=sys.stderr)
         return 1
+    data = _numbers_only(data)
     if not data["samples"]:
         print(f"gpuguard.diagnostics.plot: {args.file} holds no samples (is it a gpuguard.record() timeline?)", file=sys.stderr)
         return 1
-    page = render_html(data, "t" if args.x == "time" else "step", args.title)
-    tmp = args.output + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(page)
-    os.replace(tmp, args.output)
+    try:
+        page = render_html(data, "t" if args.x == "time" else "step", args.title)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:  # a record of the wrong shape
+        print(f"gpuguard.diagnostics.plot: {args.file}: not a timeline this can draw ({e})", file=sys.stderr)
+        return 1
+    # A new file of our own beside the output, renamed over it: a planted OUT.tmp (a symlink to another
+    # user's file) is never written through.
+    out_dir = os.path.dirname(os.path.abspath(args.output))
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix="." + os.path.basename(args.output) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(page)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o644 & ~mask)
+        os.replace(tmp, args.output)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     print(f"gpuguard.diagnostics.plot: wrote {args.output} ({len(data['samples'])} samples)")
     return 0
 

@@ -15,10 +15,12 @@ step."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import IO, Any, Dict, List, Optional
 
+from ..errors import check_interval
 from ._memread import Reader, series as _default_series
 from .holding import holders
 
@@ -38,8 +40,10 @@ class Recorder:
     def __init__(self, path: Optional[str] = None, interval: Optional[float] = None, device: int = 0,
                  readers: Optional[Dict[str, Reader]] = None, holders_at_peak: bool = True, top: int = 8,
                  arena: Any = None, name: str = "") -> None:
+        if path is not None and not isinstance(path, (str, os.PathLike)):  # an int would be a descriptor
+            raise TypeError(f"gpuguard.record: path must be a str or path, not {type(path).__name__}")
         self.path = path
-        self.interval = interval
+        self.interval = None if interval is None else check_interval("gpuguard.record", interval)
         self.device = device
         self.holders_at_peak = holders_at_peak
         self.top = top

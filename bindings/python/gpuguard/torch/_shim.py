@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from typing import Any, Optional
 
-from .. import _lib
+from .. import _cachedir, _lib
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shim.cpp")
 _kind = ""
@@ -35,8 +35,7 @@ def _generic() -> Optional[str]:
 
 
 def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "gpuguard")
+    return _cachedir.private_dir("gpuguard")  # ours alone, or a private one: the .so is loaded as code
 
 
 def _typed(torch: Any) -> Optional[str]:
@@ -51,7 +50,7 @@ def _typed(torch: Any) -> Optional[str]:
     with open(_SRC, "rb") as f:
         key = hashlib.sha256(f.read() + f"{torch.__version__}|{tdir}|{lib}|{abi}".encode()).hexdigest()[:16]
     out = os.path.join(_cache_dir(), f"libgpuguard_torch-{key}.so")
-    if os.path.exists(out):
+    if _cachedir.usable(out):
         return out
     os.makedirs(_cache_dir(), mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
