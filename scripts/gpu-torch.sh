@@ -10,7 +10,7 @@
 #   4. the workload benchmark (bench_python part w, --rounds R, default 3).
 # Logs and a summary go to $OUT (or build/gpu-logs). Usage: scripts/gpu-torch.sh [--quick]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-build/gpu-logs}
 mkdir -p "$out"
 quick=0
