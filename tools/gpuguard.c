@@ -597,7 +597,12 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
   else
     fputs("null\n", f);
   fputs("}\n", f);
-  bool ok = to_file ? fclose(f) == 0 : fflush(f) == 0 && !ferror(f);
+  bool ok = false;
+  if (!to_file) {
+    ok = fflush(f) == 0 && !ferror(f);
+  } else {
+    ok = fclose(f) == 0; /* the memory stream: its text is complete once closed */
+  }
   if (ok && to_file && put_receipt(path, text, len) != 0) ok = false;
   int e = errno;
   free(text);

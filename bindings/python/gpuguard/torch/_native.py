@@ -15,13 +15,12 @@ import glob
 import hashlib
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
 from typing import Any, List, Optional
 
-from .. import _lib
+from .. import _cachedir, _lib
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native.cpp")
 _loaded: Optional[ctypes.CDLL] = None
@@ -37,24 +36,8 @@ def why_not() -> str:
     return _why_not
 
 
-def _safe_dir(path: str) -> bool:
-    """A directory this user owns, that nobody else may write, or one that can be made so."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        st = os.lstat(path)
-    except OSError:
-        return False
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        return False
-    return not (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
-
-
 def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "gpuguard")
-    if _safe_dir(path):
-        return path
-    return tempfile.mkdtemp(prefix="gpuguard-torch-")  # private (0700), rebuilt per process
+    return _cachedir.private_dir("gpuguard")  # ours alone, or a private one: the .so is loaded as code
 
 
 def _site_dirs(torch: Any) -> List[str]:
@@ -139,9 +122,8 @@ def _build(torch: Any) -> str:
         key = hashlib.sha256(f.read() + f"{torch.__version__}|{tdir}|{lib}|{abi}|{gg_inc}".encode()).hexdigest()[:16]
     cache = _cache_dir()
     out = os.path.join(cache, f"libgpuguard_torch_native-{key}.so")
-    if os.path.exists(out):
-        st = os.lstat(out)
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if os.path.lexists(out):
+        if _cachedir.usable(out):
             return out
         raise NativeUnavailable(f"gpuguard: refusing {out}: not a regular file of this user, or writable by others")
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
