@@ -17,8 +17,12 @@ $g info
 if [ -x $b/examples/train ]; then trainer="$b/examples/train 1000000 500"
 else trainer="$b/examples/workers"; fi  # without nvcc the .cu example is not built
 echo; echo "==> gpuguard run -- (a worker: sleep 600) + $trainer, interrupted after 3 s"
+# Job control on while it starts: a script's background job otherwise starts with SIGINT ignored, and
+# gpuguard run keeps signals ignored at start ignored (as nohup needs), so Ctrl-C's signal would do nothing.
+set -m
 $g run --grace 1000 --receipt $b/receipt.json -- sh -c "sleep 600 & exec $trainer" &
 runner=$!
+set +m
 sleep 3
 kill -INT $runner   # what Ctrl-C in its terminal would do
 set +e; wait $runner; rc=$?; set -e
