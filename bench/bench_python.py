@@ -644,7 +644,7 @@ def child_w(spec: str, args: argparse.Namespace) -> dict:
 
 
 def w_run(workload: str, alloc: str, env: dict, args: argparse.Namespace, trace: str) -> dict:
-    env = dict(os.environ, GPUGUARD_BACKEND="cuda", GPUGUARD_TORCH="0", **env)  # PyTorch's own unless asked
+    env = {**os.environ, "GPUGUARD_BACKEND": "cuda", "GPUGUARD_TORCH": "0", **env}  # PyTorch's own unless asked
     if trace:
         env["GPUGUARD_PLUGIN_TRACE"] = trace
     cmd = [sys.executable, os.path.abspath(__file__), "--child", f"w:{workload}:{alloc}", "--steps",
