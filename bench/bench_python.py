@@ -722,8 +722,13 @@ def part_w(args: argparse.Namespace) -> int:
     if not run:
         return 0
     native = args.gpuguard == "native" or (args.gpuguard == "auto" and not args.dry and w_gpuguard_native())
+    want = [a for a in args.allocators.split(",") if a]
+    known = [mode for _, mode, _ in W_ALLOCATORS]
+    if any(a not in known for a in want):
+        print(f"bench_python: unknown allocator(s) in --allocators {args.allocators} (known: {', '.join(known)})")
+        return 2
     allocs = [(label, mode, w_gpuguard_env(native) if mode == "gpuguard" else env)
-              for label, mode, env in W_ALLOCATORS]
+              for label, mode, env in W_ALLOCATORS if mode in want]
     print(f"\n(w) workloads {', '.join(run)}: {args.steps} steps, {args.rounds} alternating rounds, one process "
           f"per run; gpuguard through {'the native backend (GPUGUARD_TORCH=1)' if native else 'use_arena'}",
           flush=True)
@@ -805,6 +810,8 @@ def main() -> int:
     ap.add_argument("--workloads", default="gpt2,gptce,vit,resnet",
                     help="(w): comma-separated subset of gpt2,gptce,vit,resnet")
     ap.add_argument("--steps", type=int, default=30, help="(w): training steps a run (default 30)")
+    ap.add_argument("--allocators", default="default,expandable,async,gpuguard",
+                    help="(w): which allocators run, comma-separated (default: all four)")
     ap.add_argument("--trace", metavar="DIR",
                     help="(w): write each gpuguard run's allocation trace (GPUGUARD_PLUGIN_TRACE) to DIR, "
                          "with a '# step' line after each step, for bench_replay --catch-up step")

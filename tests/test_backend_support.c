@@ -229,6 +229,73 @@ static void test_chunks_are_reported_as_ranges_that_hold_every_block(void **stat
   gg_assert_fails(gg_arena_foreach_chunk(a, collect, &cs), GG_EINVAL, "");
 }
 
+/* ---- gg_arena_foreach_mapping -------------------------------------------------------------------
+ */
+
+typedef struct {
+  gg_mapping_info_t seen[64];
+  int n;
+} mappings_t;
+
+static int collect_mapping(const gg_mapping_info_t *m, void *user) {
+  mappings_t *ms = user;
+  if (ms->n < 64) {
+    ms->seen[ms->n] = *m;
+  }
+  ms->n++;
+  return 0;
+}
+
+static int stop_at_first(const gg_mapping_info_t *m, void *user) {
+  (void)m;
+  (*(int *)user)++;
+  return 1;
+}
+
+static void test_mappings_cover_a_block_exactly_in_order(void **state) {
+  (void)state;
+  gg_arena_t *a = host_arena(256u << 20, 2u << 20, NULL);
+  void *small = NULL;
+  void *big = NULL;
+  gg_assert_ok(gg_alloc(a, 1000, &small));
+  gg_assert_ok(gg_alloc(a, 9u << 20, &big)); /* spans several 2 MiB chunks */
+  mappings_t ms = {.n = 0};
+  gg_assert_ok(gg_arena_foreach_mapping(a, big, 9u << 20, collect_mapping, &ms));
+  assert_true(ms.n >= 2);
+  uintptr_t lo = (uintptr_t)big;
+  uintptr_t hi = lo + (9u << 20);
+  assert_true((uintptr_t)ms.seen[0].ptr <= lo);
+  for (int i = 1; i < ms.n; i++) { /* consecutive, no gap, no overlap */
+    assert_int_equal((uintptr_t)ms.seen[i].ptr,
+                     (uintptr_t)ms.seen[i - 1].ptr + ms.seen[i - 1].size);
+  }
+  gg_mapping_info_t last = ms.seen[ms.n - 1];
+  assert_true((uintptr_t)last.ptr < hi && (uintptr_t)last.ptr + last.size >= hi);
+  assert_int_equal(last.handle, 0); /* the host backend has no physical handles */
+  memset(&ms, 0, sizeof ms);
+  gg_assert_ok(gg_arena_foreach_mapping(a, small, 1000, collect_mapping, &ms));
+  assert_int_equal(ms.n, 1);
+  int calls = 0;
+  gg_assert_ok(gg_arena_foreach_mapping(a, big, 9u << 20, stop_at_first, &calls));
+  assert_int_equal(calls, 1); /* a visitor's non-zero return stops the walk, and is no error */
+  gg_arena_stats_t s;
+  gg_assert_ok(gg_arena_stats(a, &s));
+  memset(&ms, 0, sizeof ms);
+  int rc = gg_arena_foreach_mapping(a, big, s.bytes_reserved, collect_mapping, &ms);
+  assert_int_equal(rc, GG_ENOTFOUND); /* past what is mapped */
+  assert_true(ms.n >= 2);
+  gg_assert_fails(gg_arena_foreach_mapping(a, big, 0, collect_mapping, &ms), GG_EINVAL, "range");
+  gg_assert_fails(gg_arena_foreach_mapping(a, (void *)UINTPTR_MAX, 2, collect_mapping, &ms),
+                  GG_EINVAL, "range");
+  gg_assert_fails(gg_arena_foreach_mapping(a, big, 1, NULL, NULL), GG_EINVAL, "visit");
+  rc = gg_arena_foreach_mapping(a, (void *)(uintptr_t)4096, 16, collect_mapping, &ms);
+  assert_int_equal(rc, GG_ENOTFOUND); /* a foreign address */
+  gg_assert_ok(gg_free(a, small));
+  gg_assert_ok(gg_free(a, big));
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_assert_fails(gg_arena_foreach_mapping(a, big, 1, collect_mapping, &ms), GG_EINVAL, "");
+}
+
 /* ---- gg_arena_stats_quiet
  * ------------------------------------------------------------------------ */
 
@@ -271,6 +338,7 @@ int main(void) {
       cmocka_unit_test(test_ensure_refuses_bad_input),
       cmocka_unit_test(test_limit_below_capacity_fails_growth_past_it),
       cmocka_unit_test(test_chunks_are_reported_as_ranges_that_hold_every_block),
+      cmocka_unit_test(test_mappings_cover_a_block_exactly_in_order),
       cmocka_unit_test(test_quiet_stats_touch_no_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

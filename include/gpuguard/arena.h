@@ -3,6 +3,7 @@
 #define GPUGUARD_ARENA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "gpuguard/export.h"
 
@@ -227,6 +228,36 @@ typedef int (*gg_chunk_visitor_t)(const gg_chunk_info_t *chunk, void *user);
  *  @return 0; GG_EINVAL for a NULL, destroyed or foreign arena or a NULL visitor; GG_ESTATE after fork
  *  or teardown. */
 GG_API int gg_arena_foreach_chunk(gg_arena_t *arena, gg_chunk_visitor_t visit, void *user);
+
+/** One physical allocation of an arena, as gg_arena_foreach_mapping() reports it: what the backend
+ *  created and mapped in one piece. */
+typedef struct gg_mapping_info {
+  void *ptr;       /**< its first device address */
+  size_t size;     /**< its bytes */
+  uint64_t handle; /**< the backend's handle of the physical memory: a CUmemGenericAllocationHandle
+                        on the cuda backend with virtual memory management (exportable as a POSIX
+                        file descriptor with cuMemExportToShareableHandle where the driver allows
+                        it), 0 where there is none (cuMemAlloc'd chunks, the host backend) */
+} gg_mapping_info_t;
+
+/** Called once per physical allocation; return non-zero to stop early. Must not call into the
+ *  arena; calling the driver is allowed (the mapping stays while the walk runs). */
+typedef int (*gg_mapping_visitor_t)(const gg_mapping_info_t *mapping, void *user);
+
+/** Calls @p visit for every physical allocation that overlaps [@p ptr, @p ptr + @p size), in address
+ *  order, under the arena's lock: what a process must export to share a block with another one (CUDA
+ *  IPC through shareable handles). A mapping may start before @p ptr and end after its range.
+ *  Mappings that hold a live block of the arena stay mapped at least as long as that block.
+ *  @param arena the arena.
+ *  @param ptr the range's first address.
+ *  @param size its bytes (at least 1).
+ *  @param visit the visitor.
+ *  @param user passed to @p visit.
+ *  @return 0 when the whole range is mapped; GG_ENOTFOUND when some byte of it is not (the visitor
+ *  has seen the mappings before the hole); GG_EINVAL for a NULL, destroyed or foreign arena, a NULL
+ *  visitor, a size of 0 or a range that wraps; GG_ESTATE after fork or teardown. Thread-safe. */
+GG_API int gg_arena_foreach_mapping(gg_arena_t *arena, const void *ptr, size_t size,
+                                    gg_mapping_visitor_t visit, void *user);
 
 /** Limits the memory the arena maps to @p limit bytes (rounded down to the driver's granularity), below
  *  its capacity: a growth past the limit fails with GG_ENOMEM as if the capacity were reached. What is

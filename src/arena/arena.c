@@ -568,3 +568,40 @@ int gg_arena_foreach_chunk(gg_arena_t *a, gg_chunk_visitor_t visit, void *user) 
   gg__arena_leave(a);
   return 0;
 }
+
+int gg_arena_foreach_mapping(gg_arena_t *a, const void *ptr, size_t size,
+                             gg_mapping_visitor_t visit, void *user) {
+  uintptr_t lo = (uintptr_t)ptr;
+  if (!visit) {
+    return gg__err(GG_EINVAL, "gg_arena_foreach_mapping: visit is NULL");
+  }
+  if (size == 0 || lo + size < lo) {
+    return gg__err(GG_EINVAL, "gg_arena_foreach_mapping: bad range %p + %zu", ptr, size);
+  }
+  int rc = gg__arena_enter(a, "gg_arena_foreach_mapping");
+  if (rc < 0) {
+    return rc;
+  }
+  uintptr_t hi = lo + size;
+  uintptr_t covered = lo; /* every byte below this is mapped */
+  for (size_t i = 0; i < a->n_chunks && covered < hi; i++) {
+    const gg__chunk_t *c = a->chunks[i];
+    if (c->ptr + c->size <= covered) {
+      continue;
+    }
+    if (c->ptr > covered) {
+      break; /* a hole (chunks are in address order) */
+    }
+    gg_mapping_info_t m = {(void *)c->ptr, c->size, (uint64_t)c->handle};
+    covered = c->ptr + c->size;
+    if (visit(&m, user) != 0) {
+      covered = hi; /* stopped by the visitor: not a hole */
+    }
+  }
+  gg__arena_leave(a);
+  if (covered < hi) {
+    return gg__err(GG_ENOTFOUND, "gg_arena_foreach_mapping: %p is not mapped by the arena",
+                   (void *)covered);
+  }
+  return 0;
+}

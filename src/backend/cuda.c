@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,6 +240,8 @@ int gg__cuda_props(int index, gg__dev_props_t *p) {
 typedef struct gg__cudev {
   unsigned long long leaked_handles; /* physical handles whose release failed after their unmap */
   bool range_refused; /* the driver unmaps one mapping per cuMemUnmap: runs go chunk by chunk */
+  /* cuMemCreate refused exportable memory once: later chunks are made without the handle type. */
+  _Atomic bool export_refused;
   CUdevice dev;
   CUcontext ctx; /* the primary context, retained while open */
   CUmemAllocationProp prop;
@@ -326,6 +329,27 @@ static int gg__c_va_release_any(gg__dev_t *d, uintptr_t base, size_t size) {
   GG__CU_IN_CTX(d, gg__cu.fn_cuMemAddressFree((CUdeviceptr)base, size), "cuMemAddressFree");
 }
 
+/* Physical memory, exportable as a file descriptor where the device allows it, so a block can be
+ * shared with another process (PyTorch's CUDA IPC). A driver that refuses the handle type (some
+ * virtualised setups) gets plain memory from then on: sharing is lost, nothing else. */
+static CUresult gg__c_create(gg__cudev_t *c, size_t size, CUmemGenericAllocationHandle *h) {
+  CUmemAllocationProp prop = c->prop;
+  if (atomic_load_explicit(&c->export_refused, memory_order_relaxed)) {
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  }
+  CUresult r = gg__cu.fn_cuMemCreate(h, size, &prop, 0);
+  if (r == CUDA_SUCCESS || prop.requestedHandleTypes == CU_MEM_HANDLE_TYPE_NONE ||
+      r == CUDA_ERROR_OUT_OF_MEMORY) {
+    return r;
+  }
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  r = gg__cu.fn_cuMemCreate(h, size, &prop, 0);
+  if (r == CUDA_SUCCESS) {
+    atomic_store_explicit(&c->export_refused, true, memory_order_relaxed);
+  }
+  return r;
+}
+
 static int gg__c_map_any(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out) {
   gg__cudev_t *c = d->impl;
   gg__ctx_scope_t s;
@@ -345,7 +369,8 @@ static int gg__c_map_any(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *o
   /* Create, map, grant access; each step undone if a later one fails. */
   CUmemGenericAllocationHandle h = 0;
   CUmemAccessDesc acc = {.location = c->prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-  if ((r = gg__cu.fn_cuMemCreate(&h, size, &c->prop, 0)) != CUDA_SUCCESS) {
+  r = gg__c_create(c, size, &h);
+  if (r != CUDA_SUCCESS) {
     rc = gg__cu_fail(r, "cuMemCreate");
   } else if ((r = gg__cu.fn_cuMemMap((CUdeviceptr)at, size, 0, h, 0)) != CUDA_SUCCESS) {
     rc = gg__cu_fail(r, "cuMemMap");
@@ -761,6 +786,12 @@ int gg__cuda_open(int index, gg__dev_t **out) {
   c->prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   c->prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   c->prop.location.id = c->dev;
+  int fd_ok = 0;
+  r = gg__cu.fn_cuDeviceGetAttribute(
+      &fd_ok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, c->dev);
+  if (r == CUDA_SUCCESS && fd_ok) {
+    c->prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  }
   d->granularity = 2u << 20;
   if (vmm) {
     size_t g = 0;

@@ -45,6 +45,7 @@
 #include "gpuguard/arena.h"
 #include "gpuguard/error.h"
 #include "gpuguard/plugin.h"
+#include "_native_ipc.h"
 
 namespace {
 
@@ -85,6 +86,7 @@ struct Block {
   int device = 0;
   Pool *pool = nullptr;
   std::vector<cudaStream_t> recorded; /* record_stream on a pool block */
+  uint64_t ipc_id = 0;                 /* registered for CUDA IPC: forgotten when freed */
   std::shared_ptr<c10::GatheredContext> context;
 };
 
@@ -142,6 +144,22 @@ struct State final : public cca::AllocatorState {
   std::vector<void *> live;
 };
 
+/* GPUGUARD_TORCH_TRACE=1: every pool call on stderr, for finding who holds a pool. */
+bool trace_on() {
+  static const bool on = [] {
+    const char *v = getenv("GPUGUARD_TORCH_TRACE");
+    return v && v[0] == '1';
+  }();
+  return on;
+}
+
+void trace_pool(const char *call, c10::MempoolId_t id, int use_count, size_t live) {
+  if (trace_on()) {
+    fprintf(stderr, "gpuguard-torch: %s pool (%llu, %llu): use_count %d, live blocks %zu\n", call,
+            (unsigned long long)id.first, (unsigned long long)id.second, use_count, live);
+  }
+}
+
 class Backend final : public cca::CUDAAllocator {
  public:
   explicit Backend(const gg_arena_options_t &opts) : opts_(opts) {}
@@ -192,8 +210,9 @@ class Backend final : public cca::CUDAAllocator {
     if (!ptr) {
       return;
     }
-    TORCH_CHECK(free_block(ptr), "invalid device pointer: ", ptr,
-                " (not allocated by gpuguard's PyTorch backend, or freed already)");
+    if (!free_block(ptr)) {
+      throw_foreign(ptr);
+    }
   }
 
   double getMemoryFraction(c10::DeviceIndex device) override {
@@ -205,7 +224,7 @@ class Backend final : public cca::CUDAAllocator {
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     check_device(device, "setMemoryFraction");
-    TORCH_CHECK(fraction >= 0 && fraction <= 1, "invalid fraction value: ", fraction,
+    GG_CHECK(fraction >= 0 && fraction <= 1, "invalid fraction value: ", fraction,
                 ". Usage: fraction in [0, 1]");
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -243,7 +262,7 @@ class Backend final : public cca::CUDAAllocator {
   void *getBaseAllocation(void *ptr, size_t *size) override {
     std::lock_guard<std::mutex> g(mu_);
     auto it = blocks_.find(ptr);
-    TORCH_CHECK(it != blocks_.end(), "invalid device pointer: ", ptr);
+    GG_CHECK(it != blocks_.end(), "invalid device pointer: ", ptr);
     if (size) {
       *size = it->second.size;
     }
@@ -326,6 +345,7 @@ class Backend final : public cca::CUDAAllocator {
 
   void emptyCache(c10::MempoolId_t id) override {
     bool all = id.first == 0 && id.second == 0;
+    bool capturing = n_captures_.load() > 0; /* no device synchronisation while a graph captures */
     std::vector<gg_arena_t *> dead;
     std::vector<gg_arena_t *> trim;
     {
@@ -336,7 +356,7 @@ class Backend final : public cca::CUDAAllocator {
           ++it;
           continue;
         }
-        if (p.use_count <= 0 && p.live == 0) {
+        if (!capturing && p.use_count <= 0 && p.live == 0) {
           for (auto &sa : p.arenas) {
             dead.push_back(sa.second);
           }
@@ -349,9 +369,7 @@ class Backend final : public cca::CUDAAllocator {
         ++it;
       }
     }
-    for (gg_arena_t *a : dead) {
-      gg_arena_destroy(a);
-    }
+    destroy_after_sync(dead);
     for (gg_arena_t *a : trim) {
       gg_arena_trim(a, 0);
     }
@@ -362,7 +380,7 @@ class Backend final : public cca::CUDAAllocator {
       gg_arena_t *a = arenas_[d].load();
       if (a) {
         int rc = gg_arena_trim(a, 0);
-        TORCH_CHECK(rc == 0, "gpuguard: empty_cache could not give device ", d, "'s memory back: ",
+        GG_CHECK(rc == 0, "gpuguard: empty_cache could not give device ", d, "'s memory back: ",
                     gg_last_error());
         gg_plugin_trim(d, 0, nullptr); /* what captures the plugin handled held */
       }
@@ -375,7 +393,9 @@ class Backend final : public cca::CUDAAllocator {
     std::lock_guard<std::mutex> g(mu_);
     /* Each allocation to a pool holds a use, given back by the releasePool PyTorch pairs with it (a
      * graph's reset, use_mem_pool's end): a pool shared by two graphs lives until both are gone. */
-    pool_locked(device, id).use_count++;
+    Pool &p = pool_locked(device, id);
+    p.use_count++;
+    trace_pool("beginAllocateToPool", id, p.use_count, p.live);
     dev_[device].captures.push_back(Capture{id, std::move(filter)});
     n_captures_.fetch_add(1);
   }
@@ -385,35 +405,30 @@ class Backend final : public cca::CUDAAllocator {
     std::lock_guard<std::mutex> g(mu_);
     auto &c = dev_[device].captures;
     auto it = std::find_if(c.begin(), c.end(), [&](const Capture &x) { return x.id == id; });
-    TORCH_CHECK(it != c.end(), "endAllocateToPool: no allocation to pool (", id.first, ", ", id.second,
+    GG_CHECK(it != c.end(), "endAllocateToPool: no allocation to pool (", id.first, ", ", id.second,
                 ") is under way on device ", int(device));
     c.erase(it);
     n_captures_.fetch_sub(1);
+    trace_pool("endAllocateToPool", id, -1, 0);
   }
 
+  /* A pool without uses and without live blocks is freeable, as in PyTorch's own allocator: its memory
+   * goes back at the next empty_cache (or an allocation that would fail otherwise), after a device
+   * synchronisation, never at once. A graph captured later may still reach a block freed into it
+   * (PyTorch's test_graph_capture_reset_recapture fills the previous graph's output in a new capture),
+   * and work queued before the release may still run. */
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t id) override {
     check_device(device, "releasePool");
-    std::vector<gg_arena_t *> dead;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      auto it = pools_.find(id);
-      if (it == pools_.end()) {
-        return; /* never allocated into: nothing to release */
-      }
-      Pool &p = *it->second;
-      if (p.use_count > 0) {
-        p.use_count--;
-      }
-      if (p.use_count == 0 && p.live == 0) {
-        for (auto &sa : p.arenas) {
-          dead.push_back(sa.second);
-        }
-        pools_.erase(it);
-      }
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = pools_.find(id);
+    if (it == pools_.end()) {
+      return; /* never allocated into: nothing to release */
     }
-    for (gg_arena_t *a : dead) {
-      gg_arena_destroy(a);
+    Pool &p = *it->second;
+    if (p.use_count > 0) {
+      p.use_count--;
     }
+    trace_pool("releasePool", id, p.use_count, p.live);
   }
 
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t id) override {
@@ -429,8 +444,9 @@ class Backend final : public cca::CUDAAllocator {
     std::lock_guard<std::mutex> g(mu_);
     Pool &p = pool_locked(device, id);
     p.use_count++;
+    trace_pool("createOrIncrefPool", id, p.use_count, p.live);
     if (allocator && allocator.get() != this) {
-      TORCH_CHECK(!p.custom || p.custom == allocator, "createOrIncrefPool: pool (", id.first, ", ",
+      GG_CHECK(!p.custom || p.custom == allocator, "createOrIncrefPool: pool (", id.first, ", ",
                   id.second, ") already has another allocator");
       p.custom = std::move(allocator);
     }
@@ -466,16 +482,46 @@ class Backend final : public cca::CUDAAllocator {
     return n == expected.size();
   }
 
-  cca::ShareableHandle shareIpcHandle(void *) override {
-    C10_THROW_ERROR(Error, "gpuguard's PyTorch backend cannot share this tensor with another process yet "
-                           "(CUDA IPC): send `t.cpu()` and move it to the GPU in the receiver, or run the "
-                           "sender without GPUGUARD_TORCH=1");
+  cca::ShareableHandle shareIpcHandle(void *ptr) override {
+    gg_ipc::Shared sh{};
+    uint64_t id = 0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = blocks_.find(ptr);
+      GG_CHECK(it != blocks_.end(), "invalid device pointer: ", ptr,
+                  " (not allocated by gpuguard's PyTorch backend, or freed already)");
+      const Block &b = it->second;
+      GG_CHECK(!b.pool || !b.pool->custom, "gpuguard: a block of a MemPool with its own allocator cannot "
+                                             "be shared with another process");
+      sh = gg_ipc::Shared{ptr, b.size, b.device, b.pool ? nullptr : arenas_[b.device].load()};
+      for (auto &sa : b.pool ? b.pool->arenas : std::vector<std::pair<cudaStream_t, gg_arena_t *>>{}) {
+        if (sa.first == b.stream) {
+          sh.arena = sa.second;
+        }
+      }
+      id = b.ipc_id;
+    }
+    GG_CHECK(sh.arena, "gpuguard: the memory of ", ptr, " cannot be shared: it belongs to no arena");
+    std::vector<gg_ipc::Mapping> ms = gg_ipc::mappings_of(sh.arena, ptr, sh.size);
+    if (ms[0].handle == 0) { /* cuMemAlloc'd: the legacy way, one allocation holds the block */
+      c10::cuda::CUDAGuard guard(sh.device);
+      return {static_cast<char *>(ptr) - static_cast<char *>(ms[0].ptr), gg_ipc::share_legacy(ms[0].ptr)};
+    }
+#if GG_IPC_HAVE_DRIVER
+    std::string h = exporter_.share(&id, sh);
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = blocks_.find(ptr);
+    if (it != blocks_.end()) {
+      it->second.ipc_id = id;
+    }
+    return {0, h};
+#else
+    GG_CHECK(false, "gpuguard's PyTorch backend was built without cuda.h (CUDA_HOME unset?), so it cannot "
+                       "share CUDA memory with another process: set CUDA_HOME to a CUDA toolkit and rebuild");
+#endif
   }
 
-  std::shared_ptr<void> getIpcDevPtr(std::string) override {
-    C10_THROW_ERROR(Error, "gpuguard's PyTorch backend cannot open a CUDA IPC handle of another process "
-                           "yet: run this process without GPUGUARD_TORCH=1 to receive CUDA tensors");
-  }
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override { return importer_.open(handle); }
 
   bool isHistoryEnabled() override { return history_on_.load(); }
 
@@ -544,7 +590,7 @@ class Backend final : public cca::CUDAAllocator {
                                               std::shared_ptr<cca::AllocatorState> pps) override {
     check_device(device, "setCheckpointPoolState");
     auto *st = dynamic_cast<State *>(pps.get());
-    TORCH_CHECK(st, "setCheckpointPoolState: the state was not made by gpuguard's backend");
+    GG_CHECK(st, "setCheckpointPoolState: the state was not made by gpuguard's backend");
     std::lock_guard<std::mutex> g(mu_);
     std::unordered_set<void *> want(st->live.begin(), st->live.end());
     bool same = true;
@@ -557,7 +603,7 @@ class Backend final : public cca::CUDAAllocator {
     }
     /* Unchanged since the checkpoint: nothing to rewind. Anything else would need blocks placed back
      * at their old addresses, which the arena does not do. */
-    TORCH_CHECK(same && n == want.size(),
+    GG_CHECK(same && n == want.size(),
                 "gpuguard's PyTorch backend cannot rewind a CUDA-graph pool to a checkpoint (torch.compile "
                 "mode='reduce-overhead' recording a second path, e.g. for new input shapes): keep shapes "
                 "static, mark them dynamic, or run without GPUGUARD_TORCH=1");
@@ -574,6 +620,19 @@ class Backend final : public cca::CUDAAllocator {
     uint64_t n_blocks;
     uint64_t n_captures;
   };
+
+  /* "first second use_count live\n" per pool, for diagnostics. */
+  std::string pools_text() {
+    std::lock_guard<std::mutex> g(mu_);
+    std::string out;
+    for (const auto &kv : pools_) {
+      char line[128];
+      snprintf(line, sizeof line, "%llu %llu %d %zu\n", (unsigned long long)kv.first.first,
+               (unsigned long long)kv.first.second, kv.second->use_count, kv.second->live);
+      out += line;
+    }
+    return out;
+  }
 
   Counters counters() {
     std::lock_guard<std::mutex> g(mu_);
@@ -594,7 +653,46 @@ class Backend final : public cca::CUDAAllocator {
 
  private:
   void check_device(int device, const char *call) {
-    TORCH_CHECK(device >= 0 && device < kMaxDevices, call, ": invalid device ", device);
+    GG_CHECK(device >= 0 && device < kMaxDevices, call, ": invalid device ", device);
+  }
+
+  /* Destroys arenas of freeable pools once the device has finished what may still use them. */
+  static void destroy_after_sync(const std::vector<gg_arena_t *> &dead) {
+    if (dead.empty()) {
+      return;
+    }
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+      (void)cudaGetLastError(); /* a sticky error: the memory goes with the context anyway */
+    }
+    for (gg_arena_t *a : dead) {
+      gg_arena_destroy(a);
+    }
+  }
+
+  /* Frees every freeable pool of the device (none while a capture is under way); how many. */
+  size_t release_freeable(int device) {
+    std::vector<gg_arena_t *> dead;
+    size_t n = 0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (!dev_[device].captures.empty()) {
+        return 0;
+      }
+      for (auto it = pools_.begin(); it != pools_.end();) {
+        Pool &p = *it->second;
+        if (p.device != device || p.use_count > 0 || p.live > 0) {
+          ++it;
+          continue;
+        }
+        for (auto &sa : p.arenas) {
+          dead.push_back(sa.second);
+        }
+        it = pools_.erase(it);
+        n++;
+      }
+    }
+    destroy_after_sync(dead);
+    return n;
   }
 
   /* The device's arena, made on first use. */
@@ -605,7 +703,7 @@ class Backend final : public cca::CUDAAllocator {
       return a;
     }
     int rc = gg_plugin_ensure_arena(device, &opts_, &a);
-    TORCH_CHECK(rc == 0, "gpuguard: cannot make the arena for CUDA device ", device, ": ", gg_last_error());
+    GG_CHECK(rc == 0, "gpuguard: cannot make the arena for CUDA device ", device, ": ", gg_last_error());
     arenas_[device].store(a, std::memory_order_release);
     apply_fraction(device, a);
     return a;
@@ -628,7 +726,7 @@ class Backend final : public cca::CUDAAllocator {
     }
     size_t limit = size_t(f * double(total));
     int rc = gg_arena_set_limit(a, limit == 0 ? 1 : limit);
-    TORCH_CHECK(rc == 0, "gpuguard: setMemoryFraction: ", gg_last_error());
+    GG_CHECK(rc == 0, "gpuguard: setMemoryFraction: ", gg_last_error());
   }
 
   Pool &pool_locked(int device, c10::MempoolId_t id) {
@@ -683,7 +781,7 @@ class Backend final : public cca::CUDAAllocator {
       RelaxedCapture relaxed; /* reserving and mapping memory while the stream captures */
       rc = gg_arena_create(&a, &o);
     }
-    TORCH_CHECK(rc == 0, "gpuguard: cannot make an arena for a private pool on device ", p.device, ": ",
+    GG_CHECK(rc == 0, "gpuguard: cannot make an arena for a private pool on device ", p.device, ": ",
                 gg_last_error());
     std::lock_guard<std::mutex> g(mu_);
     for (auto &sa : p.arenas) {
@@ -734,6 +832,10 @@ class Backend final : public cca::CUDAAllocator {
       rc = pool_alloc(*pool, n, stream, &p);
     } else {
       rc = gg_torch_alloc_status(ssize_t(n), device, stream, &p);
+      if (rc == kNoMemory && release_freeable(device) > 0) {
+        count_retry(device);
+        rc = gg_torch_alloc_status(ssize_t(n), device, stream, &p);
+      }
       if (rc == kNoMemory) {
         rc = alloc_on_oom_pool(n, device, stream, &p, &pool);
       }
@@ -766,6 +868,11 @@ class Backend final : public cca::CUDAAllocator {
     return p;
   }
 
+  void count_retry(int device) {
+    std::lock_guard<std::mutex> g(mu_);
+    dev_[device].num_alloc_retries++;
+  }
+
   int alloc_on_oom_pool(size_t n, int device, cudaStream_t stream, void **ptr, Pool **used) {
     std::vector<Pool *> cands;
     {
@@ -783,6 +890,13 @@ class Backend final : public cca::CUDAAllocator {
       }
     }
     return kNoMemory;
+  }
+
+  /* Out of line, as fail() is: thrown from inside raw_delete the exception never reached PyTorch on the
+   * H200 (the process died), while one thrown from a function of its own does. */
+  [[noreturn]] __attribute__((noinline)) static void throw_foreign(void *ptr) {
+    C10_THROW_ERROR(Error, ::c10::str("invalid device pointer: ", ptr,
+                                      " (not allocated by gpuguard's PyTorch backend, or freed already)"));
   }
 
   [[noreturn]] void fail(int rc, size_t n, int device, cudaStream_t stream, gg_arena_t *a) {
@@ -831,7 +945,6 @@ class Backend final : public cca::CUDAAllocator {
 
   bool free_block(void *p) {
     Block b;
-    std::vector<gg_arena_t *> dead;
     gg_arena_t *pool_arena_of_block = nullptr;
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -841,6 +954,11 @@ class Backend final : public cca::CUDAAllocator {
       }
       b = std::move(it->second);
       blocks_.erase(it);
+#if GG_IPC_HAVE_DRIVER
+      if (b.ipc_id) {
+        exporter_.forget(b.ipc_id);
+      }
+#endif
       DeviceState &d = dev_[b.device];
       size_t sp = pool_of(b.size);
       sub(d.allocation, sp, 1);
@@ -882,15 +1000,9 @@ class Backend final : public cca::CUDAAllocator {
       std::lock_guard<std::mutex> g(mu_);
       Pool *pool = b.pool;
       pool->live--;
-      if (pool->use_count <= 0 && pool->live == 0) {
-        for (auto &sa : pool->arenas) {
-          dead.push_back(sa.second);
-        }
-        pools_.erase(pool->id);
+      if (pool->live == 0) {
+        trace_pool("last block freed in", pool->id, pool->use_count, 0);
       }
-    }
-    for (gg_arena_t *a : dead) {
-      gg_arena_destroy(a);
     }
     return true;
   }
@@ -1015,6 +1127,10 @@ class Backend final : public cca::CUDAAllocator {
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::vector<cda::AllocatorTraceTracker> trackers_;
   c10::ApproximateClockToUnixTimeConverter clock_;
+#if GG_IPC_HAVE_DRIVER
+  gg_ipc::Exporter exporter_;
+#endif
+  gg_ipc::Importer importer_;
 };
 
 /* ---- snapshot ------------------------------------------------------------------------------------ */
@@ -1188,4 +1304,17 @@ extern "C" __attribute__((visibility("default"))) int gg_torch_native_counters(u
   out[2] = c.n_blocks;
   out[3] = c.n_captures;
   return 0;
+}
+
+/* The pools alive, one "first second use_count live" line each, into buf (NUL-terminated, cut to cap).
+ * The length it needs, or GG_ESTATE when the backend is not installed. */
+extern "C" __attribute__((visibility("default"))) long gg_torch_native_pools(char *buf, size_t cap) {
+  if (!g_backend) {
+    return GG_ESTATE;
+  }
+  std::string s = g_backend->pools_text();
+  if (buf && cap) {
+    snprintf(buf, cap, "%s", s.c_str());
+  }
+  return long(s.size());
 }

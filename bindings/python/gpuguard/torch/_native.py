@@ -23,6 +23,7 @@ from typing import Any, List, Optional
 from .. import _cachedir, _lib
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native.cpp")
+_SOURCES = [_SRC, os.path.join(os.path.dirname(_SRC), "_native_ipc.h")]
 _loaded: Optional[ctypes.CDLL] = None
 _why_not = ""
 
@@ -118,8 +119,12 @@ def _build(torch: Any) -> str:
         raise NativeUnavailable("gpuguard's PyTorch backend is built on first use and needs " + "; ".join(missing))
     lib = os.path.realpath(_lib.path)
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
-    with open(_SRC, "rb") as f:
-        key = hashlib.sha256(f.read() + f"{torch.__version__}|{tdir}|{lib}|{abi}|{gg_inc}".encode()).hexdigest()[:16]
+    h = hashlib.sha256()
+    for src in _SOURCES:  # the source and the headers it includes from beside it
+        with open(src, "rb") as f:
+            h.update(f.read())
+    h.update(f"{torch.__version__}|{tdir}|{lib}|{abi}|{gg_inc}|{cuda_inc}".encode())
+    key = h.hexdigest()[:16]
     cache = _cache_dir()
     out = os.path.join(cache, f"libgpuguard_torch_native-{key}.so")
     if os.path.lexists(out):
@@ -128,7 +133,7 @@ def _build(torch: Any) -> str:
         raise NativeUnavailable(f"gpuguard: refusing {out}: not a regular file of this user, or writable by others")
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
     os.close(fd)
-    cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+    cmd = [cxx, "-std=c++17", "-O2", "-fno-reorder-blocks-and-partition", "-shared", "-fPIC", "-fvisibility=hidden", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
            "-isystem", inc, "-isystem", cuda_inc, "-I", gg_inc, _SRC, "-o", tmp, lib,
            f"-Wl,-rpath,{os.path.dirname(lib)}", f"-L{libdir}", "-lc10", "-lc10_cuda", "-ltorch_cuda",
            f"-Wl,-rpath,{libdir}"]
@@ -168,6 +173,8 @@ def load(torch: Any) -> ctypes.CDLL:
     lib.gg_torch_native_active.restype = ctypes.c_int
     lib.gg_torch_native_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
     lib.gg_torch_native_counters.restype = ctypes.c_int
+    lib.gg_torch_native_pools.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.gg_torch_native_pools.restype = ctypes.c_long
     _loaded = lib
     return lib
 
@@ -199,3 +206,15 @@ def counters() -> dict:
     if _loaded.gg_torch_native_counters(v) != 0:
         return {}
     return {"n_pools": v[0], "n_pool_blocks": v[1], "n_blocks": v[2], "n_captures": v[3]}
+
+
+def pools() -> list:
+    """The private pools alive: (first, second, use_count, live blocks) each (for tests and diagnostics)."""
+    if _loaded is None:
+        return []
+    n = _loaded.gg_torch_native_pools(None, 0)
+    if n < 0:
+        return []
+    buf = ctypes.create_string_buffer(n + 1)
+    _loaded.gg_torch_native_pools(buf, len(buf))
+    return [tuple(int(x) for x in line.split()) for line in buf.value.decode().splitlines() if line]
