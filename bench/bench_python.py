@@ -574,6 +574,19 @@ def w_waits(torch, arena) -> int:
     return -1
 
 
+def w_device_calls(torch, arena) -> int:
+    """Driver allocations and frees so far: the arena's chunk maps and unmaps, or what memory_stats()
+    counts (cudaMalloc/cudaFree for PyTorch's allocator, cuMemCreate maps and unmaps for gpuguard's
+    backend); -1 when unknown."""
+    if arena is not None:
+        st = arena.stats()
+        return int(st.get("n_maps", -1) + st.get("n_unmaps", 0))
+    st = torch.cuda.memory_stats()
+    if "num_device_alloc" not in st:
+        return -1
+    return int(st["num_device_alloc"] + st.get("num_device_free", 0))
+
+
 def child_w(spec: str, args: argparse.Namespace) -> dict:
     """One run: `w:WORKLOAD:ALLOCATOR`. Prints one JSON line."""
     import gc
@@ -592,6 +605,7 @@ def child_w(spec: str, args: argparse.Namespace) -> dict:
     trace = os.environ.get("GPUGUARD_PLUGIN_TRACE")
     times, offsets, losses = [], [], []
     waits_warm = 0
+    calls_warm = -1
     torch.cuda.synchronize()
     build_s = time.perf_counter() - t_build
     last = time.perf_counter()
@@ -611,10 +625,13 @@ def child_w(spec: str, args: argparse.Namespace) -> dict:
             offsets.append(os.path.getsize(trace) if os.path.exists(trace) else -1)
         if k + 1 == warm:
             waits_warm = w_waits(torch, arena) if alloc == "gpuguard" else 0
+            calls_warm = w_device_calls(torch, arena)
     measured = times[warm:]
     out = {"workload": workload, "alloc": alloc, "steps": len(shapes), "warm": warm,
            "median_ms": statistics.median(measured) * 1e3, "build_s": build_s, "final_loss": losses[-1],
            "loss_sum": sum(losses), "offsets": offsets, "backend": "pytorch"}
+    calls = w_device_calls(torch, arena)
+    out["device_calls_per_step"] = (calls - calls_warm) / len(measured) if calls >= 0 and calls_warm >= 0 else -1
     if alloc == "gpuguard":
         w = w_waits(torch, arena)
         out["waits_per_step"] = (w - waits_warm) / len(measured) if w >= 0 else -1
@@ -680,6 +697,7 @@ def w_dry_result(workload: str, alloc: str, args: argparse.Namespace, trace: str
     return {"workload": workload, "alloc": alloc, "steps": len(shapes), "warm": w_warmup(workload, len(shapes)),
             "median_ms": 30 + 5 * rng.random(), "build_s": 1.0, "final_loss": 6.25, "loss_sum": 100.0,
             "offsets": offsets, "backend": "dry", "waits_per_step": 0.0, "waits_total": 0,
+            "device_calls_per_step": 0.0,
             "peak_reserved": 1010 * MiB, "peak_allocated": 1000 * MiB, "held_after": 0}
 
 
@@ -751,7 +769,8 @@ def part_w(args: argparse.Namespace) -> int:
                 res.setdefault((w, label), []).append(r)
                 ratio = r["peak_reserved"] / max(1, r["peak_allocated"])
                 print(f"  run {rnd + 1}: {w:7s} {label:20s} median {r['median_ms']:7.2f} ms, peak reserved/allocated "
-                      f"{ratio:.3f}, host waits/step {r['waits_per_step']:.2f}, held after empty_cache "
+                      f"{ratio:.3f}, host waits/step {r['waits_per_step']:.2f}, driver allocs+frees/step "
+                      f"{r.get('device_calls_per_step', -1):.1f}, held after empty_cache "
                       f"{r['held_after'] / MiB:.1f} MiB, final loss {r['final_loss']:.6f} [{r['backend']}, "
                       f"build {r['build_s']:.1f} s]" + (f" trace {r['trace']}" if r.get("trace") else ""), flush=True)
     print(f"\n(w) took {time.perf_counter() - t0:.0f} s")
@@ -766,7 +785,7 @@ def part_w(args: argparse.Namespace) -> int:
         for label, _, _ in allocs:
             rs = res.get((w, label))
             if not rs:
-                rows.append([label, "failed", "", "", "", "", "", ""])
+                rows.append([label, "failed", "", "", "", "", "", "", ""])
                 continue
             med = statistics.median(x["median_ms"] for x in rs)
             ratio = statistics.median(x["peak_reserved"] / max(1, x["peak_allocated"]) for x in rs)
@@ -774,9 +793,11 @@ def part_w(args: argparse.Namespace) -> int:
             held = max(x["held_after"] for x in rs)
             losses = [x["final_loss"] for x in rs]
             same = base_loss is not None and all(abs(v - base_loss) <= 1e-3 * max(1.0, abs(base_loss)) for v in losses)
+            calls = statistics.median(x.get("device_calls_per_step", -1) for x in rs)
             rows.append([label, " / ".join(f"{x['median_ms']:.2f}" for x in rs), f"{med:.2f}",
                          f"{med / base_ms:.3f}x" if base_ms else "-", f"{ratio:.3f}",
-                         f"{waits:.2f}" if label == "gpuguard" else "-", f"{held / MiB:.1f}",
+                         f"{waits:.2f}" if label == "gpuguard" else "-", f"{calls:.1f}" if calls >= 0 else "-",
+                         f"{held / MiB:.1f}",
                          " / ".join(f"{v:.4f}" for v in losses) + ("" if same else " (differs from default)")])
             if label == "gpuguard":
                 goals = [("step <= 1.00x default", base_ms is not None and med <= base_ms),
@@ -791,7 +812,8 @@ def part_w(args: argparse.Namespace) -> int:
         table(f"(w) {w}: {W_WORKLOADS[w][1]}, bf16 autocast, seed 0, {any_run['steps']} steps "
               f"({any_run['warm']} warm-up left out)",
               ["allocator", "median step ms (per run)", "median of runs", "vs default", "peak reserved / peak allocated",
-               "host waits a step after warm-up", "held after empty_cache beyond live MiB (worst run)",
+               "host waits a step after warm-up", "driver allocs + frees a step after warm-up",
+               "held after empty_cache beyond live MiB (worst run)",
                "final loss (per run)"], rows)
     print("\n(gpuguard: reserved = the arena's peak_mapped, allocated = its peak_in_use; others: "
           "torch.cuda.max_memory_reserved / max_memory_allocated. Host waits: every wait for the GPU the "

@@ -100,7 +100,9 @@ typedef struct gg_arena_stats {
   unsigned long long n_stream_waits; /**< host-side waits for the stream (or one of its events) the
                                           arena made: to trim or grow over memory released in stream
                                           order, and to reuse pending releases when memory ran out */
-  unsigned long long reserved_[16];  /**< room for fields later versions add; zero */
+  unsigned long long n_maps;   /**< chunks mapped since creation (driver allocations: cuMemCreate) */
+  unsigned long long n_unmaps; /**< chunks given back since creation, by trims and growth's trims */
+  unsigned long long reserved_[14]; /**< room for fields later versions add; zero */
 } gg_arena_stats_t;
 
 /** A scope of an arena. Plain data the caller owns (on its stack); filled by gg_scope_begin(). */

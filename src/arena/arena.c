@@ -169,6 +169,8 @@ void gg__arena_fill_stats(const gg_arena_t *a, gg_arena_stats_t *s) {
   s->n_chunks = a->n_chunks;
   s->n_events = a->probe.events_recorded + a->probe.stream_joins;
   s->n_stream_waits = a->probe.stream_waits;
+  s->n_maps = a->n_maps;
+  s->n_unmaps = a->n_unmaps;
 }
 
 /* ---- create and destroy ---------------------------------------------------------------------- */

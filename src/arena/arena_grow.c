@@ -158,6 +158,7 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
   memmove(a->chunks + i + pieces, a->chunks + i, (a->n_chunks - i) * sizeof *a->chunks);
   memcpy(a->chunks + i, made, pieces * sizeof *made);
   a->n_chunks += pieces;
+  a->n_maps += pieces;
   a->mapped += m;
   if (a->mapped > a->peak_mapped) a->peak_mapped = a->mapped;
   gg__freelist_put(&a->freelist, made[0]->ptr, m, a->contiguous ? NULL : made[0], NULL);
@@ -267,6 +268,7 @@ static int gg__trim_free_chunks(gg_arena_t *a, size_t keep, bool idle_only) {
     else
       a->chunks[w++] = a->chunks[r];
   }
+  a->n_unmaps += a->n_chunks - w;
   a->n_chunks = w;
   free(fs), free(gone);
   if (returned) a->n_trims++, a->bytes_trimmed += returned;

@@ -150,6 +150,7 @@ struct gg_arena {
 
   size_t in_use, mapped, peak_in_use, peak_mapped;
   unsigned long long n_live, n_allocs, n_frees, n_trims, bytes_trimmed;
+  unsigned long long n_maps, n_unmaps; /* chunks mapped and given back, since creation */
   gg__arena_probe_t probe;
   unsigned long long guard_token; /* registration with the live guard of its device, 0 if none */
   struct gg_arena *live_prev, *live_next; /* the process's live arenas, for reports */

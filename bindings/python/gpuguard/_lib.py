@@ -106,8 +106,8 @@ class ArenaStats(Structure):
                 ("n_live", c_ulonglong), ("n_allocs", c_ulonglong), ("n_frees", c_ulonglong),
                 ("n_trims", c_ulonglong), ("bytes_trimmed", c_ulonglong), ("scope_depth", c_int),
                 ("fragmentation", c_double), ("bytes_pending", c_size_t), ("n_chunks", c_ulonglong),
-                ("n_events", c_ulonglong), ("n_stream_waits", c_ulonglong),
-                ("reserved_", c_ulonglong * 16)]
+                ("n_events", c_ulonglong), ("n_stream_waits", c_ulonglong), ("n_maps", c_ulonglong),
+                ("n_unmaps", c_ulonglong), ("reserved_", c_ulonglong * 14)]
 
 
 class StatsBuffer(Structure):

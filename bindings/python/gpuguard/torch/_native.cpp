@@ -1066,6 +1066,8 @@ class Backend final : public cca::CUDAAllocator {
     Stat segment;
     int64_t in_use = 0;
     uint64_t waits = 0;
+    int64_t maps = 0;
+    int64_t unmaps = 0;
     for (gg_arena_t *a : arenas) {
       gg_arena_stats_t s{};
       if (gg_arena_stats_quiet(a, &s) != 0) {
@@ -1076,6 +1078,8 @@ class Backend final : public cca::CUDAAllocator {
       segment.current += int64_t(s.n_chunks);
       in_use += int64_t(s.bytes_in_use);
       waits += s.n_stream_waits;
+      maps += int64_t(s.n_maps);
+      unmaps += int64_t(s.n_unmaps);
       reserved.freed += int64_t(s.bytes_trimmed);
     }
     gg_plugin_graph_stats_t gs{};
@@ -1099,8 +1103,8 @@ class Backend final : public cca::CUDAAllocator {
     out.inactive_split_bytes[size_t(StatType::AGGREGATE)] = inactive;
     out.inactive_split_bytes[size_t(StatType::LARGE_POOL)] = inactive;
     out.num_sync_all_streams = int64_t(waits); /* every host wait the arenas made for their streams */
-    out.num_device_alloc = segment.current;
-    out.num_device_free = 0;
+    out.num_device_alloc = maps; /* driver allocations (cuMemCreate), as PyTorch counts its cudaMalloc */
+    out.num_device_free = unmaps;
     out.max_split_size = -1;
   }
 
