@@ -290,7 +290,7 @@ static void test_mappings_cover_a_block_exactly_in_order(void **state) {
   gg_assert_fails(gg_arena_foreach_mapping(a, big, 1, NULL, NULL), GG_EINVAL, "visit");
   rc = gg_arena_foreach_mapping(a, (void *)(uintptr_t)4096, 16, collect_mapping, &ms);
   assert_int_equal(rc, GG_ENOTFOUND); /* a foreign address */
-  assert_true(s.n_maps >= 2); /* chunks mapped since creation, none given back yet */
+  assert_true(s.n_maps >= 2);         /* chunks mapped since creation, none given back yet */
   assert_int_equal(s.n_maps, s.n_chunks);
   assert_int_equal(s.n_unmaps, 0);
   gg_assert_ok(gg_free(a, small));
