@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 
 #define REQUEST_MAX    8192 /* a scrape's request is a few hundred bytes */
 #define READ_LIMIT_MS  2000 /* a client that has not sent its request by then is dropped */

@@ -1,4 +1,4 @@
-/* watch.c — `gpuguard watch`: devices (memory, utilisation, temperature, power), the processes holding
+/* cmd_watch.c — `gpuguard watch`: devices (memory, utilisation, temperature, power), the processes holding
  * them and the gpuguard sessions, redrawn in place on a terminal; or, with --prom-file/--listen, the
  * Prometheus exporter (exporter.c). */
 #include <errno.h>
@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 
 /* ---- the screen: a frame built in memory, cut to the width, written at once ---------------------------- */
 

@@ -1,7 +1,8 @@
-/* cli.h — what the `gpuguard` command's files share: usage errors, the process table's rows, text made
- * safe for a terminal, and the pieces of `watch` (the terminal view and the Prometheus exporter). */
-#ifndef GG_CLI_H
-#define GG_CLI_H
+/* cli_internal.h — what the `gpuguard` command's files share: cli.c's usage errors, option values,
+ * text made safe for a terminal and the process table's rows; each command's entry point (cmd_*.c,
+ * dispatched from gpuguard.c's table); and the pieces of `watch` (the Prometheus exporter). */
+#ifndef GG_CLI_INTERNAL_H
+#define GG_CLI_INTERNAL_H
 
 #include <getopt.h>
 #include <stdbool.h>
@@ -47,8 +48,16 @@ size_t cli_fit(const char *s, int cols, int *used);
 /* Every process holding any device, except this one (the CLI's own device descriptors are not news).
  * Returns 0, or 1 after a message to errs (NULL: none); *no_gpu is set when there is no NVIDIA GPU. */
 int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs);
+/* Whether `gpuguard reap` (as this user; with --all-users as root) ends what this row is. */
+bool cli_reapable(const gg_process_t *p);
 
-/* watch.c */
+/* ---- the commands, one file each (cmd_NAME.c) ---- */
+int cmd_ps(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_reap(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
 int cmd_watch(int argc, char **argv);
 
 /* exporter.c: Prometheus text for node_exporter's textfile collector, and over HTTP. */
@@ -72,7 +81,7 @@ exporter_t *exporter_open(const char *spec, unsigned what);
 int exporter_serve(exporter_t *ex, double deadline_ms, int wake_fd);
 void exporter_close(exporter_t *ex);
 
-/* ---- option values every command reads the same way (gpuguard.c) ---- */
+/* ---- option values every command reads the same way (cli.c) ---- */
 /* A duration: a number with a unit (ms, s, m) or a bare number in default_unit_ms; between min_ms and
  * max_ms. false after a usage message naming opt. */
 bool cli_duration(const char *opt, const char *text, double default_unit_ms, double min_ms, double max_ms,
@@ -83,6 +92,9 @@ int cli_color_mode(const char *text);
 bool cli_color_on(int mode, int fd);
 /* -i/--id N: a device number; false after a usage message. */
 bool cli_device_arg(const char *text, int *device);
+/* --grace TIME for run and reap: milliseconds, at most the library's GG_PROC_GRACE_MAX_MS; false after
+ * a usage message. */
+bool cli_grace(const char *text, long *out);
 /* No NVIDIA GPU here: the library runs on its simulated host device and NVML is not there either. */
 bool cli_no_gpu(void);
 
