@@ -1,24 +1,17 @@
 /* guard.c — guards: the list of live guards, each guard's LIFO cleanups and attached objects, and the
- * teardown (cleanups, leak report, context reset and release) on every path: destroy, exit(), signals. */
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <poll.h>
+ * teardown (cleanups, leak report, context reset and release) on every path: destroy, exit(), signals.
+ * The leak report's grouping and writing are guard_report.c's. */
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
 #include "guard/guard_internal.h"
+#include "guard/guard_report_internal.h"
 #include "core/internal.h"
-#include "core/json_internal.h"
-#include "core/symbol_internal.h"
 #include "proc/proc_internal.h"
 #include "guard/signal_internal.h"
 #include "proc/teardown_internal.h"
@@ -36,15 +29,6 @@ typedef struct gg__entry {
 } gg__entry_t;
 
 enum gg__state { GG__LIVE, GG__TEARING, GG__DEAD };
-
-enum gg__dest { GG__TO_NONE, GG__TO_STDERR, GG__TO_STDOUT, GG__TO_FILE };
-
-typedef struct gg__report_opts {
-  enum gg__dest dest;
-  bool json;
-  bool asked; /* an explicit destination: report at every teardown, empty or not */
-  char path[1024];
-} gg__report_opts_t;
 
 struct gg_guard {
   /* Live-list lock: */
@@ -90,8 +74,10 @@ GG__FORK_REGISTER(GG__FORK_GUARDS, gg__guard_fork_prepare, gg__guard_fork_parent
 /* Why a teardown runs. */
 enum gg__reason { GG__BY_DESTROY, GG__BY_EXIT, GG__BY_SIGNAL };
 
-static const char *gg__reason_name(enum gg__reason why) {
-  return why == GG__BY_DESTROY ? "gg_guard_destroy" : why == GG__BY_EXIT ? "exit" : "signal";
+/* How a teardown came, as the leak report says it: the signal's name, the call, or "exit". */
+static const char *gg__reason_how(enum gg__reason why, int code) {
+  if (why == GG__BY_SIGNAL) return gg__sig_name(code);
+  return why == GG__BY_DESTROY ? "gg_guard_destroy" : "exit";
 }
 
 /* ---- options ------------------------------------------------------------------------------------------ */
@@ -105,30 +91,6 @@ void gg_guard_options_init(gg_guard_options_t *opts) {
   opts->child_grace_ms = GG__DEFAULT_GRACE_MS;
 }
 
-/* "stderr", "stdout", "none", PATH, each optionally "json:" or "text:" first. */
-static int gg__parse_report(const char *what, const char *text, gg__report_opts_t *r) {
-  memset(r, 0, sizeof *r);
-  r->dest = GG__TO_STDERR;
-  if (!text) return 0;
-  r->asked = true;
-  const char *v = text;
-  if (strncmp(v, "json:", 5) == 0)
-    r->json = true, v += 5;
-  else if (strncmp(v, "text:", 5) == 0)
-    v += 5;
-  else if (strcmp(v, "json") == 0)
-    return (r->json = true), 0;
-  if (!*v) return gg__err(GG_EINVAL, "%s='%s': nothing after the format prefix", what, text);
-  if (strcmp(v, "stderr") == 0) return 0;
-  if (strcmp(v, "stdout") == 0) return (r->dest = GG__TO_STDOUT), 0;
-  if (!strcmp(v, "none") || !strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "no"))
-    return (r->dest = GG__TO_NONE), 0;
-  if (strlen(v) >= sizeof r->path) return gg__err(GG_EINVAL, "%s: the path is too long", what);
-  r->dest = GG__TO_FILE;
-  gg__strlcpy(r->path, v, sizeof r->path);
-  return 0;
-}
-
 static int gg__check_options(const gg_guard_options_t *o, gg__report_opts_t *report) {
   if (o->device < 0) return gg__err(GG_EINVAL, "gg_guard_create: options.device=%d is negative", o->device);
   if (o->signals & ~(unsigned)GG_GUARD_SIGNALS_ALL)
@@ -140,8 +102,8 @@ static int gg__check_options(const gg_guard_options_t *o, gg__report_opts_t *rep
   if (o->child_grace_ms < 0 || o->child_grace_ms > 600000)
     return gg__err(GG_EINVAL, "gg_guard_create: options.child_grace_ms=%d is not in 0..600000",
                    o->child_grace_ms);
-  if (o->leak_report) return gg__parse_report("options.leak_report", o->leak_report, report);
-  return gg__parse_report("GPUGUARD_LEAK_REPORT", gg__env("GPUGUARD_LEAK_REPORT"), report);
+  if (o->leak_report) return gg__report_parse("options.leak_report", o->leak_report, report);
+  return gg__report_parse("GPUGUARD_LEAK_REPORT", gg__env("GPUGUARD_LEAK_REPORT"), report);
 }
 
 /* ---- the at-exit path --------------------------------------------------------------------------------- */
@@ -400,253 +362,6 @@ int gg__guard_detach(unsigned long long token) {
   return 0;
 }
 
-/* ---- the leak report ---------------------------------------------------------------------------------- */
-
-/* Surviving blocks of one tag allocated at one site (GG_ARENA_BACKTRACE). */
-typedef struct gg__site_row {
-  const void *key; /* the arena's interned frames: one per site, alive while the visit lasts */
-  void *pc[8];
-  int n;
-  unsigned long long count, bytes;
-} gg__site_row_t;
-
-typedef struct gg__tag_row {
-  char tag[64];
-  unsigned long long count, bytes;
-  gg__site_row_t *sites;
-  size_t n_sites, cap_sites;
-} gg__tag_row_t;
-
-#define GG__REPORT_TOP_SITES 3 /* sites printed under each tag, most bytes first */
-
-typedef struct gg__obj_row {
-  char name[64], backend[16];
-  unsigned long long count, bytes;
-  gg__tag_row_t *tags;
-  size_t n_tags, cap_tags;
-  bool truncated; /* out of host memory while grouping */
-} gg__obj_row_t;
-
-typedef struct gg__report {
-  gg__obj_row_t *objs;
-  size_t n_objs, cap_objs;
-  unsigned long long count, bytes;
-} gg__report_t;
-
-/* Counts a block under its site in tag row t. */
-static void gg__visit_site(gg__obj_row_t *o, gg__tag_row_t *t, const gg_block_info_t *b) {
-  if (b->n_frames <= 0 || !b->frames) return;
-  for (size_t i = 0; i < t->n_sites; i++) {
-    if (t->sites[i].key == (const void *)b->frames) {
-      t->sites[i].count++, t->sites[i].bytes += b->size;
-      return;
-    }
-  }
-  gg__site_row_t *r = gg__vec_reserve(t->sites, &t->cap_sites, t->n_sites + 1, sizeof *r);
-  if (!r) {
-    o->truncated = true;
-    return;
-  }
-  t->sites = r;
-  r = &t->sites[t->n_sites++];
-  r->key = b->frames, r->n = b->n_frames < 8 ? b->n_frames : 8, r->count = 1, r->bytes = b->size;
-  memcpy(r->pc, b->frames, (size_t)r->n * sizeof *r->pc);
-}
-
-static int gg__visit_block(const gg_block_info_t *b, void *user) {
-  gg__obj_row_t *o = user;
-  const char *tag = b->tag ? b->tag : "";
-  o->count++, o->bytes += b->size;
-  for (size_t i = 0; i < o->n_tags; i++) {
-    if (strcmp(o->tags[i].tag, tag) == 0) {
-      o->tags[i].count++, o->tags[i].bytes += b->size;
-      gg__visit_site(o, &o->tags[i], b);
-      return 0;
-    }
-  }
-  gg__tag_row_t *t = gg__vec_reserve(o->tags, &o->cap_tags, o->n_tags + 1, sizeof *t);
-  if (!t) return (o->truncated = true), 0;
-  o->tags = t;
-  t = &o->tags[o->n_tags++];
-  memset(t, 0, sizeof *t);
-  gg__strlcpy(t->tag, tag, sizeof t->tag);
-  t->count = 1, t->bytes = b->size;
-  gg__visit_site(o, t, b);
-  return 0;
-}
-
-static int gg__site_row_cmp(const void *x, const void *y) {
-  const gg__site_row_t *a = x, *b = y;
-  return a->bytes != b->bytes ? (a->bytes < b->bytes ? 1 : -1)
-                              : (a->count < b->count) - (a->count > b->count);
-}
-
-/* The sites under one tag (sorted, most bytes first): the top few, each frame named. */
-static void gg__render_sites(FILE *f, const gg__tag_row_t *t, bool json) {
-  size_t shown = t->n_sites < GG__REPORT_TOP_SITES ? t->n_sites : GG__REPORT_TOP_SITES;
-  char name[512];
-  if (json) fputs(",\"sites\":[", f);
-  for (size_t i = 0; i < shown; i++) {
-    const gg__site_row_t *r = &t->sites[i];
-    if (json)
-      fprintf(f, "%s{\"count\":%llu,\"bytes\":%llu,\"frames\":[", i ? "," : "", r->count, r->bytes);
-    else
-      fprintf(f, "gpuguard:       %llu block%s, %llu bytes allocated at:\n", r->count,
-              r->count == 1 ? "" : "s", r->bytes);
-    for (int k = 0; k < r->n; k++) {
-      gg__site_name(r->pc[k], name, sizeof name);
-      if (json)
-        fputs(k ? "," : "", f), gg__json_fputs(f, name);
-      else
-        fprintf(f, "gpuguard:         #%d %s\n", k, name);
-    }
-    if (json) fputs("]}", f);
-  }
-  if (json)
-    fputs("]", f);
-  else if (t->n_sites > shown)
-    fprintf(f, "gpuguard:       (%zu more site%s)\n", t->n_sites - shown, t->n_sites - shown == 1 ? "" : "s");
-}
-
-/* Adds an attached object's live blocks (before its teardown releases them). */
-static void gg__report_add(gg__report_t *r, const gg__entry_t *e) {
-  if (!e->ops->foreach_block) return;
-  gg__obj_row_t *objs = gg__vec_reserve(r->objs, &r->cap_objs, r->n_objs + 1, sizeof *objs);
-  if (!objs) return;
-  r->objs = objs;
-  gg__obj_row_t *o = &objs[r->n_objs];
-  memset(o, 0, sizeof *o);
-  gg__strlcpy(o->name, e->ops->name ? e->ops->name(e->user) : e->ops->kind, sizeof o->name);
-  gg__strlcpy(o->backend, e->ops->backend ? e->ops->backend(e->user) : "", sizeof o->backend);
-  gg__err_saved_t saved;
-  gg__err_save(&saved);
-  e->ops->foreach_block(e->user, gg__visit_block, o);
-  gg__err_restore(&saved);
-  for (size_t k = 0; k < o->n_tags; k++)
-    if (o->tags[k].n_sites > 1) /* none: sites is NULL, which qsort must not be given */
-      qsort(o->tags[k].sites, o->tags[k].n_sites, sizeof *o->tags[k].sites, gg__site_row_cmp);
-  if (o->count == 0) {
-    free(o->tags);
-    return; /* nothing leaked: not listed */
-  }
-  r->n_objs++, r->count += o->count, r->bytes += o->bytes;
-}
-
-static void gg__report_render(FILE *f, const gg_guard_t *g, const gg__report_t *r, enum gg__reason why,
-                              int code) {
-  char how[64];
-  if (why == GG__BY_SIGNAL)
-    snprintf(how, sizeof how, "%s", gg__sig_name(code));
-  else
-    snprintf(how, sizeof how, "%s", gg__reason_name(why));
-  if (g->report.json) {
-    fprintf(f, "{\"gpuguard\":\"leak_report\",\"pid\":%ld,\"guard\":", (long)getpid());
-    gg__json_fputs(f, g->name);
-    fprintf(f, ",\"teardown\":\"%s\",\"live_blocks\":%llu,\"live_bytes\":%llu,\"arenas\":[", how, r->count,
-            r->bytes);
-    for (size_t i = 0; i < r->n_objs; i++) {
-      const gg__obj_row_t *o = &r->objs[i];
-      fputs(i ? ",{\"name\":" : "{\"name\":", f);
-      gg__json_fputs(f, o->name);
-      fputs(",\"backend\":", f);
-      gg__json_fputs(f, o->backend);
-      fprintf(f, ",\"live_blocks\":%llu,\"live_bytes\":%llu,\"truncated\":%s,\"tags\":[", o->count, o->bytes,
-              o->truncated ? "true" : "false");
-      for (size_t k = 0; k < o->n_tags; k++) {
-        fputs(k ? ",{\"tag\":" : "{\"tag\":", f);
-        gg__json_fputs(f, o->tags[k].tag);
-        fprintf(f, ",\"count\":%llu,\"bytes\":%llu", o->tags[k].count, o->tags[k].bytes);
-        if (o->tags[k].n_sites) gg__render_sites(f, &o->tags[k], true);
-        fputc('}', f);
-      }
-      fputs("]}", f);
-    }
-    fputs("]}\n", f);
-    return;
-  }
-  fprintf(f,
-          "gpuguard: leak report of guard '%s' (pid %ld, teardown by %s): %llu live block%s, %llu bytes in "
-          "%zu arena%s\n",
-          g->name, (long)getpid(), how, r->count, r->count == 1 ? "" : "s", r->bytes, r->n_objs,
-          r->n_objs == 1 ? "" : "s");
-  for (size_t i = 0; i < r->n_objs; i++) {
-    const gg__obj_row_t *o = &r->objs[i];
-    fprintf(f, "gpuguard:   arena '%s' (%s): %llu live block%s, %llu bytes%s\n", o->name, o->backend,
-            o->count, o->count == 1 ? "" : "s", o->bytes,
-            o->truncated ? " (some tags left out: out of memory)" : "");
-    for (size_t k = 0; k < o->n_tags; k++) {
-      fprintf(f, "gpuguard:     tag '%s': %llu block%s, %llu bytes\n",
-              o->tags[k].tag[0] ? o->tags[k].tag : "(none)", o->tags[k].count,
-              o->tags[k].count == 1 ? "" : "s", o->tags[k].bytes);
-      if (o->tags[k].n_sites) gg__render_sites(f, &o->tags[k], false);
-    }
-  }
-}
-
-/* A report file is a regular file: a symbolic link is not followed (root appending its report to the
- * file another user's link names) and a FIFO or device is refused at once (opening a FIFO nobody reads
- * blocks, and the teardown with it, past any signal). -1 with a message on stderr. */
-static int gg__report_open(const gg_guard_t *g) {
-  int fd = open(g->report.path,
-                O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
-  struct stat st;
-  const char *why = fd < 0 ? strerror(errno) : NULL;
-  if (fd < 0 && errno == ELOOP) why = "a symbolic link (not followed)";
-  if (fd < 0 && errno == ENXIO) why = "a FIFO nobody reads (not a regular file)";
-  if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) why = "not a regular file";
-  if (!why) return fd;
-  if (fd >= 0) close(fd);
-  fprintf(stderr, "gpuguard: guard '%s': cannot open the leak report file '%s': %s\n", g->name,
-          g->report.path, why);
-  return -1;
-}
-
-/* Writes len bytes within about two seconds in all: stdout or stderr may be a pipe nobody reads, and a
- * teardown must end. After poll says there is room, a write of at most PIPE_BUF bytes does not block. */
-static void gg__report_write(int fd, const char *buf, size_t len) {
-  struct timespec t0, now;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (size_t off = 0; off < len;) {
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    long spent = (long)(now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
-    struct pollfd pf = {.fd = fd, .events = POLLOUT};
-    int ready = spent >= 2000 ? 0 : poll(&pf, 1, (int)(2000 - spent));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0 || (pf.revents & (POLLERR | POLLHUP | POLLNVAL))) return;
-    size_t chunk = len - off < PIPE_BUF ? len - off : PIPE_BUF;
-    ssize_t w = write(fd, buf + off, chunk);
-    if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (w <= 0) return;
-    off += (size_t)w;
-  }
-}
-
-/* Renders into memory first, so the report reaches its destination in one write. */
-static void gg__report_emit(const gg_guard_t *g, gg__report_t *r, enum gg__reason why, int code) {
-  if (g->report.dest == GG__TO_NONE || (!g->report.asked && r->count == 0)) return;
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *m = open_memstream(&buf, &len);
-  if (!m) return;
-  gg__report_render(m, g, r, why, code);
-  fclose(m);
-  int fd = g->report.dest == GG__TO_STDOUT ? 1 : 2;
-  bool own = g->report.dest == GG__TO_FILE;
-  if (own) fd = gg__report_open(g);
-  if (g->report.dest == GG__TO_STDOUT) fflush(stdout);
-  if (fd >= 0) gg__report_write(fd, buf, len);
-  if (own && fd >= 0) close(fd);
-  free(buf);
-}
-
-static void gg__report_free(gg__report_t *r) {
-  for (size_t i = 0; i < r->n_objs; i++) {
-    for (size_t k = 0; k < r->objs[i].n_tags; k++) free(r->objs[i].tags[k].sites);
-    free(r->objs[i].tags);
-  }
-  free(r->objs);
-}
-
 /* ---- the teardown ------------------------------------------------------------------------------------- */
 
 /* Pops and runs the cleanups still registered, newest first; with g's lock held, which it drops around
@@ -657,7 +372,7 @@ static void gg__run_cleanups_locked(gg_guard_t *g, gg__report_t *report) {
     g->running = e.id;
     pthread_mutex_unlock(&g->lock);
     if (e.ops) {
-      gg__report_add(report, &e);
+      gg__report_add(report, e.ops, e.user);
       e.ops->teardown(e.user);
     } else {
       e.fn(e.user);
@@ -678,7 +393,7 @@ static int gg__finish_teardown(gg_guard_t *g, enum gg__reason why, int code, gg_
   int rc = gg__proc_teardown_set(g, g->grace_ms, NULL);
   if (rc < 0 && why != GG__BY_DESTROY)
     fprintf(stderr, "gpuguard: guard '%s': ending its child processes: %s\n", g->name, gg_last_error());
-  gg__report_emit(g, report, why, code);
+  gg__report_emit(&g->report, g->name, report, gg__reason_how(why, code));
   gg__report_free(report);
   if (g->reset_context && dev) {
     int r = dev->ops->ctx_reset(dev);
