@@ -552,24 +552,22 @@ static int gg__child_env(char *const *env, bool explicit_env, char ***out, char 
   return 0;
 }
 
-int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_options_t *opts, pid_t *pid) {
-  if (pid) *pid = -1;
-  if (!argv || !argv[0] || !argv[0][0]) return gg__err(GG_EINVAL, "gg_proc_spawn: argv is NULL or empty");
-  gg__spawn_req_t r;
-  memset(&r, 0, sizeof r);
-  gg_spawn_options_init(&r.opts);
+/* The caller's options over the defaults, checked: a size from gg_spawn_options_init(), a pid_ns mode,
+ * a grace in range, descriptors that are open. */
+static int gg__spawn_options(const gg_spawn_options_t *opts, gg_spawn_options_t *out) {
+  gg_spawn_options_init(out);
   if (opts) {
     if (opts->size < offsetof(gg_spawn_options_t, stdin_fd) || opts->size > sizeof *opts)
       return gg__err(GG_EINVAL, "gg_spawn_options_t.size is %zu: fill options with gg_spawn_options_init()",
                      opts->size);
-    memcpy(&r.opts, opts, opts->size);
+    memcpy(out, opts, opts->size);
   }
-  if (r.opts.pid_ns < GG_SPAWN_PID_NS_OFF || r.opts.pid_ns > GG_SPAWN_PID_NS_ON)
-    return gg__err(GG_EINVAL, "gg_proc_spawn: pid_ns %d is not a gg_spawn_pid_ns_t", r.opts.pid_ns);
-  if (r.opts.pid_ns_grace_ms < 0 || r.opts.pid_ns_grace_ms > GG_PROC_GRACE_MAX_MS)
-    return gg__err(GG_EINVAL, "gg_proc_spawn: pid_ns_grace_ms %d is outside 0..%d", r.opts.pid_ns_grace_ms,
+  if (out->pid_ns < GG_SPAWN_PID_NS_OFF || out->pid_ns > GG_SPAWN_PID_NS_ON)
+    return gg__err(GG_EINVAL, "gg_proc_spawn: pid_ns %d is not a gg_spawn_pid_ns_t", out->pid_ns);
+  if (out->pid_ns_grace_ms < 0 || out->pid_ns_grace_ms > GG_PROC_GRACE_MAX_MS)
+    return gg__err(GG_EINVAL, "gg_proc_spawn: pid_ns_grace_ms %d is outside 0..%d", out->pid_ns_grace_ms,
                    GG_PROC_GRACE_MAX_MS);
-  const int fds[3] = {r.opts.stdin_fd, r.opts.stdout_fd, r.opts.stderr_fd};
+  const int fds[3] = {out->stdin_fd, out->stdout_fd, out->stderr_fd};
   for (int i = 0; i < 3; i++)
     if (fds[i] < -1 || (fds[i] >= 0 && fcntl(fds[i], F_GETFD) < 0))
       return gg__err(GG_EINVAL, "gg_proc_spawn: %s descriptor %d is not open",
@@ -577,8 +575,55 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
                      : i == 1 ? "stdout"
                               : "stderr",
                      fds[i]);
+  return 0;
+}
+
+/* Hands the request to the spawn thread (started on first use) and waits until it is done. */
+static int gg__spawn_submit(gg__spawn_req_t *r) {
+  pthread_mutex_lock(&gg__sp_lock);
+  int rc = gg__spawn_thread_ensure();
+  if (rc == 0) {
+    r->next = NULL;
+    gg__spawn_req_t **tail = &gg__sp_queue;
+    while (*tail) tail = &(*tail)->next;
+    *tail = r;
+    pthread_cond_signal(&gg__sp_wake);
+    while (!r->done) pthread_cond_wait(&gg__sp_done, &gg__sp_lock);
+  }
+  pthread_mutex_unlock(&gg__sp_lock);
+  return rc;
+}
+
+/* The error for a child that could not start: the step it failed at and the system's reason. */
+static int gg__spawn_failed(const gg__spawn_req_t *r, const char *name, const char *path) {
+  int e = r->sys_errno;
+  if (r->step == GG__STEP_EXEC)
+    return gg__err(e == ENOENT || e == ENOTDIR ? GG_ENOTFOUND
+                   : e == EACCES || e == EPERM ? GG_EPERM
+                                               : GG_EIO,
+                   "gg_proc_spawn: cannot execute '%s': %s", path, strerror(e));
+  static const char *const steps[] = {"fork",
+                                      "arm the death signal",
+                                      "make a process group",
+                                      "change directory",
+                                      "set up stdin/stdout/stderr",
+                                      "exec",
+                                      "enter a new PID namespace (gg_proc_pid_ns_probe() says why)"};
+  const char *what = r->step >= 0 && r->step < 7 ? steps[r->step] : "start";
+  return gg__err(GG_EIO, "gg_proc_spawn: '%s': child could not %s%s%s: %s", name, what,
+                 r->step == GG__STEP_CWD ? " to " : "", r->step == GG__STEP_CWD ? r->opts.cwd : "",
+                 strerror(e));
+}
+
+int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_options_t *opts, pid_t *pid) {
+  if (pid) *pid = -1;
+  if (!argv || !argv[0] || !argv[0][0]) return gg__err(GG_EINVAL, "gg_proc_spawn: argv is NULL or empty");
+  gg__spawn_req_t r;
+  memset(&r, 0, sizeof r);
+  int rc = gg__spawn_options(opts, &r.opts);
+  if (rc != 0) return rc;
   /* Refuse a dead guard or an inherited set before starting anything. */
-  int rc = gg__check_key(guard, "gg_proc_spawn");
+  rc = gg__check_key(guard, "gg_proc_spawn");
   if (rc != 0) return rc;
   gg__set_t *s = NULL;
   pthread_mutex_lock(&gg__lock);
@@ -600,39 +645,10 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
   r.arm_delay_ms = 0;
 #endif
 
-  pthread_mutex_lock(&gg__sp_lock);
-  rc = gg__spawn_thread_ensure();
-  if (rc == 0) {
-    r.next = NULL;
-    gg__spawn_req_t **tail = &gg__sp_queue;
-    while (*tail) tail = &(*tail)->next;
-    *tail = &r;
-    pthread_cond_signal(&gg__sp_wake);
-    while (!r.done) pthread_cond_wait(&gg__sp_done, &gg__sp_lock);
-  }
-  pthread_mutex_unlock(&gg__sp_lock);
+  rc = gg__spawn_submit(&r);
   free(env), free(kv);
   if (rc != 0) return rc;
-
-  if (r.pid < 0) {
-    int e = r.sys_errno;
-    if (r.step == GG__STEP_EXEC)
-      return gg__err(e == ENOENT || e == ENOTDIR ? GG_ENOTFOUND
-                     : e == EACCES || e == EPERM ? GG_EPERM
-                                                 : GG_EIO,
-                     "gg_proc_spawn: cannot execute '%s': %s", path, strerror(e));
-    static const char *const steps[] = {"fork",
-                                        "arm the death signal",
-                                        "make a process group",
-                                        "change directory",
-                                        "set up stdin/stdout/stderr",
-                                        "exec",
-                                        "enter a new PID namespace (gg_proc_pid_ns_probe() says why)"};
-    const char *what = r.step >= 0 && r.step < 7 ? steps[r.step] : "start";
-    return gg__err(GG_EIO, "gg_proc_spawn: '%s': child could not %s%s%s: %s", argv[0], what,
-                   r.step == GG__STEP_CWD ? " to " : "", r.step == GG__STEP_CWD ? r.opts.cwd : "",
-                   strerror(e));
-  }
+  if (r.pid < 0) return gg__spawn_failed(&r, argv[0], path);
   gg__pinfo_t info;
   unsigned long long start = gg__proc_read_stat(r.pid, &info) == 0 ? info.start : 0;
   if ((rc = gg__proc_track(guard, r.pid, r.pidfd, start, GG__FOUND_TRACKED)) != 0) {

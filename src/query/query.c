@@ -258,39 +258,93 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
   return gg__process_list_at(have_uuid ? props.uuid : NULL, device, rows, cap, count);
 }
 
-int gg__process_list_at(const char *uuid, int device, gg_process_t *rows, size_t cap, size_t *count) {
-  *count = 0;
+/* The driver's list of processes with a context on the device, grown until all fit, into *out (freed
+ * by the caller). A GPU without NVML gives an empty list (*nvml false): its descriptors are all there is
+ * to go on then; neither NVML nor the driver is GG_ENODEV. *minor: the device node's number, -1 when
+ * NVML did not say. */
+static int gg__driver_processes(const char *uuid, int device, gg__gpu_proc_t **out, size_t *n, int *minor,
+                                bool *nvml) {
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  bool have_uuid = uuid != NULL;
-
-  gg__gpu_proc_t *gp = NULL;
-  size_t ngp = 0, want = 64;
-  int minor = -1, rc;
-  bool nvml = true;
+  size_t want = 64;
+  int rc;
+  *out = NULL;
+  *n = 0;
+  *minor = -1;
+  *nvml = true;
   for (;;) { /* grow until every process fits */
-    gg__gpu_proc_t *grown = realloc(gp, want * sizeof *gp);
-    if (!grown) {
-      free(gp);
-      return gg__err(GG_ENOMEM, "gg_process_list: out of host memory");
-    }
-    gp = grown;
-    rc = gg__nvml_processes(uuid, device, gp, want, &ngp, &minor);
-    if (rc < 0 || ngp <= want) break;
-    want = ngp + 16;
+    gg__gpu_proc_t *grown = realloc(*out, want * sizeof **out);
+    if (!grown) return gg__err(GG_ENOMEM, "gg_process_list: out of host memory");
+    *out = grown;
+    rc = gg__nvml_processes(uuid, device, *out, want, n, minor);
+    if (rc < 0 || *n <= want) break;
+    want = *n + 16;
   }
-  if (rc == GG_ENOTSUP && !have_uuid) {
+  if (rc == GG_ENOTSUP && !uuid) {
     char why[512]; /* copied: the detail buffer is about to be rewritten */
     gg__strlcpy(why, gg_last_error(), sizeof why);
-    free(gp);
     return gg__err(GG_ENODEV,
                    "gg_process_list: no NVIDIA GPU here: neither NVML nor the CUDA driver is usable (%s)",
                    why);
   }
   if (rc == GG_ENOTSUP) { /* a GPU but no NVML: descriptors are all there is to go on */
-    nvml = false, ngp = 0, rc = 0;
+    *nvml = false;
+    *n = 0;
+    rc = 0;
     gg__err_restore(&saved);
   }
+  return rc;
+}
+
+/* What every row of one device's listing is joined and classified with. */
+typedef struct gg__listing {
+  int device;
+  bool nvml;        /* the driver's list came from NVML (else descriptors are all there is) */
+  bool local;       /* gg__nvml_pids_local() */
+  const int *fdp;   /* every holder of the device node */
+  size_t nfd;
+  gg__sessions_t sessions;
+  uid_t me;
+} gg__listing_t;
+
+/* Fills row for pid: joined with /proc where that names the same process, then classified. fd_only:
+ * a descriptor holder the driver does not list. */
+static void gg__fill_row(gg_process_t *row, const gg__listing_t *l, int pid, long long used, bool fd_only) {
+  memset(row, 0, sizeof *row);
+  row->pid = pid;
+  row->device = l->device;
+  row->used_bytes = used;
+  row->cls = (fd_only && l->nvml) ? GG_PROCESS_FD_HOLDER : GG_PROCESS_UNKNOWN;
+  /* Outside the initial pid namespace a driver's pid is joined with /proc only when that process
+   * of ours holds the device open (so it is a GPU process here); the rest are shown unjoined, never
+   * as whatever unrelated process has that number here. */
+  bool held = l->local || fd_only;
+  for (size_t j = 0; !held && j < l->nfd; j++) held = l->fdp[j] == pid;
+  if (held)
+    gg__join_proc(row, l->me);
+  else
+    gg__row_unjoined(row);
+  if (row->cls != GG_PROCESS_FD_HOLDER) {
+    gg__classify(row, &l->sessions, l->me);
+  } else if (row->state != '?') { /* a worker holding inherited descriptors is still stranded */
+    gg__classify(row, &l->sessions, l->me);
+    if (row->cls != GG_PROCESS_STRANDED && row->cls != GG_PROCESS_ORPHAN) {
+      row->cls = GG_PROCESS_FD_HOLDER;
+      gg__strlcpy(row->why, "holds /dev/nvidia* descriptors but no context the driver lists",
+                  sizeof row->why);
+    }
+  }
+}
+
+int gg__process_list_at(const char *uuid, int device, gg_process_t *rows, size_t cap, size_t *count) {
+  *count = 0;
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  gg__gpu_proc_t *gp = NULL;
+  size_t ngp = 0;
+  int minor = -1;
+  bool nvml = true;
+  int rc = gg__driver_processes(uuid, device, &gp, &ngp, &minor, &nvml);
   if (rc < 0) {
     free(gp);
     return rc;
@@ -302,48 +356,21 @@ int gg__process_list_at(const char *uuid, int device, gg_process_t *rows, size_t
   size_t nfd = 0;
   if (gg__scan_fd_holders("/proc", node, &fdp, &nfd) < 0) nfd = 0, gg__err_restore(&saved);
 
-  uid_t me = getuid();
+  gg__listing_t l = {.device = device, .nvml = nvml, .fdp = fdp, .nfd = nfd, .me = getuid()};
   size_t total = 0;
-  gg__sessions_t sessions;
-  gg__sessions_load(&sessions);
-  bool local = gg__nvml_pids_local();
+  gg__sessions_load(&l.sessions);
+  l.local = gg__nvml_pids_local();
   for (size_t i = 0; i < ngp + nfd; i++) {
     int pid = i < ngp ? (int)gp[i].pid : fdp[i - ngp];
     bool listed = false;
     for (size_t j = 0; i >= ngp && j < ngp && !listed; j++) listed = (int)gp[j].pid == pid;
     if (listed) continue;
-    if (total < cap) {
-      gg_process_t *row = &rows[total];
-      memset(row, 0, sizeof *row);
-      row->pid = pid;
-      row->device = device;
-      row->used_bytes = i < ngp ? gp[i].used : -1;
-      row->cls = (i >= ngp && nvml) ? GG_PROCESS_FD_HOLDER : GG_PROCESS_UNKNOWN;
-      /* Outside the initial pid namespace a driver's pid is joined with /proc only when that process
-       * of ours holds the device open (so it is a GPU process here); the rest are shown unjoined, never
-       * as whatever unrelated process has that number here. */
-      bool held = local || i >= ngp;
-      for (size_t j = 0; !held && j < nfd; j++) held = fdp[j] == pid;
-      if (held)
-        gg__join_proc(row, me);
-      else
-        gg__row_unjoined(row);
-      if (row->cls != GG_PROCESS_FD_HOLDER) {
-        gg__classify(row, &sessions, me);
-      } else if (row->state != '?') { /* a worker holding inherited descriptors is still stranded */
-        gg__classify(row, &sessions, me);
-        if (row->cls != GG_PROCESS_STRANDED && row->cls != GG_PROCESS_ORPHAN) {
-          row->cls = GG_PROCESS_FD_HOLDER;
-          gg__strlcpy(row->why, "holds /dev/nvidia* descriptors but no context the driver lists",
-                      sizeof row->why);
-        }
-      }
-    }
+    if (total < cap) gg__fill_row(&rows[total], &l, pid, i < ngp ? gp[i].used : -1, i >= ngp);
     total++;
   }
   free(gp);
   free(fdp);
-  gg__sessions_free(&sessions);
+  gg__sessions_free(&l.sessions);
   *count = total;
   return 0;
 }
