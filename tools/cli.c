@@ -31,7 +31,10 @@ int bad_usage(const char *fmt, const char *what) {
 const char *human(double bytes, char *buf, size_t cap) {
   static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
-  while (bytes >= 1024 && u < 4) bytes /= 1024, u++;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    u++;
+  }
   snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
   return buf;
 }
@@ -66,14 +69,20 @@ int cli_opt_error(int opt, char **argv) {
 static locale_t utf8_locale(void) {
   static locale_t loc;
   static bool tried;
-  if (!tried) tried = true, loc = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+  if (!tried) {
+    tried = true;
+    loc = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+  }
   return loc;
 }
 
 /* The printable character at p: its length in bytes and its width in columns; 0 when it is not one. */
 static size_t printable_at(const char *p, size_t avail, int *width) {
   unsigned char c = (unsigned char)*p;
-  if (c >= 0x20 && c < 0x7f) return *width = 1, 1;
+  if (c >= 0x20 && c < 0x7f) {
+    *width = 1;
+    return 1;
+  }
   locale_t loc = utf8_locale();
   if (c < 0x80 || !loc) return 0;
   locale_t old = uselocale(loc);
@@ -84,7 +93,8 @@ static size_t printable_at(const char *p, size_t avail, int *width) {
   int w = n > 0 && n <= 4 && iswprint((wint_t)wc) ? wcwidth(wc) : -1; /* C1 controls (CSI) are not */
   uselocale(old);
   if (w < 0) return 0;
-  return *width = w, n;
+  *width = w;
+  return n;
 }
 
 void cli_safe_text(const char *s, char *out, size_t cap) {
@@ -96,7 +106,9 @@ void cli_safe_text(const char *s, char *out, size_t cap) {
     if (n == 0) snprintf(esc, sizeof esc, "\\x%02X", (unsigned char)*p);
     if (w + len >= cap) break;
     memcpy(out + w, n ? p : esc, len);
-    w += len, p += n ? n : 1, left -= n ? n : 1;
+    w += len;
+    p += n ? n : 1;
+    left -= n ? n : 1;
   }
   if (cap) out[w] = '\0';
 }
@@ -107,9 +119,13 @@ size_t cli_fit(const char *s, int cols, int *used) {
   while (s[off]) {
     int width;
     size_t n = printable_at(s + off, left - off, &width);
-    if (n == 0) n = 1, width = 1;
+    if (n == 0) {
+      n = 1;
+      width = 1;
+    }
     if (cols >= 0 && *used + width > cols) break;
-    off += n, *used += width;
+    off += n;
+    *used += width;
   }
   return off;
 }
@@ -193,7 +209,9 @@ bool cli_no_gpu(void) {
 /* Gathered before printing so a failure prints no half table. */
 int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs) {
   int n = 0;
-  *out = NULL, *nout = 0, *no_gpu = false;
+  *out = NULL;
+  *nout = 0;
+  *no_gpu = false;
   if (gg_device_count(&n) < 0) {
     if (errs) fprintf(errs, "gpuguard: %s\n", gg_last_error());
     return 1;
@@ -209,7 +227,10 @@ int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *e
       *out = grown;
       int rc = gg_process_list(dev, *out + *nout, cap, &count);
       if (rc < 0) {
-        if (rc == GG_ENODEV) return *no_gpu = true, 1; /* neither NVML nor the driver: no GPU here */
+        if (rc == GG_ENODEV) {
+          *no_gpu = true;
+          return 1;
+        } /* neither NVML nor the driver: no GPU here */
         if (errs) fprintf(errs, "gpuguard: device %d: %s\n", dev, gg_last_error());
         count = 0;
         break;

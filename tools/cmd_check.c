@@ -18,7 +18,10 @@ static bool parse_bytes(const char *text, long long *out) {
   unsigned long long v = strtoull(text, &end, 10);
   int shift = 0;
   const char *units = "KMGT", *u = *end ? strchr(units, *end & ~0x20) : NULL;
-  if (u && end[1] == '\0') shift = 10 * (int)(u - units + 1), end++;
+  if (u && end[1] == '\0') {
+    shift = 10 * (int)(u - units + 1);
+    end++;
+  }
   if (errno || *end || v > (unsigned long long)INT64_MAX >> shift) return false;
   *out = (long long)(v << shift);
   return true;
@@ -38,7 +41,10 @@ static int check_parse(int argc, char **argv, check_opts_t *c) {
   *c = (check_opts_t){.allow = 1LL << 30};
   int o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
-    if (o == 'h') return usage(stdout, current), 0;
+    if (o == 'h') {
+      usage(stdout, current);
+      return 0;
+    }
     if (o == 'j')
       c->json = true;
     else if (o == 'a') {
@@ -61,8 +67,10 @@ static void check_process(FILE *f, const gg_process_t *p, bool json, unsigned pr
       fputs("null", f);
     else
       fprintf(f, "%lld", p->used_bytes);
-    fputs(",\"command\":", f), gg_json_write_string(f, p->command);
-    fputs(",\"why\":", f), gg_json_write_string(f, p->why);
+    fputs(",\"command\":", f);
+    gg_json_write_string(f, p->command);
+    fputs(",\"why\":", f);
+    gg_json_write_string(f, p->why);
     fputc('}', f);
   } else {
     if (p->used_bytes >= 0) human((double)p->used_bytes, mem, sizeof mem);

@@ -54,7 +54,10 @@ int cmd_info(int argc, char **argv) {
                                         {0, 0, 0, 0}};
   int format = -1, o, only = -1;
   while ((o = next_opt(argc, argv, longs)) != -1) {
-    if (o == 'h') return usage(stdout, current), 0;
+    if (o == 'h') {
+      usage(stdout, current);
+      return 0;
+    }
     if (o == 'i') {
       if (!cli_device_arg(optarg, &only)) return EXIT_USAGE;
       continue;

@@ -14,7 +14,10 @@
 int cmd_plot(int argc, char **argv) {
   if (argc < 2) return bad_usage("%s", "no timeline given (gpuguard plot FILE -o memory.html)");
   for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return usage(stdout, current), 0;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage(stdout, current);
+      return 0;
+    }
   /* The package loads the C library: the one this command runs on, unless the caller chose another. */
   Dl_info info;
   const char *(*fn)(void) = gg_version;
@@ -33,12 +36,17 @@ int cmd_plot(int argc, char **argv) {
       "    sys.exit(1)\n"
       "sys.exit(main(sys.argv[1:]))\n";
   char **args = calloc((size_t)argc + 3, sizeof *args);
-  if (!args) return fprintf(stderr, "gpuguard plot: out of memory\n"), 1;
+  if (!args) {
+    fprintf(stderr, "gpuguard plot: out of memory\n");
+    return 1;
+  }
   /* The interpreter the package was installed into (the wheel's `gpuguard` sets GPUGUARD_PYTHON), else
    * python3 from PATH. */
   const char *py = getenv("GPUGUARD_PYTHON");
   if (!py || !*py) py = "python3";
-  args[0] = (char *)py, args[1] = "-c", args[2] = (char *)boot;
+  args[0] = (char *)py;
+  args[1] = "-c";
+  args[2] = (char *)boot;
   for (int i = 1; i < argc; i++) args[i + 2] = argv[i];
   fflush(NULL);
   execvp(py, args);

@@ -16,7 +16,10 @@ static const char *class_label(const gg_process_t *p) {
 static int print_processes(FILE *f, bool all_users, bool why, bool *no_gpu, int only, int color) {
   gg_process_t *rows;
   size_t n;
-  if (cli_gather_processes(&rows, &n, no_gpu, stderr) != 0) return free(rows), 1;
+  if (cli_gather_processes(&rows, &n, no_gpu, stderr) != 0) {
+    free(rows);
+    return 1;
+  }
   bool tty = cli_color_on(color, fileno(f));
   unsigned me = (unsigned)getuid();
   fprintf(f, "%-3s %8s %8s %-10s %12s %-5s %-10s %s\n", "GPU", "PID", "PPID", "USER", "GPU-MEMORY", "STATE",
@@ -36,8 +39,10 @@ static int print_processes(FILE *f, bool all_users, bool why, bool *no_gpu, int 
     bool red = cli_reapable(p);
     if (red && p->uid != me)
       theirs++;
-    else if (red)
-      stranded += p->cls == GG_PROCESS_STRANDED, orphans += p->cls == GG_PROCESS_ORPHAN;
+    else if (red) {
+      stranded += p->cls == GG_PROCESS_STRANDED;
+      orphans += p->cls == GG_PROCESS_ORPHAN;
+    }
     detached += p->cls == GG_PROCESS_DETACHED;
     fprintf(f, "%s%-3d %8d %8d %-10.10s %12s %-5c %-10s %s%s\n", red && tty ? "\033[1;31m" : "", p->device,
             p->pid, p->ppid, user, mem, p->state >= 0x21 && p->state < 0x7f ? p->state : '?', class_label(p),
@@ -79,11 +84,15 @@ int cmd_ps(int argc, char **argv) {
   bool json = false, all = false, why = false;
   int o, only = -1, color = 2;
   while ((o = next_opt(argc, argv, longs)) != -1) {
-    if (o == 'h') return usage(stdout, current), 0;
+    if (o == 'h') {
+      usage(stdout, current);
+      return 0;
+    }
     if (o == 'i') {
       if (!cli_device_arg(optarg, &only)) return EXIT_USAGE;
     } else if (o == 'C') {
-      if ((color = cli_color_mode(optarg)) < 0) return EXIT_USAGE;
+      color = cli_color_mode(optarg);
+      if (color < 0) return EXIT_USAGE;
     } else if (o == 'j')
       json = true;
     else if (o == 'a')

@@ -24,14 +24,24 @@ static bool parse_pid(const char *text, int *out, char *why, size_t cap) {
   p += neg;
   bool digits = *p != '\0';
   for (const char *q = p; *q; q++) digits = digits && *q >= '0' && *q <= '9';
-  if (!digits) return snprintf(why, cap, "--pid '%s': not a process id (a decimal number)", safe), false;
+  if (!digits) {
+    snprintf(why, cap, "--pid '%s': not a process id (a decimal number)", safe);
+    return false;
+  }
   errno = 0;
   long long v = strtoll(text, NULL, 10);
-  if (neg || v < 0)
-    return snprintf(why, cap, "--pid '%s': negative (a negative pid names a process group)", safe), false;
-  if (v == 0) return snprintf(why, cap, "--pid 0: names the caller's process group, not a process"), false;
-  if (errno || v > max)
-    return snprintf(why, cap, "--pid '%s': out of range (pids go up to %ld here)", safe, max), false;
+  if (neg || v < 0) {
+    snprintf(why, cap, "--pid '%s': negative (a negative pid names a process group)", safe);
+    return false;
+  }
+  if (v == 0) {
+    snprintf(why, cap, "--pid 0: names the caller's process group, not a process");
+    return false;
+  }
+  if (errno || v > max) {
+    snprintf(why, cap, "--pid '%s': out of range (pids go up to %ld here)", safe, max);
+    return false;
+  }
   *out = (int)v;
   return true;
 }
@@ -84,7 +94,10 @@ static int reap_parse(int argc, char **argv, reap_opts_t *o) {
       continue;
     }
     in_pids = false;
-    if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout, current), 0;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout, current);
+      return 0;
+    }
     if (!strcmp(a, "-n") || !strcmp(a, "--dry-run")) {
       o->dry = true;
     } else if (!strcmp(a, "-y") || !strcmp(a, "--yes")) {
@@ -189,8 +202,14 @@ static int reap_end(const reap_opts_t *o, const gg_process_t *rows, size_t n, bo
   int *pids = calloc(n, sizeof *pids);
   unsigned long long *starts = calloc(n, sizeof *starts);
   gg_proc_outcome_t *out = calloc(n, sizeof *out);
-  if (!pids || !starts || !out) return fprintf(stderr, "gpuguard reap: out of memory\n"), 1;
-  for (size_t i = 0; i < n; i++) pids[i] = rows[i].pid, starts[i] = rows[i].start_time;
+  if (!pids || !starts || !out) {
+    fprintf(stderr, "gpuguard reap: out of memory\n");
+    return 1;
+  }
+  for (size_t i = 0; i < n; i++) {
+    pids[i] = rows[i].pid;
+    starts[i] = rows[i].start_time;
+  }
   int rc = gg_reap(pids, starts, n, (int)o->grace, o->all ? GG_REAP_ALL_USERS : 0, out);
   size_t ended = 0, skipped = 0, alive = 0;
   for (size_t i = 0; i < n; i++) {
@@ -201,7 +220,8 @@ static int reap_end(const reap_opts_t *o, const gg_process_t *rows, size_t n, bo
       continue;
     }
     bool up = p->end == GG_PROC_ALIVE;
-    alive += up, ended += !up;
+    alive += up;
+    ended += !up;
     printf("%d: sent%s%s%s -> %s", (int)p->pid, p->sent & GG_PROC_SENT_TERM ? " TERM" : "",
            p->sent & GG_PROC_SENT_CONT ? " CONT" : "", p->sent & GG_PROC_SENT_KILL ? " KILL" : "",
            up ? "STILL ALIVE" : "ended");
@@ -213,16 +233,24 @@ static int reap_end(const reap_opts_t *o, const gg_process_t *rows, size_t n, bo
   printf("%zu ended, %zu skipped, %zu could not be ended", ended, skipped, alive);
   if (pruned) printf("; %zu stale registry record%s removed", pruned, pruned == 1 ? "" : "s");
   putchar('\n');
-  free(pids), free(starts), free(out);
+  free(pids);
+  free(starts);
+  free(out);
   return rc == 0 && !refused ? 0 : 1;
 }
 
 int cmd_reap(int argc, char **argv) {
   reap_opts_t o = {.grace = 2000};
   o.pids = calloc((size_t)argc, sizeof *o.pids);
-  if (!o.pids) return fprintf(stderr, "gpuguard reap: out of memory\n"), 1;
+  if (!o.pids) {
+    fprintf(stderr, "gpuguard reap: out of memory\n");
+    return 1;
+  }
   int rc = reap_parse(argc, argv, &o);
-  if (rc >= 0) return free(o.pids), rc;
+  if (rc >= 0) {
+    free(o.pids);
+    return rc;
+  }
 
   gg_process_t *rows = NULL;
   size_t n = 0;
@@ -235,12 +263,16 @@ int cmd_reap(int argc, char **argv) {
     return 1;
   }
   free(o.pids);
-  if (!rows) return fprintf(stderr, "gpuguard reap: out of memory\n"), 1;
+  if (!rows) {
+    fprintf(stderr, "gpuguard reap: out of memory\n");
+    return 1;
+  }
   if (n == 0) {
     free(rows);
     if (refused) return 1;
     gg_registry_prune(NULL); /* records of dead sessions with nothing left are not sessions any more */
-    return puts("gpuguard reap: no stranded workers and no orphans of dead sessions"), 0;
+    puts("gpuguard reap: no stranded workers and no orphans of dead sessions");
+    return 0;
   }
   rc = reap_confirm(&o, rows, n, refused);
   if (rc < 0) rc = reap_end(&o, rows, n, refused);

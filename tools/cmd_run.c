@@ -25,7 +25,8 @@ static bool free_after(int device, size_t before, double limit_ms, size_t *after
   gg_device_info_t d;
   for (;;) {
     if (gg_device_info(device, &d) != 0) return false;
-    *after = d.free_bytes, *waited_ms = gg__now_ms() - t0;
+    *after = d.free_bytes;
+    *waited_ms = gg__now_ms() - t0;
     if (d.free_bytes >= before || *waited_ms >= limit_ms) return true;
     struct timespec ts = {0, 20 * 1000000L};
     nanosleep(&ts, NULL);
@@ -65,6 +66,15 @@ static bool temp_beside(const char *path, char *out, size_t cap) {
   return n > 0 && (size_t)n < cap;
 }
 
+/* A new temporary file beside path, its name in tmp: the descriptor, or -1 with errno set. */
+static int temp_open(const char *path, char *tmp, size_t cap) {
+  if (!temp_beside(path, tmp, cap)) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  return mkostemp(tmp, O_CLOEXEC);
+}
+
 /* The receipt's path, checked before the job starts, so that a bad one is said at once: it is a
  * regular file or nothing (never followed: a symlink, a FIFO or a device there is refused, as is a
  * directory we cannot create a file in). An old receipt there is removed now: a runner that dies
@@ -85,8 +95,11 @@ static int open_receipt(run_opts_t *o) {
                                     : "a device or socket");
     return bad_usage("%s", why);
   }
-  int fd = temp_beside(path, tmp, sizeof tmp) ? mkostemp(tmp, O_CLOEXEC) : (errno = ENAMETOOLONG, -1);
-  if (fd >= 0) close(fd), unlink(tmp);
+  int fd = temp_open(path, tmp, sizeof tmp);
+  if (fd >= 0) {
+    close(fd);
+    unlink(tmp);
+  }
   if (fd < 0 || (exists && unlink(path) != 0 && errno != ENOENT)) {
     snprintf(why, sizeof why, "--receipt %s: cannot be written (%s); the job was not started", path,
              strerror(errno));
@@ -108,7 +121,7 @@ static bool write_all(int fd, const char *buf, size_t len) {
 /* The receipt's text goes to a new file beside the path, then replaces it in one rename. */
 static int put_receipt(const char *path, const char *text, size_t len) {
   char tmp[4200];
-  int fd = temp_beside(path, tmp, sizeof tmp) ? mkostemp(tmp, O_CLOEXEC) : (errno = ENAMETOOLONG, -1);
+  int fd = temp_open(path, tmp, sizeof tmp);
   if (fd < 0) return -1;
   mode_t mask = umask(0);
   umask(mask);
@@ -151,9 +164,15 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
   char *text = NULL;
   size_t len = 0;
   FILE *f = to_file ? open_memstream(&text, &len) : stdout;
-  if (!f) return fprintf(stderr, "gpuguard run: the receipt %s: out of memory\n", path), -1;
+  if (!f) {
+    fprintf(stderr, "gpuguard run: the receipt %s: out of memory\n", path);
+    return -1;
+  }
   fputs("{\"command\":[", f);
-  for (int i = 0; cmd[i]; i++) fputs(i ? "," : "", f), gg_json_write_string(f, cmd[i]);
+  for (int i = 0; cmd[i]; i++) {
+    fputs(i ? "," : "", f);
+    gg_json_write_string(f, cmd[i]);
+  }
   fprintf(f, "],\"pid\":%d,\"session\":", (int)r->pid);
   gg_json_write_string(f, env->session);
   if (r->reaped && WIFEXITED(r->status))
@@ -225,14 +244,18 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
    * unset); --pid-ns beats it. A bad value is refused even then: a typo in a site-wide setting should not go
    * unnoticed. */
   const char *env_ns = getenv("GPUGUARD_PID_NS");
-  if (env_ns && *env_ns && (o->pid_ns = parse_pid_ns(env_ns)) < 0) {
+  if (env_ns && *env_ns) o->pid_ns = parse_pid_ns(env_ns);
+  if (o->pid_ns < 0) {
     char why[160];
     snprintf(why, sizeof why, "GPUGUARD_PID_NS='%.80s': auto, on or off expected", env_ns);
     return bad_usage("%s", why);
   }
   int opt;
   while ((opt = next_opt(argc, argv, longs)) != -1) {
-    if (opt == 'h') return usage(stdout, current), 0;
+    if (opt == 'h') {
+      usage(stdout, current);
+      return 0;
+    }
     if (opt == 'g') {
       if (!cli_grace(optarg, &o->grace)) return EXIT_USAGE;
     } else if (opt == 'd') {
@@ -242,8 +265,8 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       if (errno || end == optarg || *end || o->device < 0 || o->device > 1024)
         return bad_usage("--device '%s': a device ordinal expected", optarg);
     } else if (opt == 'p') {
-      if ((o->pid_ns = parse_pid_ns(optarg ? optarg : "auto")) < 0)
-        return bad_usage("--pid-ns=%s: auto, on or off expected", optarg);
+      o->pid_ns = parse_pid_ns(optarg ? optarg : "auto");
+      if (o->pid_ns < 0) return bad_usage("--pid-ns=%s: auto, on or off expected", optarg);
     } else if (opt == 't') {
       /* The job's Python processes make gpuguard PyTorch's allocator (the wheel's startup hook). */
       setenv("GPUGUARD_TORCH", "1", 1);
@@ -307,7 +330,9 @@ typedef struct canary {
 
 static void canary_start(canary_t *c, const sigset_t *set) {
   int p[2];
-  c->pid = -1, c->fd = -1, c->n = 0;
+  c->pid = -1;
+  c->fd = -1;
+  c->n = 0;
   if (pipe2(p, O_CLOEXEC) != 0) return;
   pid_t parent = getpid();
   pid_t kid = fork();
@@ -335,7 +360,8 @@ static void canary_start(canary_t *c, const sigset_t *set) {
     return;
   }
   fcntl(p[0], F_SETFL, O_NONBLOCK);
-  c->pid = kid, c->fd = p[0];
+  c->pid = kid;
+  c->fd = p[0];
 }
 
 /* Reads the notes that came, forgetting those older than two seconds. */
@@ -343,7 +369,10 @@ static void canary_pump(canary_t *c) {
   double now = gg__now_ms();
   int k = 0;
   for (int i = 0; i < c->n; i++)
-    if (now - c->at[i] < 2000) c->seen[k] = c->seen[i], c->at[k++] = c->at[i];
+    if (now - c->at[i] < 2000) {
+      c->seen[k] = c->seen[i];
+      c->at[k++] = c->at[i];
+    }
   c->n = k;
   canary_note_t note;
   while (c->fd >= 0 && read(c->fd, &note, sizeof note) == (ssize_t)sizeof note) {
@@ -352,7 +381,8 @@ static void canary_pump(canary_t *c) {
       memmove(c->at, c->at + 1, sizeof c->at - sizeof c->at[0]);
       c->n--;
     }
-    c->seen[c->n] = note, c->at[c->n++] = now;
+    c->seen[c->n] = note;
+    c->at[c->n++] = now;
   }
 }
 
@@ -367,7 +397,8 @@ static bool canary_saw(canary_t *c, const siginfo_t *si) {
     for (int i = 0; i < c->n; i++)
       if (c->seen[i].sig == si->si_signo && c->seen[i].code == si->si_code &&
           c->seen[i].pid == (int)si->si_pid) {
-        c->seen[i] = c->seen[--c->n], c->at[i] = c->at[c->n];
+        c->seen[i] = c->seen[--c->n];
+        c->at[i] = c->at[c->n];
         return true;
       }
     double left = until - gg__now_ms();
@@ -383,7 +414,8 @@ static void canary_stop(canary_t *c) {
   while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR) {
   }
   close(c->fd);
-  c->pid = -1, c->fd = -1;
+  c->pid = -1;
+  c->fd = -1;
 }
 
 /* Phase 3: subreaper, session record, device figures, then CMD. Returns -1 on success, else the exit
@@ -404,15 +436,19 @@ static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
   o->in_ns = o->pid_ns != GG_SPAWN_PID_NS_OFF;
   bool fallback = o->pid_ns == GG_SPAWN_PID_NS_AUTO; /* one line when refused, then the design without */
   char why[512] = "";
-  if (fallback && gg_proc_pid_ns_probe() <= 0)
-    o->in_ns = false, snprintf(why, sizeof why, "%s", gg_last_error());
+  if (fallback && gg_proc_pid_ns_probe() <= 0) {
+    o->in_ns = false;
+    snprintf(why, sizeof why, "%s", gg_last_error());
+  }
   /* After a good probe the spawn asks for ON, not AUTO: a refusal between the two (a sysctl changed)
    * then falls back below, saying so, instead of a job that runs without one while the receipt says it
    * has one. */
   so.pid_ns = o->in_ns ? GG_SPAWN_PID_NS_ON : GG_SPAWN_PID_NS_OFF;
   int rc = gg_proc_spawn(NULL, (const char *const *)o->cmd, &so, &r->pid);
-  if (rc != 0 && o->in_ns && fallback && strstr(gg_last_error(), "PID namespace"))
-    o->in_ns = false, snprintf(why, sizeof why, "%s", gg_last_error());
+  if (rc != 0 && o->in_ns && fallback && strstr(gg_last_error(), "PID namespace")) {
+    o->in_ns = false;
+    snprintf(why, sizeof why, "%s", gg_last_error());
+  }
   if (fallback && !o->in_ns) {
     fprintf(stderr,
             "gpuguard run: the job runs without a PID namespace, so if this runner is SIGKILLed what is "
@@ -464,7 +500,10 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r, canary_
       int st;
       pid_t p;
       while ((p = waitpid(-1, &st, WNOHANG)) > 0) /* as subreaper, orphaned descendants come here too */
-        if (p == r->pid) r->status = st, r->reaped = true;
+        if (p == r->pid) {
+          r->status = st;
+          r->reaped = true;
+        }
       continue;
     }
     bool in_group = getpgid(r->pid) == getpgrp();
@@ -493,8 +532,10 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r, canary_
  * reparented to us (the subreaper): look again until nothing is left, a few times at most. */
 static int run_teardown(long grace, double deadline, gg_proc_receipt_t **receipt) {
   long left = grace;
-  if (deadline >= 0)
-    left = (long)(deadline - gg__now_ms()), left = left < 100 ? 100 : left > grace ? grace : left;
+  if (deadline >= 0) {
+    left = (long)(deadline - gg__now_ms());
+    left = left < 100 ? 100 : left > grace ? grace : left;
+  }
   int trc = gg_proc_teardown_ex(NULL, (int)left, receipt);
   size_t termed = 0, killed = 0;
   for (size_t i = 0; *receipt && i < (*receipt)->count; i++) {
@@ -528,11 +569,15 @@ static void run_conclude(job_result_t *r, const gg_proc_receipt_t *receipt) {
     if (receipt->procs[i].pid == r->pid) mine = &receipt->procs[i];
   if (r->reaped)
     r->exit_code = WIFEXITED(r->status) ? WEXITSTATUS(r->status) : 128 + WTERMSIG(r->status);
-  else if (mine && mine->end == GG_PROC_EXITED)
-    r->exit_code = mine->code, r->status = mine->code << 8, r->reaped = true;
-  else if (mine && mine->end == GG_PROC_SIGNALED)
-    r->exit_code = 128 + mine->code, r->status = mine->code, r->reaped = true;
-  else
+  else if (mine && mine->end == GG_PROC_EXITED) {
+    r->exit_code = mine->code;
+    r->status = mine->code << 8;
+    r->reaped = true;
+  } else if (mine && mine->end == GG_PROC_SIGNALED) {
+    r->exit_code = 128 + mine->code;
+    r->status = mine->code;
+    r->reaped = true;
+  } else
     r->exit_code = 128 + (r->runner_sig ? r->runner_sig : SIGKILL);
 }
 
@@ -562,7 +607,11 @@ int cmd_run(int argc, char **argv) {
   canary_start(&canary, &set);
   run_env_t env = {0};
   job_result_t r = {0};
-  if ((rc = run_start(&o, &env, &r)) >= 0) return canary_stop(&canary), rc;
+  rc = run_start(&o, &env, &r);
+  if (rc >= 0) {
+    canary_stop(&canary);
+    return rc;
+  }
   double deadline = run_wait(&set, o.grace, &r, &canary);
   canary_stop(&canary); /* before the teardown, which would count it as the job's */
   gg_proc_receipt_t *receipt = NULL;

@@ -34,7 +34,8 @@ static void sc_raw(screen_t *s, const char *p, size_t n) {
     while (c < s->len + n + 1) c *= 2;
     char *grown = realloc(s->buf, c);
     if (!grown) return; /* the frame comes out shorter */
-    s->buf = grown, s->cap = c;
+    s->buf = grown;
+    s->cap = c;
   }
   memcpy(s->buf + s->len, p, n);
   s->len += n;
@@ -52,7 +53,11 @@ static void sc_put(screen_t *s, const char *sgr, const char *text) {
   if (n == 0) return;
   s->col += used;
   bool colored = s->color && sgr && *sgr;
-  if (colored) sc_raw(s, "\033[", 2), sc_raw(s, sgr, strlen(sgr)), sc_raw(s, "m", 1);
+  if (colored) {
+    sc_raw(s, "\033[", 2);
+    sc_raw(s, sgr, strlen(sgr));
+    sc_raw(s, "m", 1);
+  }
   sc_raw(s, text, n);
   if (colored) sc_raw(s, "\033[0m", 4);
 }
@@ -72,7 +77,8 @@ __attribute__((format(printf, 3, 4))) static void sc_printf(screen_t *s, const c
 static void sc_endl(screen_t *s) {
   if (sc_full(s)) return;
   if (s->tty && (s->cols == 0 || s->col < s->cols)) sc_raw(s, "\033[K", 3);
-  s->row++, s->col = 0;
+  s->row++;
+  s->col = 0;
   if (!s->tty || !sc_full(s)) sc_raw(s, "\n", 1);
 }
 
@@ -109,14 +115,16 @@ static void sc_fill(screen_t *s, const char *sgr) {
 static void draw_devices(screen_t *s, int only) {
   int n = 0;
   if (gg_device_count(&n) < 0) {
-    sc_printf(s, SGR_ORPHAN, "devices: %s", gg_last_error()), sc_endl(s);
+    sc_printf(s, SGR_ORPHAN, "devices: %s", gg_last_error());
+    sc_endl(s);
     return;
   }
   sc_put(s, SGR_HEAD, "GPU NAME                  UTIL  MEM  TEMP     POWER  MEMORY");
   sc_fill(s, SGR_HEAD);
   sc_endl(s);
   if (only >= n) {
-    sc_printf(s, SGR_ORPHAN, "(no device %d: there %s %d)", only, n == 1 ? "is" : "are", n), sc_endl(s);
+    sc_printf(s, SGR_ORPHAN, "(no device %d: there %s %d)", only, n == 1 ? "is" : "are", n);
+    sc_endl(s);
     return;
   }
   for (int i = only >= 0 ? only : 0; i < (only >= 0 ? only + 1 : n); i++) {
@@ -124,7 +132,8 @@ static void draw_devices(screen_t *s, int only) {
     if (gg_device_info(i, &d) < 0) {
       char why[256];
       cli_safe_text(gg_last_error(), why, sizeof why);
-      sc_printf(s, SGR_ORPHAN, "%-3d (unreadable: %s)", i, why), sc_endl(s);
+      sc_printf(s, SGR_ORPHAN, "%-3d (unreadable: %s)", i, why);
+      sc_endl(s);
       continue;
     }
     gg_device_telemetry_t t;
@@ -162,8 +171,10 @@ static void draw_devices(screen_t *s, int only) {
       sc_put(s, "", "]");
     }
     sc_endl(s);
-    if (strcmp(d.backend, "host") == 0)
-      sc_put(s, SGR_DIM, "    (no usable CUDA device: gpuguard's simulated host device)"), sc_endl(s);
+    if (strcmp(d.backend, "host") == 0) {
+      sc_put(s, SGR_DIM, "    (no usable CUDA device: gpuguard's simulated host device)");
+      sc_endl(s);
+    }
   }
 }
 
@@ -263,7 +274,8 @@ static void write_all(const char *p, size_t n) {
     ssize_t w = write(STDOUT_FILENO, p, n);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return;
-    p += w, n -= (size_t)w;
+    p += w;
+    n -= (size_t)w;
   }
 }
 
@@ -271,7 +283,8 @@ static void term_enter(term_t *t) {
   if (t->in_tty && tcgetattr(STDIN_FILENO, &t->saved) == 0) {
     struct termios raw = t->saved;
     raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO); /* keys without Enter, not echoed; ^C still signals */
-    raw.c_cc[VMIN] = 0, raw.c_cc[VTIME] = 0;
+    raw.c_cc[VMIN] = 0;
+    raw.c_cc[VTIME] = 0;
     tcsetattr(STDIN_FILENO, TCSANOW, &raw);
     t->entered = true;
   }
@@ -282,7 +295,10 @@ static void term_enter(term_t *t) {
 static void term_leave(term_t *t) {
   static const char leave[] = "\033[?25h\033[?1049l";
   if (t->out_tty) write_all(t->alt ? leave : "\033[?25h\n", t->alt ? sizeof leave - 1 : 7);
-  if (t->entered) tcsetattr(STDIN_FILENO, TCSANOW, &t->saved), t->entered = false;
+  if (t->entered) {
+    tcsetattr(STDIN_FILENO, TCSANOW, &t->saved);
+    t->entered = false;
+  }
 }
 
 static void take_signals(term_t *t) {
@@ -301,10 +317,14 @@ static void give_back_signals(term_t *t) {
 static void screen_size(screen_t *s) {
   struct winsize ws;
   const char *c = getenv("COLUMNS"), *l = getenv("LINES");
-  s->cols = c ? atoi(c) : 0, s->rows = 0;
+  s->cols = c ? atoi(c) : 0;
+  s->rows = 0;
   if (!s->tty) return;
   s->rows = l ? atoi(l) : 0;
-  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) s->cols = ws.ws_col, s->rows = ws.ws_row;
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) {
+    s->cols = ws.ws_col;
+    s->rows = ws.ws_row;
+  }
   if (s->cols <= 0) s->cols = 80;
   if (s->rows <= 0) s->rows = 24;
 }
@@ -323,7 +343,10 @@ typedef struct recorder {
  * it names) and a FIFO or device is refused at once instead of blocking before the first sample. */
 static FILE *record_fopen(const char *path, int flags, const char *mode) {
   int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
-  if (fd < 0) return errno == ELOOP ? (errno = EINVAL, NULL) : NULL;
+  if (fd < 0) {
+    if (errno == ELOOP) errno = EINVAL;
+    return NULL;
+  }
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || fcntl(fd, F_SETFL, flags & O_APPEND) != 0) {
     close(fd);
@@ -338,11 +361,12 @@ static FILE *record_fopen(const char *path, int flags, const char *mode) {
 static int record_open(recorder_t *r, const char *path) {
   *r = (recorder_t){0};
   FILE *old = record_fopen(path, O_RDONLY, "r");
-  if (!old && errno == EINVAL)
-    return fprintf(stderr,
-                   "gpuguard watch: --record %s: not a regular file (a symbolic link, FIFO or device)\n",
-                   path),
-           1;
+  if (!old && errno == EINVAL) {
+    fprintf(stderr,
+            "gpuguard watch: --record %s: not a regular file (a symbolic link, FIFO or device)\n",
+            path);
+    return 1;
+  }
   char line[4096];
   if (old) {
     bool first = true;
@@ -355,11 +379,12 @@ static int record_open(recorder_t *r, const char *path) {
     fclose(old);
   }
   r->f = record_fopen(path, O_WRONLY | O_APPEND | O_CREAT, "a");
-  if (!r->f)
-    return fprintf(stderr, "gpuguard watch: --record %s: %s\n", path,
-                   errno == EINVAL ? "not a regular file (a symbolic link, FIFO or device)"
-                                   : strerror(errno)),
-           1;
+  if (!r->f) {
+    fprintf(stderr, "gpuguard watch: --record %s: %s\n", path,
+            errno == EINVAL ? "not a regular file (a symbolic link, FIFO or device)"
+                            : strerror(errno));
+    return 1;
+  }
   if (r->start <= 0) {
     r->start = gg__clock_ms(CLOCK_REALTIME) / 1e3;
     int n = 0;
@@ -373,7 +398,8 @@ static int record_open(recorder_t *r, const char *path) {
   }
   if (fflush(r->f) == 0) return 0;
   fprintf(stderr, "gpuguard watch: --record %s: %s\n", path, strerror(errno));
-  fclose(r->f), r->f = NULL;
+  fclose(r->f);
+  r->f = NULL;
   return 1;
 }
 
@@ -427,7 +453,10 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
   int o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
     char *end = NULL;
-    if (o == 'h') return usage(stdout, current), 0;
+    if (o == 'h') {
+      usage(stdout, current);
+      return 0;
+    }
     if (o == 'I') {
       double ms;
       if (!cli_duration("--interval", optarg, 1000, 50, 86400e3, &ms)) return EXIT_USAGE;
@@ -449,7 +478,8 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
     } else if (o == 'n') {
       w->color = 0;
     } else if (o == 'C') {
-      if ((w->color = cli_color_mode(optarg)) < 0) return EXIT_USAGE;
+      w->color = cli_color_mode(optarg);
+      if (w->color < 0) return EXIT_USAGE;
     } else if (o == 'i') {
       if (!cli_device_arg(optarg, &w->device)) return EXIT_USAGE;
     } else if (o == 'a') {
@@ -487,7 +517,10 @@ static int wait_event(double deadline, bool keys, int listen_fd) {
     if (p[1].revents & POLLIN) {
       char keybuf[64];
       ssize_t r = read(STDIN_FILENO, keybuf, sizeof keybuf);
-      if (r <= 0) keys = false, p[1].fd = -1; /* stdin closed: no more keys */
+      if (r <= 0) {
+        keys = false;
+        p[1].fd = -1;
+      } /* stdin closed: no more keys */
       for (ssize_t i = 0; i < r; i++)
         if (keybuf[i] == 'q' || keybuf[i] == 'Q') return 'q';
       if (r > 0) return 'k';
@@ -588,6 +621,7 @@ int cmd_watch(int argc, char **argv) {
     rc = run_view(&w, &t, &rec);
   give_back_signals(&t);
   if (rec.f) fclose(rec.f);
-  close(wake_pipe[0]), close(wake_pipe[1]);
+  close(wake_pipe[0]);
+  close(wake_pipe[1]);
   return rc;
 }

@@ -56,24 +56,36 @@ static char *render(unsigned what, size_t *len) {
 
 int exporter_write_file(const char *path, unsigned what) {
   char tmp[4096];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
-    return fprintf(stderr, "gpuguard watch: --prom-file path too long\n"), 1;
+  if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp) {
+    fprintf(stderr, "gpuguard watch: --prom-file path too long\n");
+    return 1;
+  }
   /* mkostemp: a fresh random name, O_CREAT|O_EXCL, so a symlink (or anything) planted there is never
    * written through; the name ends in the random part, which a textfile collector (*.prom) skips. */
   int fd = mkostemp(tmp, O_CLOEXEC);
-  if (fd < 0) return fprintf(stderr, "gpuguard watch: cannot write %s: %s\n", tmp, strerror(errno)), 1;
+  if (fd < 0) {
+    fprintf(stderr, "gpuguard watch: cannot write %s: %s\n", tmp, strerror(errno));
+    return 1;
+  }
   size_t len = 0;
   char *text = render(what, &len);
   bool ok = text != NULL && fchmod(fd, 0644) == 0; /* node_exporter runs as another user */
   for (size_t off = 0; ok && off < len;) {
     ssize_t w = write(fd, text + off, len - off);
     if (w < 0 && errno == EINTR) continue;
-    ok = w > 0, off += w > 0 ? (size_t)w : 0;
+    ok = w > 0;
+    off += w > 0 ? (size_t)w : 0;
   }
   int err = ok ? 0 : errno;
   free(text);
-  if (close(fd) != 0 && ok) ok = false, err = errno;
-  if (ok && rename(tmp, path) != 0) ok = false, err = errno;
+  if (close(fd) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  if (ok && rename(tmp, path) != 0) {
+    ok = false;
+    err = errno;
+  }
   if (!ok) {
     fprintf(stderr, "gpuguard watch: writing %s failed%s%s\n", path, err ? ": " : "",
             err ? strerror(err) : "");
@@ -97,15 +109,20 @@ int exporter_parse_listen(const char *spec, char *host, size_t hcap, unsigned *p
       fprintf(stderr, "gpuguard watch: --listen '%s': an IPv6 address goes in brackets: [::1]:PORT\n", spec);
       return 1;
     }
-    h = spec + 1, hl = (size_t)(close - h), p = close[1] ? close + 2 : NULL;
+    h = spec + 1;
+    hl = (size_t)(close - h);
+    p = close[1] ? close + 2 : NULL;
   } else if (strspn(spec, "0123456789") == strlen(spec)) {
-    hl = 0, p = spec;
+    hl = 0;
+    p = spec;
   } else {
     const char *colon = strchr(spec, ':');
     if (colon && strchr(colon + 1, ':')) /* two colons: a bare IPv6 address, no port */
       hl = strlen(spec);
-    else
-      hl = colon ? (size_t)(colon - spec) : strlen(spec), p = colon ? colon + 1 : NULL;
+    else {
+      hl = colon ? (size_t)(colon - spec) : strlen(spec);
+      p = colon ? colon + 1 : NULL;
+    }
   }
   if (hl >= hcap) {
     fprintf(stderr, "gpuguard watch: --listen '%s': the address is too long\n", spec);
@@ -158,7 +175,11 @@ static int listen_on(const char *spec) {
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* a restart binds at once */
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) err = errno, close(fd), fd = -1;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+      err = errno;
+      close(fd);
+      fd = -1;
+    }
   }
   freeaddrinfo(ai);
   if (fd < 0) {
@@ -185,17 +206,27 @@ static int listen_on(const char *spec) {
 
 exporter_t *exporter_open(const char *spec, unsigned what) {
   exporter_t *ex = calloc(1, sizeof *ex);
-  if (!ex) return fprintf(stderr, "gpuguard watch: out of memory\n"), NULL;
+  if (!ex) {
+    fprintf(stderr, "gpuguard watch: out of memory\n");
+    return NULL;
+  }
   for (int i = 0; i < MAX_CLIENTS; i++) ex->c[i].fd = -1;
   ex->what = what;
   ex->lfd = listen_on(spec);
-  if (ex->lfd < 0) return free(ex), NULL;
+  if (ex->lfd < 0) {
+    free(ex);
+    return NULL;
+  }
   return ex;
 }
 
 static void drop(client_t *c) {
-  if (c->fd >= 0) shutdown(c->fd, SHUT_WR), close(c->fd);
-  free(c->req), free(c->out);
+  if (c->fd >= 0) {
+    shutdown(c->fd, SHUT_WR);
+    close(c->fd);
+  }
+  free(c->req);
+  free(c->out);
   *c = (client_t){.fd = -1};
 }
 
@@ -216,7 +247,8 @@ static void respond(client_t *c, const char *status, const char *type, const cha
                    "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n",
                    status, type, len, extra);
   size_t blen = head_only ? 0 : len;
-  free(c->req), c->req = NULL;
+  free(c->req);
+  c->req = NULL;
   c->out = malloc((size_t)n + blen);
   if (!c->out) {
     c->deadline = 0; /* dropped at the next look */
@@ -224,7 +256,8 @@ static void respond(client_t *c, const char *status, const char *type, const cha
   }
   memcpy(c->out, head, (size_t)n);
   if (blen) memcpy(c->out + n, body, blen);
-  c->out_len = (size_t)n + blen, c->out_off = 0;
+  c->out_len = (size_t)n + blen;
+  c->out_off = 0;
   c->deadline = gg__now_ms() + WRITE_LIMIT_MS;
 }
 
@@ -254,10 +287,10 @@ static void answer(exporter_t *ex, client_t *c) {
   } else if (strcmp(target, "/metrics") == 0) {
     size_t len = 0;
     char *body = render(ex->what, &len);
-    if (body)
-      respond(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "", body, len, head),
-          c->metrics = true;
-    else
+    if (body) {
+      respond(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "", body, len, head);
+      c->metrics = true;
+    } else
       respond(c, "500 Internal Server Error", "text/plain", "", "report failed\n", 14, head);
     free(body);
   } else {
@@ -289,7 +322,10 @@ static int step(exporter_t *ex, client_t *c) {
   if (c->req) {
     ssize_t r = recv(c->fd, c->req + c->got, REQUEST_MAX - 1 - c->got, 0);
     if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    if (r <= 0) return drop(c), 0;
+    if (r <= 0) {
+      drop(c);
+      return 0;
+    }
     c->got += (size_t)r;
     c->req[c->got] = '\0';
     if (strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n")) {
@@ -304,7 +340,10 @@ static int step(exporter_t *ex, client_t *c) {
     ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    if (w <= 0) return drop(c), 0;
+    if (w <= 0) {
+      drop(c);
+      return 0;
+    }
     c->out_off += (size_t)w;
   }
   int done = c->metrics;

@@ -124,11 +124,18 @@ static void main_usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2) return main_usage(stderr), EXIT_USAGE;
-  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help"))
-    return main_usage(stdout), 0;
-  if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))
-    return printf("gpuguard %s\n", gg_version()), 0;
+  if (argc < 2) {
+    main_usage(stderr);
+    return EXIT_USAGE;
+  }
+  if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+    main_usage(stdout);
+    return 0;
+  }
+  if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+    printf("gpuguard %s\n", gg_version());
+    return 0;
+  }
   for (size_t i = 0; i < NCOMMANDS; i++)
     if (!strcmp(argv[1], commands[i].name)) {
       current = &commands[i];

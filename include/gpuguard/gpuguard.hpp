@@ -183,7 +183,10 @@ public:
   Arena(Arena &&o) noexcept : a_(std::exchange(o.a_, nullptr)) {}
   /** Destroys this arena, then takes over @p o's. */
   Arena &operator=(Arena &&o) noexcept {
-    if (this != &o) reset(), a_ = std::exchange(o.a_, nullptr);
+    if (this != &o) {
+      reset();
+      a_ = std::exchange(o.a_, nullptr);
+    }
     return *this;
   }
   Arena(const Arena &) = delete;
@@ -253,7 +256,10 @@ public:
 
   /** Ends the scope now and reports errors. @throws gg::Error */
   void end() {
-    if (open_) open_ = false, check(gg_scope_end(&s_));
+    if (open_) {
+      open_ = false;
+      check(gg_scope_end(&s_));
+    }
   }
   /** The C scope. */
   const gg_scope_t &get() const noexcept { return s_; }

@@ -219,7 +219,10 @@ static int gg__push(gg_guard_t *g, gg_cleanup_fn fn, void *user, const gg__attac
   if (!grown) return gg__err(GG_ENOMEM, "gg_guard_on_teardown: out of host memory");
   g->entries = grown;
   gg__entry_t *e = &g->entries[g->n++];
-  e->id = ++gg__live.next_id, e->fn = fn, e->user = user, e->ops = ops;
+  e->id = ++gg__live.next_id;
+  e->fn = fn;
+  e->user = user;
+  e->ops = ops;
   gg__strlcpy(e->name, name ? name : "cleanup", sizeof e->name);
   if (id) *id = e->id;
   return 0;
@@ -242,21 +245,29 @@ static int gg__wire_locked(void) {
 int gg_guard_create(gg_guard_t **guard, const gg_guard_options_t *opts) {
   if (!guard) return gg__err(GG_EINVAL, "gg_guard_create: guard is NULL");
   gg_guard_options_t defaults;
-  if (!opts) gg_guard_options_init(&defaults), opts = &defaults;
+  if (!opts) {
+    gg_guard_options_init(&defaults);
+    opts = &defaults;
+  }
   gg__report_opts_t report;
   int rc = gg__check_options(opts, &report);
   if (rc < 0) return rc;
   gg_guard_t *g = calloc(1, sizeof *g);
   if (!g) return gg__err(GG_ENOMEM, "gg_guard_create: out of host memory");
   g->fork_gen = gg__fork_generation();
-  g->signals = opts->signals, g->run_at_exit = opts->run_at_exit, g->reset_context = opts->reset_context;
-  g->timeout_ms = opts->teardown_timeout_ms, g->device = opts->device, g->report = report;
+  g->signals = opts->signals;
+  g->run_at_exit = opts->run_at_exit;
+  g->reset_context = opts->reset_context;
+  g->timeout_ms = opts->teardown_timeout_ms;
+  g->device = opts->device;
+  g->report = report;
   g->grace_ms = opts->child_grace_ms;
   gg__strlcpy(g->name, opts->name ? opts->name : "guard", sizeof g->name);
   g->refs = 1;
   pthread_mutex_init(&g->lock, NULL);
   pthread_cond_init(&g->cond, NULL);
-  if ((rc = gg__dev_open(opts->backend, opts->device, &g->dev)) < 0) {
+  rc = gg__dev_open(opts->backend, opts->device, &g->dev);
+  if (rc < 0) {
     gg__free(g);
     return rc;
   }
@@ -267,7 +278,10 @@ int gg_guard_create(gg_guard_t **guard, const gg_guard_options_t *opts) {
   pthread_mutex_lock(&gg__live.lock);
   rc = gg__wire_locked();
   if (rc == 0) rc = gg__sig_acquire(g->signals, gg__teardown_for_signal);
-  if (rc == 0) g->next = gg__live.head, gg__live.head = g;
+  if (rc == 0) {
+    g->next = gg__live.head;
+    gg__live.head = g;
+  }
   pthread_mutex_unlock(&gg__live.lock);
   if (rc < 0) {
     gg__dev_close(g->dev);
@@ -422,7 +436,8 @@ static int gg__teardown(gg_guard_t *g, enum gg__reason why, int code) {
     pthread_mutex_unlock(&g->lock);
     return 0;
   }
-  g->state = GG__TEARING, g->owner = pthread_self();
+  g->state = GG__TEARING;
+  g->owner = pthread_self();
   bool watched = why != GG__BY_DESTROY && g->timeout_ms > 0;
   int wd = watched ? gg__watchdog_arm(why == GG__BY_SIGNAL ? GG__WD_BY_SIGNAL : GG__WD_BY_EXIT, code,
                                       g->timeout_ms, g->name)

@@ -28,17 +28,25 @@ int gg__report_parse(const char *what, const char *text, gg__report_opts_t *r) {
   if (!text) return 0;
   r->asked = true;
   const char *v = text;
-  if (strncmp(v, "json:", 5) == 0)
-    r->json = true, v += 5;
-  else if (strncmp(v, "text:", 5) == 0)
+  if (strncmp(v, "json:", 5) == 0) {
+    r->json = true;
     v += 5;
-  else if (strcmp(v, "json") == 0)
-    return (r->json = true), 0;
+  } else if (strncmp(v, "text:", 5) == 0)
+    v += 5;
+  else if (strcmp(v, "json") == 0) {
+    r->json = true;
+    return 0;
+  }
   if (!*v) return gg__err(GG_EINVAL, "%s='%s': nothing after the format prefix", what, text);
   if (strcmp(v, "stderr") == 0) return 0;
-  if (strcmp(v, "stdout") == 0) return (r->dest = GG__TO_STDOUT), 0;
-  if (!strcmp(v, "none") || !strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "no"))
-    return (r->dest = GG__TO_NONE), 0;
+  if (strcmp(v, "stdout") == 0) {
+    r->dest = GG__TO_STDOUT;
+    return 0;
+  }
+  if (!strcmp(v, "none") || !strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "no")) {
+    r->dest = GG__TO_NONE;
+    return 0;
+  }
   if (strlen(v) >= sizeof r->path) return gg__err(GG_EINVAL, "%s: the path is too long", what);
   r->dest = GG__TO_FILE;
   gg__strlcpy(r->path, v, sizeof r->path);
@@ -77,7 +85,8 @@ static void gg__visit_site(gg__obj_row_t *o, gg__tag_row_t *t, const gg_block_in
   if (b->n_frames <= 0 || !b->frames) return;
   for (size_t i = 0; i < t->n_sites; i++) {
     if (t->sites[i].key == (const void *)b->frames) {
-      t->sites[i].count++, t->sites[i].bytes += b->size;
+      t->sites[i].count++;
+      t->sites[i].bytes += b->size;
       return;
     }
   }
@@ -88,28 +97,37 @@ static void gg__visit_site(gg__obj_row_t *o, gg__tag_row_t *t, const gg_block_in
   }
   t->sites = r;
   r = &t->sites[t->n_sites++];
-  r->key = b->frames, r->n = b->n_frames < 8 ? b->n_frames : 8, r->count = 1, r->bytes = b->size;
+  r->key = b->frames;
+  r->n = b->n_frames < 8 ? b->n_frames : 8;
+  r->count = 1;
+  r->bytes = b->size;
   memcpy(r->pc, b->frames, (size_t)r->n * sizeof *r->pc);
 }
 
 static int gg__visit_block(const gg_block_info_t *b, void *user) {
   gg__obj_row_t *o = user;
   const char *tag = b->tag ? b->tag : "";
-  o->count++, o->bytes += b->size;
+  o->count++;
+  o->bytes += b->size;
   for (size_t i = 0; i < o->n_tags; i++) {
     if (strcmp(o->tags[i].tag, tag) == 0) {
-      o->tags[i].count++, o->tags[i].bytes += b->size;
+      o->tags[i].count++;
+      o->tags[i].bytes += b->size;
       gg__visit_site(o, &o->tags[i], b);
       return 0;
     }
   }
   gg__tag_row_t *t = gg__vec_reserve(o->tags, &o->cap_tags, o->n_tags + 1, sizeof *t);
-  if (!t) return (o->truncated = true), 0;
+  if (!t) {
+    o->truncated = true;
+    return 0;
+  }
   o->tags = t;
   t = &o->tags[o->n_tags++];
   memset(t, 0, sizeof *t);
   gg__strlcpy(t->tag, tag, sizeof t->tag);
-  t->count = 1, t->bytes = b->size;
+  t->count = 1;
+  t->bytes = b->size;
   gg__visit_site(o, t, b);
   return 0;
 }
@@ -134,9 +152,10 @@ static void gg__render_sites(FILE *f, const gg__tag_row_t *t, bool json) {
               r->count == 1 ? "" : "s", r->bytes);
     for (int k = 0; k < r->n; k++) {
       gg__site_name(r->pc[k], name, sizeof name);
-      if (json)
-        fputs(k ? "," : "", f), gg__json_fputs(f, name);
-      else
+      if (json) {
+        fputs(k ? "," : "", f);
+        gg__json_fputs(f, name);
+      } else
         fprintf(f, "gpuguard:         #%d %s\n", k, name);
     }
     if (json) fputs("]}", f);
@@ -167,7 +186,9 @@ void gg__report_add(gg__report_t *r, const gg__attach_ops_t *ops, void *obj) {
     free(o->tags);
     return; /* nothing leaked: not listed */
   }
-  r->n_objs++, r->count += o->count, r->bytes += o->bytes;
+  r->n_objs++;
+  r->count += o->count;
+  r->bytes += o->bytes;
 }
 
 static void gg__report_render(FILE *f, const gg__report_opts_t *opts, const char *guard,

@@ -50,8 +50,10 @@ char *gg__fmt_str(char *p, char *end, const char *s) {
 static char *gg__fmt_base(char *p, char *end, unsigned long long v, unsigned base) {
   char tmp[24];
   int n = 0;
-  do tmp[n++] = "0123456789abcdef"[v % base], v /= base;
-  while (v && n < (int)sizeof tmp);
+  do {
+    tmp[n++] = "0123456789abcdef"[v % base];
+    v /= base;
+  } while (v && n < (int)sizeof tmp);
   while (n && p < end) *p++ = tmp[--n];
   return p;
 }
@@ -66,7 +68,8 @@ static void gg__write_all(int fd, const char *p, size_t n) {
     ssize_t w = write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return;
-    p += w, n -= (size_t)w;
+    p += w;
+    n -= (size_t)w;
   }
 }
 
@@ -200,13 +203,19 @@ int gg__crash_hooks_run(int sig) {
     unsigned long long best_seq = 0;
     for (int i = 0; i < GG__CRASH_HOOKS_MAX; i++) {
       unsigned long long s = atomic_load(&gg__hooks[i].seq);
-      if (atomic_load(&gg__hooks[i].fn) && s < below && s >= best_seq) best = i, best_seq = s;
+      if (atomic_load(&gg__hooks[i].fn) && s < below && s >= best_seq) {
+        best = i;
+        best_seq = s;
+      }
     }
     if (best < 0) return ran;
     below = best_seq;
     gg__crash_hook_fn fn = atomic_load(&gg__hooks[best].fn);
     void *user = atomic_load(&gg__hooks[best].user);
-    if (fn && atomic_load(&gg__hooks[best].pid) == me) fn(sig, user), ran++;
+    if (fn && atomic_load(&gg__hooks[best].pid) == me) {
+      fn(sig, user);
+      ran++;
+    }
   }
 }
 
@@ -292,13 +301,16 @@ int gg_guard_prepare_thread(void) {
   }
   stack_t st;
   memset(&st, 0, sizeof st);
-  st.ss_sp = base, st.ss_size = size;
+  st.ss_sp = base;
+  st.ss_size = size;
   if (sigaltstack(&st, NULL) != 0) {
     int e = errno;
-    munmap(base, size), free(a);
+    munmap(base, size);
+    free(a);
     return gg__err(GG_EIO, "gg_guard_prepare_thread: sigaltstack: %s", strerror(e));
   }
-  a->base = base, a->size = size;
+  a->base = base;
+  a->size = size;
   pthread_setspecific(gg__altstack_key, a);
   return 0;
 }
@@ -341,7 +353,9 @@ int gg__watchdog_arm(enum gg__wd_end kind, int code, int timeout_ms, const char 
   char *p = w->msg, *end = w->msg + sizeof w->msg;
   w->deadline.tv_sec = now.tv_sec + timeout_ms / 1000 + (time_t)(ns / 1000000000LL);
   w->deadline.tv_nsec = (long)(ns % 1000000000LL);
-  w->kind = kind, w->code = code, w->armed = true;
+  w->kind = kind;
+  w->code = code;
+  w->armed = true;
   gg__wd.seq++;
   p = gg__fmt_str(p, end, "gpuguard: the teardown of guard '");
   p = gg__fmt_str(p, end, what);
@@ -365,7 +379,8 @@ int gg__watchdog_arm(enum gg__wd_end kind, int code, int timeout_ms, const char 
 void gg__watchdog_disarm(int token) {
   if (token <= 0 || token > GG__WD_SLOTS) return;
   pthread_mutex_lock(&gg__wd.lock);
-  gg__wd.slot[token - 1].armed = false, gg__wd.seq++;
+  gg__wd.slot[token - 1].armed = false;
+  gg__wd.seq++;
   pthread_cond_broadcast(&gg__wd.cond);
   pthread_mutex_unlock(&gg__wd.lock);
 }
@@ -478,7 +493,10 @@ static int gg__start(void) {
   /* Out of the way of code that closes or reuses low descriptors (daemonising, closerange(3, ...)). */
   for (int k = 0; k < 2; k++) {
     int high = fcntl(fds[k], F_DUPFD_CLOEXEC, 512);
-    if (high >= 0) close(fds[k]), fds[k] = high;
+    if (high >= 0) {
+      close(fds[k]);
+      fds[k] = high;
+    }
   }
   fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK);
   /* Fresh in every fork generation: the parent's threads do not exist here. */
@@ -493,7 +511,9 @@ static int gg__start(void) {
   pthread_t wd, guard;
   int e = gg__spawn(&wd, gg__watchdog_main, NULL, 1);
   const char *which = "watchdog";
-  if (e == 0 && (e = gg__spawn(&guard, gg__guard_main, (void *)(intptr_t)fds[0], 2)) != 0) {
+  bool have_wd = e == 0;
+  if (have_wd) e = gg__spawn(&guard, gg__guard_main, (void *)(intptr_t)fds[0], 2);
+  if (have_wd && e != 0) {
     /* Trap: a watchdog left waiting here would sit on the lock and condition variable that the next
      * gg__start() initialises again. It is told to end and joined: nothing is left behind. */
     which = "guard";
@@ -504,10 +524,12 @@ static int gg__start(void) {
     pthread_join(wd, NULL);
   }
   if (e != 0) {
-    close(fds[0]), close(fds[1]);
+    close(fds[0]);
+    close(fds[1]);
     return gg__err(GG_ENOMEM, "gg_guard_create: cannot start the %s thread: %s", which, strerror(e));
   }
-  pthread_detach(wd), pthread_detach(guard);
+  pthread_detach(wd);
+  pthread_detach(guard);
   gg__sig.pipe_r = fds[0];
   atomic_store(&gg__sig.pipe_w, fds[1]);
   atomic_store(&gg__sig.pid, (int)getpid());

@@ -152,7 +152,8 @@ static int gg__fatal_child(const gg__pinfo_t *info, void *user) {
  * scanned in /proc (open/read/getdents64 only) and, when a member runs as another user, only our
  * members are signalled, one by one. */
 void gg__proc_fatal_kill(int sig, void *user) {
-  (void)sig, (void)user;
+  (void)sig;
+  (void)user;
   int saved = errno;
   pid_t me = getpid();
   if (atomic_load(&gg__snap_owner) == (int)me) {
@@ -239,7 +240,10 @@ static bool gg__tracked_anywhere(pid_t pid, const gg__set_t **where) {
   for (const gg__set_t *s = gg__sets; s; s = s->next) {
     if (s->owner != getpid()) continue;
     for (size_t i = 0; i < s->n; i++)
-      if (s->kids[i].pid == pid) return (*where = s), true;
+      if (s->kids[i].pid == pid) {
+        *where = s;
+        return true;
+      }
   }
   return false;
 }
@@ -270,7 +274,10 @@ int gg__proc_track(const void *key, pid_t pid, int pidfd, unsigned long long sta
 }
 
 int gg__proc_detach(const void *key, gg__kid_t **kids, size_t *n, pid_t **others, size_t *n_others) {
-  *kids = NULL, *n = 0, *others = NULL, *n_others = 0;
+  *kids = NULL;
+  *n = 0;
+  *others = NULL;
+  *n_others = 0;
   pthread_mutex_lock(&gg__lock);
   gg__set_t *s = NULL;
   int rc = gg__set_find(key, false, "gg_proc_teardown", &s);
@@ -285,11 +292,17 @@ int gg__proc_detach(const void *key, gg__kid_t **kids, size_t *n, pid_t **others
         for (size_t i = 0; i < o->n; i++) (*others)[(*n_others)++] = o->kids[i].pid;
   }
   if (rc == 0 && s) {
-    *kids = s->kids, *n = s->n;
-    s->kids = NULL, s->n = s->cap = 0;
+    *kids = s->kids;
+    *n = s->n;
+    s->kids = NULL;
+    s->n = s->cap = 0;
   }
   pthread_mutex_unlock(&gg__lock);
-  if (rc != 0) free(*others), *others = NULL, *n_others = 0;
+  if (rc != 0) {
+    free(*others);
+    *others = NULL;
+    *n_others = 0;
+  }
   return rc;
 }
 
@@ -398,9 +411,11 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
   if (r->opts.cwd && chdir(r->opts.cwd) != 0) gg__child_fail(errfd, GG__STEP_CWD);
   /* Move sources above 2 first, so swapped or overlapping descriptors all land right. */
   int src[3] = {r->opts.stdin_fd, r->opts.stdout_fd, r->opts.stderr_fd};
-  for (int i = 0; i < 3; i++)
-    if (src[i] >= 0 && (src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3)) < 0)
-      gg__child_fail(errfd, GG__STEP_STDIO);
+  for (int i = 0; i < 3; i++) {
+    if (src[i] < 0) continue;
+    src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3);
+    if (src[i] < 0) gg__child_fail(errfd, GG__STEP_STDIO);
+  }
   for (int i = 0; i < 3; i++)
     if (src[i] >= 0 && dup2(src[i], i) < 0) gg__child_fail(errfd, GG__STEP_STDIO);
   if (r->opts.close_device_fds) gg__close_fds_matching("/dev/nvidia");
@@ -422,7 +437,10 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
  * its own thread-local detail. */
 static void gg__do_spawn(gg__spawn_req_t *r) {
   int p[2];
-  r->pid = -1, r->pidfd = -1, r->step = 0, r->sys_errno = 0;
+  r->pid = -1;
+  r->pidfd = -1;
+  r->step = 0;
+  r->sys_errno = 0;
   if (pipe2(p, O_CLOEXEC) != 0) {
     r->sys_errno = errno;
     return;
@@ -445,7 +463,8 @@ static void gg__do_spawn(gg__spawn_req_t *r) {
   while (got < 0 && errno == EINTR);
   close(p[0]);
   if (got == (ssize_t)sizeof msg) { /* exec failed: the child wrote why and exits */
-    r->step = msg[0], r->sys_errno = msg[1];
+    r->step = msg[0];
+    r->sys_errno = msg[1];
     waitpid(pid, NULL, 0);
     if (r->pidfd >= 0) close(r->pidfd);
     r->pidfd = -1;
@@ -528,7 +547,8 @@ static int gg__resolve(const char *name, char *out, size_t cap) {
  * own GPUGUARD_SESSION and gets ours only when it has none; an inherited one (environ) has ours in place
  * of any it carries (which may name a dead session this process did not join). */
 static int gg__child_env(char *const *env, bool explicit_env, char ***out, char **owned) {
-  *out = NULL, *owned = NULL;
+  *out = NULL;
+  *owned = NULL;
   char session[40];
   gg_registry_session(session, sizeof session);
   if (!env || !session[0]) return 0;
@@ -541,14 +561,17 @@ static int gg__child_env(char *const *env, bool explicit_env, char ***out, char 
   size_t len = strlen(session) + 18;
   char *kv = malloc(len);
   if (!e || !kv) {
-    free(e), free(kv);
+    free(e);
+    free(kv);
     return gg__err(GG_ENOMEM, "gg_proc_spawn: out of host memory");
   }
   snprintf(kv, len, "GPUGUARD_SESSION=%s", session);
   for (size_t i = 0; i < n; i++)
     if (strncmp(env[i], "GPUGUARD_SESSION=", 17) != 0) e[kept++] = env[i];
-  e[kept] = kv, e[kept + 1] = NULL;
-  *out = e, *owned = kv;
+  e[kept] = kv;
+  e[kept + 1] = NULL;
+  *out = e;
+  *owned = kv;
   return 0;
 }
 
@@ -632,9 +655,11 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
   if (rc != 0) return rc;
 
   char path[4096];
-  if ((rc = gg__resolve(argv[0], path, sizeof path)) != 0) return rc;
+  rc = gg__resolve(argv[0], path, sizeof path);
+  if (rc != 0) return rc;
   char **env = NULL, *kv = NULL;
-  if ((rc = gg__child_env(r.opts.env ? r.opts.env : environ, r.opts.env != NULL, &env, &kv)) != 0) return rc;
+  rc = gg__child_env(r.opts.env ? r.opts.env : environ, r.opts.env != NULL, &env, &kv);
+  if (rc != 0) return rc;
   r.path = path;
   r.argv = (char *const *)argv; /* execve's prototype predates const; it does not write */
   r.envp = env ? env : r.opts.env ? r.opts.env : environ;
@@ -646,12 +671,14 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
 #endif
 
   rc = gg__spawn_submit(&r);
-  free(env), free(kv);
+  free(env);
+  free(kv);
   if (rc != 0) return rc;
   if (r.pid < 0) return gg__spawn_failed(&r, argv[0], path);
   gg__pinfo_t info;
   unsigned long long start = gg__proc_read_stat(r.pid, &info) == 0 ? info.start : 0;
-  if ((rc = gg__proc_track(guard, r.pid, r.pidfd, start, GG__FOUND_TRACKED)) != 0) {
+  rc = gg__proc_track(guard, r.pid, r.pidfd, start, GG__FOUND_TRACKED);
+  if (rc != 0) {
     /* Not tracked means not guarded: do not leave it running. */
     kill(r.pid, SIGKILL);
     waitpid(r.pid, NULL, 0);

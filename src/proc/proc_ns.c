@@ -32,13 +32,18 @@ static void gg__fmt_map(char *buf, size_t cap, unsigned id) {
   /* "ID ID 1\n" without snprintf: this runs between fork and exec. */
   char d[16];
   size_t n = 0, at = 0;
-  do d[n++] = (char)('0' + id % 10);
-  while ((id /= 10) && n < sizeof d);
+  do {
+    d[n++] = (char)('0' + id % 10);
+    id /= 10;
+  } while (id && n < sizeof d);
   for (int rep = 0; rep < 2; rep++) {
     for (size_t i = n; i > 0 && at + 1 < cap; i--) buf[at++] = d[i - 1];
     if (at + 1 < cap) buf[at++] = ' ';
   }
-  if (at + 3 < cap) buf[at++] = '1', buf[at++] = '\n';
+  if (at + 3 < cap) {
+    buf[at++] = '1';
+    buf[at++] = '\n';
+  }
   buf[at] = '\0';
 }
 
@@ -84,7 +89,8 @@ int gg_proc_pid_ns_probe(void) {
   pid_t kid = fork();
   if (kid < 0) {
     int e = errno;
-    close(p[0]), close(p[1]);
+    close(p[0]);
+    close(p[1]);
     return gg__err(GG_EIO, "gg_proc_pid_ns_probe: fork: %s", strerror(e));
   }
   if (kid == 0) {
@@ -201,7 +207,10 @@ static int gg__wait_for(pid_t who, int *status, const sigset_t *set, const gg__r
     int st;
     pid_t p;
     while ((p = waitpid(reap_all ? -1 : who, &st, WNOHANG)) > 0)
-      if (p == who) return *status = st, 0;
+      if (p == who) {
+        *status = st;
+        return 0;
+      }
     if (p < 0 && errno == ECHILD) return -1;
     siginfo_t si;
     struct timespec wait = {0, 50 * 1000000L}; /* a missed SIGCHLD costs at most this */
@@ -284,7 +293,8 @@ void gg__pid_ns_child(int mode, int grace_ms, int keep_ignored, int errfd, int f
   pid_t init = fork();
   if (init < 0) _exit(127);
   if (init == 0) {
-    close(alive[1]), close(status[0]);
+    close(alive[1]);
+    close(status[0]);
     gg__init(alive[0], status[1], errfd, &set, grace_ms, token);
     sigprocmask(SIG_UNBLOCK, &set, NULL); /* the job: the caller resets every disposition too */
     return;
@@ -292,7 +302,9 @@ void gg__pid_ns_child(int mode, int grace_ms, int keep_ignored, int errfd, int f
   /* The keeper, in our namespace: the process the caller tracks. It passes its parent's signals on to
    * the init, exits as the job did, and its death (PR_SET_PDEATHSIG when the caller dies) ends the
    * namespace. */
-  close(errfd), close(alive[0]), close(status[1]);
+  close(errfd);
+  close(alive[0]);
+  close(status[1]);
   int st = 127 << 8, job_st = 127 << 8;
   gg__relay_t relay = {.from = parent, .to = init, .token = token};
   gg__wait_for(init, &st, &set, &relay, false, -1);

@@ -21,8 +21,10 @@ static void gg__proc_path(char *buf, size_t cap, pid_t pid, const char *leaf) {
   char digits[24];
   size_t n = 0, at = 0;
   unsigned long v = (unsigned long)pid;
-  do digits[n++] = (char)('0' + v % 10);
-  while ((v /= 10) && n < sizeof digits);
+  do {
+    digits[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v && n < sizeof digits);
   const char *pre = "/proc/";
   for (const char *p = pre; *p && at + 1 < cap; p++) buf[at++] = *p;
   while (n && at + 1 < cap) buf[at++] = digits[--n];
@@ -52,7 +54,10 @@ static long long gg__take_num(const char **p) {
   const char *s = *p;
   int neg = 0;
   long long v = 0;
-  if (*s == '-') neg = 1, s++;
+  if (*s == '-') {
+    neg = 1;
+    s++;
+  }
   while (*s >= '0' && *s <= '9') v = v * 10 + (*s++ - '0');
   while (*s && *s != ' ') s++; /* tolerate anything odd in a field we do not need */
   while (*s == ' ') s++;
@@ -281,7 +286,8 @@ int gg__proc_walk(int (*fn)(const gg__pinfo_t *info, void *user), void *user) {
       gg__pinfo_t info;
       if (gg__parse_pid(d->d_name, &pid) != 0) continue;
       if (gg__proc_read_stat(pid, &info) != 0) continue; /* gone meanwhile */
-      if ((rc = fn(&info, user)) != 0) goto out;
+      rc = fn(&info, user);
+      if (rc != 0) goto out;
     }
   }
 out:
@@ -317,7 +323,8 @@ int gg__close_fds_matching(const char *prefix) {
 /* Pids holding an open descriptor whose link target is exactly `target` (not async-signal-safe: it
  * allocates). Only processes this user may inspect are seen (all of them for root). */
 int gg__scan_fd_holders(const char *proc_root, const char *target, int **pids, size_t *n) {
-  *pids = NULL, *n = 0;
+  *pids = NULL;
+  *n = 0;
   DIR *d = opendir(proc_root);
   if (!d) return gg__err(GG_EIO, "scanning %s: cannot open it", proc_root);
   size_t cap = 0;
@@ -351,7 +358,11 @@ int gg__scan_fd_holders(const char *proc_root, const char *target, int **pids, s
     (*pids)[(*n)++] = (int)pid;
   }
   closedir(d);
-  if (rc < 0) free(*pids), *pids = NULL, *n = 0;
+  if (rc < 0) {
+    free(*pids);
+    *pids = NULL;
+    *n = 0;
+  }
   return rc;
 }
 

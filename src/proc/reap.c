@@ -64,29 +64,46 @@ static bool gg__take(pid_t pid, unsigned long long start, unsigned flags, gg__vi
   gg__pinfo_t info;
   uid_t uid;
   unsigned long long kflags = 0;
-  if (pid <= 1) return out->found = pid == 1 ? "pid 1 (init) is never ended" : "not a process id", false;
-  if (gg__is_ancestor(pid)) return out->found = "this process or one of its ancestors", false;
+  if (pid <= 1) {
+    out->found = pid == 1 ? "pid 1 (init) is never ended" : "not a process id";
+    return false;
+  }
+  if (gg__is_ancestor(pid)) {
+    out->found = "this process or one of its ancestors";
+    return false;
+  }
   if (gg__proc_read_stat(pid, &info) != 0 || gg__proc_uid(pid, &uid) != 0) {
     out->end = GG_PROC_ENDED;
-    return out->found = "gone before it was signalled", false;
+    out->found = "gone before it was signalled";
+    return false;
   }
-  out->ppid = info.ppid, out->start_time = info.start;
+  out->ppid = info.ppid;
+  out->start_time = info.start;
   gg__proc_cmdline(pid, out->command, sizeof out->command);
-  if (start == 0 || info.start != start) return out->found = "its pid now names another process", false;
-  if (gg__proc_flags(pid, &kflags) == 0 && (kflags & GG__PF_KTHREAD))
-    return out->found = "a kernel thread", false;
-  if (uid != getuid() && !((flags & GG_REAP_ALL_USERS) && geteuid() == 0))
-    return out->found = "another user's process", false;
+  if (start == 0 || info.start != start) {
+    out->found = "its pid now names another process";
+    return false;
+  }
+  if (gg__proc_flags(pid, &kflags) == 0 && (kflags & GG__PF_KTHREAD)) {
+    out->found = "a kernel thread";
+    return false;
+  }
+  if (uid != getuid() && !((flags & GG_REAP_ALL_USERS) && geteuid() == 0)) {
+    out->found = "another user's process";
+    return false;
+  }
   if (info.state == 'Z' || info.state == 'X') {
     out->end = GG_PROC_ENDED;
-    return out->found = "already exited (a zombie)", false;
+    out->found = "already exited (a zombie)";
+    return false;
   }
   int pidfd = gg__pidfd_open(pid);
   gg__pinfo_t again;
   /* The pidfd names whatever held the pid when it was opened: confirm that is the process checked. */
   if (gg__proc_read_stat(pid, &again) != 0 || again.start != start) {
     if (pidfd >= 0) close(pidfd);
-    return out->found = "its pid now names another process", false;
+    out->found = "its pid now names another process";
+    return false;
   }
   *v = (gg__victim_t){pid, pidfd, start, true, false};
   out->found = "named";
@@ -121,9 +138,10 @@ int gg_reap(const int *pids, const unsigned long long *starts, size_t n, int gra
       size_t left = 0;
       for (size_t i = 0; i < n; i++) {
         if (!v[i].held || v[i].done) continue;
-        if (gg__gone(&v[i]))
-          v[i].done = true, out[i].end = GG_PROC_ENDED;
-        else
+        if (gg__gone(&v[i])) {
+          v[i].done = true;
+          out[i].end = GG_PROC_ENDED;
+        } else
           left++;
       }
       if (!left || gg__now_ms() >= deadline) break;

@@ -145,18 +145,25 @@ typedef struct gg__leader_find {
  * record of another pid namespace counts until proven dead) and, where we can see it, it runs as us
  * and is our ancestor. */
 static int gg__leader_one(int dfd, const char *name, const gg__rec_t *rec, void *user) {
-  (void)dfd, (void)name;
+  (void)dfd;
+  (void)name;
   gg__leader_find_t *f = user;
   const gg_session_record_t *r = &rec->r;
   if (r->stale || strcmp(r->role, "leader") != 0 || strcmp(r->session, f->session) != 0) return 0;
-  if (rec->foreign) return (f->found = true), 1; /* beyond our namespace: nothing more to check here */
+  if (rec->foreign) {
+    f->found = true;
+    return 1;
+  } /* beyond our namespace: nothing more to check here */
   uid_t uid;
   if (gg__proc_uid(r->pid, &uid) != 0 || (uid != getuid() && uid != geteuid())) return 0;
   /* Ours: the leader started us (an ancestor); a live session of somebody else's job is not joined. */
   gg__pinfo_t info;
   pid_t p = getppid();
   for (int depth = 0; depth < 64 && p > 0 && gg__proc_read_stat(p, &info) == 0; depth++, p = info.ppid)
-    if (p == r->pid && info.start == r->start_time) return (f->found = true), 1;
+    if (p == r->pid && info.start == r->start_time) {
+      f->found = true;
+      return 1;
+    }
   return 0;
 }
 
@@ -378,13 +385,16 @@ static bool gg__parse_record(char *text, pid_t file_pid, gg__rec_t *rec) {
     if (sp) *sp = '\0';
     char *end = NULL;
     errno = 0;
-    if (!strcmp(line, "pid"))
-      v_pid = strtol(v, &end, 10), seen |= 1;
-    else if (!strcmp(line, "start"))
-      r->start_time = strtoull(v, &end, 10), seen |= 2;
-    else if (!strcmp(line, "ppid"))
-      v_ppid = strtol(v, &end, 10), seen |= 4;
-    else if (!strcmp(line, "pidns"))
+    if (!strcmp(line, "pid")) {
+      v_pid = strtol(v, &end, 10);
+      seen |= 1;
+    } else if (!strcmp(line, "start")) {
+      r->start_time = strtoull(v, &end, 10);
+      seen |= 2;
+    } else if (!strcmp(line, "ppid")) {
+      v_ppid = strtol(v, &end, 10);
+      seen |= 4;
+    } else if (!strcmp(line, "pidns"))
       rec->pidns = strtoull(v, &end, 10);
     else if (!strcmp(line, "hostpid"))
       v_host = strtol(v, &end, 10);
@@ -396,11 +406,13 @@ static bool gg__parse_record(char *text, pid_t file_pid, gg__rec_t *rec) {
         p = *end ? end + 1 : end;
       }
       end = NULL;
-    } else if (!strcmp(line, "session") && gg__session_ok(v))
-      gg__strlcpy(r->session, v, sizeof r->session), seen |= 8;
-    else if (!strcmp(line, "role") && (!strcmp(v, "leader") || !strcmp(v, "worker")))
-      gg__strlcpy(r->role, v, sizeof r->role), seen |= 16;
-    else if (!strcmp(line, "devices"))
+    } else if (!strcmp(line, "session") && gg__session_ok(v)) {
+      gg__strlcpy(r->session, v, sizeof r->session);
+      seen |= 8;
+    } else if (!strcmp(line, "role") && (!strcmp(v, "leader") || !strcmp(v, "worker"))) {
+      gg__strlcpy(r->role, v, sizeof r->role);
+      seen |= 16;
+    } else if (!strcmp(line, "devices"))
       gg__strlcpy(r->devices, v, sizeof r->devices);
     else if (!strcmp(line, "cmd"))
       gg__strlcpy(r->command, v, sizeof r->command);
@@ -411,7 +423,9 @@ static bool gg__parse_record(char *text, pid_t file_pid, gg__rec_t *rec) {
   /* Pids are ints: a value beyond one must not wrap onto another process (4294967297 is not pid 1). */
   if (v_pid <= 0 || v_pid > INT_MAX || v_ppid < 0 || v_ppid > INT_MAX || v_host < 0 || v_host > INT_MAX)
     return false;
-  r->pid = (pid_t)v_pid, r->ppid = (pid_t)v_ppid, rec->hostpid = (pid_t)v_host;
+  r->pid = (pid_t)v_pid;
+  r->ppid = (pid_t)v_ppid;
+  rec->hostpid = (pid_t)v_host;
   return seen == 31 && r->pid == file_pid;
 }
 
@@ -590,7 +604,8 @@ static int gg__reg_scan(int dfd, const char *call, const char *dir, gg__rec_fn f
       gg__warn(name, "its name says pid namespace %llu, its record %llu", ns, rec.pidns);
       continue;
     }
-    if ((rc = fn(dfd, name, &rec, user)) != 0) break;
+    rc = fn(dfd, name, &rec, user);
+    if (rc != 0) break;
   }
   gg__scan_made = NULL;
   closedir(d);
@@ -615,7 +630,8 @@ typedef struct gg__list {
 } gg__list_t;
 
 static int gg__list_one(int dfd, const char *name, const gg__rec_t *r, void *user) {
-  (void)dfd, (void)name;
+  (void)dfd;
+  (void)name;
   gg__list_t *l = user;
   if (l->n < l->cap) {
     l->rows[l->n] = r->r;

@@ -58,7 +58,8 @@ static gg__target_t *gg__add(gg__td_t *td) {
   td->t = t;
   t = &td->t[td->n++];
   memset(t, 0, sizeof *t);
-  t->kid.pidfd = -1, t->kid.slot = -1;
+  t->kid.pidfd = -1;
+  t->kid.slot = -1;
   return t;
 }
 
@@ -163,8 +164,13 @@ static int gg__consider(const gg__pinfo_t *p, void *user) {
     td->err = GG_ENOMEM;
     return 1;
   }
-  t->kid.pid = p->pid, t->kid.pidfd = fd, t->kid.start = p->start, t->kid.found = found;
-  t->ppid = p->ppid, t->pgrp = p->pgrp, t->state = p->state;
+  t->kid.pid = p->pid;
+  t->kid.pidfd = fd;
+  t->kid.start = p->start;
+  t->kid.found = found;
+  t->ppid = p->ppid;
+  t->pgrp = p->pgrp;
+  t->state = p->state;
   w->added = true;
   return 0;
 }
@@ -207,7 +213,9 @@ static void gg__wait(gg__td_t *td, double deadline) {
 
 static void gg__conclude(gg__td_t *td, gg__target_t *t) {
   gg_proc_outcome_t *o = &t->out;
-  o->pid = t->kid.pid, o->ppid = t->ppid, o->start_time = t->kid.start;
+  o->pid = t->kid.pid;
+  o->ppid = t->ppid;
+  o->start_time = t->kid.start;
   o->found = gg__found_names[t->kid.found];
   if (t->skipped) {
     o->end = GG_PROC_SKIPPED;
@@ -249,8 +257,11 @@ static int gg__take_tracked(gg__td_t *td, const void *key, gg__kid_t *kids, size
     }
     t->kid = kids[i];
     gg__pinfo_t info;
-    if (gg__proc_read_stat(t->kid.pid, &info) == 0)
-      t->ppid = info.ppid, t->pgrp = info.pgrp, t->state = info.state;
+    if (gg__proc_read_stat(t->kid.pid, &info) == 0) {
+      t->ppid = info.ppid;
+      t->pgrp = info.pgrp;
+      t->state = info.state;
+    }
     /* Trap: persisted pids get reused. A record whose pid now names another process (other start
      * time) or another user's is reported and never signalled. */
     if (t->kid.pidfd < 0) {
@@ -317,7 +328,9 @@ static int gg__make_receipt(const gg__td_t *td, size_t alive, int grace_ms, doub
   }
   r->count = td->n;
   for (size_t i = 0; i < td->n; i++) r->procs[i] = td->t[i].out;
-  r->n_alive = alive, r->grace_ms = grace_ms, r->elapsed_ms = gg__now_ms() - t0;
+  r->n_alive = alive;
+  r->grace_ms = grace_ms;
+  r->elapsed_ms = gg__now_ms() - t0;
   *out = r;
   return 0;
 }

@@ -14,7 +14,10 @@
 static void GG__PRINTF(3, 4) gg__why_add(char *why, size_t cap, const char *fmt, ...) {
   size_t len = strlen(why);
   if (len + 3 >= cap) return;
-  if (len) memcpy(why + len, "; ", 3), len += 2;
+  if (len) {
+    memcpy(why + len, "; ", 3);
+    len += 2;
+  }
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(why + len, cap - len, fmt, ap);
@@ -95,7 +98,10 @@ static int gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, b
   int n = len > 0 ? gg__split_argv(argv, len, args, 64) : 0;
   bool python = gg__is_python(row->pid);
   const char *kind = gg__worker_argv(args, n);
-  if (kind && python) return gg__why_add(why, cap, "%s", kind), 1;
+  if (kind && python) {
+    gg__why_add(why, cap, "%s", kind);
+    return 1;
+  }
   if (gg__proc_comm(row->pid, comm, sizeof comm) == 0 &&
       (strcmp(comm, "pt_data_worker") == 0 || strncmp(comm, "ray::", 5) == 0)) {
     if (python) {
@@ -143,26 +149,39 @@ static bool gg__is_init(const char *comm) {
 bool gg__parent_gone(const gg_process_t *row, const gg__pinfo_t *st, char *why, size_t cap) {
   gg__pinfo_t parent;
   char comm[64] = "?";
-  if (st->ppid <= 0) return gg__why_add(why, cap, "no parent in this PID namespace"), true;
-  if (gg__proc_read_stat(st->ppid, &parent) != 0)
-    return gg__why_add(why, cap, "its parent %d is gone", (int)st->ppid), true;
+  if (st->ppid <= 0) {
+    gg__why_add(why, cap, "no parent in this PID namespace");
+    return true;
+  }
+  if (gg__proc_read_stat(st->ppid, &parent) != 0) {
+    gg__why_add(why, cap, "its parent %d is gone", (int)st->ppid);
+    return true;
+  }
   gg__proc_comm(st->ppid, comm, sizeof comm);
-  if (parent.state == 'Z' || parent.state == 'X')
-    return gg__why_add(why, cap, "its parent %d has exited", (int)st->ppid), true;
-  if (parent.start > row->start_time)
-    return gg__why_add(why, cap, "its parent %d started after it (the pid was reused)", (int)st->ppid), true;
+  if (parent.state == 'Z' || parent.state == 'X') {
+    gg__why_add(why, cap, "its parent %d has exited", (int)st->ppid);
+    return true;
+  }
+  if (parent.start > row->start_time) {
+    gg__why_add(why, cap, "its parent %d started after it (the pid was reused)", (int)st->ppid);
+    return true;
+  }
   /* PID 1 is a reaper (an init system, a container's init), unless it started this process itself: it
    * runs in PID 1's session, or PID 1 is a Python launcher (torchrun as a container's PID 1) and the
    * process leads its own session as launchers start ranks. */
   if (st->ppid == 1 &&
-      (gg__is_init(comm) || (parent.sid != st->sid && (!gg__is_python(1) || st->sid != st->pid))))
-    return gg__why_add(why, cap, "its parent is gone (reparented to PID 1, %s)", comm), true;
+      (gg__is_init(comm) || (parent.sid != st->sid && (!gg__is_python(1) || st->sid != st->pid)))) {
+    gg__why_add(why, cap, "its parent is gone (reparented to PID 1, %s)", comm);
+    return true;
+  }
   /* A child stays in its parent's session unless it calls setsid(), which makes it the leader: in
    * another session without leading one, it was handed to this parent (a subreaper) by a dead one. */
-  if (parent.sid != st->sid && st->sid != st->pid)
-    return gg__why_add(why, cap, "its parent is gone (reparented to %d, %s, a subreaper in another session)",
-                       (int)st->ppid, comm),
-           true;
+  if (parent.sid != st->sid && st->sid != st->pid) {
+    gg__why_add(why, cap,
+                "its parent is gone (reparented to %d, %s, a subreaper in another session)",
+                (int)st->ppid, comm);
+    return true;
+  }
   return false;
 }
 
@@ -190,18 +209,28 @@ static bool gg__detached_evidence(const gg_process_t *row, const gg__pinfo_t *st
   bool any = false;
   pid_t outer, inner;
   int levels = 0;
-  if (gg__proc_nspid(row->pid, &outer, &inner, &levels) == 0 && levels > 1 && inner == 1)
-    gg__why_add(why, cap, "PID 1 of its own PID namespace (a container's init)"), any = true;
+  if (gg__proc_nspid(row->pid, &outer, &inner, &levels) == 0 && levels > 1 && inner == 1) {
+    gg__why_add(why, cap, "PID 1 of its own PID namespace (a container's init)");
+    any = true;
+  }
   unsigned long long ign = 0;
   if (gg__proc_sigign(row->pid, &ign) == 0 && (ign & 1ULL)) /* bit 0: SIGHUP */
-    gg__why_add(why, cap, "ignores SIGHUP (nohup)"), any = true;
-  if (st->sid == st->pid) gg__why_add(why, cap, "leads its own session (setsid, a daemon)"), any = true;
+  {
+    gg__why_add(why, cap, "ignores SIGHUP (nohup)");
+    any = true;
+  }
+  if (st->sid == st->pid) {
+    gg__why_add(why, cap, "leads its own session (setsid, a daemon)");
+    any = true;
+  }
   char cg[256];
   if (gg__proc_cgroup(row->pid, cg, sizeof cg) == 0) {
     const char *leaf = strrchr(cg, '/');
     leaf = leaf ? leaf + 1 : cg;
-    if (gg__ends_with(leaf, ".service") && strncmp(leaf, "user@", 5) != 0)
-      gg__why_add(why, cap, "a systemd service (%s)", leaf), any = true;
+    if (gg__ends_with(leaf, ".service") && strncmp(leaf, "user@", 5) != 0) {
+      gg__why_add(why, cap, "a systemd service (%s)", leaf);
+      any = true;
+    }
   }
   if (gg__under_multiplexer(st->ppid, why, cap)) any = true;
   return any;

@@ -208,8 +208,10 @@ int gg__nvml_memory(const char *uuid, int index, size_t *total, size_t *free_b) 
   if (r == NVML_SUCCESS && n.memory) r = n.memory(dev, m);
   if (r != NVML_SUCCESS || !n.memory)
     rc = gg__err(GG_ENOTSUP, "NVML memory query failed: %s", n.error_string ? n.error_string(r) : "?");
-  else
-    *total = (size_t)m[0], *free_b = (size_t)m[1];
+  else {
+    *total = (size_t)m[0];
+    *free_b = (size_t)m[1];
+  }
   gg__nvml_close(&n);
   return rc;
 }
@@ -219,8 +221,10 @@ static void gg__nvml_read_telemetry(gg__nvml_t *n, nvmlDevice_t dev, gg__nvml_te
   t->util_gpu = t->util_memory = t->temperature_c = -1;
   t->power_mw = t->power_limit_mw = -1;
   unsigned u[2], v;
-  if (n->utilization && n->utilization(dev, u) == NVML_SUCCESS)
-    t->util_gpu = (int)u[0], t->util_memory = (int)u[1];
+  if (n->utilization && n->utilization(dev, u) == NVML_SUCCESS) {
+    t->util_gpu = (int)u[0];
+    t->util_memory = (int)u[1];
+  }
   if (n->temperature && n->temperature(dev, 0 /* NVML_TEMPERATURE_GPU */, &v) == NVML_SUCCESS)
     t->temperature_c = (int)v;
   if (n->power && n->power(dev, &v) == NVML_SUCCESS) t->power_mw = (long long)v;
@@ -247,7 +251,8 @@ int gg__nvml_telemetry(const char *uuid, int index, gg__nvml_telemetry_t *t) {
 #define GG__NVML_PCI_BUSID_OFF 36
 
 int gg__nvml_devices(gg__nvml_dev_t **out, int *count) {
-  *out = NULL, *count = 0;
+  *out = NULL;
+  *count = 0;
   gg__nvml_t n;
   int rc = gg__nvml_open(&n);
   if (rc < 0) return rc;
@@ -273,7 +278,9 @@ int gg__nvml_devices(gg__nvml_dev_t **out, int *count) {
   for (unsigned i = 0; i < c; i++) {
     gg__nvml_dev_t *e = &d[i];
     nvmlDevice_t dev = NULL;
-    e->index = (int)i, e->minor = -1, e->have_memory = false;
+    e->index = (int)i;
+    e->minor = -1;
+    e->have_memory = false;
     e->tel.util_gpu = e->tel.util_memory = e->tel.temperature_c = -1;
     e->tel.power_mw = e->tel.power_limit_mw = -1;
     r = n.by_index(i, &dev);
@@ -294,11 +301,15 @@ int gg__nvml_devices(gg__nvml_dev_t **out, int *count) {
       e->pci_bus_id[sizeof e->pci_bus_id - 1] = '\0';
     }
     unsigned long long mem[3] = {0, 0, 0};
-    if (n.memory && n.memory(dev, mem) == NVML_SUCCESS && mem[1] <= mem[0])
-      e->have_memory = true, e->total = (size_t)mem[0], e->free_b = (size_t)mem[1];
+    if (n.memory && n.memory(dev, mem) == NVML_SUCCESS && mem[1] <= mem[0]) {
+      e->have_memory = true;
+      e->total = (size_t)mem[0];
+      e->free_b = (size_t)mem[1];
+    }
     gg__nvml_read_telemetry(&n, dev, &e->tel);
   }
   gg__nvml_close(&n);
-  *out = d, *count = (int)c;
+  *out = d;
+  *count = (int)c;
   return 0;
 }

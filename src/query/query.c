@@ -42,7 +42,9 @@ int gg_device_info(int device, gg_device_info_t *info) {
   /* On CUDA, NVML reads the memory without a context: a context would take ~500 MiB of what is being
    * measured and cost ~100 ms. Without NVML, the primary context is retained for the reading. */
   gg__dev_props_t props;
-  if (backend[0] == 'c' && (rc = gg__cuda_props(device, &props)) == 0) {
+  bool cuda = backend[0] == 'c';
+  if (cuda) rc = gg__cuda_props(device, &props);
+  if (cuda && rc == 0) {
     size_t total_b = 0, free_b = 0;
     gg__err_saved_t saved;
     gg__err_save(&saved);
@@ -55,7 +57,8 @@ int gg_device_info(int device, gg_device_info_t *info) {
     return rc;
   }
   gg__dev_t *d = NULL;
-  if ((rc = gg__dev_open(backend, device, &d)) < 0) return rc;
+  rc = gg__dev_open(backend, device, &d);
+  if (rc < 0) return rc;
   size_t free_b = 0, total_b = 0;
   rc = d->ops->mem_info(d, &free_b, &total_b);
   if (rc == 0) gg__fill_info(info, device, d->ops->name, &d->props, free_b, total_b);
@@ -75,7 +78,9 @@ int gg_device_telemetry(int device, gg_device_telemetry_t *t) {
   gg__nvml_telemetry_t n;
   int rc = gg__nvml_telemetry(have_uuid ? props.uuid : NULL, device, &n);
   if (rc < 0) return rc;
-  t->utilization_gpu = n.util_gpu, t->utilization_memory = n.util_memory, t->temperature_c = n.temperature_c;
+  t->utilization_gpu = n.util_gpu;
+  t->utilization_memory = n.util_memory;
+  t->temperature_c = n.temperature_c;
   t->power_watts = n.power_mw < 0 ? -1 : (double)n.power_mw / 1e3;
   t->power_limit_watts = n.power_limit_mw < 0 ? -1 : (double)n.power_limit_mw / 1e3;
   return 0;
@@ -107,7 +112,10 @@ static void gg__join_proc(gg_process_t *row, uid_t me) {
   gg__pinfo_t st;
   uid_t uid = 0;
   if (gg__proc_read_stat(row->pid, &st) == 0 && gg__proc_uid(row->pid, &uid) == 0) {
-    row->ppid = st.ppid, row->uid = uid, row->state = st.state, row->start_time = st.start;
+    row->ppid = st.ppid;
+    row->uid = uid;
+    row->state = st.state;
+    row->start_time = st.start;
     gg__proc_cmdline(row->pid, row->command, sizeof row->command);
     struct passwd pw, *res = NULL;
     char pwbuf[1024];
@@ -129,7 +137,9 @@ typedef struct gg__sessions {
 } gg__sessions_t;
 
 static void gg__sessions_load(gg__sessions_t *s) {
-  s->recs = NULL, s->foreign = NULL, s->n = 0;
+  s->recs = NULL;
+  s->foreign = NULL;
+  s->n = 0;
   gg__err_saved_t saved;
   gg__err_save(&saved);
   size_t want = 0;
@@ -139,7 +149,8 @@ static void gg__sessions_load(gg__sessions_t *s) {
     if (grown) s->recs = grown;
     unsigned char *f = grown ? realloc(s->foreign, want + 8) : NULL;
     if (!f) break;
-    s->foreign = f, s->n = want + 8;
+    s->foreign = f;
+    s->n = want + 8;
   }
   if (want < s->n) s->n = want;
   gg__err_restore(&saved);
@@ -354,7 +365,10 @@ int gg__process_list_at(const char *uuid, int device, gg_process_t *rows, size_t
   snprintf(node, sizeof node, "/dev/nvidia%d", minor >= 0 ? minor : device);
   int *fdp = NULL;
   size_t nfd = 0;
-  if (gg__scan_fd_holders("/proc", node, &fdp, &nfd) < 0) nfd = 0, gg__err_restore(&saved);
+  if (gg__scan_fd_holders("/proc", node, &fdp, &nfd) < 0) {
+    nfd = 0;
+    gg__err_restore(&saved);
+  }
 
   gg__listing_t l = {.device = device, .nvml = nvml, .fdp = fdp, .nfd = nfd, .me = getuid()};
   size_t total = 0;
@@ -434,8 +448,10 @@ int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count) {
     if (gg_process_list(d, got, 64, &n) != 0) continue;
     for (size_t i = 0; i < n && i < 64; i++)
       for (size_t j = 0; j < w.n && j < w.cap; j++)
-        if (rows[j].pid == got[i].pid && rows[j].start_time == got[i].start_time)
-          rows[j].used_bytes = got[i].used_bytes, rows[j].device = d;
+        if (rows[j].pid == got[i].pid && rows[j].start_time == got[i].start_time) {
+          rows[j].used_bytes = got[i].used_bytes;
+          rows[j].device = d;
+        }
   }
   gg__err_restore(&saved);
   *count = w.n;
@@ -446,7 +462,9 @@ int gg_process_describe(int pid, gg_process_t *row) {
   if (!row) return gg__err(GG_EINVAL, "gg_process_describe: row is NULL");
   if (pid <= 0) return gg__err(GG_EINVAL, "gg_process_describe: pid %d is not a process", pid);
   memset(row, 0, sizeof *row);
-  row->pid = pid, row->device = -1, row->used_bytes = -1;
+  row->pid = pid;
+  row->device = -1;
+  row->used_bytes = -1;
   gg__join_proc(row, getuid());
   if (row->state == '?') return gg__err(GG_ENOTFOUND, "gg_process_describe: no process %d", pid);
   gg__sessions_t sessions;

@@ -25,9 +25,10 @@ static void gg__prom_label(FILE *f, const char *s) {
       fprintf(f, "\\%c", *p);
     else if (*p == '\n')
       fputs("\\n", f);
-    else if (n == 0 || *p < 0x20 || *p == 0x7f)
-      fputs("\xef\xbf\xbd", f), n = 1;
-    else
+    else if (n == 0 || *p < 0x20 || *p == 0x7f) {
+      fputs("\xef\xbf\xbd", f);
+      n = 1;
+    } else
       fwrite(p, 1, n, f);
     p += n ? n : 1;
   }
@@ -70,7 +71,8 @@ static void gg__collect_procs(gg__devrow_t *r, unsigned what, const char *uuid, 
     }
     gg_process_t *grown = realloc(r->procs, (count + 8) * sizeof *grown);
     if (!grown) break;
-    r->procs = grown, r->nprocs = count + 8;
+    r->procs = grown;
+    r->nprocs = count + 8;
   }
   if (count > r->nprocs) count = r->nprocs;
   r->nprocs = 0;
@@ -84,7 +86,8 @@ static void gg__collect_procs(gg__devrow_t *r, unsigned what, const char *uuid, 
 static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
   gg__nvml_dev_t *d = NULL;
   int n = 0, rc = gg__nvml_devices(&d, &n);
-  *rows = NULL, *nrows = 0;
+  *rows = NULL;
+  *nrows = 0;
   if (rc < 0) return rc;
   gg__devrow_t *r = calloc(n > 0 ? (size_t)n : 1, sizeof *r);
   if (!r) {
@@ -104,7 +107,8 @@ static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
     gg__strlcpy(r[i].info.uuid, d[i].uuid, sizeof r[i].info.uuid);
     gg__strlcpy(r[i].pci, d[i].pci_bus_id, sizeof r[i].pci);
     if (d[i].have_memory) {
-      r[i].info.total_bytes = d[i].total, r[i].info.free_bytes = d[i].free_b;
+      r[i].info.total_bytes = d[i].total;
+      r[i].info.free_bytes = d[i].free_b;
       r[i].info.used_bytes = d[i].total - d[i].free_b;
     }
     const gg__nvml_telemetry_t *t = &d[i].tel;
@@ -117,14 +121,16 @@ static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
     if (what & GG_REPORT_PROCESSES) gg__collect_procs(&r[i], what, d[i].uuid[0] ? d[i].uuid : NULL, i, true);
   }
   free(d);
-  *rows = r, *nrows = n;
+  *rows = r;
+  *nrows = n;
   return 0;
 }
 
 /* The devices of the backend gpuguard uses (CUDA's ordinals, or the simulated host device). */
 static int gg__collect(unsigned what, gg__devrow_t **rows, int *nrows) {
   int n = 0, rc = gg_device_count(&n);
-  *rows = NULL, *nrows = 0;
+  *rows = NULL;
+  *nrows = 0;
   if (rc < 0) return rc;
   gg__devrow_t *r = calloc(n > 0 ? (size_t)n : 1, sizeof *r);
   if (!r) return gg__err(GG_ENOMEM, "gg_report: out of host memory");
@@ -141,7 +147,8 @@ static int gg__collect(unsigned what, gg__devrow_t **rows, int *nrows) {
     gg__err_restore(&saved);
     if (what & GG_REPORT_PROCESSES) gg__collect_procs(&r[i], what, NULL, i, false);
   }
-  *rows = r, *nrows = n;
+  *rows = r;
+  *nrows = n;
   return 0;
 }
 
@@ -220,9 +227,12 @@ static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
         fputc('}', f);
         continue;
       }
-      fputs(",\"backend\":", f), gg__json_fputs(f, d->backend);
-      fputs(",\"name\":", f), gg__json_fputs(f, d->name);
-      fputs(",\"uuid\":", f), gg__json_fputs(f, d->uuid);
+      fputs(",\"backend\":", f);
+      gg__json_fputs(f, d->backend);
+      fputs(",\"name\":", f);
+      gg__json_fputs(f, d->name);
+      fputs(",\"uuid\":", f);
+      gg__json_fputs(f, d->uuid);
       fprintf(f,
               ",\"total_bytes\":%zu,\"free_bytes\":%zu,\"used_bytes\":%zu,\"compute_capability\":\"%d.%d\","
               "\"driver_version\":%d,\"vmm_supported\":%s",
@@ -248,11 +258,14 @@ static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
           fputs("null", f);
         else
           fprintf(f, "%lld", p->used_bytes);
-        fputs(",\"class\":", f), gg__json_fputs(f, gg_process_class_name(p->cls));
+        fputs(",\"class\":", f);
+        gg__json_fputs(f, gg_process_class_name(p->cls));
         fprintf(f, ",\"orphan\":%s,\"session\":", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
         gg__json_fputs(f, p->session);
-        fputs(",\"command\":", f), gg__json_fputs(f, p->command);
-        fputs(",\"why\":", f), gg__json_fputs(f, p->why);
+        fputs(",\"command\":", f);
+        gg__json_fputs(f, p->command);
+        fputs(",\"why\":", f);
+        gg__json_fputs(f, p->why);
         fputc('}', f);
       }
     fputc(']', f);
@@ -263,7 +276,8 @@ static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
       const gg_arena_stats_t *s = &ar->rows[i].st;
       fprintf(f, "%s{\"pid\":%d,\"name\":", i ? "," : "", (int)getpid());
       gg__json_fputs(f, ar->rows[i].name);
-      fputs(",\"backend\":", f), gg__json_fputs(f, ar->rows[i].backend);
+      fputs(",\"backend\":", f);
+      gg__json_fputs(f, ar->rows[i].backend);
       fprintf(f,
               ",\"bytes_in_use\":%zu,\"bytes_mapped\":%zu,\"bytes_reserved\":%zu,\"peak_in_use\":%zu,"
               "\"peak_mapped\":%zu,\"largest_free_block\":%zu,\"n_live\":%llu,\"n_allocs\":%llu,"
@@ -294,10 +308,17 @@ typedef struct gg__promctx {
 static void gg__prom_dev_labels(FILE *f, const gg__promctx_t *c, const gg__devrow_t *r, int gpu) {
   fprintf(f, "gpu=\"%d\",UUID=", gpu);
   gg__prom_label(f, r ? r->info.uuid : "");
-  if (r && r->pci[0]) fputs(",pci_bus_id=", f), gg__prom_label(f, r->pci);
+  if (r && r->pci[0]) {
+    fputs(",pci_bus_id=", f);
+    gg__prom_label(f, r->pci);
+  }
   if (r && r->minor >= 0) fprintf(f, ",device=\"nvidia%d\"", r->minor);
-  if (r && r->info.name[0]) fputs(",modelName=", f), gg__prom_label(f, r->info.name);
-  fputs(",Hostname=", f), gg__prom_label(f, c->hostname);
+  if (r && r->info.name[0]) {
+    fputs(",modelName=", f);
+    gg__prom_label(f, r->info.name);
+  }
+  fputs(",Hostname=", f);
+  gg__prom_label(f, c->hostname);
 }
 
 /* An arena's device (gpuguard's ordinal) among the rows: the row with its UUID (rows may be NVML's,
@@ -439,7 +460,10 @@ static void gg__prom_devices(FILE *f, const gg__promctx_t *c) {
     for (int i = 0; i < c->n; i++) {
       double v = c->rows[i].rc == 0 ? m[k].read(&c->rows[i]) : -1;
       if (v < 0) continue;
-      if (!head) gg__prom_head(f, m[k].name, "gauge", m[k].help), head = true;
+      if (!head) {
+        gg__prom_head(f, m[k].name, "gauge", m[k].help);
+        head = true;
+      }
       fprintf(f, "%s{", m[k].name);
       gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
       fprintf(f, "} %.15g\n", v); /* 15 digits: bytes stay exact, 0.87 stays 0.87 */
@@ -473,8 +497,10 @@ static void gg__prom_processes(FILE *f, const gg__promctx_t *c) {
           continue;
         }
         bool hide = p->cls == GG_PROCESS_FOREIGN && !(c->what & GG_REPORT_ALL_COMMANDS);
-        fputs(",user=", f), gg__prom_label(f, p->user);
-        fputs(",class=", f), gg__prom_label(f, gg_process_class_name(p->cls));
+        fputs(",user=", f);
+        gg__prom_label(f, p->user);
+        fputs(",class=", f);
+        gg__prom_label(f, gg_process_class_name(p->cls));
         fprintf(f, ",orphan=\"%s\",command=", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
         gg__prom_label(f, hide ? "" : p->command);
         fputs("} 1\n", f);
@@ -515,7 +541,8 @@ static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const ch
     return gg__collect(what, rows, n);
   }
   *source = "none";
-  *rows = NULL, *n = 0;
+  *rows = NULL;
+  *n = 0;
   return 0;
 }
 
@@ -542,7 +569,9 @@ static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
   if (gethostname(c.hostname, sizeof c.hostname) != 0) c.hostname[0] = '\0';
   c.hostname[sizeof c.hostname - 1] = '\0';
   gg__prom_head(f, "gpuguard_build_info", "gauge", "The gpuguard library that wrote these series; always 1.");
-  fputs("gpuguard_build_info{version=", f), gg__prom_label(f, gg_version()), fputs("} 1\n", f);
+  fputs("gpuguard_build_info{version=", f);
+  gg__prom_label(f, gg_version());
+  fputs("} 1\n", f);
   if (what & (GG_REPORT_DEVICES | GG_REPORT_PROCESSES)) {
     int ok = 0;
     for (int i = 0; i < n; i++) ok += rows[i].rc == 0;
@@ -552,7 +581,10 @@ static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
     fprintf(f, "gpuguard_devices{source=\"%s\"} %d\n", source, ok);
   }
   bool dev_ok = collect_rc == 0, proc_ok = collect_rc == 0;
-  for (int i = 0; i < n; i++) dev_ok &= rows[i].rc == 0, proc_ok &= !rows[i].procs_failed;
+  for (int i = 0; i < n; i++) {
+    dev_ok &= rows[i].rc == 0;
+    proc_ok &= !rows[i].procs_failed;
+  }
   gg__prom_head(f, "gpuguard_scrape_collector_success", "gauge",
                 "1 when the collector read everything it covers, 0 when some reading failed.");
   if (what & GG_REPORT_DEVICES)
