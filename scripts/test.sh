@@ -51,14 +51,15 @@ run_ctest() { # dir, name, ctest args...
   python3 scripts/ctest_skips.py "$dir/Testing/Temporary/LastTest.log" "$logs/$name.log"
 }
 
-# The folders formatted at 100 columns so far; src/proc, src/guard, src/query, include/ and tools/ join
-# once their style pass is done (their files are still at the old 110 columns).
-fmt_dirs="src/core src/backend src/arena src/plugin tests bench"
+# Every C and C++ folder, at 100 columns (clang-format 14, as CI has). include/gpuguard/arena.h is left
+# out until the arena change now under way lands (it is still at the old 110 columns).
+fmt_dirs="src/core src/backend src/proc src/guard src/arena src/plugin src/query include/gpuguard tools tests bench"
+fmt_skip="include/gpuguard/arena.h"
 step "1/8 layers (scripts/check_layers.py) and layout: clang-format --dry-run --Werror on $fmt_dirs"
 python3 scripts/check_layers.py
 # shellcheck disable=SC2086 # fmt_dirs is a list of words
-find $fmt_dirs -maxdepth 1 \( -name '*.c' -o -name '*.h' -o -name '*.hpp' -o -name '*.cpp' -o -name '*.cu' \) | sort |
-  xargs clang-format --dry-run --Werror
+find $fmt_dirs -maxdepth 1 \( -name '*.c' -o -name '*.h' -o -name '*.hpp' -o -name '*.cpp' -o -name '*.cu' \) \
+  ! -path "$fmt_skip" | sort | xargs clang-format --dry-run --Werror
 echo "    clang-format: clean"
 # Shell scripts checked at warning level: scripts/ (tests/*.sh, 42 warnings left, are yet to come).
 shellcheck -S warning scripts/*.sh

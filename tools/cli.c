@@ -51,7 +51,8 @@ int next_opt(int argc, char **argv, const struct option *longs) {
   char shorts[64];
   snprintf(shorts, sizeof shorts, "+:h%s", mine);
   int idx = -1, o = getopt_long(argc, argv, shorts, longs, &idx);
-  /* `--grace -- CMD`: getopt takes "--" as the value; it is the separator, so the value is missing. */
+  /* `--grace -- CMD`: getopt takes "--" as the value; it is the separator, so the value is
+   * missing. */
   if (idx >= 0 && longs[idx].has_arg == required_argument && optarg && strcmp(optarg, "--") == 0) {
     optind--;
     return ':';
@@ -64,8 +65,8 @@ int cli_opt_error(int opt, char **argv) {
   return bad_usage("unknown option '%s'", argv[optind - 1]);
 }
 
-/* Text is decoded as UTF-8 whatever the user's locale says (command lines and NVML names are UTF-8 or
- * garbage); without the C.UTF-8 locale only printable ASCII counts as text. */
+/* Text is decoded as UTF-8 whatever the user's locale says (command lines and NVML names are UTF-8
+ * or garbage); without the C.UTF-8 locale only printable ASCII counts as text. */
 static locale_t utf8_locale(void) {
   static locale_t loc;
   static bool tried;
@@ -76,7 +77,8 @@ static locale_t utf8_locale(void) {
   return loc;
 }
 
-/* The printable character at p: its length in bytes and its width in columns; 0 when it is not one. */
+/* The printable character at p: its length in bytes and its width in columns; 0 when it is not
+ * one. */
 static size_t printable_at(const char *p, size_t avail, int *width) {
   unsigned char c = (unsigned char)*p;
   if (c >= 0x20 && c < 0x7f) {
@@ -90,7 +92,8 @@ static size_t printable_at(const char *p, size_t avail, int *width) {
   memset(&st, 0, sizeof st);
   wchar_t wc;
   size_t n = mbrtowc(&wc, p, avail, &st);
-  int w = n > 0 && n <= 4 && iswprint((wint_t)wc) ? wcwidth(wc) : -1; /* C1 controls (CSI) are not */
+  /* C1 controls (CSI) are not */
+  int w = n > 0 && n <= 4 && iswprint((wint_t)wc) ? wcwidth(wc) : -1;
   uselocale(old);
   if (w < 0) return 0;
   *width = w;
@@ -130,10 +133,10 @@ size_t cli_fit(const char *s, int cols, int *used) {
   return off;
 }
 
-/* ---- option values every command reads the same way ------------------------------------------------ */
+/* ---- option values every command reads the same way ------------------------------------------ */
 
-bool cli_duration(const char *opt, const char *text, double default_unit_ms, double min_ms, double max_ms,
-                  double *out_ms) {
+bool cli_duration(const char *opt, const char *text, double default_unit_ms, double min_ms,
+                  double max_ms, double *out_ms) {
   static const struct {
     const char *suffix;
     double ms;
@@ -151,7 +154,8 @@ bool cli_duration(const char *opt, const char *text, double default_unit_ms, dou
     char why[512];
     bool in_s = default_unit_ms != 1;
     snprintf(why, sizeof why,
-             "%s '%s': a duration from %g to %g %s expected, with a unit (500ms, 2s, 1m) or a bare number "
+             "%s '%s': a duration from %g to %g %s expected, with a unit (500ms, 2s, 1m) or a bare "
+             "number "
              "in %s",
              opt, text, min_ms / default_unit_ms, max_ms / default_unit_ms, in_s ? "s" : "ms",
              in_s ? "seconds" : "milliseconds");
@@ -188,7 +192,8 @@ bool cli_device_arg(const char *text, int *device) {
   return true;
 }
 
-/* --grace for run and reap: the library's own limit, so what the CLI accepts the teardown accepts. */
+/* --grace for run and reap: the library's own limit, so what the CLI accepts the teardown
+ * accepts. */
 bool cli_grace(const char *text, long *out) {
   double ms;
   if (!cli_duration("--grace", text, 1, 0, GG_PROC_GRACE_MAX_MS, &ms)) return false;
@@ -204,7 +209,7 @@ bool cli_no_gpu(void) {
          gg_device_telemetry(0, &t) == GG_ENOTSUP;
 }
 
-/* ---- the process table ---------------------------------------------------------------------------- */
+/* ---- the process table ----------------------------------------------------------------------- */
 
 /* Gathered before printing so a failure prints no half table. */
 int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs) {
@@ -227,10 +232,11 @@ int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *e
       *out = grown;
       int rc = gg_process_list(dev, *out + *nout, cap, &count);
       if (rc < 0) {
+        /* neither NVML nor the driver: no GPU here */
         if (rc == GG_ENODEV) {
           *no_gpu = true;
           return 1;
-        } /* neither NVML nor the driver: no GPU here */
+        }
         if (errs) fprintf(errs, "gpuguard: device %d: %s\n", dev, gg_last_error());
         count = 0;
         break;

@@ -59,10 +59,14 @@ static int check_parse(int argc, char **argv, check_opts_t *c) {
 
 /* One stranded or orphaned process: a line, or a JSON object after `problems` others. */
 static void check_process(FILE *f, const gg_process_t *p, bool json, unsigned problems) {
-  char mem[32] = "? bytes", cmd[sizeof p->command * 4], why[sizeof p->why * 4], user[sizeof p->user * 4];
+  char mem[32] = "? bytes", cmd[sizeof p->command * 4], why[sizeof p->why * 4],
+       user[sizeof p->user * 4];
   if (json) {
-    fprintf(f, "%s{\"kind\":\"%s\",\"device\":%d,\"pid\":%d,\"uid\":%u,\"start_time\":%llu,\"used_bytes\":",
-            problems ? "," : "", gg_process_class_name(p->cls), p->device, p->pid, p->uid, p->start_time);
+    fprintf(f,
+            "%s{\"kind\":\"%s\",\"device\":%d,\"pid\":%d,\"uid\":%u,\"start_time\":%llu,\"used_"
+            "bytes\":",
+            problems ? "," : "", gg_process_class_name(p->cls), p->device, p->pid, p->uid,
+            p->start_time);
     if (p->used_bytes < 0)
       fputs("null", f);
     else
@@ -85,8 +89,8 @@ static void check_process(FILE *f, const gg_process_t *p, bool json, unsigned pr
 /* Memory the driver counts as used that no listed process holds: a dead process the driver has not
  * cleaned up, another container's, or the driver's own reserve (which --allow is for). Returns the
  * number of devices with more of it than allowed, each said after `problems` others. */
-static unsigned check_unaccounted(FILE *f, const check_opts_t *c, const gg_process_t *rows, size_t n,
-                                  unsigned problems) {
+static unsigned check_unaccounted(FILE *f, const check_opts_t *c, const gg_process_t *rows,
+                                  size_t n, unsigned problems) {
   int ndev = 0;
   if (gg_device_count(&ndev) != 0) ndev = 0;
   unsigned found = 0;
@@ -100,8 +104,9 @@ static unsigned check_unaccounted(FILE *f, const check_opts_t *c, const gg_proce
     if (loose <= c->allow) continue;
     char a[32], b[32];
     if (c->json)
-      fprintf(f, "%s{\"kind\":\"unaccounted\",\"device\":%d,\"used_bytes\":%lld,\"listed_bytes\":%lld}",
-              problems + found ? "," : "", d, (long long)info.used_bytes, listed);
+      fprintf(
+          f, "%s{\"kind\":\"unaccounted\",\"device\":%d,\"used_bytes\":%lld,\"listed_bytes\":%lld}",
+          problems + found ? "," : "", d, (long long)info.used_bytes, listed);
     else
       fprintf(f, "GPU %d: %s in use that no listed process holds (allowed: %s)\n", d,
               human((double)loose, a, sizeof a), human((double)c->allow, b, sizeof b));
@@ -110,8 +115,8 @@ static unsigned check_unaccounted(FILE *f, const check_opts_t *c, const gg_proce
   return found;
 }
 
-/* One check: its lines (or JSON object) on stdout. Returns 0 ok, 1 something is held (or the processes
- * could not be read), EXIT_NO_GPU without a GPU. */
+/* One check: its lines (or JSON object) on stdout. Returns 0 ok, 1 something is held (or the
+ * processes could not be read), EXIT_NO_GPU without a GPU. */
 static int check_once(const check_opts_t *c) {
   gg_process_t *rows;
   size_t n;
@@ -119,8 +124,9 @@ static int check_once(const check_opts_t *c) {
   if (cli_gather_processes(&rows, &n, &no_gpu, stderr) != 0) {
     free(rows);
     if (!no_gpu) return 1;
-    fprintf(stderr,
-            "gpuguard check: no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads)\n");
+    fprintf(
+        stderr,
+        "gpuguard check: no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads)\n");
     if (c->json) puts("{\"ok\":false,\"no_gpu\":true,\"problems\":[]}");
     return EXIT_NO_GPU;
   }

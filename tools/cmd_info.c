@@ -1,4 +1,5 @@
-/* cmd_info.c — `gpuguard info`: the devices and their memory, as a table, JSON or Prometheus text. */
+/* cmd_info.c — `gpuguard info`: the devices and their memory, as a table, JSON or Prometheus
+ * text. */
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -13,12 +14,13 @@ static int print_devices(FILE *f, int only) {
     return 1;
   }
   if (only >= n) {
-    fprintf(stderr, "gpuguard info: -i %d: no such device (there %s %d)\n", only, n == 1 ? "is" : "are", n);
+    fprintf(stderr, "gpuguard info: -i %d: no such device (there %s %d)\n", only,
+            n == 1 ? "is" : "are", n);
     return 1;
   }
   char a[32], b[32], c[32];
-  fprintf(f, "%-3s %-28s %-8s %12s %12s %12s  %s\n", "GPU", "NAME", "BACKEND", "TOTAL", "USED", "FREE",
-          "UUID");
+  fprintf(f, "%-3s %-28s %-8s %12s %12s %12s  %s\n", "GPU", "NAME", "BACKEND", "TOTAL", "USED",
+          "FREE", "UUID");
   for (int i = only >= 0 ? only : 0; i < (only >= 0 ? only + 1 : n); i++) {
     gg_device_info_t d;
     if (gg_device_info(i, &d) < 0) {
@@ -31,18 +33,18 @@ static int print_devices(FILE *f, int only) {
     if (strcmp(d.backend, "host") == 0)
       fprintf(f, "    (no usable CUDA device: this is gpuguard's simulated host device)\n");
   }
-  /* NVML without CUDA (a container given only the `utility` capability): the GPUs are there. Without
-   * CUDA, telemetry names devices by NVML index, so it counts them. */
+  /* NVML without CUDA (a container given only the `utility` capability): the GPUs are there.
+   * Without CUDA, telemetry names devices by NVML index, so it counts them. */
   gg_device_info_t d0;
   gg_device_telemetry_t t;
   int nvml = 0;
   if (gg_device_info(0, &d0) == 0 && strcmp(d0.backend, "host") == 0)
     while (nvml < 64 && gg_device_telemetry(nvml, &t) == 0) nvml++;
   if (nvml)
-    fprintf(
-        f,
-        "NVML sees %d GPU%s that CUDA does not offer here: `gpuguard info --json` or `--prom` lists them\n",
-        nvml, nvml == 1 ? "" : "s");
+    fprintf(f,
+            "NVML sees %d GPU%s that CUDA does not offer here: `gpuguard info --json` or `--prom` "
+            "lists them\n",
+            nvml, nvml == 1 ? "" : "s");
   return 0;
 }
 
@@ -73,7 +75,8 @@ int cmd_info(int argc, char **argv) {
   if (only >= 0 && format >= 0)
     return bad_usage("%s", "-i selects a device of the table; --json/--prom cover every device");
   if (format == GG_FORMAT_PROMETHEUS && cli_no_gpu())
-    fputs("gpuguard info: no NVIDIA GPU on this machine (neither CUDA nor NVML): no device series, never the "
+    fputs("gpuguard info: no NVIDIA GPU on this machine (neither CUDA nor NVML): no device series, "
+          "never the "
           "simulated host device\n",
           stderr);
   if (format < 0) {

@@ -1,5 +1,6 @@
-/* cmd_reap.c — `gpuguard reap`: ends this user's stranded workers and the orphans of dead sessions, or
- * the processes named with --pid, each checked by its start time right before the first signal. */
+/* cmd_reap.c — `gpuguard reap`: ends this user's stranded workers and the orphans of dead sessions,
+ * or the processes named with --pid, each checked by its start time right before the first
+ * signal. */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -52,7 +53,8 @@ static const char *refuse_named(const gg_process_t *row, bool all_users) {
   if (row->pid == (int)getpid()) return "that is this gpuguard process";
   gg_process_t up;
   for (int p = (int)getppid(), depth = 0; p > 1 && depth < 128; depth++) {
-    if (p == row->pid) return "an ancestor of this gpuguard process (ending it would end its own shell)";
+    if (p == row->pid)
+      return "an ancestor of this gpuguard process (ending it would end its own shell)";
     if (gg_process_describe(p, &up) != 0) break;
     p = up.ppid;
   }
@@ -66,11 +68,12 @@ static const char *refuse_named(const gg_process_t *row, bool all_users) {
 static void print_candidate(const gg_process_t *p) {
   char mem[32] = "-", user[sizeof p->user * 4], cmd[sizeof p->command * 4], why[sizeof p->why * 4];
   if (p->used_bytes >= 0) human((double)p->used_bytes, mem, sizeof mem);
-  cli_safe_text(p->user, user, sizeof user); /* escape sequences in argv must not reach the terminal */
+  /* escape sequences in argv must not reach the terminal */
+  cli_safe_text(p->user, user, sizeof user);
   cli_safe_text(p->command, cmd, sizeof cmd);
   cli_safe_text(p->why[0] ? p->why : "no evidence either way", why, sizeof why);
-  printf("%s %d (user %s, GPU memory %s, start %llu): %s\n    why: %s\n", gg_process_class_name(p->cls),
-         p->pid, user, mem, p->start_time, cmd, why);
+  printf("%s %d (user %s, GPU memory %s, start %llu): %s\n    why: %s\n",
+         gg_process_class_name(p->cls), p->pid, user, mem, p->start_time, cmd, why);
 }
 
 typedef struct reap_opts {
@@ -86,7 +89,8 @@ static int reap_parse(int argc, char **argv, reap_opts_t *o) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     char why[160];
-    bool number = a[0] != '-' || (a[1] >= '0' && a[1] <= '9'); /* "-5" is a (bad) pid, not an option */
+    bool number =
+        a[0] != '-' || (a[1] >= '0' && a[1] <= '9'); /* "-5" is a (bad) pid, not an option */
     if (in_pids && number) {
       int pid;
       if (!parse_pid(a, &pid, why, sizeof why)) return bad_usage("%s", why);
@@ -127,8 +131,8 @@ static int reap_parse(int argc, char **argv, reap_opts_t *o) {
   return -1;
 }
 
-/* The processes --pid names, with the checks a listed one gets; the refused ones are said and left out
- * (*refused set). NULL without memory. */
+/* The processes --pid names, with the checks a listed one gets; the refused ones are said and left
+ * out (*refused set). NULL without memory. */
 static gg_process_t *reap_named(const reap_opts_t *o, size_t *n, bool *refused) {
   gg_process_t *rows = calloc(o->npids, sizeof *rows);
   for (size_t i = 0; rows && i < o->npids; i++) {
@@ -153,8 +157,8 @@ static gg_process_t *reap_named(const reap_opts_t *o, size_t *n, bool *refused) 
   return rows;
 }
 
-/* This user's stranded workers and orphans (every user's with --all-users) into *rows, grown to fit.
- * 0 (*rows NULL without memory), or 1 after a message. */
+/* This user's stranded workers and orphans (every user's with --all-users) into *rows, grown to
+ * fit. 0 (*rows NULL without memory), or 1 after a message. */
 static int reap_listed(const reap_opts_t *o, gg_process_t **rows, size_t *n) {
   size_t count = 0, cap = 64;
   for (int attempt = 0; attempt < 4; attempt++) {
@@ -196,8 +200,8 @@ static int reap_confirm(const reap_opts_t *o, const gg_process_t *rows, size_t n
   return -1;
 }
 
-/* Ends the candidates (each checked by its start time first) and says what was sent to each and how it
- * ended. Returns the exit status. */
+/* Ends the candidates (each checked by its start time first) and says what was sent to each and how
+ * it ended. Returns the exit status. */
 static int reap_end(const reap_opts_t *o, const gg_process_t *rows, size_t n, bool refused) {
   int *pids = calloc(n, sizeof *pids);
   unsigned long long *starts = calloc(n, sizeof *starts);
@@ -270,7 +274,8 @@ int cmd_reap(int argc, char **argv) {
   if (n == 0) {
     free(rows);
     if (refused) return 1;
-    gg_registry_prune(NULL); /* records of dead sessions with nothing left are not sessions any more */
+    /* records of dead sessions with nothing left are not sessions any more */
+    gg_registry_prune(NULL);
     puts("gpuguard reap: no stranded workers and no orphans of dead sessions");
     return 0;
   }

@@ -1,5 +1,5 @@
-/* cmd_run.c — `gpuguard run`: CMD as a guarded job (subreaper, session record, every signal taken and
- * passed on once, the teardown afterwards) and its JSON receipt. */
+/* cmd_run.c — `gpuguard run`: CMD as a guarded job (subreaper, session record, every signal taken
+ * and passed on once, the teardown afterwards) and its JSON receipt. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -18,9 +18,10 @@
 
 #include "cli_internal.h"
 
-/* Free memory of the device after the job: the driver frees a dead process's memory shortly after it
- * dies (~100 ms on an H200), so wait up to limit_ms for it to come back to `before`. */
-static bool free_after(int device, size_t before, double limit_ms, size_t *after, double *waited_ms) {
+/* Free memory of the device after the job: the driver frees a dead process's memory shortly after
+ * it dies (~100 ms on an H200), so wait up to limit_ms for it to come back to `before`. */
+static bool free_after(int device, size_t before, double limit_ms, size_t *after,
+                       double *waited_ms) {
   double t0 = gg__now_ms();
   gg_device_info_t d;
   for (;;) {
@@ -35,7 +36,8 @@ static bool free_after(int device, size_t before, double limit_ms, size_t *after
 
 typedef struct run_opts {
   long grace, device;
-  int pid_ns; /* GG_SPAWN_PID_NS_*; AUTO asks gg_proc_pid_ns_probe() first and says once if refused */
+  /* GG_SPAWN_PID_NS_*; AUTO asks gg_proc_pid_ns_probe() first and says once if refused */
+  int pid_ns;
   bool in_ns; /* the job did get its namespace (for the receipt) */
   const char *receipt_path;
   char **cmd;
@@ -78,9 +80,9 @@ static int temp_open(const char *path, char *tmp, size_t cap) {
 /* The receipt's path, checked before the job starts, so that a bad one is said at once: it is a
  * regular file or nothing (never followed: a symlink, a FIFO or a device there is refused, as is a
  * directory we cannot create a file in). An old receipt there is removed now: a runner that dies
- * before writing the new one (SIGKILL) leaves no receipt, never the previous run's. The receipt itself
- * is written at the end to a temporary file renamed over the path, so it is never seen half-written.
- * Returns -1 to go on, else the exit status. */
+ * before writing the new one (SIGKILL) leaves no receipt, never the previous run's. The receipt
+ * itself is written at the end to a temporary file renamed over the path, so it is never seen
+ * half-written. Returns -1 to go on, else the exit status. */
 static int open_receipt(run_opts_t *o) {
   if (!o->receipt_path || strcmp(o->receipt_path, "-") == 0) return -1;
   const char *path = o->receipt_path;
@@ -88,7 +90,8 @@ static int open_receipt(run_opts_t *o) {
   struct stat st;
   bool exists = lstat(path, &st) == 0;
   if (exists && !S_ISREG(st.st_mode)) {
-    snprintf(why, sizeof why, "--receipt %s: not a regular file (%s); the job was not started", path,
+    snprintf(why, sizeof why, "--receipt %s: not a regular file (%s); the job was not started",
+             path,
              S_ISLNK(st.st_mode)    ? "a symbolic link"
              : S_ISFIFO(st.st_mode) ? "a FIFO"
              : S_ISDIR(st.st_mode)  ? "a directory"
@@ -144,7 +147,8 @@ static void fix_job_entry(gg_proc_receipt_t *receipt, const run_opts_t *o, const
     if (!p->command[0]) {
       size_t w = 0;
       for (int k = 0; o->cmd[k] && w + 1 < sizeof p->command; k++)
-        w += (size_t)snprintf(p->command + w, sizeof p->command - w, "%s%s", k ? " " : "", o->cmd[k]);
+        w += (size_t)snprintf(p->command + w, sizeof p->command - w, "%s%s", k ? " " : "",
+                              o->cmd[k]);
     }
     if (!p->ppid) p->ppid = getpid();
     if (r->reaped && p->end != GG_PROC_ALIVE) {
@@ -154,8 +158,8 @@ static void fix_job_entry(gg_proc_receipt_t *receipt, const run_opts_t *o, const
   }
 }
 
-/* Returns 0, or -1 having said why on stderr (the exit status stays CMD's: a receipt that could not be
- * written, on a full filesystem say, is no reason to hide how the job ended). */
+/* Returns 0, or -1 having said why on stderr (the exit status stays CMD's: a receipt that could not
+ * be written, on a full filesystem say, is no reason to hide how the job ended). */
 static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_receipt_t *rc,
                          const run_env_t *env) {
   const char *path = o->receipt_path;
@@ -185,7 +189,8 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
     fprintf(f, ",\"runner_signal\":%d", r->runner_sig);
   else
     fputs(",\"runner_signal\":null", f);
-  fprintf(f, ",\"exit_code\":%d,\"pid_ns\":%s,\"device\":", r->exit_code, o->in_ns ? "true" : "false");
+  fprintf(f, ",\"exit_code\":%d,\"pid_ns\":%s,\"device\":", r->exit_code,
+          o->in_ns ? "true" : "false");
   if (env->have_dev) {
     fprintf(f, "{\"index\":%d,\"backend\":", env->dev.index);
     gg_json_write_string(f, env->dev.backend);
@@ -211,7 +216,8 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
   free(text);
   if (ok) return 0;
   fprintf(stderr,
-          "gpuguard run: the receipt %s could not be written: %s (the exit status is still the job's)\n",
+          "gpuguard run: the receipt %s could not be written: %s (the exit status is still the "
+          "job's)\n",
           to_file ? path : "(stdout)", strerror(e));
   return -1;
 }
@@ -221,8 +227,9 @@ static int parse_pid_ns(const char *v) {
   static const struct {
     const char *name;
     int mode;
-  } names[] = {{"auto", GG_SPAWN_PID_NS_AUTO}, {"on", GG_SPAWN_PID_NS_ON},  {"off", GG_SPAWN_PID_NS_OFF},
-               {"1", GG_SPAWN_PID_NS_ON},      {"yes", GG_SPAWN_PID_NS_ON}, {"0", GG_SPAWN_PID_NS_OFF},
+  } names[] = {{"auto", GG_SPAWN_PID_NS_AUTO}, {"on", GG_SPAWN_PID_NS_ON},
+               {"off", GG_SPAWN_PID_NS_OFF},   {"1", GG_SPAWN_PID_NS_ON},
+               {"yes", GG_SPAWN_PID_NS_ON},    {"0", GG_SPAWN_PID_NS_OFF},
                {"no", GG_SPAWN_PID_NS_OFF}};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (!strcmp(v, names[i].name)) return names[i].mode;
@@ -240,9 +247,9 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
                                         {0, 0, 0, 0}};
   *o = (run_opts_t){.grace = 2000, .pid_ns = GG_SPAWN_PID_NS_AUTO};
   /* auto by default: a SIGKILLed runner then takes its whole job with it (docs/cli.md says what was
-   * measured before choosing it). The default comes from GPUGUARD_PID_NS when it is set (empty counts as
-   * unset); --pid-ns beats it. A bad value is refused even then: a typo in a site-wide setting should not go
-   * unnoticed. */
+   * measured before choosing it). The default comes from GPUGUARD_PID_NS when it is set (empty
+   * counts as unset); --pid-ns beats it. A bad value is refused even then: a typo in a site-wide
+   * setting should not go unnoticed. */
   const char *env_ns = getenv("GPUGUARD_PID_NS");
   if (env_ns && *env_ns) o->pid_ns = parse_pid_ns(env_ns);
   if (o->pid_ns < 0) {
@@ -277,7 +284,8 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       return cli_opt_error(opt, argv);
     }
   }
-  if (optind >= argc) return bad_usage("%s", "no command given (gpuguard run [OPTIONS] -- CMD ARGS...)");
+  if (optind >= argc)
+    return bad_usage("%s", "no command given (gpuguard run [OPTIONS] -- CMD ARGS...)");
   o->cmd = argv + optind;
   int ndev = 0;
   if (gg_device_count(&ndev) == 0 && o->device >= ndev) {
@@ -290,12 +298,12 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
 }
 
 /* Phase 2: every signal whose default action would end the runner (and leave the job running) is
- * blocked and read with sigwaitinfo, so nothing runs in a signal handler and each such signal ends in
- * the job's teardown. The list is the library's (gg_proc_job_signals), the one a namespace's keeper
- * passes on too; SIGCHLD says CMD is done. As tini does, the runner starts from known dispositions
- * whatever its launcher left: SIGCHLD back to the default (ignored, the kernel reaps CMD itself and
- * the runner never sees it end). A signal ignored at start (nohup) stays ignored, is not taken, and
- * CMD inherits it ignored, as exec would have it. */
+ * blocked and read with sigwaitinfo, so nothing runs in a signal handler and each such signal ends
+ * in the job's teardown. The list is the library's (gg_proc_job_signals), the one a namespace's
+ * keeper passes on too; SIGCHLD says CMD is done. As tini does, the runner starts from known
+ * dispositions whatever its launcher left: SIGCHLD back to the default (ignored, the kernel reaps
+ * CMD itself and the runner never sees it end). A signal ignored at start (nohup) stays ignored, is
+ * not taken, and CMD inherits it ignored, as exec would have it. */
 static void run_take_signals(sigset_t *set) {
   signal(SIGCHLD, SIG_DFL);
   int sigs[128];
@@ -311,11 +319,11 @@ static void run_take_signals(sigset_t *set) {
 }
 
 /* The canary: a child of the runner, in the job's process group and control group, that takes the
- * runner's signals and reports each (signal, code, sender) on a pipe. A signal sent to the whole group
- * (kill -- -PGID, a shell's SIGHUP to its jobs) or to every process of the control group (systemd's
- * stop, Slurm's) reaches it too, and the job with it; one sent to the runner alone does not. That is
- * how the runner tells whether CMD has a signal from its sender already (passed on, CMD would get it
- * twice). It dies with the runner. */
+ * runner's signals and reports each (signal, code, sender) on a pipe. A signal sent to the whole
+ * group (kill -- -PGID, a shell's SIGHUP to its jobs) or to every process of the control group
+ * (systemd's stop, Slurm's) reaches it too, and the job with it; one sent to the runner alone does
+ * not. That is how the runner tells whether CMD has a signal from its sender already (passed on,
+ * CMD would get it twice). It dies with the runner. */
 typedef struct canary_note {
   int sig, code, pid;
 } canary_note_t;
@@ -343,7 +351,8 @@ static void canary_start(canary_t *c, const sigset_t *set) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(0);
     close(p[0]);
-    fcntl(p[1], F_SETFL, O_NONBLOCK); /* a note the runner has no room for is dropped, never waited on */
+    /* a note the runner has no room for is dropped, never waited on */
+    fcntl(p[1], F_SETFL, O_NONBLOCK);
     sigset_t take = *set;
     sigdelset(&take, SIGCHLD);
     for (;;) {
@@ -386,9 +395,10 @@ static void canary_pump(canary_t *c) {
   }
 }
 
-/* Whether the canary got the same signal from the same sender: then it was sent to the group (or the
- * control group), CMD has it already. A control group's processes are signalled one after another, so
- * the canary's may come a little after ours: up to 50 ms (what passing a signal on may be delayed). */
+/* Whether the canary got the same signal from the same sender: then it was sent to the group (or
+ * the control group), CMD has it already. A control group's processes are signalled one after
+ * another, so the canary's may come a little after ours: up to 50 ms (what passing a signal on may
+ * be delayed). */
 static bool canary_saw(canary_t *c, const siginfo_t *si) {
   if (c->pid < 0) return false;
   double until = gg__now_ms() + 50;
@@ -418,11 +428,12 @@ static void canary_stop(canary_t *c) {
   c->fd = -1;
 }
 
-/* Phase 3: subreaper, session record, device figures, then CMD. Returns -1 on success, else the exit
- * status (127: CMD not found, 126: found but not runnable). */
+/* Phase 3: subreaper, session record, device figures, then CMD. Returns -1 on success, else the
+ * exit status (127: CMD not found, 126: found but not runnable). */
 static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
   if (gg_proc_set_subreaper(1) != 0)
-    fprintf(stderr, "gpuguard run: warning: %s (double-forked descendants may escape)\n", gg_last_error());
+    fprintf(stderr, "gpuguard run: warning: %s (double-forked descendants may escape)\n",
+            gg_last_error());
   char devs[16];
   snprintf(devs, sizeof devs, "%ld", o->device);
   if (gg_registry_register(devs) != 0)
@@ -432,17 +443,19 @@ static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
   gg_spawn_options_t so;
   gg_spawn_options_init(&so);
   so.pid_ns_grace_ms = (int)o->grace; /* the rest of the namespace gets --grace too */
-  so.keep_ignored = 1;                /* nohup's SIGHUP (and any signal ignored at start) stays so */
+  /* nohup's SIGHUP (and any signal ignored at start) stays so */
+  so.keep_ignored = 1;
   o->in_ns = o->pid_ns != GG_SPAWN_PID_NS_OFF;
-  bool fallback = o->pid_ns == GG_SPAWN_PID_NS_AUTO; /* one line when refused, then the design without */
+  /* one line when refused, then the design without */
+  bool fallback = o->pid_ns == GG_SPAWN_PID_NS_AUTO;
   char why[512] = "";
   if (fallback && gg_proc_pid_ns_probe() <= 0) {
     o->in_ns = false;
     snprintf(why, sizeof why, "%s", gg_last_error());
   }
-  /* After a good probe the spawn asks for ON, not AUTO: a refusal between the two (a sysctl changed)
-   * then falls back below, saying so, instead of a job that runs without one while the receipt says it
-   * has one. */
+  /* After a good probe the spawn asks for ON, not AUTO: a refusal between the two (a sysctl
+   * changed) then falls back below, saying so, instead of a job that runs without one while the
+   * receipt says it has one. */
   so.pid_ns = o->in_ns ? GG_SPAWN_PID_NS_ON : GG_SPAWN_PID_NS_OFF;
   int rc = gg_proc_spawn(NULL, (const char *const *)o->cmd, &so, &r->pid);
   if (rc != 0 && o->in_ns && fallback && strstr(gg_last_error(), "PID namespace")) {
@@ -450,11 +463,13 @@ static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
     snprintf(why, sizeof why, "%s", gg_last_error());
   }
   if (fallback && !o->in_ns) {
-    fprintf(stderr,
-            "gpuguard run: the job runs without a PID namespace, so if this runner is SIGKILLed what is "
-            "left of it waits for `gpuguard reap` (--pid-ns=off or GPUGUARD_PID_NS=off: no check, no "
-            "line). Why: %s\n",
-            why);
+    fprintf(
+        stderr,
+        "gpuguard run: the job runs without a PID namespace, so if this runner is SIGKILLed what "
+        "is "
+        "left of it waits for `gpuguard reap` (--pid-ns=off or GPUGUARD_PID_NS=off: no check, no "
+        "line). Why: %s\n",
+        why);
     if (rc != 0) {
       so.pid_ns = GG_SPAWN_PID_NS_OFF;
       rc = gg_proc_spawn(NULL, (const char *const *)o->cmd, &so, &r->pid);
@@ -466,28 +481,32 @@ static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
   return rc == GG_ENOTFOUND ? 127 : 126;
 }
 
-/* The signals that ask the runner itself to end, on which the job gets its grace period and then the
- * teardown. Any other (SIGUSR1, SIGALRM, a real-time signal, ...) is a message for the job: passed on,
- * and if the job lives on, so does the runner. */
+/* The signals that ask the runner itself to end, on which the job gets its grace period and then
+ * the teardown. Any other (SIGUSR1, SIGALRM, a real-time signal, ...) is a message for the job:
+ * passed on, and if the job lives on, so does the runner. */
 static bool asks_to_end(int sig) {
   return sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT;
 }
 
 /* Phase 4: wait for CMD. Where a signal came from decides what the runner does with it:
- *  - from the terminal (the kernel sent it to the foreground group: Ctrl-C, Ctrl-\, a hangup) with CMD
- *    in our group: CMD has it already; it is the job's business alone: not passed on, no deadline (an
- *    interactive program that survives Ctrl-C goes on). As session leader a hangup is ours alone.
- *  - sent to the whole group or control group (the canary got it too): CMD has it already, not passed on;
+ *  - from the terminal (the kernel sent it to the foreground group: Ctrl-C, Ctrl-\, a hangup) with
+ *    CMD in our group: CMD has it already; it is the job's business alone: not passed on, no
+ *    deadline (an interactive program that survives Ctrl-C goes on). As session leader a hangup is
+ *    ours alone.
+ *  - sent to the whole group or control group (the canary got it too): CMD has it already, not
+ *    passed on;
  *  - sent to the runner alone: passed on to CMD.
  * Only a signal that asks the runner to end (asks_to_end) starts the grace deadline, after which
- * what is left gets SIGKILL; a second such signal ends the wait at once. Returns the deadline, or -1. */
+ * what is left gets SIGKILL; a second such signal ends the wait at once. Returns the deadline, or
+ * -1. */
 static double run_wait(const sigset_t *set, long grace, job_result_t *r, canary_t *canary) {
   double deadline = -1;
   while (!r->reaped) {
     siginfo_t si;
-    /* At most 100 ms per wait: a thread that had SIGCHLD unblocked before phase 2 (one the CUDA driver
-     * started while the device figures were read) takes the signal and drops it, and a CMD whose end
-     * went unnoticed left the runner waiting forever (seen on an H200 host). A timed-out wait looks. */
+    /* At most 100 ms per wait: a thread that had SIGCHLD unblocked before phase 2 (one the CUDA
+     * driver started while the device figures were read) takes the signal and drops it, and a CMD
+     * whose end went unnoticed left the runner waiting forever (seen on an H200 host). A timed-out
+     * wait looks. */
     double left = deadline < 0 ? 100 : deadline - gg__now_ms();
     if (left <= 0) break;
     if (left > 100) left = 100;
@@ -499,7 +518,8 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r, canary_
     if (sig == SIGCHLD) {
       int st;
       pid_t p;
-      while ((p = waitpid(-1, &st, WNOHANG)) > 0) /* as subreaper, orphaned descendants come here too */
+      /* as subreaper, orphaned descendants come here too */
+      while ((p = waitpid(-1, &st, WNOHANG)) > 0)
         if (p == r->pid) {
           r->status = st;
           r->reaped = true;
@@ -508,7 +528,8 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r, canary_
     }
     bool in_group = getpgid(r->pid) == getpgrp();
     bool leader_hup = sig == SIGHUP && getsid(0) == getpid();
-    if (si.si_code == SI_KERNEL && in_group && !leader_hup) continue; /* the terminal's, CMD has it */
+    /* the terminal's, CMD has it */
+    if (si.si_code == SI_KERNEL && in_group && !leader_hup) continue;
     bool has_it = si.si_code != SI_KERNEL && in_group && canary_saw(canary, &si);
     if (!has_it) kill(r->pid, sig);
     if (!r->runner_sig) r->runner_sig = sig;
@@ -519,17 +540,18 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r, canary_
     }
     r->runner_sig = sig;
     deadline = gg__now_ms() + (double)grace;
-    fprintf(stderr, "gpuguard run: got %s%s; the job has %ld ms to end (grace period)\n", strsignal(sig),
-            has_it ? " (the job got it too)" : "", grace);
+    fprintf(stderr, "gpuguard run: got %s%s; the job has %ld ms to end (grace period)\n",
+            strsignal(sig), has_it ? " (the job got it too)" : "", grace);
   }
   if (!r->reaped && deadline >= 0)
     fprintf(stderr, "gpuguard run: grace period over; what is left of the job gets SIGKILL\n");
   return deadline;
 }
 
-/* Phase 5: end what is left of the job. After a signal the job has had its grace period already: the
- * rest get what is left of it. A descendant forked by a dying process after the teardown's last look is
- * reparented to us (the subreaper): look again until nothing is left, a few times at most. */
+/* Phase 5: end what is left of the job. After a signal the job has had its grace period already:
+ * the rest get what is left of it. A descendant forked by a dying process after the teardown's last
+ * look is reparented to us (the subreaper): look again until nothing is left, a few times at
+ * most. */
 static int run_teardown(long grace, double deadline, gg_proc_receipt_t **receipt) {
   long left = grace;
   if (deadline >= 0) {
@@ -544,16 +566,19 @@ static int run_teardown(long grace, double deadline, gg_proc_receipt_t **receipt
   }
   if (termed && deadline < 0) /* after a signal, the grace period was announced already */
     fprintf(stderr,
-            "gpuguard run: %zu process%s of the job left running got SIGTERM and a grace period of %ld ms\n",
+            "gpuguard run: %zu process%s of the job left running got SIGTERM and a grace period of "
+            "%ld ms\n",
             termed, termed == 1 ? "" : "es", left);
   if (killed)
-    fprintf(stderr, "gpuguard run: SIGKILL sent to %zu process%s still running after the grace period\n",
+    fprintf(stderr,
+            "gpuguard run: SIGKILL sent to %zu process%s still running after the grace period\n",
             killed, killed == 1 ? "" : "es");
   for (int round = 0; round < 3; round++) {
     gg_proc_receipt_t *more = NULL;
     gg_proc_teardown_ex(NULL, 0, &more);
     size_t found = more ? more->count : 0;
-    if (found) fprintf(stderr, "gpuguard run: %zu late descendant%s ended\n", found, found == 1 ? "" : "s");
+    if (found)
+      fprintf(stderr, "gpuguard run: %zu late descendant%s ended\n", found, found == 1 ? "" : "s");
     gg_proc_receipt_free(more);
     if (!found) break;
   }
@@ -582,8 +607,8 @@ static void run_conclude(job_result_t *r, const gg_proc_receipt_t *receipt) {
 }
 
 /* Phase 7: one summary line on stderr. */
-static void run_summary(const run_opts_t *o, const job_result_t *r, const gg_proc_receipt_t *receipt,
-                        const run_env_t *env) {
+static void run_summary(const run_opts_t *o, const job_result_t *r,
+                        const gg_proc_receipt_t *receipt, const run_env_t *env) {
   char a[32], b[32];
   size_t ended = receipt ? receipt->count - receipt->n_alive : 0;
   fprintf(stderr, "gpuguard run: %s %s %d%s; teardown: %zu process%s ended, %zu left", o->cmd[0],
@@ -592,7 +617,8 @@ static void run_summary(const run_opts_t *o, const job_result_t *r, const gg_pro
           r->runner_sig ? " (after the runner got a signal)" : "", ended, ended == 1 ? "" : "es",
           receipt ? receipt->n_alive : 0);
   if (env->have_dev)
-    fprintf(stderr, "; device %ld free %s -> %s", o->device, human((double)env->dev.free_bytes, a, sizeof a),
+    fprintf(stderr, "; device %ld free %s -> %s", o->device,
+            human((double)env->dev.free_bytes, a, sizeof a),
             human((double)env->free_after, b, sizeof b));
   fputc('\n', stderr);
 }
@@ -618,7 +644,8 @@ int cmd_run(int argc, char **argv) {
   int trc = run_teardown(o.grace, deadline, &receipt);
   run_conclude(&r, receipt);
   fix_job_entry(receipt, &o, &r);
-  if (env.have_dev && !free_after((int)o.device, env.dev.free_bytes, 3000, &env.free_after, &env.waited_ms))
+  if (env.have_dev &&
+      !free_after((int)o.device, env.dev.free_bytes, 3000, &env.free_after, &env.waited_ms))
     env.have_dev = false;
   /* Before our own record goes: it names the job's PID namespace, which proves that namespace's
    * records stale now that the job is over (and those of runners SIGKILLed go too). */

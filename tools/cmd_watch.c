@@ -1,6 +1,6 @@
-/* cmd_watch.c — `gpuguard watch`: devices (memory, utilisation, temperature, power), the processes holding
- * them and the gpuguard sessions, redrawn in place on a terminal; or, with --prom-file/--listen, the
- * Prometheus exporter (exporter.c). */
+/* cmd_watch.c — `gpuguard watch`: devices (memory, utilisation, temperature, power), the processes
+ * holding them and the gpuguard sessions, redrawn in place on a terminal; or, with
+ * --prom-file/--listen, the Prometheus exporter (exporter.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -18,7 +18,7 @@
 
 #include "cli_internal.h"
 
-/* ---- the screen: a frame built in memory, cut to the width, written at once ---------------------------- */
+/* ---- the screen: a frame built in memory, cut to the width, written at once ------------------ */
 
 typedef struct screen {
   char *buf;
@@ -44,8 +44,8 @@ static void sc_raw(screen_t *s, const char *p, size_t n) {
 
 static bool sc_full(const screen_t *s) { return s->rows > 0 && s->row >= s->rows; }
 
-/* Appends text that is safe already (cli_safe_text, or our own) in colour sgr ("" for none), cut at the
- * width so that nothing wraps. */
+/* Appends text that is safe already (cli_safe_text, or our own) in colour sgr ("" for none), cut at
+ * the width so that nothing wraps. */
 static void sc_put(screen_t *s, const char *sgr, const char *text) {
   if (sc_full(s)) return;
   int used;
@@ -62,8 +62,8 @@ static void sc_put(screen_t *s, const char *sgr, const char *text) {
   if (colored) sc_raw(s, "\033[0m", 4);
 }
 
-__attribute__((format(printf, 3, 4))) static void sc_printf(screen_t *s, const char *sgr, const char *fmt,
-                                                            ...) {
+__attribute__((format(printf, 3, 4))) static void sc_printf(screen_t *s, const char *sgr,
+                                                            const char *fmt, ...) {
   char text[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -72,8 +72,8 @@ __attribute__((format(printf, 3, 4))) static void sc_printf(screen_t *s, const c
   sc_put(s, sgr, text);
 }
 
-/* Ends a line: the rest of the old line is cleared (no full-screen clear, so no flicker); the last row
- * of the terminal gets no newline, so the screen never scrolls. */
+/* Ends a line: the rest of the old line is cleared (no full-screen clear, so no flicker); the last
+ * row of the terminal gets no newline, so the screen never scrolls. */
 static void sc_endl(screen_t *s) {
   if (sc_full(s)) return;
   if (s->tty && (s->cols == 0 || s->col < s->cols)) sc_raw(s, "\033[K", 3);
@@ -82,7 +82,7 @@ static void sc_endl(screen_t *s) {
   if (!s->tty || !sc_full(s)) sc_raw(s, "\n", 1);
 }
 
-/* ---- one frame ---------------------------------------------------------------------------------------- */
+/* ---- one frame ------------------------------------------------------------------------------- */
 
 #define SGR_TITLE  "1"
 #define SGR_HEAD   "1;7"
@@ -153,7 +153,8 @@ static void draw_devices(screen_t *s, int only) {
       snprintf(cell, sizeof cell, " %4.0f/%3.0fW", t.power_watts, t.power_limit_watts);
     else
       snprintf(cell, sizeof cell, " %8.0fW", t.power_watts);
-    sc_put(s, t.power_limit_watts > 0 ? level(t.power_watts / t.power_limit_watts, 0.8, 0.95) : "", cell);
+    sc_put(s, t.power_limit_watts > 0 ? level(t.power_watts / t.power_limit_watts, 0.8, 0.95) : "",
+           cell);
     double used = d.total_bytes ? (double)d.used_bytes / (double)d.total_bytes : 0;
     char a[32], b[32];
     snprintf(cell, sizeof cell, "  %s / %s", human((double)d.used_bytes, a, sizeof a),
@@ -183,7 +184,8 @@ static void draw_processes(screen_t *s, int only) {
   size_t n = 0;
   bool no_gpu = false;
   if (cli_gather_processes(&rows, &n, &no_gpu, NULL) != 0) { /* no stderr: it is this screen */
-    sc_put(s, SGR_DIM, no_gpu ? "(no NVIDIA GPU here: nothing holds GPU memory)" : "(processes unreadable)");
+    sc_put(s, SGR_DIM,
+           no_gpu ? "(no NVIDIA GPU here: nothing holds GPU memory)" : "(processes unreadable)");
     sc_endl(s);
     free(rows);
     return;
@@ -203,8 +205,8 @@ static void draw_processes(screen_t *s, int only) {
     cli_safe_text(p->command, cmd, sizeof cmd);
     bool orphan = p->cls == GG_PROCESS_ORPHAN;
     orphans += orphan;
-    sc_printf(s, orphan ? SGR_ORPHAN : "", "%-3d %7d %7d %-10.10s %9s %-10s %s", p->device, p->pid, p->ppid,
-              user, mem, orphan ? "ORPHAN" : gg_process_class_name(p->cls), cmd);
+    sc_printf(s, orphan ? SGR_ORPHAN : "", "%-3d %7d %7d %-10.10s %9s %-10s %s", p->device, p->pid,
+              p->ppid, user, mem, orphan ? "ORPHAN" : gg_process_class_name(p->cls), cmd);
     sc_endl(s);
   }
   sc_printf(s, orphans ? SGR_ORPHAN : SGR_DIM, "%zu process%s%s", shown, shown == 1 ? "" : "es",
@@ -228,7 +230,8 @@ static void draw_sessions(screen_t *s) {
     cli_safe_text(recs[i].command, cmd, sizeof cmd);
     cli_safe_text(recs[i].devices[0] ? recs[i].devices : "-", devs, sizeof devs);
     sc_printf(s, recs[i].stale ? SGR_ORPHAN : "", "%-8.8s %-7s %7d %-8.8s %s%s", recs[i].session,
-              recs[i].stale ? "DEAD" : recs[i].role, recs[i].pid, devs, recs[i].stale ? "(gone) " : "", cmd);
+              recs[i].stale ? "DEAD" : recs[i].role, recs[i].pid, devs,
+              recs[i].stale ? "(gone) " : "", cmd);
     sc_endl(s);
   }
 }
@@ -246,7 +249,7 @@ static void draw(screen_t *s, double interval, int only) {
   draw_sessions(s);
 }
 
-/* ---- the terminal: alternate screen, keys without Enter, restored on every way out -------------------- */
+/* ---- the terminal: alternate screen, keys without Enter, restored on every way out ----------- */
 
 static int wake_pipe[2] = {-1, -1};
 
@@ -264,7 +267,8 @@ static const int taken[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH, SIGTSTP}
 
 typedef struct term {
   bool out_tty, in_tty, entered;
-  bool alt; /* the alternate screen: a view that runs until q; --count leaves its last frame visible */
+  /* the alternate screen: a view that runs until q; --count leaves its last frame visible */
+  bool alt;
   struct termios saved;
   struct sigaction old[NTAKEN];
 } term_t;
@@ -282,14 +286,16 @@ static void write_all(const char *p, size_t n) {
 static void term_enter(term_t *t) {
   if (t->in_tty && tcgetattr(STDIN_FILENO, &t->saved) == 0) {
     struct termios raw = t->saved;
-    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO); /* keys without Enter, not echoed; ^C still signals */
+    /* keys without Enter, not echoed; ^C still signals */
+    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
     raw.c_cc[VMIN] = 0;
     raw.c_cc[VTIME] = 0;
     tcsetattr(STDIN_FILENO, TCSANOW, &raw);
     t->entered = true;
   }
   static const char enter[] = "\033[?1049h\033[?25l\033[H\033[2J"; /* alternate screen, no cursor */
-  if (t->out_tty) write_all(t->alt ? enter : enter + 8, t->alt ? sizeof enter - 1 : sizeof enter - 9);
+  if (t->out_tty)
+    write_all(t->alt ? enter : enter + 8, t->alt ? sizeof enter - 1 : sizeof enter - 9);
 }
 
 static void term_leave(term_t *t) {
@@ -313,7 +319,8 @@ static void give_back_signals(term_t *t) {
   for (size_t i = 0; i < NTAKEN; i++) sigaction(taken[i], &t->old[i], NULL);
 }
 
-/* Terminal size: the terminal's own, else COLUMNS/LINES, else 80x24; not a terminal: COLUMNS or no limit. */
+/* Terminal size: the terminal's own, else COLUMNS/LINES, else 80x24; not a terminal: COLUMNS or no
+ * limit. */
 static void screen_size(screen_t *s) {
   struct winsize ws;
   const char *c = getenv("COLUMNS"), *l = getenv("LINES");
@@ -329,7 +336,7 @@ static void screen_size(screen_t *s) {
   if (s->rows <= 0) s->rows = 24;
 }
 
-/* ---- --record: samples as JSON lines, the timeline format gpuguard.diagnostics.plot draws ---------- */
+/* ---- --record: samples as JSON lines, the timeline format gpuguard.diagnostics.plot draws ---- */
 
 typedef struct recorder {
   FILE *f;
@@ -337,10 +344,11 @@ typedef struct recorder {
   long step;
 } recorder_t;
 
-/* Opens path for appending; a new (or empty) file gets the meta record first, an existing timeline is
- * continued (its start and step count kept), so several runs of watch make one timeline. */
-/* A timeline is a regular file: a symbolic link there is not followed (root would append to whatever
- * it names) and a FIFO or device is refused at once instead of blocking before the first sample. */
+/* Opens path for appending; a new (or empty) file gets the meta record first, an existing timeline
+ * is continued (its start and step count kept), so several runs of watch make one timeline. */
+/* A timeline is a regular file: a symbolic link there is not followed (root would append to
+ * whatever it names) and a FIFO or device is refused at once instead of blocking before the first
+ * sample. */
 static FILE *record_fopen(const char *path, int flags, const char *mode) {
   int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
   if (fd < 0) {
@@ -403,8 +411,8 @@ static int record_open(recorder_t *r, const char *path) {
   return 1;
 }
 
-/* One sample: each device's used memory as the driver reports it (device 0 as "driver_used", the name
- * gpuguard.record() gives it; the others as "driver_used_gpuN"). */
+/* One sample: each device's used memory as the driver reports it (device 0 as "driver_used", the
+ * name gpuguard.record() gives it; the others as "driver_used_gpuN"). */
 static void record_sample(recorder_t *r) {
   if (!r->f) return;
   int n = 0;
@@ -426,7 +434,7 @@ static void record_sample(recorder_t *r) {
   fflush(r->f);
 }
 
-/* ---- the command -------------------------------------------------------------------------------------- */
+/* ---- the command ----------------------------------------------------------------------------- */
 
 typedef struct watch_opts {
   double interval; /* seconds */
@@ -493,13 +501,14 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
   if (w->device >= 0 && (w->prom || w->listen))
-    return bad_usage("%s",
-                     "-i selects a device for the view; the exporter covers every GPU (as DCGM's does)");
+    return bad_usage(
+        "%s", "-i selects a device for the view; the exporter covers every GPU (as DCGM's does)");
   return -1;
 }
 
-/* Waits until deadline (gg__now_ms() / 1e3: seconds), a key, a signal or a client. Returns the signal
- * number, 'q' for q, 'k' for another key, 'c' for a client waiting on listen_fd, 0 when the time is up. */
+/* Waits until deadline (gg__now_ms() / 1e3: seconds), a key, a signal or a client. Returns the
+ * signal number, 'q' for q, 'k' for another key, 'c' for a client waiting on listen_fd, 0 when the
+ * time is up. */
 static int wait_event(double deadline, bool keys, int listen_fd) {
   struct pollfd p[3] = {{.fd = wake_pipe[0], .events = POLLIN},
                         {.fd = keys ? STDIN_FILENO : -1, .events = POLLIN},
@@ -536,7 +545,8 @@ static int wait_event(double deadline, bool keys, int listen_fd) {
 static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
   unsigned what = GG_REPORT_ALL | GG_REPORT_NOT_SELF | (w->all_users ? GG_REPORT_ALL_COMMANDS : 0);
   if (cli_no_gpu())
-    fputs("gpuguard watch: no NVIDIA GPU on this machine (neither CUDA nor NVML): exporting no device "
+    fputs("gpuguard watch: no NVIDIA GPU on this machine (neither CUDA nor NVML): exporting no "
+          "device "
           "series (gpuguard_devices{source=\"none\"} 0), never the simulated host device\n",
           stderr);
   exporter_t *ex = w->listen ? exporter_open(w->listen, what) : NULL;
@@ -551,7 +561,8 @@ static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
         if (failed && !failing)
           fprintf(stderr, "gpuguard watch: --prom-file %s: trying again every %.3g s\n", w->prom,
                   w->interval);
-        if (!failed && failing) fprintf(stderr, "gpuguard watch: --prom-file %s: written again\n", w->prom);
+        if (!failed && failing)
+          fprintf(stderr, "gpuguard watch: --prom-file %s: written again\n", w->prom);
         failing = failed;
       }
       record_sample(rec);
@@ -613,7 +624,9 @@ int cmd_watch(int argc, char **argv) {
     if (rec.f) fclose(rec.f);
     return 1;
   }
-  term_t t = {.out_tty = isatty(STDOUT_FILENO) == 1, .in_tty = isatty(STDIN_FILENO) == 1, .alt = w.count < 0};
+  term_t t = {.out_tty = isatty(STDOUT_FILENO) == 1,
+              .in_tty = isatty(STDIN_FILENO) == 1,
+              .alt = w.count < 0};
   take_signals(&t);
   if (w.prom || w.listen)
     rc = run_exporter(&w, &rec);

@@ -1,7 +1,7 @@
-/* exporter.c — `gpuguard watch`'s Prometheus side: the textfile for node_exporter, written so nothing
- * planted at its temporary name is followed, and /metrics over plain HTTP: many clients at once (one
- * poll loop, no thread), each bounded in request size and time, so idle or slow clients cannot delay
- * a scrape. */
+/* exporter.c — `gpuguard watch`'s Prometheus side: the textfile for node_exporter, written so
+ * nothing planted at its temporary name is followed, and /metrics over plain HTTP: many clients at
+ * once (one poll loop, no thread), each bounded in request size and time, so idle or slow clients
+ * cannot delay a scrape. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,21 +38,23 @@ struct exporter {
   client_t c[MAX_CLIENTS];
 };
 
-/* The report, rendered into memory once per answer: what a scrape reads is one consistent reading. */
+/* The report, rendered into memory once per answer: what a scrape reads is one consistent
+ * reading. */
 static char *render(unsigned what, size_t *len) {
   char *buf = NULL;
   FILE *f = open_memstream(&buf, len);
   if (!f) return NULL;
   int rc = gg_report(f, GG_FORMAT_PROMETHEUS, what);
   if (fclose(f) != 0 || rc < 0) {
-    fprintf(stderr, "gpuguard watch: the report failed: %s\n", rc < 0 ? gg_last_error() : strerror(errno));
+    fprintf(stderr, "gpuguard watch: the report failed: %s\n",
+            rc < 0 ? gg_last_error() : strerror(errno));
     free(buf);
     return NULL;
   }
   return buf;
 }
 
-/* ---- textfile ----------------------------------------------------------------------------------------- */
+/* ---- textfile -------------------------------------------------------------------------------- */
 
 int exporter_write_file(const char *path, unsigned what) {
   char tmp[4096];
@@ -60,8 +62,9 @@ int exporter_write_file(const char *path, unsigned what) {
     fprintf(stderr, "gpuguard watch: --prom-file path too long\n");
     return 1;
   }
-  /* mkostemp: a fresh random name, O_CREAT|O_EXCL, so a symlink (or anything) planted there is never
-   * written through; the name ends in the random part, which a textfile collector (*.prom) skips. */
+  /* mkostemp: a fresh random name, O_CREAT|O_EXCL, so a symlink (or anything) planted there is
+   * never written through; the name ends in the random part, which a textfile collector (*.prom)
+   * skips. */
   int fd = mkostemp(tmp, O_CLOEXEC);
   if (fd < 0) {
     fprintf(stderr, "gpuguard watch: cannot write %s: %s\n", tmp, strerror(errno));
@@ -95,18 +98,21 @@ int exporter_write_file(const char *path, unsigned what) {
   return 0;
 }
 
-/* ---- where to listen ---------------------------------------------------------------------------------- */
+/* ---- where to listen ------------------------------------------------------------------------- */
 
-/* "PORT", ":PORT", "ADDR:PORT", "[V6]:PORT", "ADDR", "[V6]" or a bare IPv6 address: host (empty: the
- * loopback address) and port (EXPORTER_DEFAULT_PORT when left out). A port must be a number from 0
- * to 65535: getaddrinfo would take 74937 as 74937 % 65536. 0 on success, else 1 after a message. */
+/* "PORT", ":PORT", "ADDR:PORT", "[V6]:PORT", "ADDR", "[V6]" or a bare IPv6 address: host (empty:
+ * the loopback address) and port (EXPORTER_DEFAULT_PORT when left out). A port must be a number
+ * from 0 to 65535: getaddrinfo would take 74937 as 74937 % 65536. 0 on success, else 1 after a
+ * message. */
 int exporter_parse_listen(const char *spec, char *host, size_t hcap, unsigned *port) {
   const char *h = spec, *p = NULL;
   size_t hl;
   if (spec[0] == '[') {
     const char *close = strchr(spec, ']');
     if (!close || (close[1] && close[1] != ':')) {
-      fprintf(stderr, "gpuguard watch: --listen '%s': an IPv6 address goes in brackets: [::1]:PORT\n", spec);
+      fprintf(stderr,
+              "gpuguard watch: --listen '%s': an IPv6 address goes in brackets: [::1]:PORT\n",
+              spec);
       return 1;
     }
     h = spec + 1;
@@ -135,8 +141,9 @@ int exporter_parse_listen(const char *spec, char *host, size_t hcap, unsigned *p
     size_t digits = strspn(p, "0123456789");
     unsigned long v = digits && digits == strlen(p) && digits <= 5 ? strtoul(p, NULL, 10) : 70000;
     if (v > 65535) {
-      fprintf(stderr, "gpuguard watch: --listen '%s': the port '%s' is not a number from 0 to 65535\n", spec,
-              p);
+      fprintf(stderr,
+              "gpuguard watch: --listen '%s': the port '%s' is not a number from 0 to 65535\n",
+              spec, p);
       return 1;
     }
     *port = (unsigned)v;
@@ -159,11 +166,13 @@ static int listen_on(const char *spec) {
   unsigned pnum;
   if (exporter_parse_listen(spec, host, sizeof host, &pnum) != 0) return -1;
   snprintf(port, sizeof port, "%u", pnum);
-  struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+  struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM},
+                  *ai = NULL;
   /* No address given: the loopback interface only; every interface is asked for by name. */
   int rc = getaddrinfo(*host ? host : "127.0.0.1", port, &hints, &ai);
   if (rc != 0) {
-    fprintf(stderr, "gpuguard watch: --listen '%s': the address '%s': %s\n", spec, host, gai_strerror(rc));
+    fprintf(stderr, "gpuguard watch: --listen '%s': the address '%s': %s\n", spec, host,
+            gai_strerror(rc));
     return -1;
   }
   int fd = -1, err = 0;
@@ -193,13 +202,14 @@ static int listen_on(const char *spec) {
       getnameinfo((struct sockaddr *)&ss, sl, shown, sizeof shown, sport, sizeof sport,
                   NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
     bool v6 = ss.ss_family == AF_INET6;
-    fprintf(stderr, "gpuguard watch: serving http://%s%s%s:%s/metrics\n", v6 ? "[" : "", shown, v6 ? "]" : "",
-            sport);
+    fprintf(stderr, "gpuguard watch: serving http://%s%s%s:%s/metrics\n", v6 ? "[" : "", shown,
+            v6 ? "]" : "", sport);
     if (!is_loopback(&ss))
-      fprintf(stderr,
-              "gpuguard watch: warning: %s is not a loopback address: other machines can read /metrics "
-              "(users and GPU memory of the processes on this machine's GPUs)\n",
-              shown);
+      fprintf(
+          stderr,
+          "gpuguard watch: warning: %s is not a loopback address: other machines can read /metrics "
+          "(users and GPU memory of the processes on this machine's GPUs)\n",
+          shown);
   }
   return fd;
 }
@@ -237,15 +247,16 @@ void exporter_close(exporter_t *ex) {
   free(ex);
 }
 
-/* ---- HTTP --------------------------------------------------------------------------------------------- */
+/* ---- HTTP ------------------------------------------------------------------------------------ */
 
 /* The answer, whole, in c->out; then the client is only written to. */
-static void respond(client_t *c, const char *status, const char *type, const char *extra, const char *body,
-                    size_t len, bool head_only) {
+static void respond(client_t *c, const char *status, const char *type, const char *extra,
+                    const char *body, size_t len, bool head_only) {
   char head[512];
-  int n = snprintf(head, sizeof head,
-                   "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n",
-                   status, type, len, extra);
+  int n = snprintf(
+      head, sizeof head,
+      "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n",
+      status, type, len, extra);
   size_t blen = head_only ? 0 : len;
   free(c->req);
   c->req = NULL;
@@ -264,7 +275,8 @@ static void respond(client_t *c, const char *status, const char *type, const cha
 static const char index_page[] =
     "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>gpuguard exporter</title></head>\n"
     "<body><h1>gpuguard exporter</h1>\n"
-    "<p>GPU memory, the processes holding it and gpuguard arenas, labelled as NVIDIA's DCGM exporter "
+    "<p>GPU memory, the processes holding it and gpuguard arenas, labelled as NVIDIA's DCGM "
+    "exporter "
     "labels GPUs.</p>\n<p><a href=\"/metrics\">Metrics</a></p>\n</body></html>\n";
 
 /* A whole request head is in c->req: answer it. */
@@ -277,7 +289,8 @@ static void answer(exporter_t *ex, client_t *c) {
   }
   if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
     static const char msg[] = "only GET and HEAD\n";
-    respond(c, "405 Method Not Allowed", "text/plain", "Allow: GET, HEAD\r\n", msg, sizeof msg - 1, false);
+    respond(c, "405 Method Not Allowed", "text/plain", "Allow: GET, HEAD\r\n", msg, sizeof msg - 1,
+            false);
     return;
   }
   bool head = strcmp(method, "HEAD") == 0;
@@ -332,12 +345,14 @@ static int step(exporter_t *ex, client_t *c) {
       answer(ex, c);
     } else if (c->got >= REQUEST_MAX - 1) {
       static const char msg[] = "request too large\n";
-      respond(c, "431 Request Header Fields Too Large", "text/plain", "", msg, sizeof msg - 1, false);
+      respond(c, "431 Request Header Fields Too Large", "text/plain", "", msg, sizeof msg - 1,
+              false);
     }
     if (!c->out) return 0;
   }
   while (c->out_off < c->out_len) {
-    ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t w =
+        send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
     if (w <= 0) {

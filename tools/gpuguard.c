@@ -1,12 +1,13 @@
-/* gpuguard.c — the `gpuguard` command line: who holds GPU memory (ps), devices (info, watch), guarded
- * jobs (run) and their orphans (reap), built on the public API only. This file holds the commands'
- * table, with each command's usage text, and main; each command lives in its own cmd_*.c. */
+/* gpuguard.c — the `gpuguard` command line: who holds GPU memory (ps), devices (info, watch),
+ * guarded jobs (run) and their orphans (reap), built on the public API only. This file holds the
+ * commands' table, with each command's usage text, and main; each command lives in its own
+ * cmd_*.c. */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli_internal.h"
 
-/* ---- dispatch ----------------------------------------------------------------------------------------- */
+/* ---- dispatch -------------------------------------------------------------------------------- */
 
 static const command_t commands[] = {
     {"ps", "[--json] [--all-users] [--why] [-i N] [--color=WHEN]",
@@ -17,109 +18,156 @@ static const command_t commands[] = {
      "  -i, --id N    only device N\n"
      "  --color=WHEN  auto (on a terminal, unless NO_COLOR is set), always or never\n"
      "  -h, --help    this help\n"
-     "Classes: guarded (in a live gpuguard session), orphan (its session's leader died), stranded (a\n"
-     "worker no session knows whose parent is gone: multiprocessing, DataLoader, torch.distributed,\n"
-     "joblib, Ray), detached (a program left running on purpose: nohup, setsid, tmux, a service, a\n"
-     "container's init; never reaped unless named), fd-holder (holds /dev/nvidia* but no context),\n"
-     "foreign (another user), unknown. gpuguard itself is never listed. Control characters in commands\n"
+     "Classes: guarded (in a live gpuguard session), orphan (its session's leader died), stranded "
+     "(a\n"
+     "worker no session knows whose parent is gone: multiprocessing, DataLoader, "
+     "torch.distributed,\n"
+     "joblib, Ray), detached (a program left running on purpose: nohup, setsid, tmux, a service, "
+     "a\n"
+     "container's init; never reaped unless named), fd-holder (holds /dev/nvidia* but no "
+     "context),\n"
+     "foreign (another user), unknown. gpuguard itself is never listed. Control characters in "
+     "commands\n"
      "are shown as \\xHH. The last line names the command that ends what it counts.\n"
-     "Exit status (the same with --json): 0 listed (also when nothing holds a GPU), 1 the list could not\n"
-     "be read, 2 usage error, 3 no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads).\n"},
-    {"run", "[--grace MS] [--receipt PATH] [--device N] [--pid-ns[=auto|on|off]] [--torch] -- CMD ARGS...",
-     "Runs CMD as a guarded job; when it ends or the runner is signalled, nothing of it is left.", cmd_run,
-     "  --grace TIME    how long the job has to end after SIGTERM before SIGKILL: 500ms, 2s (a bare\n"
+     "Exit status (the same with --json): 0 listed (also when nothing holds a GPU), 1 the list "
+     "could not\n"
+     "be read, 2 usage error, 3 no NVIDIA GPU on this machine (neither NVML nor the CUDA driver "
+     "loads).\n"},
+    {"run",
+     "[--grace MS] [--receipt PATH] [--device N] [--pid-ns[=auto|on|off]] [--torch] -- CMD ARGS...",
+     "Runs CMD as a guarded job; when it ends or the runner is signalled, nothing of it is left.",
+     cmd_run,
+     "  --grace TIME    how long the job has to end after SIGTERM before SIGKILL: 500ms, 2s (a "
+     "bare\n"
      "                  number is milliseconds; default 2s, at most 600s)\n"
-     "  --receipt PATH  write a JSON receipt: what was sent to whom, how each ended, device free memory\n"
+     "  --receipt PATH  write a JSON receipt: what was sent to whom, how each ended, device free "
+     "memory\n"
      "                  before and after ('-' for stdout)\n"
      "  --device N      the device whose free memory the receipt records (default 0)\n"
-     "  --pid-ns[=MODE] CMD in its own PID namespace, so that if the runner is SIGKILLed the kernel\n"
-     "                  ends every process of the job at once. auto (MODE when left out): where the\n"
+     "  --pid-ns[=MODE] CMD in its own PID namespace, so that if the runner is SIGKILLed the "
+     "kernel\n"
+     "                  ends every process of the job at once. auto (MODE when left out): where "
+     "the\n"
      "                  system allows one (root, or an unprivileged user namespace), otherwise\n"
-     "                  without, saying so on one line (the default); on: or fail (exit 126); off.\n"
-     "                  GPUGUARD_PID_NS=auto|on|off sets the default (a bad value is a usage error)\n"
-     "  --torch         GPUGUARD_TORCH=1 for the job: its Python processes take gpuguard as PyTorch's\n"
+     "                  without, saying so on one line (the default); on: or fail (exit 126); "
+     "off.\n"
+     "                  GPUGUARD_PID_NS=auto|on|off sets the default (a bad value is a usage "
+     "error)\n"
+     "  --torch         GPUGUARD_TORCH=1 for the job: its Python processes take gpuguard as "
+     "PyTorch's\n"
      "                  CUDA allocator (the Python package's startup hook)\n"
      "  -h, --help      this help\n"
      "The runner is a child subreaper, records a session leader in the registry (children inherit\n"
      "GPUGUARD_SESSION), takes every signal that would otherwise end the runner (SIGINT, SIGTERM,\n"
-     "SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM, SIGPIPE, SIGXCPU, ...) and sees that CMD gets it once: the\n"
-     "terminal's and those sent to the whole group reach CMD directly, those sent to the runner alone are\n"
-     "passed on. Only SIGTERM, SIGINT, SIGHUP or SIGQUIT not from the terminal start the grace period.\n"
-     "Signals ignored at start (nohup) stay ignored, in CMD too. Exits with CMD's status (128+N when CMD\n"
-     "was ended by signal N), also when the receipt cannot be written; the runner's signal is in the\n"
+     "SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM, SIGPIPE, SIGXCPU, ...) and sees that CMD gets it once: "
+     "the\n"
+     "terminal's and those sent to the whole group reach CMD directly, those sent to the runner "
+     "alone are\n"
+     "passed on. Only SIGTERM, SIGINT, SIGHUP or SIGQUIT not from the terminal start the grace "
+     "period.\n"
+     "Signals ignored at start (nohup) stay ignored, in CMD too. Exits with CMD's status (128+N "
+     "when CMD\n"
+     "was ended by signal N), also when the receipt cannot be written; the runner's signal is in "
+     "the\n"
      "receipt, which replaces PATH in one rename.\n"},
     {"reap", "[-n|--dry-run] [-y|--yes] [--grace TIME] [--all-users] [--pid PID...]",
      "Ends your stranded workers and the orphans of dead gpuguard sessions.", cmd_reap,
      "  -n, --dry-run  list them, do nothing\n"
      "  -y, --yes      end them without asking (otherwise asks on a terminal, lists elsewhere)\n"
-     "  --grace TIME   time between SIGTERM and SIGKILL: 500ms, 2s (a bare number is milliseconds;\n"
+     "  --grace TIME   time between SIGTERM and SIGKILL: 500ms, 2s (a bare number is "
+     "milliseconds;\n"
      "                 default 2s, at most 600s)\n"
      "  --all-users    as root: other users' stranded workers too\n"
      "  --pid PID...   end these processes instead, whatever their class (the only way to end a\n"
-     "                 detached one); pid 1, this process and its ancestors, kernel threads and other\n"
+     "                 detached one); pid 1, this process and its ancestors, kernel threads and "
+     "other\n"
      "                 users' processes (without --all-users as root) are refused\n"
      "  -h, --help     this help\n"
-     "Each process is checked by its start time and held by pidfd right before the first signal, so a\n"
+     "Each process is checked by its start time and held by pidfd right before the first signal, "
+     "so a\n"
      "pid reused since the listing is never signalled; one line per process says what was sent.\n"
-     "Stale registry records with nothing of their session left are removed. Exit status: 0 done (or\n"
+     "Stale registry records with nothing of their session left are removed. Exit status: 0 done "
+     "(or\n"
      "nothing to do), 1 something was refused or survived SIGKILL, 2 usage error.\n"},
     {"check", "[--json] [--allow BYTES]",
-     "Exits 0 when the GPUs hold nothing beyond the allowance, 1 when something is held.", cmd_check,
+     "Exits 0 when the GPUs hold nothing beyond the allowance, 1 when something is held.",
+     cmd_check,
      "  --json         the problems as JSON\n"
      "  --allow BYTES  memory no listed process holds that is tolerated per GPU (K/M/G suffixes;\n"
      "                 default 1G: NVML counts the driver's reserve as used)\n"
      "  -h, --help     this help\n"
-     "One line per problem on stdout: a stranded or orphaned process and the memory it holds, memory\n"
-     "no listed process holds. Exit status: 0 ok, 1 something is held, 2 usage error, 3 no NVIDIA GPU.\n"
+     "One line per problem on stdout: a stranded or orphaned process and the memory it holds, "
+     "memory\n"
+     "no listed process holds. Exit status: 0 ok, 1 something is held, 2 usage error, 3 no NVIDIA "
+     "GPU.\n"
      "For Slurm prologs and epilogs, Kubernetes probes and CI steps (docs/deploy.md).\n"},
     {"info", "[--json|--prom] [-i N]", "Shows the devices and their memory.", cmd_info,
      "  --json        as JSON\n"
-     "  --prom        as Prometheus text exposition (format 0.0.4): the GPUs NVML sees, labelled as\n"
+     "  --prom        as Prometheus text exposition (format 0.0.4): the GPUs NVML sees, labelled "
+     "as\n"
      "                DCGM's exporter labels them; none (and a line on stderr) without a GPU\n"
      "  -i, --id N    only device N (the table)\n"
      "  -h, --help    this help\n"},
     {"plot", "FILE [-o OUT.html] [--x time|step] [--title TEXT]",
-     "Draws a memory timeline (watch --record, gpuguard.record()) as one self-contained HTML file.", cmd_plot,
+     "Draws a memory timeline (watch --record, gpuguard.record()) as one self-contained HTML file.",
+     cmd_plot,
      "  -o, --output OUT  the HTML file to write (default memory.html)\n"
      "  --x time|step     horizontal axis (default time)\n"
      "  --title TEXT      the page's title\n"
      "  -h, --help        this help\n"
-     "Runs gpuguard.diagnostics.plot with GPUGUARD_PYTHON (set by the wheel's gpuguard command to its\n"
+     "Runs gpuguard.diagnostics.plot with GPUGUARD_PYTHON (set by the wheel's gpuguard command to "
+     "its\n"
      "own interpreter), else python3 (the Python package must be importable;\n"
      "GPUGUARD_LIBRARY is set to this command's library unless it is set already).\n"},
     {"watch",
      "[--interval TIME] [--count N] [-i N] [--color=WHEN] [--record FILE] | [--prom-file PATH] "
      "[--listen [ADDR][:PORT]] [--all-users]",
-     "A live view of devices, processes and gpuguard sessions; or a Prometheus exporter.", cmd_watch,
-     "  --interval TIME     time between refreshes: 500ms, 10s, 1m (a bare number is seconds; default 2s)\n"
+     "A live view of devices, processes and gpuguard sessions; or a Prometheus exporter.",
+     cmd_watch,
+     "  --interval TIME     time between refreshes: 500ms, 10s, 1m (a bare number is seconds; "
+     "default 2s)\n"
      "  --count N           stop after N refreshes (with --listen alone: after N scrapes)\n"
      "  -i, --id N          the view shows device N only\n"
      "  --color=WHEN        auto (on a terminal, unless NO_COLOR is set), always or never\n"
      "  --no-color          the same as --color=never\n"
-     "  --record FILE       append a sample of each device's used memory to FILE every interval, as\n"
+     "  --record FILE       append a sample of each device's used memory to FILE every interval, "
+     "as\n"
      "                      JSON lines that `gpuguard plot FILE` draws\n"
-     "  --prom-file PATH    write Prometheus text to PATH every interval, atomically (node_exporter's\n"
+     "  --prom-file PATH    write Prometheus text to PATH every interval, atomically "
+     "(node_exporter's\n"
      "                      textfile collector)\n"
-     "  --listen ADDR:PORT  serve Prometheus text at http://ADDR:PORT/metrics (and a page at / linking it)\n"
-     "                      to many scrapers at once. Without an address, loopback only (127.0.0.1):\n"
-     "                      9402, :9402 and 127.0.0.1 are the same; 0.0.0.0:9402 or [::]:9402 for every\n"
-     "                      interface (a warning says so). The default port is 9402 (DCGM's exporter\n"
+     "  --listen ADDR:PORT  serve Prometheus text at http://ADDR:PORT/metrics (and a page at / "
+     "linking it)\n"
+     "                      to many scrapers at once. Without an address, loopback only "
+     "(127.0.0.1):\n"
+     "                      9402, :9402 and 127.0.0.1 are the same; 0.0.0.0:9402 or [::]:9402 for "
+     "every\n"
+     "                      interface (a warning says so). The default port is 9402 (DCGM's "
+     "exporter\n"
      "                      has 9400); port 0 picks a free one, printed on stderr\n"
-     "  --all-users         include other users' command lines in gpuguard_process_info (left out by\n"
+     "  --all-users         include other users' command lines in gpuguard_process_info (left out "
+     "by\n"
      "                      default, as ps hides them)\n"
      "  -h, --help          this help\n"
-     "On a terminal the view fits the width and redraws in place: q quits, any other key refreshes.\n"
-     "Per GPU: utilisation, memory utilisation, temperature and power (from NVML), memory used/total.\n"
-     "Series cover the GPUs NVML sees, labelled gpu (NVML's index), UUID, pci_bus_id, device, modelName\n"
-     "and Hostname as NVIDIA's DCGM exporter labels them; without a GPU, none (a line on stderr says so).\n"
-     "A failed --prom-file write is said and tried again next interval (the status is 1 if the last\n"
+     "On a terminal the view fits the width and redraws in place: q quits, any other key "
+     "refreshes.\n"
+     "Per GPU: utilisation, memory utilisation, temperature and power (from NVML), memory "
+     "used/total.\n"
+     "Series cover the GPUs NVML sees, labelled gpu (NVML's index), UUID, pci_bus_id, device, "
+     "modelName\n"
+     "and Hostname as NVIDIA's DCGM exporter labels them; without a GPU, none (a line on stderr "
+     "says so).\n"
+     "A failed --prom-file write is said and tried again next interval (the status is 1 if the "
+     "last\n"
      "failed). SIGTERM/SIGINT end it (status 0).\n"},
 };
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
 static void main_usage(FILE *f) {
-  fprintf(f, "usage: gpuguard COMMAND [OPTIONS]   (gpuguard %s; -V, --version)\n\ncommands:\n", gg_version());
-  for (size_t i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-6s %s\n", commands[i].name, commands[i].summary);
+  fprintf(f, "usage: gpuguard COMMAND [OPTIONS]   (gpuguard %s; -V, --version)\n\ncommands:\n",
+          gg_version());
+  for (size_t i = 0; i < NCOMMANDS; i++)
+    fprintf(f, "  %-6s %s\n", commands[i].name, commands[i].summary);
   fprintf(f, "\n'gpuguard COMMAND --help' describes each command.\n");
 }
 

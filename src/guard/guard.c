@@ -1,6 +1,6 @@
-/* guard.c — guards: the list of live guards, each guard's LIFO cleanups and attached objects, and the
- * teardown (cleanups, leak report, context reset and release) on every path: destroy, exit(), signals.
- * The leak report's grouping and writing are guard_report.c's. */
+/* guard.c — guards: the list of live guards, each guard's LIFO cleanups and attached objects, and
+ * the teardown (cleanups, leak report, context reset and release) on every path: destroy, exit(),
+ * signals. The leak report's grouping and writing are guard_report.c's. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -69,7 +69,8 @@ static void gg__guard_fork_child(void) {
   gg__live.wired = false; /* the child's crash-hook table starts empty */
   pthread_mutex_unlock(&gg__live.lock);
 }
-GG__FORK_REGISTER(GG__FORK_GUARDS, gg__guard_fork_prepare, gg__guard_fork_parent, gg__guard_fork_child)
+GG__FORK_REGISTER(GG__FORK_GUARDS, gg__guard_fork_prepare, gg__guard_fork_parent,
+                  gg__guard_fork_child)
 
 /* Why a teardown runs. */
 enum gg__reason { GG__BY_DESTROY, GG__BY_EXIT, GG__BY_SIGNAL };
@@ -80,7 +81,7 @@ static const char *gg__reason_how(enum gg__reason why, int code) {
   return why == GG__BY_DESTROY ? "gg_guard_destroy" : "exit";
 }
 
-/* ---- options ------------------------------------------------------------------------------------------ */
+/* ---- options --------------------------------------------------------------------------------- */
 
 void gg_guard_options_init(gg_guard_options_t *opts) {
   if (!opts) return;
@@ -92,9 +93,11 @@ void gg_guard_options_init(gg_guard_options_t *opts) {
 }
 
 static int gg__check_options(const gg_guard_options_t *o, gg__report_opts_t *report) {
-  if (o->device < 0) return gg__err(GG_EINVAL, "gg_guard_create: options.device=%d is negative", o->device);
+  if (o->device < 0)
+    return gg__err(GG_EINVAL, "gg_guard_create: options.device=%d is negative", o->device);
   if (o->signals & ~(unsigned)GG_GUARD_SIGNALS_ALL)
-    return gg__err(GG_EINVAL, "gg_guard_create: options.signals=0x%x has bits that are not GG_GUARD_SIG*",
+    return gg__err(GG_EINVAL,
+                   "gg_guard_create: options.signals=0x%x has bits that are not GG_GUARD_SIG*",
                    o->signals);
   if (o->teardown_timeout_ms < 0)
     return gg__err(GG_EINVAL, "gg_guard_create: options.teardown_timeout_ms=%d is negative",
@@ -106,14 +109,14 @@ static int gg__check_options(const gg_guard_options_t *o, gg__report_opts_t *rep
   return gg__report_parse("GPUGUARD_LEAK_REPORT", gg__env("GPUGUARD_LEAK_REPORT"), report);
 }
 
-/* ---- the at-exit path --------------------------------------------------------------------------------- */
+/* ---- the at-exit path ------------------------------------------------------------------------ */
 
 static void gg__teardown_all(enum gg__reason why, int code);
 
 /* A cleanup that calls exit() from inside the exit-path teardown starts a nested exit(), which runs
- * only the handlers not yet run: gg__at_exit is one of those already running. So the exit path first
- * registers a second handler (run by the nested exit, or after this one returns, when it finds nothing
- * left to do) that resumes the teardown the cleanup interrupted. */
+ * only the handlers not yet run: gg__at_exit is one of those already running. So the exit path
+ * first registers a second handler (run by the nested exit, or after this one returns, when it
+ * finds nothing left to do) that resumes the teardown the cleanup interrupted. */
 #ifdef __GLIBC__
 static void gg__at_exit_resume(int status, void *arg) {
   (void)arg;
@@ -140,11 +143,11 @@ static void gg__register_exit(void) { atexit(gg__at_exit); }
 #endif
 static pthread_once_t gg__exit_once = PTHREAD_ONCE_INIT;
 
-/* ---- the live list ------------------------------------------------------------------------------------ */
+/* ---- the live list --------------------------------------------------------------------------- */
 
 static void gg__free(gg_guard_t *g) {
-  /* A child recorded after the teardown's look at the set (a spawn racing the teardown) is ended now,
-   * not forgotten; then the set goes, since the key may be reused. */
+  /* A child recorded after the teardown's look at the set (a spawn racing the teardown) is ended
+   * now, not forgotten; then the set goes, since the key may be reused. */
   if (g->fork_gen == gg__fork_generation()) {
     gg__err_saved_t saved;
     gg__err_save(&saved);
@@ -168,7 +171,8 @@ static void gg__unref(gg_guard_t *g) {
   if (dead) gg__free(dead);
 }
 
-/* Finds a handle among the live guards without touching it (a freed handle is never dereferenced). */
+/* Finds a handle among the live guards without touching it (a freed handle is never
+ * dereferenced). */
 static bool gg__known(const gg_guard_t *g) {
   for (const gg_guard_t *p = gg__live.head; p; p = p->next)
     if (p == g) return true;
@@ -191,7 +195,8 @@ static int gg__enter(gg_guard_t *g, const char *call) {
   pthread_mutex_lock(&g->lock);
   if (g->state != GG__LIVE || g->destroying) {
     /* The message first: once unlocked, another thread may free g. */
-    rc = gg__err(GG_ESTATE, "%s: the guard '%s' is being torn down or was torn down", call, g->name);
+    rc =
+        gg__err(GG_ESTATE, "%s: the guard '%s' is being torn down or was torn down", call, g->name);
     pthread_mutex_unlock(&g->lock);
     pthread_mutex_unlock(&gg__live.lock);
     return rc;
@@ -231,7 +236,8 @@ static int gg__push(gg_guard_t *g, gg_cleanup_fn fn, void *user, const gg__attac
 static void gg__teardown_for_signal(int sig);
 
 /* Gives the lower layers what they call back, once per process (under the live-list lock): the
- * process part's fatal kill goes into the crash-hook table, and spawn/adopt ask us about a guard. */
+ * process part's fatal kill goes into the crash-hook table, and spawn/adopt ask us about a
+ * guard. */
 static int gg__wire_locked(void) {
   if (gg__live.wired) return 0;
   int slot;
@@ -272,8 +278,8 @@ int gg_guard_create(gg_guard_t **guard, const gg_guard_options_t *opts) {
     return rc;
   }
   g->backend = g->dev->ops->name;
-  /* Also without run_at_exit: a cleanup that calls exit() during gg_guard_destroy() must not lose the
-   * cleanups registered before it (the exit path finishes this guard's teardown). */
+  /* Also without run_at_exit: a cleanup that calls exit() during gg_guard_destroy() must not lose
+   * the cleanups registered before it (the exit path finishes this guard's teardown). */
   pthread_once(&gg__exit_once, gg__register_exit);
   pthread_mutex_lock(&gg__live.lock);
   rc = gg__wire_locked();
@@ -321,14 +327,16 @@ int gg_guard_cancel(gg_guard_t *guard, unsigned long long id) {
   if (id == 0) return gg__err(GG_EINVAL, "gg_guard_cancel: id 0 is never a registration");
   int rc = gg__enter(guard, "gg_guard_cancel");
   if (rc < 0) return rc;
-  if (!gg__remove(guard, id)) /* the message while locked: once unlocked, another thread may free it */
-    rc = gg__err(GG_ENOTFOUND, "gg_guard_cancel: guard '%s' holds no registration %llu (cancelled already?)",
+  /* the message while locked: once unlocked, another thread may free it */
+  if (!gg__remove(guard, id))
+    rc = gg__err(GG_ENOTFOUND,
+                 "gg_guard_cancel: guard '%s' holds no registration %llu (cancelled already?)",
                  guard->name, id);
   gg__leave(guard);
   return rc;
 }
 
-/* ---- attached objects --------------------------------------------------------------------------------- */
+/* ---- attached objects ------------------------------------------------------------------------ */
 
 int gg__guard_attach(const char *backend, int device, const gg__attach_ops_t *ops, void *obj,
                      unsigned long long *token) {
@@ -337,7 +345,8 @@ int gg__guard_attach(const char *backend, int device, const gg__attach_ops_t *op
   int rc = 0;
   pthread_mutex_lock(&gg__live.lock);
   for (gg_guard_t *g = gg__live.head; g; g = g->next) {
-    if (g->fork_gen != gen || g->destroying || g->device != device || strcmp(g->backend, backend) != 0)
+    if (g->fork_gen != gen || g->destroying || g->device != device ||
+        strcmp(g->backend, backend) != 0)
       continue;
     pthread_mutex_lock(&g->lock);
     bool live = g->state == GG__LIVE;
@@ -362,7 +371,8 @@ int gg__guard_detach(unsigned long long token) {
       return 1;
     }
     if (g->running == token) {
-      /* The teardown is working on this object now: wait for that step, without the live-list lock. */
+      /* The teardown is working on this object now: wait for that step, without the live-list
+       * lock. */
       g->refs++;
       pthread_mutex_unlock(&gg__live.lock);
       while (g->running == token) pthread_cond_wait(&g->cond, &g->lock);
@@ -376,10 +386,11 @@ int gg__guard_detach(unsigned long long token) {
   return 0;
 }
 
-/* ---- the teardown ------------------------------------------------------------------------------------- */
+/* ---- the teardown ---------------------------------------------------------------------------- */
 
-/* Pops and runs the cleanups still registered, newest first; with g's lock held, which it drops around
- * each one. Attached objects add their live blocks to the report before they are released. */
+/* Pops and runs the cleanups still registered, newest first; with g's lock held, which it drops
+ * around each one. Attached objects add their live blocks to the report before they are
+ * released. */
 static void gg__run_cleanups_locked(gg_guard_t *g, gg__report_t *report) {
   while (g->n > 0) {
     gg__entry_t e = g->entries[--g->n];
@@ -397,8 +408,8 @@ static void gg__run_cleanups_locked(gg_guard_t *g, gg__report_t *report) {
   }
 }
 
-/* After the cleanups: the child processes (bounded: grace + about 300 ms, so the watchdog limit should
- * allow for it), the leak report, the context, then the guard is dead. */
+/* After the cleanups: the child processes (bounded: grace + about 300 ms, so the watchdog limit
+ * should allow for it), the leak report, the context, then the guard is dead. */
 static int gg__finish_teardown(gg_guard_t *g, enum gg__reason why, int code, gg__report_t *report) {
   pthread_mutex_lock(&g->lock);
   gg__dev_t *dev = g->dev;
@@ -406,7 +417,8 @@ static int gg__finish_teardown(gg_guard_t *g, enum gg__reason why, int code, gg_
   pthread_mutex_unlock(&g->lock);
   int rc = gg__proc_teardown_set(g, g->grace_ms, NULL);
   if (rc < 0 && why != GG__BY_DESTROY)
-    fprintf(stderr, "gpuguard: guard '%s': ending its child processes: %s\n", g->name, gg_last_error());
+    fprintf(stderr, "gpuguard: guard '%s': ending its child processes: %s\n", g->name,
+            gg_last_error());
   gg__report_emit(&g->report, g->name, report, gg__reason_how(why, code));
   gg__report_free(report);
   if (g->reset_context && dev) {
@@ -432,15 +444,16 @@ static int gg__teardown(gg_guard_t *g, enum gg__reason why, int code) {
     return gg__err(GG_ESTATE, "guard '%s': teardown called from one of its own cleanups", g->name);
   }
   if (g->state != GG__LIVE) {
-    while (g->state != GG__DEAD) pthread_cond_wait(&g->cond, &g->lock); /* another thread's teardown */
+    /* another thread's teardown */
+    while (g->state != GG__DEAD) pthread_cond_wait(&g->cond, &g->lock);
     pthread_mutex_unlock(&g->lock);
     return 0;
   }
   g->state = GG__TEARING;
   g->owner = pthread_self();
   bool watched = why != GG__BY_DESTROY && g->timeout_ms > 0;
-  int wd = watched ? gg__watchdog_arm(why == GG__BY_SIGNAL ? GG__WD_BY_SIGNAL : GG__WD_BY_EXIT, code,
-                                      g->timeout_ms, g->name)
+  int wd = watched ? gg__watchdog_arm(why == GG__BY_SIGNAL ? GG__WD_BY_SIGNAL : GG__WD_BY_EXIT,
+                                      code, g->timeout_ms, g->name)
                    : 0;
   gg__report_t report = {0};
   gg__run_cleanups_locked(g, &report);
@@ -462,12 +475,15 @@ static void gg__teardown_resume_on_exit(gg_guard_t *g, int code) {
   gg__watchdog_disarm(wd);
 }
 
-/* Picks the next guard the path covers (newest first, each once per pass); under the live-list lock.
- * *resume is set for a guard this thread is tearing down already (a cleanup called exit()). */
-static gg_guard_t *gg__pick_locked(enum gg__reason why, int code, unsigned long long pass, bool *resume) {
+/* Picks the next guard the path covers (newest first, each once per pass); under the live-list
+ * lock. *resume is set for a guard this thread is tearing down already (a cleanup called
+ * exit()). */
+static gg_guard_t *gg__pick_locked(enum gg__reason why, int code, unsigned long long pass,
+                                   bool *resume) {
   unsigned gen = gg__fork_generation(), bit = why == GG__BY_SIGNAL ? gg__bit_of_sig(code) : 0;
   for (gg_guard_t *g = gg__live.head; g; g = g->next) {
-    if (g->seen == pass || g->fork_gen != gen) continue; /* a forked child never runs its parent's */
+    /* a forked child never runs its parent's */
+    if (g->seen == pass || g->fork_gen != gen) continue;
     pthread_mutex_lock(&g->lock);
     bool mine = g->state == GG__TEARING && pthread_equal(g->owner, pthread_self());
     bool dead = g->state == GG__DEAD;
@@ -515,18 +531,20 @@ int gg_guard_destroy(gg_guard_t *guard) {
   pthread_mutex_lock(&gg__live.lock);
   if (!gg__known(guard)) {
     pthread_mutex_unlock(&gg__live.lock);
-    return gg__err(GG_EINVAL, "gg_guard_destroy: %p is not a live guard (destroyed already?)", (void *)guard);
+    return gg__err(GG_EINVAL, "gg_guard_destroy: %p is not a live guard (destroyed already?)",
+                   (void *)guard);
   }
   int rc = gg__check_fork(guard->fork_gen, "gg_guard_destroy");
   if (rc == 0) {
     pthread_mutex_lock(&guard->lock);
     if (guard->state == GG__TEARING && pthread_equal(guard->owner, pthread_self()))
-      rc =
-          gg__err(GG_ESTATE, "gg_guard_destroy: called from a cleanup of the guard '%s' itself", guard->name);
+      rc = gg__err(GG_ESTATE, "gg_guard_destroy: called from a cleanup of the guard '%s' itself",
+                   guard->name);
     pthread_mutex_unlock(&guard->lock);
   }
   if (rc == 0 && guard->destroying)
-    rc = gg__err(GG_EINVAL, "gg_guard_destroy: guard '%s' is being destroyed by another call", guard->name);
+    rc = gg__err(GG_EINVAL, "gg_guard_destroy: guard '%s' is being destroyed by another call",
+                 guard->name);
   if (rc < 0) {
     pthread_mutex_unlock(&gg__live.lock);
     return rc;

@@ -1,6 +1,6 @@
-/* guard_report.c — a guard's leak report: where it goes (options.leak_report, GPUGUARD_LEAK_REPORT),
- * the blocks its attached arenas still held at teardown grouped by arena, tag and allocation site, and
- * the text or JSON written to its destination in one bounded write. */
+/* guard_report.c — a guard's leak report: where it goes (options.leak_report,
+ * GPUGUARD_LEAK_REPORT), the blocks its attached arenas still held at teardown grouped by arena,
+ * tag and allocation site, and the text or JSON written to its destination in one bounded write. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -19,7 +19,7 @@
 #include "core/symbol_internal.h"
 #include "core/vec_internal.h"
 
-/* ---- the destination ---------------------------------------------------------------------------------- */
+/* ---- the destination ------------------------------------------------------------------------- */
 
 /* "stderr", "stdout", "none", PATH, each optionally "json:" or "text:" first. */
 int gg__report_parse(const char *what, const char *text, gg__report_opts_t *r) {
@@ -53,7 +53,7 @@ int gg__report_parse(const char *what, const char *text, gg__report_opts_t *r) {
   return 0;
 }
 
-/* ---- the rows ----------------------------------------------------------------------------------------- */
+/* ---- the rows -------------------------------------------------------------------------------- */
 
 /* Surviving blocks of one tag allocated at one site (GG_ARENA_BACKTRACE). */
 typedef struct gg__site_row {
@@ -163,7 +163,8 @@ static void gg__render_sites(FILE *f, const gg__tag_row_t *t, bool json) {
   if (json)
     fputs("]", f);
   else if (t->n_sites > shown)
-    fprintf(f, "gpuguard:       (%zu more site%s)\n", t->n_sites - shown, t->n_sites - shown == 1 ? "" : "s");
+    fprintf(f, "gpuguard:       (%zu more site%s)\n", t->n_sites - shown,
+            t->n_sites - shown == 1 ? "" : "s");
 }
 
 void gg__report_add(gg__report_t *r, const gg__attach_ops_t *ops, void *obj) {
@@ -196,16 +197,16 @@ static void gg__report_render(FILE *f, const gg__report_opts_t *opts, const char
   if (opts->json) {
     fprintf(f, "{\"gpuguard\":\"leak_report\",\"pid\":%ld,\"guard\":", (long)getpid());
     gg__json_fputs(f, guard);
-    fprintf(f, ",\"teardown\":\"%s\",\"live_blocks\":%llu,\"live_bytes\":%llu,\"arenas\":[", how, r->count,
-            r->bytes);
+    fprintf(f, ",\"teardown\":\"%s\",\"live_blocks\":%llu,\"live_bytes\":%llu,\"arenas\":[", how,
+            r->count, r->bytes);
     for (size_t i = 0; i < r->n_objs; i++) {
       const gg__obj_row_t *o = &r->objs[i];
       fputs(i ? ",{\"name\":" : "{\"name\":", f);
       gg__json_fputs(f, o->name);
       fputs(",\"backend\":", f);
       gg__json_fputs(f, o->backend);
-      fprintf(f, ",\"live_blocks\":%llu,\"live_bytes\":%llu,\"truncated\":%s,\"tags\":[", o->count, o->bytes,
-              o->truncated ? "true" : "false");
+      fprintf(f, ",\"live_blocks\":%llu,\"live_bytes\":%llu,\"truncated\":%s,\"tags\":[", o->count,
+              o->bytes, o->truncated ? "true" : "false");
       for (size_t k = 0; k < o->n_tags; k++) {
         fputs(k ? ",{\"tag\":" : "{\"tag\":", f);
         gg__json_fputs(f, o->tags[k].tag);
@@ -219,14 +220,15 @@ static void gg__report_render(FILE *f, const gg__report_opts_t *opts, const char
     return;
   }
   fprintf(f,
-          "gpuguard: leak report of guard '%s' (pid %ld, teardown by %s): %llu live block%s, %llu bytes in "
+          "gpuguard: leak report of guard '%s' (pid %ld, teardown by %s): %llu live block%s, %llu "
+          "bytes in "
           "%zu arena%s\n",
           guard, (long)getpid(), how, r->count, r->count == 1 ? "" : "s", r->bytes, r->n_objs,
           r->n_objs == 1 ? "" : "s");
   for (size_t i = 0; i < r->n_objs; i++) {
     const gg__obj_row_t *o = &r->objs[i];
-    fprintf(f, "gpuguard:   arena '%s' (%s): %llu live block%s, %llu bytes%s\n", o->name, o->backend,
-            o->count, o->count == 1 ? "" : "s", o->bytes,
+    fprintf(f, "gpuguard:   arena '%s' (%s): %llu live block%s, %llu bytes%s\n", o->name,
+            o->backend, o->count, o->count == 1 ? "" : "s", o->bytes,
             o->truncated ? " (some tags left out: out of memory)" : "");
     for (size_t k = 0; k < o->n_tags; k++) {
       fprintf(f, "gpuguard:     tag '%s': %llu block%s, %llu bytes\n",
@@ -237,12 +239,13 @@ static void gg__report_render(FILE *f, const gg__report_opts_t *opts, const char
   }
 }
 
-/* A report file is a regular file: a symbolic link is not followed (root appending its report to the
- * file another user's link names) and a FIFO or device is refused at once (opening a FIFO nobody reads
- * blocks, and the teardown with it, past any signal). -1 with a message on stderr. */
+/* A report file is a regular file: a symbolic link is not followed (root appending its report to
+ * the file another user's link names) and a FIFO or device is refused at once (opening a FIFO
+ * nobody reads blocks, and the teardown with it, past any signal). -1 with a message on stderr. */
 static int gg__report_open(const gg__report_opts_t *opts, const char *guard) {
-  int fd = open(opts->path,
-                O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
+  int fd =
+      open(opts->path,
+           O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0644);
   struct stat st;
   const char *why = fd < 0 ? strerror(errno) : NULL;
   if (fd < 0 && errno == ELOOP) why = "a symbolic link (not followed)";
@@ -255,8 +258,9 @@ static int gg__report_open(const gg__report_opts_t *opts, const char *guard) {
   return -1;
 }
 
-/* Writes len bytes within about two seconds in all: stdout or stderr may be a pipe nobody reads, and a
- * teardown must end. After poll says there is room, a write of at most PIPE_BUF bytes does not block. */
+/* Writes len bytes within about two seconds in all: stdout or stderr may be a pipe nobody reads,
+ * and a teardown must end. After poll says there is room, a write of at most PIPE_BUF bytes does
+ * not block. */
 static void gg__report_write(int fd, const char *buf, size_t len) {
   struct timespec t0, now;
   clock_gettime(CLOCK_MONOTONIC, &t0);

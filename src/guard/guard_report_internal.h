@@ -1,6 +1,6 @@
-/* guard_report_internal.h — guard_report.c's calls for guard.c: a leak report's destination, read from
- * options.leak_report or GPUGUARD_LEAK_REPORT at creation, and the report a teardown fills from the
- * objects it releases, then writes and frees. */
+/* guard_report_internal.h — guard_report.c's calls for guard.c: a leak report's destination, read
+ * from options.leak_report or GPUGUARD_LEAK_REPORT at creation, and the report a teardown fills
+ * from the objects it releases, then writes and frees. */
 #ifndef GG_GUARD_REPORT_INTERNAL_H
 #define GG_GUARD_REPORT_INTERNAL_H
 
@@ -18,8 +18,8 @@ typedef struct gg__report_opts {
   char path[1024];
 } gg__report_opts_t;
 
-/* The blocks still live in a teardown's attached objects, one row per object (with blocks), grouped by
- * tag and allocation site. Zero-initialised before the first gg__report_add(). */
+/* The blocks still live in a teardown's attached objects, one row per object (with blocks), grouped
+ * by tag and allocation site. Zero-initialised before the first gg__report_add(). */
 typedef struct gg__report {
   struct gg__obj_row *objs;
   size_t n_objs, cap_objs;
@@ -33,8 +33,8 @@ int gg__report_parse(const char *what, const char *text, gg__report_opts_t *r);
  * memory, the row says it was truncated. Never fails, never changes gg_last_error(). */
 void gg__report_add(gg__report_t *r, const gg__attach_ops_t *ops, void *obj);
 /* Writes the report of guard `guard` to its destination, within about two seconds: nothing when the
- * destination is none, or when nothing leaked and no destination was asked for. `how` says what tore
- * the guard down ("gg_guard_destroy", "exit", a signal's name). */
+ * destination is none, or when nothing leaked and no destination was asked for. `how` says what
+ * tore the guard down ("gg_guard_destroy", "exit", a signal's name). */
 void gg__report_emit(const gg__report_opts_t *opts, const char *guard, const gg__report_t *r,
                      const char *how);
 void gg__report_free(gg__report_t *r);

@@ -1,7 +1,7 @@
 /* procfs.c — reading /proc: a process's identity (state, parent, group, start time), its owner and
  * command line, walking the process table, and closing descriptors by target path. Everything here
- * that the fatal path or a just-forked child uses is async-signal-safe: open/read/getdents64/readlink,
- * stack buffers, no malloc, no stdio, no locks. */
+ * that the fatal path or a just-forked child uses is async-signal-safe:
+ * open/read/getdents64/readlink, stack buffers, no malloc, no stdio, no locks. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -105,7 +105,8 @@ int gg__proc_uid(pid_t pid, uid_t *uid) {
   if (len < 0) return (int)len;
   /* A plain scan rather than strstr(): the fatal path asks this too (async-signal-safe). */
   const char *line = buf;
-  while (*line && !(line[0] == '\n' && line[1] == 'U' && line[2] == 'i' && line[3] == 'd' && line[4] == ':'))
+  while (*line &&
+         !(line[0] == '\n' && line[1] == 'U' && line[2] == 'i' && line[3] == 'd' && line[4] == ':'))
     line++;
   if (!*line) return -EINVAL;
   const char *p = line + 5;
@@ -394,7 +395,8 @@ int gg__proc_environ_get(pid_t pid, const char *name, char *buf, size_t cap) {
     if (rc == 0) break;
     memmove(chunk, chunk + start, have - start); /* keep the unfinished entry */
     have -= start;
-    if (have == sizeof chunk) { /* an entry longer than the buffer: not one we want; skip to its end */
+    /* an entry longer than the buffer: not one we want; skip to its end */
+    if (have == sizeof chunk) {
       have = 0;
       for (char c = 1; c != '\0';) {
         ssize_t k = read(fd, &c, 1);
