@@ -61,8 +61,8 @@ python3 scripts/check_layers.py
 find $fmt_dirs -maxdepth 1 \( -name '*.c' -o -name '*.h' -o -name '*.hpp' -o -name '*.cpp' -o -name '*.cu' \) \
   ! -path "$fmt_skip" | sort | xargs clang-format --dry-run --Werror
 echo "    clang-format: clean"
-# Shell scripts checked at warning level: scripts/ (tests/*.sh, 42 warnings left, are yet to come).
-shellcheck -S warning scripts/*.sh
+# Shell scripts checked at warning level: scripts/ and the shell tests.
+shellcheck -S warning scripts/*.sh tests/*.sh tests/wheel/*.sh
 echo "    shellcheck: clean"
 
 step "2/8 -Werror build and the whole CTest suite (gpu tests skip without a device)"
