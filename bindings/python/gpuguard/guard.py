@@ -11,7 +11,6 @@ import weakref
 from ctypes import byref, c_ulonglong, c_void_p
 from typing import Any, Callable, Dict, List, Optional
 
-from . import _lib
 from ._lib import C, CLEANUP_FN, GuardOptions, enc
 from .errors import GG_ESTATE, INT_MAX, GpuGuardError, StateError, check_int, check_str
 

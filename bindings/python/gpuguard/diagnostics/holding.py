@@ -614,7 +614,7 @@ def _seed_roots(walk: _Walk, namespace: Optional[dict]) -> None:
         v = getattr(sys, name, None)
         if v is not None:
             walk.seed(v, f"sys.{name}", "stored traceback")
-    for tid, top in sys._current_frames().items():
+    for _tid, top in sys._current_frames().items():
         f: Optional[types.FrameType] = top
         while f is not None:
             # function frames only (module-level code's locals are its globals, seeded as a module); this
