@@ -7,6 +7,7 @@
 # untouched without --all-users; check's exit codes; no GPUGUARD_TEST_* switch in the shipped library.
 set -euo pipefail
 build=$1
+src=$2
 g="$(cd "$build" && pwd)/gpuguard"
 lib="$(cd "$build" && pwd)/libgpuguard.so"
 command -v python3 >/dev/null || { echo "SKIP: needs python3"; exit 77; }
@@ -28,14 +29,7 @@ alive() { [ -d /proc/$1 ] && ! grep -q '^State:.*Z' /proc/$1/status 2>/dev/null;
 if grep -qa "GPUGUARD_TEST_" "$lib"; then fail "libgpuguard.so reads GPUGUARD_TEST_* switches"; fi
 echo "item 25: no GPUGUARD_TEST_* in libgpuguard.so"
 
-cat > "$tmp/trainer.py" <<'PY'
-import multiprocessing as mp, sys, time
-if __name__ == "__main__":
-    ps = [mp.get_context("spawn").Process(target=time.sleep, args=(60,)) for _ in range(3)]
-    for p in ps: p.start()
-    open(sys.argv[1], "w").write(" ".join(str(p.pid) for p in ps))
-    time.sleep(60)
-PY
+cp "$src/tests/stranded_trainer.py" "$tmp/trainer.py" # in $tmp: the second uid below runs it too
 # The trainer in a session of its own whose parent exits: what a crashed job leaves behind.
 setsid sh -c "python3 '$tmp/trainer.py' '$tmp/kids' & echo \$! > '$tmp/trainer'" 
 for _ in $(seq 1 500); do [ -s "$tmp/kids" ] && break; sleep 0.02; done

@@ -2,11 +2,15 @@
  * stranded or orphaned process or memory no listed process holds is found (prologs, probes, CI). */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli_internal.h"
 
@@ -27,17 +31,31 @@ static bool parse_bytes(const char *text, long long *out) {
   return true;
 }
 
+/* A whole number from 1 to max written as digits only (no sign, space or unit); false otherwise. */
+static bool parse_positive(const char *text, long max, long *out) {
+  if (!*text || strspn(text, "0123456789") != strlen(text)) return false;
+  errno = 0;
+  long v = strtol(text, NULL, 10);
+  if (errno || v < 1 || v > max) return false;
+  *out = v;
+  return true;
+}
+
+#define CHECK_INTERVAL_MAX 86400 /* a day, as watch's --interval */
+
 typedef struct check_opts {
   bool json;
   long long allow; /* bytes no listed process holds that are tolerated per GPU */
+  long interval;   /* -i: seconds between checks; 0: one check */
+  long count;      /* -c: checks at most (with -i); 0: until something is held or a signal */
 } check_opts_t;
 
 /* The options. Returns -1 to go on, else the exit status. */
 static int check_parse(int argc, char **argv, check_opts_t *c) {
-  static const struct option longs[] = {{"json", no_argument, 0, 'j'},
-                                        {"allow", required_argument, 0, 'a'},
-                                        {"help", no_argument, 0, 'h'},
-                                        {0, 0, 0, 0}};
+  static const struct option longs[] = {
+      {"json", no_argument, 0, 'j'},           {"allow", required_argument, 0, 'a'},
+      {"interval", required_argument, 0, 'i'}, {"count", required_argument, 0, 'c'},
+      {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
   *c = (check_opts_t){.allow = 1LL << 30};
   int o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
@@ -45,15 +63,25 @@ static int check_parse(int argc, char **argv, check_opts_t *c) {
       usage(stdout, current);
       return 0;
     }
-    if (o == 'j')
+    if (o == 'j') {
       c->json = true;
-    else if (o == 'a') {
+    } else if (o == 'a') {
       if (!parse_bytes(optarg, &c->allow))
         return bad_usage("--allow '%s': bytes expected (e.g. 0, 512M, 2G)", optarg);
-    } else
+    } else if (o == 'i') {
+      if (!parse_positive(optarg, CHECK_INTERVAL_MAX, &c->interval))
+        return bad_usage("--interval '%s': a whole number of seconds from 1 to 86400 expected",
+                         optarg);
+    } else if (o == 'c') {
+      if (!parse_positive(optarg, LONG_MAX, &c->count))
+        return bad_usage("--count '%s': a positive whole number expected", optarg);
+    } else {
       return cli_opt_error(o, argv);
+    }
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
+  if (c->count && !c->interval)
+    return bad_usage("%s", "--count goes with --interval (without it, one check is made)");
   return -1;
 }
 
@@ -147,9 +175,48 @@ static int check_once(const check_opts_t *c) {
   return problems ? 1 : 0;
 }
 
+/* Waits until until_ms (gg__now_ms()) for one of the signals in set: the signal, or 0 when the time
+ * is up. */
+static int check_wait(const sigset_t *set, double until_ms) {
+  for (;;) {
+    double left = until_ms - gg__now_ms();
+    if (left <= 0) return 0;
+    struct timespec ts = {(time_t)(left / 1e3), (long)(fmod(left, 1e3) * 1e6)};
+    int sig = sigtimedwait(set, NULL, &ts);
+    if (sig > 0) return sig;
+    if (errno != EINTR) return 0; /* EAGAIN: the time is up */
+  }
+}
+
+/* -i: a check every interval seconds, each round's lines flushed as it ends (a pipe reader sees
+ * them at once). The first round that finds something ends it with its status; otherwise --count
+ * rounds, or SIGINT/SIGTERM, end it with the last round's status. The two signals are blocked
+ * before the first round (the threads a backend starts inherit that) and taken only between rounds,
+ * so a round is never cut short: one that comes during a round ends the run after it. */
+static int check_repeat(const check_opts_t *c) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigprocmask(SIG_BLOCK, &set, NULL);
+  double next = gg__now_ms();
+  int rc = 0;
+  for (long round = 1;; round++) {
+    rc = check_once(c);
+    fflush(stdout);
+    if (rc != 0 || (c->count && round >= c->count)) break;
+    /* Every interval from the first round's start; a round longer than the interval starts the
+     * next at once, without catching up on the ones missed. */
+    next += (double)c->interval * 1e3;
+    if (next < gg__now_ms()) next = gg__now_ms();
+    if (check_wait(&set, next) != 0) break;
+  }
+  return rc;
+}
+
 int cmd_check(int argc, char **argv) {
   check_opts_t c;
   int rc = check_parse(argc, argv, &c);
   if (rc >= 0) return rc;
-  return check_once(&c);
+  return c.interval ? check_repeat(&c) : check_once(&c);
 }

@@ -89,18 +89,21 @@ static const command_t commands[] = {
      "Stale registry records with nothing of their session left are removed. Exit status: 0 done "
      "(or\n"
      "nothing to do), 1 something was refused or survived SIGKILL, 2 usage error.\n"},
-    {"check", "[--json] [--allow BYTES]",
+    {"check", "[--json] [--allow BYTES] [-i|--interval N [-c|--count N]]",
      "Exits 0 when the GPUs hold nothing beyond the allowance, 1 when something is held.",
      cmd_check,
-     "  --json         the problems as JSON\n"
-     "  --allow BYTES  memory no listed process holds that is tolerated per GPU (K/M/G suffixes;\n"
-     "                 default 1G: NVML counts the driver's reserve as used)\n"
-     "  -h, --help     this help\n"
-     "One line per problem on stdout: a stranded or orphaned process and the memory it holds, "
-     "memory\n"
-     "no listed process holds. Exit status: 0 ok, 1 something is held, 2 usage error, 3 no NVIDIA "
-     "GPU.\n"
-     "For Slurm prologs and epilogs, Kubernetes probes and CI steps (docs/deploy.md).\n"},
+     "  --json            the problems as JSON (with -i, one object a line per check)\n"
+     "  --allow BYTES     memory no listed process holds that is tolerated per GPU (K/M/G\n"
+     "                    suffixes; default 1G: NVML counts the driver's reserve as used)\n"
+     "  -i, --interval N  check again every N seconds (1 to 86400), printing each check as it\n"
+     "                    ends, until one finds something (its status is the exit status) or\n"
+     "                    SIGINT/SIGTERM (the last check's status, 0)\n"
+     "  -c, --count N     with --interval: stop after N checks\n"
+     "  -h, --help        this help\n"
+     "One line per problem on stdout: a stranded or orphaned process and the memory it holds,\n"
+     "memory no listed process holds. Exit status: 0 ok, 1 something is held, 2 usage error,\n"
+     "3 no NVIDIA GPU. For Slurm prologs and epilogs, Kubernetes probes and CI steps\n"
+     "(docs/deploy.md); with --interval, a watch that ends when something is left behind.\n"},
     {"info", "[--json|--prom] [-i N]", "Shows the devices and their memory.", cmd_info,
      "  --json        as JSON\n"
      "  --prom        as Prometheus text exposition (format 0.0.4): the GPUs NVML sees, labelled "
