@@ -78,13 +78,13 @@ w1 = torch.randn(4096, 4096, device=DEV, requires_grad=True)
 w2 = torch.randn(4096, 1024, device=DEV, requires_grad=True)
 
 
-def forward(n):
+def forward(n, w1, w2):
     x = torch.randn(n, 4096, device=DEV)
     hidden = torch.relu(x @ w1)
     return (hidden @ w2).sum()
 
 
-out = forward(8192)
+out = forward(8192, w1, w2)
 print(holders(top=6))
 del out
 print("after `del out`:", format_bytes(torch.cuda.memory_allocated()), "in use")
@@ -115,8 +115,8 @@ def evaluate(keep_tensor):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with gpuguard.rounds(name="epoch") as r:
-            for epoch in range(6):
-                for i in range(4):
+            for _epoch in range(6):
+                for _ in range(4):
                     x = torch.randn(1024, 4096, device=DEV)
                     loss = net(x).pow(2).mean()
                     total_loss += loss if keep_tensor else loss.item()
@@ -145,15 +145,15 @@ opt = torch.optim.AdamW(model.parameters())
 kept = []
 with record(jsonl, interval=0.05, name="holders_demo: 3 epochs of training, a leaky evaluation, an OOM") as rec:
     with gpuguard.rounds(name="epoch", warn=False) as r:
-        for epoch in range(3):
-            for i in range(12):
+        for _epoch in range(3):
+            for _ in range(12):
                 x = torch.randn(2048, 4096, device=DEV)
                 loss = model(x).pow(2).mean()
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
                 rec.step()
-            for i in range(6):  # evaluation without torch.no_grad(), keeping the outputs: their graphs stay
+            for _ in range(6):  # evaluation without torch.no_grad(), keeping the outputs: their graphs stay
                 kept.append(model(torch.randn(2048, 4096, device=DEV)))
                 rec.step()
             r.step()
@@ -195,7 +195,7 @@ else:
         print(f"In [{n}]: " + code.replace("\n", "\n   ...: "))
         text = buf.getvalue()
         if "Traceback" in text:  # keep the transcript short: the error's last line
-            text = "\n".join(l for l in text.splitlines() if l.startswith(("ValueError", "gpuguard")))
+            text = "\n".join(ln for ln in text.splitlines() if ln.startswith(("ValueError", "gpuguard")))
         if text.strip():
             print(text.rstrip())
         print()

@@ -4,9 +4,9 @@
 # in the debug build (GPUGUARD_DEBUG=ON), the threaded tests under ThreadSanitizer, valgrind on the core
 # suites, the Python sdist and the wheel built from it (checked with auditwheel: manylinux_2_28; headers
 # and CMake package used by a consumer) installed in a fresh venv with the Python tests run against it,
-# the Doxygen reference (warnings are errors), a static check with cppcheck, and the layout check with
-# clang-format. Build trees go under build/ci-*; each step's full output goes to build/ci-logs/ (the
-# screen gets one line a step and a line a test).
+# the Doxygen reference (warnings are errors), a static check with cppcheck, and the layout and lint
+# checks (clang-format, shellcheck, ruff, mypy). Build trees go under build/ci-*; each step's full output goes
+# to build/ci-logs/ (the screen gets one line a step and a line a test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/deps.sh --tests
@@ -51,18 +51,27 @@ run_ctest() { # dir, name, ctest args...
   python3 scripts/ctest_skips.py "$dir/Testing/Temporary/LastTest.log" "$logs/$name.log"
 }
 
-# The folders formatted at 100 columns so far; src/proc, src/guard, src/query, include/ and tools/ join
-# once their style pass is done (their files are still at the old 110 columns).
-fmt_dirs="src/core src/backend src/arena src/plugin tests bench"
-step "1/8 layers (scripts/check_layers.py) and layout: clang-format --dry-run --Werror on $fmt_dirs"
+# Every C and C++ folder, at 100 columns (clang-format 14, as CI has). include/gpuguard/arena.h is left
+# out until the arena change now under way lands (it is still at the old 110 columns).
+fmt_dirs="src/core src/backend src/proc src/guard src/arena src/plugin src/query include/gpuguard tools tests bench"
+fmt_skip="include/gpuguard/arena.h"
+step "1/8 layers (scripts/check_layers.py), layout (clang-format --dry-run --Werror on $fmt_dirs), lint"
 python3 scripts/check_layers.py
 # shellcheck disable=SC2086 # fmt_dirs is a list of words
-find $fmt_dirs -maxdepth 1 \( -name '*.c' -o -name '*.h' -o -name '*.hpp' -o -name '*.cpp' -o -name '*.cu' \) | sort |
-  xargs clang-format --dry-run --Werror
+find $fmt_dirs -maxdepth 1 \( -name '*.c' -o -name '*.h' -o -name '*.hpp' -o -name '*.cpp' -o -name '*.cu' \) \
+  ! -path "$fmt_skip" | sort | xargs clang-format --dry-run --Werror
 echo "    clang-format: clean"
-# Shell scripts checked at warning level: scripts/ (tests/*.sh, 42 warnings left, are yet to come).
-shellcheck -S warning scripts/*.sh
+# Shell scripts checked at warning level: scripts/ and the shell tests.
+shellcheck -S warning scripts/*.sh tests/*.sh tests/wheel/*.sh
 echo "    shellcheck: clean"
+# Python lint with ruff and types with mypy (settings: bindings/python/pyproject.toml), in a venv of
+# their own; the versions are pinned so that a new release's checks do not fail a change that did not
+# touch Python.
+logged lint-venv sh -c "python3 -m venv build/ci-lint && build/ci-lint/bin/python -m pip install -q ruff==0.17.6 mypy==2.4.1"
+(cd bindings/python && ../../build/ci-lint/bin/ruff check -q gpuguard tests ../../bench/*.py)
+echo "    ruff: clean"
+logged mypy sh -c "cd bindings/python && ../../build/ci-lint/bin/mypy"
+echo "    mypy: clean ($(grep -o 'in [0-9]* source files' "$logs/mypy.log"))"
 
 step "2/8 -Werror build and the whole CTest suite (gpu tests skip without a device)"
 configure_build build/ci-release

@@ -90,7 +90,7 @@ assert rows[me]["used_bytes"] == 1048576 and rows[sl]["used_bytes"] is None, row
 assert rows[sl]["ppid"] == me and rows[sl]["command"] == "sleep 60" and rows[sl]["orphan"] is False, rows[sl]
 PY
 expect_rc 0 $g watch --prom-file "$tmp/gpu.prom" --count 2 --interval 0.05
-[ ! -e "$tmp/gpu.prom.tmp.$$" ] && ! ls "$tmp" | grep -q '\.tmp\.' || fail "temporary file left behind"
+[ ! -e "$tmp/gpu.prom.tmp.$$" ] && ! compgen -G "$tmp/*.tmp.*" >/dev/null || fail "temporary file left behind"
 python3 "$tmp/parse.py" "$tmp/gpu.prom" gpuguard_process_memory_used_bytes gpuguard_processes
 grep -q "gpuguard_process_memory_used_bytes{gpu=\"0\",UUID=\"GPU-[0-9a-f-]*\",[^}]*pid=\"$$\"" "$tmp/gpu.prom" || fail "process series missing"
 python3 "$tmp/parse.py" "$tmp/gpu.prom" gpuguard_device_utilization_ratio gpuguard_device_temperature_celsius gpuguard_device_power_watts
@@ -107,7 +107,7 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert all(p["pid"]
 # Command lines with control characters cannot forge rows: ESC, CR, LF come out as \xHH (a
 # terminal would obey them); the Prometheus text stays valid UTF-8 with a 0xFF byte in a command line.
 bash -c 'exec -a "$0" sleep 61' $'\e[2J\rEVIL\nFORGED\xff' & evil=$!
-for i in $(seq 1 100); do grep -q EVIL /proc/$evil/cmdline 2>/dev/null && break; sleep 0.02; done
+for _ in $(seq 1 100); do grep -q EVIL /proc/$evil/cmdline 2>/dev/null && break; sleep 0.02; done
 FAKE_NVML_PROCS="$evil:2048" expect_rc 0 $g ps --all-users
 grep -qF '\x1B[2J\x0DEVIL\x0AFORGED\xFF 61' "$tmp/out" || { cat -v "$tmp/out"; fail "control characters not escaped"; }
 ! grep -q $'\e\|\r' "$tmp/out" || fail "raw ESC or CR in ps output"
@@ -179,7 +179,7 @@ if $g run --pid-ns=on -- true 2>"$tmp/ns.err"; then
   # ps from outside: a namespaced job's process by its host pid, guarded (its session is live), its
   # parent the namespace's init (a host pid too), not an orphan.
   $g run -- sh -c "sleep 69.$tag & wait" 2>/dev/null & nsrun=$!
-  for i in $(seq 1 500); do nsjob=$(pgrep -x -f "sleep 69.$tag" || true); [ -n "$nsjob" ] && break; sleep 0.02; done
+  for _ in $(seq 1 500); do nsjob=$(pgrep -x -f "sleep 69.$tag" || true); [ -n "$nsjob" ] && break; sleep 0.02; done
   [ -n "$nsjob" ] || fail "the namespaced job did not start"
   FAKE_NVML_PROCS="$nsjob:2097152" expect_rc 0 $g ps --json
   kill -TERM $nsrun; wait $nsrun 2>/dev/null || true
@@ -202,7 +202,7 @@ for bad in maybe ON 2 ' on'; do
   GPUGUARD_PID_NS="$bad" expect_rc 2 $g run --pid-ns=off -- touch "$tmp/started"
 done
 [ ! -e "$tmp/started" ] || fail "the job ran although GPUGUARD_PID_NS was bad"
-GPUGUARD_PID_NS= expect_rc 0 $g run --pid-ns=off -- true
+GPUGUARD_PID_NS='' expect_rc 0 $g run --pid-ns=off -- true
 # --torch puts GPUGUARD_TORCH=1 in the job's environment (the Python package's startup hook reads it).
 env -u GPUGUARD_TORCH $g run --pid-ns=off --torch -- sh -c 'echo "T=$GPUGUARD_TORCH" >"$0"' "$tmp/torch.env" \
   >/dev/null 2>&1 || fail "run --torch failed"

@@ -12,6 +12,8 @@ build=$1
 g=$build/gpuguard
 tmp=$(mktemp -d)
 keep=()
+# Adds to the pids killed at exit; an argument may name several, a word each (pgrep's output).
+keep_pids() { local w p; for w in "$@"; do for p in $w; do keep+=("$p"); done; done; }
 cleanup() { for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -27,9 +29,9 @@ export CUDA_VISIBLE_DEVICES=1
 serve() { # stderr file, args...
   local err=$1; shift
   $g watch "$@" 2>"$err" &
-  keep+=($!)
+  keep_pids "$!"
   server=$!
-  for i in $(seq 1 250); do grep -q "serving http://" "$err" && break; sleep 0.02; done
+  for _ in $(seq 1 250); do grep -q "serving http://" "$err" && break; sleep 0.02; done
   url=$(grep -o 'http://[^ ]*/metrics' "$err") || fail "no address on stderr: $(cat "$err")"
 }
 
@@ -38,11 +40,11 @@ other=
 if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null; then
   setpriv --reuid=65534 --regid=65534 --clear-groups bash -c 'exec -a "trainer --token=hunter2" sleep 67' &
   other=$!
-  keep+=($other)
+  keep_pids "$other"
 fi
 sleep 60 & mine=$!
-keep+=($mine)
-for i in $(seq 1 100); do [ -z "$other" ] || grep -q hunter2 /proc/$other/cmdline 2>/dev/null && break; sleep 0.02; done
+keep_pids "$mine"
+for _ in $(seq 1 100); do [ -z "$other" ] || grep -q hunter2 /proc/$other/cmdline 2>/dev/null && break; sleep 0.02; done
 export FAKE_NVML_PROCS="$mine:1048576${other:+,$other:2097152}" FAKE_NVML_PROCS_1="$mine:4096"
 
 serve "$tmp/a.err" --listen :0

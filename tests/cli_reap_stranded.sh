@@ -7,6 +7,7 @@
 # untouched without --all-users; check's exit codes; no GPUGUARD_TEST_* switch in the shipped library.
 set -euo pipefail
 build=$1
+src=$2
 g="$(cd "$build" && pwd)/gpuguard"
 lib="$(cd "$build" && pwd)/libgpuguard.so"
 command -v python3 >/dev/null || { echo "SKIP: needs python3"; exit 77; }
@@ -17,6 +18,8 @@ chmod 755 "$tmp"
 unset GPUGUARD_SESSION
 export GPUGUARD_REGISTRY_DIR="$tmp/reg" GPUGUARD_NVML_LIBRARY="$build/tests/libfake_nvml.so"
 keep=()
+# Adds to the pids killed at exit; an argument may name several, a word each (pgrep's output).
+keep_pids() { local w p; for w in "$@"; do for p in $w; do keep+=("$p"); done; done; }
 cleanup() { for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -26,26 +29,19 @@ alive() { [ -d /proc/$1 ] && ! grep -q '^State:.*Z' /proc/$1/status 2>/dev/null;
 if grep -qa "GPUGUARD_TEST_" "$lib"; then fail "libgpuguard.so reads GPUGUARD_TEST_* switches"; fi
 echo "item 25: no GPUGUARD_TEST_* in libgpuguard.so"
 
-cat > "$tmp/trainer.py" <<'PY'
-import multiprocessing as mp, sys, time
-if __name__ == "__main__":
-    ps = [mp.get_context("spawn").Process(target=time.sleep, args=(60,)) for _ in range(3)]
-    for p in ps: p.start()
-    open(sys.argv[1], "w").write(" ".join(str(p.pid) for p in ps))
-    time.sleep(60)
-PY
+cp "$src/tests/stranded_trainer.py" "$tmp/trainer.py" # in $tmp: the second uid below runs it too
 # The trainer in a session of its own whose parent exits: what a crashed job leaves behind.
 setsid sh -c "python3 '$tmp/trainer.py' '$tmp/kids' & echo \$! > '$tmp/trainer'" 
-for i in $(seq 1 500); do [ -s "$tmp/kids" ] && break; sleep 0.02; done
+for _ in $(seq 1 500); do [ -s "$tmp/kids" ] && break; sleep 0.02; done
 [ -s "$tmp/kids" ] || fail "the trainer never started its children"
 kids=$(cat "$tmp/kids"); trainer=$(cat "$tmp/trainer")
-keep+=($kids $trainer)
+keep_pids "$kids" "$trainer"
 kill -9 "$trainer"
 sleep 0.3
 # A nohup'd program left running by a shell that is gone: detached.
 setsid sh -c "nohup sleep 61 >/dev/null 2>&1 & echo \$! > '$tmp/nohup'"
-for i in $(seq 1 200); do [ -s "$tmp/nohup" ] && break; sleep 0.02; done
-nh=$(cat "$tmp/nohup"); keep+=($nh)
+for _ in $(seq 1 200); do [ -s "$tmp/nohup" ] && break; sleep 0.02; done
+nh=$(cat "$tmp/nohup"); keep_pids "$nh"
 spec=""
 for k in $kids $nh; do spec="$spec$k:1073741824,"; done
 export FAKE_NVML_PROCS=${spec%,}
@@ -92,8 +88,8 @@ echo "bad --pid: garbage/0/negative/out of range -> exit 2; 1, our shell, kthrea
 
 # Item 24: a command line with escape sequences is shown as safe text by reap.
 setsid bash -c "exec -a \"\$(printf 'evil\033[2J\033[Hforged')\" sleep 62 & echo \$! > '$tmp/evil'"
-for i in $(seq 1 200); do [ -s "$tmp/evil" ] && break; sleep 0.02; done
-evil=$(cat "$tmp/evil"); keep+=($evil)
+for _ in $(seq 1 200); do [ -s "$tmp/evil" ] && break; sleep 0.02; done
+evil=$(cat "$tmp/evil"); keep_pids "$evil"
 "$g" reap --dry-run --pid "$evil" > "$tmp/esc" 2>&1 || true
 grep -q $'\033' "$tmp/esc" && fail "reap printed an escape sequence"
 grep -q 'evil\\x1B\[2J' "$tmp/esc" || { cat "$tmp/esc"; fail "reap did not show the command as safe text"; }
@@ -108,13 +104,13 @@ t0=$(date +%s%N)
 "$g" reap --yes --grace 500 > "$tmp/reap" || { cat "$tmp/reap"; fail "reap --yes failed"; }
 for k in $kids; do
   grep -q "^$k: sent TERM" "$tmp/reap" || { cat "$tmp/reap"; fail "no line for $k"; }
-  for i in $(seq 1 100); do alive $k || break; sleep 0.02; done
+  for _ in $(seq 1 100); do alive $k || break; sleep 0.02; done
   alive $k && fail "stranded $k survived reap"
 done
 alive "$nh" || fail "reap ended the detached program"
 echo "reap --yes: 3 stranded ended in $(( ($(date +%s%N) - t0) / 1000000 )) ms; the detached one left alone"
 "$g" reap --yes --pid "$nh" > "$tmp/named"
-for i in $(seq 1 100); do alive $nh || break; sleep 0.02; done
+for _ in $(seq 1 100); do alive $nh || break; sleep 0.02; done
 alive "$nh" && { cat "$tmp/named"; fail "reap --pid did not end the detached program"; }
 echo "reap --pid ends a detached program when named"
 export FAKE_NVML_PROCS=""
@@ -178,9 +174,9 @@ fi
 # namespaces that both register as pid 2 keep two records, and none is left when they end.
 rm -rf "$GPUGUARD_REGISTRY_DIR"
 "$g" run --pid-ns=off -- sleep 64 2>/dev/null & runner=$!
-keep+=($runner)
-for i in $(seq 1 300); do pgrep -f "^sleep 64$" >/dev/null && break; sleep 0.02; done
-keep+=($(pgrep -f "^sleep 64$"))
+keep_pids "$runner"
+for _ in $(seq 1 300); do pgrep -f "^sleep 64$" >/dev/null && break; sleep 0.02; done
+keep_pids "$(pgrep -f "^sleep 64$")"
 kill -9 $runner; wait $runner 2>/dev/null || true
 ls "$GPUGUARD_REGISTRY_DIR"/*.rec >/dev/null 2>&1 || fail "the runner left no record to prune"
 "$g" reap --yes --grace 300 > "$tmp/r0"
@@ -196,9 +192,9 @@ open(sys.argv[2], "w").write("ok"); time.sleep(1.5)
 PY
   "$g" run --pid-ns=on -- python3 "$tmp/reg.py" "$lib" "$tmp/j1" 2>/dev/null & j1=$!
   "$g" run --pid-ns=on -- python3 "$tmp/reg.py" "$lib" "$tmp/j2" 2>/dev/null & j2=$!
-  for i in $(seq 1 300); do [ -s "$tmp/j1" ] && [ -s "$tmp/j2" ] && break; sleep 0.02; done
+  for _ in $(seq 1 300); do [ -s "$tmp/j1" ] && [ -s "$tmp/j2" ] && break; sleep 0.02; done
   [ -s "$tmp/j1" ] && [ -s "$tmp/j2" ] || fail "the namespaced jobs did not register"
-  n=$(ls "$GPUGUARD_REGISTRY_DIR" | grep -c '^2\.[0-9]*\.rec$' || true)
+  n=$(find "$GPUGUARD_REGISTRY_DIR" -maxdepth 1 -name '2.*.rec' | grep -c '/2\.[0-9]*\.rec$' || true)
   [ "$n" = 2 ] || { ls "$GPUGUARD_REGISTRY_DIR"; fail "two jobs registered as pid 2: $n records"; }
   wait $j1 $j2
   [ -z "$(ls "$GPUGUARD_REGISTRY_DIR"/*.rec 2>/dev/null)" ] || { ls "$GPUGUARD_REGISTRY_DIR"; fail "records left after the jobs ended"; }
@@ -218,9 +214,9 @@ setpriv --reuid=$other --regid=$other --clear-groups $py -c pass 2>/dev/null || 
 rm -f "$tmp/kids"
 chmod 777 "$tmp"
 setsid sh -c "setpriv --reuid=$other --regid=$other --clear-groups $py '$tmp/trainer.py' '$tmp/kids' & echo \$! > '$tmp/trainer'"
-for i in $(seq 1 500); do [ -s "$tmp/kids" ] && break; sleep 0.02; done
+for _ in $(seq 1 500); do [ -s "$tmp/kids" ] && break; sleep 0.02; done
 [ -s "$tmp/kids" ] || fail "the other user's trainer never started"
-kids=$(cat "$tmp/kids"); trainer=$(cat "$tmp/trainer"); keep+=($kids $trainer)
+kids=$(cat "$tmp/kids"); trainer=$(cat "$tmp/trainer"); keep_pids "$kids" "$trainer"
 kill -9 $trainer; sleep 0.3
 spec=""; for k in $kids; do spec="$spec$k:1048576,"; done
 export FAKE_NVML_PROCS=${spec%,}
@@ -230,5 +226,5 @@ set +e; "$g" reap --yes --pid ${kids%% *} > "$tmp/r2"; rc=$?; set -e
 [ $rc = 1 ] && grep -q "another user's process" "$tmp/r2" || { cat "$tmp/r2"; fail "--pid of another user's process"; }
 alive ${kids%% *} || fail "--pid without --all-users ended another user's process"
 "$g" reap --yes --all-users --grace 300 > "$tmp/r3"
-for k in $kids; do for i in $(seq 1 100); do alive $k || break; sleep 0.02; done; alive $k && { cat "$tmp/r3"; fail "--all-users left $k"; }; done
+for k in $kids; do for _ in $(seq 1 100); do alive $k || break; sleep 0.02; done; alive $k && { cat "$tmp/r3"; fail "--all-users left $k"; }; done
 echo "another user's stranded workers: untouched by reap and --pid, ended by reap --all-users as root"

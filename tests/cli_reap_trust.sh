@@ -17,43 +17,45 @@ chmod 755 "$tmp"
 unset GPUGUARD_SESSION
 export GPUGUARD_REGISTRY_DIR="$tmp/reg"
 keep=()
+# Adds to the pids killed at exit; an argument may name several, a word each (pgrep's output).
+keep_pids() { local w p; for w in "$@"; do for p in $w; do keep+=("$p"); done; done; }
 cleanup() { for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 tag=$$
 pids_of() { pgrep -f "^sleep $1$" || true; }
-wait_for() { for i in $(seq 1 500); do [ -n "$(pids_of "$1")" ] && return 0; sleep 0.02; done; fail "'sleep $1' never started"; }
+wait_for() { for _ in $(seq 1 500); do [ -n "$(pids_of "$1")" ] && return 0; sleep 0.02; done; fail "'sleep $1' never started"; }
 
 # A dead session: its runner SIGKILLed, its job (the orphan) left behind.
 "$g" run --pid-ns=off -- sh -c "sleep 71.$tag & wait" 2>/dev/null & dead_runner=$!
-keep+=($dead_runner)
+keep_pids "$dead_runner"
 wait_for 71.$tag
-orphan=$(pids_of 71.$tag); keep+=($orphan)
+orphan=$(pids_of 71.$tag); keep_pids "$orphan"
 dead_session=$(tr '\0' '\n' < /proc/$orphan/environ | sed -n 's/^GPUGUARD_SESSION=//p')
 [ -n "$dead_session" ] || fail "the job has no session"
 kill -9 $dead_runner; wait $dead_runner 2>/dev/null || true
 
 # Case A: a live runner given the dead session's id.
 GPUGUARD_SESSION=$dead_session "$g" run -- sleep 72.$tag 2>"$tmp/spoof.err" & spoof=$!
-keep+=($spoof)
+keep_pids "$spoof"
 wait_for 72.$tag
-keep+=($(pids_of 72.$tag))
+keep_pids "$(pids_of 72.$tag)"
 grep -q "no live leader" "$tmp/spoof.err" || fail "the runner joined the dead session silently"
 
 # Case B: a live job in its own PID namespace, same registry (root only).
 ns=no
 if [ "$(id -u)" = 0 ] && unshare --pid --fork --mount-proc true 2>/dev/null; then
   unshare --pid --fork --mount-proc "$g" run -- sleep 73.$tag 2>/dev/null & nsjob=$!
-  keep+=($nsjob)
+  keep_pids "$nsjob"
   wait_for 73.$tag
-  keep+=($(pids_of 73.$tag))
+  keep_pids "$(pids_of 73.$tag)"
   ns=yes
 else
   echo "SKIP part: a job in another PID namespace (needs root and unshare)"
 fi
 
 "$g" reap --yes --grace 300 > "$tmp/reap" 2>&1 || { cat "$tmp/reap"; fail "reap failed"; }
-for i in $(seq 1 300); do [ -d /proc/$orphan ] || break; sleep 0.02; done
+for _ in $(seq 1 300); do [ -d /proc/$orphan ] || break; sleep 0.02; done
 [ ! -d /proc/$orphan ] || { cat "$tmp/reap"; fail "the real orphan $orphan was not ended"; }
 kill -0 $spoof 2>/dev/null || { cat "$tmp/reap"; fail "case A: reap killed the live runner given a dead session's id"; }
 [ -n "$(pids_of 72.$tag)" ] || fail "case A: reap killed the live runner's job"
@@ -72,15 +74,15 @@ id gpuguard-other >/dev/null 2>&1 || useradd --system --no-create-home --shell /
 other=$(id -u gpuguard-other)
 "$g" run --pid-ns=off -- setsid sh -c "sleep 74.$tag & setpriv --reuid=$other --regid=$other --clear-groups sleep 75.$tag & wait" \
   2>/dev/null & runner=$!
-keep+=($runner)
+keep_pids "$runner"
 wait_for 74.$tag; wait_for 75.$tag
 mine=$(pids_of 74.$tag) theirs=$(pids_of 75.$tag)
-keep+=($mine $theirs)
+keep_pids "$mine" "$theirs"
 [ "$(ps -o pgid= -p $mine)" = "$(ps -o pgid= -p $theirs)" ] || fail "the two are not in one group"
 kill -9 $runner; wait $runner 2>/dev/null || true
-for i in $(seq 1 300); do grep -q "^PPid:[[:space:]]*1$" /proc/$mine/status 2>/dev/null && break; sleep 0.02; done
+for _ in $(seq 1 300); do grep -q "^PPid:[[:space:]]*1$" /proc/$mine/status 2>/dev/null && break; sleep 0.02; done
 "$g" reap --yes --grace 300 > "$tmp/reap2" 2>&1 || { cat "$tmp/reap2"; fail "reap failed"; }
-for i in $(seq 1 300); do [ -d /proc/$mine ] || break; sleep 0.02; done
+for _ in $(seq 1 300); do [ -d /proc/$mine ] || break; sleep 0.02; done
 [ ! -d /proc/$mine ] || { cat "$tmp/reap2"; fail "case C: our orphan $mine was not ended"; }
 kill -0 $theirs 2>/dev/null || { cat "$tmp/reap2"; fail "case C: reap signalled another user's process ($theirs)"; }
 echo "case C: reap ended our orphans in the group and left uid $other's process alone"
@@ -93,11 +95,11 @@ if ! "$g" run --pid-ns=on -- true 2>"$tmp/ns.err"; then
 fi
 "$g" run --pid-ns=on -- setsid sh -c "sleep 76.$tag & setpriv --reuid=$other --regid=$other --clear-groups sleep 77.$tag & wait" \
   2>/dev/null & runner=$!
-keep+=($runner)
+keep_pids "$runner"
 wait_for 76.$tag; wait_for 77.$tag
-keep+=($(pids_of 76.$tag) $(pids_of 77.$tag))
+keep_pids "$(pids_of 76.$tag)" "$(pids_of 77.$tag)"
 kill -9 $runner; wait $runner 2>/dev/null || true
-for i in $(seq 1 300); do [ -z "$(pids_of 76.$tag)$(pids_of 77.$tag)" ] && break; sleep 0.01; done
+for _ in $(seq 1 300); do [ -z "$(pids_of 76.$tag)$(pids_of 77.$tag)" ] && break; sleep 0.01; done
 [ -z "$(pids_of 76.$tag)$(pids_of 77.$tag)" ] || fail "--pid-ns=on: the job outlived its SIGKILLed runner"
 "$g" reap --dry-run > "$tmp/reap3" 2>&1 || { cat "$tmp/reap3"; fail "reap --dry-run failed"; }
 grep -q "no orphans" "$tmp/reap3" || { cat "$tmp/reap3"; fail "--pid-ns=on: reap found orphans after the kernel ended the job"; }

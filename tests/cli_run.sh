@@ -16,6 +16,8 @@ build=$1
 g=$build/gpuguard
 tmp=$(mktemp -d)
 keep=()
+# Adds to the pids killed at exit; an argument may name several, a word each (pgrep's output).
+keep_pids() { local w p; for w in "$@"; do for p in $w; do keep+=("$p"); done; done; }
 cleanup() { for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -69,7 +71,7 @@ done
 for mode in $modes; do
 $g run --pid-ns=$mode --grace 300 --receipt "$tmp/r2.json" -- sh -c 'trap "" TERM; sleep 62.5 & setsid sh -c "sleep 62.5 &" ; wait' &
 runner=$!
-keep+=($runner)
+keep_pids "$runner"
 for i in $(seq 1 500); do [ "$(pids_of 'sleep 62.5' | wc -l)" -ge 2 ] && break; sleep 0.02; done
 [ "$(pids_of 'sleep 62.5' | wc -l)" -ge 2 ] || fail "--pid-ns=$mode: the job did not start"
 t0=$(ms)
@@ -83,7 +85,7 @@ python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["runner_si
 # A job that catches SIGTERM and exits 0 makes the runner exit 0.
 $g run --pid-ns=$mode --grace 2000 -- sh -c 'trap "exit 0" TERM; sleep 66 & wait' &
 runner=$!
-keep+=($runner)
+keep_pids "$runner"
 for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 66')" ] && break; sleep 0.02; done
 kill -TERM $runner
 set +e; wait $runner; rc=$?; set -e
@@ -95,14 +97,14 @@ done
 # 3. reap: the runner is SIGKILLed; without a namespace its grandchild survives, holding the dead session.
 $g run --pid-ns=off -- sh -c 'sleep 63.75 & wait' &
 runner=$!
-keep+=($runner)
+keep_pids "$runner"
 for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 63.75')" ] && break; sleep 0.02; done
 orphan=$(pids_of 'sleep 63.75')
 [ -n "$orphan" ] || fail "the job did not start"
-keep+=($orphan)
+keep_pids "$orphan"
 # Bystanders: a plain process with no session, and a worker of a live session.
-sleep 64.5 & plain=$!; keep+=($plain)
-$g run -- sleep 65.25 & live=$!; keep+=($live)
+sleep 64.5 & plain=$!; keep_pids "$plain"
+$g run -- sleep 65.25 & live=$!; keep_pids "$live"
 for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 65.25')" ] && break; sleep 0.02; done
 kill -9 $runner
 wait $runner 2>/dev/null || true
@@ -124,10 +126,10 @@ echo "reap: listed and ended the orphan, left the bystanders alone"
 if [ "$modes" = "off on" ]; then
   $g run --pid-ns=on -- sh -c 'setsid sh -c "sleep 63.5 &"; sleep 63.5 & wait' &
   runner=$!
-  keep+=($runner)
+  keep_pids "$runner"
   for i in $(seq 1 500); do [ "$(pids_of 'sleep 63.5' | wc -l)" = 2 ] && break; sleep 0.02; done
   [ "$(pids_of 'sleep 63.5' | wc -l)" = 2 ] || fail "--pid-ns=on: the job did not start"
-  keep+=($(pids_of 'sleep 63.5'))
+  keep_pids "$(pids_of 'sleep 63.5')"
   kill -9 $runner
   wait $runner 2>/dev/null || true
   for i in $(seq 1 500); do [ -z "$(pids_of 'sleep 63.5')" ] && break; sleep 0.01; done
@@ -151,7 +153,7 @@ for mode in $modes; do
 for sig in USR1 USR2 ALRM PIPE XCPU VTALRM PROF RTMIN; do
   $g run --pid-ns=$mode --grace 300 -- sh -c 'sleep 67.5 & wait' &
   runner=$!
-  keep+=($runner)
+  keep_pids "$runner"
   for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 67.5')" ] && break; sleep 0.02; done
   [ -n "$(pids_of 'sleep 67.5')" ] || fail "the job did not start ($sig, --pid-ns=$mode)"
   kill -$sig $runner
@@ -167,7 +169,7 @@ echo "signals (--pid-ns=$mode): USR1 USR2 ALRM PIPE XCPU VTALRM PROF RTMIN to th
 for sig in USR1 ALRM PIPE XCPU VTALRM XFSZ IO PWR STKFLT RTMAX; do
   $g run --pid-ns=$mode --grace 3000 --receipt "$tmp/r5.json" -- sh -c "trap 'exit 0' $(kill -l $sig); sleep 67.75 & wait" &
   runner=$!
-  keep+=($runner)
+  keep_pids "$runner"
   for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 67.75')" ] && break; sleep 0.02; done
   [ -n "$(pids_of 'sleep 67.75')" ] || fail "the job did not start ($sig, --pid-ns=$mode)"
   kill -$sig $runner

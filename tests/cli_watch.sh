@@ -14,6 +14,8 @@ build=$1
 g=$build/gpuguard
 tmp=$(mktemp -d)
 keep=()
+# Adds to the pids killed at exit; an argument may name several, a word each (pgrep's output).
+keep_pids() { local w p; for w in "$@"; do for p in $w; do keep+=("$p"); done; done; }
 cleanup() { for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -26,10 +28,10 @@ unset GPUGUARD_SESSION NO_COLOR COLUMNS LINES
 # its job's sleep lives on.
 $g run --pid-ns=off -- sh -c 'sleep 68.5 & wait' &
 runner=$!
-keep+=($runner)
-for i in $(seq 1 500); do orphan=$(pgrep -f -x 'sleep 68.5' || true); [ -n "$orphan" ] && break; sleep 0.02; done
+keep_pids "$runner"
+for _ in $(seq 1 500); do orphan=$(pgrep -f -x 'sleep 68.5' || true); [ -n "$orphan" ] && break; sleep 0.02; done
 [ -n "$orphan" ] || fail "the job did not start"
-keep+=($orphan)
+keep_pids "$orphan"
 kill -9 $runner; wait $runner 2>/dev/null || true
 export FAKE_NVML_PROCS="$orphan:1048576"
 
@@ -136,8 +138,8 @@ grep -q ORPHAN "$tmp/plain.txt" || fail "no orphan in the plain view"
 # guarded, next to the orphan.
 if $g run --pid-ns=on -- true 2>"$tmp/ns.err"; then
   $g run --pid-ns=on -- sh -c "sleep 69.$$ & wait" 2>/dev/null & nsrun=$!
-  keep+=($nsrun)
-  for i in $(seq 1 500); do nsjob=$(pgrep -f -x "sleep 69.$$" || true); [ -n "$nsjob" ] && break; sleep 0.02; done
+  keep_pids "$nsrun"
+  for _ in $(seq 1 500); do nsjob=$(pgrep -f -x "sleep 69.$$" || true); [ -n "$nsjob" ] && break; sleep 0.02; done
   [ -n "$nsjob" ] || fail "the namespaced job did not start"
   FAKE_NVML_PROCS="$orphan:1048576,$nsjob:2097152" COLUMNS=200 $g watch --count 1 >"$tmp/ns.txt"
   kill -TERM $nsrun; wait $nsrun 2>/dev/null || true
@@ -184,9 +186,9 @@ fi
 # The exporter over HTTP.
 $g watch --listen 127.0.0.1:0 2>"$tmp/listen.err" &
 server=$!
-keep+=($server)
-keep+=($server)
-for i in $(seq 1 250); do grep -q "serving http://" "$tmp/listen.err" && break; sleep 0.02; done
+keep_pids "$server"
+keep_pids "$server"
+for _ in $(seq 1 250); do grep -q "serving http://" "$tmp/listen.err" && break; sleep 0.02; done
 url=$(grep -o 'http://[^ ]*/metrics' "$tmp/listen.err") || fail "no address on stderr: $(cat "$tmp/listen.err")"
 python3 - "$url" <<'PY'
 import socket, sys, urllib.error, urllib.parse, urllib.request
@@ -253,9 +255,9 @@ set +e; wait $server; rc=$?; set -e
 [ $rc = 0 ] || fail "the exporter exited $rc on SIGTERM"
 $g watch --listen 127.0.0.1:0 --count 2 2>"$tmp/listen2.err" &
 server=$!
-keep+=($server)
-keep+=($server)
-for i in $(seq 1 250); do grep -q "serving http://" "$tmp/listen2.err" && break; sleep 0.02; done
+keep_pids "$server"
+keep_pids "$server"
+for _ in $(seq 1 250); do grep -q "serving http://" "$tmp/listen2.err" && break; sleep 0.02; done
 url=$(grep -o 'http://[^ ]*/metrics' "$tmp/listen2.err")
 python3 -c 'import sys,urllib.request as u; [u.urlopen(sys.argv[1], timeout=20).read() for _ in range(2)]' "$url"
 set +e; wait $server; rc=$?; set -e

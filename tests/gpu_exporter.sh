@@ -15,6 +15,8 @@ fi
 python3 -c 'import prometheus_client' 2>/dev/null || { echo "SKIP: needs prometheus_client"; exit 77; }
 tmp=$(mktemp -d)
 keep=()
+# Adds to the pids killed at exit; an argument may name several, a word each (pgrep's output).
+keep_pids() { local w p; for w in "$@"; do for p in $w; do keep+=("$p"); done; done; }
 cleanup() { for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -27,20 +29,20 @@ echo "nvidia-smi: $n GPU(s); the holder runs on NVML index $last with CUDA_VISIB
 # A holder of 1 GiB on the last GPU, which CUDA calls device 0.
 CUDA_VISIBLE_DEVICES=$last $build/tests/gpu_hold hold 1024 >"$tmp/hold.out" &
 holder=$!
-keep+=($holder)
-for i in $(seq 1 600); do grep -q ready "$tmp/hold.out" 2>/dev/null && break; sleep 0.1; done
+keep_pids "$holder"
+for _ in $(seq 1 600); do grep -q ready "$tmp/hold.out" 2>/dev/null && break; sleep 0.1; done
 grep -q ready "$tmp/hold.out" || fail "the holder never got ready"
 sleep 0.5
 nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits >"$tmp/apps.csv"
 
 # The exporter itself sees only the last GPU through CUDA; its series must still follow NVML.
 CUDA_VISIBLE_DEVICES=$last $g watch --listen 127.0.0.1:0 2>"$tmp/listen.err" &
-keep+=($!)
-for i in $(seq 1 250); do grep -q "serving http://" "$tmp/listen.err" && break; sleep 0.02; done
+keep_pids "$!"
+for _ in $(seq 1 250); do grep -q "serving http://" "$tmp/listen.err" && break; sleep 0.02; done
 url=$(grep -o 'http://[^ ]*/metrics' "$tmp/listen.err") || fail "no address: $(cat "$tmp/listen.err")"
 python3 -c 'import sys, urllib.request as u; open(sys.argv[2], "wb").write(u.urlopen(sys.argv[1], timeout=30).read())' \
   "$url" "$tmp/scrape.prom"
-CUDA_VISIBLE_DEVICES= $g info --prom >"$tmp/nocuda.prom" 2>"$tmp/nocuda.err" || fail "info --prom without CUDA: $(cat "$tmp/nocuda.err")"
+CUDA_VISIBLE_DEVICES='' $g info --prom >"$tmp/nocuda.prom" 2>"$tmp/nocuda.err" || fail "info --prom without CUDA: $(cat "$tmp/nocuda.err")"
 
 python3 - "$tmp/smi.csv" "$tmp/apps.csv" "$tmp/scrape.prom" "$tmp/nocuda.prom" "$holder" "$(hostname)" <<'PY'
 import sys

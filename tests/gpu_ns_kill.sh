@@ -7,7 +7,7 @@
 # PyTorch is installed (an NCCL all_reduce first, so NCCL inside the namespace is exercised).
 # Exits 77 without a GPU or where PID namespaces are refused.
 set -euo pipefail
-build=$1 src=$2
+build=$1 # $2, the source tree, is not needed here
 g=$build/gpuguard
 hold=$build/tests/gpu_hold
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then echo "SKIP: needs an NVIDIA GPU"; exit 77; fi
@@ -26,7 +26,7 @@ measure() { # name runner-pid ready-file lines-wanted base-free-mib [device]
   local name=$1 runner=$2 ready=$3 want=$4 base=$5 dev=${6:-0}
   local got
   ready_n() { got=$(grep -c ready "$ready" 2>/dev/null || true); echo "${got:-0}"; }
-  for i in $(seq 1 1200); do [ "$(ready_n)" -ge "$want" ] && break; sleep 0.1; done
+  for _ in $(seq 1 1200); do [ "$(ready_n)" -ge "$want" ] && break; sleep 0.1; done
   [ "$(ready_n)" -ge "$want" ] || fail "$name: the workers never became ready"
   echo "$name: holding $(( base - $(free_mib "$dev") )) MiB in $(apps) processes"
   "$g" ps || true

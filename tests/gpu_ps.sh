@@ -17,7 +17,7 @@ trap 'rm -f "$ready"' EXIT
 python3 -c "import torch, time, sys; x = torch.empty(2 << 30, dtype=torch.uint8, device='cuda'); x.fill_(1); torch.cuda.synchronize(); open(sys.argv[1], 'w').write('ready'); time.sleep(60)" "$ready" &
 holder=$!
 trap 'kill $holder 2>/dev/null || true; wait $holder 2>/dev/null || true; rm -f "$ready"' EXIT
-for i in $(seq 1 600); do   # up to 60 s for CUDA to start
+for _ in $(seq 1 600); do   # up to 60 s for CUDA to start
   [ -s "$ready" ] && break
   sleep 0.1
 done

@@ -18,16 +18,18 @@ tmp=$(mktemp -d)
 unset GPUGUARD_SESSION GPUGUARD_TORCH
 export GPUGUARD_REGISTRY_DIR="$tmp/reg" GPUGUARD_BACKEND=cuda
 keep=()
+# Adds to the pids killed at exit; an argument may name several, a word each (pgrep's output).
+keep_pids() { local w p; for w in "$@"; do for p in $w; do keep+=("$p"); done; done; }
 cleanup() { for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; "$g" ps --why >&2 || true; exit 1; }
 used_mib() { nvidia-smi --id=0 --query-gpu=memory.used --format=csv,noheader,nounits | tr -d ' '; }
-wait_file() { for i in $(seq 1 1200); do [ -s "$1" ] && return 0; sleep 0.1; done; fail "$1 never appeared"; }
+wait_file() { for _ in $(seq 1 1200); do [ -s "$1" ] && return 0; sleep 0.1; done; fail "$1 never appeared"; }
 alive() { [ -d /proc/$1 ] && ! grep -q '^State:.*Z' /proc/$1/status 2>/dev/null; }
 # Memory back with the driver: polls nvidia-smi until used is within 64 MiB of $1, up to 20 s; prints ms.
 wait_back() {
   local base=$1 t0=$2
-  for i in $(seq 1 2000); do
+  for _ in $(seq 1 2000); do
     [ $(( $(used_mib) - base )) -le 64 ] && { echo $(( ($(date +%s%N) - t0) / 1000000 )); return 0; }
     sleep 0.01
   done
@@ -44,7 +46,7 @@ PY
 # (2) the nohup'd job, from a shell that is gone (a user who logged out).
 setsid sh -c "nohup python3 '$tmp/hold.py' '$tmp/nohup.ready' >'$tmp/nohup.log' 2>&1 & echo \$! > '$tmp/nohup.pid'"
 wait_file "$tmp/nohup.ready"
-nh=$(cat "$tmp/nohup.pid"); keep+=($nh)
+nh=$(cat "$tmp/nohup.pid"); keep_pids "$nh"
 after_nohup=$(used_mib)
 
 cat > "$tmp/trainer.py" <<'PY'
@@ -71,7 +73,7 @@ setsid sh -c "python3 '$tmp/trainer.py' '$tmp/kids' & echo \$! > '$tmp/trainer.p
 wait_file "$tmp/kids"
 trainer=$(cat "$tmp/trainer.pid"); kids=$(cat "$tmp/kids")
 workers=$(pgrep -P "$trainer" -x pt_data_worker || true)
-keep+=($trainer $kids $workers)
+keep_pids "$trainer" "$kids" "$workers"
 echo "trainer $trainer, spawn children: $kids, DataLoader workers: ${workers:-none found}"
 kill -9 "$trainer"
 sleep 1
@@ -98,7 +100,7 @@ PY
   setsid sh -c "python3 -m torch.distributed.run --standalone --nproc-per-node=2 '$tmp/rank.py' '$tmp/rank' >'$tmp/torchrun.log' 2>&1 & echo \$! > '$tmp/agent.pid'"
   wait_file "$tmp/rank.0"; wait_file "$tmp/rank.1"
   agent=$(cat "$tmp/agent.pid"); ranks="$(cat "$tmp/rank.0") $(cat "$tmp/rank.1")"
-  keep+=($agent $ranks)
+  keep_pids "$agent" "$ranks"
   sleep 1
   before=$(used_mib)
   kill -9 "$agent"; sleep 1

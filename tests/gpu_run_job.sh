@@ -16,7 +16,7 @@ export GPUGUARD_REGISTRY_DIR=$tmp/registry GPUGUARD_BACKEND=cuda
 fail() { echo "FAIL: $*" >&2; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader >&2 || true; exit 1; }
 free_mib() { nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1; }
 holders() { nvidia-smi --query-compute-apps=pid --format=csv,noheader | tr -d ' ' | grep -xF -f <(tr ' ' '\n' < "$1") || true; }
-wait_file() { for i in $(seq 1 1200); do [ -f "$1" ] && return 0; sleep 0.1; done; fail "job never became ready"; }
+wait_file() { for _ in $(seq 1 1200); do [ -f "$1" ] && return 0; sleep 0.1; done; fail "job never became ready"; }
 ms() { date +%s%3N; }
 
 base=$(free_mib)
@@ -33,7 +33,7 @@ kill -9 "$trainer"
 set +e; wait $runner; rc=$?; set -e
 t_run=$(( $(ms) - t0 ))
 [ $rc = 137 ] || fail "runner exited $rc, wanted 137 (the trainer's SIGKILL)"
-for i in $(seq 1 100); do [ -z "$(holders "$tmp/ready1")" ] && break; sleep 0.05; done
+for _ in $(seq 1 100); do [ -z "$(holders "$tmp/ready1")" ] && break; sleep 0.05; done
 [ -z "$(holders "$tmp/ready1")" ] || fail "still holding GPU memory: $(holders "$tmp/ready1")"
 t_gone=$(( $(ms) - t0 ))
 python3 - "$tmp/r1.json" <<'PY'
@@ -64,9 +64,9 @@ done
 $g reap --dry-run
 t0=$(ms)
 $g reap --yes --grace 1000
-for i in $(seq 1 100); do [ -z "$(holders "$tmp/ready2")" ] && break; sleep 0.05; done
+for _ in $(seq 1 100); do [ -z "$(holders "$tmp/ready2")" ] && break; sleep 0.05; done
 [ -z "$(holders "$tmp/ready2")" ] || fail "reap left holders: $(holders "$tmp/ready2")"
-for i in $(seq 1 100); do [ "$(free_mib)" -ge $((base - 64)) ] && break; sleep 0.05; done
+for _ in $(seq 1 100); do [ "$(free_mib)" -ge $((base - 64)) ] && break; sleep 0.05; done
 echo "job 2: orphans reaped; memory back after $(( $(ms) - t0 )) ms: free $(free_mib) MiB (before: $base MiB)"
 [ "$(free_mib)" -ge $((base - 64)) ] || fail "memory did not come back"
 rm -rf "$tmp"

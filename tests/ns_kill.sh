@@ -16,6 +16,8 @@ tmp=$(mktemp -d)
 unset GPUGUARD_SESSION
 export GPUGUARD_REGISTRY_DIR="$tmp/reg"
 keep=()
+# Adds to the pids killed at exit; an argument may name several, a word each (pgrep's output).
+keep_pids() { local w p; for w in "$@"; do for p in $w; do keep+=("$p"); done; done; }
 cleanup() { for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -69,18 +71,18 @@ set +e; "$g" run --pid-ns=on -- sh -c 'kill -TERM $$' 2>/dev/null; rc=$?; set -e
 
 for mode in on off; do
   "$g" run --pid-ns=$mode -- sh -c "$job" 2>/dev/null & runner=$!
-  keep+=($runner)
-  for i in $(seq 1 500); do [ "$(job_pids | wc -l)" = 4 ] && break; sleep 0.01; done
+  keep_pids "$runner"
+  for _ in $(seq 1 500); do [ "$(job_pids | wc -l)" = 4 ] && break; sleep 0.01; done
   pids=$(job_pids)
   [ "$(echo "$pids" | wc -l)" = 4 ] || fail "--pid-ns=$mode: the job did not start: $pids"
-  keep+=($pids)
+  keep_pids "$pids"
   # From outside every job process has its ordinary pid, and /proc shows it ours.
   for p in $pids; do [ -d /proc/$p ] || fail "pid $p not visible from outside"; done
   t0=$(now_ms)
   kill -9 $runner
   wait $runner 2>/dev/null || true
   gone=no
-  for i in $(seq 1 300); do [ -z "$(all_pids)" ] && { gone=yes; break; }; sleep 0.005; done
+  for _ in $(seq 1 300); do [ -z "$(all_pids)" ] && { gone=yes; break; }; sleep 0.005; done
   t1=$(now_ms)
   if [ $mode = on ]; then
     [ $gone = yes ] || fail "--pid-ns=on: left after the runner's SIGKILL: $(job_pids)"
@@ -108,13 +110,13 @@ echo "--pid-ns: leftovers get --grace after SIGTERM"
 # From the runner's SIGKILL until no process of the job exists (/proc polled every 0.2 ms; a zombie counts as
 # gone), for 1 and 8 sleeping children; three runs each. Printed, not asserted beyond a bound (1.5 s).
 for n in 1 8; do
-  for run in 1 2 3; do
+  for _ in 1 2 3; do
     "$g" run --pid-ns=on -- sh -c "for i in \$(seq $n); do sleep 304.$tag & done; wait" 2>/dev/null & runner=$!
-    keep+=($runner)
-    for i in $(seq 1 500); do [ "$(pgrep -f -x "sleep 304.$tag" | wc -l)" = $n ] && break; sleep 0.01; done
+    keep_pids "$runner"
+    for _ in $(seq 1 500); do [ "$(pgrep -f -x "sleep 304.$tag" | wc -l)" = $n ] && break; sleep 0.01; done
     pids=$(pgrep -f "30[0-4]\.$tag" | tr '\n' ' ')
     [ "$(pgrep -f -x "sleep 304.$tag" | wc -l)" = $n ] || fail "the job with $n children did not start"
-    keep+=($pids)
+    keep_pids "$pids"
     python3 - $runner $pids <<'PY' >>"$tmp/times.$n"
 import os, sys, time
 runner, pids = sys.argv[1], [p for p in sys.argv[2:] if p != sys.argv[1]]

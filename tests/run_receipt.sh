@@ -26,14 +26,14 @@ grep -q '"old":true' "$tmp/old-link.json" || bad "the receipt was rewritten in p
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["exit_code"]==3, d' "$tmp/r.json" ||
   bad "the new receipt is not this run's"
 [ "$(stat -c %a "$tmp/r.json")" = "$(printf '%o' $((0644 & ~0$(umask))))" ] || bad "receipt mode $(stat -c %a "$tmp/r.json")"
-[ -z "$(ls -A "$tmp" | grep '^\.r\.json\.')" ] || bad "a temporary file was left: $(ls -A "$tmp")"
+! compgen -G "$tmp/.r.json.*" >/dev/null || bad "a temporary file was left: $(ls -A "$tmp")"
 echo "receipt: replaced by rename, mode as umask says, no temporary left"
 
 # 2. A SIGKILLed runner leaves no receipt: not the previous run's, not an empty file.
 echo '{"old":true}' >"$tmp/k.json"
 $g run --receipt "$tmp/k.json" -- sleep 30 2>/dev/null &
 runner=$!
-for i in $(seq 1 200); do [ -e "$tmp/k.json" ] || break; sleep 0.02; done
+for _ in $(seq 1 200); do [ -e "$tmp/k.json" ] || break; sleep 0.02; done
 sleep 0.2
 kill -9 $runner
 wait $runner 2>/dev/null || true

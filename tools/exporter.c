@@ -1,7 +1,7 @@
-/* exporter.c — `gpuguard watch`'s Prometheus side: the textfile for node_exporter, written so nothing
- * planted at its temporary name is followed, and /metrics over plain HTTP: many clients at once (one
- * poll loop, no thread), each bounded in request size and time, so idle or slow clients cannot delay
- * a scrape. */
+/* exporter.c — `gpuguard watch`'s Prometheus side: the textfile for node_exporter, written so
+ * nothing planted at its temporary name is followed, and /metrics over plain HTTP: many clients at
+ * once (one poll loop, no thread), each bounded in request size and time, so idle or slow clients
+ * cannot delay a scrape. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 
 #define REQUEST_MAX    8192 /* a scrape's request is a few hundred bytes */
 #define READ_LIMIT_MS  2000 /* a client that has not sent its request by then is dropped */
@@ -38,42 +38,57 @@ struct exporter {
   client_t c[MAX_CLIENTS];
 };
 
-/* The report, rendered into memory once per answer: what a scrape reads is one consistent reading. */
+/* The report, rendered into memory once per answer: what a scrape reads is one consistent
+ * reading. */
 static char *render(unsigned what, size_t *len) {
   char *buf = NULL;
   FILE *f = open_memstream(&buf, len);
   if (!f) return NULL;
   int rc = gg_report(f, GG_FORMAT_PROMETHEUS, what);
   if (fclose(f) != 0 || rc < 0) {
-    fprintf(stderr, "gpuguard watch: the report failed: %s\n", rc < 0 ? gg_last_error() : strerror(errno));
+    fprintf(stderr, "gpuguard watch: the report failed: %s\n",
+            rc < 0 ? gg_last_error() : strerror(errno));
     free(buf);
     return NULL;
   }
   return buf;
 }
 
-/* ---- textfile ----------------------------------------------------------------------------------------- */
+/* ---- textfile -------------------------------------------------------------------------------- */
 
 int exporter_write_file(const char *path, unsigned what) {
   char tmp[4096];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp)
-    return fprintf(stderr, "gpuguard watch: --prom-file path too long\n"), 1;
-  /* mkostemp: a fresh random name, O_CREAT|O_EXCL, so a symlink (or anything) planted there is never
-   * written through; the name ends in the random part, which a textfile collector (*.prom) skips. */
+  if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp) {
+    fprintf(stderr, "gpuguard watch: --prom-file path too long\n");
+    return 1;
+  }
+  /* mkostemp: a fresh random name, O_CREAT|O_EXCL, so a symlink (or anything) planted there is
+   * never written through; the name ends in the random part, which a textfile collector (*.prom)
+   * skips. */
   int fd = mkostemp(tmp, O_CLOEXEC);
-  if (fd < 0) return fprintf(stderr, "gpuguard watch: cannot write %s: %s\n", tmp, strerror(errno)), 1;
+  if (fd < 0) {
+    fprintf(stderr, "gpuguard watch: cannot write %s: %s\n", tmp, strerror(errno));
+    return 1;
+  }
   size_t len = 0;
   char *text = render(what, &len);
   bool ok = text != NULL && fchmod(fd, 0644) == 0; /* node_exporter runs as another user */
   for (size_t off = 0; ok && off < len;) {
     ssize_t w = write(fd, text + off, len - off);
     if (w < 0 && errno == EINTR) continue;
-    ok = w > 0, off += w > 0 ? (size_t)w : 0;
+    ok = w > 0;
+    off += w > 0 ? (size_t)w : 0;
   }
   int err = ok ? 0 : errno;
   free(text);
-  if (close(fd) != 0 && ok) ok = false, err = errno;
-  if (ok && rename(tmp, path) != 0) ok = false, err = errno;
+  if (close(fd) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  if (ok && rename(tmp, path) != 0) {
+    ok = false;
+    err = errno;
+  }
   if (!ok) {
     fprintf(stderr, "gpuguard watch: writing %s failed%s%s\n", path, err ? ": " : "",
             err ? strerror(err) : "");
@@ -83,29 +98,37 @@ int exporter_write_file(const char *path, unsigned what) {
   return 0;
 }
 
-/* ---- where to listen ---------------------------------------------------------------------------------- */
+/* ---- where to listen ------------------------------------------------------------------------- */
 
-/* "PORT", ":PORT", "ADDR:PORT", "[V6]:PORT", "ADDR", "[V6]" or a bare IPv6 address: host (empty: the
- * loopback address) and port (EXPORTER_DEFAULT_PORT when left out). A port must be a number from 0
- * to 65535: getaddrinfo would take 74937 as 74937 % 65536. 0 on success, else 1 after a message. */
+/* "PORT", ":PORT", "ADDR:PORT", "[V6]:PORT", "ADDR", "[V6]" or a bare IPv6 address: host (empty:
+ * the loopback address) and port (EXPORTER_DEFAULT_PORT when left out). A port must be a number
+ * from 0 to 65535: getaddrinfo would take 74937 as 74937 % 65536. 0 on success, else 1 after a
+ * message. */
 int exporter_parse_listen(const char *spec, char *host, size_t hcap, unsigned *port) {
   const char *h = spec, *p = NULL;
   size_t hl;
   if (spec[0] == '[') {
     const char *close = strchr(spec, ']');
     if (!close || (close[1] && close[1] != ':')) {
-      fprintf(stderr, "gpuguard watch: --listen '%s': an IPv6 address goes in brackets: [::1]:PORT\n", spec);
+      fprintf(stderr,
+              "gpuguard watch: --listen '%s': an IPv6 address goes in brackets: [::1]:PORT\n",
+              spec);
       return 1;
     }
-    h = spec + 1, hl = (size_t)(close - h), p = close[1] ? close + 2 : NULL;
+    h = spec + 1;
+    hl = (size_t)(close - h);
+    p = close[1] ? close + 2 : NULL;
   } else if (strspn(spec, "0123456789") == strlen(spec)) {
-    hl = 0, p = spec;
+    hl = 0;
+    p = spec;
   } else {
     const char *colon = strchr(spec, ':');
     if (colon && strchr(colon + 1, ':')) /* two colons: a bare IPv6 address, no port */
       hl = strlen(spec);
-    else
-      hl = colon ? (size_t)(colon - spec) : strlen(spec), p = colon ? colon + 1 : NULL;
+    else {
+      hl = colon ? (size_t)(colon - spec) : strlen(spec);
+      p = colon ? colon + 1 : NULL;
+    }
   }
   if (hl >= hcap) {
     fprintf(stderr, "gpuguard watch: --listen '%s': the address is too long\n", spec);
@@ -118,8 +141,9 @@ int exporter_parse_listen(const char *spec, char *host, size_t hcap, unsigned *p
     size_t digits = strspn(p, "0123456789");
     unsigned long v = digits && digits == strlen(p) && digits <= 5 ? strtoul(p, NULL, 10) : 70000;
     if (v > 65535) {
-      fprintf(stderr, "gpuguard watch: --listen '%s': the port '%s' is not a number from 0 to 65535\n", spec,
-              p);
+      fprintf(stderr,
+              "gpuguard watch: --listen '%s': the port '%s' is not a number from 0 to 65535\n",
+              spec, p);
       return 1;
     }
     *port = (unsigned)v;
@@ -142,11 +166,13 @@ static int listen_on(const char *spec) {
   unsigned pnum;
   if (exporter_parse_listen(spec, host, sizeof host, &pnum) != 0) return -1;
   snprintf(port, sizeof port, "%u", pnum);
-  struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+  struct addrinfo hints = {.ai_flags = AI_PASSIVE | AI_NUMERICSERV, .ai_socktype = SOCK_STREAM},
+                  *ai = NULL;
   /* No address given: the loopback interface only; every interface is asked for by name. */
   int rc = getaddrinfo(*host ? host : "127.0.0.1", port, &hints, &ai);
   if (rc != 0) {
-    fprintf(stderr, "gpuguard watch: --listen '%s': the address '%s': %s\n", spec, host, gai_strerror(rc));
+    fprintf(stderr, "gpuguard watch: --listen '%s': the address '%s': %s\n", spec, host,
+            gai_strerror(rc));
     return -1;
   }
   int fd = -1, err = 0;
@@ -158,7 +184,11 @@ static int listen_on(const char *spec) {
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* a restart binds at once */
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) err = errno, close(fd), fd = -1;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+      err = errno;
+      close(fd);
+      fd = -1;
+    }
   }
   freeaddrinfo(ai);
   if (fd < 0) {
@@ -172,30 +202,41 @@ static int listen_on(const char *spec) {
       getnameinfo((struct sockaddr *)&ss, sl, shown, sizeof shown, sport, sizeof sport,
                   NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
     bool v6 = ss.ss_family == AF_INET6;
-    fprintf(stderr, "gpuguard watch: serving http://%s%s%s:%s/metrics\n", v6 ? "[" : "", shown, v6 ? "]" : "",
-            sport);
+    fprintf(stderr, "gpuguard watch: serving http://%s%s%s:%s/metrics\n", v6 ? "[" : "", shown,
+            v6 ? "]" : "", sport);
     if (!is_loopback(&ss))
-      fprintf(stderr,
-              "gpuguard watch: warning: %s is not a loopback address: other machines can read /metrics "
-              "(users and GPU memory of the processes on this machine's GPUs)\n",
-              shown);
+      fprintf(
+          stderr,
+          "gpuguard watch: warning: %s is not a loopback address: other machines can read /metrics "
+          "(users and GPU memory of the processes on this machine's GPUs)\n",
+          shown);
   }
   return fd;
 }
 
 exporter_t *exporter_open(const char *spec, unsigned what) {
   exporter_t *ex = calloc(1, sizeof *ex);
-  if (!ex) return fprintf(stderr, "gpuguard watch: out of memory\n"), NULL;
+  if (!ex) {
+    fprintf(stderr, "gpuguard watch: out of memory\n");
+    return NULL;
+  }
   for (int i = 0; i < MAX_CLIENTS; i++) ex->c[i].fd = -1;
   ex->what = what;
   ex->lfd = listen_on(spec);
-  if (ex->lfd < 0) return free(ex), NULL;
+  if (ex->lfd < 0) {
+    free(ex);
+    return NULL;
+  }
   return ex;
 }
 
 static void drop(client_t *c) {
-  if (c->fd >= 0) shutdown(c->fd, SHUT_WR), close(c->fd);
-  free(c->req), free(c->out);
+  if (c->fd >= 0) {
+    shutdown(c->fd, SHUT_WR);
+    close(c->fd);
+  }
+  free(c->req);
+  free(c->out);
   *c = (client_t){.fd = -1};
 }
 
@@ -206,17 +247,19 @@ void exporter_close(exporter_t *ex) {
   free(ex);
 }
 
-/* ---- HTTP --------------------------------------------------------------------------------------------- */
+/* ---- HTTP ------------------------------------------------------------------------------------ */
 
 /* The answer, whole, in c->out; then the client is only written to. */
-static void respond(client_t *c, const char *status, const char *type, const char *extra, const char *body,
-                    size_t len, bool head_only) {
+static void respond(client_t *c, const char *status, const char *type, const char *extra,
+                    const char *body, size_t len, bool head_only) {
   char head[512];
-  int n = snprintf(head, sizeof head,
-                   "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n",
-                   status, type, len, extra);
+  int n = snprintf(
+      head, sizeof head,
+      "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: close\r\n\r\n",
+      status, type, len, extra);
   size_t blen = head_only ? 0 : len;
-  free(c->req), c->req = NULL;
+  free(c->req);
+  c->req = NULL;
   c->out = malloc((size_t)n + blen);
   if (!c->out) {
     c->deadline = 0; /* dropped at the next look */
@@ -224,14 +267,16 @@ static void respond(client_t *c, const char *status, const char *type, const cha
   }
   memcpy(c->out, head, (size_t)n);
   if (blen) memcpy(c->out + n, body, blen);
-  c->out_len = (size_t)n + blen, c->out_off = 0;
+  c->out_len = (size_t)n + blen;
+  c->out_off = 0;
   c->deadline = gg__now_ms() + WRITE_LIMIT_MS;
 }
 
 static const char index_page[] =
     "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>gpuguard exporter</title></head>\n"
     "<body><h1>gpuguard exporter</h1>\n"
-    "<p>GPU memory, the processes holding it and gpuguard arenas, labelled as NVIDIA's DCGM exporter "
+    "<p>GPU memory, the processes holding it and gpuguard arenas, labelled as NVIDIA's DCGM "
+    "exporter "
     "labels GPUs.</p>\n<p><a href=\"/metrics\">Metrics</a></p>\n</body></html>\n";
 
 /* A whole request head is in c->req: answer it. */
@@ -244,7 +289,8 @@ static void answer(exporter_t *ex, client_t *c) {
   }
   if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
     static const char msg[] = "only GET and HEAD\n";
-    respond(c, "405 Method Not Allowed", "text/plain", "Allow: GET, HEAD\r\n", msg, sizeof msg - 1, false);
+    respond(c, "405 Method Not Allowed", "text/plain", "Allow: GET, HEAD\r\n", msg, sizeof msg - 1,
+            false);
     return;
   }
   bool head = strcmp(method, "HEAD") == 0;
@@ -254,10 +300,10 @@ static void answer(exporter_t *ex, client_t *c) {
   } else if (strcmp(target, "/metrics") == 0) {
     size_t len = 0;
     char *body = render(ex->what, &len);
-    if (body)
-      respond(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "", body, len, head),
-          c->metrics = true;
-    else
+    if (body) {
+      respond(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "", body, len, head);
+      c->metrics = true;
+    } else
       respond(c, "500 Internal Server Error", "text/plain", "", "report failed\n", 14, head);
     free(body);
   } else {
@@ -289,22 +335,30 @@ static int step(exporter_t *ex, client_t *c) {
   if (c->req) {
     ssize_t r = recv(c->fd, c->req + c->got, REQUEST_MAX - 1 - c->got, 0);
     if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    if (r <= 0) return drop(c), 0;
+    if (r <= 0) {
+      drop(c);
+      return 0;
+    }
     c->got += (size_t)r;
     c->req[c->got] = '\0';
     if (strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n")) {
       answer(ex, c);
     } else if (c->got >= REQUEST_MAX - 1) {
       static const char msg[] = "request too large\n";
-      respond(c, "431 Request Header Fields Too Large", "text/plain", "", msg, sizeof msg - 1, false);
+      respond(c, "431 Request Header Fields Too Large", "text/plain", "", msg, sizeof msg - 1,
+              false);
     }
     if (!c->out) return 0;
   }
   while (c->out_off < c->out_len) {
-    ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t w =
+        send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-    if (w <= 0) return drop(c), 0;
+    if (w <= 0) {
+      drop(c);
+      return 0;
+    }
     c->out_off += (size_t)w;
   }
   int done = c->metrics;

@@ -46,10 +46,11 @@ GG_API const char *gg_strerror(int code);
  *  Thread-safe and async-signal-safe. */
 GG_API const char *gg_err_name(int code);
 
-/** The detail of this thread's last failed gpuguard call: which call, which argument, and for driver
- *  failures the driver's error name and text.
- *  @return a thread-local string, "" when no call on this thread has failed yet. It stays valid until
- *  the next failing call on the same thread. Successful calls leave it unchanged (like errno). */
+/** The detail of this thread's last failed gpuguard call: which call, which argument, and for
+ *  driver failures the driver's error name and text.
+ *  @return a thread-local string, "" when no call on this thread has failed yet. It stays valid
+ *  until the next failing call on the same thread. Successful calls leave it unchanged (like
+ *  errno). */
 GG_API const char *gg_last_error(void);
 
 /** The raw driver status (a CUresult) of this thread's last failed driver call, 0 if none. */

@@ -3,13 +3,14 @@
 #define GPUGUARD_GPUGUARD_H
 
 /** @mainpage gpuguard
- *  gpuguard guards GPU resources so that device memory and processes never outlive the work that owned
- *  them: scoped arenas of device memory, exit-path guards, process teardown, and queries of who holds
- *  what. Include this header to get the whole API; every call returns 0 or a negative GG_E* code
- *  (see @ref gg_errors) and gg_last_error() says what failed.
+ *  gpuguard guards GPU resources so that device memory and processes never outlive the work that
+ *  owned them: scoped arenas of device memory, exit-path guards, process teardown, and queries of
+ *  who holds what. Include this header to get the whole API; every call returns 0 or a negative
+ *  GG_E* code (see @ref gg_errors) and gg_last_error() says what failed.
  *
  *  Parts: @ref gg_errors, @ref gg_arena, @ref gg_guard (guide: @ref guards), @ref gg_query,
- *  @ref gg_report, @ref gg_host, @ref gg_proc, @ref gg_registry, @ref gg_plugin (guide: @ref python). */
+ *  @ref gg_report, @ref gg_host, @ref gg_proc, @ref gg_registry, @ref gg_plugin
+ *  (guide: @ref python). */
 
 #include "gpuguard/arena.h"
 #include "gpuguard/error.h"

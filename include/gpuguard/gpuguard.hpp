@@ -1,17 +1,19 @@
-/* gpuguard/gpuguard.hpp — a header-only C++17 layer over the C API: gg::Error, gg::Guard, gg::Arena,
- * gg::Scope. */
+/* gpuguard/gpuguard.hpp — a header-only C++17 layer over the C API: gg::Error, gg::Guard,
+ * gg::Arena, gg::Scope. */
 #ifndef GPUGUARD_GPUGUARD_HPP
 #define GPUGUARD_GPUGUARD_HPP
 
-/* Said before anything else is parsed, so an older standard gets this line instead of template errors
- * from deep inside the header. MSVC keeps __cplusplus at 199711L unless /Zc:__cplusplus: ask _MSVC_LANG. */
+/* Said before anything else is parsed, so an older standard gets this line instead of template
+ * errors from deep inside the header. MSVC keeps __cplusplus at 199711L unless /Zc:__cplusplus: ask
+ * _MSVC_LANG. */
 #if defined(_MSVC_LANG) && _MSVC_LANG > __cplusplus
 #define GG__CPLUSPLUS _MSVC_LANG
 #else
 #define GG__CPLUSPLUS __cplusplus
 #endif
 #if GG__CPLUSPLUS < 201703L
-#error "gpuguard.hpp needs C++17 or newer (-std=c++17); from C or older C++, include gpuguard/gpuguard.h"
+#error "gpuguard.hpp needs C++17 or newer (-std=c++17); from C or older C++, include \
+gpuguard/gpuguard.h"
 #else
 
 #include <cstddef>
@@ -24,8 +26,8 @@
 #include <utility>
 #include <vector>
 
-/* Some C API functions share their name with a struct tag (gg_arena_stats): fine in C, but g++ -Wshadow
- * says the function "hides the constructor". Keep that out of users' builds. */
+/* Some C API functions share their name with a struct tag (gg_arena_stats): fine in C, but g++
+ * -Wshadow says the function "hides the constructor". Keep that out of users' builds. */
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wshadow"
@@ -37,8 +39,8 @@
 
 /** @defgroup gg_cxx C++ layer
  *  Move-only RAII owners of guards, arenas and scopes, for C++17 programs and CUDA extensions (the
- *  header compiles with g++, clang++ and nvcc). Failures throw gg::Error carrying the library's code
- *  and detail message. Destructors never throw: they release what they own and ignore errors.
+ *  header compiles with g++, clang++ and nvcc). Failures throw gg::Error carrying the library's
+ *  code and detail message. Destructors never throw: they release what they own and ignore errors.
  *  @{ */
 
 /** The gpuguard C++ layer. */
@@ -72,7 +74,8 @@ inline int check(int rc) {
   return rc;
 }
 
-/** Owns a gg_guard_t: gg_guard_destroy() runs when it goes out of scope, including during unwinding. */
+/** Owns a gg_guard_t: gg_guard_destroy() runs when it goes out of scope, including during
+ *  unwinding. */
 class Guard {
 public:
   /** gg_guard_options_t filled with the defaults. */
@@ -154,12 +157,14 @@ private:
     try {
       (*fn)();
     } catch (...) {
-      /* A cleanup must not throw across the C library; nothing sensible can be done with it here. */
+      /* A cleanup must not throw across the C library; nothing sensible can be done with it
+       * here. */
     }
   }
 
   gg_guard_t *g_ = nullptr;
-  /* Callables registered and not yet run or cancelled; only their ids are looked at after teardown. */
+  /* Callables registered and not yet run or cancelled; only their ids are looked at after
+   * teardown. */
   std::vector<std::pair<unsigned long long, std::function<void()> *>> owned_;
 };
 
@@ -183,7 +188,10 @@ public:
   Arena(Arena &&o) noexcept : a_(std::exchange(o.a_, nullptr)) {}
   /** Destroys this arena, then takes over @p o's. */
   Arena &operator=(Arena &&o) noexcept {
-    if (this != &o) reset(), a_ = std::exchange(o.a_, nullptr);
+    if (this != &o) {
+      reset();
+      a_ = std::exchange(o.a_, nullptr);
+    }
     return *this;
   }
   Arena(const Arena &) = delete;
@@ -231,7 +239,8 @@ private:
   gg_arena_t *a_ = nullptr;
 };
 
-/** Owns an open scope: gg_scope_end() runs when it goes out of scope, including during unwinding. */
+/** Owns an open scope: gg_scope_end() runs when it goes out of scope, including during
+ *  unwinding. */
 class Scope {
 public:
   /** Opens a scope of @p arena. @throws gg::Error */
@@ -253,7 +262,10 @@ public:
 
   /** Ends the scope now and reports errors. @throws gg::Error */
   void end() {
-    if (open_) open_ = false, check(gg_scope_end(&s_));
+    if (open_) {
+      open_ = false;
+      check(gg_scope_end(&s_));
+    }
   }
   /** The C scope. */
   const gg_scope_t &get() const noexcept { return s_; }

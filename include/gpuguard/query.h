@@ -30,15 +30,18 @@ typedef struct gg_device_info {
 typedef enum gg_process_class {
   GG_PROCESS_UNKNOWN = 0,   /**< holds device memory; nothing more is known */
   GG_PROCESS_GUARDED = 1,   /**< part of a live gpuguard session */
-  GG_PROCESS_ORPHAN = 2,    /**< its session's leader is dead, or its parent is gone and it was a worker */
+  GG_PROCESS_ORPHAN = 2,    /**< its session's leader is dead, or its parent is gone and it was a
+                                 worker */
   GG_PROCESS_FD_HOLDER = 3, /**< holds /dev/nvidia* descriptors but no context the driver lists */
   GG_PROCESS_FOREIGN = 4,   /**< belongs to another user (and nothing more is known) */
   GG_PROCESS_STRANDED = 5,  /**< a worker no gpuguard session knows whose parent is gone: a
-                                 multiprocessing or DataLoader worker, a torch.distributed rank whose
-                                 launcher died, a joblib or Ray worker; `gpuguard reap` ends it */
-  GG_PROCESS_DETACHED = 6   /**< a main program whose parent went away on purpose (nohup, setsid, tmux
-                                 or screen, a systemd service, a container's PID 1), or one whose parent
-                                 is gone with no sign of being a worker; never reaped unless named */
+                                 multiprocessing or DataLoader worker, a torch.distributed rank
+                                 whose launcher died, a joblib or Ray worker; `gpuguard reap` ends
+                                 it */
+  GG_PROCESS_DETACHED = 6   /**< a main program whose parent went away on purpose (nohup, setsid,
+                                 tmux or screen, a systemd service, a container's PID 1), or one
+                                 whose parent is gone with no sign of being a worker; never reaped
+                                 unless named */
 } gg_process_class_t;
 
 /** One process holding a device, as gg_process_list() reports it. */
@@ -47,24 +50,27 @@ typedef struct gg_process {
   int ppid;                      /**< parent process id */
   unsigned uid;                  /**< real user id */
   char user[32];                 /**< user name, or the uid in decimal */
-  char state;                    /**< /proc state letter: R, S, D, Z, T, ... ('?' when unreadable) */
+  char state;                    /**< /proc state letter: R, S, D, Z, T, ... ('?' when
+                                      unreadable) */
   unsigned long long start_time; /**< clock ticks after boot; with pid, names the process */
   long long used_bytes;          /**< device memory the driver accounts to it; -1 when unknown */
   int device;                    /**< the device ordinal asked for */
   gg_process_class_t cls;        /**< see gg_process_class_t */
   char session[40];              /**< gpuguard session id, "" when none */
   char command[256];             /**< command line, arguments separated by spaces (cut to fit) */
-  char why[192];                 /**< the evidence for `cls`, in words ("multiprocessing spawn child;
-                                      parent 812 is gone (reparented to init)"); "" when none. Appended
-                                      in 0.2 */
+  char why[192];                 /**< the evidence for `cls`, in words ("multiprocessing spawn
+                                      child; parent 812 is gone (reparented to init)"); "" when
+                                      none. Appended in 0.2 */
 } gg_process_t;
 
 /** Utilisation, temperature and power of one device, as gg_device_telemetry() reports them (NVML's
  *  readings, as nvidia-smi shows them). A reading the device does not offer is -1. */
 typedef struct gg_device_telemetry {
   int index;                /**< the device ordinal asked for */
-  int utilization_gpu;      /**< percent of the last sample period in which a kernel ran; -1 unknown */
-  int utilization_memory;   /**< percent of that period in which device memory was read or written */
+  int utilization_gpu;      /**< percent of the last sample period in which a kernel ran; -1
+                                 unknown */
+  int utilization_memory;   /**< percent of that period in which device memory was read or
+                                 written */
   int temperature_c;        /**< GPU core temperature, degrees Celsius; -1 unknown */
   double power_watts;       /**< power draw now, watts; -1 unknown */
   double power_limit_watts; /**< the enforced power limit, watts; -1 unknown */
@@ -78,8 +84,8 @@ GG_API const char *gg_process_class_name(gg_process_class_t cls);
 
 /** Number of devices on the selected backend (the host backend has one).
  *  @param[out] count receives the number.
- *  @return 0; GG_EINVAL for NULL or a bad GPUGUARD_BACKEND; GG_ENODEV when GPUGUARD_BACKEND=cuda and
- *  the driver cannot be loaded. Thread-safe. */
+ *  @return 0; GG_EINVAL for NULL or a bad GPUGUARD_BACKEND; GG_ENODEV when GPUGUARD_BACKEND=cuda
+ *  and the driver cannot be loaded. Thread-safe. */
 GG_API int gg_device_count(int *count);
 
 /** Describes one device, including its free memory now. Reading free memory needs the device's
@@ -90,9 +96,10 @@ GG_API int gg_device_count(int *count);
  *  GG_EDRIVER when the driver fails (gg_last_error() names the call). Thread-safe. */
 GG_API int gg_device_info(int device, gg_device_info_t *info);
 
-/** Reads utilisation, temperature and power of device @p device from NVML (loaded for the call, shut
- *  down after it; GPUGUARD_NVML_LIBRARY names another file). The device is found by its UUID when the
- *  CUDA driver is there, else by NVML's index, as gg_process_list() does. Creates no CUDA context.
+/** Reads utilisation, temperature and power of device @p device from NVML (loaded for the call,
+ *  shut down after it; GPUGUARD_NVML_LIBRARY names another file). The device is found by its UUID
+ *  when the CUDA driver is there, else by NVML's index, as gg_process_list() does. Creates no CUDA
+ *  context.
  *  @param device the device ordinal.
  *  @param[out] t filled on success; on GG_ENOTSUP every reading is -1.
  *  @return 0; GG_EINVAL for NULL; GG_ENODEV for a negative ordinal or one NVML does not know;
@@ -100,38 +107,39 @@ GG_API int gg_device_info(int device, gg_device_info_t *info);
  *  Thread-safe. */
 GG_API int gg_device_telemetry(int device, gg_device_telemetry_t *t);
 
-/** Lists the processes holding device @p device: from NVML (libnvidia-ml.so.1, loaded for the call and
- *  shut down after it; GPUGUARD_NVML_LIBRARY names another file), with the memory each holds; where
- *  NVML is missing, from a scan of /proc/PID/fd for /dev/nvidia* (memory unknown). Each row is joined
- *  with /proc (user, state, parent, start time, command) and classified. Outside the initial PID
- *  namespace (in a container) the driver's pids may be the host's: a row is then joined only when the
- *  process of that pid here holds the device open; the others keep the driver's pid and memory, with
- *  state '?' and user "?" (a process outside this namespace, or one whose descriptors we cannot read).
+/** Lists the processes holding device @p device: from NVML (libnvidia-ml.so.1, loaded for the call
+ *  and shut down after it; GPUGUARD_NVML_LIBRARY names another file), with the memory each holds;
+ *  where NVML is missing, from a scan of /proc/PID/fd for /dev/nvidia* (memory unknown). Each row
+ *  is joined with /proc (user, state, parent, start time, command) and classified. Outside the
+ *  initial PID namespace (in a container) the driver's pids may be the host's: a row is then joined
+ *  only when the process of that pid here holds the device open; the others keep the driver's pid
+ *  and memory, with state '?' and user "?" (a process outside this namespace, or one whose
+ *  descriptors we cannot read).
  *  @param device the device ordinal.
  *  @param[out] rows array of @p cap rows (may be NULL when cap is 0, to ask for the count).
  *  @param cap rows available.
  *  @param[out] count receives the number of processes found, which may exceed cap (only cap are
  *  written).
- *  @return 0; GG_EINVAL for a NULL count (or NULL rows with cap > 0); GG_ENODEV when the device does
- *  not exist, or there is no NVIDIA GPU at all (neither NVML nor the CUDA driver loads); GG_EDRIVER when
- *  NVML fails. Thread-safe. */
+ *  @return 0; GG_EINVAL for a NULL count (or NULL rows with cap > 0); GG_ENODEV when the device
+ *  does not exist, or there is no NVIDIA GPU at all (neither NVML nor the CUDA driver loads);
+ *  GG_EDRIVER when NVML fails. Thread-safe. */
 GG_API int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count);
 
-/** Lists the caller's own processes that are orphans of dead gpuguard sessions: processes carrying a
- *  session id (GPUGUARD_SESSION, or a registry record) whose leader's registry record is stale (the
- *  leader died without tearing down) — whether they hold device memory or not (used_bytes is -1 and
- *  device -1 for those that do not). Only that proof counts: a session whose leader the registry never
- *  recorded is left alone. Each row carries the start time that names the process, so that acting on it
- *  later can verify the pid still means the same process.
+/** Lists the caller's own processes that are orphans of dead gpuguard sessions: processes carrying
+ *  a session id (GPUGUARD_SESSION, or a registry record) whose leader's registry record is stale
+ *  (the leader died without tearing down) — whether they hold device memory or not (used_bytes is
+ *  -1 and device -1 for those that do not). Only that proof counts: a session whose leader the
+ *  registry never recorded is left alone. Each row carries the start time that names the process,
+ *  so that acting on it later can verify the pid still means the same process.
  *  @param[out] rows array of @p cap rows (may be NULL when cap is 0).
  *  @param cap rows available.
  *  @param[out] count receives the number of orphans found (may exceed cap).
- *  @return 0; GG_EINVAL for a NULL count (or NULL rows with cap > 0); GG_EIO when /proc cannot be read.
- *  A machine without a GPU is not an error here. Thread-safe. */
+ *  @return 0; GG_EINVAL for a NULL count (or NULL rows with cap > 0); GG_EIO when /proc cannot be
+ *  read. A machine without a GPU is not an error here. Thread-safe. */
 GG_API int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count);
 
-/** Describes one process as gg_process_list() would (user, state, parent, start time, command, class
- *  and evidence), whether it holds a device or not (used_bytes -1, device -1).
+/** Describes one process as gg_process_list() would (user, state, parent, start time, command,
+ *  class and evidence), whether it holds a device or not (used_bytes -1, device -1).
  *  @param pid the process.
  *  @param[out] row filled on success.
  *  @return 0; GG_EINVAL for a NULL row or pid <= 0; GG_ENOTFOUND when no such process can be read.
@@ -144,8 +152,8 @@ enum {
   GG_REAP_ALL_USERS = 1
 };
 
-/** Lists what `gpuguard reap` ends: the caller's orphans of dead sessions (as gg_orphan_list()) and the
- *  processes holding a device (as gg_process_list() finds them, on every device) classified
+/** Lists what `gpuguard reap` ends: the caller's orphans of dead sessions (as gg_orphan_list()) and
+ *  the processes holding a device (as gg_process_list() finds them, on every device) classified
  *  GG_PROCESS_STRANDED or GG_PROCESS_ORPHAN; with GG_REAP_ALL_USERS, those of every user. Each row
  *  carries the start time to verify before acting, and its evidence in `why`.
  *  @param flags 0 or GG_REAP_ALL_USERS.

@@ -1,4 +1,5 @@
-/* gpuguard/report.h — devices, GPU processes and this process's arenas as JSON or Prometheus text. */
+/* gpuguard/report.h — devices, GPU processes and this process's arenas as JSON or Prometheus
+ * text. */
 #ifndef GPUGUARD_REPORT_H
 #define GPUGUARD_REPORT_H
 
@@ -8,14 +9,14 @@
 
 /** @defgroup gg_report Reports
  *  The query results rendered for machines: JSON (one object), or the Prometheus text exposition
- *  format 0.0.4 with metric names `gpuguard_*` carrying their unit (`_bytes`, `_total` on counters),
- *  every device series labelled as NVIDIA's DCGM exporter labels them (`gpu` is NVML's index, whatever
- *  CUDA_VISIBLE_DEVICES says; `UUID`, `pci_bus_id`, `device`, `modelName`, `Hostname`), e.g.
- *  `gpuguard_device_memory_used_bytes{gpu="0",UUID="GPU-...",...}`. Prometheus text lists the GPUs
- *  NVML sees (also without CUDA), else CUDA's; never the simulated host device: `gpuguard_devices`
- *  says how many and from where, `gpuguard_scrape_collector_success` whether each reading worked,
- *  `gpuguard_build_info` the version. Process command lines are on `gpuguard_process_info`, apart
- *  from the memory series. Families without a sample are left out.
+ *  format 0.0.4 with metric names `gpuguard_*` carrying their unit (`_bytes`, `_total` on
+ *  counters), every device series labelled as NVIDIA's DCGM exporter labels them (`gpu` is NVML's
+ *  index, whatever CUDA_VISIBLE_DEVICES says; `UUID`, `pci_bus_id`, `device`, `modelName`,
+ *  `Hostname`), e.g. `gpuguard_device_memory_used_bytes{gpu="0",UUID="GPU-...",...}`. Prometheus
+ *  text lists the GPUs NVML sees (also without CUDA), else CUDA's; never the simulated host device:
+ *  `gpuguard_devices` says how many and from where, `gpuguard_scrape_collector_success` whether
+ *  each reading worked, `gpuguard_build_info` the version. Process command lines are on
+ *  `gpuguard_process_info`, apart from the memory series. Families without a sample are left out.
  *  Label values are valid UTF-8: control characters and bytes that are not well-formed UTF-8 become
  *  U+FFFD.
  *  @{ */
@@ -55,9 +56,9 @@ GG_API int gg_report(FILE *out, gg_format_t format, unsigned what);
 /** Writes @p s as one JSON string literal (quotes included) to @p f: the library's own JSON writer,
  *  shared with its reports and receipts so every JSON gpuguard writes escapes text the same way.
  *  Well-formed UTF-8 passes through unchanged; `"` and `\` are escaped; control characters become
- *  `\n`, `\r`, `\t` or `\u00XX`; each byte that is not part of well-formed UTF-8 (stray or truncated
- *  sequences, overlong forms, surrogates, code points above U+10FFFF) becomes `\ufffd`, so the output
- *  is valid JSON and valid UTF-8 whatever the input.
+ *  `\n`, `\r`, `\t` or `\u00XX`; each byte that is not part of well-formed UTF-8 (stray or
+ *  truncated sequences, overlong forms, surrogates, code points above U+10FFFF) becomes `\ufffd`,
+ *  so the output is valid JSON and valid UTF-8 whatever the input.
  *  @param f an open stream.
  *  @param s the text; NULL writes `""`.
  *  @return 0; GG_EINVAL for a NULL stream; GG_EIO when the stream reports a write error.

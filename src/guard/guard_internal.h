@@ -1,18 +1,19 @@
-/* guard_internal.h — guard.c's calls for the rest of the library: attaching objects such as arenas to
- * the newest live guard, and the fork handlers of the live-guard list's lock. */
+/* guard_internal.h — guard.c's calls for the rest of the library: attaching objects such as arenas
+ * to the newest live guard, and the fork handlers of the live-guard list's lock. */
 #ifndef GG_GUARD_INTERNAL_H
 #define GG_GUARD_INTERNAL_H
 
 #include "gpuguard/arena.h"
 #include "gpuguard/guard.h"
 
-/* ---- attaching objects to the live guard (arenas) ----------------------------------------------------- */
+/* ---- attaching objects to the live guard (arenas) -------------------------------------------- */
 
 /* How a guard tears down and reports an object attached to it. */
 typedef struct gg__attach_ops {
   const char *kind; /* "arena": for messages */
-  /* Releases the object's device resources at teardown, on the tearing-down thread, no guard lock held.
-   * The object must stay a valid handle afterwards (its own destroy frees it and calls detach). */
+  /* Releases the object's device resources at teardown, on the tearing-down thread, no guard lock
+   * held. The object must stay a valid handle afterwards (its own destroy frees it and calls
+   * detach). */
   void (*teardown)(void *obj);
   /* For the leak report; any may be NULL. foreach_block has gg_arena_foreach_block()'s contract. */
   const char *(*name)(void *obj);
@@ -20,9 +21,9 @@ typedef struct gg__attach_ops {
   int (*foreach_block)(void *obj, gg_block_visitor_t visit, void *user);
 } gg__attach_ops_t;
 
-/* Attaches obj to the newest live guard of this process for (backend, device); backend is the resolved
- * name ("cuda" or "host"). *token becomes 0 when there is no such guard (nothing to do then, returns 0).
- * GG_ENOMEM without host memory. */
+/* Attaches obj to the newest live guard of this process for (backend, device); backend is the
+ * resolved name ("cuda" or "host"). *token becomes 0 when there is no such guard (nothing to do
+ * then, returns 0). GG_ENOMEM without host memory. */
 int gg__guard_attach(const char *backend, int device, const gg__attach_ops_t *ops, void *obj,
                      unsigned long long *token);
 /* Detaches: returns 1 when the registration was removed (the teardown has not touched obj), 0 when

@@ -1,6 +1,6 @@
 /* signal.c — the guards' signal plumbing: handlers that only record and wake, the guard thread that
- * tears down and then honours the previous disposition, the watchdog, the fatal-signal path with its
- * async-signal-safe crash hooks, alternate signal stacks, and what a forked child gets. */
+ * tears down and then honours the previous disposition, the watchdog, the fatal-signal path with
+ * its async-signal-safe crash hooks, alternate signal stacks, and what a forked child gets. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -18,7 +18,8 @@
 #include "guard/signal_internal.h"
 
 /* Bit i of a GG_GUARD_SIG* mask is gg__sigs[i]; the first four are the terminating signals. */
-static const int gg__sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+static const int gg__sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV,
+                               SIGBUS, SIGFPE,  SIGILL, SIGABRT};
 static const char *const gg__sig_names[] = {"SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGSEGV",
                                             "SIGBUS", "SIGFPE",  "SIGILL", "SIGABRT"};
 #define GG__NSIGS         ((int)(sizeof gg__sigs / sizeof gg__sigs[0]))
@@ -40,7 +41,7 @@ const char *gg__sig_name(int sig) {
   return i < 0 ? "signal" : gg__sig_names[i];
 }
 
-/* ---- async-signal-safe formatting --------------------------------------------------------------------- */
+/* ---- async-signal-safe formatting ------------------------------------------------------------ */
 
 char *gg__fmt_str(char *p, char *end, const char *s) {
   while (s && *s && p < end) *p++ = *s++;
@@ -50,8 +51,10 @@ char *gg__fmt_str(char *p, char *end, const char *s) {
 static char *gg__fmt_base(char *p, char *end, unsigned long long v, unsigned base) {
   char tmp[24];
   int n = 0;
-  do tmp[n++] = "0123456789abcdef"[v % base], v /= base;
-  while (v && n < (int)sizeof tmp);
+  do {
+    tmp[n++] = "0123456789abcdef"[v % base];
+    v /= base;
+  } while (v && n < (int)sizeof tmp);
   while (n && p < end) *p++ = tmp[--n];
   return p;
 }
@@ -66,11 +69,12 @@ static void gg__write_all(int fd, const char *p, size_t n) {
     ssize_t w = write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return;
-    p += w, n -= (size_t)w;
+    p += w;
+    n -= (size_t)w;
   }
 }
 
-/* ---- state -------------------------------------------------------------------------------------------- */
+/* ---- state ----------------------------------------------------------------------------------- */
 
 typedef struct gg__slot {
   atomic_int busy; /* the handler filled info and the guard thread has not taken it yet */
@@ -88,8 +92,9 @@ static struct {
   atomic_int pid;     /* the process whose guard thread reads the pipe */
   atomic_int exiting; /* a teardown on an exit path is running */
   bool started;
-  unsigned gen;                           /* fork generation the threads were started in */
-  _Atomic(gg__sig_teardown_fn) on_signal; /* what the guard thread calls: given by the guard layer */
+  unsigned gen; /* fork generation the threads were started in */
+  /* what the guard thread calls: given by the guard layer */
+  _Atomic(gg__sig_teardown_fn) on_signal;
 } gg__sig = {.lock = PTHREAD_MUTEX_INITIALIZER, .pipe_w = -1, .pipe_r = -1};
 
 void gg__sig_set_exiting(bool on) { atomic_store(&gg__sig.exiting, on ? 1 : 0); }
@@ -130,7 +135,7 @@ static void gg__foreign_process(int i, int sig, siginfo_t *info, void *ctx) {
   gg__call_old(old, sig, info, ctx);
 }
 
-/* ---- the terminating-signal handler: record, wake, return --------------------------------------------- */
+/* ---- the terminating-signal handler: record, wake, return ------------------------------------ */
 
 static void gg__on_signal(int sig, siginfo_t *info, void *ctx) {
   int saved_errno = errno;
@@ -142,19 +147,22 @@ static void gg__on_signal(int sig, siginfo_t *info, void *ctx) {
   } else if (sig == SIGINT && atomic_load(&gg__sig.exiting)) {
     static const char msg[] = "gpuguard: second SIGINT during teardown: ending the process now\n";
     gg__write_all(2, msg, sizeof msg - 1);
-    gg__crash_hooks_run(SIGINT); /* children and the registry record still go, as on the crash path */
+    /* children and the registry record still go, as on the crash path */
+    gg__crash_hooks_run(SIGINT);
     gg__sig_set_default(SIGINT);
-    raise(SIGINT); /* SIGINT is blocked inside this handler: it ends the process as the handler returns */
+    /* SIGINT is blocked inside this handler: it ends the process as the handler returns */
+    raise(SIGINT);
   } else {
     if (!atomic_exchange(&gg__sig.slot[i].busy, 1)) gg__sig.slot[i].info = *info;
     unsigned char b = (unsigned char)sig;
-    ssize_t w = write(atomic_load(&gg__sig.pipe_w), &b, 1); /* non-blocking; a full pipe is awake anyway */
+    /* non-blocking; a full pipe is awake anyway */
+    ssize_t w = write(atomic_load(&gg__sig.pipe_w), &b, 1);
     (void)w;
   }
   errno = saved_errno;
 }
 
-/* ---- crash hooks -------------------------------------------------------------------------------------- */
+/* ---- crash hooks ----------------------------------------------------------------------------- */
 
 typedef struct gg__hook {
   _Atomic(gg__crash_hook_fn) fn;
@@ -181,7 +189,8 @@ int gg__crash_hook_add(gg__crash_hook_fn fn, void *user, int *slot) {
     return 0;
   }
   pthread_mutex_unlock(&gg__hooks_lock);
-  return gg__err(GG_ENOMEM, "gg__crash_hook_add: all %d crash-hook slots are taken", GG__CRASH_HOOKS_MAX);
+  return gg__err(GG_ENOMEM, "gg__crash_hook_add: all %d crash-hook slots are taken",
+                 GG__CRASH_HOOKS_MAX);
 }
 
 void gg__crash_hook_remove(int slot) {
@@ -200,17 +209,23 @@ int gg__crash_hooks_run(int sig) {
     unsigned long long best_seq = 0;
     for (int i = 0; i < GG__CRASH_HOOKS_MAX; i++) {
       unsigned long long s = atomic_load(&gg__hooks[i].seq);
-      if (atomic_load(&gg__hooks[i].fn) && s < below && s >= best_seq) best = i, best_seq = s;
+      if (atomic_load(&gg__hooks[i].fn) && s < below && s >= best_seq) {
+        best = i;
+        best_seq = s;
+      }
     }
     if (best < 0) return ran;
     below = best_seq;
     gg__crash_hook_fn fn = atomic_load(&gg__hooks[best].fn);
     void *user = atomic_load(&gg__hooks[best].user);
-    if (fn && atomic_load(&gg__hooks[best].pid) == me) fn(sig, user), ran++;
+    if (fn && atomic_load(&gg__hooks[best].pid) == me) {
+      fn(sig, user);
+      ran++;
+    }
   }
 }
 
-/* ---- the fatal-signal handler ------------------------------------------------------------------------- */
+/* ---- the fatal-signal handler ---------------------------------------------------------------- */
 
 static atomic_int gg__fatal_entered, gg__fatal_done;
 
@@ -233,7 +248,8 @@ static void gg__on_fatal(int sig, siginfo_t *info, void *ctx) {
     gg__crash_hooks_run(sig);
     atomic_store(&gg__fatal_done, 1);
   } else {
-    /* Another thread is already crashing: let it finish its hooks (bounded), then die the same way. */
+    /* Another thread is already crashing: let it finish its hooks (bounded), then die the same
+     * way. */
     struct timespec ten_ms = {0, 10 * 1000 * 1000};
     for (int t = 0; t < 300 && !atomic_load(&gg__fatal_done); t++) nanosleep(&ten_ms, NULL);
   }
@@ -253,7 +269,7 @@ static void gg__on_fatal(int sig, siginfo_t *info, void *ctx) {
   errno = saved_errno;
 }
 
-/* ---- alternate signal stacks -------------------------------------------------------------------------- */
+/* ---- alternate signal stacks ----------------------------------------------------------------- */
 
 typedef struct gg__altstack {
   void *base;
@@ -288,25 +304,30 @@ int gg_guard_prepare_thread(void) {
   if (!a || base == MAP_FAILED) {
     free(a);
     if (base != MAP_FAILED) munmap(base, size);
-    return gg__err(GG_ENOMEM, "gg_guard_prepare_thread: no memory for a %zu-byte signal stack", size);
+    return gg__err(GG_ENOMEM, "gg_guard_prepare_thread: no memory for a %zu-byte signal stack",
+                   size);
   }
   stack_t st;
   memset(&st, 0, sizeof st);
-  st.ss_sp = base, st.ss_size = size;
+  st.ss_sp = base;
+  st.ss_size = size;
   if (sigaltstack(&st, NULL) != 0) {
     int e = errno;
-    munmap(base, size), free(a);
+    munmap(base, size);
+    free(a);
     return gg__err(GG_EIO, "gg_guard_prepare_thread: sigaltstack: %s", strerror(e));
   }
-  a->base = base, a->size = size;
+  a->base = base;
+  a->size = size;
   pthread_setspecific(gg__altstack_key, a);
   return 0;
 }
 
-/* ---- the watchdog ------------------------------------------------------------------------------------- */
+/* ---- the watchdog ---------------------------------------------------------------------------- */
 
-/* One slot per teardown in progress: teardowns of different guards may overlap (exit() on one thread, a
- * signal on the guard thread), and each keeps its own limit. The thread sleeps until the earliest. */
+/* One slot per teardown in progress: teardowns of different guards may overlap (exit() on one
+ * thread, a signal on the guard thread), and each keeps its own limit. The thread sleeps until the
+ * earliest. */
 #define GG__WD_SLOTS 16
 
 typedef struct gg__wd_slot {
@@ -341,7 +362,9 @@ int gg__watchdog_arm(enum gg__wd_end kind, int code, int timeout_ms, const char 
   char *p = w->msg, *end = w->msg + sizeof w->msg;
   w->deadline.tv_sec = now.tv_sec + timeout_ms / 1000 + (time_t)(ns / 1000000000LL);
   w->deadline.tv_nsec = (long)(ns % 1000000000LL);
-  w->kind = kind, w->code = code, w->armed = true;
+  w->kind = kind;
+  w->code = code;
+  w->armed = true;
   gg__wd.seq++;
   p = gg__fmt_str(p, end, "gpuguard: the teardown of guard '");
   p = gg__fmt_str(p, end, what);
@@ -365,7 +388,8 @@ int gg__watchdog_arm(enum gg__wd_end kind, int code, int timeout_ms, const char 
 void gg__watchdog_disarm(int token) {
   if (token <= 0 || token > GG__WD_SLOTS) return;
   pthread_mutex_lock(&gg__wd.lock);
-  gg__wd.slot[token - 1].armed = false, gg__wd.seq++;
+  gg__wd.slot[token - 1].armed = false;
+  gg__wd.seq++;
   pthread_cond_broadcast(&gg__wd.cond);
   pthread_mutex_unlock(&gg__wd.lock);
 }
@@ -385,7 +409,8 @@ static void *gg__watchdog_main(void *arg) {
     }
     gg__wd_slot_t *first = NULL;
     for (int i = 0; i < GG__WD_SLOTS; i++)
-      if (gg__wd.slot[i].armed && (!first || gg__ts_before(&gg__wd.slot[i].deadline, &first->deadline)))
+      if (gg__wd.slot[i].armed &&
+          (!first || gg__ts_before(&gg__wd.slot[i].deadline, &first->deadline)))
         first = &gg__wd.slot[i];
     if (!first) {
       pthread_cond_wait(&gg__wd.cond, &gg__wd.lock);
@@ -401,21 +426,22 @@ static void *gg__watchdog_main(void *arg) {
   int code = due->code;
   gg__write_all(2, due->msg, due->msg_len);
   pthread_mutex_unlock(&gg__wd.lock);
-  /* The teardown is stuck: do what the crash path does (children), then end as the exit path would. */
+  /* The teardown is stuck: do what the crash path does (children), then end as the exit path
+   * would. */
   gg__crash_hooks_run(kind == GG__WD_BY_SIGNAL ? code : 0);
   if (kind == GG__WD_BY_SIGNAL) gg__sig_die_by(code);
   _exit(code);
 }
 
-/* ---- the guard thread --------------------------------------------------------------------------------- */
+/* ---- the guard thread ------------------------------------------------------------------------ */
 
 static bool gg__is_ours(const struct sigaction *sa);
 
-/* Honours the disposition sig had before ours, after the teardown. A previous handler must run as a real
- * signal handler (it may set a volatile sig_atomic_t flag, or expect the interrupted thread's context):
- * its action is restored and the original siginfo queued to the process again, so the kernel delivers
- * it to an application thread, with the original sender. Our handler stays off that signal until a guard
- * is created again. */
+/* Honours the disposition sig had before ours, after the teardown. A previous handler must run as a
+ * real signal handler (it may set a volatile sig_atomic_t flag, or expect the interrupted thread's
+ * context): its action is restored and the original siginfo queued to the process again, so the
+ * kernel delivers it to an application thread, with the original sender. Our handler stays off that
+ * signal until a guard is created again. */
 static void gg__honour(int i, siginfo_t *info) {
   int sig = gg__sigs[i];
   pthread_mutex_lock(&gg__sig.lock);
@@ -429,8 +455,8 @@ static void gg__honour(int i, siginfo_t *info) {
   pthread_mutex_unlock(&gg__sig.lock);
   if (gg__is_ignore(&old)) return;
   if (gg__is_default(&old)) gg__sig_die_by(sig);
-  /* Linux lets a thread other than the main one queue only negative codes: SI_QUEUE keeps the sender's
-   * pid and uid, which is what handlers look at. */
+  /* Linux lets a thread other than the main one queue only negative codes: SI_QUEUE keeps the
+   * sender's pid and uid, which is what handlers look at. */
   info->si_signo = sig;
   if (info->si_code >= 0 || info->si_code == SI_TKILL) info->si_code = SI_QUEUE;
   if (syscall(SYS_rt_sigqueueinfo, getpid(), sig, info) != 0) kill(getpid(), sig);
@@ -465,7 +491,8 @@ static void *gg__guard_main(void *arg) {
 static atomic_int gg__fail_thread;
 void gg__sig_test_fail_start(int nth) { atomic_store(&gg__fail_thread, nth); }
 
-/* Creates a joinable thread with every signal blocked, so handlers run on the application's threads. */
+/* Creates a joinable thread with every signal blocked, so handlers run on the application's
+ * threads. */
 static int gg__spawn(pthread_t *t, void *(*fn)(void *), void *arg, int nth) {
   if (atomic_load(&gg__fail_thread) == nth) return EAGAIN;
   return gg__thread_start(t, fn, arg, false);
@@ -475,10 +502,14 @@ static int gg__start(void) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0)
     return gg__err(GG_EIO, "gg_guard_create: cannot create the signal pipe: %s", strerror(errno));
-  /* Out of the way of code that closes or reuses low descriptors (daemonising, closerange(3, ...)). */
+  /* Out of the way of code that closes or reuses low descriptors (daemonising, closerange(3,
+   * ...)). */
   for (int k = 0; k < 2; k++) {
     int high = fcntl(fds[k], F_DUPFD_CLOEXEC, 512);
-    if (high >= 0) close(fds[k]), fds[k] = high;
+    if (high >= 0) {
+      close(fds[k]);
+      fds[k] = high;
+    }
   }
   fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK);
   /* Fresh in every fork generation: the parent's threads do not exist here. */
@@ -493,7 +524,9 @@ static int gg__start(void) {
   pthread_t wd, guard;
   int e = gg__spawn(&wd, gg__watchdog_main, NULL, 1);
   const char *which = "watchdog";
-  if (e == 0 && (e = gg__spawn(&guard, gg__guard_main, (void *)(intptr_t)fds[0], 2)) != 0) {
+  bool have_wd = e == 0;
+  if (have_wd) e = gg__spawn(&guard, gg__guard_main, (void *)(intptr_t)fds[0], 2);
+  if (have_wd && e != 0) {
     /* Trap: a watchdog left waiting here would sit on the lock and condition variable that the next
      * gg__start() initialises again. It is told to end and joined: nothing is left behind. */
     which = "guard";
@@ -504,10 +537,13 @@ static int gg__start(void) {
     pthread_join(wd, NULL);
   }
   if (e != 0) {
-    close(fds[0]), close(fds[1]);
-    return gg__err(GG_ENOMEM, "gg_guard_create: cannot start the %s thread: %s", which, strerror(e));
+    close(fds[0]);
+    close(fds[1]);
+    return gg__err(GG_ENOMEM, "gg_guard_create: cannot start the %s thread: %s", which,
+                   strerror(e));
   }
-  pthread_detach(wd), pthread_detach(guard);
+  pthread_detach(wd);
+  pthread_detach(guard);
   gg__sig.pipe_r = fds[0];
   atomic_store(&gg__sig.pipe_w, fds[1]);
   atomic_store(&gg__sig.pid, (int)getpid());
@@ -516,7 +552,7 @@ static int gg__start(void) {
   return 0;
 }
 
-/* ---- install and restore ------------------------------------------------------------------------------ */
+/* ---- install and restore --------------------------------------------------------------------- */
 
 static void gg__install(int i) {
   int sig = gg__sigs[i];
@@ -548,11 +584,12 @@ static bool gg__is_ours(const struct sigaction *sa) {
 static void gg__restore(int i) {
   struct sigaction cur;
   sigaction(gg__sigs[i], NULL, &cur);
-  if (gg__is_ours(&cur)) sigaction(gg__sigs[i], &gg__sig.old[i], NULL); /* else someone replaced ours */
+  /* else someone replaced ours */
+  if (gg__is_ours(&cur)) sigaction(gg__sigs[i], &gg__sig.old[i], NULL);
   gg__sig.installed[i] = false;
 }
 
-/* ---- fork (called by fork.c in the lock order) -------------------------------------------------------- */
+/* ---- fork (called by fork.c in the lock order) ----------------------------------------------- */
 
 static void gg__sig_fork_prepare(void) {
   pthread_mutex_lock(&gg__sig.lock);
@@ -590,7 +627,8 @@ int gg__sig_acquire(unsigned mask, gg__sig_teardown_fn on_signal) {
   atomic_store(&gg__sig.on_signal, on_signal);
   if (!gg__sig.started || gg__sig.gen != gg__fork_generation()) rc = gg__start();
   if (rc == 0) {
-    gg_guard_prepare_thread(); /* best effort: without it a stack overflow dies without the report */
+    /* best effort: without it a stack overflow dies without the report */
+    gg_guard_prepare_thread();
     for (int i = 0; i < GG__NSIGS; i++)
       if ((mask & (1u << i)) && (gg__sig.users[i]++ == 0 || !gg__sig.installed[i])) gg__install(i);
   }
@@ -601,7 +639,8 @@ int gg__sig_acquire(unsigned mask, gg__sig_teardown_fn on_signal) {
 void gg__sig_release(unsigned mask) {
   pthread_mutex_lock(&gg__sig.lock);
   for (int i = 0; i < GG__NSIGS; i++)
-    if ((mask & (1u << i)) && gg__sig.users[i] > 0 && --gg__sig.users[i] == 0 && gg__sig.installed[i])
+    if ((mask & (1u << i)) && gg__sig.users[i] > 0 && --gg__sig.users[i] == 0 &&
+        gg__sig.installed[i])
       gg__restore(i);
   pthread_mutex_unlock(&gg__sig.lock);
 }

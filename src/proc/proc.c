@@ -1,5 +1,6 @@
-/* proc.c — the child sets: spawning from a long-lived helper thread with race-free parent-death arming,
- * adopting, arming forked children, the subreaper switch, fork handling, and the fatal-path snapshot. */
+/* proc.c — the child sets: spawning from a long-lived helper thread with race-free parent-death
+ * arming, adopting, arming forked children, the subreaper switch, fork handling, and the fatal-path
+ * snapshot. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -22,7 +23,7 @@
 
 extern char **environ;
 
-/* ---- pidfd -------------------------------------------------------------------------------------------- */
+/* ---- pidfd ----------------------------------------------------------------------------------- */
 
 static atomic_bool gg__pidfd_off;
 
@@ -47,11 +48,12 @@ int gg__pidfd_signal(int pidfd, int sig) {
 #endif
 }
 
-/* ---- fatal-path snapshot ------------------------------------------------------------------------------ */
+/* ---- fatal-path snapshot --------------------------------------------------------------------- */
 
-/* A fixed array the fatal handler reads without locks: a crashed thread may hold any lock, and malloc
- * may be mid-update. Writers (under gg__lock) store pidfd and start before publishing pid; the handler
- * reads pid first. A slot freed while the handler reads it names another of our own children at worst. */
+/* A fixed array the fatal handler reads without locks: a crashed thread may hold any lock, and
+ * malloc may be mid-update. Writers (under gg__lock) store pidfd and start before publishing pid;
+ * the handler reads pid first. A slot freed while the handler reads it names another of our own
+ * children at worst. */
 #define GG__SNAP_MAX 512
 typedef struct gg__snap {
   atomic_int pid;
@@ -59,7 +61,8 @@ typedef struct gg__snap {
   atomic_ullong start;
 } gg__snap_t;
 static gg__snap_t gg__snap[GG__SNAP_MAX];
-static atomic_int gg__snap_owner; /* the pid whose children the slots hold: a forked child skips them */
+/* the pid whose children the slots hold: a forked child skips them */
+static atomic_int gg__snap_owner;
 
 static int gg__snap_claim(pid_t pid, int pidfd, unsigned long long start) {
   for (int i = 0; i < GG__SNAP_MAX; i++) {
@@ -87,7 +90,7 @@ static int gg__kill_known(pid_t pid, int pidfd, unsigned long long start) {
   return kill(pid, SIGKILL) == 0;
 }
 
-/* ---- a process group, only as far as it is ours ------------------------------------------------------ */
+/* ---- a process group, only as far as it is ours ---------------------------------------------- */
 
 typedef struct gg__group {
   pid_t pgrp, me;
@@ -123,9 +126,9 @@ int gg__proc_signal_group(pid_t pgrp, int sig) {
   return 1;
 }
 
-/* The group `pid` leads, when pid is still held by the process recorded with `start` (0: not recorded;
- * pid is then an unreaped child of ours, which cannot be reused). A reused pid has another start time,
- * and only the same process can still lead the group numbered after it. */
+/* The group `pid` leads, when pid is still held by the process recorded with `start` (0: not
+ * recorded; pid is then an unreaped child of ours, which cannot be reused). A reused pid has
+ * another start time, and only the same process can still lead the group numbered after it. */
 static void gg__fatal_group(pid_t pid, unsigned long long start) {
   gg__pinfo_t info;
   if (gg__proc_read_stat(pid, &info) == 0 && info.pgrp == pid && (!start || info.start == start))
@@ -147,12 +150,13 @@ static int gg__fatal_child(const gg__pinfo_t *info, void *user) {
 
 /* Trap: kill(-pgid) from here once reached whatever the group held, another user's process too (a
  * setuid program the job ran, or root's runner), and a group numbered after a leader whose pid was
- * reused. A pidfd names one process, never its group, so it cannot make kill(-pgid) exact by itself:
- * the leader is proven first (pidfd, or pid + start time re-read after the kill), then the group is
- * scanned in /proc (open/read/getdents64 only) and, when a member runs as another user, only our
- * members are signalled, one by one. */
+ * reused. A pidfd names one process, never its group, so it cannot make kill(-pgid) exact by
+ * itself: the leader is proven first (pidfd, or pid + start time re-read after the kill), then the
+ * group is scanned in /proc (open/read/getdents64 only) and, when a member runs as another user,
+ * only our members are signalled, one by one. */
 void gg__proc_fatal_kill(int sig, void *user) {
-  (void)sig, (void)user;
+  (void)sig;
+  (void)user;
   int saved = errno;
   pid_t me = getpid();
   if (atomic_load(&gg__snap_owner) == (int)me) {
@@ -169,7 +173,7 @@ void gg__proc_fatal_kill(int sig, void *user) {
   errno = saved;
 }
 
-/* ---- sets --------------------------------------------------------------------------------------------- */
+/* ---- sets ------------------------------------------------------------------------------------ */
 
 typedef struct gg__set {
   const void *key;
@@ -192,8 +196,8 @@ static void gg__kid_close(gg__kid_t *k) {
 
 static void gg__set_free(gg__set_t *s) {
   for (size_t i = 0; i < s->n; i++) {
-    /* A set inherited through fork: its pidfds were duplicated into us, its snapshot slots were cleared
-     * at fork, so only the descriptors are ours to close. */
+    /* A set inherited through fork: its pidfds were duplicated into us, its snapshot slots were
+     * cleared at fork, so only the descriptors are ours to close. */
     if (s->owner != getpid()) s->kids[i].slot = -1;
     gg__kid_close(&s->kids[i]);
   }
@@ -239,7 +243,10 @@ static bool gg__tracked_anywhere(pid_t pid, const gg__set_t **where) {
   for (const gg__set_t *s = gg__sets; s; s = s->next) {
     if (s->owner != getpid()) continue;
     for (size_t i = 0; i < s->n; i++)
-      if (s->kids[i].pid == pid) return (*where = s), true;
+      if (s->kids[i].pid == pid) {
+        *where = s;
+        return true;
+      }
   }
   return false;
 }
@@ -269,8 +276,12 @@ int gg__proc_track(const void *key, pid_t pid, int pidfd, unsigned long long sta
   return rc;
 }
 
-int gg__proc_detach(const void *key, gg__kid_t **kids, size_t *n, pid_t **others, size_t *n_others) {
-  *kids = NULL, *n = 0, *others = NULL, *n_others = 0;
+int gg__proc_detach(const void *key, gg__kid_t **kids, size_t *n, pid_t **others,
+                    size_t *n_others) {
+  *kids = NULL;
+  *n = 0;
+  *others = NULL;
+  *n_others = 0;
   pthread_mutex_lock(&gg__lock);
   gg__set_t *s = NULL;
   int rc = gg__set_find(key, false, "gg_proc_teardown", &s);
@@ -285,11 +296,17 @@ int gg__proc_detach(const void *key, gg__kid_t **kids, size_t *n, pid_t **others
         for (size_t i = 0; i < o->n; i++) (*others)[(*n_others)++] = o->kids[i].pid;
   }
   if (rc == 0 && s) {
-    *kids = s->kids, *n = s->n;
-    s->kids = NULL, s->n = s->cap = 0;
+    *kids = s->kids;
+    *n = s->n;
+    s->kids = NULL;
+    s->n = s->cap = 0;
   }
   pthread_mutex_unlock(&gg__lock);
-  if (rc != 0) free(*others), *others = NULL, *n_others = 0;
+  if (rc != 0) {
+    free(*others);
+    *others = NULL;
+    *n_others = 0;
+  }
   return rc;
 }
 
@@ -311,13 +328,14 @@ void gg__proc_forget_set(const void *guard_key) {
   pthread_mutex_unlock(&gg__lock);
 }
 
-/* ---- fork handling ------------------------------------------------------------------------------------ */
+/* ---- fork handling --------------------------------------------------------------------------- */
 
 static pid_t gg__forking_pid;    /* written by the parent just before fork() */
 static pid_t gg__parent_at_fork; /* in a forked image: who forked us (0 if this image was exec'd) */
 
 static pthread_mutex_t gg__sp_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t gg__sp_wake = PTHREAD_COND_INITIALIZER, gg__sp_done = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t gg__sp_wake = PTHREAD_COND_INITIALIZER,
+                      gg__sp_done = PTHREAD_COND_INITIALIZER;
 static pid_t gg__sp_owner; /* the process whose spawn thread runs; threads do not survive fork() */
 
 static void gg__proc_fork_prepare(void) {
@@ -355,9 +373,16 @@ static int gg__check_key(const void *key, const char *call) {
   return key && fn ? fn(key, call) : 0;
 }
 
-/* ---- the child side ----------------------------------------------------------------------------------- */
+/* ---- the child side -------------------------------------------------------------------------- */
 
-enum { GG__STEP_ARM = 1, GG__STEP_PGRP, GG__STEP_CWD, GG__STEP_STDIO, GG__STEP_EXEC, GG__STEP_PIDNS };
+enum {
+  GG__STEP_ARM = 1,
+  GG__STEP_PGRP,
+  GG__STEP_CWD,
+  GG__STEP_STDIO,
+  GG__STEP_EXEC,
+  GG__STEP_PIDNS
+};
 
 typedef struct gg__spawn_req {
   /* in */
@@ -390,7 +415,8 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
       }
     }
     /* Trap: the parent may die between fork() and prctl(). The expected parent was fixed before the
-     * fork; if getppid() differs after arming, the death signal was missed: deliver it ourselves. */
+     * fork; if getppid() differs after arming, the death signal was missed: deliver it
+     * ourselves. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) gg__child_fail(errfd, GG__STEP_ARM);
     if (getppid() != parent) kill(getpid(), SIGKILL);
   }
@@ -398,18 +424,23 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
   if (r->opts.cwd && chdir(r->opts.cwd) != 0) gg__child_fail(errfd, GG__STEP_CWD);
   /* Move sources above 2 first, so swapped or overlapping descriptors all land right. */
   int src[3] = {r->opts.stdin_fd, r->opts.stdout_fd, r->opts.stderr_fd};
-  for (int i = 0; i < 3; i++)
-    if (src[i] >= 0 && (src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3)) < 0)
-      gg__child_fail(errfd, GG__STEP_STDIO);
+  for (int i = 0; i < 3; i++) {
+    if (src[i] < 0) continue;
+    src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3);
+    if (src[i] < 0) gg__child_fail(errfd, GG__STEP_STDIO);
+  }
   for (int i = 0; i < 3; i++)
     if (src[i] >= 0 && dup2(src[i], i) < 0) gg__child_fail(errfd, GG__STEP_STDIO);
   if (r->opts.close_device_fds) gg__close_fds_matching("/dev/nvidia");
   /* Callers built before pid_ns passed a smaller size: they get the defaults (OFF). */
-  gg__pid_ns_child(r->opts.pid_ns, r->opts.pid_ns_grace_ms, r->opts.keep_ignored, errfd, GG__STEP_PIDNS);
+  gg__pid_ns_child(r->opts.pid_ns, r->opts.pid_ns_grace_ms, r->opts.keep_ignored, errfd,
+                   GG__STEP_PIDNS);
   /* The spawn thread blocks every signal and the program may have handlers or ignored signals: the
-   * child starts from the defaults and an empty mask (ignored ones kept when asked, as exec would). */
+   * child starts from the defaults and an empty mask (ignored ones kept when asked, as exec
+   * would). */
   for (int sig = 1; sig < NSIG; sig++)
-    if (sig != SIGKILL && sig != SIGSTOP && !(r->opts.keep_ignored && sig != SIGCHLD && gg__sig_ignored(sig)))
+    if (sig != SIGKILL && sig != SIGSTOP &&
+        !(r->opts.keep_ignored && sig != SIGCHLD && gg__sig_ignored(sig)))
       gg__sig_set_default(sig);
   sigset_t none;
   sigemptyset(&none);
@@ -422,7 +453,10 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
  * its own thread-local detail. */
 static void gg__do_spawn(gg__spawn_req_t *r) {
   int p[2];
-  r->pid = -1, r->pidfd = -1, r->step = 0, r->sys_errno = 0;
+  r->pid = -1;
+  r->pidfd = -1;
+  r->step = 0;
+  r->sys_errno = 0;
   if (pipe2(p, O_CLOEXEC) != 0) {
     r->sys_errno = errno;
     return;
@@ -445,7 +479,8 @@ static void gg__do_spawn(gg__spawn_req_t *r) {
   while (got < 0 && errno == EINTR);
   close(p[0]);
   if (got == (ssize_t)sizeof msg) { /* exec failed: the child wrote why and exits */
-    r->step = msg[0], r->sys_errno = msg[1];
+    r->step = msg[0];
+    r->sys_errno = msg[1];
     waitpid(pid, NULL, 0);
     if (r->pidfd >= 0) close(r->pidfd);
     r->pidfd = -1;
@@ -472,17 +507,18 @@ static void *gg__spawn_thread(void *arg) {
   return NULL;
 }
 
-/* Under gg__sp_lock. The thread lives as long as the process: PR_SET_PDEATHSIG fires when the thread
- * that forked the child exits, so it must never be a caller's short-lived thread. */
+/* Under gg__sp_lock. The thread lives as long as the process: PR_SET_PDEATHSIG fires when the
+ * thread that forked the child exits, so it must never be a caller's short-lived thread. */
 static int gg__spawn_thread_ensure(void) {
   if (gg__sp_owner == getpid()) return 0;
   int e = gg__thread_start(NULL, gg__spawn_thread, NULL, true);
-  if (e != 0) return gg__err(GG_EIO, "gg_proc_spawn: cannot start the spawn thread: %s", strerror(e));
+  if (e != 0)
+    return gg__err(GG_EIO, "gg_proc_spawn: cannot start the spawn thread: %s", strerror(e));
   gg__sp_owner = getpid();
   return 0;
 }
 
-/* ---- public ------------------------------------------------------------------------------------------- */
+/* ---- public ---------------------------------------------------------------------------------- */
 
 void gg_spawn_options_init(gg_spawn_options_t *opts) {
   if (!opts) return;
@@ -523,12 +559,14 @@ static int gg__resolve(const char *name, char *out, size_t cap) {
   return gg__err(GG_ENOTFOUND, "gg_proc_spawn: '%s' not found in PATH", name);
 }
 
-/* The child's environment, built here and given to execve(): the process environment is never written
- * (setenv() with threads running races with their getenv()). An environment the caller passed keeps its
- * own GPUGUARD_SESSION and gets ours only when it has none; an inherited one (environ) has ours in place
- * of any it carries (which may name a dead session this process did not join). */
+/* The child's environment, built here and given to execve(): the process environment is never
+ * written (setenv() with threads running races with their getenv()). An environment the caller
+ * passed keeps its own GPUGUARD_SESSION and gets ours only when it has none; an inherited one
+ * (environ) has ours in place of any it carries (which may name a dead session this process did not
+ * join). */
 static int gg__child_env(char *const *env, bool explicit_env, char ***out, char **owned) {
-  *out = NULL, *owned = NULL;
+  *out = NULL;
+  *owned = NULL;
   char session[40];
   gg_registry_session(session, sizeof session);
   if (!env || !session[0]) return 0;
@@ -541,35 +579,37 @@ static int gg__child_env(char *const *env, bool explicit_env, char ***out, char 
   size_t len = strlen(session) + 18;
   char *kv = malloc(len);
   if (!e || !kv) {
-    free(e), free(kv);
+    free(e);
+    free(kv);
     return gg__err(GG_ENOMEM, "gg_proc_spawn: out of host memory");
   }
   snprintf(kv, len, "GPUGUARD_SESSION=%s", session);
   for (size_t i = 0; i < n; i++)
     if (strncmp(env[i], "GPUGUARD_SESSION=", 17) != 0) e[kept++] = env[i];
-  e[kept] = kv, e[kept + 1] = NULL;
-  *out = e, *owned = kv;
+  e[kept] = kv;
+  e[kept + 1] = NULL;
+  *out = e;
+  *owned = kv;
   return 0;
 }
 
-int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_options_t *opts, pid_t *pid) {
-  if (pid) *pid = -1;
-  if (!argv || !argv[0] || !argv[0][0]) return gg__err(GG_EINVAL, "gg_proc_spawn: argv is NULL or empty");
-  gg__spawn_req_t r;
-  memset(&r, 0, sizeof r);
-  gg_spawn_options_init(&r.opts);
+/* The caller's options over the defaults, checked: a size from gg_spawn_options_init(), a pid_ns
+ * mode, a grace in range, descriptors that are open. */
+static int gg__spawn_options(const gg_spawn_options_t *opts, gg_spawn_options_t *out) {
+  gg_spawn_options_init(out);
   if (opts) {
     if (opts->size < offsetof(gg_spawn_options_t, stdin_fd) || opts->size > sizeof *opts)
-      return gg__err(GG_EINVAL, "gg_spawn_options_t.size is %zu: fill options with gg_spawn_options_init()",
+      return gg__err(GG_EINVAL,
+                     "gg_spawn_options_t.size is %zu: fill options with gg_spawn_options_init()",
                      opts->size);
-    memcpy(&r.opts, opts, opts->size);
+    memcpy(out, opts, opts->size);
   }
-  if (r.opts.pid_ns < GG_SPAWN_PID_NS_OFF || r.opts.pid_ns > GG_SPAWN_PID_NS_ON)
-    return gg__err(GG_EINVAL, "gg_proc_spawn: pid_ns %d is not a gg_spawn_pid_ns_t", r.opts.pid_ns);
-  if (r.opts.pid_ns_grace_ms < 0 || r.opts.pid_ns_grace_ms > GG_PROC_GRACE_MAX_MS)
-    return gg__err(GG_EINVAL, "gg_proc_spawn: pid_ns_grace_ms %d is outside 0..%d", r.opts.pid_ns_grace_ms,
-                   GG_PROC_GRACE_MAX_MS);
-  const int fds[3] = {r.opts.stdin_fd, r.opts.stdout_fd, r.opts.stderr_fd};
+  if (out->pid_ns < GG_SPAWN_PID_NS_OFF || out->pid_ns > GG_SPAWN_PID_NS_ON)
+    return gg__err(GG_EINVAL, "gg_proc_spawn: pid_ns %d is not a gg_spawn_pid_ns_t", out->pid_ns);
+  if (out->pid_ns_grace_ms < 0 || out->pid_ns_grace_ms > GG_PROC_GRACE_MAX_MS)
+    return gg__err(GG_EINVAL, "gg_proc_spawn: pid_ns_grace_ms %d is outside 0..%d",
+                   out->pid_ns_grace_ms, GG_PROC_GRACE_MAX_MS);
+  const int fds[3] = {out->stdin_fd, out->stdout_fd, out->stderr_fd};
   for (int i = 0; i < 3; i++)
     if (fds[i] < -1 || (fds[i] >= 0 && fcntl(fds[i], F_GETFD) < 0))
       return gg__err(GG_EINVAL, "gg_proc_spawn: %s descriptor %d is not open",
@@ -577,8 +617,58 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
                      : i == 1 ? "stdout"
                               : "stderr",
                      fds[i]);
+  return 0;
+}
+
+/* Hands the request to the spawn thread (started on first use) and waits until it is done. */
+static int gg__spawn_submit(gg__spawn_req_t *r) {
+  pthread_mutex_lock(&gg__sp_lock);
+  int rc = gg__spawn_thread_ensure();
+  if (rc == 0) {
+    r->next = NULL;
+    gg__spawn_req_t **tail = &gg__sp_queue;
+    while (*tail) tail = &(*tail)->next;
+    *tail = r;
+    pthread_cond_signal(&gg__sp_wake);
+    while (!r->done) pthread_cond_wait(&gg__sp_done, &gg__sp_lock);
+  }
+  pthread_mutex_unlock(&gg__sp_lock);
+  return rc;
+}
+
+/* The error for a child that could not start: the step it failed at and the system's reason. */
+static int gg__spawn_failed(const gg__spawn_req_t *r, const char *name, const char *path) {
+  int e = r->sys_errno;
+  if (r->step == GG__STEP_EXEC)
+    return gg__err(e == ENOENT || e == ENOTDIR ? GG_ENOTFOUND
+                   : e == EACCES || e == EPERM ? GG_EPERM
+                                               : GG_EIO,
+                   "gg_proc_spawn: cannot execute '%s': %s", path, strerror(e));
+  static const char *const steps[] = {
+      "fork",
+      "arm the death signal",
+      "make a process group",
+      "change directory",
+      "set up stdin/stdout/stderr",
+      "exec",
+      "enter a new PID namespace (gg_proc_pid_ns_probe() says why)"};
+  const char *what = r->step >= 0 && r->step < 7 ? steps[r->step] : "start";
+  return gg__err(GG_EIO, "gg_proc_spawn: '%s': child could not %s%s%s: %s", name, what,
+                 r->step == GG__STEP_CWD ? " to " : "", r->step == GG__STEP_CWD ? r->opts.cwd : "",
+                 strerror(e));
+}
+
+int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_options_t *opts,
+                  pid_t *pid) {
+  if (pid) *pid = -1;
+  if (!argv || !argv[0] || !argv[0][0])
+    return gg__err(GG_EINVAL, "gg_proc_spawn: argv is NULL or empty");
+  gg__spawn_req_t r;
+  memset(&r, 0, sizeof r);
+  int rc = gg__spawn_options(opts, &r.opts);
+  if (rc != 0) return rc;
   /* Refuse a dead guard or an inherited set before starting anything. */
-  int rc = gg__check_key(guard, "gg_proc_spawn");
+  rc = gg__check_key(guard, "gg_proc_spawn");
   if (rc != 0) return rc;
   gg__set_t *s = NULL;
   pthread_mutex_lock(&gg__lock);
@@ -587,9 +677,11 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
   if (rc != 0) return rc;
 
   char path[4096];
-  if ((rc = gg__resolve(argv[0], path, sizeof path)) != 0) return rc;
+  rc = gg__resolve(argv[0], path, sizeof path);
+  if (rc != 0) return rc;
   char **env = NULL, *kv = NULL;
-  if ((rc = gg__child_env(r.opts.env ? r.opts.env : environ, r.opts.env != NULL, &env, &kv)) != 0) return rc;
+  rc = gg__child_env(r.opts.env ? r.opts.env : environ, r.opts.env != NULL, &env, &kv);
+  if (rc != 0) return rc;
   r.path = path;
   r.argv = (char *const *)argv; /* execve's prototype predates const; it does not write */
   r.envp = env ? env : r.opts.env ? r.opts.env : environ;
@@ -600,42 +692,15 @@ int gg_proc_spawn(gg_guard_t *guard, const char *const argv[], const gg_spawn_op
   r.arm_delay_ms = 0;
 #endif
 
-  pthread_mutex_lock(&gg__sp_lock);
-  rc = gg__spawn_thread_ensure();
-  if (rc == 0) {
-    r.next = NULL;
-    gg__spawn_req_t **tail = &gg__sp_queue;
-    while (*tail) tail = &(*tail)->next;
-    *tail = &r;
-    pthread_cond_signal(&gg__sp_wake);
-    while (!r.done) pthread_cond_wait(&gg__sp_done, &gg__sp_lock);
-  }
-  pthread_mutex_unlock(&gg__sp_lock);
-  free(env), free(kv);
+  rc = gg__spawn_submit(&r);
+  free(env);
+  free(kv);
   if (rc != 0) return rc;
-
-  if (r.pid < 0) {
-    int e = r.sys_errno;
-    if (r.step == GG__STEP_EXEC)
-      return gg__err(e == ENOENT || e == ENOTDIR ? GG_ENOTFOUND
-                     : e == EACCES || e == EPERM ? GG_EPERM
-                                                 : GG_EIO,
-                     "gg_proc_spawn: cannot execute '%s': %s", path, strerror(e));
-    static const char *const steps[] = {"fork",
-                                        "arm the death signal",
-                                        "make a process group",
-                                        "change directory",
-                                        "set up stdin/stdout/stderr",
-                                        "exec",
-                                        "enter a new PID namespace (gg_proc_pid_ns_probe() says why)"};
-    const char *what = r.step >= 0 && r.step < 7 ? steps[r.step] : "start";
-    return gg__err(GG_EIO, "gg_proc_spawn: '%s': child could not %s%s%s: %s", argv[0], what,
-                   r.step == GG__STEP_CWD ? " to " : "", r.step == GG__STEP_CWD ? r.opts.cwd : "",
-                   strerror(e));
-  }
+  if (r.pid < 0) return gg__spawn_failed(&r, argv[0], path);
   gg__pinfo_t info;
   unsigned long long start = gg__proc_read_stat(r.pid, &info) == 0 ? info.start : 0;
-  if ((rc = gg__proc_track(guard, r.pid, r.pidfd, start, GG__FOUND_TRACKED)) != 0) {
+  rc = gg__proc_track(guard, r.pid, r.pidfd, start, GG__FOUND_TRACKED);
+  if (rc != 0) {
     /* Not tracked means not guarded: do not leave it running. */
     kill(r.pid, SIGKILL);
     waitpid(r.pid, NULL, 0);
@@ -650,7 +715,8 @@ int gg_proc_adopt(gg_guard_t *guard, pid_t pid) { return gg_proc_adopt_ex(guard,
 
 int gg_proc_adopt_ex(gg_guard_t *guard, pid_t pid, unsigned long long start_time) {
   if (pid <= 0)
-    return gg__err(GG_EINVAL, "gg_proc_adopt: pid %d is not a process (0 and -1 name groups)", (int)pid);
+    return gg__err(GG_EINVAL, "gg_proc_adopt: pid %d is not a process (0 and -1 name groups)",
+                   (int)pid);
   if (pid == 1) return gg__err(GG_EPERM, "gg_proc_adopt: pid 1 (init) is never adopted");
   if (pid == getpid()) return gg__err(GG_EINVAL, "gg_proc_adopt: pid %d is this process", (int)pid);
   int live = gg__check_key(guard, "gg_proc_adopt");
@@ -659,19 +725,23 @@ int gg_proc_adopt_ex(gg_guard_t *guard, pid_t pid, unsigned long long start_time
   gg__pinfo_t info;
   if (gg__proc_read_stat(pid, &info) != 0)
     return gg__err(GG_ENOTFOUND, "gg_proc_adopt: no process %d", (int)pid);
-  if (gg__proc_uid(pid, &uid) != 0) return gg__err(GG_ENOTFOUND, "gg_proc_adopt: no process %d", (int)pid);
+  if (gg__proc_uid(pid, &uid) != 0)
+    return gg__err(GG_ENOTFOUND, "gg_proc_adopt: no process %d", (int)pid);
   if (uid != getuid())
-    return gg__err(GG_EPERM, "gg_proc_adopt: process %d belongs to uid %u, not to us (%u)", (int)pid,
-                   (unsigned)uid, (unsigned)getuid());
+    return gg__err(GG_EPERM, "gg_proc_adopt: process %d belongs to uid %u, not to us (%u)",
+                   (int)pid, (unsigned)uid, (unsigned)getuid());
   if (info.state == 'Z' || info.state == 'X')
     return gg__err(GG_ENOTFOUND, "gg_proc_adopt: process %d has already exited", (int)pid);
   if (start_time && info.start != start_time)
-    return gg__err(GG_ENOTFOUND,
-                   "gg_proc_adopt: pid %d now names another process (start time %llu, expected %llu)",
-                   (int)pid, info.start, start_time);
+    return gg__err(
+        GG_ENOTFOUND,
+        "gg_proc_adopt: pid %d now names another process (start time %llu, expected %llu)",
+        (int)pid, info.start, start_time);
   int pidfd = gg__pidfd_open(pid);
-  if (pidfd < 0 && errno == ESRCH) return gg__err(GG_ENOTFOUND, "gg_proc_adopt: no process %d", (int)pid);
-  /* The pidfd names whatever held the pid when it was opened: confirm that is the process we read. */
+  if (pidfd < 0 && errno == ESRCH)
+    return gg__err(GG_ENOTFOUND, "gg_proc_adopt: no process %d", (int)pid);
+  /* The pidfd names whatever held the pid when it was opened: confirm that is the process we
+   * read. */
   gg__pinfo_t again;
   if (gg__proc_read_stat(pid, &again) != 0 || again.start != info.start ||
       (pidfd >= 0 && poll(&(struct pollfd){.fd = pidfd, .events = POLLIN}, 1, 0) > 0)) {
@@ -688,7 +758,8 @@ int gg_proc_adopt_ex(gg_guard_t *guard, pid_t pid, unsigned long long start_time
     if (pidfd >= 0) close(pidfd);
     if (rc != 0) return rc;
     if (where == mine) return 0;
-    return gg__err(GG_EINVAL, "gg_proc_adopt: process %d is already tracked by another guard", (int)pid);
+    return gg__err(GG_EINVAL, "gg_proc_adopt: process %d is already tracked by another guard",
+                   (int)pid);
   }
   return gg__proc_track(guard, pid, pidfd, info.start, GG__FOUND_TRACKED);
 }
@@ -701,19 +772,22 @@ int gg_proc_arm_child(void) {
   }
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
     return gg__err(GG_EIO, "gg_proc_arm_child: prctl(PR_SET_PDEATHSIG): %s", strerror(errno));
-  /* Armed first, checked second: a parent dying in between is seen here, one dying later by the kernel. */
+  /* Armed first, checked second: a parent dying in between is seen here, one dying later by the
+   * kernel. */
   if (getppid() != parent) kill(getpid(), SIGKILL);
   return 0;
 }
 
 int gg_proc_set_subreaper(int on) {
   if (prctl(PR_SET_CHILD_SUBREAPER, on ? 1 : 0) != 0)
-    return gg__err(GG_EIO, "gg_proc_set_subreaper: prctl(PR_SET_CHILD_SUBREAPER): %s", strerror(errno));
+    return gg__err(GG_EIO, "gg_proc_set_subreaper: prctl(PR_SET_CHILD_SUBREAPER): %s",
+                   strerror(errno));
   return 0;
 }
 
 int gg_proc_close_device_fds(void) {
   int n = gg__close_fds_matching("/dev/nvidia");
-  if (n < 0) return gg__err(GG_EIO, "gg_proc_close_device_fds: cannot read /proc/self/fd: %s", strerror(-n));
+  if (n < 0)
+    return gg__err(GG_EIO, "gg_proc_close_device_fds: cannot read /proc/self/fd: %s", strerror(-n));
   return n;
 }

@@ -1,7 +1,7 @@
 /* procfs.c — reading /proc: a process's identity (state, parent, group, start time), its owner and
  * command line, walking the process table, and closing descriptors by target path. Everything here
- * that the fatal path or a just-forked child uses is async-signal-safe: open/read/getdents64/readlink,
- * stack buffers, no malloc, no stdio, no locks. */
+ * that the fatal path or a just-forked child uses is async-signal-safe:
+ * open/read/getdents64/readlink, stack buffers, no malloc, no stdio, no locks. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -21,8 +21,10 @@ static void gg__proc_path(char *buf, size_t cap, pid_t pid, const char *leaf) {
   char digits[24];
   size_t n = 0, at = 0;
   unsigned long v = (unsigned long)pid;
-  do digits[n++] = (char)('0' + v % 10);
-  while ((v /= 10) && n < sizeof digits);
+  do {
+    digits[n++] = (char)('0' + v % 10);
+    v /= 10;
+  } while (v && n < sizeof digits);
   const char *pre = "/proc/";
   for (const char *p = pre; *p && at + 1 < cap; p++) buf[at++] = *p;
   while (n && at + 1 < cap) buf[at++] = digits[--n];
@@ -52,7 +54,10 @@ static long long gg__take_num(const char **p) {
   const char *s = *p;
   int neg = 0;
   long long v = 0;
-  if (*s == '-') neg = 1, s++;
+  if (*s == '-') {
+    neg = 1;
+    s++;
+  }
   while (*s >= '0' && *s <= '9') v = v * 10 + (*s++ - '0');
   while (*s && *s != ' ') s++; /* tolerate anything odd in a field we do not need */
   while (*s == ' ') s++;
@@ -100,7 +105,8 @@ int gg__proc_uid(pid_t pid, uid_t *uid) {
   if (len < 0) return (int)len;
   /* A plain scan rather than strstr(): the fatal path asks this too (async-signal-safe). */
   const char *line = buf;
-  while (*line && !(line[0] == '\n' && line[1] == 'U' && line[2] == 'i' && line[3] == 'd' && line[4] == ':'))
+  while (*line &&
+         !(line[0] == '\n' && line[1] == 'U' && line[2] == 'i' && line[3] == 'd' && line[4] == ':'))
     line++;
   if (!*line) return -EINVAL;
   const char *p = line + 5;
@@ -281,7 +287,8 @@ int gg__proc_walk(int (*fn)(const gg__pinfo_t *info, void *user), void *user) {
       gg__pinfo_t info;
       if (gg__parse_pid(d->d_name, &pid) != 0) continue;
       if (gg__proc_read_stat(pid, &info) != 0) continue; /* gone meanwhile */
-      if ((rc = fn(&info, user)) != 0) goto out;
+      rc = fn(&info, user);
+      if (rc != 0) goto out;
     }
   }
 out:
@@ -317,7 +324,8 @@ int gg__close_fds_matching(const char *prefix) {
 /* Pids holding an open descriptor whose link target is exactly `target` (not async-signal-safe: it
  * allocates). Only processes this user may inspect are seen (all of them for root). */
 int gg__scan_fd_holders(const char *proc_root, const char *target, int **pids, size_t *n) {
-  *pids = NULL, *n = 0;
+  *pids = NULL;
+  *n = 0;
   DIR *d = opendir(proc_root);
   if (!d) return gg__err(GG_EIO, "scanning %s: cannot open it", proc_root);
   size_t cap = 0;
@@ -351,7 +359,11 @@ int gg__scan_fd_holders(const char *proc_root, const char *target, int **pids, s
     (*pids)[(*n)++] = (int)pid;
   }
   closedir(d);
-  if (rc < 0) free(*pids), *pids = NULL, *n = 0;
+  if (rc < 0) {
+    free(*pids);
+    *pids = NULL;
+    *n = 0;
+  }
   return rc;
 }
 
@@ -383,7 +395,8 @@ int gg__proc_environ_get(pid_t pid, const char *name, char *buf, size_t cap) {
     if (rc == 0) break;
     memmove(chunk, chunk + start, have - start); /* keep the unfinished entry */
     have -= start;
-    if (have == sizeof chunk) { /* an entry longer than the buffer: not one we want; skip to its end */
+    /* an entry longer than the buffer: not one we want; skip to its end */
+    if (have == sizeof chunk) {
       have = 0;
       for (char c = 1; c != '\0';) {
         ssize_t k = read(fd, &c, 1);

@@ -1,6 +1,6 @@
-/* reap.c — ending processes named by pid and start time (what `gpuguard reap` lists): each checked and
- * held by pidfd right before the first signal, so that a pid reused since it was listed is never
- * signalled; TERM, a grace period, KILL. Only what is named: no descendants, no groups. */
+/* reap.c — ending processes named by pid and start time (what `gpuguard reap` lists): each checked
+ * and held by pidfd right before the first signal, so that a pid reused since it was listed is
+ * never signalled; TERM, a grace period, KILL. Only what is named: no descendants, no groups. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -22,7 +22,8 @@ static double gg__now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* Whether pid is this process or one of its ancestors (ending one would end the caller's own shell). */
+/* Whether pid is this process or one of its ancestors (ending one would end the caller's own
+ * shell). */
 static bool gg__is_ancestor(pid_t pid) {
   gg__pinfo_t info;
   pid_t p = getpid();
@@ -37,14 +38,16 @@ static bool gg__is_ancestor(pid_t pid) {
 /* A process of the batch, held from its check on. */
 typedef struct gg__victim {
   pid_t pid;
-  int pidfd; /* -1 without pidfd (old kernels): the pid and start time are checked before each signal */
+  /* -1 without pidfd (old kernels): the pid and start time are checked before each signal */
+  int pidfd;
   unsigned long long start;
   bool held, done;
 } gg__victim_t;
 
 /* Gone, or only a zombie (its parent, init, reaps it): ended either way. */
 static bool gg__gone(const gg__victim_t *v) {
-  if (v->pidfd >= 0 && poll(&(struct pollfd){.fd = v->pidfd, .events = POLLIN}, 1, 0) > 0) return true;
+  if (v->pidfd >= 0 && poll(&(struct pollfd){.fd = v->pidfd, .events = POLLIN}, 1, 0) > 0)
+    return true;
   gg__pinfo_t info;
   return gg__proc_read_stat(v->pid, &info) != 0 || info.start != v->start || info.state == 'Z' ||
          info.state == 'X';
@@ -64,29 +67,47 @@ static bool gg__take(pid_t pid, unsigned long long start, unsigned flags, gg__vi
   gg__pinfo_t info;
   uid_t uid;
   unsigned long long kflags = 0;
-  if (pid <= 1) return out->found = pid == 1 ? "pid 1 (init) is never ended" : "not a process id", false;
-  if (gg__is_ancestor(pid)) return out->found = "this process or one of its ancestors", false;
+  if (pid <= 1) {
+    out->found = pid == 1 ? "pid 1 (init) is never ended" : "not a process id";
+    return false;
+  }
+  if (gg__is_ancestor(pid)) {
+    out->found = "this process or one of its ancestors";
+    return false;
+  }
   if (gg__proc_read_stat(pid, &info) != 0 || gg__proc_uid(pid, &uid) != 0) {
     out->end = GG_PROC_ENDED;
-    return out->found = "gone before it was signalled", false;
+    out->found = "gone before it was signalled";
+    return false;
   }
-  out->ppid = info.ppid, out->start_time = info.start;
+  out->ppid = info.ppid;
+  out->start_time = info.start;
   gg__proc_cmdline(pid, out->command, sizeof out->command);
-  if (start == 0 || info.start != start) return out->found = "its pid now names another process", false;
-  if (gg__proc_flags(pid, &kflags) == 0 && (kflags & GG__PF_KTHREAD))
-    return out->found = "a kernel thread", false;
-  if (uid != getuid() && !((flags & GG_REAP_ALL_USERS) && geteuid() == 0))
-    return out->found = "another user's process", false;
+  if (start == 0 || info.start != start) {
+    out->found = "its pid now names another process";
+    return false;
+  }
+  if (gg__proc_flags(pid, &kflags) == 0 && (kflags & GG__PF_KTHREAD)) {
+    out->found = "a kernel thread";
+    return false;
+  }
+  if (uid != getuid() && !((flags & GG_REAP_ALL_USERS) && geteuid() == 0)) {
+    out->found = "another user's process";
+    return false;
+  }
   if (info.state == 'Z' || info.state == 'X') {
     out->end = GG_PROC_ENDED;
-    return out->found = "already exited (a zombie)", false;
+    out->found = "already exited (a zombie)";
+    return false;
   }
   int pidfd = gg__pidfd_open(pid);
   gg__pinfo_t again;
-  /* The pidfd names whatever held the pid when it was opened: confirm that is the process checked. */
+  /* The pidfd names whatever held the pid when it was opened: confirm that is the process
+   * checked. */
   if (gg__proc_read_stat(pid, &again) != 0 || again.start != start) {
     if (pidfd >= 0) close(pidfd);
-    return out->found = "its pid now names another process", false;
+    out->found = "its pid now names another process";
+    return false;
   }
   *v = (gg__victim_t){pid, pidfd, start, true, false};
   out->found = "named";
@@ -94,12 +115,15 @@ static bool gg__take(pid_t pid, unsigned long long start, unsigned flags, gg__vi
   return true;
 }
 
-int gg_reap(const int *pids, const unsigned long long *starts, size_t n, int grace_ms, unsigned flags,
-            gg_proc_outcome_t *out) {
-  if (n && (!pids || !starts || !out)) return gg__err(GG_EINVAL, "gg_reap: NULL arrays for %zu processes", n);
+int gg_reap(const int *pids, const unsigned long long *starts, size_t n, int grace_ms,
+            unsigned flags, gg_proc_outcome_t *out) {
+  if (n && (!pids || !starts || !out))
+    return gg__err(GG_EINVAL, "gg_reap: NULL arrays for %zu processes", n);
   if (grace_ms < 0 || grace_ms > GG_PROC_GRACE_MAX_MS)
-    return gg__err(GG_EINVAL, "gg_reap: grace_ms %d is not within 0..%d", grace_ms, GG_PROC_GRACE_MAX_MS);
-  if (flags & ~(unsigned)GG_REAP_ALL_USERS) return gg__err(GG_EINVAL, "gg_reap: unknown flags 0x%x", flags);
+    return gg__err(GG_EINVAL, "gg_reap: grace_ms %d is not within 0..%d", grace_ms,
+                   GG_PROC_GRACE_MAX_MS);
+  if (flags & ~(unsigned)GG_REAP_ALL_USERS)
+    return gg__err(GG_EINVAL, "gg_reap: unknown flags 0x%x", flags);
   gg__victim_t *v = calloc(n ? n : 1, sizeof *v);
   if (!v) return gg__err(GG_ENOMEM, "gg_reap: out of host memory");
   for (size_t i = 0; i < n; i++) {
@@ -121,9 +145,10 @@ int gg_reap(const int *pids, const unsigned long long *starts, size_t n, int gra
       size_t left = 0;
       for (size_t i = 0; i < n; i++) {
         if (!v[i].held || v[i].done) continue;
-        if (gg__gone(&v[i]))
-          v[i].done = true, out[i].end = GG_PROC_ENDED;
-        else
+        if (gg__gone(&v[i])) {
+          v[i].done = true;
+          out[i].end = GG_PROC_ENDED;
+        } else
           left++;
       }
       if (!left || gg__now_ms() >= deadline) break;
@@ -132,7 +157,8 @@ int gg_reap(const int *pids, const unsigned long long *starts, size_t n, int gra
     }
     if (phase == 1) break;
     for (size_t i = 0; i < n; i++)
-      if (v[i].held && !v[i].done && gg__send(&v[i], SIGKILL) == 0) out[i].sent |= GG_PROC_SENT_KILL;
+      if (v[i].held && !v[i].done && gg__send(&v[i], SIGKILL) == 0)
+        out[i].sent |= GG_PROC_SENT_KILL;
   }
   size_t alive = 0;
   for (size_t i = 0; i < n; i++) {

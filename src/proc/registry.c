@@ -1,5 +1,5 @@
-/* registry.c — the per-user session registry: a private directory with one record per guarded process,
- * written atomically, checked before it is trusted, and unlinked on every exit path. */
+/* registry.c — the per-user session registry: a private directory with one record per guarded
+ * process, written atomically, checked before it is trusted, and unlinked on every exit path. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -32,7 +32,8 @@ static char gg__role[16];
 static char gg__reg_path[PATH_MAX];
 static atomic_int gg__reg_owner;
 
-/* fork() while another thread holds the lock must not leave it held forever in the child (fork.c). */
+/* fork() while another thread holds the lock must not leave it held forever in the child
+ * (fork.c). */
 static void gg__registry_fork_prepare(void) { pthread_mutex_lock(&gg__reg_lock); }
 static void gg__registry_fork_parent(void) { pthread_mutex_unlock(&gg__reg_lock); }
 static void gg__registry_fork_child(void) { pthread_mutex_unlock(&gg__reg_lock); }
@@ -50,7 +51,8 @@ static int gg__reg_path_of(char *buf, size_t cap) {
   struct stat st;
   int n;
   if (env) {
-    /* "dir/" would make open(O_NOFOLLOW) follow a symlink at dir: the slash names what it points to. */
+    /* "dir/" would make open(O_NOFOLLOW) follow a symlink at dir: the slash names what it points
+     * to. */
     size_t len = strlen(env);
     while (len > 1 && env[len - 1] == '/') len--;
     n = snprintf(buf, cap, "%.*s", (int)len, env);
@@ -76,8 +78,9 @@ static int gg__reg_open(char *path, size_t cap, int *dfd) {
   if (fd < 0) {
     int e = errno;
     if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
-      return gg__err(GG_EPERM,
-                     "gg_registry_dir: '%s' is a symlink; refusing it (someone may have planted it)", path);
+      return gg__err(
+          GG_EPERM, "gg_registry_dir: '%s' is a symlink; refusing it (someone may have planted it)",
+          path);
     if (e == ENOTDIR) return gg__err(GG_EPERM, "gg_registry_dir: '%s' is not a directory", path);
     return gg__err(GG_EIO, "gg_registry_dir: cannot open '%s': %s", path, strerror(e));
   }
@@ -87,14 +90,16 @@ static int gg__reg_open(char *path, size_t cap, int *dfd) {
   }
   if (st.st_uid != geteuid()) {
     close(fd);
-    return gg__err(GG_EPERM, "gg_registry_dir: '%s' is owned by uid %u, not by us (%u); refusing it", path,
+    return gg__err(GG_EPERM,
+                   "gg_registry_dir: '%s' is owned by uid %u, not by us (%u); refusing it", path,
                    (unsigned)st.st_uid, (unsigned)geteuid());
   }
   if (st.st_mode & 077) {
     close(fd);
-    return gg__err(GG_EPERM,
-                   "gg_registry_dir: '%s' has mode %04o: group or others can reach it; it must be 0700", path,
-                   (unsigned)(st.st_mode & 07777));
+    return gg__err(
+        GG_EPERM,
+        "gg_registry_dir: '%s' has mode %04o: group or others can reach it; it must be 0700", path,
+        (unsigned)(st.st_mode & 07777));
   }
   *dfd = fd;
   return 0;
@@ -145,31 +150,42 @@ typedef struct gg__leader_find {
  * record of another pid namespace counts until proven dead) and, where we can see it, it runs as us
  * and is our ancestor. */
 static int gg__leader_one(int dfd, const char *name, const gg__rec_t *rec, void *user) {
-  (void)dfd, (void)name;
+  (void)dfd;
+  (void)name;
   gg__leader_find_t *f = user;
   const gg_session_record_t *r = &rec->r;
   if (r->stale || strcmp(r->role, "leader") != 0 || strcmp(r->session, f->session) != 0) return 0;
-  if (rec->foreign) return (f->found = true), 1; /* beyond our namespace: nothing more to check here */
+  /* beyond our namespace: nothing more to check here */
+  if (rec->foreign) {
+    f->found = true;
+    return 1;
+  }
   uid_t uid;
   if (gg__proc_uid(r->pid, &uid) != 0 || (uid != getuid() && uid != geteuid())) return 0;
-  /* Ours: the leader started us (an ancestor); a live session of somebody else's job is not joined. */
+  /* Ours: the leader started us (an ancestor); a live session of somebody else's job is not
+   * joined. */
   gg__pinfo_t info;
   pid_t p = getppid();
-  for (int depth = 0; depth < 64 && p > 0 && gg__proc_read_stat(p, &info) == 0; depth++, p = info.ppid)
-    if (p == r->pid && info.start == r->start_time) return (f->found = true), 1;
+  for (int depth = 0; depth < 64 && p > 0 && gg__proc_read_stat(p, &info) == 0;
+       depth++, p = info.ppid)
+    if (p == r->pid && info.start == r->start_time) {
+      f->found = true;
+      return 1;
+    }
   return 0;
 }
 
 /* Under gg__reg_lock: the session and role, decided once per process. A forked child (whose memory
- * holds its parent's decision) decides again: it finds the session in its environment and works for it.
- * An inherited session is joined only while its leader lives: a session id copied from a dead job (or
- * made up) would otherwise make this process look like that dead session's orphan to `reap`, which
- * would kill it; such a process leads a session of its own instead. */
+ * holds its parent's decision) decides again: it finds the session in its environment and works for
+ * it. An inherited session is joined only while its leader lives: a session id copied from a dead
+ * job (or made up) would otherwise make this process look like that dead session's orphan to
+ * `reap`, which would kill it; such a process leads a session of its own instead. */
 static pid_t gg__session_pid;
 static void gg__session_init(int dfd, const char *dir) {
   if (gg__session[0] && gg__session_pid == getpid()) return;
   gg__session_pid = getpid();
-  /* A forked child holds its parent's session in memory (the environment is never written: below). */
+  /* A forked child holds its parent's session in memory (the environment is never written:
+   * below). */
   char forked[sizeof gg__session];
   gg__strlcpy(forked, gg__session, sizeof forked);
   const char *inherited = forked[0] ? forked : gg__env("GPUGUARD_SESSION");
@@ -184,10 +200,10 @@ static void gg__session_init(int dfd, const char *dir) {
       gg__strlcpy(gg__role, "worker", sizeof gg__role);
       return;
     }
-    fprintf(
-        stderr,
-        "gpuguard: registry: GPUGUARD_SESSION=%s has no live leader here; starting a session of our own\n",
-        inherited);
+    fprintf(stderr,
+            "gpuguard: registry: GPUGUARD_SESSION=%s has no live leader here; starting a session "
+            "of our own\n",
+            inherited);
   }
   unsigned char raw[16];
   if (getrandom(raw, sizeof raw, GRND_NONBLOCK) != (ssize_t)sizeof raw) {
@@ -201,7 +217,8 @@ static void gg__session_init(int dfd, const char *dir) {
   for (size_t i = 0; i < sizeof raw; i++) snprintf(gg__session + 2 * i, 3, "%02x", raw[i]);
   gg__strlcpy(gg__role, "leader", sizeof gg__role);
   /* Not setenv(): it races with getenv() on every other thread (the C library's environment has no
-   * lock readers take). gg_proc_spawn() gives the id to its children in their own environment array. */
+   * lock readers take). gg_proc_spawn() gives the id to its children in their own environment
+   * array. */
 }
 
 /* Keeps a record one line per field: newlines and other control bytes in free text become '?'. */
@@ -213,8 +230,8 @@ static void gg__clean(char *dst, const char *src, size_t cap) {
 
 /* The PID namespaces this process started jobs in (gg_proc_spawn with pid_ns), written into its
  * record: a namespace made from ours is below ours, so all its processes are in our /proc while it
- * lives; one with none left, whose maker's record names it, has ended with its job (the kernel killed
- * every process of it at once, none could unlink its record). */
+ * lives; one with none left, whose maker's record names it, has ended with its job (the kernel
+ * killed every process of it at once, none could unlink its record). */
 static unsigned long long gg__jobns[GG__JOBNS_MAX];
 static size_t gg__n_jobns;
 static char gg__reg_devices[64];
@@ -256,13 +273,13 @@ int gg_registry_register(const char *devices) {
   gg__clean(dev, devices, sizeof dev);
   gg__proc_cmdline(me, cmd, sizeof cmd);
   gg__clean(cmd, cmd, sizeof cmd);
-  int len =
-      snprintf(text, sizeof text,
-               "gpuguard-record 2\npid %d\nstart %llu\nppid %d\nsession %s\nrole %s\ndevices %s\ncmd %s\n"
-               "pidns %llu\nhostpid %d\njobns %s\n",
-               (int)me, start, (int)getppid(), gg__session, gg__role, dev, cmd, ns, (int)outer, jobns);
-  /* Outside the initial pid namespace the record's name carries the namespace: pid 2 of one container
-   * and pid 2 of another are two processes, and two records. */
+  int len = snprintf(
+      text, sizeof text,
+      "gpuguard-record 2\npid %d\nstart %llu\nppid %d\nsession %s\nrole %s\ndevices %s\ncmd %s\n"
+      "pidns %llu\nhostpid %d\njobns %s\n",
+      (int)me, start, (int)getppid(), gg__session, gg__role, dev, cmd, ns, (int)outer, jobns);
+  /* Outside the initial pid namespace the record's name carries the namespace: pid 2 of one
+   * container and pid 2 of another are two processes, and two records. */
   if (ns && ns != GG__INIT_PIDNS_INO)
     snprintf(name, sizeof name, "%d.%llu.rec", (int)me, ns);
   else
@@ -275,7 +292,8 @@ int gg_registry_register(const char *devices) {
   if (fd >= 0) ok = (close(fd) == 0) && ok;
   ok = ok && renameat(dfd, tmp, dfd, name) == 0;
   if (!ok) {
-    rc = gg__err(GG_EIO, "gg_registry_register: cannot write '%s/%s': %s", dir, name, strerror(errno));
+    rc = gg__err(GG_EIO, "gg_registry_register: cannot write '%s/%s': %s", dir, name,
+                 strerror(errno));
     unlinkat(dfd, tmp, 0);
   } else {
     atomic_store(&gg__reg_owner, 0);
@@ -301,7 +319,8 @@ void gg__registry_note_job_ns(pid_t keeper) {
   if (n <= 0) return;
   link[n] = '\0';
   unsigned long long ns = 0;
-  if (sscanf(link, "pid:[%llu]", &ns) != 1 || ns == 0 || ns == gg__my_pidns()) return; /* none was made */
+  /* none was made */
+  if (sscanf(link, "pid:[%llu]", &ns) != 1 || ns == 0 || ns == gg__my_pidns()) return;
   pthread_mutex_lock(&gg__reg_lock);
   gg__jobns[gg__n_jobns++ % GG__JOBNS_MAX] = ns;
   bool registered = atomic_load(&gg__reg_owner) == (int)getpid();
@@ -322,7 +341,8 @@ int gg_registry_unregister(void) {
   if (atomic_load(&gg__reg_owner) == (int)getpid()) {
     atomic_store(&gg__reg_owner, 0);
     if (unlink(gg__reg_path) != 0 && errno != ENOENT)
-      rc = gg__err(GG_EIO, "gg_registry_unregister: cannot remove '%s': %s", gg__reg_path, strerror(errno));
+      rc = gg__err(GG_EIO, "gg_registry_unregister: cannot remove '%s': %s", gg__reg_path,
+                   strerror(errno));
   }
   pthread_mutex_unlock(&gg__reg_lock);
   return rc;
@@ -337,8 +357,8 @@ int gg_registry_session(char *buf, size_t cap) {
   return 0;
 }
 
-/* One warning per record name per process: a tool listing every second must not flood stderr. Past 64
- * names, one line says that the rest are skipped silently. */
+/* One warning per record name per process: a tool listing every second must not flood stderr. Past
+ * 64 names, one line says that the rest are skipped silently. */
 #define GG__WARN_MAX 64
 static char gg__warned[GG__WARN_MAX][64];
 static size_t gg__n_warned;
@@ -349,7 +369,8 @@ static void GG__PRINTF(2, 3) gg__warn(const char *name, const char *fmt, ...) {
     if (strncmp(gg__warned[i], name, sizeof gg__warned[0] - 1) == 0) return;
   if (gg__n_warned == GG__WARN_MAX) {
     if (!gg__warn_capped)
-      fprintf(stderr, "gpuguard: registry: more than %d bad entries; skipping the rest without a warning\n",
+      fprintf(stderr,
+              "gpuguard: registry: more than %d bad entries; skipping the rest without a warning\n",
               GG__WARN_MAX);
     gg__warn_capped = true;
     return;
@@ -378,13 +399,16 @@ static bool gg__parse_record(char *text, pid_t file_pid, gg__rec_t *rec) {
     if (sp) *sp = '\0';
     char *end = NULL;
     errno = 0;
-    if (!strcmp(line, "pid"))
-      v_pid = strtol(v, &end, 10), seen |= 1;
-    else if (!strcmp(line, "start"))
-      r->start_time = strtoull(v, &end, 10), seen |= 2;
-    else if (!strcmp(line, "ppid"))
-      v_ppid = strtol(v, &end, 10), seen |= 4;
-    else if (!strcmp(line, "pidns"))
+    if (!strcmp(line, "pid")) {
+      v_pid = strtol(v, &end, 10);
+      seen |= 1;
+    } else if (!strcmp(line, "start")) {
+      r->start_time = strtoull(v, &end, 10);
+      seen |= 2;
+    } else if (!strcmp(line, "ppid")) {
+      v_ppid = strtol(v, &end, 10);
+      seen |= 4;
+    } else if (!strcmp(line, "pidns"))
       rec->pidns = strtoull(v, &end, 10);
     else if (!strcmp(line, "hostpid"))
       v_host = strtol(v, &end, 10);
@@ -396,11 +420,13 @@ static bool gg__parse_record(char *text, pid_t file_pid, gg__rec_t *rec) {
         p = *end ? end + 1 : end;
       }
       end = NULL;
-    } else if (!strcmp(line, "session") && gg__session_ok(v))
-      gg__strlcpy(r->session, v, sizeof r->session), seen |= 8;
-    else if (!strcmp(line, "role") && (!strcmp(v, "leader") || !strcmp(v, "worker")))
-      gg__strlcpy(r->role, v, sizeof r->role), seen |= 16;
-    else if (!strcmp(line, "devices"))
+    } else if (!strcmp(line, "session") && gg__session_ok(v)) {
+      gg__strlcpy(r->session, v, sizeof r->session);
+      seen |= 8;
+    } else if (!strcmp(line, "role") && (!strcmp(v, "leader") || !strcmp(v, "worker"))) {
+      gg__strlcpy(r->role, v, sizeof r->role);
+      seen |= 16;
+    } else if (!strcmp(line, "devices"))
       gg__strlcpy(r->devices, v, sizeof r->devices);
     else if (!strcmp(line, "cmd"))
       gg__strlcpy(r->command, v, sizeof r->command);
@@ -408,14 +434,18 @@ static bool gg__parse_record(char *text, pid_t file_pid, gg__rec_t *rec) {
       return false;
     if (end && (*end || errno || end == v)) return false;
   }
-  /* Pids are ints: a value beyond one must not wrap onto another process (4294967297 is not pid 1). */
-  if (v_pid <= 0 || v_pid > INT_MAX || v_ppid < 0 || v_ppid > INT_MAX || v_host < 0 || v_host > INT_MAX)
+  /* Pids are ints: a value beyond one must not wrap onto another process (4294967297 is not pid
+   * 1). */
+  if (v_pid <= 0 || v_pid > INT_MAX || v_ppid < 0 || v_ppid > INT_MAX || v_host < 0 ||
+      v_host > INT_MAX)
     return false;
-  r->pid = (pid_t)v_pid, r->ppid = (pid_t)v_ppid, rec->hostpid = (pid_t)v_host;
+  r->pid = (pid_t)v_pid;
+  r->ppid = (pid_t)v_ppid;
+  rec->hostpid = (pid_t)v_host;
   return seen == 31 && r->pid == file_pid;
 }
 
-/* ---- judging a record from another pid namespace ------------------------------------------------------ */
+/* ---- judging a record from another pid namespace --------------------------------------------- */
 
 typedef struct gg__ns_look {
   const gg__rec_t *rec;
@@ -444,18 +474,19 @@ static int gg__ns_visit(const gg__pinfo_t *info, void *user) {
 /* A record written in another pid namespace names a pid of that namespace, which means nothing here
  * (a job in a container records pid 2; reading pid 2 here says "stale" and reap would kill the live
  * job). It is alive unless proven dead: found through the pid the writer saw in the
- * outermost namespace it could see, or proven dead when some process of its namespace is visible here
- * but none is the recorded one. A namespace none of whose processes we can see (a sibling container,
- * or one that is gone entirely) proves nothing: the record counts as alive and stays until it is
- * judged from its own namespace (or removed by hand). */
-/* Namespaces that records of our own namespace say their writers made (gg__reg_scan's first pass). */
+ * outermost namespace it could see, or proven dead when some process of its namespace is visible
+ * here but none is the recorded one. A namespace none of whose processes we can see (a sibling
+ * container, or one that is gone entirely) proves nothing: the record counts as alive and stays
+ * until it is judged from its own namespace (or removed by hand). */
+/* Namespaces that records of our own namespace say their writers made (gg__reg_scan's first
+ * pass). */
 typedef struct gg__made {
   unsigned long long ns[64];
   size_t n;
 } gg__made_t;
 
-static bool gg__foreign_stale(const gg__rec_t *rec, unsigned long long my_ns, const gg__made_t *made,
-                              bool *parent_alive) {
+static bool gg__foreign_stale(const gg__rec_t *rec, unsigned long long my_ns,
+                              const gg__made_t *made, bool *parent_alive) {
   *parent_alive = true; /* unknowable from here */
   gg__pinfo_t info;
   if (rec->hostpid > 0 && gg__proc_read_stat(rec->hostpid, &info) == 0 && info.state != 'Z' &&
@@ -464,10 +495,12 @@ static bool gg__foreign_stale(const gg__rec_t *rec, unsigned long long my_ns, co
   gg__ns_look_t l = {rec, false, false};
   if (gg__proc_walk(gg__ns_visit, &l) < 0) return false;
   if (l.seen_ns) return !l.alive;
-  /* Every process of a namespace made from ours is in our /proc (when that /proc is our namespace's:
-   * our own pid there is getpid()). One with no process left has ended, its job with it. */
+  /* Every process of a namespace made from ours is in our /proc (when that /proc is our
+   * namespace's: our own pid there is getpid()). One with no process left has ended, its job with
+   * it. */
   pid_t outer = 0, inner = 0;
-  if (!my_ns || !made || gg__proc_nspid(0, &outer, &inner, NULL) != 0 || outer != getpid()) return false;
+  if (!my_ns || !made || gg__proc_nspid(0, &outer, &inner, NULL) != 0 || outer != getpid())
+    return false;
   for (size_t k = 0; k < made->n; k++)
     if (made->ns[k] == rec->pidns) return true;
   return false;
@@ -478,10 +511,10 @@ static unsigned long long gg__my_pidns(void) {
   return gg__proc_pidns(0, &ns) == 0 ? ns : 0;
 }
 
-/* Reads and judges record `name` of dfd (written by pid `pid`): 0 when it is a valid record of ours,
- * -1 when it was skipped (with a warning naming `shown`, unless it vanished). */
-static int gg__reg_read(int dfd, const char *name, const char *shown, pid_t pid, unsigned long long my_ns,
-                        const gg__made_t *made, gg__rec_t *rec) {
+/* Reads and judges record `name` of dfd (written by pid `pid`): 0 when it is a valid record of
+ * ours, -1 when it was skipped (with a warning naming `shown`, unless it vanished). */
+static int gg__reg_read(int dfd, const char *name, const char *shown, pid_t pid,
+                        unsigned long long my_ns, const gg__made_t *made, gg__rec_t *rec) {
   int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno != ENOENT)
@@ -516,7 +549,8 @@ static int gg__reg_read(int dfd, const char *name, const char *shown, pid_t pid,
     r->parent_alive = parent_alive;
   } else {
     gg__pinfo_t info;
-    r->stale = gg__proc_read_stat(r->pid, &info) != 0 || info.start != r->start_time || info.state == 'Z';
+    r->stale =
+        gg__proc_read_stat(r->pid, &info) != 0 || info.start != r->start_time || info.state == 'Z';
     r->parent_alive = r->ppid > 0 && gg__proc_read_stat(r->ppid, &info) == 0 && info.state != 'Z';
   }
   return 0;
@@ -550,7 +584,8 @@ static void gg__made_scan(DIR *d, int dfd, unsigned long long my_ns, gg__made_t 
   }
 }
 
-/* The scan in progress's namespaces (under gg__reg_lock), for a callback that reads a record again. */
+/* The scan in progress's namespaces (under gg__reg_lock), for a callback that reads a record
+ * again. */
 static const gg__made_t *gg__scan_made;
 
 /* Under gg__reg_lock: reads every valid record in dfd; the rest is warned about and skipped. */
@@ -590,7 +625,8 @@ static int gg__reg_scan(int dfd, const char *call, const char *dir, gg__rec_fn f
       gg__warn(name, "its name says pid namespace %llu, its record %llu", ns, rec.pidns);
       continue;
     }
-    if ((rc = fn(dfd, name, &rec, user)) != 0) break;
+    rc = fn(dfd, name, &rec, user);
+    if (rc != 0) break;
   }
   gg__scan_made = NULL;
   closedir(d);
@@ -615,7 +651,8 @@ typedef struct gg__list {
 } gg__list_t;
 
 static int gg__list_one(int dfd, const char *name, const gg__rec_t *r, void *user) {
-  (void)dfd, (void)name;
+  (void)dfd;
+  (void)name;
   gg__list_t *l = user;
   if (l->n < l->cap) {
     l->rows[l->n] = r->r;
@@ -625,7 +662,8 @@ static int gg__list_one(int dfd, const char *name, const gg__rec_t *r, void *use
   return 0;
 }
 
-int gg__registry_list_ns(gg_session_record_t *rows, unsigned char *foreign, size_t cap, size_t *count) {
+int gg__registry_list_ns(gg_session_record_t *rows, unsigned char *foreign, size_t cap,
+                         size_t *count) {
   if (!count || (cap && !rows))
     return gg__err(GG_EINVAL, "gg_registry_list: NULL %s", count ? "rows" : "count");
   gg__list_t l = {rows, foreign, cap, 0};
@@ -656,9 +694,10 @@ static int gg__rename_noreplace(int dfd, const char *from, const char *to) {
 
 /* Trap: the record judged stale may be replaced before it is removed (its pid reused by a process
  * that registered since, renaming its fresh record over the name): unlinking by name would remove a
- * live record. So the file is first renamed to a name of our own, which atomically makes whatever is
- * there ours alone, and judged again there: still stale, it goes; live, it is put back under its name
- * unless a newer record took the name meanwhile (then that newer one is the process's record). */
+ * live record. So the file is first renamed to a name of our own, which atomically makes whatever
+ * is there ours alone, and judged again there: still stale, it goes; live, it is put back under its
+ * name unless a newer record took the name meanwhile (then that newer one is the process's
+ * record). */
 typedef struct gg__members {
   const char *session;
   bool found;
@@ -674,8 +713,8 @@ static int gg__member_visit(const gg__pinfo_t *info, void *user) {
   return m->found;
 }
 
-/* Whether a live process of ours still carries the session: then its dead leader's record is the proof
- * that it is an orphan (what `reap` goes by), and stays until the orphan is gone. */
+/* Whether a live process of ours still carries the session: then its dead leader's record is the
+ * proof that it is an orphan (what `reap` goes by), and stays until the orphan is gone. */
 static bool gg__session_has_members(const char *session) {
   gg__members_t m = {session, false};
   gg__proc_walk(gg__member_visit, &m);
@@ -684,14 +723,16 @@ static bool gg__session_has_members(const char *session) {
 
 static int gg__prune_one(int dfd, const char *name, const gg__rec_t *r, void *user) {
   if (!r->r.stale) return 0;
-  if (!r->foreign && strcmp(r->r.role, "leader") == 0 && gg__session_has_members(r->r.session)) return 0;
+  if (!r->foreign && strcmp(r->r.role, "leader") == 0 && gg__session_has_members(r->r.session))
+    return 0;
   void (*hook)(int, const char *) = atomic_load(&gg__prune_hook);
   if (hook) hook(dfd, name);
   char mine[96];
   snprintf(mine, sizeof mine, ".prune.%d.%s", (int)getpid(), name);
   if (renameat(dfd, name, dfd, mine) != 0) return 0; /* gone already */
   gg__rec_t again;
-  if (gg__reg_read(dfd, mine, name, r->r.pid, gg__my_pidns(), gg__scan_made, &again) == 0 && again.r.stale) {
+  if (gg__reg_read(dfd, mine, name, r->r.pid, gg__my_pidns(), gg__scan_made, &again) == 0 &&
+      again.r.stale) {
     if (unlinkat(dfd, mine, 0) == 0) ++*(size_t *)user;
   } else if (gg__rename_noreplace(dfd, mine, name) != 0) {
     unlinkat(dfd, mine, 0);

@@ -58,7 +58,8 @@ static gg__target_t *gg__add(gg__td_t *td) {
   td->t = t;
   t = &td->t[td->n++];
   memset(t, 0, sizeof *t);
-  t->kid.pidfd = -1, t->kid.slot = -1;
+  t->kid.pidfd = -1;
+  t->kid.slot = -1;
   return t;
 }
 
@@ -88,8 +89,8 @@ static bool gg__poll_exited(gg__target_t *t) {
   return t->exited;
 }
 
-/* kill(-pgrp) would reach every member, another user's too (root's teardown, or a setuid program in the
- * job's group). When a member is not ours, the group is not signalled as a whole: each
+/* kill(-pgrp) would reach every member, another user's too (root's teardown, or a setuid program in
+ * the job's group). When a member is not ours, the group is not signalled as a whole: each
  * member of ours is, and the receipt says so (GG_PROC_SENT_GROUP_FOREIGN). */
 static void gg__signal_group(pid_t pgrp, int sig, unsigned *sent) {
   if (gg__proc_signal_group(pgrp, sig) == 1) *sent |= GG_PROC_SENT_GROUP_FOREIGN;
@@ -101,12 +102,14 @@ void gg__proc_test_mute(bool on) { atomic_store(&gg__mute, on); }
 static void gg__send(gg__td_t *td, gg__target_t *t, int sig, unsigned flag) {
   if (t->skipped || t->exited || atomic_load(&gg__mute)) return;
   pid_t pid = t->kid.pid;
-  if (pid <= 1 || pid == td->me) return; /* never pid 0, 1, -1 or ourselves, whatever a record says */
+  /* never pid 0, 1, -1 or ourselves, whatever a record says */
+  if (pid <= 1 || pid == td->me) return;
   int ok;
   if (t->kid.pidfd >= 0) {
     ok = gg__pidfd_signal(t->kid.pidfd, sig) == 0;
   } else {
-    /* Without a pidfd there is a window between this check and kill(); it is as narrow as it can be. */
+    /* Without a pidfd there is a window between this check and kill(); it is as narrow as it can
+     * be. */
     if (!gg__same(t)) {
       t->exited = true;
       return;
@@ -115,16 +118,16 @@ static void gg__send(gg__td_t *td, gg__target_t *t, int sig, unsigned flag) {
   }
   if (!ok) return;
   t->out.sent |= flag;
-  /* Trap: killpg alone misses setsid'd grandchildren (they are found by the /proc walk instead), and a
-   * group id is only safe to signal while its leader's pid is still held, as it was just now, by the
-   * process we know (start time: a reused pid leads somebody else's group). */
+  /* Trap: killpg alone misses setsid'd grandchildren (they are found by the /proc walk instead),
+   * and a group id is only safe to signal while its leader's pid is still held, as it was just now,
+   * by the process we know (start time: a reused pid leads somebody else's group). */
   gg__pinfo_t info;
   if (gg__proc_read_stat(pid, &info) == 0 && info.pgrp == pid && pid != getpgrp() &&
       (!t->kid.start || info.start == t->kid.start))
     gg__signal_group(pid, sig, &t->out.sent);
 }
 
-/* ---- discovery: descendants, group members and (as subreaper) orphans of the targets ------------------ */
+/* ---- discovery: descendants, group members and (as subreaper) orphans of the targets --------- */
 
 typedef struct gg__walk {
   gg__td_t *td;
@@ -150,7 +153,8 @@ static int gg__consider(const gg__pinfo_t *p, void *user) {
   for (size_t i = 0; i < td->n_others; i++)
     if (td->others[i] == p->pid) return 0; /* another guard's child */
   if (p->state == 'Z' || p->state == 'X' || !gg__mine(p->pid)) return 0;
-  /* Open the pidfd first, then confirm the pid still names what we read: then the pidfd is exact. */
+  /* Open the pidfd first, then confirm the pid still names what we read: then the pidfd is
+   * exact. */
   int fd = gg__pidfd_open(p->pid);
   gg__pinfo_t again;
   if (gg__proc_read_stat(p->pid, &again) != 0 || again.start != p->start) {
@@ -163,8 +167,13 @@ static int gg__consider(const gg__pinfo_t *p, void *user) {
     td->err = GG_ENOMEM;
     return 1;
   }
-  t->kid.pid = p->pid, t->kid.pidfd = fd, t->kid.start = p->start, t->kid.found = found;
-  t->ppid = p->ppid, t->pgrp = p->pgrp, t->state = p->state;
+  t->kid.pid = p->pid;
+  t->kid.pidfd = fd;
+  t->kid.start = p->start;
+  t->kid.found = found;
+  t->ppid = p->ppid;
+  t->pgrp = p->pgrp;
+  t->state = p->state;
   w->added = true;
   return 0;
 }
@@ -207,7 +216,9 @@ static void gg__wait(gg__td_t *td, double deadline) {
 
 static void gg__conclude(gg__td_t *td, gg__target_t *t) {
   gg_proc_outcome_t *o = &t->out;
-  o->pid = t->kid.pid, o->ppid = t->ppid, o->start_time = t->kid.start;
+  o->pid = t->kid.pid;
+  o->ppid = t->ppid;
+  o->start_time = t->kid.start;
   o->found = gg__found_names[t->kid.found];
   if (t->skipped) {
     o->end = GG_PROC_SKIPPED;
@@ -220,8 +231,8 @@ static void gg__conclude(gg__td_t *td, gg__target_t *t) {
     o->state = gg__proc_read_stat(t->kid.pid, &info) == 0 ? info.state : '?';
     return;
   }
-  /* Reap our children. With a pidfd, waitid names exactly this process and says ECHILD when it is not
-   * our child; without one only a tracked child of ours is waited for by pid. */
+  /* Reap our children. With a pidfd, waitid names exactly this process and says ECHILD when it is
+   * not our child; without one only a tracked child of ours is waited for by pid. */
   siginfo_t si;
   memset(&si, 0, sizeof si);
   int r = -1;
@@ -249,8 +260,11 @@ static int gg__take_tracked(gg__td_t *td, const void *key, gg__kid_t *kids, size
     }
     t->kid = kids[i];
     gg__pinfo_t info;
-    if (gg__proc_read_stat(t->kid.pid, &info) == 0)
-      t->ppid = info.ppid, t->pgrp = info.pgrp, t->state = info.state;
+    if (gg__proc_read_stat(t->kid.pid, &info) == 0) {
+      t->ppid = info.ppid;
+      t->pgrp = info.pgrp;
+      t->state = info.state;
+    }
     /* Trap: persisted pids get reused. A record whose pid now names another process (other start
      * time) or another user's is reported and never signalled. */
     if (t->kid.pidfd < 0) {
@@ -288,8 +302,8 @@ static void gg__kill_rest(gg__td_t *td) {
   gg__wait(td, gg__now_ms() + GG__KILL_WAIT_MS);
 }
 
-/* Phase 4: reap and conclude each target; those still alive are kept in the set for the next teardown
- * and the fatal path, not forgotten. Returns how many are alive. */
+/* Phase 4: reap and conclude each target; those still alive are kept in the set for the next
+ * teardown and the fatal path, not forgotten. Returns how many are alive. */
 static size_t gg__conclude_all(gg__td_t *td, const void *key) {
   size_t alive = 0;
   for (size_t i = 0; i < td->n; i++) {
@@ -317,7 +331,9 @@ static int gg__make_receipt(const gg__td_t *td, size_t alive, int grace_ms, doub
   }
   r->count = td->n;
   for (size_t i = 0; i < td->n; i++) r->procs[i] = td->t[i].out;
-  r->n_alive = alive, r->grace_ms = grace_ms, r->elapsed_ms = gg__now_ms() - t0;
+  r->n_alive = alive;
+  r->grace_ms = grace_ms;
+  r->elapsed_ms = gg__now_ms() - t0;
   *out = r;
   return 0;
 }
@@ -328,18 +344,20 @@ static int gg__alive_error(const gg__td_t *td, size_t alive) {
   size_t at = 0;
   for (size_t i = 0; i < td->n && at + 12 < sizeof states; i++)
     if (td->t[i].out.end == GG_PROC_ALIVE)
-      at += (size_t)snprintf(states + at, sizeof states - at, "%s%d:%c", at ? " " : "", (int)td->t[i].kid.pid,
-                             td->t[i].out.state);
-  return gg__err(GG_ETIMEDOUT,
-                 "gg_proc_teardown: %zu process(es) still alive %.0f ms after SIGKILL (pid:state %s); "
-                 "kept for the next teardown",
-                 alive, (double)GG__KILL_WAIT_MS, states);
+      at += (size_t)snprintf(states + at, sizeof states - at, "%s%d:%c", at ? " " : "",
+                             (int)td->t[i].kid.pid, td->t[i].out.state);
+  return gg__err(
+      GG_ETIMEDOUT,
+      "gg_proc_teardown: %zu process(es) still alive %.0f ms after SIGKILL (pid:state %s); "
+      "kept for the next teardown",
+      alive, (double)GG__KILL_WAIT_MS, states);
 }
 
 int gg__proc_teardown_set(const void *guard_key, int grace_ms, gg_proc_receipt_t **receipt) {
   if (receipt) *receipt = NULL;
   if (grace_ms < 0 || grace_ms > GG__GRACE_MAX_MS)
-    return gg__err(GG_EINVAL, "gg_proc_teardown: grace_ms %d is outside 0..%d", grace_ms, GG__GRACE_MAX_MS);
+    return gg__err(GG_EINVAL, "gg_proc_teardown: grace_ms %d is outside 0..%d", grace_ms,
+                   GG__GRACE_MAX_MS);
   double t0 = gg__now_ms();
   gg__kid_t *kids;
   size_t nkids;
@@ -351,11 +369,13 @@ int gg__proc_teardown_set(const void *guard_key, int grace_ms, gg_proc_receipt_t
   int sub = 0;
   /* The orphan sweep belongs to the process's own set, or to a set that had children of its own: a
    * guard that never spawned anything must not end the application's other children. */
-  td.subreaper = prctl(PR_GET_CHILD_SUBREAPER, &sub) == 0 && sub && (nkids > 0 || guard_key == NULL);
+  td.subreaper =
+      prctl(PR_GET_CHILD_SUBREAPER, &sub) == 0 && sub && (nkids > 0 || guard_key == NULL);
   rc = gg__take_tracked(&td, guard_key, kids, nkids);
   free(kids);
   if (rc == 0) rc = gg__discover(&td);
-  if (rc != 0 && rc != GG_ENOMEM) rc = 0; /* /proc unreadable: the tracked set still gets its signals */
+  /* /proc unreadable: the tracked set still gets its signals */
+  if (rc != 0 && rc != GG_ENOMEM) rc = 0;
   td.err = 0;
   gg__term_and_wait(&td, grace_ms, t0);
   gg__kill_rest(&td);
@@ -370,7 +390,9 @@ int gg__proc_teardown_set(const void *guard_key, int grace_ms, gg_proc_receipt_t
   return rc;
 }
 
-int gg_proc_teardown(gg_guard_t *guard, int grace_ms) { return gg__proc_teardown_set(guard, grace_ms, NULL); }
+int gg_proc_teardown(gg_guard_t *guard, int grace_ms) {
+  return gg__proc_teardown_set(guard, grace_ms, NULL);
+}
 
 int gg_proc_teardown_ex(gg_guard_t *guard, int grace_ms, gg_proc_receipt_t **receipt) {
   if (!receipt) return gg__err(GG_EINVAL, "gg_proc_teardown_ex: receipt is NULL");
@@ -383,7 +405,7 @@ void gg_proc_receipt_free(gg_proc_receipt_t *receipt) {
   free(receipt);
 }
 
-/* ---- JSON --------------------------------------------------------------------------------------------- */
+/* ---- JSON ------------------------------------------------------------------------------------ */
 
 typedef struct gg__out {
   char *buf;
@@ -415,17 +437,19 @@ int gg_proc_receipt_json(const gg_proc_receipt_t *receipt, char *buf, size_t cap
   if (!buf) cap = 0;
   gg__out_t o = {buf, cap, 0};
   static const char *const ends[] = {"exited", "signaled", "ended", "alive", "skipped"};
-  gg__putf(&o, "{\"grace_ms\":%d,\"elapsed_ms\":%.1f,\"alive\":%zu,\"processes\":[", receipt->grace_ms,
-           receipt->elapsed_ms, receipt->n_alive);
+  gg__putf(&o, "{\"grace_ms\":%d,\"elapsed_ms\":%.1f,\"alive\":%zu,\"processes\":[",
+           receipt->grace_ms, receipt->elapsed_ms, receipt->n_alive);
   for (size_t i = 0; i < receipt->count; i++) {
     const gg_proc_outcome_t *p = &receipt->procs[i];
-    gg__putf(&o, "%s{\"pid\":%d,\"ppid\":%d,\"start_time\":%llu,\"command\":", i ? "," : "", (int)p->pid,
-             (int)p->ppid, p->start_time);
+    gg__putf(&o, "%s{\"pid\":%d,\"ppid\":%d,\"start_time\":%llu,\"command\":", i ? "," : "",
+             (int)p->pid, (int)p->ppid, p->start_time);
     gg__put_str(&o, p->command);
     gg__put(&o, ",\"found\":", 9);
     gg__put_str(&o, p->found ? p->found : "tracked");
     gg__putf(&o, ",\"sent\":[%s%s%s%s%s]", p->sent & GG_PROC_SENT_TERM ? "\"TERM\"" : "",
-             (p->sent & GG_PROC_SENT_TERM) && (p->sent & (GG_PROC_SENT_CONT | GG_PROC_SENT_KILL)) ? "," : "",
+             (p->sent & GG_PROC_SENT_TERM) && (p->sent & (GG_PROC_SENT_CONT | GG_PROC_SENT_KILL))
+                 ? ","
+                 : "",
              p->sent & GG_PROC_SENT_CONT ? "\"CONT\"" : "",
              (p->sent & GG_PROC_SENT_CONT) && (p->sent & GG_PROC_SENT_KILL) ? "," : "",
              p->sent & GG_PROC_SENT_KILL ? "\"KILL\"" : "");
@@ -443,7 +467,8 @@ int gg_proc_receipt_json(const gg_proc_receipt_t *receipt, char *buf, size_t cap
   if (cap) buf[o.len < cap ? o.len : cap - 1] = '\0';
   if (len) *len = o.len;
   if (o.len >= cap)
-    return gg__err(GG_ENOMEM, "gg_proc_receipt_json: needs %zu bytes and a NUL, buffer has %zu", o.len, cap);
+    return gg__err(GG_ENOMEM, "gg_proc_receipt_json: needs %zu bytes and a NUL, buffer has %zu",
+                   o.len, cap);
   return 0;
 }
 

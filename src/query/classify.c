@@ -1,7 +1,8 @@
 /* classify.c — for a process no gpuguard session owns: a stranded worker (started as a worker by a
- * parent that is gone) or a detached program (its parent went away on purpose), with the evidence in
- * words. Only evidence moves a process out of "unknown"; a claim a process can make about itself for
- * free (its command line) counts only when the program is what the claim says (a Python interpreter). */
+ * parent that is gone) or a detached program (its parent went away on purpose), with the evidence
+ * in words. Only evidence moves a process out of "unknown"; a claim a process can make about itself
+ * for free (its command line) counts only when the program is what the claim says (a Python
+ * interpreter). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,7 +15,10 @@
 static void GG__PRINTF(3, 4) gg__why_add(char *why, size_t cap, const char *fmt, ...) {
   size_t len = strlen(why);
   if (len + 3 >= cap) return;
-  if (len) memcpy(why + len, "; ", 3), len += 2;
+  if (len) {
+    memcpy(why + len, "; ", 3);
+    len += 2;
+  }
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(why + len, cap - len, fmt, ap);
@@ -33,7 +37,8 @@ static bool gg__is_python(pid_t pid) {
 /* The arguments of a raw command line: pointers into buf, up to cap of them. */
 static int gg__split_argv(char *buf, ssize_t len, const char **args, int cap) {
   int n = 0;
-  for (ssize_t at = 0; at < len && n < cap; at += (ssize_t)strlen(buf + at) + 1) args[n++] = buf + at;
+  for (ssize_t at = 0; at < len && n < cap; at += (ssize_t)strlen(buf + at) + 1)
+    args[n++] = buf + at;
   return n;
 }
 
@@ -43,7 +48,8 @@ static bool gg__ends_with(const char *s, const char *tail) {
 }
 
 /* What a Python command line says the process is, from the exact forms the libraries start workers
- * with (not a word anywhere on the line: `grep multiprocessing.spawn` is no worker); NULL for none. */
+ * with (not a word anywhere on the line: `grep multiprocessing.spawn` is no worker); NULL for
+ * none. */
 static const char *gg__worker_argv(const char **args, int n) {
   if (n > 0 && strncmp(args[0], "ray::", 5) == 0) return "a Ray worker (its title ray::...)";
   for (int i = 1; i < n; i++) {
@@ -52,7 +58,8 @@ static const char *gg__worker_argv(const char **args, int n) {
         strncmp(next, "from multiprocessing.spawn import spawn_main", 44) == 0 &&
         strcmp(args[n - 1], "--multiprocessing-fork") == 0)
       return "a multiprocessing spawn child (spawn_main --multiprocessing-fork)";
-    if (strcmp(args[i], "-c") == 0 && strncmp(next, "from multiprocessing.forkserver import main", 43) == 0)
+    if (strcmp(args[i], "-c") == 0 &&
+        strncmp(next, "from multiprocessing.forkserver import main", 43) == 0)
       return "a multiprocessing forkserver, or a worker it forked";
     if (strcmp(args[i], "-m") == 0 && gg__ends_with(next, "loky.backend.popen_loky_posix"))
       return "a joblib/loky worker (-m ...popen_loky_posix)";
@@ -72,8 +79,8 @@ typedef struct gg__sib {
 /* Another process forked the same way: same user, group, session, new parent and command line. */
 static int gg__sib_visit(const gg__pinfo_t *info, void *user) {
   gg__sib_t *s = user;
-  if (info->pid == s->self || info->ppid != s->ppid || info->pgrp != s->pgrp || info->sid != s->sid ||
-      info->pid == info->pgrp)
+  if (info->pid == s->self || info->ppid != s->ppid || info->pgrp != s->pgrp ||
+      info->sid != s->sid || info->pid == info->pgrp)
     return 0;
   uid_t uid;
   char argv[4096];
@@ -83,19 +90,22 @@ static int gg__sib_visit(const gg__pinfo_t *info, void *user) {
   return 0;
 }
 
-/* Worker evidence: 0 none, 1 a worker, 2 a worker only a Python launcher starts (torchrun's agent). From
- * the command line of a Python worker, DataLoader's thread name, a launcher's
+/* Worker evidence: 0 none, 1 a worker, 2 a worker only a Python launcher starts (torchrun's agent).
+ * From the command line of a Python worker, DataLoader's thread name, a launcher's
  * environment, or fork siblings (several Python processes of one group with one command line, all
  * left to the same reaper: a multiprocessing pool forked by a parent that is gone). */
-static int gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, bool parent_gone, char *why,
-                               size_t cap) {
+static int gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, bool parent_gone,
+                               char *why, size_t cap) {
   char argv[4096], comm[64], val[64];
   ssize_t len = gg__proc_argv(row->pid, argv, sizeof argv);
   const char *args[64];
   int n = len > 0 ? gg__split_argv(argv, len, args, 64) : 0;
   bool python = gg__is_python(row->pid);
   const char *kind = gg__worker_argv(args, n);
-  if (kind && python) return gg__why_add(why, cap, "%s", kind), 1;
+  if (kind && python) {
+    gg__why_add(why, cap, "%s", kind);
+    return 1;
+  }
   if (gg__proc_comm(row->pid, comm, sizeof comm) == 0 &&
       (strcmp(comm, "pt_data_worker") == 0 || strncmp(comm, "ray::", 5) == 0)) {
     if (python) {
@@ -131,7 +141,8 @@ static int gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, b
   return 0;
 }
 
-/* Reapers a process is handed to when its parent dies, as PID 1: init systems and container inits. */
+/* Reapers a process is handed to when its parent dies, as PID 1: init systems and container
+ * inits. */
 static bool gg__is_init(const char *comm) {
   static const char *const inits[] = {"systemd",   "init",      "tini",  "dumb-init", "docker-init",
                                       "catatonit", "s6-svscan", "runit", "runsvdir",  "launchd"};
@@ -143,26 +154,40 @@ static bool gg__is_init(const char *comm) {
 bool gg__parent_gone(const gg_process_t *row, const gg__pinfo_t *st, char *why, size_t cap) {
   gg__pinfo_t parent;
   char comm[64] = "?";
-  if (st->ppid <= 0) return gg__why_add(why, cap, "no parent in this PID namespace"), true;
-  if (gg__proc_read_stat(st->ppid, &parent) != 0)
-    return gg__why_add(why, cap, "its parent %d is gone", (int)st->ppid), true;
+  if (st->ppid <= 0) {
+    gg__why_add(why, cap, "no parent in this PID namespace");
+    return true;
+  }
+  if (gg__proc_read_stat(st->ppid, &parent) != 0) {
+    gg__why_add(why, cap, "its parent %d is gone", (int)st->ppid);
+    return true;
+  }
   gg__proc_comm(st->ppid, comm, sizeof comm);
-  if (parent.state == 'Z' || parent.state == 'X')
-    return gg__why_add(why, cap, "its parent %d has exited", (int)st->ppid), true;
-  if (parent.start > row->start_time)
-    return gg__why_add(why, cap, "its parent %d started after it (the pid was reused)", (int)st->ppid), true;
-  /* PID 1 is a reaper (an init system, a container's init), unless it started this process itself: it
-   * runs in PID 1's session, or PID 1 is a Python launcher (torchrun as a container's PID 1) and the
-   * process leads its own session as launchers start ranks. */
+  if (parent.state == 'Z' || parent.state == 'X') {
+    gg__why_add(why, cap, "its parent %d has exited", (int)st->ppid);
+    return true;
+  }
+  if (parent.start > row->start_time) {
+    gg__why_add(why, cap, "its parent %d started after it (the pid was reused)", (int)st->ppid);
+    return true;
+  }
+  /* PID 1 is a reaper (an init system, a container's init), unless it started this process itself:
+   * it runs in PID 1's session, or PID 1 is a Python launcher (torchrun as a container's PID 1) and
+   * the process leads its own session as launchers start ranks. */
   if (st->ppid == 1 &&
-      (gg__is_init(comm) || (parent.sid != st->sid && (!gg__is_python(1) || st->sid != st->pid))))
-    return gg__why_add(why, cap, "its parent is gone (reparented to PID 1, %s)", comm), true;
+      (gg__is_init(comm) || (parent.sid != st->sid && (!gg__is_python(1) || st->sid != st->pid)))) {
+    gg__why_add(why, cap, "its parent is gone (reparented to PID 1, %s)", comm);
+    return true;
+  }
   /* A child stays in its parent's session unless it calls setsid(), which makes it the leader: in
-   * another session without leading one, it was handed to this parent (a subreaper) by a dead one. */
-  if (parent.sid != st->sid && st->sid != st->pid)
-    return gg__why_add(why, cap, "its parent is gone (reparented to %d, %s, a subreaper in another session)",
-                       (int)st->ppid, comm),
-           true;
+   * another session without leading one, it was handed to this parent (a subreaper) by a dead
+   * one. */
+  if (parent.sid != st->sid && st->sid != st->pid) {
+    gg__why_add(why, cap,
+                "its parent is gone (reparented to %d, %s, a subreaper in another session)",
+                (int)st->ppid, comm);
+    return true;
+  }
   return false;
 }
 
@@ -176,7 +201,8 @@ static bool gg__under_multiplexer(pid_t pid, char *why, size_t cap) {
   for (int depth = 0; depth < 64 && pid > 1 && gg__proc_read_stat(pid, &info) == 0; depth++) {
     char comm[64];
     if (gg__proc_comm(pid, comm, sizeof comm) == 0 &&
-        (strncmp(comm, "tmux", 4) == 0 || strcmp(comm, "screen") == 0 || strcmp(comm, "SCREEN") == 0)) {
+        (strncmp(comm, "tmux", 4) == 0 || strcmp(comm, "screen") == 0 ||
+         strcmp(comm, "SCREEN") == 0)) {
       gg__why_add(why, cap, "in a %s session (%d)", comm[0] == 't' ? "tmux" : "screen", (int)pid);
       return true;
     }
@@ -186,22 +212,33 @@ static bool gg__under_multiplexer(pid_t pid, char *why, size_t cap) {
 }
 
 /* Signs that a process was left running on purpose, for one whose parent is gone. */
-static bool gg__detached_evidence(const gg_process_t *row, const gg__pinfo_t *st, char *why, size_t cap) {
+static bool gg__detached_evidence(const gg_process_t *row, const gg__pinfo_t *st, char *why,
+                                  size_t cap) {
   bool any = false;
   pid_t outer, inner;
   int levels = 0;
-  if (gg__proc_nspid(row->pid, &outer, &inner, &levels) == 0 && levels > 1 && inner == 1)
-    gg__why_add(why, cap, "PID 1 of its own PID namespace (a container's init)"), any = true;
+  if (gg__proc_nspid(row->pid, &outer, &inner, &levels) == 0 && levels > 1 && inner == 1) {
+    gg__why_add(why, cap, "PID 1 of its own PID namespace (a container's init)");
+    any = true;
+  }
   unsigned long long ign = 0;
   if (gg__proc_sigign(row->pid, &ign) == 0 && (ign & 1ULL)) /* bit 0: SIGHUP */
-    gg__why_add(why, cap, "ignores SIGHUP (nohup)"), any = true;
-  if (st->sid == st->pid) gg__why_add(why, cap, "leads its own session (setsid, a daemon)"), any = true;
+  {
+    gg__why_add(why, cap, "ignores SIGHUP (nohup)");
+    any = true;
+  }
+  if (st->sid == st->pid) {
+    gg__why_add(why, cap, "leads its own session (setsid, a daemon)");
+    any = true;
+  }
   char cg[256];
   if (gg__proc_cgroup(row->pid, cg, sizeof cg) == 0) {
     const char *leaf = strrchr(cg, '/');
     leaf = leaf ? leaf + 1 : cg;
-    if (gg__ends_with(leaf, ".service") && strncmp(leaf, "user@", 5) != 0)
-      gg__why_add(why, cap, "a systemd service (%s)", leaf), any = true;
+    if (gg__ends_with(leaf, ".service") && strncmp(leaf, "user@", 5) != 0) {
+      gg__why_add(why, cap, "a systemd service (%s)", leaf);
+      any = true;
+    }
   }
   if (gg__under_multiplexer(st->ppid, why, cap)) any = true;
   return any;
@@ -218,7 +255,8 @@ gg_process_class_t gg__classify_unsessioned(gg_process_t *row) {
   gg__pinfo_t st;
   if (gg__proc_read_stat(row->pid, &st) != 0) return GG_PROCESS_UNKNOWN;
   if (st.state == 'Z' || st.state == 'X') {
-    gg__strlcpy(row->why, "it has exited: a zombie its parent has not collected yet", sizeof row->why);
+    gg__strlcpy(row->why, "it has exited: a zombie its parent has not collected yet",
+                sizeof row->why);
     return GG_PROCESS_UNKNOWN;
   }
   char parent[96] = "", worker[192] = "", detached[160] = "";
@@ -229,8 +267,8 @@ gg_process_class_t gg__classify_unsessioned(gg_process_t *row) {
   if (!gone && is_worker == 2 && !gg__is_python(st.ppid)) {
     char comm[64] = "?";
     gg__proc_comm(st.ppid, comm, sizeof comm);
-    snprintf(parent, sizeof parent, "its launcher is gone (now under %d, %s, not Python)", (int)st.ppid,
-             comm);
+    snprintf(parent, sizeof parent, "its launcher is gone (now under %d, %s, not Python)",
+             (int)st.ppid, comm);
     gone = true;
   }
   row->why[0] = '\0';
@@ -238,7 +276,8 @@ gg_process_class_t gg__classify_unsessioned(gg_process_t *row) {
     snprintf(row->why, sizeof row->why, "%s; %s", worker, parent);
     return GG_PROCESS_STRANDED;
   }
-  /* With its parent alive nothing is stranded; a terminal multiplexer still says it was kept on purpose. */
+  /* With its parent alive nothing is stranded; a terminal multiplexer still says it was kept on
+   * purpose. */
   bool det = gone ? gg__detached_evidence(row, &st, detached, sizeof detached)
                   : gg__kept_on_purpose(row->pid, st.ppid, detached, sizeof detached);
   if (det || gone) {
@@ -247,7 +286,7 @@ gg_process_class_t gg__classify_unsessioned(gg_process_t *row) {
              det ? "" : ", and no sign of a worker: left running on purpose");
     return GG_PROCESS_DETACHED;
   }
-  snprintf(row->why, sizeof row->why, "its parent %d is alive%s%s", (int)st.ppid, worker[0] ? "; " : "",
-           worker);
+  snprintf(row->why, sizeof row->why, "its parent %d is alive%s%s", (int)st.ppid,
+           worker[0] ? "; " : "", worker);
   return GG_PROCESS_UNKNOWN;
 }

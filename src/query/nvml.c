@@ -31,7 +31,8 @@ typedef struct gg__nvml {
   nvmlReturn_t (*compute)(nvmlDevice_t, unsigned *, void *);
   nvmlReturn_t (*graphics)(nvmlDevice_t, unsigned *, void *);
   nvmlReturn_t (*memory)(nvmlDevice_t, void *);
-  nvmlReturn_t (*utilization)(nvmlDevice_t, unsigned *); /* nvmlUtilization_t: {gpu, memory} percent */
+  /* nvmlUtilization_t: {gpu, memory} percent */
+  nvmlReturn_t (*utilization)(nvmlDevice_t, unsigned *);
   nvmlReturn_t (*temperature)(nvmlDevice_t, int, unsigned *);
   nvmlReturn_t (*power)(nvmlDevice_t, unsigned *);
   nvmlReturn_t (*power_limit)(nvmlDevice_t, unsigned *);
@@ -88,7 +89,8 @@ static int gg__nvml_open(gg__nvml_t *n) {
   }
   nvmlReturn_t r = n->init();
   if (r != NVML_SUCCESS) {
-    int rc = gg__err(GG_ENOTSUP, "nvmlInit failed: %s (%d)", n->error_string ? n->error_string(r) : "?", r);
+    int rc = gg__err(GG_ENOTSUP, "nvmlInit failed: %s (%d)",
+                     n->error_string ? n->error_string(r) : "?", r);
     dlclose(n->lib);
     return rc;
   }
@@ -109,7 +111,8 @@ size_t gg__nvml_stride(const unsigned char *buf, size_t bufsize, unsigned count)
   static const size_t strides[] = {32, 24, 16};
   for (size_t i = 0; i < 3; i++)
     if (last == strides[i] * count) return strides[i];
-  /* Trailing bytes that happen to equal the sentinel: the smallest layout that covers what was written. */
+  /* Trailing bytes that happen to equal the sentinel: the smallest layout that covers what was
+   * written. */
   for (size_t i = 3; i-- > 0;)
     if (last <= strides[i] * count && last + 8 > strides[i] * count) return strides[i];
   return 0;
@@ -122,7 +125,8 @@ void gg__nvml_decode(const unsigned char *buf, size_t stride, unsigned count, gg
     memcpy(&pid, buf + (size_t)i * stride, sizeof pid);
     memcpy(&mem, buf + (size_t)i * stride + 8, sizeof mem);
     out[i].pid = pid;
-    out[i].used = mem == GG__NVML_NOT_AVAILABLE || mem > (unsigned long long)INT64_MAX ? -1 : (long long)mem;
+    out[i].used =
+        mem == GG__NVML_NOT_AVAILABLE || mem > (unsigned long long)INT64_MAX ? -1 : (long long)mem;
   }
 }
 
@@ -131,7 +135,8 @@ static int gg__nvml_list(gg__nvml_t *n, nvmlReturn_t (*fn)(nvmlDevice_t, unsigne
                          nvmlDevice_t dev, gg__gpu_proc_t **acc, size_t *nacc) {
   unsigned want = 0;
   nvmlReturn_t r = fn(dev, &want, NULL);
-  if (r == NVML_SUCCESS || r == NVML_ERROR_NOT_SUPPORTED) return 0; /* none, or not for this device */
+  /* none, or not for this device */
+  if (r == NVML_SUCCESS || r == NVML_ERROR_NOT_SUPPORTED) return 0;
   for (int attempt = 0; attempt < 4 && r == NVML_ERROR_INSUFFICIENT_SIZE; attempt++) {
     unsigned cap = want + 8; /* room for processes that start meanwhile */
     size_t bytes = (size_t)cap * GG__NVML_MAX_STRIDE;
@@ -174,7 +179,8 @@ int gg__nvml_processes(const char *uuid, int index, gg__gpu_proc_t *out, size_t 
   gg__gpu_proc_t *acc = NULL;
   size_t nacc = 0;
   if (r != NVML_SUCCESS) {
-    rc = gg__err(r == NVML_ERROR_NOT_FOUND || r == NVML_ERROR_INVALID_ARGUMENT ? GG_ENODEV : GG_EDRIVER,
+    rc = gg__err(r == NVML_ERROR_NOT_FOUND || r == NVML_ERROR_INVALID_ARGUMENT ? GG_ENODEV
+                                                                               : GG_EDRIVER,
                  "NVML has no device %s%s (%s)", uuid ? uuid : "", uuid ? "" : "at that index",
                  n.error_string ? n.error_string(r) : "?");
   } else {
@@ -207,9 +213,12 @@ int gg__nvml_memory(const char *uuid, int index, size_t *total, size_t *free_b) 
   nvmlReturn_t r = uuid ? n.by_uuid(uuid, &dev) : n.by_index((unsigned)index, &dev);
   if (r == NVML_SUCCESS && n.memory) r = n.memory(dev, m);
   if (r != NVML_SUCCESS || !n.memory)
-    rc = gg__err(GG_ENOTSUP, "NVML memory query failed: %s", n.error_string ? n.error_string(r) : "?");
-  else
-    *total = (size_t)m[0], *free_b = (size_t)m[1];
+    rc = gg__err(GG_ENOTSUP, "NVML memory query failed: %s",
+                 n.error_string ? n.error_string(r) : "?");
+  else {
+    *total = (size_t)m[0];
+    *free_b = (size_t)m[1];
+  }
   gg__nvml_close(&n);
   return rc;
 }
@@ -219,8 +228,10 @@ static void gg__nvml_read_telemetry(gg__nvml_t *n, nvmlDevice_t dev, gg__nvml_te
   t->util_gpu = t->util_memory = t->temperature_c = -1;
   t->power_mw = t->power_limit_mw = -1;
   unsigned u[2], v;
-  if (n->utilization && n->utilization(dev, u) == NVML_SUCCESS)
-    t->util_gpu = (int)u[0], t->util_memory = (int)u[1];
+  if (n->utilization && n->utilization(dev, u) == NVML_SUCCESS) {
+    t->util_gpu = (int)u[0];
+    t->util_memory = (int)u[1];
+  }
   if (n->temperature && n->temperature(dev, 0 /* NVML_TEMPERATURE_GPU */, &v) == NVML_SUCCESS)
     t->temperature_c = (int)v;
   if (n->power && n->power(dev, &v) == NVML_SUCCESS) t->power_mw = (long long)v;
@@ -236,7 +247,8 @@ int gg__nvml_telemetry(const char *uuid, int index, gg__nvml_telemetry_t *t) {
   nvmlDevice_t dev = NULL;
   nvmlReturn_t r = uuid ? n.by_uuid(uuid, &dev) : n.by_index((unsigned)index, &dev);
   if (r != NVML_SUCCESS)
-    rc = gg__err(GG_ENODEV, "NVML has no such device (%s)", n.error_string ? n.error_string(r) : "?");
+    rc = gg__err(GG_ENODEV, "NVML has no such device (%s)",
+                 n.error_string ? n.error_string(r) : "?");
   else
     gg__nvml_read_telemetry(&n, dev, t);
   gg__nvml_close(&n);
@@ -247,7 +259,8 @@ int gg__nvml_telemetry(const char *uuid, int index, gg__nvml_telemetry_t *t) {
 #define GG__NVML_PCI_BUSID_OFF 36
 
 int gg__nvml_devices(gg__nvml_dev_t **out, int *count) {
-  *out = NULL, *count = 0;
+  *out = NULL;
+  *count = 0;
   gg__nvml_t n;
   int rc = gg__nvml_open(&n);
   if (rc < 0) return rc;
@@ -260,8 +273,8 @@ int gg__nvml_devices(gg__nvml_dev_t **out, int *count) {
     while (c < 64 && n.by_index(c, &probe) == NVML_SUCCESS) c++;
   }
   if (r != NVML_SUCCESS) {
-    rc = gg__err(GG_EDRIVER, "nvmlDeviceGetCount failed: %s (%d)", n.error_string ? n.error_string(r) : "?",
-                 r);
+    rc = gg__err(GG_EDRIVER, "nvmlDeviceGetCount failed: %s (%d)",
+                 n.error_string ? n.error_string(r) : "?", r);
     gg__nvml_close(&n);
     return rc;
   }
@@ -273,12 +286,15 @@ int gg__nvml_devices(gg__nvml_dev_t **out, int *count) {
   for (unsigned i = 0; i < c; i++) {
     gg__nvml_dev_t *e = &d[i];
     nvmlDevice_t dev = NULL;
-    e->index = (int)i, e->minor = -1, e->have_memory = false;
+    e->index = (int)i;
+    e->minor = -1;
+    e->have_memory = false;
     e->tel.util_gpu = e->tel.util_memory = e->tel.temperature_c = -1;
     e->tel.power_mw = e->tel.power_limit_mw = -1;
     r = n.by_index(i, &dev);
     if (r != NVML_SUCCESS) {
-      e->rc = gg__err(GG_EDRIVER, "NVML device %u: %s (%d)", i, n.error_string ? n.error_string(r) : "?", r);
+      e->rc = gg__err(GG_EDRIVER, "NVML device %u: %s (%d)", i,
+                      n.error_string ? n.error_string(r) : "?", r);
       gg__strlcpy(e->error, gg_last_error(), sizeof e->error);
       continue;
     }
@@ -294,11 +310,15 @@ int gg__nvml_devices(gg__nvml_dev_t **out, int *count) {
       e->pci_bus_id[sizeof e->pci_bus_id - 1] = '\0';
     }
     unsigned long long mem[3] = {0, 0, 0};
-    if (n.memory && n.memory(dev, mem) == NVML_SUCCESS && mem[1] <= mem[0])
-      e->have_memory = true, e->total = (size_t)mem[0], e->free_b = (size_t)mem[1];
+    if (n.memory && n.memory(dev, mem) == NVML_SUCCESS && mem[1] <= mem[0]) {
+      e->have_memory = true;
+      e->total = (size_t)mem[0];
+      e->free_b = (size_t)mem[1];
+    }
     gg__nvml_read_telemetry(&n, dev, &e->tel);
   }
   gg__nvml_close(&n);
-  *out = d, *count = (int)c;
+  *out = d;
+  *count = (int)c;
   return 0;
 }

@@ -14,8 +14,10 @@ typedef struct gg__gpu_proc {
 /* Lists the compute and graphics processes on one device, found by uuid (as CUDA names it) or, when
  * uuid is NULL, by NVML index. Opens NVML for the call and shuts it down after. *minor receives the
  * device's /dev/nvidia<minor> number (-1 when unknown). GG_ENOTSUP when NVML cannot be loaded (the
- * caller falls back to scanning descriptors), GG_ENODEV for an unknown device, GG_EDRIVER otherwise. */
-int gg__nvml_processes(const char *uuid, int index, gg__gpu_proc_t *out, size_t cap, size_t *n, int *minor);
+ * caller falls back to scanning descriptors), GG_ENODEV for an unknown device, GG_EDRIVER
+ * otherwise. */
+int gg__nvml_processes(const char *uuid, int index, gg__gpu_proc_t *out, size_t cap, size_t *n,
+                       int *minor);
 
 /* The device's memory as NVML sees it, without creating a CUDA context (which would itself take
  * ~500 MiB of the memory being measured, and ~100 ms). GG_ENOTSUP without NVML. */
@@ -54,6 +56,7 @@ void gg__nvml_decode(const unsigned char *buf, size_t stride, unsigned count, gg
 /* gg_process_list's work for a device named by NVML UUID (NULL: by NVML index `device`); the rows'
  * device field is `device`. The Prometheus report lists NVML's devices, CUDA or not. */
 struct gg_process;
-int gg__process_list_at(const char *uuid, int device, struct gg_process *rows, size_t cap, size_t *count);
+int gg__process_list_at(const char *uuid, int device, struct gg_process *rows, size_t cap,
+                        size_t *count);
 
 #endif

@@ -18,8 +18,8 @@ int gg_device_count(int *count) {
   return gg__dev_count(NULL, count);
 }
 
-static void gg__fill_info(gg_device_info_t *info, int device, const char *backend, const gg__dev_props_t *p,
-                          size_t free_b, size_t total_b) {
+static void gg__fill_info(gg_device_info_t *info, int device, const char *backend,
+                          const gg__dev_props_t *p, size_t free_b, size_t total_b) {
   memset(info, 0, sizeof *info);
   info->index = device;
   gg__strlcpy(info->backend, backend, sizeof info->backend);
@@ -39,10 +39,13 @@ int gg_device_info(int device, gg_device_info_t *info) {
   const char *backend;
   int rc = gg__backend_resolve(NULL, device, &backend);
   if (rc < 0) return rc;
-  /* On CUDA, NVML reads the memory without a context: a context would take ~500 MiB of what is being
-   * measured and cost ~100 ms. Without NVML, the primary context is retained for the reading. */
+  /* On CUDA, NVML reads the memory without a context: a context would take ~500 MiB of what is
+   * being measured and cost ~100 ms. Without NVML, the primary context is retained for the
+   * reading. */
   gg__dev_props_t props;
-  if (backend[0] == 'c' && (rc = gg__cuda_props(device, &props)) == 0) {
+  bool cuda = backend[0] == 'c';
+  if (cuda) rc = gg__cuda_props(device, &props);
+  if (cuda && rc == 0) {
     size_t total_b = 0, free_b = 0;
     gg__err_saved_t saved;
     gg__err_save(&saved);
@@ -55,7 +58,8 @@ int gg_device_info(int device, gg_device_info_t *info) {
     return rc;
   }
   gg__dev_t *d = NULL;
-  if ((rc = gg__dev_open(backend, device, &d)) < 0) return rc;
+  rc = gg__dev_open(backend, device, &d);
+  if (rc < 0) return rc;
   size_t free_b = 0, total_b = 0;
   rc = d->ops->mem_info(d, &free_b, &total_b);
   if (rc == 0) gg__fill_info(info, device, d->ops->name, &d->props, free_b, total_b);
@@ -66,7 +70,8 @@ int gg_device_info(int device, gg_device_info_t *info) {
 int gg_device_telemetry(int device, gg_device_telemetry_t *t) {
   if (!t) return gg__err(GG_EINVAL, "gg_device_telemetry: t is NULL");
   *t = (gg_device_telemetry_t){device, -1, -1, -1, -1, -1};
-  if (device < 0) return gg__err(GG_ENODEV, "gg_device_telemetry: device %d does not exist", device);
+  if (device < 0)
+    return gg__err(GG_ENODEV, "gg_device_telemetry: device %d does not exist", device);
   gg__dev_props_t props;
   gg__err_saved_t saved;
   gg__err_save(&saved);
@@ -75,13 +80,15 @@ int gg_device_telemetry(int device, gg_device_telemetry_t *t) {
   gg__nvml_telemetry_t n;
   int rc = gg__nvml_telemetry(have_uuid ? props.uuid : NULL, device, &n);
   if (rc < 0) return rc;
-  t->utilization_gpu = n.util_gpu, t->utilization_memory = n.util_memory, t->temperature_c = n.temperature_c;
+  t->utilization_gpu = n.util_gpu;
+  t->utilization_memory = n.util_memory;
+  t->temperature_c = n.temperature_c;
   t->power_watts = n.power_mw < 0 ? -1 : (double)n.power_mw / 1e3;
   t->power_limit_watts = n.power_limit_mw < 0 ? -1 : (double)n.power_limit_mw / 1e3;
   return 0;
 }
 
-/* ---- who holds the device ----------------------------------------------------------------------------- */
+/* ---- who holds the device -------------------------------------------------------------------- */
 
 const char *gg_process_class_name(gg_process_class_t cls) {
   switch (cls) {
@@ -107,7 +114,10 @@ static void gg__join_proc(gg_process_t *row, uid_t me) {
   gg__pinfo_t st;
   uid_t uid = 0;
   if (gg__proc_read_stat(row->pid, &st) == 0 && gg__proc_uid(row->pid, &uid) == 0) {
-    row->ppid = st.ppid, row->uid = uid, row->state = st.state, row->start_time = st.start;
+    row->ppid = st.ppid;
+    row->uid = uid;
+    row->state = st.state;
+    row->start_time = st.start;
     gg__proc_cmdline(row->pid, row->command, sizeof row->command);
     struct passwd pw, *res = NULL;
     char pwbuf[1024];
@@ -124,22 +134,27 @@ static void gg__join_proc(gg_process_t *row, uid_t me) {
 /* The session registry, read once per listing; an unreadable registry just means no sessions. */
 typedef struct gg__sessions {
   gg_session_record_t *recs;
-  unsigned char *foreign; /* per record: written in another pid namespace, its pid means nothing here */
+  /* per record: written in another pid namespace, its pid means nothing here */
+  unsigned char *foreign;
   size_t n;
 } gg__sessions_t;
 
 static void gg__sessions_load(gg__sessions_t *s) {
-  s->recs = NULL, s->foreign = NULL, s->n = 0;
+  s->recs = NULL;
+  s->foreign = NULL;
+  s->n = 0;
   gg__err_saved_t saved;
   gg__err_save(&saved);
   size_t want = 0;
   for (int attempt = 0;
-       attempt < 3 && gg__registry_list_ns(s->recs, s->foreign, s->n, &want) == 0 && want > s->n; attempt++) {
+       attempt < 3 && gg__registry_list_ns(s->recs, s->foreign, s->n, &want) == 0 && want > s->n;
+       attempt++) {
     gg_session_record_t *grown = realloc(s->recs, (want + 8) * sizeof *grown);
     if (grown) s->recs = grown;
     unsigned char *f = grown ? realloc(s->foreign, want + 8) : NULL;
     if (!f) break;
-    s->foreign = f, s->n = want + 8;
+    s->foreign = f;
+    s->n = want + 8;
   }
   if (want < s->n) s->n = want;
   gg__err_restore(&saved);
@@ -150,11 +165,13 @@ static void gg__sessions_free(gg__sessions_t *s) {
   free(s->foreign);
 }
 
-/* The live record of this very process (pid and start time), from our own pid namespace; or NULL. */
+/* The live record of this very process (pid and start time), from our own pid namespace; or
+ * NULL. */
 static const gg_session_record_t *gg__live_record(const gg__sessions_t *s, pid_t pid,
                                                   unsigned long long start) {
   for (size_t i = 0; i < s->n; i++)
-    if (!s->foreign[i] && !s->recs[i].stale && s->recs[i].pid == pid && s->recs[i].start_time == start)
+    if (!s->foreign[i] && !s->recs[i].stale && s->recs[i].pid == pid &&
+        s->recs[i].start_time == start)
       return &s->recs[i];
   return NULL;
 }
@@ -183,9 +200,9 @@ static int gg__leader_alive(const gg__sessions_t *s, const char *session) {
 }
 
 /* guarded: part of a live session; orphan: its session's leader is dead (or unknown and its parent
- * gone); for a process without a session, stranded, detached or unknown (classify.c). Another user's
- * process is judged only by root (who can read its environment), and only without a session: their
- * sessions are in their own registry. The evidence goes to row->why. */
+ * gone); for a process without a session, stranded, detached or unknown (classify.c). Another
+ * user's process is judged only by root (who can read its environment), and only without a session:
+ * their sessions are in their own registry. The evidence goes to row->why. */
 static void gg__classify(gg_process_t *row, const gg__sessions_t *s, uid_t me) {
   if (row->state == '?') return;
   bool foreign = row->cls == GG_PROCESS_FOREIGN;
@@ -193,7 +210,8 @@ static void gg__classify(gg_process_t *row, const gg__sessions_t *s, uid_t me) {
   const gg_session_record_t *rec = foreign ? NULL : gg__live_record(s, row->pid, row->start_time);
   if (rec)
     gg__strlcpy(row->session, rec->session, sizeof row->session);
-  else if (gg__proc_environ_get(row->pid, "GPUGUARD_SESSION", row->session, sizeof row->session) != 0)
+  else if (gg__proc_environ_get(row->pid, "GPUGUARD_SESSION", row->session, sizeof row->session) !=
+           0)
     row->session[0] = '\0';
   if (foreign) {
     gg_process_class_t c = row->session[0] ? GG_PROCESS_UNKNOWN : gg__classify_unsessioned(row);
@@ -205,8 +223,8 @@ static void gg__classify(gg_process_t *row, const gg__sessions_t *s, uid_t me) {
     return;
   }
   gg__pinfo_t parent;
-  bool parent_gone =
-      row->ppid <= 1 || gg__proc_read_stat(row->ppid, &parent) != 0 || (rec && rec->ppid != row->ppid);
+  bool parent_gone = row->ppid <= 1 || gg__proc_read_stat(row->ppid, &parent) != 0 ||
+                     (rec && rec->ppid != row->ppid);
   int leader = gg__leader_alive(s, row->session);
   if (rec && strcmp(rec->role, "leader") == 0) leader = 1; /* it is the leader, alive */
   if (leader == 1) {
@@ -214,27 +232,30 @@ static void gg__classify(gg_process_t *row, const gg__sessions_t *s, uid_t me) {
     snprintf(row->why, sizeof row->why, "session %.8s: its leader is alive", row->session);
   } else if (leader == 0) {
     row->cls = GG_PROCESS_ORPHAN;
-    snprintf(row->why, sizeof row->why, "session %.8s: its leader died (its registry record is stale)",
-             row->session);
+    snprintf(row->why, sizeof row->why,
+             "session %.8s: its leader died (its registry record is stale)", row->session);
   } else if (parent_gone) {
     row->cls = GG_PROCESS_ORPHAN;
     snprintf(row->why, sizeof row->why,
-             "session %.8s, whose leader this registry never saw; its parent is gone", row->session);
+             "session %.8s, whose leader this registry never saw; its parent is gone",
+             row->session);
   } else {
     row->cls = GG_PROCESS_GUARDED;
-    snprintf(row->why, sizeof row->why, "session %.8s (leader not in this registry); its parent %d is alive",
-             row->session, row->ppid);
+    snprintf(row->why, sizeof row->why,
+             "session %.8s (leader not in this registry); its parent %d is alive", row->session,
+             row->ppid);
   }
 }
 
 /* The initial pid namespace's inode (PROC_PID_INIT_INO, fixed by the kernel since 3.8). */
 #define GG__INIT_PIDNS_INO 0xEFFFFFFCULL
 
-/* Can NVML's pids be taken as pids of our /proc? In the initial pid namespace they are. In any other (a
- * container) the driver gives host pids (older drivers) or pids of the caller's namespace (newer ones),
- * and nothing says which: pid 40 of the host may be pid 40 here too, another process. In test builds
- * only (GG_TESTING, the static library the tests link), GPUGUARD_TEST_PIDNS ("initial" or "child")
- * chooses: the shipped library never lets the environment decide what reap may end. */
+/* Can NVML's pids be taken as pids of our /proc? In the initial pid namespace they are. In any
+ * other (a container) the driver gives host pids (older drivers) or pids of the caller's namespace
+ * (newer ones), and nothing says which: pid 40 of the host may be pid 40 here too, another process.
+ * In test builds only (GG_TESTING, the static library the tests link), GPUGUARD_TEST_PIDNS
+ * ("initial" or "child") chooses: the shipped library never lets the environment decide what reap
+ * may end. */
 static bool gg__nvml_pids_local(void) {
 #ifdef GG_TESTING
   const char *t = gg__env("GPUGUARD_TEST_PIDNS");
@@ -258,39 +279,96 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
   return gg__process_list_at(have_uuid ? props.uuid : NULL, device, rows, cap, count);
 }
 
-int gg__process_list_at(const char *uuid, int device, gg_process_t *rows, size_t cap, size_t *count) {
+/* The driver's list of processes with a context on the device, grown until all fit, into *out
+ * (freed by the caller). A GPU without NVML gives an empty list (*nvml false): its descriptors are
+ * all there is to go on then; neither NVML nor the driver is GG_ENODEV. *minor: the device node's
+ * number, -1 when NVML did not say. */
+static int gg__driver_processes(const char *uuid, int device, gg__gpu_proc_t **out, size_t *n,
+                                int *minor, bool *nvml) {
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  size_t want = 64;
+  int rc;
+  *out = NULL;
+  *n = 0;
+  *minor = -1;
+  *nvml = true;
+  for (;;) { /* grow until every process fits */
+    gg__gpu_proc_t *grown = realloc(*out, want * sizeof **out);
+    if (!grown) return gg__err(GG_ENOMEM, "gg_process_list: out of host memory");
+    *out = grown;
+    rc = gg__nvml_processes(uuid, device, *out, want, n, minor);
+    if (rc < 0 || *n <= want) break;
+    want = *n + 16;
+  }
+  if (rc == GG_ENOTSUP && !uuid) {
+    char why[512]; /* copied: the detail buffer is about to be rewritten */
+    gg__strlcpy(why, gg_last_error(), sizeof why);
+    return gg__err(
+        GG_ENODEV,
+        "gg_process_list: no NVIDIA GPU here: neither NVML nor the CUDA driver is usable (%s)",
+        why);
+  }
+  if (rc == GG_ENOTSUP) { /* a GPU but no NVML: descriptors are all there is to go on */
+    *nvml = false;
+    *n = 0;
+    rc = 0;
+    gg__err_restore(&saved);
+  }
+  return rc;
+}
+
+/* What every row of one device's listing is joined and classified with. */
+typedef struct gg__listing {
+  int device;
+  bool nvml;      /* the driver's list came from NVML (else descriptors are all there is) */
+  bool local;     /* gg__nvml_pids_local() */
+  const int *fdp; /* every holder of the device node */
+  size_t nfd;
+  gg__sessions_t sessions;
+  uid_t me;
+} gg__listing_t;
+
+/* Fills row for pid: joined with /proc where that names the same process, then classified. fd_only:
+ * a descriptor holder the driver does not list. */
+static void gg__fill_row(gg_process_t *row, const gg__listing_t *l, int pid, long long used,
+                         bool fd_only) {
+  memset(row, 0, sizeof *row);
+  row->pid = pid;
+  row->device = l->device;
+  row->used_bytes = used;
+  row->cls = (fd_only && l->nvml) ? GG_PROCESS_FD_HOLDER : GG_PROCESS_UNKNOWN;
+  /* Outside the initial pid namespace a driver's pid is joined with /proc only when that process
+   * of ours holds the device open (so it is a GPU process here); the rest are shown unjoined, never
+   * as whatever unrelated process has that number here. */
+  bool held = l->local || fd_only;
+  for (size_t j = 0; !held && j < l->nfd; j++) held = l->fdp[j] == pid;
+  if (held)
+    gg__join_proc(row, l->me);
+  else
+    gg__row_unjoined(row);
+  if (row->cls != GG_PROCESS_FD_HOLDER) {
+    gg__classify(row, &l->sessions, l->me);
+  } else if (row->state != '?') { /* a worker holding inherited descriptors is still stranded */
+    gg__classify(row, &l->sessions, l->me);
+    if (row->cls != GG_PROCESS_STRANDED && row->cls != GG_PROCESS_ORPHAN) {
+      row->cls = GG_PROCESS_FD_HOLDER;
+      gg__strlcpy(row->why, "holds /dev/nvidia* descriptors but no context the driver lists",
+                  sizeof row->why);
+    }
+  }
+}
+
+int gg__process_list_at(const char *uuid, int device, gg_process_t *rows, size_t cap,
+                        size_t *count) {
   *count = 0;
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  bool have_uuid = uuid != NULL;
-
   gg__gpu_proc_t *gp = NULL;
-  size_t ngp = 0, want = 64;
-  int minor = -1, rc;
+  size_t ngp = 0;
+  int minor = -1;
   bool nvml = true;
-  for (;;) { /* grow until every process fits */
-    gg__gpu_proc_t *grown = realloc(gp, want * sizeof *gp);
-    if (!grown) {
-      free(gp);
-      return gg__err(GG_ENOMEM, "gg_process_list: out of host memory");
-    }
-    gp = grown;
-    rc = gg__nvml_processes(uuid, device, gp, want, &ngp, &minor);
-    if (rc < 0 || ngp <= want) break;
-    want = ngp + 16;
-  }
-  if (rc == GG_ENOTSUP && !have_uuid) {
-    char why[512]; /* copied: the detail buffer is about to be rewritten */
-    gg__strlcpy(why, gg_last_error(), sizeof why);
-    free(gp);
-    return gg__err(GG_ENODEV,
-                   "gg_process_list: no NVIDIA GPU here: neither NVML nor the CUDA driver is usable (%s)",
-                   why);
-  }
-  if (rc == GG_ENOTSUP) { /* a GPU but no NVML: descriptors are all there is to go on */
-    nvml = false, ngp = 0, rc = 0;
-    gg__err_restore(&saved);
-  }
+  int rc = gg__driver_processes(uuid, device, &gp, &ngp, &minor, &nvml);
   if (rc < 0) {
     free(gp);
     return rc;
@@ -300,55 +378,31 @@ int gg__process_list_at(const char *uuid, int device, gg_process_t *rows, size_t
   snprintf(node, sizeof node, "/dev/nvidia%d", minor >= 0 ? minor : device);
   int *fdp = NULL;
   size_t nfd = 0;
-  if (gg__scan_fd_holders("/proc", node, &fdp, &nfd) < 0) nfd = 0, gg__err_restore(&saved);
+  if (gg__scan_fd_holders("/proc", node, &fdp, &nfd) < 0) {
+    nfd = 0;
+    gg__err_restore(&saved);
+  }
 
-  uid_t me = getuid();
+  gg__listing_t l = {.device = device, .nvml = nvml, .fdp = fdp, .nfd = nfd, .me = getuid()};
   size_t total = 0;
-  gg__sessions_t sessions;
-  gg__sessions_load(&sessions);
-  bool local = gg__nvml_pids_local();
+  gg__sessions_load(&l.sessions);
+  l.local = gg__nvml_pids_local();
   for (size_t i = 0; i < ngp + nfd; i++) {
     int pid = i < ngp ? (int)gp[i].pid : fdp[i - ngp];
     bool listed = false;
     for (size_t j = 0; i >= ngp && j < ngp && !listed; j++) listed = (int)gp[j].pid == pid;
     if (listed) continue;
-    if (total < cap) {
-      gg_process_t *row = &rows[total];
-      memset(row, 0, sizeof *row);
-      row->pid = pid;
-      row->device = device;
-      row->used_bytes = i < ngp ? gp[i].used : -1;
-      row->cls = (i >= ngp && nvml) ? GG_PROCESS_FD_HOLDER : GG_PROCESS_UNKNOWN;
-      /* Outside the initial pid namespace a driver's pid is joined with /proc only when that process
-       * of ours holds the device open (so it is a GPU process here); the rest are shown unjoined, never
-       * as whatever unrelated process has that number here. */
-      bool held = local || i >= ngp;
-      for (size_t j = 0; !held && j < nfd; j++) held = fdp[j] == pid;
-      if (held)
-        gg__join_proc(row, me);
-      else
-        gg__row_unjoined(row);
-      if (row->cls != GG_PROCESS_FD_HOLDER) {
-        gg__classify(row, &sessions, me);
-      } else if (row->state != '?') { /* a worker holding inherited descriptors is still stranded */
-        gg__classify(row, &sessions, me);
-        if (row->cls != GG_PROCESS_STRANDED && row->cls != GG_PROCESS_ORPHAN) {
-          row->cls = GG_PROCESS_FD_HOLDER;
-          gg__strlcpy(row->why, "holds /dev/nvidia* descriptors but no context the driver lists",
-                      sizeof row->why);
-        }
-      }
-    }
+    if (total < cap) gg__fill_row(&rows[total], &l, pid, i < ngp ? gp[i].used : -1, i >= ngp);
     total++;
   }
   free(gp);
   free(fdp);
-  gg__sessions_free(&sessions);
+  gg__sessions_free(&l.sessions);
   *count = total;
   return 0;
 }
 
-/* ---- orphans of dead sessions ------------------------------------------------------------------------- */
+/* ---- orphans of dead sessions ---------------------------------------------------------------- */
 
 typedef struct gg__orphan_walk {
   const gg__sessions_t *sessions;
@@ -380,9 +434,11 @@ static int gg__orphan_visit(const gg__pinfo_t *info, void *user) {
   gg__join_proc(&row, w->me);
   gg__classify(&row, w->sessions, w->me);
   /* Only proof counts here: the session's leader left a record and it is stale. A session whose
-   * leader this registry never saw (another registry directory, another tool) is not ours to judge. */
+   * leader this registry never saw (another registry directory, another tool) is not ours to
+   * judge. */
   if (row.cls == GG_PROCESS_ORPHAN && row.start_time == info->start &&
-      gg__leader_alive(w->sessions, row.session) == 0 && !gg__under_live_runner(w->sessions, info->ppid))
+      gg__leader_alive(w->sessions, row.session) == 0 &&
+      !gg__under_live_runner(w->sessions, info->ppid))
     gg__orphan_add(w, &row);
   return 0;
 }
@@ -392,7 +448,8 @@ int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count) {
   if (!rows && cap) return gg__err(GG_EINVAL, "gg_orphan_list: rows is NULL but cap is %zu", cap);
   gg__sessions_t sessions;
   gg__sessions_load(&sessions);
-  gg__orphan_walk_t w = {.sessions = &sessions, .me = getuid(), .self = getpid(), .rows = rows, .cap = cap};
+  gg__orphan_walk_t w = {
+      .sessions = &sessions, .me = getuid(), .self = getpid(), .rows = rows, .cap = cap};
   int rc = gg__proc_walk(gg__orphan_visit, &w);
   gg__sessions_free(&sessions);
   if (rc < 0) return gg__err(GG_EIO, "gg_orphan_list: cannot read /proc: %s", strerror(-rc));
@@ -407,8 +464,10 @@ int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count) {
     if (gg_process_list(d, got, 64, &n) != 0) continue;
     for (size_t i = 0; i < n && i < 64; i++)
       for (size_t j = 0; j < w.n && j < w.cap; j++)
-        if (rows[j].pid == got[i].pid && rows[j].start_time == got[i].start_time)
-          rows[j].used_bytes = got[i].used_bytes, rows[j].device = d;
+        if (rows[j].pid == got[i].pid && rows[j].start_time == got[i].start_time) {
+          rows[j].used_bytes = got[i].used_bytes;
+          rows[j].device = d;
+        }
   }
   gg__err_restore(&saved);
   *count = w.n;
@@ -419,7 +478,9 @@ int gg_process_describe(int pid, gg_process_t *row) {
   if (!row) return gg__err(GG_EINVAL, "gg_process_describe: row is NULL");
   if (pid <= 0) return gg__err(GG_EINVAL, "gg_process_describe: pid %d is not a process", pid);
   memset(row, 0, sizeof *row);
-  row->pid = pid, row->device = -1, row->used_bytes = -1;
+  row->pid = pid;
+  row->device = -1;
+  row->used_bytes = -1;
   gg__join_proc(row, getuid());
   if (row->state == '?') return gg__err(GG_ENOTFOUND, "gg_process_describe: no process %d", pid);
   gg__sessions_t sessions;
@@ -475,7 +536,8 @@ int gg_reap_list(unsigned flags, gg_process_t *rows, size_t cap, size_t *count) 
     }
     for (size_t i = 0; i < k && i < want; i++) {
       const gg_process_t *p = &got[i];
-      if (p->pid == self || (p->cls != GG_PROCESS_STRANDED && p->cls != GG_PROCESS_ORPHAN)) continue;
+      if (p->pid == self || (p->cls != GG_PROCESS_STRANDED && p->cls != GG_PROCESS_ORPHAN))
+        continue;
       if (p->uid != me && !all) continue;
       if (gg__reap_add(rows, cap, &n, p)) total++;
     }

@@ -14,9 +14,10 @@
 #include "backend/backend.h"
 #include "query/nvml_internal.h"
 
-/* Prometheus label value: backslash, double quote and newline escaped, as the exposition format asks;
- * the value is made valid UTF-8 (the format's requirement), other control characters and every byte
- * that is not part of well-formed UTF-8 becoming U+FFFD, so a command line cannot break the text. */
+/* Prometheus label value: backslash, double quote and newline escaped, as the exposition format
+ * asks; the value is made valid UTF-8 (the format's requirement), other control characters and
+ * every byte that is not part of well-formed UTF-8 becoming U+FFFD, so a command line cannot break
+ * the text. */
 static void gg__prom_label(FILE *f, const char *s) {
   fputc('"', f);
   for (const unsigned char *p = (const unsigned char *)s; *p;) {
@@ -25,9 +26,10 @@ static void gg__prom_label(FILE *f, const char *s) {
       fprintf(f, "\\%c", *p);
     else if (*p == '\n')
       fputs("\\n", f);
-    else if (n == 0 || *p < 0x20 || *p == 0x7f)
-      fputs("\xef\xbf\xbd", f), n = 1;
-    else
+    else if (n == 0 || *p < 0x20 || *p == 0x7f) {
+      fputs("\xef\xbf\xbd", f);
+      n = 1;
+    } else
       fwrite(p, 1, n, f);
     p += n ? n : 1;
   }
@@ -53,7 +55,8 @@ typedef struct gg__devrow {
 
 /* The processes holding one device (uuid: by NVML UUID; else by the device number), grown until
  * they fit; this process is left out under GG_REPORT_NOT_SELF. */
-static void gg__collect_procs(gg__devrow_t *r, unsigned what, const char *uuid, int device, bool by_uuid) {
+static void gg__collect_procs(gg__devrow_t *r, unsigned what, const char *uuid, int device,
+                              bool by_uuid) {
   size_t count = 0;
   for (int attempt = 0; attempt < 3; attempt++) { /* the list may grow between the two calls */
     int rc = by_uuid ? gg__process_list_at(uuid, device, r->procs, r->nprocs, &count)
@@ -70,12 +73,14 @@ static void gg__collect_procs(gg__devrow_t *r, unsigned what, const char *uuid, 
     }
     gg_process_t *grown = realloc(r->procs, (count + 8) * sizeof *grown);
     if (!grown) break;
-    r->procs = grown, r->nprocs = count + 8;
+    r->procs = grown;
+    r->nprocs = count + 8;
   }
   if (count > r->nprocs) count = r->nprocs;
   r->nprocs = 0;
   for (size_t j = 0; j < count; j++) /* a monitor's own descriptors are not worth a row */
-    if (!(what & GG_REPORT_NOT_SELF) || r->procs[j].pid != (int)getpid()) r->procs[r->nprocs++] = r->procs[j];
+    if (!(what & GG_REPORT_NOT_SELF) || r->procs[j].pid != (int)getpid())
+      r->procs[r->nprocs++] = r->procs[j];
 }
 
 /* The devices as NVML numbers them (what nvidia-smi and DCGM call `gpu`): every GPU of the machine,
@@ -84,7 +89,8 @@ static void gg__collect_procs(gg__devrow_t *r, unsigned what, const char *uuid, 
 static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
   gg__nvml_dev_t *d = NULL;
   int n = 0, rc = gg__nvml_devices(&d, &n);
-  *rows = NULL, *nrows = 0;
+  *rows = NULL;
+  *nrows = 0;
   if (rc < 0) return rc;
   gg__devrow_t *r = calloc(n > 0 ? (size_t)n : 1, sizeof *r);
   if (!r) {
@@ -104,27 +110,32 @@ static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
     gg__strlcpy(r[i].info.uuid, d[i].uuid, sizeof r[i].info.uuid);
     gg__strlcpy(r[i].pci, d[i].pci_bus_id, sizeof r[i].pci);
     if (d[i].have_memory) {
-      r[i].info.total_bytes = d[i].total, r[i].info.free_bytes = d[i].free_b;
+      r[i].info.total_bytes = d[i].total;
+      r[i].info.free_bytes = d[i].free_b;
       r[i].info.used_bytes = d[i].total - d[i].free_b;
     }
     const gg__nvml_telemetry_t *t = &d[i].tel;
-    r[i].tel = (gg_device_telemetry_t){i,
-                                       t->util_gpu,
-                                       t->util_memory,
-                                       t->temperature_c,
-                                       t->power_mw < 0 ? -1 : (double)t->power_mw / 1e3,
-                                       t->power_limit_mw < 0 ? -1 : (double)t->power_limit_mw / 1e3};
-    if (what & GG_REPORT_PROCESSES) gg__collect_procs(&r[i], what, d[i].uuid[0] ? d[i].uuid : NULL, i, true);
+    r[i].tel =
+        (gg_device_telemetry_t){i,
+                                t->util_gpu,
+                                t->util_memory,
+                                t->temperature_c,
+                                t->power_mw < 0 ? -1 : (double)t->power_mw / 1e3,
+                                t->power_limit_mw < 0 ? -1 : (double)t->power_limit_mw / 1e3};
+    if (what & GG_REPORT_PROCESSES)
+      gg__collect_procs(&r[i], what, d[i].uuid[0] ? d[i].uuid : NULL, i, true);
   }
   free(d);
-  *rows = r, *nrows = n;
+  *rows = r;
+  *nrows = n;
   return 0;
 }
 
 /* The devices of the backend gpuguard uses (CUDA's ordinals, or the simulated host device). */
 static int gg__collect(unsigned what, gg__devrow_t **rows, int *nrows) {
   int n = 0, rc = gg_device_count(&n);
-  *rows = NULL, *nrows = 0;
+  *rows = NULL;
+  *nrows = 0;
   if (rc < 0) return rc;
   gg__devrow_t *r = calloc(n > 0 ? (size_t)n : 1, sizeof *r);
   if (!r) return gg__err(GG_ENOMEM, "gg_report: out of host memory");
@@ -141,7 +152,8 @@ static int gg__collect(unsigned what, gg__devrow_t **rows, int *nrows) {
     gg__err_restore(&saved);
     if (what & GG_REPORT_PROCESSES) gg__collect_procs(&r[i], what, NULL, i, false);
   }
-  *rows = r, *nrows = n;
+  *rows = r;
+  *nrows = n;
   return 0;
 }
 
@@ -174,7 +186,8 @@ static int gg__arena_row(gg_arena_t *a, void *user) {
   gg_arena_options_t o;
   r.device = gg__arena_options_of(a, &o) == 0 ? o.device : -1;
   gg__err_restore(&saved);
-  /* The handle's address, mixed (splitmix64's finaliser) so the label tells nothing of the layout. */
+  /* The handle's address, mixed (splitmix64's finaliser) so the label tells nothing of the
+   * layout. */
   unsigned long long z = (unsigned long long)(uintptr_t)a + 0x9e3779b97f4a7c15ULL;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
@@ -206,79 +219,97 @@ static void gg__json_telemetry(FILE *f, const gg_device_telemetry_t *t) {
       fprintf(f, ",\"%s\":%.3f", w_name[k], w[k]);
 }
 
-static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n, const gg__arows_t *ar) {
-  fprintf(f, "{\"version\":");
-  gg__json_fputs(f, gg_version());
-  if (what & GG_REPORT_DEVICES) {
-    fputs(",\"devices\":[", f);
-    for (int i = 0; i < n; i++) {
-      const gg_device_info_t *d = &rows[i].info;
-      fprintf(f, "%s{\"index\":%d", i ? "," : "", i);
-      if (rows[i].rc < 0) {
-        fputs(",\"error\":", f);
-        gg__json_fputs(f, rows[i].error);
-        fputc('}', f);
-        continue;
-      }
-      fputs(",\"backend\":", f), gg__json_fputs(f, d->backend);
-      fputs(",\"name\":", f), gg__json_fputs(f, d->name);
-      fputs(",\"uuid\":", f), gg__json_fputs(f, d->uuid);
-      fprintf(f,
-              ",\"total_bytes\":%zu,\"free_bytes\":%zu,\"used_bytes\":%zu,\"compute_capability\":\"%d.%d\","
-              "\"driver_version\":%d,\"vmm_supported\":%s",
-              d->total_bytes, d->free_bytes, d->used_bytes, d->cc_major, d->cc_minor, d->driver_version,
-              d->vmm_supported ? "true" : "false");
-      gg__json_telemetry(f, &rows[i].tel);
+/* The "devices" array: each device's figures and telemetry, or the error that kept them. */
+static void gg__json_devices(FILE *f, const gg__devrow_t *rows, int n) {
+  fputs(",\"devices\":[", f);
+  for (int i = 0; i < n; i++) {
+    const gg_device_info_t *d = &rows[i].info;
+    fprintf(f, "%s{\"index\":%d", i ? "," : "", i);
+    if (rows[i].rc < 0) {
+      fputs(",\"error\":", f);
+      gg__json_fputs(f, rows[i].error);
+      fputc('}', f);
+      continue;
+    }
+    fputs(",\"backend\":", f);
+    gg__json_fputs(f, d->backend);
+    fputs(",\"name\":", f);
+    gg__json_fputs(f, d->name);
+    fputs(",\"uuid\":", f);
+    gg__json_fputs(f, d->uuid);
+    fprintf(f,
+            ",\"total_bytes\":%zu,\"free_bytes\":%zu,\"used_bytes\":%zu,\"compute_capability\":"
+            "\"%d.%d\","
+            "\"driver_version\":%d,\"vmm_supported\":%s",
+            d->total_bytes, d->free_bytes, d->used_bytes, d->cc_major, d->cc_minor,
+            d->driver_version, d->vmm_supported ? "true" : "false");
+    gg__json_telemetry(f, &rows[i].tel);
+    fputc('}', f);
+  }
+  fputc(']', f);
+}
+
+/* The "processes" array: every device's processes, one array. */
+static void gg__json_processes(FILE *f, const gg__devrow_t *rows, int n) {
+  fputs(",\"processes\":[", f);
+  bool first = true;
+  for (int i = 0; i < n; i++)
+    for (size_t j = 0; j < rows[i].nprocs; j++, first = false) {
+      const gg_process_t *p = &rows[i].procs[j];
+      fprintf(f, "%s{\"device\":%d,\"pid\":%d,\"ppid\":%d,\"uid\":%u,\"user\":", first ? "" : ",",
+              p->device, p->pid, p->ppid, p->uid);
+      gg__json_fputs(f, p->user);
+      fprintf(f, ",\"state\":\"%c\",\"start_time\":%llu,\"used_bytes\":", p->state ? p->state : '?',
+              p->start_time);
+      if (p->used_bytes < 0)
+        fputs("null", f);
+      else
+        fprintf(f, "%lld", p->used_bytes);
+      fputs(",\"class\":", f);
+      gg__json_fputs(f, gg_process_class_name(p->cls));
+      fprintf(f, ",\"orphan\":%s,\"session\":", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
+      gg__json_fputs(f, p->session);
+      fputs(",\"command\":", f);
+      gg__json_fputs(f, p->command);
+      fputs(",\"why\":", f);
+      gg__json_fputs(f, p->why);
       fputc('}', f);
     }
-    fputc(']', f);
+  fputc(']', f);
+}
+
+/* The "arenas" array: this process's live arenas. */
+static void gg__json_arenas(FILE *f, const gg__arows_t *ar) {
+  fputs(",\"arenas\":[", f);
+  for (size_t i = 0; i < ar->n; i++) {
+    const gg_arena_stats_t *s = &ar->rows[i].st;
+    fprintf(f, "%s{\"pid\":%d,\"name\":", i ? "," : "", (int)getpid());
+    gg__json_fputs(f, ar->rows[i].name);
+    fputs(",\"backend\":", f);
+    gg__json_fputs(f, ar->rows[i].backend);
+    fprintf(f,
+            ",\"bytes_in_use\":%zu,\"bytes_mapped\":%zu,\"bytes_reserved\":%zu,\"peak_in_use\":%zu,"
+            "\"peak_mapped\":%zu,\"largest_free_block\":%zu,\"n_live\":%llu,\"n_allocs\":%llu,"
+            "\"n_frees\":%llu,\"n_trims\":%llu,\"bytes_trimmed\":%llu,\"scope_depth\":%d,"
+            "\"fragmentation\":%.6f,\"bytes_pending\":%zu}",
+            s->bytes_in_use, s->bytes_mapped, s->bytes_reserved, s->peak_in_use, s->peak_mapped,
+            s->largest_free_block, s->n_live, s->n_allocs, s->n_frees, s->n_trims, s->bytes_trimmed,
+            s->scope_depth, s->fragmentation, s->bytes_pending);
   }
-  if (what & GG_REPORT_PROCESSES) {
-    fputs(",\"processes\":[", f);
-    bool first = true;
-    for (int i = 0; i < n; i++)
-      for (size_t j = 0; j < rows[i].nprocs; j++, first = false) {
-        const gg_process_t *p = &rows[i].procs[j];
-        fprintf(f, "%s{\"device\":%d,\"pid\":%d,\"ppid\":%d,\"uid\":%u,\"user\":", first ? "" : ",",
-                p->device, p->pid, p->ppid, p->uid);
-        gg__json_fputs(f, p->user);
-        fprintf(f, ",\"state\":\"%c\",\"start_time\":%llu,\"used_bytes\":", p->state ? p->state : '?',
-                p->start_time);
-        if (p->used_bytes < 0)
-          fputs("null", f);
-        else
-          fprintf(f, "%lld", p->used_bytes);
-        fputs(",\"class\":", f), gg__json_fputs(f, gg_process_class_name(p->cls));
-        fprintf(f, ",\"orphan\":%s,\"session\":", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
-        gg__json_fputs(f, p->session);
-        fputs(",\"command\":", f), gg__json_fputs(f, p->command);
-        fputs(",\"why\":", f), gg__json_fputs(f, p->why);
-        fputc('}', f);
-      }
-    fputc(']', f);
-  }
-  if (what & GG_REPORT_ARENAS) {
-    fputs(",\"arenas\":[", f);
-    for (size_t i = 0; i < ar->n; i++) {
-      const gg_arena_stats_t *s = &ar->rows[i].st;
-      fprintf(f, "%s{\"pid\":%d,\"name\":", i ? "," : "", (int)getpid());
-      gg__json_fputs(f, ar->rows[i].name);
-      fputs(",\"backend\":", f), gg__json_fputs(f, ar->rows[i].backend);
-      fprintf(f,
-              ",\"bytes_in_use\":%zu,\"bytes_mapped\":%zu,\"bytes_reserved\":%zu,\"peak_in_use\":%zu,"
-              "\"peak_mapped\":%zu,\"largest_free_block\":%zu,\"n_live\":%llu,\"n_allocs\":%llu,"
-              "\"n_frees\":%llu,\"n_trims\":%llu,\"bytes_trimmed\":%llu,\"scope_depth\":%d,"
-              "\"fragmentation\":%.6f,\"bytes_pending\":%zu}",
-              s->bytes_in_use, s->bytes_mapped, s->bytes_reserved, s->peak_in_use, s->peak_mapped,
-              s->largest_free_block, s->n_live, s->n_allocs, s->n_frees, s->n_trims, s->bytes_trimmed,
-              s->scope_depth, s->fragmentation, s->bytes_pending);
-    }
-    fputc(']', f);
-  }
+  fputc(']', f);
+}
+
+static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n,
+                     const gg__arows_t *ar) {
+  fprintf(f, "{\"version\":");
+  gg__json_fputs(f, gg_version());
+  if (what & GG_REPORT_DEVICES) gg__json_devices(f, rows, n);
+  if (what & GG_REPORT_PROCESSES) gg__json_processes(f, rows, n);
+  if (what & GG_REPORT_ARENAS) gg__json_arenas(f, ar);
   fputs("}\n", f);
 }
 
-/* ---- Prometheus ---------------------------------------------------------------------------------- */
+/* ---- Prometheus ------------------------------------------------------------------------------ */
 
 /* What every series of one scrape shares: where the devices came from and the host's name. */
 typedef struct gg__promctx {
@@ -294,10 +325,17 @@ typedef struct gg__promctx {
 static void gg__prom_dev_labels(FILE *f, const gg__promctx_t *c, const gg__devrow_t *r, int gpu) {
   fprintf(f, "gpu=\"%d\",UUID=", gpu);
   gg__prom_label(f, r ? r->info.uuid : "");
-  if (r && r->pci[0]) fputs(",pci_bus_id=", f), gg__prom_label(f, r->pci);
+  if (r && r->pci[0]) {
+    fputs(",pci_bus_id=", f);
+    gg__prom_label(f, r->pci);
+  }
   if (r && r->minor >= 0) fprintf(f, ",device=\"nvidia%d\"", r->minor);
-  if (r && r->info.name[0]) fputs(",modelName=", f), gg__prom_label(f, r->info.name);
-  fputs(",Hostname=", f), gg__prom_label(f, c->hostname);
+  if (r && r->info.name[0]) {
+    fputs(",modelName=", f);
+    gg__prom_label(f, r->info.name);
+  }
+  fputs(",Hostname=", f);
+  gg__prom_label(f, c->hostname);
 }
 
 /* An arena's device (gpuguard's ordinal) among the rows: the row with its UUID (rows may be NVML's,
@@ -324,19 +362,21 @@ static void gg__prom_arenas(FILE *f, const gg__promctx_t *c, const gg__arows_t *
        offsetof(gg_arena_stats_t, bytes_mapped), SIZE},
       {"gpuguard_arena_reserved_bytes", "gauge", "Address space the arena reserved.",
        offsetof(gg_arena_stats_t, bytes_reserved), SIZE},
-      {"gpuguard_arena_peak_in_use_bytes", "gauge", "Highest bytes in use since the arena was created.",
-       offsetof(gg_arena_stats_t, peak_in_use), SIZE},
-      {"gpuguard_arena_peak_mapped_bytes", "gauge", "Highest bytes mapped since the arena was created.",
-       offsetof(gg_arena_stats_t, peak_mapped), SIZE},
+      {"gpuguard_arena_peak_in_use_bytes", "gauge",
+       "Highest bytes in use since the arena was created.", offsetof(gg_arena_stats_t, peak_in_use),
+       SIZE},
+      {"gpuguard_arena_peak_mapped_bytes", "gauge",
+       "Highest bytes mapped since the arena was created.", offsetof(gg_arena_stats_t, peak_mapped),
+       SIZE},
       {"gpuguard_arena_largest_free_block_bytes", "gauge", "Largest free block of mapped memory.",
        offsetof(gg_arena_stats_t, largest_free_block), SIZE},
-      {"gpuguard_arena_live_blocks", "gauge", "Live blocks in the arena.", offsetof(gg_arena_stats_t, n_live),
-       ULL},
+      {"gpuguard_arena_live_blocks", "gauge", "Live blocks in the arena.",
+       offsetof(gg_arena_stats_t, n_live), ULL},
       {"gpuguard_arena_fragmentation_ratio", "gauge",
        "1 - largest free block / (mapped - in use); 0 when nothing mapped is free.",
        offsetof(gg_arena_stats_t, fragmentation), DBL},
-      {"gpuguard_arena_allocations_total", "counter", "Blocks allocated since the arena was created.",
-       offsetof(gg_arena_stats_t, n_allocs), ULL},
+      {"gpuguard_arena_allocations_total", "counter",
+       "Blocks allocated since the arena was created.", offsetof(gg_arena_stats_t, n_allocs), ULL},
       {"gpuguard_arena_frees_total", "counter", "Blocks freed since the arena was created.",
        offsetof(gg_arena_stats_t, n_frees), ULL},
       {"gpuguard_arena_trims_total", "counter", "Trims that returned memory to the device.",
@@ -356,7 +396,8 @@ static void gg__prom_arenas(FILE *f, const gg__promctx_t *c, const gg__arows_t *
       gg__err_save(&saved);
       bool known = a->device >= 0 && gg_device_info(a->device, &d) == 0;
       gg__err_restore(&saved);
-      const gg__devrow_t *row = known && strcmp(a->backend, "host") != 0 ? gg__row_of(c, d.uuid) : NULL;
+      const gg__devrow_t *row =
+          known && strcmp(a->backend, "host") != 0 ? gg__row_of(c, d.uuid) : NULL;
       if (row) {
         gg__prom_dev_labels(f, c, row, row->info.index);
       } else { /* a device NVML does not list (the simulated host device): gpuguard's ordinal */
@@ -414,12 +455,14 @@ static void gg__prom_devices(FILE *f, const gg__promctx_t *c) {
     gg__reading_fn read;
   } m[] = {
       {"gpuguard_device_memory_total_bytes", "Device memory size.", gg__total},
-      {"gpuguard_device_memory_free_bytes", "Device memory free, as the driver reports it.", gg__free},
+      {"gpuguard_device_memory_free_bytes", "Device memory free, as the driver reports it.",
+       gg__free},
       {"gpuguard_device_memory_used_bytes", "Device memory in use (total minus free).", gg__used},
       {"gpuguard_device_utilization_ratio",
        "Fraction of the last sample period in which a kernel ran (NVML).", gg__util},
       {"gpuguard_device_memory_utilization_ratio",
-       "Fraction of the last sample period in which device memory was read or written (NVML).", gg__mutil},
+       "Fraction of the last sample period in which device memory was read or written (NVML).",
+       gg__mutil},
       {"gpuguard_device_temperature_celsius", "GPU core temperature (NVML).", gg__temp},
       {"gpuguard_device_power_watts", "Power draw (NVML).", gg__power},
       {"gpuguard_device_power_limit_watts", "Enforced power limit (NVML).", gg__plimit},
@@ -439,7 +482,10 @@ static void gg__prom_devices(FILE *f, const gg__promctx_t *c) {
     for (int i = 0; i < c->n; i++) {
       double v = c->rows[i].rc == 0 ? m[k].read(&c->rows[i]) : -1;
       if (v < 0) continue;
-      if (!head) gg__prom_head(f, m[k].name, "gauge", m[k].help), head = true;
+      if (!head) {
+        gg__prom_head(f, m[k].name, "gauge", m[k].help);
+        head = true;
+      }
       fprintf(f, "%s{", m[k].name);
       gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
       fprintf(f, "} %.15g\n", v); /* 15 digits: bytes stay exact, 0.87 stays 0.87 */
@@ -462,10 +508,12 @@ static void gg__prom_processes(FILE *f, const gg__promctx_t *c) {
           gg__prom_head(f, "gpuguard_process_memory_used_bytes", "gauge",
                         "Device memory the driver accounts to a process (absent when unknown).");
         if (!head && pass == 1)
-          gg__prom_head(f, "gpuguard_process_info", "gauge",
-                        "A process holding the device: user, class and command line; the value is always 1.");
+          gg__prom_head(
+              f, "gpuguard_process_info", "gauge",
+              "A process holding the device: user, class and command line; the value is always 1.");
         head = true;
-        fprintf(f, "%s{", pass == 0 ? "gpuguard_process_memory_used_bytes" : "gpuguard_process_info");
+        fprintf(f, "%s{",
+                pass == 0 ? "gpuguard_process_memory_used_bytes" : "gpuguard_process_info");
         gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
         fprintf(f, ",pid=\"%d\"", p->pid);
         if (pass == 0) {
@@ -473,8 +521,10 @@ static void gg__prom_processes(FILE *f, const gg__promctx_t *c) {
           continue;
         }
         bool hide = p->cls == GG_PROCESS_FOREIGN && !(c->what & GG_REPORT_ALL_COMMANDS);
-        fputs(",user=", f), gg__prom_label(f, p->user);
-        fputs(",class=", f), gg__prom_label(f, gg_process_class_name(p->cls));
+        fputs(",user=", f);
+        gg__prom_label(f, p->user);
+        fputs(",class=", f);
+        gg__prom_label(f, gg_process_class_name(p->cls));
         fprintf(f, ",orphan=\"%s\",command=", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
         gg__prom_label(f, hide ? "" : p->command);
         fputs("} 1\n", f);
@@ -515,13 +565,15 @@ static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const ch
     return gg__collect(what, rows, n);
   }
   *source = "none";
-  *rows = NULL, *n = 0;
+  *rows = NULL;
+  *n = 0;
   return 0;
 }
 
-/* The devices for JSON: gpuguard's own (CUDA's ordinals, or the simulated host device), except where
- * gpuguard fell back to the host device by itself and NVML sees GPUs (a container with NVML but no
- * CUDA): then NVML's, backend "nvml". GPUGUARD_BACKEND=host asked for keeps the host device. */
+/* The devices for JSON: gpuguard's own (CUDA's ordinals, or the simulated host device), except
+ * where gpuguard fell back to the host device by itself and NVML sees GPUs (a container with NVML
+ * but no CUDA): then NVML's, backend "nvml". GPUGUARD_BACKEND=host asked for keeps the host
+ * device. */
 static int gg__collect_json(unsigned what, gg__devrow_t **rows, int *n) {
   const char *backend = NULL, *asked = gg__env("GPUGUARD_BACKEND");
   gg__err_saved_t saved;
@@ -541,25 +593,33 @@ static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
   gg__promctx_t c = {.rows = rows, .n = n, .what = what};
   if (gethostname(c.hostname, sizeof c.hostname) != 0) c.hostname[0] = '\0';
   c.hostname[sizeof c.hostname - 1] = '\0';
-  gg__prom_head(f, "gpuguard_build_info", "gauge", "The gpuguard library that wrote these series; always 1.");
-  fputs("gpuguard_build_info{version=", f), gg__prom_label(f, gg_version()), fputs("} 1\n", f);
+  gg__prom_head(f, "gpuguard_build_info", "gauge",
+                "The gpuguard library that wrote these series; always 1.");
+  fputs("gpuguard_build_info{version=", f);
+  gg__prom_label(f, gg_version());
+  fputs("} 1\n", f);
   if (what & (GG_REPORT_DEVICES | GG_REPORT_PROCESSES)) {
     int ok = 0;
     for (int i = 0; i < n; i++) ok += rows[i].rc == 0;
-    gg__prom_head(f, "gpuguard_devices", "gauge",
-                  "GPUs this report covers, and where they were read: nvml, cuda, or none (no NVIDIA GPU "
-                  "here, so no device series).");
+    gg__prom_head(
+        f, "gpuguard_devices", "gauge",
+        "GPUs this report covers, and where they were read: nvml, cuda, or none (no NVIDIA GPU "
+        "here, so no device series).");
     fprintf(f, "gpuguard_devices{source=\"%s\"} %d\n", source, ok);
   }
   bool dev_ok = collect_rc == 0, proc_ok = collect_rc == 0;
-  for (int i = 0; i < n; i++) dev_ok &= rows[i].rc == 0, proc_ok &= !rows[i].procs_failed;
+  for (int i = 0; i < n; i++) {
+    dev_ok &= rows[i].rc == 0;
+    proc_ok &= !rows[i].procs_failed;
+  }
   gg__prom_head(f, "gpuguard_scrape_collector_success", "gauge",
                 "1 when the collector read everything it covers, 0 when some reading failed.");
   if (what & GG_REPORT_DEVICES)
     fprintf(f, "gpuguard_scrape_collector_success{collector=\"devices\"} %d\n", dev_ok);
   if (what & GG_REPORT_PROCESSES)
     fprintf(f, "gpuguard_scrape_collector_success{collector=\"processes\"} %d\n", proc_ok);
-  if (what & GG_REPORT_ARENAS) fputs("gpuguard_scrape_collector_success{collector=\"arenas\"} 1\n", f);
+  if (what & GG_REPORT_ARENAS)
+    fputs("gpuguard_scrape_collector_success{collector=\"arenas\"} 1\n", f);
   if (what & GG_REPORT_DEVICES) gg__prom_devices(f, &c);
   if (what & GG_REPORT_PROCESSES) gg__prom_processes(f, &c);
   if (what & GG_REPORT_ARENAS) gg__prom_arenas(f, &c, ar);
@@ -590,6 +650,7 @@ int gg_report(FILE *out, gg_format_t format, unsigned what) {
     gg__prom(out, what, rows, n, source, rc, &ar);
   gg__release(rows, n);
   free(ar.rows);
-  if (fflush(out) != 0 || ferror(out)) return gg__err(GG_EIO, "gg_report: writing the report failed");
+  if (fflush(out) != 0 || ferror(out))
+    return gg__err(GG_EIO, "gg_report: writing the report failed");
   return 0;
 }

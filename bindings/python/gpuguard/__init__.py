@@ -8,11 +8,12 @@ from __future__ import annotations
 import os as _os
 
 from ._lib import version
-from ._version import __version__
+from ._version import __version__ as __version__
 from .arena import NO_STREAM, TRIM_ON_SCOPE_EXIT, Allocation, Arena, ArenaScope
-from .errors import (DriverError, GpuGuardError, InvalidArgumentError, IOError, IOError_, NoDeviceError,  # noqa: A004
-                     NotFoundError, NotSupportedError, OutOfMemoryError, PermissionError, PermissionError_,
-                     StateError, TimeoutError, TimeoutError_)
+from .errors import (DriverError, GpuGuardError, InvalidArgumentError, IOError, NoDeviceError,  # noqa: A004
+                     NotFoundError, NotSupportedError, OutOfMemoryError, PermissionError, StateError, TimeoutError)
+# The older names with a trailing underscore, kept importable (not in __all__).
+from .errors import IOError_ as IOError_, PermissionError_ as PermissionError_, TimeoutError_ as TimeoutError_
 from .guard import DEFAULT_SIGNALS, SIGHUP, SIGINT, SIGNALS_FATAL, SIGQUIT, SIGTERM, Guard
 from .proc import (adopt, arm_child, close_device_fds, orphans, pid_ns_probe, registry_list, registry_register,
                    registry_session, registry_unregister, set_subreaper, spawn, teardown)

@@ -125,7 +125,7 @@ def teardown(guard: Optional[Guard] = None, grace_ms: int = 2000) -> Dict[str, A
         try:
             _check(rc, None, None)
         except Exception as e:
-            setattr(e, "receipt", out)
+            setattr(e, "receipt", out)  # noqa: B010 (not a declared attribute of Exception)
             raise
     return out
 

@@ -10,7 +10,6 @@ wrong type, or the pid of the fuzzer's own sleeping child."""
 import os
 import subprocess
 import sys
-import textwrap
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))

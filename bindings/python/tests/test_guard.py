@@ -90,7 +90,7 @@ def test_exception_in_with_tears_down_then_propagates(tmp_path):
             mark(f"caught:{e}")
     """)
     assert r.returncode == 0, r.stderr
-    assert [l.split()[0] for l in lines] == ["cleanup", "caught:unchanged"]
+    assert [ln.split()[0] for ln in lines] == ["cleanup", "caught:unchanged"]
 
 
 def test_keyboard_interrupt_default_signals(tmp_path):
@@ -103,7 +103,7 @@ def test_keyboard_interrupt_default_signals(tmp_path):
     """)
     assert "KeyboardInterrupt" in r.stderr
     assert r.returncode in (-signal.SIGINT, 1), r.stderr  # Python re-raises SIGINT at exit (3.8+)
-    assert [l.split()[0] for l in lines] == ["cleanup"]  # exactly once
+    assert [ln.split()[0] for ln in lines] == ["cleanup"]  # exactly once
 
 
 def test_handle_sigint_tears_down_then_chains_to_python(tmp_path):
@@ -121,7 +121,7 @@ def test_handle_sigint_tears_down_then_chains_to_python(tmp_path):
         mark("closed")
     """)
     assert r.returncode == 0, r.stderr
-    assert [l.split()[0] for l in lines] == ["cleanup", "KeyboardInterrupt", "closed"]
+    assert [ln.split()[0] for ln in lines] == ["cleanup", "KeyboardInterrupt", "closed"]
 
 
 def test_sigterm_runs_cleanup_once_and_dies_of_sigterm(tmp_path):
@@ -160,7 +160,7 @@ def test_interpreter_exit_runs_cleanups_once(tmp_path):
         sys.exit(3)
     """)
     assert r.returncode == 3, r.stderr
-    assert [l.split()[0] for l in lines] == ["cleanup"]
+    assert [ln.split()[0] for ln in lines] == ["cleanup"]
 
 
 def test_forked_child_gets_state_error_and_never_runs_parent_cleanups(tmp_path):
@@ -185,11 +185,11 @@ def test_forked_child_gets_state_error_and_never_runs_parent_cleanups(tmp_path):
         g.close()
     """)
     assert r.returncode == 0, r.stderr
-    words = [l.split()[0] for l in lines]
+    words = [ln.split()[0] for ln in lines]
     assert words == ["child-guard-StateError", "child-arena-StateError", "child-spawn-StateError",
                      "child-exit-0", "cleanup"], (words, r.stderr)
     child_pid = lines[0].split()[1]
-    parent_pids = {l.split()[1] for l in lines[3:]}
+    parent_pids = {ln.split()[1] for ln in lines[3:]}
     assert len(parent_pids) == 1 and child_pid not in parent_pids  # the parent ran it, the child did not
 
 

@@ -271,11 +271,11 @@ def test_record_and_plot(tmp_path):
             pass
         print("OK")
     """)
-    lines = [json.loads(l) for l in path.read_text().splitlines()]
+    lines = [json.loads(ln) for ln in path.read_text().splitlines()]
     assert lines[0]["type"] == "meta" and lines[0]["series"] == ["driver_used", "in_use", "reserved"]
-    marks = [l for l in lines if l["type"] == "mark"]
+    marks = [ln for ln in lines if ln["type"] == "mark"]
     assert [m["kind"] for m in marks].count("round") == 3 and marks[-1]["kind"] == "oom"
-    peak = [l for l in lines if l["type"] == "holders"]
+    peak = [ln for ln in lines if ln["type"] == "holders"]
     assert len(peak) == 1 and peak[0]["rows"] and peak[0]["rows"][0]["chain"]
     r = subprocess.run([sys.executable, "-m", "gpuguard.diagnostics.plot", str(path), "-o", str(out), "--x", "step"],
                        capture_output=True, text=True, cwd=PKG, timeout=60)
@@ -287,7 +287,7 @@ def test_record_and_plot(tmp_path):
     series = {p.get("data-series") for p in svg.iter(ns + "path")}
     assert series == {"in_use", "reserved", "driver_used"}, series
     for p in svg.iter(ns + "path"):
-        assert len(re.findall(r"[ML]", p.get("d"))) == sum(1 for l in lines if l["type"] == "sample")
+        assert len(re.findall(r"[ML]", p.get("d"))) == sum(1 for ln in lines if ln["type"] == "sample")
     groups = [g.get("class") for g in svg.iter(ns + "g")]
     assert groups.count("mark round-mark") == 3 and groups.count("mark oom-mark") == 1
     assert "peak-mark" in groups

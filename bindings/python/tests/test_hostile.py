@@ -4,7 +4,6 @@ intervals that would busy-loop, freed blocks in holders(), script in a timeline,
 FIFO as a leak report or beside `plot -o`, and a shim cache another user can write (as root with a
 second user where one can be made)."""
 import json
-import math
 import os
 import pwd
 import subprocess

@@ -105,8 +105,8 @@ def test_monitor_sinks_and_guard(tmp_path, lib_env):
     # No NVML here: the simulated host device is never exported as a GPU; gpuguard_devices says none.
     assert "gpuguard_device_memory_used_bytes" not in fams and fams["gpuguard_devices"].samples[0].value == 0
     assert "gpuguard_arena_in_use_bytes" in body and js["arenas"]
-    lines = [json.loads(l) for l in log.read_text().splitlines()]
-    assert len(lines) == n and all("devices" in l and "time" in l for l in lines)
+    lines = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert len(lines) == n and all("devices" in ln and "time" in ln for ln in lines)
     assert got and any(a["name"] == "watched" and a["bytes_in_use"] == 3 << 20 for a in got[0]["arenas"])
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
     with pytest.raises(TypeError):

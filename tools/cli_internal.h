@@ -1,7 +1,8 @@
-/* cli.h — what the `gpuguard` command's files share: usage errors, the process table's rows, text made
- * safe for a terminal, and the pieces of `watch` (the terminal view and the Prometheus exporter). */
-#ifndef GG_CLI_H
-#define GG_CLI_H
+/* cli_internal.h — what the `gpuguard` command's files share: cli.c's usage errors, option values,
+ * text made safe for a terminal and the process table's rows; each command's entry point (cmd_*.c,
+ * dispatched from gpuguard.c's table); and the pieces of `watch` (the Prometheus exporter). */
+#ifndef GG_CLI_INTERNAL_H
+#define GG_CLI_INTERNAL_H
 
 #include <getopt.h>
 #include <stdbool.h>
@@ -26,29 +27,38 @@ extern const command_t *current;
 void usage(FILE *f, const command_t *c);
 /* A bad flag: says what was wrong, prints the usage to stderr; returns EXIT_USAGE. */
 int bad_usage(const char *fmt, const char *what);
-/* getopt_long for every command: returns -1 when done, the option, '?' for an unknown one, ':' for one
- * whose value is missing (also `--grace --`, where "--" would be taken as the value). */
+/* getopt_long for every command: returns -1 when done, the option, '?' for an unknown one, ':' for
+ * one whose value is missing (also `--grace --`, where "--" would be taken as the value). */
 int next_opt(int argc, char **argv, const struct option *longs);
 /* The usage error for '?' or ':' from next_opt. */
 int cli_opt_error(int opt, char **argv);
 
 const char *human(double bytes, char *buf, size_t cap);
 
-/* Copies s into out (cap bytes) so that a terminal shows it as text and nothing else: printable ASCII
- * and well-formed UTF-8 above U+009F pass; control characters (ESC, CR, LF, C1 controls such as CSI)
- * and bytes that are not UTF-8 become \xHH. A row printed from it cannot move the cursor or forge a
- * line. Cut at a character boundary when out is too small. */
+/* Copies s into out (cap bytes) so that a terminal shows it as text and nothing else: printable
+ * ASCII and well-formed UTF-8 above U+009F pass; control characters (ESC, CR, LF, C1 controls such
+ * as CSI) and bytes that are not UTF-8 become \xHH. A row printed from it cannot move the cursor or
+ * forge a line. Cut at a character boundary when out is too small. */
 void cli_safe_text(const char *s, char *out, size_t cap);
 
 /* The longest prefix of s (safe text) that fits in cols terminal columns (cols < 0: no limit): its
  * length in bytes; *used receives its width. Wide characters count two. */
 size_t cli_fit(const char *s, int cols, int *used);
 
-/* Every process holding any device, except this one (the CLI's own device descriptors are not news).
- * Returns 0, or 1 after a message to errs (NULL: none); *no_gpu is set when there is no NVIDIA GPU. */
+/* Every process holding any device, except this one (the CLI's own device descriptors are not
+ * news). Returns 0, or 1 after a message to errs (NULL: none); *no_gpu is set when there is no
+ * NVIDIA GPU. */
 int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs);
+/* Whether `gpuguard reap` (as this user; with --all-users as root) ends what this row is. */
+bool cli_reapable(const gg_process_t *p);
 
-/* watch.c */
+/* ---- the commands, one file each (cmd_NAME.c) ------------------------------------------------ */
+int cmd_ps(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_reap(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
 int cmd_watch(int argc, char **argv);
 
 /* exporter.c: Prometheus text for node_exporter's textfile collector, and over HTTP. */
@@ -72,18 +82,23 @@ exporter_t *exporter_open(const char *spec, unsigned what);
 int exporter_serve(exporter_t *ex, double deadline_ms, int wake_fd);
 void exporter_close(exporter_t *ex);
 
-/* ---- option values every command reads the same way (gpuguard.c) ---- */
-/* A duration: a number with a unit (ms, s, m) or a bare number in default_unit_ms; between min_ms and
- * max_ms. false after a usage message naming opt. */
-bool cli_duration(const char *opt, const char *text, double default_unit_ms, double min_ms, double max_ms,
-                  double *out_ms);
+/* ---- option values every command reads the same way (cli.c) ---------------------------------- */
+/* A duration: a number with a unit (ms, s, m) or a bare number in default_unit_ms; between min_ms
+ * and max_ms. false after a usage message naming opt. */
+bool cli_duration(const char *opt, const char *text, double default_unit_ms, double min_ms,
+                  double max_ms, double *out_ms);
 /* --color=auto|always|never: 0 never, 1 always, 2 auto; -1 after a usage message. */
 int cli_color_mode(const char *text);
-/* Whether to colour output to fd: always, never, or auto (a terminal, NO_COLOR unset, TERM not dumb). */
+/* Whether to colour output to fd: always, never, or auto (a terminal, NO_COLOR unset, TERM not
+ * dumb). */
 bool cli_color_on(int mode, int fd);
 /* -i/--id N: a device number; false after a usage message. */
 bool cli_device_arg(const char *text, int *device);
-/* No NVIDIA GPU here: the library runs on its simulated host device and NVML is not there either. */
+/* --grace TIME for run and reap: milliseconds, at most the library's GG_PROC_GRACE_MAX_MS; false
+ * after a usage message. */
+bool cli_grace(const char *text, long *out);
+/* No NVIDIA GPU here: the library runs on its simulated host device and NVML is not there
+ * either. */
 bool cli_no_gpu(void);
 
 #endif

@@ -1,6 +1,6 @@
-/* watch.c — `gpuguard watch`: devices (memory, utilisation, temperature, power), the processes holding
- * them and the gpuguard sessions, redrawn in place on a terminal; or, with --prom-file/--listen, the
- * Prometheus exporter (exporter.c). */
+/* cmd_watch.c — `gpuguard watch`: devices (memory, utilisation, temperature, power), the processes
+ * holding them and the gpuguard sessions, redrawn in place on a terminal; or, with
+ * --prom-file/--listen, the Prometheus exporter (exporter.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -16,9 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_internal.h"
 
-/* ---- the screen: a frame built in memory, cut to the width, written at once ---------------------------- */
+/* ---- the screen: a frame built in memory, cut to the width, written at once ------------------ */
 
 typedef struct screen {
   char *buf;
@@ -34,7 +34,8 @@ static void sc_raw(screen_t *s, const char *p, size_t n) {
     while (c < s->len + n + 1) c *= 2;
     char *grown = realloc(s->buf, c);
     if (!grown) return; /* the frame comes out shorter */
-    s->buf = grown, s->cap = c;
+    s->buf = grown;
+    s->cap = c;
   }
   memcpy(s->buf + s->len, p, n);
   s->len += n;
@@ -43,8 +44,8 @@ static void sc_raw(screen_t *s, const char *p, size_t n) {
 
 static bool sc_full(const screen_t *s) { return s->rows > 0 && s->row >= s->rows; }
 
-/* Appends text that is safe already (cli_safe_text, or our own) in colour sgr ("" for none), cut at the
- * width so that nothing wraps. */
+/* Appends text that is safe already (cli_safe_text, or our own) in colour sgr ("" for none), cut at
+ * the width so that nothing wraps. */
 static void sc_put(screen_t *s, const char *sgr, const char *text) {
   if (sc_full(s)) return;
   int used;
@@ -52,13 +53,17 @@ static void sc_put(screen_t *s, const char *sgr, const char *text) {
   if (n == 0) return;
   s->col += used;
   bool colored = s->color && sgr && *sgr;
-  if (colored) sc_raw(s, "\033[", 2), sc_raw(s, sgr, strlen(sgr)), sc_raw(s, "m", 1);
+  if (colored) {
+    sc_raw(s, "\033[", 2);
+    sc_raw(s, sgr, strlen(sgr));
+    sc_raw(s, "m", 1);
+  }
   sc_raw(s, text, n);
   if (colored) sc_raw(s, "\033[0m", 4);
 }
 
-__attribute__((format(printf, 3, 4))) static void sc_printf(screen_t *s, const char *sgr, const char *fmt,
-                                                            ...) {
+__attribute__((format(printf, 3, 4))) static void sc_printf(screen_t *s, const char *sgr,
+                                                            const char *fmt, ...) {
   char text[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -67,16 +72,17 @@ __attribute__((format(printf, 3, 4))) static void sc_printf(screen_t *s, const c
   sc_put(s, sgr, text);
 }
 
-/* Ends a line: the rest of the old line is cleared (no full-screen clear, so no flicker); the last row
- * of the terminal gets no newline, so the screen never scrolls. */
+/* Ends a line: the rest of the old line is cleared (no full-screen clear, so no flicker); the last
+ * row of the terminal gets no newline, so the screen never scrolls. */
 static void sc_endl(screen_t *s) {
   if (sc_full(s)) return;
   if (s->tty && (s->cols == 0 || s->col < s->cols)) sc_raw(s, "\033[K", 3);
-  s->row++, s->col = 0;
+  s->row++;
+  s->col = 0;
   if (!s->tty || !sc_full(s)) sc_raw(s, "\n", 1);
 }
 
-/* ---- one frame ---------------------------------------------------------------------------------------- */
+/* ---- one frame ------------------------------------------------------------------------------- */
 
 #define SGR_TITLE  "1"
 #define SGR_HEAD   "1;7"
@@ -109,14 +115,16 @@ static void sc_fill(screen_t *s, const char *sgr) {
 static void draw_devices(screen_t *s, int only) {
   int n = 0;
   if (gg_device_count(&n) < 0) {
-    sc_printf(s, SGR_ORPHAN, "devices: %s", gg_last_error()), sc_endl(s);
+    sc_printf(s, SGR_ORPHAN, "devices: %s", gg_last_error());
+    sc_endl(s);
     return;
   }
   sc_put(s, SGR_HEAD, "GPU NAME                  UTIL  MEM  TEMP     POWER  MEMORY");
   sc_fill(s, SGR_HEAD);
   sc_endl(s);
   if (only >= n) {
-    sc_printf(s, SGR_ORPHAN, "(no device %d: there %s %d)", only, n == 1 ? "is" : "are", n), sc_endl(s);
+    sc_printf(s, SGR_ORPHAN, "(no device %d: there %s %d)", only, n == 1 ? "is" : "are", n);
+    sc_endl(s);
     return;
   }
   for (int i = only >= 0 ? only : 0; i < (only >= 0 ? only + 1 : n); i++) {
@@ -124,7 +132,8 @@ static void draw_devices(screen_t *s, int only) {
     if (gg_device_info(i, &d) < 0) {
       char why[256];
       cli_safe_text(gg_last_error(), why, sizeof why);
-      sc_printf(s, SGR_ORPHAN, "%-3d (unreadable: %s)", i, why), sc_endl(s);
+      sc_printf(s, SGR_ORPHAN, "%-3d (unreadable: %s)", i, why);
+      sc_endl(s);
       continue;
     }
     gg_device_telemetry_t t;
@@ -144,7 +153,8 @@ static void draw_devices(screen_t *s, int only) {
       snprintf(cell, sizeof cell, " %4.0f/%3.0fW", t.power_watts, t.power_limit_watts);
     else
       snprintf(cell, sizeof cell, " %8.0fW", t.power_watts);
-    sc_put(s, t.power_limit_watts > 0 ? level(t.power_watts / t.power_limit_watts, 0.8, 0.95) : "", cell);
+    sc_put(s, t.power_limit_watts > 0 ? level(t.power_watts / t.power_limit_watts, 0.8, 0.95) : "",
+           cell);
     double used = d.total_bytes ? (double)d.used_bytes / (double)d.total_bytes : 0;
     char a[32], b[32];
     snprintf(cell, sizeof cell, "  %s / %s", human((double)d.used_bytes, a, sizeof a),
@@ -162,8 +172,10 @@ static void draw_devices(screen_t *s, int only) {
       sc_put(s, "", "]");
     }
     sc_endl(s);
-    if (strcmp(d.backend, "host") == 0)
-      sc_put(s, SGR_DIM, "    (no usable CUDA device: gpuguard's simulated host device)"), sc_endl(s);
+    if (strcmp(d.backend, "host") == 0) {
+      sc_put(s, SGR_DIM, "    (no usable CUDA device: gpuguard's simulated host device)");
+      sc_endl(s);
+    }
   }
 }
 
@@ -172,7 +184,8 @@ static void draw_processes(screen_t *s, int only) {
   size_t n = 0;
   bool no_gpu = false;
   if (cli_gather_processes(&rows, &n, &no_gpu, NULL) != 0) { /* no stderr: it is this screen */
-    sc_put(s, SGR_DIM, no_gpu ? "(no NVIDIA GPU here: nothing holds GPU memory)" : "(processes unreadable)");
+    sc_put(s, SGR_DIM,
+           no_gpu ? "(no NVIDIA GPU here: nothing holds GPU memory)" : "(processes unreadable)");
     sc_endl(s);
     free(rows);
     return;
@@ -192,8 +205,8 @@ static void draw_processes(screen_t *s, int only) {
     cli_safe_text(p->command, cmd, sizeof cmd);
     bool orphan = p->cls == GG_PROCESS_ORPHAN;
     orphans += orphan;
-    sc_printf(s, orphan ? SGR_ORPHAN : "", "%-3d %7d %7d %-10.10s %9s %-10s %s", p->device, p->pid, p->ppid,
-              user, mem, orphan ? "ORPHAN" : gg_process_class_name(p->cls), cmd);
+    sc_printf(s, orphan ? SGR_ORPHAN : "", "%-3d %7d %7d %-10.10s %9s %-10s %s", p->device, p->pid,
+              p->ppid, user, mem, orphan ? "ORPHAN" : gg_process_class_name(p->cls), cmd);
     sc_endl(s);
   }
   sc_printf(s, orphans ? SGR_ORPHAN : SGR_DIM, "%zu process%s%s", shown, shown == 1 ? "" : "es",
@@ -217,7 +230,8 @@ static void draw_sessions(screen_t *s) {
     cli_safe_text(recs[i].command, cmd, sizeof cmd);
     cli_safe_text(recs[i].devices[0] ? recs[i].devices : "-", devs, sizeof devs);
     sc_printf(s, recs[i].stale ? SGR_ORPHAN : "", "%-8.8s %-7s %7d %-8.8s %s%s", recs[i].session,
-              recs[i].stale ? "DEAD" : recs[i].role, recs[i].pid, devs, recs[i].stale ? "(gone) " : "", cmd);
+              recs[i].stale ? "DEAD" : recs[i].role, recs[i].pid, devs,
+              recs[i].stale ? "(gone) " : "", cmd);
     sc_endl(s);
   }
 }
@@ -235,7 +249,7 @@ static void draw(screen_t *s, double interval, int only) {
   draw_sessions(s);
 }
 
-/* ---- the terminal: alternate screen, keys without Enter, restored on every way out -------------------- */
+/* ---- the terminal: alternate screen, keys without Enter, restored on every way out ----------- */
 
 static int wake_pipe[2] = {-1, -1};
 
@@ -253,7 +267,8 @@ static const int taken[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGWINCH, SIGTSTP}
 
 typedef struct term {
   bool out_tty, in_tty, entered;
-  bool alt; /* the alternate screen: a view that runs until q; --count leaves its last frame visible */
+  /* the alternate screen: a view that runs until q; --count leaves its last frame visible */
+  bool alt;
   struct termios saved;
   struct sigaction old[NTAKEN];
 } term_t;
@@ -263,26 +278,33 @@ static void write_all(const char *p, size_t n) {
     ssize_t w = write(STDOUT_FILENO, p, n);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return;
-    p += w, n -= (size_t)w;
+    p += w;
+    n -= (size_t)w;
   }
 }
 
 static void term_enter(term_t *t) {
   if (t->in_tty && tcgetattr(STDIN_FILENO, &t->saved) == 0) {
     struct termios raw = t->saved;
-    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO); /* keys without Enter, not echoed; ^C still signals */
-    raw.c_cc[VMIN] = 0, raw.c_cc[VTIME] = 0;
+    /* keys without Enter, not echoed; ^C still signals */
+    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+    raw.c_cc[VMIN] = 0;
+    raw.c_cc[VTIME] = 0;
     tcsetattr(STDIN_FILENO, TCSANOW, &raw);
     t->entered = true;
   }
   static const char enter[] = "\033[?1049h\033[?25l\033[H\033[2J"; /* alternate screen, no cursor */
-  if (t->out_tty) write_all(t->alt ? enter : enter + 8, t->alt ? sizeof enter - 1 : sizeof enter - 9);
+  if (t->out_tty)
+    write_all(t->alt ? enter : enter + 8, t->alt ? sizeof enter - 1 : sizeof enter - 9);
 }
 
 static void term_leave(term_t *t) {
   static const char leave[] = "\033[?25h\033[?1049l";
   if (t->out_tty) write_all(t->alt ? leave : "\033[?25h\n", t->alt ? sizeof leave - 1 : 7);
-  if (t->entered) tcsetattr(STDIN_FILENO, TCSANOW, &t->saved), t->entered = false;
+  if (t->entered) {
+    tcsetattr(STDIN_FILENO, TCSANOW, &t->saved);
+    t->entered = false;
+  }
 }
 
 static void take_signals(term_t *t) {
@@ -297,19 +319,24 @@ static void give_back_signals(term_t *t) {
   for (size_t i = 0; i < NTAKEN; i++) sigaction(taken[i], &t->old[i], NULL);
 }
 
-/* Terminal size: the terminal's own, else COLUMNS/LINES, else 80x24; not a terminal: COLUMNS or no limit. */
+/* Terminal size: the terminal's own, else COLUMNS/LINES, else 80x24; not a terminal: COLUMNS or no
+ * limit. */
 static void screen_size(screen_t *s) {
   struct winsize ws;
   const char *c = getenv("COLUMNS"), *l = getenv("LINES");
-  s->cols = c ? atoi(c) : 0, s->rows = 0;
+  s->cols = c ? atoi(c) : 0;
+  s->rows = 0;
   if (!s->tty) return;
   s->rows = l ? atoi(l) : 0;
-  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) s->cols = ws.ws_col, s->rows = ws.ws_row;
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) {
+    s->cols = ws.ws_col;
+    s->rows = ws.ws_row;
+  }
   if (s->cols <= 0) s->cols = 80;
   if (s->rows <= 0) s->rows = 24;
 }
 
-/* ---- --record: samples as JSON lines, the timeline format gpuguard.diagnostics.plot draws ---------- */
+/* ---- --record: samples as JSON lines, the timeline format gpuguard.diagnostics.plot draws ---- */
 
 typedef struct recorder {
   FILE *f;
@@ -317,13 +344,17 @@ typedef struct recorder {
   long step;
 } recorder_t;
 
-/* Opens path for appending; a new (or empty) file gets the meta record first, an existing timeline is
- * continued (its start and step count kept), so several runs of watch make one timeline. */
-/* A timeline is a regular file: a symbolic link there is not followed (root would append to whatever
- * it names) and a FIFO or device is refused at once instead of blocking before the first sample. */
+/* Opens path for appending; a new (or empty) file gets the meta record first, an existing timeline
+ * is continued (its start and step count kept), so several runs of watch make one timeline. */
+/* A timeline is a regular file: a symbolic link there is not followed (root would append to
+ * whatever it names) and a FIFO or device is refused at once instead of blocking before the first
+ * sample. */
 static FILE *record_fopen(const char *path, int flags, const char *mode) {
   int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
-  if (fd < 0) return errno == ELOOP ? (errno = EINVAL, NULL) : NULL;
+  if (fd < 0) {
+    if (errno == ELOOP) errno = EINVAL;
+    return NULL;
+  }
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || fcntl(fd, F_SETFL, flags & O_APPEND) != 0) {
     close(fd);
@@ -338,11 +369,12 @@ static FILE *record_fopen(const char *path, int flags, const char *mode) {
 static int record_open(recorder_t *r, const char *path) {
   *r = (recorder_t){0};
   FILE *old = record_fopen(path, O_RDONLY, "r");
-  if (!old && errno == EINVAL)
-    return fprintf(stderr,
-                   "gpuguard watch: --record %s: not a regular file (a symbolic link, FIFO or device)\n",
-                   path),
-           1;
+  if (!old && errno == EINVAL) {
+    fprintf(stderr,
+            "gpuguard watch: --record %s: not a regular file (a symbolic link, FIFO or device)\n",
+            path);
+    return 1;
+  }
   char line[4096];
   if (old) {
     bool first = true;
@@ -355,11 +387,12 @@ static int record_open(recorder_t *r, const char *path) {
     fclose(old);
   }
   r->f = record_fopen(path, O_WRONLY | O_APPEND | O_CREAT, "a");
-  if (!r->f)
-    return fprintf(stderr, "gpuguard watch: --record %s: %s\n", path,
-                   errno == EINVAL ? "not a regular file (a symbolic link, FIFO or device)"
-                                   : strerror(errno)),
-           1;
+  if (!r->f) {
+    fprintf(stderr, "gpuguard watch: --record %s: %s\n", path,
+            errno == EINVAL ? "not a regular file (a symbolic link, FIFO or device)"
+                            : strerror(errno));
+    return 1;
+  }
   if (r->start <= 0) {
     r->start = gg__clock_ms(CLOCK_REALTIME) / 1e3;
     int n = 0;
@@ -373,12 +406,13 @@ static int record_open(recorder_t *r, const char *path) {
   }
   if (fflush(r->f) == 0) return 0;
   fprintf(stderr, "gpuguard watch: --record %s: %s\n", path, strerror(errno));
-  fclose(r->f), r->f = NULL;
+  fclose(r->f);
+  r->f = NULL;
   return 1;
 }
 
-/* One sample: each device's used memory as the driver reports it (device 0 as "driver_used", the name
- * gpuguard.record() gives it; the others as "driver_used_gpuN"). */
+/* One sample: each device's used memory as the driver reports it (device 0 as "driver_used", the
+ * name gpuguard.record() gives it; the others as "driver_used_gpuN"). */
 static void record_sample(recorder_t *r) {
   if (!r->f) return;
   int n = 0;
@@ -400,7 +434,7 @@ static void record_sample(recorder_t *r) {
   fflush(r->f);
 }
 
-/* ---- the command -------------------------------------------------------------------------------------- */
+/* ---- the command ----------------------------------------------------------------------------- */
 
 typedef struct watch_opts {
   double interval; /* seconds */
@@ -427,7 +461,10 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
   int o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
     char *end = NULL;
-    if (o == 'h') return usage(stdout, current), 0;
+    if (o == 'h') {
+      usage(stdout, current);
+      return 0;
+    }
     if (o == 'I') {
       double ms;
       if (!cli_duration("--interval", optarg, 1000, 50, 86400e3, &ms)) return EXIT_USAGE;
@@ -449,7 +486,8 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
     } else if (o == 'n') {
       w->color = 0;
     } else if (o == 'C') {
-      if ((w->color = cli_color_mode(optarg)) < 0) return EXIT_USAGE;
+      w->color = cli_color_mode(optarg);
+      if (w->color < 0) return EXIT_USAGE;
     } else if (o == 'i') {
       if (!cli_device_arg(optarg, &w->device)) return EXIT_USAGE;
     } else if (o == 'a') {
@@ -463,13 +501,14 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
   if (w->device >= 0 && (w->prom || w->listen))
-    return bad_usage("%s",
-                     "-i selects a device for the view; the exporter covers every GPU (as DCGM's does)");
+    return bad_usage(
+        "%s", "-i selects a device for the view; the exporter covers every GPU (as DCGM's does)");
   return -1;
 }
 
-/* Waits until deadline (gg__now_ms() / 1e3: seconds), a key, a signal or a client. Returns the signal
- * number, 'q' for q, 'k' for another key, 'c' for a client waiting on listen_fd, 0 when the time is up. */
+/* Waits until deadline (gg__now_ms() / 1e3: seconds), a key, a signal or a client. Returns the
+ * signal number, 'q' for q, 'k' for another key, 'c' for a client waiting on listen_fd, 0 when the
+ * time is up. */
 static int wait_event(double deadline, bool keys, int listen_fd) {
   struct pollfd p[3] = {{.fd = wake_pipe[0], .events = POLLIN},
                         {.fd = keys ? STDIN_FILENO : -1, .events = POLLIN},
@@ -487,7 +526,10 @@ static int wait_event(double deadline, bool keys, int listen_fd) {
     if (p[1].revents & POLLIN) {
       char keybuf[64];
       ssize_t r = read(STDIN_FILENO, keybuf, sizeof keybuf);
-      if (r <= 0) keys = false, p[1].fd = -1; /* stdin closed: no more keys */
+      if (r <= 0) {
+        keys = false;
+        p[1].fd = -1;
+      } /* stdin closed: no more keys */
       for (ssize_t i = 0; i < r; i++)
         if (keybuf[i] == 'q' || keybuf[i] == 'Q') return 'q';
       if (r > 0) return 'k';
@@ -503,7 +545,8 @@ static int wait_event(double deadline, bool keys, int listen_fd) {
 static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
   unsigned what = GG_REPORT_ALL | GG_REPORT_NOT_SELF | (w->all_users ? GG_REPORT_ALL_COMMANDS : 0);
   if (cli_no_gpu())
-    fputs("gpuguard watch: no NVIDIA GPU on this machine (neither CUDA nor NVML): exporting no device "
+    fputs("gpuguard watch: no NVIDIA GPU on this machine (neither CUDA nor NVML): exporting no "
+          "device "
           "series (gpuguard_devices{source=\"none\"} 0), never the simulated host device\n",
           stderr);
   exporter_t *ex = w->listen ? exporter_open(w->listen, what) : NULL;
@@ -518,7 +561,8 @@ static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
         if (failed && !failing)
           fprintf(stderr, "gpuguard watch: --prom-file %s: trying again every %.3g s\n", w->prom,
                   w->interval);
-        if (!failed && failing) fprintf(stderr, "gpuguard watch: --prom-file %s: written again\n", w->prom);
+        if (!failed && failing)
+          fprintf(stderr, "gpuguard watch: --prom-file %s: written again\n", w->prom);
         failing = failed;
       }
       record_sample(rec);
@@ -580,7 +624,9 @@ int cmd_watch(int argc, char **argv) {
     if (rec.f) fclose(rec.f);
     return 1;
   }
-  term_t t = {.out_tty = isatty(STDOUT_FILENO) == 1, .in_tty = isatty(STDIN_FILENO) == 1, .alt = w.count < 0};
+  term_t t = {.out_tty = isatty(STDOUT_FILENO) == 1,
+              .in_tty = isatty(STDIN_FILENO) == 1,
+              .alt = w.count < 0};
   take_signals(&t);
   if (w.prom || w.listen)
     rc = run_exporter(&w, &rec);
@@ -588,6 +634,7 @@ int cmd_watch(int argc, char **argv) {
     rc = run_view(&w, &t, &rec);
   give_back_signals(&t);
   if (rec.f) fclose(rec.f);
-  close(wake_pipe[0]), close(wake_pipe[1]);
+  close(wake_pipe[0]);
+  close(wake_pipe[1]);
   return rc;
 }
