@@ -5,7 +5,7 @@
 # suites, the Python sdist and the wheel built from it (checked with auditwheel: manylinux_2_28; headers
 # and CMake package used by a consumer) installed in a fresh venv with the Python tests run against it,
 # the Doxygen reference (warnings are errors), a static check with cppcheck, and the layout and lint
-# checks (clang-format, shellcheck, ruff). Build trees go under build/ci-*; each step's full output goes
+# checks (clang-format, shellcheck, ruff, mypy). Build trees go under build/ci-*; each step's full output goes
 # to build/ci-logs/ (the screen gets one line a step and a line a test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,11 +64,14 @@ echo "    clang-format: clean"
 # Shell scripts checked at warning level: scripts/ and the shell tests.
 shellcheck -S warning scripts/*.sh tests/*.sh tests/wheel/*.sh
 echo "    shellcheck: clean"
-# Python lint with ruff (its settings: bindings/python/pyproject.toml), in a venv of its own; the
-# version is pinned so that a new release's checks do not fail a change that did not touch Python.
-logged lint-venv sh -c "python3 -m venv build/ci-lint && build/ci-lint/bin/python -m pip install -q ruff==0.17.6"
+# Python lint with ruff and types with mypy (settings: bindings/python/pyproject.toml), in a venv of
+# their own; the versions are pinned so that a new release's checks do not fail a change that did not
+# touch Python.
+logged lint-venv sh -c "python3 -m venv build/ci-lint && build/ci-lint/bin/python -m pip install -q ruff==0.17.6 mypy==2.4.1"
 (cd bindings/python && ../../build/ci-lint/bin/ruff check -q gpuguard tests ../../bench/*.py)
 echo "    ruff: clean"
+logged mypy sh -c "cd bindings/python && ../../build/ci-lint/bin/mypy"
+echo "    mypy: clean ($(grep -o 'in [0-9]* source files' "$logs/mypy.log"))"
 
 step "2/8 -Werror build and the whole CTest suite (gpu tests skip without a device)"
 configure_build build/ci-release

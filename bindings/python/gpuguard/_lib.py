@@ -7,7 +7,7 @@ import ctypes.util
 import os
 from ctypes import (POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_int, c_longlong, c_size_t, c_uint,
                     c_ulonglong, c_void_p)
-from typing import Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from ._version import __version__
 from .errors import GG_ENOTSUP, error_for
@@ -260,6 +260,10 @@ def _missing(name: str) -> Callable[..., Any]:
 class _Functions:
     """Attribute access to the declared functions; a symbol the library lacks raises when called."""
 
+    if TYPE_CHECKING:  # set from FUNCTIONS below: any name, as far as the type checker knows
+
+        def __getattr__(self, name: str) -> Any: ...
+
 
 C = _Functions()
 for _name, _args, _res, _checked in FUNCTIONS:
@@ -283,6 +287,10 @@ _HOT = ("gg_alloc_ex", "gg_free", "gg_scope_begin", "gg_scope_end")
 
 class _Raw:
     """Unchecked hot-path functions: each returns the raw status; use raise_for() on a negative one."""
+
+    if TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any: ...
 
 
 RAW = _Raw()

@@ -87,7 +87,7 @@ def _preload_in_forkserver() -> None:
         fs = forkserver._forkserver  # type: ignore[attr-defined]
         mods = list(getattr(fs, "_preload_modules", None) or [])
         if "gpuguard._arm_forkserver" not in mods:
-            fs._preload_modules = mods + ["gpuguard._arm_forkserver"]
+            fs._preload_modules = mods + ["gpuguard._arm_forkserver"]  # type: ignore[attr-defined]
     except Exception:  # another Python's internals: the workers are still armed against the forkserver
         pass
 

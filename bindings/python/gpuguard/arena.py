@@ -7,7 +7,7 @@ import os
 import threading
 import weakref
 from ctypes import byref, c_void_p
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union, cast
 
 from . import _lib
 from ._lib import C, RAW, ArenaOptions, ArenaStats, BlockInfo, Scope as _CScope, StatsBuffer, enc, raise_for
@@ -18,7 +18,7 @@ NO_STREAM = 0x1
 TRIM_ON_SCOPE_EXIT = 0x2
 """Flag: trim whenever the outermost scope ends."""
 
-_STATS_FIELDS = [name for name, _ in ArenaStats._fields_ if name != "reserved_"]
+_STATS_FIELDS = [field[0] for field in ArenaStats._fields_ if field[0] != "reserved_"]
 
 # The per-allocation path, bound once. Out-pointers for gg_alloc_ex are pooled: list.pop and append are
 # atomic under the GIL, so each call, in any thread, has one of its own while the C call runs.
@@ -156,7 +156,7 @@ class Arena:
         # holders() lists an Allocation only while the arena has its block and the generation is its own
         # (a block freed by its scope's end, whose address a new block reuses, is not it).
         self._gens: Dict[int, int] = {}
-        self._finalizer = weakref.finalize(self, _destroy, h.value, os.getpid())
+        self._finalizer = weakref.finalize(self, _destroy, cast(int, h.value), os.getpid())
 
     def _handle(self) -> int:
         h = self._h

@@ -9,7 +9,7 @@ import threading
 import traceback
 import weakref
 from ctypes import byref, c_ulonglong, c_void_p
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, cast
 
 from ._lib import C, CLEANUP_FN, GuardOptions, enc
 from .errors import GG_ESTATE, INT_MAX, GpuGuardError, StateError, check_int, check_str
@@ -102,7 +102,7 @@ class Guard:
         self._lock = threading.Lock()
         # id -> the CFUNCTYPE object: the C library holds a raw pointer to it until the guard is freed.
         self._callbacks: Dict[int, Any] = {}
-        self._finalizer = weakref.finalize(self, _destroy, h.value, self._pid, self._callbacks)
+        self._finalizer = weakref.finalize(self, _destroy, cast(int, h.value), self._pid, self._callbacks)
         self._finalizer.atexit = False  # exit is _teardown_at_exit's job (it honours run_at_exit)
         with _live_lock:
             _live[:] = [r for r in _live if r() is not None]

@@ -127,7 +127,7 @@ class Rounds:
         head = (f"gpuguard: {self.name} {n}: memory in use grew by {format_bytes(growth)} since {self.name} 1 "
                 f"({format_bytes(per_round)} per {self.name}; {self.reader_name} {format_bytes(mem)})")
         lines = [head]
-        rows = []
+        rows: List[Any] = []
         for (culprit, via), hs in sorted(fresh.items(), key=lambda kv: -sum(h.bytes for h in kv[1])):
             if not hs:
                 lines.append("  no buffer held by a Python object is new since then: the growth is held "

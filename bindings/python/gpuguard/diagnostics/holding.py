@@ -380,13 +380,13 @@ class _Walk:
                     if weights and cid in weights:
                         self._push(r, oid, None, dist, weights[cid])
                         continue
-                    rec = seen_get(cid)
-                    if rec is None:
+                    known = seen_get(cid)
+                    if known is None:
                         if cid not in exclude:
                             seen[cid] = [r, oid, None, "", dist + 1]
                             nxt.append(cid)
-                    elif rec[4] > dist + 1:
-                        rec[1], rec[2], rec[4] = oid, None, dist + 1
+                    elif known[4] > dist + 1:
+                        known[1], known[2], known[4] = oid, None, dist + 1
                         nxt.append(cid)
                 if k is not None or tp is types.FrameType:
                     for r, label in _extra_edges(o, k):
@@ -614,6 +614,7 @@ def _seed_roots(walk: _Walk, namespace: Optional[dict]) -> None:
         v = getattr(sys, name, None)
         if v is not None:
             walk.seed(v, f"sys.{name}", "stored traceback")
+    top: Optional[types.FrameType]
     for _tid, top in sys._current_frames().items():
         f: Optional[types.FrameType] = top
         while f is not None:

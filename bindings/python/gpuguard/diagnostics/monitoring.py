@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union, cast
 
 from .. import _lib
 from ..errors import INT_MAX, check_int, check_interval
@@ -150,7 +150,7 @@ class _Http:
 
         self.server = _BoundedHTTPServer((host, int(port or 0)), Handler)
         self.port = self.server.server_address[1]
-        bound = self.server.server_address[0]
+        bound = cast(str, self.server.server_address[0])  # an AF_INET/AF_INET6 address: text
         if not (bound.startswith("127.") or bound in ("::1", "localhost")):
             sys.stderr.write(f"gpuguard.monitor: warning: {url} is not a loopback address: other machines can "
                              "read /metrics (users and GPU memory of the processes on this machine's GPUs)\n")
@@ -228,10 +228,21 @@ class Monitor:
             self._sinks.append(self._warn_once(sink, lambda s, p: _write_textfile(sink, p)))
         elif isinstance(sink, str):
             f = open(sink, "a", encoding="utf-8")  # a missing directory raises here, in the caller
-            self._sinks.append(self._warn_once(sink, lambda s, p: (f.write(json.dumps(s) + "\n"), f.flush())))
+
+            def append_line(s: Dict[str, Any], p: str, f: Any = f) -> None:
+                f.write(json.dumps(s) + "\n")
+                f.flush()
+
+            self._sinks.append(self._warn_once(sink, append_line))
             self._closers.append(f.close)
         elif hasattr(sink, "write"):
-            self._sinks.append(lambda s, p: (sink.write(json.dumps(s) + "\n"), sink.flush()))
+            stream: Any = sink
+
+            def write_line(s: Dict[str, Any], p: str) -> None:
+                stream.write(json.dumps(s) + "\n")
+                stream.flush()
+
+            self._sinks.append(write_line)
         else:
             raise TypeError(f"gpuguard.monitor: unknown sink {sink!r} (a callable, a path, a .prom path, "
                             "http://127.0.0.1:PORT, a file object or a logging.Logger)")

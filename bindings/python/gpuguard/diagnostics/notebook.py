@@ -76,7 +76,7 @@ def trim(device: int = 0) -> Dict[str, Any]:
             dropped.append("torch.cuda.empty_cache()")
     except Exception:
         pass
-    ggt = sys.modules.get("gpuguard.torch")
+    ggt: Any = sys.modules.get("gpuguard.torch")
     for dev, arena in list((getattr(ggt, "_global_arenas", None) or {}).items()):
         try:
             ggt.trim(arena)
@@ -118,8 +118,9 @@ class _Extension:
 
     def delta_line(self, before: Dict[str, Optional[int]], now: Dict[str, Optional[int]]) -> Optional[str]:
         """The one-line summary, or None when nothing moved by more than the threshold."""
-        du = (now["used"] - before["used"]) if now.get("used") is not None and before.get("used") is not None else 0
-        di = (now["in_use"] - before["in_use"]) if now.get("in_use") is not None and before.get("in_use") is not None else 0
+        nu, bu, ni, bi = now.get("used"), before.get("used"), now.get("in_use"), before.get("in_use")
+        du = nu - bu if nu is not None and bu is not None else 0
+        di = ni - bi if ni is not None and bi is not None else 0
         if abs(du) <= self.threshold and abs(di) <= self.threshold:
             return None
         main = du if abs(du) > self.threshold else di
@@ -146,10 +147,11 @@ class _Extension:
         def run() -> None:
             while not stop.wait(interval):
                 r = self.read()
-                if r.get("used") is None:
+                used = r.get("used")
+                if used is None:
                     continue
-                d = r["used"] - (before.get("used") or r["used"])
-                text = f"\rgpuguard: device used {format_bytes(r['used'])} ({'+' if d >= 0 else ''}{format_bytes(d)} this cell)"
+                d = used - (before.get("used") or used)
+                text = f"\rgpuguard: device used {format_bytes(used)} ({'+' if d >= 0 else ''}{format_bytes(d)} this cell)"
                 if r.get("in_use") is not None:
                     text += f", in use {format_bytes(r['in_use'])}"
                 try:
@@ -183,7 +185,7 @@ class _Extension:
             return None
         if cmd == "trim":
             before = self.read()
-            tb = getattr(self.shell, "InteractiveTB", None)
+            tb: Any = getattr(self.shell, "InteractiveTB", None)
             if getattr(tb, "tb", None) is not None:
                 tb.tb = None  # IPython keeps the last traceback here too
             r = trim(self.device)
