@@ -44,8 +44,7 @@ int next_opt(int argc, char **argv, const struct option *longs) {
   /* Each command's short options beside -h (getopt's syntax); the long forms are in its table. */
   static const struct {
     const char *command, *shorts;
-  } short_opts[] = {
-      {"ps", "i:"}, {"info", "i:"}, {"watch", "i:"}, {"check", "i:c:"}, {"reap", "ny"}};
+  } short_opts[] = {{"ps", "i:"}, {"info", "i:"}, {"watch", "i:"}, {"check", "i:"}, {"reap", "ny"}};
   const char *mine = "";
   for (size_t i = 0; current && i < sizeof short_opts / sizeof short_opts[0]; i++)
     if (strcmp(current->name, short_opts[i].command) == 0) mine = short_opts[i].shorts;

@@ -41,22 +41,24 @@ static bool parse_positive(const char *text, long max, long *out) {
   return true;
 }
 
-#define CHECK_INTERVAL_MAX 86400 /* a day, as watch's --interval */
-
 typedef struct check_opts {
   bool json;
-  long long allow; /* bytes no listed process holds that are tolerated per GPU */
-  long interval;   /* -i: seconds between checks; 0: one check */
-  long count;      /* -c: checks at most (with -i); 0: until something is held or a signal */
+  long long allow;    /* bytes no listed process holds that are tolerated per GPU */
+  int device;         /* -i: only this GPU; -1: every one */
+  double interval_ms; /* --interval: between checks; 0: one check */
+  long count;         /* --count: checks at most (with --interval); 0: until something is found */
 } check_opts_t;
 
 /* The options. Returns -1 to go on, else the exit status. */
 static int check_parse(int argc, char **argv, check_opts_t *c) {
-  static const struct option longs[] = {
-      {"json", no_argument, 0, 'j'},           {"allow", required_argument, 0, 'a'},
-      {"interval", required_argument, 0, 'i'}, {"count", required_argument, 0, 'c'},
-      {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
-  *c = (check_opts_t){.allow = 1LL << 30};
+  static const struct option longs[] = {{"json", no_argument, 0, 'j'},
+                                        {"allow", required_argument, 0, 'a'},
+                                        {"id", required_argument, 0, 'i'},
+                                        {"interval", required_argument, 0, 'I'},
+                                        {"count", required_argument, 0, 'c'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
+  *c = (check_opts_t){.allow = 1LL << 30, .device = -1};
   int o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
     if (o == 'h') {
@@ -69,9 +71,11 @@ static int check_parse(int argc, char **argv, check_opts_t *c) {
       if (!parse_bytes(optarg, &c->allow))
         return bad_usage("--allow '%s': bytes expected (e.g. 0, 512M, 2G)", optarg);
     } else if (o == 'i') {
-      if (!parse_positive(optarg, CHECK_INTERVAL_MAX, &c->interval))
-        return bad_usage("--interval '%s': a whole number of seconds from 1 to 86400 expected",
-                         optarg);
+      if (!cli_device_arg(optarg, &c->device)) return EXIT_USAGE;
+    } else if (o == 'I') {
+      /* As watch's: 500ms, 10s, 1m, or a bare number of seconds; at most a day. */
+      if (!cli_duration("--interval", optarg, 1000, 50, 86400e3, &c->interval_ms))
+        return EXIT_USAGE;
     } else if (o == 'c') {
       if (!parse_positive(optarg, LONG_MAX, &c->count))
         return bad_usage("--count '%s': a positive whole number expected", optarg);
@@ -80,7 +84,7 @@ static int check_parse(int argc, char **argv, check_opts_t *c) {
     }
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-  if (c->count && !c->interval)
+  if (c->count && !c->interval_ms)
     return bad_usage("%s", "--count goes with --interval (without it, one check is made)");
   return -1;
 }
@@ -123,6 +127,7 @@ static unsigned check_unaccounted(FILE *f, const check_opts_t *c, const gg_proce
   if (gg_device_count(&ndev) != 0) ndev = 0;
   unsigned found = 0;
   for (int d = 0; d < ndev; d++) {
+    if (c->device >= 0 && d != c->device) continue;
     gg_device_info_t info;
     if (gg_device_info(d, &info) != 0) continue;
     long long listed = 0;
@@ -158,11 +163,18 @@ static int check_once(const check_opts_t *c) {
     if (c->json) puts("{\"ok\":false,\"no_gpu\":true,\"problems\":[]}");
     return EXIT_NO_GPU;
   }
+  int ndev = 0;
+  if (c->device >= 0 && (gg_device_count(&ndev) != 0 || c->device >= ndev)) {
+    free(rows);
+    fprintf(stderr, "gpuguard check: -i %d: no such GPU (this machine has %d)\n", c->device, ndev);
+    return EXIT_USAGE;
+  }
   FILE *f = stdout;
   unsigned problems = 0;
   if (c->json) fprintf(f, "{\"allow_bytes\":%lld,\"problems\":[", c->allow);
   for (size_t i = 0; i < n; i++) {
     if (!cli_reapable(&rows[i])) continue;
+    if (c->device >= 0 && rows[i].device != c->device) continue;
     check_process(f, &rows[i], c->json, problems);
     problems++;
   }
@@ -188,7 +200,7 @@ static int check_wait(const sigset_t *set, double until_ms) {
   }
 }
 
-/* -i: a check every interval seconds, each round's lines flushed as it ends (a pipe reader sees
+/* --interval: a check every interval, each round's lines flushed as it ends (a pipe reader sees
  * them at once). The first round that finds something ends it with its status; otherwise --count
  * rounds, or SIGINT/SIGTERM, end it with the last round's status. The two signals are blocked
  * before the first round (the threads a backend starts inherit that) and taken only between rounds,
@@ -207,7 +219,7 @@ static int check_repeat(const check_opts_t *c) {
     if (rc != 0 || (c->count && round >= c->count)) break;
     /* Every interval from the first round's start; a round longer than the interval starts the
      * next at once, without catching up on the ones missed. */
-    next += (double)c->interval * 1e3;
+    next += c->interval_ms;
     if (next < gg__now_ms()) next = gg__now_ms();
     if (check_wait(&set, next) != 0) break;
   }
@@ -218,5 +230,5 @@ int cmd_check(int argc, char **argv) {
   check_opts_t c;
   int rc = check_parse(argc, argv, &c);
   if (rc >= 0) return rc;
-  return c.interval ? check_repeat(&c) : check_once(&c);
+  return c.interval_ms > 0 ? check_repeat(&c) : check_once(&c);
 }

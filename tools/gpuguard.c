@@ -89,16 +89,17 @@ static const command_t commands[] = {
      "Stale registry records with nothing of their session left are removed. Exit status: 0 done "
      "(or\n"
      "nothing to do), 1 something was refused or survived SIGKILL, 2 usage error.\n"},
-    {"check", "[--json] [--allow BYTES] [-i|--interval N [-c|--count N]]",
+    {"check", "[--json] [--allow BYTES] [-i N] [--interval TIME [--count N]]",
      "Exits 0 when the GPUs hold nothing beyond the allowance, 1 when something is held.",
      cmd_check,
-     "  --json            the problems as JSON (with -i, one object a line per check)\n"
+     "  --json            the problems as JSON (with --interval, one object a line per check)\n"
      "  --allow BYTES     memory no listed process holds that is tolerated per GPU (K/M/G\n"
      "                    suffixes; default 1G: NVML counts the driver's reserve as used)\n"
-     "  -i, --interval N  check again every N seconds (1 to 86400), printing each check as it\n"
-     "                    ends, until one finds something (its status is the exit status) or\n"
-     "                    SIGINT/SIGTERM (the last check's status, 0)\n"
-     "  -c, --count N     with --interval: stop after N checks\n"
+     "  -i, --id N        only GPU N (as nvidia-smi's -i)\n"
+     "  --interval TIME   check again every TIME (500ms, 10s, 1m, or seconds; at most a day),\n"
+     "                    printing each check as it ends, until one finds something (its\n"
+     "                    status is the exit status) or SIGINT/SIGTERM (the last check's, 0)\n"
+     "  --count N         with --interval: stop after N checks\n"
      "  -h, --help        this help\n"
      "One line per problem on stdout: a stranded or orphaned process and the memory it holds,\n"
      "memory no listed process holds. Exit status: 0 ok, 1 something is held, 2 usage error,\n"
