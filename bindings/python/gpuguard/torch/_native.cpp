@@ -230,7 +230,7 @@ class Backend final : public cca::CUDAAllocator {
       std::lock_guard<std::mutex> g(mu_);
       dev_[device].fraction = fraction;
     }
-    gg_arena_t *a = arena(device);
+    gg_arena_t *a = device_arena(device);
     apply_fraction(device, a);
   }
 
@@ -238,7 +238,7 @@ class Backend final : public cca::CUDAAllocator {
 
   void cacheInfo(c10::DeviceIndex device, size_t *largest) override {
     check_device(device, "cacheInfo");
-    gg_arena_t *a = arena(device);
+    gg_arena_t *a = device_arena(device);
     gg_arena_stats_t s{};
     gg_arena_stats_quiet(a, &s);
     size_t limit = 0;
@@ -696,7 +696,7 @@ class Backend final : public cca::CUDAAllocator {
   }
 
   /* The device's arena, made on first use. */
-  gg_arena_t *arena(int device) {
+  gg_arena_t *device_arena(int device) {
     check_device(device, "allocate");
     gg_arena_t *a = arenas_[device].load(std::memory_order_acquire);
     if (a) {
@@ -820,7 +820,7 @@ class Backend final : public cca::CUDAAllocator {
   }
 
   void *alloc_block(size_t n, int device, cudaStream_t stream) {
-    gg_arena_t *a = arena(device);
+    gg_arena_t *a = device_arena(device);
     auto context = gather(cda::RecordContext::STATE);
     Pool *pool = active_pool(device, stream);
     void *p = nullptr;
