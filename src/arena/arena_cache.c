@@ -138,7 +138,8 @@ static void gg__tc_live_set(gg__tcache_t *c, size_t i, gg__block_t *b) {
 static void gg__tc_live_put(gg__tcache_t *c, gg__block_t *b) {
   size_t i = gg__tc_slot(b->addr);
   while (c->live[i]) i = (i + 1) & (GG__TC_LIVE_SLOTS - 1);
-  gg__tc_live_set(c, i, b), gg__tc_set_nlive(c, gg__tc_nlive(c) + 1);
+  gg__tc_live_set(c, i, b);
+  gg__tc_set_nlive(c, gg__tc_nlive(c) + 1);
 }
 
 /* Removes and returns the live block at addr, or NULL (backward-shift deletion: no tombstones). */
@@ -147,12 +148,16 @@ static gg__block_t *gg__tc_live_take(gg__tcache_t *c, uintptr_t addr) {
   for (; c->live[i] && c->live[i]->addr != addr; i = (i + 1) & (GG__TC_LIVE_SLOTS - 1)) continue;
   gg__block_t *b = c->live[i];
   if (!b) return NULL;
-  gg__tc_live_set(c, i, NULL), gg__tc_set_nlive(c, gg__tc_nlive(c) - 1);
+  gg__tc_live_set(c, i, NULL);
+  gg__tc_set_nlive(c, gg__tc_nlive(c) - 1);
   for (size_t j = (i + 1) & (GG__TC_LIVE_SLOTS - 1); c->live[j];
        j = (j + 1) & (GG__TC_LIVE_SLOTS - 1)) {
     size_t home = gg__tc_slot(c->live[j]->addr);
-    if (((j - home) & (GG__TC_LIVE_SLOTS - 1)) >= ((j - i) & (GG__TC_LIVE_SLOTS - 1)))
-      gg__tc_live_set(c, i, c->live[j]), gg__tc_live_set(c, j, NULL), i = j;
+    if (((j - home) & (GG__TC_LIVE_SLOTS - 1)) >= ((j - i) & (GG__TC_LIVE_SLOTS - 1))) {
+      gg__tc_live_set(c, i, c->live[j]);
+      gg__tc_live_set(c, j, NULL);
+      i = j;
+    }
   }
   return b;
 }
@@ -181,7 +186,12 @@ static gg__tc_class_t *gg__tc_class(gg__tcache_t *c, size_t size) {
 static gg__tc_class_t *gg__tc_class_claim(gg__tcache_t *c, size_t size) {
   gg__tc_class_t *k = gg__tc_class(c, size);
   for (int i = 0; !k && i < GG__TC_CLASSES; i++)
-    if (!c->cls[i].n) k = &c->cls[i], gg__tc_class_set_size(c, k, size), k->head = 0, k->batch = 0;
+    if (!c->cls[i].n) {
+      k = &c->cls[i];
+      gg__tc_class_set_size(c, k, size);
+      k->head = 0;
+      k->batch = 0;
+    }
   return k;
 }
 
@@ -219,7 +229,8 @@ static int gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
     c->event_epoch = 0;
   } else if (!c->event_epoch && (c->event || a->ops->event_create(a->dev, &c->event) == 0) &&
              a->ops->event_record(a->dev, c->event, a->stream) == 0) {
-    c->event_epoch = cur, c->events++;
+    c->event_epoch = cur;
+    c->events++;
   }
   atomic_store_explicit(&a->tc_asking, false, memory_order_release);
   gg__err_quiet_end(&quiet);
@@ -238,7 +249,10 @@ static void gg__tc_await_asker(gg_arena_t *a) {
  * the driver's lock. A stream found busy is not asked again for GG__TC_BACKOFF allocations of this
  * cache. */
 static bool gg__tc_checkpoint(gg_arena_t *a, gg__tcache_t *c, uint64_t ticket) {
-  if (c->backoff) return c->backoff--, false;
+  if (c->backoff) {
+    c->backoff--;
+    return false;
+  }
   for (int tries = 0; tries < GG__TC_TRIES; tries++) {
     int asked = gg__tc_ask_stream(a, c);
     if (gg__tc_safe_for(a, ticket)) return true;
@@ -266,14 +280,21 @@ static bool gg__tc_reusable(const gg_arena_t *a, const gg__tc_entry_t *e) {
  * GG__TAG_MAX bytes), without the arena's lock. Compared byte by byte: tags are short, and strnlen
  * + strncmp cost more than the loop on every allocation the plugin makes (its tag is "torch"). */
 static bool gg__tc_tag(const gg__tcache_t *c, const char *tag, const char **out) {
-  if (!tag || !*tag) return (*out = ""), true;
+  if (!tag || !*tag) {
+    *out = "";
+    return true;
+  }
   const char *t = c->tag;
   if (!t) return false;
   for (size_t i = 0; i < GG__TAG_MAX; i++) {
     if (tag[i] != t[i]) return false;
-    if (!tag[i]) return (*out = t), true;
+    if (!tag[i]) {
+      *out = t;
+      return true;
+    }
   }
-  return (*out = t), true; /* the first GG__TAG_MAX bytes match, and t holds no more */
+  *out = t;
+  return true; /* the first GG__TAG_MAX bytes match, and t holds no more */
 }
 
 /* ---- finding this thread's cache ------------------------------------------------------------- */
@@ -292,7 +313,8 @@ static gg__tcache_t *gg__tc_find_further(const gg_arena_t *a) {
   gg__tcache_t *c = gg__tc_mine;
   for (gg__tcache_t *prev = c; prev && (c = prev->next); prev = c)
     if (c->arena == a && c->arena_id == a->id) {
-      prev->next = c->next, c->next = gg__tc_mine; /* to the front */
+      prev->next = c->next;
+      c->next = gg__tc_mine; /* to the front */
       gg__tc_set_head(c);
       return c;
     }
@@ -318,8 +340,10 @@ static void gg__tc_sweep(gg__tcache_t *only) {
       continue;
     }
     *pp = c->next;
-    if (!parent)
-      gg__tc_lock(c), gg__tc_unlock(c); /* the detaching thread may still be leaving the lock */
+    if (!parent) { /* the detaching thread may still be leaving the lock */
+      gg__tc_lock(c);
+      gg__tc_unlock(c);
+    }
     free(c);
   }
   gg__tc_set_head(gg__tc_mine);
@@ -351,19 +375,24 @@ static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
         gg__block_t *b = c->live[i];
         c->live[i] = NULL;
         GG__ASSERT(b->state == GG__BLOCK_CACHED); /* handed out by this cache, not yet published */
-        b->state = GG__BLOCK_USED, b->depth = 0;
+        b->state = GG__BLOCK_USED;
+        b->depth = 0;
         gg__frame_link(a, b);
         gg__addr_map_put(&a->used, b->addr, b);
       }
     memset(c->live_bits, 0, sizeof c->live_bits);
     gg__tc_set_nlive(c, 0);
   }
-  a->in_use += c->d_bytes, a->n_allocs += c->d_allocs, a->n_frees += c->d_frees;
-  a->probe.cached_allocs += c->d_allocs, a->probe.events_recorded += c->events;
+  a->in_use += c->d_bytes;
+  a->n_allocs += c->d_allocs;
+  a->n_frees += c->d_frees;
+  a->probe.cached_allocs += c->d_allocs;
+  a->probe.events_recorded += c->events;
   if (c->peak > a->peak_in_use) a->peak_in_use = c->peak;
   if (a->in_use > a->peak_in_use) a->peak_in_use = a->in_use;
   atomic_store_explicit(&a->in_use_seen, a->in_use, memory_order_relaxed);
-  c->d_bytes = c->peak = 0, c->d_allocs = c->d_frees = c->events = 0;
+  c->d_bytes = c->peak = 0;
+  c->d_allocs = c->d_frees = c->events = 0;
   return 0;
 }
 
@@ -401,7 +430,8 @@ static void gg__tc_drop_event(gg_arena_t *a, gg__tcache_t *c) {
   gg__err_quiet_begin(&quiet);
   a->ops->event_destroy(a->dev, c->event);
   gg__err_quiet_end(&quiet);
-  c->event = NULL, c->event_epoch = 0;
+  c->event = NULL;
+  c->event_epoch = 0;
 }
 
 static void gg__tc_unlink(gg_arena_t *a, gg__tcache_t *c) {
@@ -482,11 +512,15 @@ bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag,
     if (gg__tc_reusable(a, e) ||
         (k->batch >= gg__tc_cap(size) && gg__tc_checkpoint(a, c, e->ticket))) {
       gg__block_t *b = e->rec;
-      k->head = (k->head + 1) % GG__TC_RING, k->n--;
+      k->head = (k->head + 1) % GG__TC_RING;
+      k->n--;
       c->free_bytes -= size;
-      b->req = asked, b->tag = t, b->depth = 0;
+      b->req = asked;
+      b->tag = t;
+      b->depth = 0;
       gg__tc_live_put(c, b);
-      c->d_bytes += size, c->d_allocs++;
+      c->d_bytes += size;
+      c->d_allocs++;
       size_t total = atomic_load_explicit(&a->in_use_seen, memory_order_relaxed) + c->d_bytes;
       if (total > c->peak) c->peak = total;
       *ptr = (void *)b->addr;
@@ -513,7 +547,8 @@ bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered) {
           a->track && !ordered ? atomic_load(&a->tc_epoch) : 0; /* see gg__tc_ask_stream */
       k->ring[(k->head + k->n++) % GG__TC_RING] = (gg__tc_entry_t){b, ticket, ordered};
       c->free_bytes += b->size;
-      c->d_bytes -= b->size, c->d_frees++;
+      c->d_bytes -= b->size;
+      c->d_frees++;
       done = true;
     } else {
       gg__tc_live_put(c, b); /* no room: the arena's path publishes it and frees it */
@@ -533,7 +568,9 @@ static gg__tcache_t *gg__tc_create(gg_arena_t *a) {
   gg__tc_sweep(NULL);
   gg__tcache_t *c = calloc(1, sizeof *c);
   if (!c) return NULL;
-  c->arena = a, c->arena_id = a->id, c->fork_gen = a->fork_gen;
+  c->arena = a;
+  c->arena_id = a->id;
+  c->fork_gen = a->fork_gen;
   atomic_init(&c->lock, 0);
   atomic_init(&c->attached, true);
   c->a_next = a->caches;
@@ -571,18 +608,25 @@ static size_t gg__tc_carve(gg_arena_t *a, size_t size, size_t want, gg__block_t 
     if (b) {
       gg__block_t *piece =
           gg__freelist_carve(fl, b, n, GG__QUANTUM); /* the record of the n bytes */
-      seg = piece->seg, p = piece->addr;
+      seg = piece->seg;
+      p = piece->addr;
       gg__freelist_give_record(fl, piece);
     } else if (t && t->size >= n) {
-      seg = t->seg, p = t->addr;
-      t->addr += n, t->size -= n, fl->bytes -= n;
+      seg = t->seg;
+      p = t->addr;
+      t->addr += n;
+      t->size -= n;
+      fl->bytes -= n;
     } else {
       continue;
     }
     for (size_t i = 0; i < want; i++) {
       gg__block_t *r = gg__freelist_take_record(fl);
       memset(r, 0, sizeof *r);
-      r->addr = p + i * size, r->size = size, r->seg = seg, r->state = GG__BLOCK_CACHED;
+      r->addr = p + i * size;
+      r->size = size;
+      r->seg = seg;
+      r->state = GG__BLOCK_CACHED;
       recs[i] = r;
     }
     return want;
@@ -606,8 +650,12 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
       for (int i = 0; i < GG__TC_CLASSES; i++)
         if (!k || c->cls[i].n < k->n || (c->cls[i].n == k->n && c->cls[i].used < k->used))
           k = &c->cls[i];
-      if (!k->n || gg__tc_give_back_class(a, c, k) == 0)
-        gg__tc_class_set_size(c, k, size), k->head = 0, k->batch = 0, k->used = ++c->clock;
+      if (!k->n || gg__tc_give_back_class(a, c, k) == 0) {
+        gg__tc_class_set_size(c, k, size);
+        k->head = 0;
+        k->batch = 0;
+        k->used = ++c->clock;
+      }
       k = NULL;
     }
     /* A refill never maps: it takes a share of the free memory as it is, so it cannot raise peak
@@ -624,15 +672,18 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
     if (!n && k)
       k->batch = gg__tc_cap(size); /* no room to grow: the ring asks the stream as it is */
     if (n) {
-      k->used = ++c->clock, k->batch = (k->batch ? k->batch : 2) * 2;
+      k->used = ++c->clock;
+      k->batch = (k->batch ? k->batch : 2) * 2;
       if (k->batch > gg__tc_cap(size)) k->batch = gg__tc_cap(size);
       for (size_t i = 1; i < n; i++)
         k->ring[(k->head + k->n++) % GG__TC_RING] = (gg__tc_entry_t){recs[i], 0, false};
       c->free_bytes += (n - 1) * size;
       c->tag = tag;
-      recs[0]->req = asked, recs[0]->tag = tag;
+      recs[0]->req = asked;
+      recs[0]->tag = tag;
       gg__tc_live_put(c, recs[0]);
-      c->d_bytes += size, c->d_allocs++;
+      c->d_bytes += size;
+      c->d_allocs++;
       if (a->in_use + c->d_bytes > c->peak) c->peak = a->in_use + c->d_bytes;
       *ptr = recs[0]->addr;
       got = 1;
@@ -696,8 +747,10 @@ void gg__tcache_add_stats(gg_arena_t *a, gg_arena_stats_t *s) {
     bool asked = false;
     gg__tc_lock(c);
     s->n_events += c->events;
-    s->bytes_in_use += c->d_bytes, s->n_live += gg__tc_nlive(c);
-    s->n_allocs += c->d_allocs, s->n_frees += c->d_frees;
+    s->bytes_in_use += c->d_bytes;
+    s->n_live += gg__tc_nlive(c);
+    s->n_allocs += c->d_allocs;
+    s->n_frees += c->d_frees;
     if (c->peak > s->peak_in_use) s->peak_in_use = c->peak;
     for (int i = 0; i < GG__TC_CLASSES && a->track; i++) {
       gg__tc_class_t *k = &c->cls[i];
@@ -733,7 +786,11 @@ const char *gg__tcache_census(gg_arena_t *a,
     gg__tc_lock(c);
     size_t live = 0, live_bytes = 0, free_bytes = 0;
     for (size_t i = 0; i < GG__TC_LIVE_SLOTS; i++) {
-      if (c->live[i]) live++, live_bytes += c->live[i]->size, add(ctx, c->live[i], true);
+      if (c->live[i]) {
+        live++;
+        live_bytes += c->live[i]->size;
+        add(ctx, c->live[i], true);
+      }
       if (!c->live[i] != !(c->live_bits[i / 64] >> (i % 64) & 1))
         w = "a cache's live bits disagree with its slots";
     }
@@ -741,7 +798,8 @@ const char *gg__tcache_census(gg_arena_t *a,
       for (unsigned j = 0; j < c->cls[i].n; j++) {
         const gg__block_t *b = c->cls[i].ring[(c->cls[i].head + j) % GG__TC_RING].rec;
         if (b->size != c->cls[i].size) w = "a cached block is in another size's ring";
-        free_bytes += b->size, add(ctx, b, false);
+        free_bytes += b->size;
+        add(ctx, b, false);
       }
     if (live != gg__tc_nlive(c) || live_bytes != c->d_bytes)
       w = "a cache's live blocks and its counters disagree";
