@@ -40,66 +40,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena/arena_cache_impl.h"
 #include "arena/arena_impl.h"
 #include "core/internal.h"
-
-#define GG__TC_CLASSES     8  /* sizes per cache */
-#define GG__TC_RING        64 /* free blocks per size: one stream query serves a ring */
-#define GG__TC_CLASS_BYTES ((size_t)1 << 20) /* free bytes per size, a refill's worth */
-#define GG__TC_SHARE       8                 /* a refill takes at most 1/8 of the free memory */
-#define GG__TC_BYTES       ((size_t)8 << 20) /* free bytes per cache */
-#define GG__TC_LIVE_SLOTS  128 /* handed out and not yet published: at most half of this */
-#define GG__TC_BACKOFF     16  /* allocations that do not ask a busy stream again */
-#define GG__TC_TRIES       8   /* questions a checkpoint waits for before the locked path */
-#define GG__TC_SIZE_HASH   64  /* entries of a cache's filter of the sizes its classes hold */
-
-typedef struct gg__tc_entry {
-  gg__block_t *rec;
-  uint64_t ticket; /* the cache's epoch at the free; 0: reusable at once */
-  bool ordered;    /* freed in stream order (the plugin) */
-} gg__tc_entry_t;
-
-typedef struct gg__tc_class {
-  size_t size;      /* rounded size; 0 when the slot is unused */
-  unsigned head, n; /* ring, oldest at head */
-  unsigned
-      batch; /* blocks the next refill carves: doubles per refill, so sizes seen once cost little */
-  unsigned long long used; /* last refill, for eviction */
-  gg__tc_entry_t ring[GG__TC_RING];
-} gg__tc_class_t;
-
-struct gg__tcache {
-  atomic_int lock;      /* a spin lock: its thread takes it on every call, others almost never */
-  atomic_bool attached; /* false once its arena is destroyed, torn down or let it go */
-  bool orphan;          /* its thread exited: the arena owns it (arena lock) */
-  /* The key: the arena and its unique id, so an address reused by a later arena never matches. */
-  gg_arena_t *arena;
-  unsigned long long arena_id;
-  unsigned fork_gen;
-  gg__tcache_t *next;            /* its thread's caches (that thread only) */
-  gg__tcache_t *a_prev, *a_next; /* its arena's caches (arena lock) */
-  gg__tc_class_t cls[GG__TC_CLASSES];
-  /* Classes per value of a size's low bits (gg__tc_size_hash): most sizes of a random mix match
-   * none, and one byte says so before the lock and the walk over the classes. Written and read by
-   * its thread only. */
-  uint8_t size_seen[GG__TC_SIZE_HASH];
-  size_t free_bytes;
-  unsigned long long clock;
-  gg__block_t *live[GG__TC_LIVE_SLOTS]; /* by address, linear probing */
-  uint64_t live_bits[GG__TC_LIVE_SLOTS /
-                     64]; /* bit i: live[i] is taken (publishing visits only those) */
-  _Atomic size_t
-      n_live; /* written under the lock; its thread reads it without, to skip frees not its own */
-  const char
-      *tag; /* the interned tag of the last refill: allocations with that tag may be served */
-  size_t d_bytes, peak; /* since the last publish: live bytes, highest total seen by this thread */
-  unsigned long long d_allocs, d_frees;
-  unsigned backoff;
-  void *event;          /* recorded on the arena's stream when it was busy, covering tickets below
-                           event_epoch */
-  uint64_t event_epoch; /* 0: no event out */
-  unsigned long long events; /* recorded since the last publish, for the arena's probe */
-};
 
 /* This thread's caches, most recently used first. Initial-exec: one pointer of static TLS spares a
  * __tls_get_addr call on every allocation and free. */
@@ -107,17 +50,8 @@ static _Thread_local gg__tcache_t *gg__tc_mine __attribute__((tls_model("initial
 static pthread_key_t gg__tc_key; /* its destructor gives them back when the thread exits */
 static pthread_once_t gg__tc_once = PTHREAD_ONCE_INIT;
 
-/* ---- the cache's lock ------------------------------------------------------------------------ */
-
-static void gg__tc_lock(gg__tcache_t *c) { gg__spin_lock(&c->lock); }
-
-static void gg__tc_unlock(gg__tcache_t *c) { gg__spin_unlock(&c->lock); }
-
 /* ---- live blocks, by address ----------------------------------------------------------------- */
 
-static size_t gg__tc_nlive(const gg__tcache_t *c) {
-  return atomic_load_explicit(&c->n_live, memory_order_relaxed);
-}
 static void gg__tc_set_nlive(gg__tcache_t *c, size_t n) {
   atomic_store_explicit(&c->n_live, n, memory_order_relaxed);
 }
@@ -164,10 +98,6 @@ static gg__block_t *gg__tc_live_take(gg__tcache_t *c, uintptr_t addr) {
 
 /* ---- size classes and tickets ---------------------------------------------------------------- */
 
-static size_t gg__tc_size_hash(size_t size) {
-  return (size / GG__QUANTUM) & (GG__TC_SIZE_HASH - 1);
-}
-
 /* Gives class k the size `size` (0: none), keeping the filter. */
 static void gg__tc_class_set_size(gg__tcache_t *c, gg__tc_class_t *k, size_t size) {
   if (k->size) c->size_seen[gg__tc_size_hash(k->size)]--;
@@ -202,16 +132,12 @@ static void gg__tc_raise_safe(gg_arena_t *a, uint64_t to) {
   }
 }
 
-static bool gg__tc_safe_for(const gg_arena_t *a, uint64_t ticket) {
-  return ticket < atomic_load_explicit(&((gg_arena_t *)a)->tc_safe, memory_order_acquire);
-}
-
 /* Whether the work queued before the frees of tickets below the arena's epoch is done: the epoch is
  * advanced first (later frees get a later ticket), then this cache's earlier event is asked, then
  * the stream; while it is busy an event is recorded, so a stream that never runs dry still lets
  * blocks come back. One thread asks at a time (another one asking serves this cache too). Never
  * blocks; failures only delay reuse (this thread's error detail is kept). */
-static int gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
+int gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
   gg__err_quiet_t quiet; /* the detail is copied only if a driver call fails */
   gg__err_quiet_begin(&quiet);
   if (c->event_epoch && a->ops->event_query(a->dev, c->event) == 1) {
@@ -270,10 +196,6 @@ static bool gg__tc_checkpoint(gg_arena_t *a, gg__tcache_t *c, uint64_t ticket) {
 static unsigned gg__tc_cap(size_t size) {
   size_t n = GG__TC_CLASS_BYTES / size;
   return n < 2 ? 2 : n > GG__TC_RING ? GG__TC_RING : (unsigned)n;
-}
-
-static bool gg__tc_reusable(const gg_arena_t *a, const gg__tc_entry_t *e) {
-  return !a->track || e->ordered || gg__tc_safe_for(a, e->ticket);
 }
 
 /* The tag the caller asked for, when it is the cache's: the interned text (the tag cut at
@@ -741,87 +663,10 @@ void gg__tcache_detach_all(gg_arena_t *a) {
   }
 }
 
-void gg__tcache_add_stats(gg_arena_t *a, gg_arena_stats_t *s) {
-  size_t unsafe = 0;
-  for (gg__tcache_t *c = a->caches; c; c = c->a_next) {
-    bool asked = false;
-    gg__tc_lock(c);
-    s->n_events += c->events;
-    s->bytes_in_use += c->d_bytes;
-    s->n_live += gg__tc_nlive(c);
-    s->n_allocs += c->d_allocs;
-    s->n_frees += c->d_frees;
-    if (c->peak > s->peak_in_use) s->peak_in_use = c->peak;
-    for (int i = 0; i < GG__TC_CLASSES && a->track; i++) {
-      gg__tc_class_t *k = &c->cls[i];
-      for (unsigned j = 0; j < k->n; j++) {
-        const gg__tc_entry_t *e = &k->ring[(k->head + j) % GG__TC_RING];
-        if (gg__tc_reusable(a, e)) continue;
-        /* Cached frees still waiting count as pending: one question may settle all of them. */
-        if (!asked && (asked = true)) gg__tc_ask_stream(a, c);
-        if (gg__tc_reusable(a, e)) continue;
-        unsafe += k->size;
-      }
-    }
-    gg__tc_unlock(c);
-  }
-  if (s->bytes_in_use > s->peak_in_use) s->peak_in_use = s->bytes_in_use;
-  s->bytes_pending += unsafe;
-  size_t spare = s->bytes_mapped - s->bytes_in_use;
-  s->fragmentation = spare ? 1.0 - (double)s->largest_free_block / (double)spare : 0.0;
-}
-
 void gg__tcache_reset_peak(gg_arena_t *a) {
   for (gg__tcache_t *c = a->caches; c; c = c->a_next) {
     gg__tc_lock(c);
     c->peak = a->in_use + c->d_bytes;
     gg__tc_unlock(c);
   }
-}
-
-const char *gg__tcache_census(gg_arena_t *a,
-                              void (*add)(void *ctx, const gg__block_t *b, bool live), void *ctx) {
-  const char *w = NULL;
-  for (gg__tcache_t *c = a->caches; c && !w; c = c->a_next) {
-    gg__tc_lock(c);
-    size_t live = 0, live_bytes = 0, free_bytes = 0;
-    for (size_t i = 0; i < GG__TC_LIVE_SLOTS; i++) {
-      if (c->live[i]) {
-        live++;
-        live_bytes += c->live[i]->size;
-        add(ctx, c->live[i], true);
-      }
-      if (!c->live[i] != !(c->live_bits[i / 64] >> (i % 64) & 1))
-        w = "a cache's live bits disagree with its slots";
-    }
-    for (int i = 0; i < GG__TC_CLASSES; i++)
-      for (unsigned j = 0; j < c->cls[i].n; j++) {
-        const gg__block_t *b = c->cls[i].ring[(c->cls[i].head + j) % GG__TC_RING].rec;
-        if (b->size != c->cls[i].size) w = "a cached block is in another size's ring";
-        free_bytes += b->size;
-        add(ctx, b, false);
-      }
-    if (live != gg__tc_nlive(c) || live_bytes != c->d_bytes)
-      w = "a cache's live blocks and its counters disagree";
-    if (free_bytes != c->free_bytes) w = "a cache's free bytes are wrong";
-    uint8_t seen[GG__TC_SIZE_HASH] = {0};
-    for (int i = 0; i < GG__TC_CLASSES; i++)
-      if (c->cls[i].size) seen[gg__tc_size_hash(c->cls[i].size)]++;
-    if (memcmp(seen, c->size_seen, sizeof seen))
-      w = "a cache's filter of sizes disagrees with its classes";
-    if (c->d_allocs - c->d_frees != live) w = "a cache's allocation counts are wrong";
-    gg__tc_unlock(c);
-  }
-  return w;
-}
-
-size_t gg__tcache_records(gg_arena_t *a) {
-  size_t n = 0;
-  for (gg__tcache_t *c = a->caches; c; c = c->a_next) {
-    gg__tc_lock(c);
-    n += gg__tc_nlive(c);
-    for (int i = 0; i < GG__TC_CLASSES; i++) n += c->cls[i].n;
-    gg__tc_unlock(c);
-  }
-  return n;
 }

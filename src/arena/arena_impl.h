@@ -15,6 +15,7 @@
  *   arena_grow.c     growth (mapping chunks), moving top, trim
  *   arena_check.c    the invariant checker and the probe, for tests
  *   arena_cache.c    per-thread caches: alloc+free pairs without the arena's lock
+ *   arena_cache_stats.c  the caches' walks for stats and the checker (layout: arena_cache_impl.h)
  *
  * Every function here runs with the arena's lock held unless it says otherwise. */
 #ifndef GG_ARENA_IMPL_H
