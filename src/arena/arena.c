@@ -22,7 +22,8 @@ int gg__arena_grow_array_slow(void *arr, size_t *cap, size_t need, size_t elem) 
   if (n < need) n = need;
   void *p = realloc(*(void **)arr, n * elem);
   if (!p) return gg__err(GG_ENOMEM, "arena: out of host memory for metadata (%zu entries)", n);
-  *(void **)arr = p, *cap = n;
+  *(void **)arr = p;
+  *cap = n;
   return 0;
 }
 
@@ -95,9 +96,11 @@ static gg_arena_t *gg__live_head;
 
 static void gg__live_add(gg_arena_t *a) {
   pthread_mutex_lock(&gg__live_lock);
-  a->live_prev = NULL, a->live_next = gg__live_head;
+  a->live_prev = NULL;
+  a->live_next = gg__live_head;
   if (gg__live_head) gg__live_head->live_prev = a;
-  gg__live_head = a, a->on_live = true;
+  gg__live_head = a;
+  a->on_live = true;
   pthread_mutex_unlock(&gg__live_lock);
 }
 
@@ -157,11 +160,17 @@ static size_t gg__largest_free(const gg_arena_t *a) {
 
 void gg__arena_fill_stats(const gg_arena_t *a, gg_arena_stats_t *s) {
   memset(s, 0, sizeof *s);
-  s->bytes_in_use = a->in_use, s->bytes_mapped = a->mapped, s->bytes_reserved = a->capacity;
-  s->peak_in_use = a->peak_in_use, s->peak_mapped = a->peak_mapped;
+  s->bytes_in_use = a->in_use;
+  s->bytes_mapped = a->mapped;
+  s->bytes_reserved = a->capacity;
+  s->peak_in_use = a->peak_in_use;
+  s->peak_mapped = a->peak_mapped;
   s->largest_free_block = gg__largest_free(a);
-  s->n_live = a->n_live, s->n_allocs = a->n_allocs, s->n_frees = a->n_frees;
-  s->n_trims = a->n_trims, s->bytes_trimmed = a->bytes_trimmed;
+  s->n_live = a->n_live;
+  s->n_allocs = a->n_allocs;
+  s->n_frees = a->n_frees;
+  s->n_trims = a->n_trims;
+  s->bytes_trimmed = a->bytes_trimmed;
   s->scope_depth = a->n_frames - 1;
   size_t spare = a->mapped - a->in_use;
   s->fragmentation = spare ? 1.0 - (double)s->largest_free_block / (double)spare : 0.0;
@@ -185,20 +194,25 @@ static const gg__attach_ops_t gg__arena_attach_ops; /* how a guard tears an atta
 static int gg__arena_open(gg_arena_t *a, const gg_arena_options_t *o) {
   int rc = gg__dev_open(o->backend, o->device, &a->dev);
   if (rc < 0) return rc;
-  a->ops = a->dev->ops, a->granularity = a->dev->granularity, a->contiguous = a->dev->contiguous;
+  a->ops = a->dev->ops;
+  a->granularity = a->dev->granularity;
+  a->contiguous = a->dev->contiguous;
   size_t g = a->granularity, cap = o->capacity ? o->capacity : a->dev->props.total_mem;
   size_t chunk = o->chunk_size ? o->chunk_size : GG__DEFAULT_CHUNK;
   if (cap > SIZE_MAX - g || chunk > SIZE_MAX - g)
     return gg__err(GG_EINVAL,
                    "gg_arena_create: capacity %zu or chunk size %zu overflows when rounded to %zu",
                    cap, chunk, g);
-  a->capacity = (size_t)gg__align_up(cap, g), a->chunk_size = (size_t)gg__align_up(chunk, g);
+  a->capacity = (size_t)gg__align_up(cap, g);
+  a->chunk_size = (size_t)gg__align_up(chunk, g);
   a->limit = a->capacity;
   if (o->stream && a->ops->stream_check &&
       (rc = a->ops->stream_check(a->dev, o->stream, "gg_arena_create")) < 0)
     return rc;
   if ((rc = a->ops->va_reserve(a->dev, a->capacity, &a->base)) < 0) return rc;
-  a->stream = o->stream, a->flags = o->flags, a->track = !(o->flags & GG_ARENA_NO_STREAM);
+  a->stream = o->stream;
+  a->flags = o->flags;
+  a->track = !(o->flags & GG_ARENA_NO_STREAM);
   gg__strlcpy(a->name, o->name ? o->name : "arena", sizeof a->name);
   return 0;
 }
@@ -222,20 +236,24 @@ int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
     free(a);
     return gg__err(GG_ENOMEM, "gg_arena_create: out of host memory");
   }
-  a->frames_cap = 16, a->n_frames = 1;
+  a->frames_cap = 16;
+  a->n_frames = 1;
   int rc = gg__arena_open(a, &o);
   if (rc == 0 && (o.flags & GG_ARENA_BACKTRACE)) rc = gg__sites_create(a);
   if (rc < 0) {
     if (a->dev && a->base) a->ops->va_release(a->dev, a->base, a->capacity);
     gg__dev_close(a->dev);
-    free(a->frames), free(a);
+    free(a->frames);
+    free(a);
     return rc;
   }
   pthread_mutex_init(&a->lock, NULL);
   static atomic_ullong ids;
   a->id = atomic_fetch_add(&ids, 1) + 1;
-  atomic_init(&a->tc_epoch, 1), atomic_init(&a->tc_safe, 1); /* ticket 0 is reusable at once */
-  a->fork_gen = a->dev->fork_gen, a->magic = GG__MAGIC;
+  atomic_init(&a->tc_epoch, 1);
+  atomic_init(&a->tc_safe, 1); /* ticket 0 is reusable at once */
+  a->fork_gen = a->dev->fork_gen;
+  a->magic = GG__MAGIC;
   /* A live guard of this device tears the arena down with its other cleanups, LIFO. */
   if ((rc = gg__guard_attach(a->ops->name, o.device, &gg__arena_attach_ops, a, &a->guard_token)) <
       0) {
@@ -313,10 +331,16 @@ static const gg__attach_ops_t gg__arena_attach_ops = {
 static void gg__arena_free_metadata(gg_arena_t *a) {
   gg__arena_tags_free(a);
   gg__sites_free(a);
-  for (size_t d = 0; d < a->frames_cap; d++)
-    free(a->frames[d].recs), gg__addr_map_free(&a->frames[d].used);
-  free(a->chunks), free(a->spare_events), free(a->closed), free(a->bump), free(a->runs),
-      free(a->frames);
+  for (size_t d = 0; d < a->frames_cap; d++) {
+    free(a->frames[d].recs);
+    gg__addr_map_free(&a->frames[d].used);
+  }
+  free(a->chunks);
+  free(a->spare_events);
+  free(a->closed);
+  free(a->bump);
+  free(a->runs);
+  free(a->frames);
   gg__freelist_free(&a->freelist);
   gg__addr_map_free(&a->used);
   free(a->ord_tick);
@@ -419,7 +443,10 @@ int gg_arena_foreach_block(gg_arena_t *a, gg_block_visitor_t visit, void *user) 
     }
     for (size_t i = 0; a->sites && i < n; i++) {
       const gg__site_t *site = gg__site_of(a, (uintptr_t)v[i].ptr);
-      if (site) v[i].n_frames = site->n, v[i].frames = site->pc;
+      if (site) {
+        v[i].n_frames = site->n;
+        v[i].frames = site->pc;
+      }
     }
     qsort(v, n, sizeof *v, gg__info_cmp);
     for (size_t i = 0; i < n && !visit(&v[i], user); i++) continue;
@@ -499,7 +526,8 @@ int gg_arena_memset(gg_arena_t *a, void *dst, int value, size_t n) {
 int gg_arena_reset_peak(gg_arena_t *a) {
   int rc = gg__arena_enter(a, "gg_arena_reset_peak");
   if (rc < 0) return rc;
-  a->peak_in_use = a->in_use, a->peak_mapped = a->mapped;
+  a->peak_in_use = a->in_use;
+  a->peak_mapped = a->mapped;
   gg__tcache_reset_peak(a);
   gg__arena_leave(a);
   return 0;
@@ -509,8 +537,12 @@ int gg__arena_options_of(gg_arena_t *a, gg_arena_options_t *out) {
   int rc = gg__arena_enter(a, "gg__arena_options_of");
   if (rc < 0) return rc;
   gg_arena_options_init(out);
-  out->device = a->dev->index, out->backend = a->ops->name, out->capacity = a->capacity;
-  out->chunk_size = a->chunk_size, out->stream = a->stream, out->flags = a->flags,
+  out->device = a->dev->index;
+  out->backend = a->ops->name;
+  out->capacity = a->capacity;
+  out->chunk_size = a->chunk_size;
+  out->stream = a->stream;
+  out->flags = a->flags;
   out->name = a->name;
   gg__arena_leave(a);
   return 0;

@@ -28,18 +28,24 @@ static int gg__tags_grow(gg_arena_t *a) {
     t[j] = a->tags[i];
   }
   free(a->tags);
-  a->tags = t, a->tags_cap = cap;
+  a->tags = t;
+  a->tags_cap = cap;
   return 0;
 }
 
 /* Tags are interned: each distinct text is copied once per arena, and a repeat of the last tag (the
  * common case in a loop) costs one compare. */
 static int gg__intern(gg_arena_t *a, const char *tag, const char **out) {
-  if (!tag || !*tag) return (*out = ""), 0;
+  if (!tag || !*tag) {
+    *out = "";
+    return 0;
+  }
   size_t n = strnlen(tag, GG__TAG_MAX);
   if (tag[n]) n = gg__utf8_whole(tag, n); /* cut: keep whole characters */
-  if (a->tag_last && n == a->tag_last_len && memcmp(tag, a->tag_last, n) == 0)
-    return (*out = a->tag_last), 0;
+  if (a->tag_last && n == a->tag_last_len && memcmp(tag, a->tag_last, n) == 0) {
+    *out = a->tag_last;
+    return 0;
+  }
   int rc;
   if (a->n_tags + 1 > a->tags_cap / 2 && (rc = gg__tags_grow(a)) < 0) return rc;
   size_t j = gg__strhash(tag, n) & (a->tags_cap - 1);
@@ -48,17 +54,22 @@ static int gg__intern(gg_arena_t *a, const char *tag, const char **out) {
   if (!a->tags[j]) {
     char *c = malloc(n + 1);
     if (!c) return gg__err(GG_ENOMEM, "gg_alloc_ex: out of host memory for tags");
-    memcpy(c, tag, n), c[n] = '\0';
-    a->tags[j] = c, a->n_tags++;
+    memcpy(c, tag, n);
+    c[n] = '\0';
+    a->tags[j] = c;
+    a->n_tags++;
   }
-  a->tag_last = a->tags[j], a->tag_last_len = n;
-  return (*out = a->tags[j]), 0;
+  a->tag_last = a->tags[j];
+  a->tag_last_len = n;
+  *out = a->tags[j];
+  return 0;
 }
 
 void gg__arena_tags_free(gg_arena_t *a) {
   for (size_t i = 0; i < a->tags_cap; i++) free(a->tags[i]);
   free(a->tags);
-  a->tags = NULL, a->tags_cap = a->n_tags = 0;
+  a->tags = NULL;
+  a->tags_cap = a->n_tags = 0;
 }
 
 /* ---- the allocation ladder ------------------------------------------------------------------- */
@@ -81,7 +92,10 @@ static bool gg__take_free(gg_arena_t *a, gg__request_t *q) {
     uintptr_t p = b->addr;
     GG__ASSERT(b->state != GG__BLOCK_USED && (q->align < 2 || p % q->align == 0) &&
                b->size == q->size);
-    b->state = GG__BLOCK_USED, b->req = q->asked, b->tag = q->tag, b->depth = a->n_frames - 1;
+    b->state = GG__BLOCK_USED;
+    b->req = q->asked;
+    b->tag = q->tag;
+    b->depth = a->n_frames - 1;
     gg__frame_link(a, b);
     gg__addr_map_put(gg__used_map(a, b->depth), p, b);
     q->ptr = p;
@@ -252,7 +266,12 @@ static int gg__alloc(gg_arena_t *a, size_t size, size_t align, const char *tag, 
 static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t size,
                             const char *tag, void **ptr, void *caller) {
   gg__request_t q; /* not zeroed as a whole: `why` alone is 400 bytes, ~40 ns on every call */
-  q.size = rounded, q.align = align, q.asked = size, q.tag = NULL, q.ptr = 0, q.why[0] = '\0';
+  q.size = rounded;
+  q.align = align;
+  q.asked = size;
+  q.tag = NULL;
+  q.ptr = 0;
+  q.why[0] = '\0';
   bool sites = gg__arena_records_sites(a);
   int rc;
   if ((rc = gg__arena_lock_counted(a, "gg_alloc")) < 0) return rc;
@@ -262,7 +281,8 @@ static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t 
   else if ((rc = gg__intern(a, tag, &q.tag)) == 0 &&
            (sites || (rc = gg__tcache_alloc_locked(a, q.size, size, align, q.tag, &q.ptr)) == 0) &&
            (rc = gg__climb(a, &q)) > 0) {
-    gg__arena_count_alloc(a, q.size), rc = 0;
+    gg__arena_count_alloc(a, q.size);
+    rc = 0;
     if (GG__UNLIKELY(sites)) gg__site_note(a, q.ptr, caller);
   } else if (rc > 0) /* served by the cache, which counts it */
     rc = 0;
@@ -307,10 +327,13 @@ static int gg__free_bump_entry(gg_arena_t *a, size_t i, uintptr_t p, bool ordere
   if (!e->live)
     return gg__err(GG_EINVAL, "gg_free: %#jx was freed already (double free)", (uintmax_t)p);
   size_t n = gg__rounded_size(e->req);
-  e->live = false, e->ordered = ordered;
+  e->live = false;
+  e->ordered = ordered;
   if (ordered) gg__arena_ordered_note(a, e->ptr, n);
   gg__arena_count_release(a, n, 1);
-  a->bump_live_bytes -= n, a->frames[e->depth].bump_live--, a->frames[e->depth].bump_bytes -= n;
+  a->bump_live_bytes -= n;
+  a->frames[e->depth].bump_live--;
+  a->frames[e->depth].bump_bytes -= n;
   /* LIFO frees leave the log at once: without stream tracking top moves back over them; with it
    * they join the open batch and, once it completes, merge into top the same way. */
   if (i == a->bump_count - 1) {
@@ -331,8 +354,11 @@ static int gg__free_block(gg_arena_t *a, uintptr_t p, bool ordered) {
   int rc = gg__freelist_reserve(&a->freelist,
                                 1); /* merging may need a map slot; the record is b's own */
   if (rc < 0) {                     /* keep the block live: nothing changed */
-    gg__frame_link(a, b), gg__addr_map_put(gg__used_map(a, b->depth), p, b);
-    a->in_use += b->size, a->n_live++, a->n_frees--;
+    gg__frame_link(a, b);
+    gg__addr_map_put(gg__used_map(a, b->depth), p, b);
+    a->in_use += b->size;
+    a->n_live++;
+    a->n_frees--;
     return rc;
   }
   if (ordered) gg__arena_ordered_note(a, b->addr, b->size);
@@ -428,8 +454,14 @@ int gg__arena_alloc_on(gg_arena_t *a, size_t size, void *stream, void **ptr, int
   if ((rc = gg__arena_enter(a, "gg_torch_alloc")) == 0) {
     rc = gg__join_locked(a, a->stream, gg__norm_stream(stream));
     gg__arena_leave(a);
-    if (rc > 0) *joined = 1, rc = 0;
+    if (rc > 0) {
+      *joined = 1;
+      rc = 0;
+    }
   }
-  if (rc < 0) gg_free(a, *ptr), *ptr = NULL;
+  if (rc < 0) {
+    gg_free(a, *ptr);
+    *ptr = NULL;
+  }
   return rc;
 }

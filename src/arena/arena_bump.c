@@ -20,9 +20,13 @@ uintptr_t gg__bump_push(gg_arena_t *a, size_t n, size_t align, size_t req, const
   int d = a->n_frames - 1;
   a->bump[a->bump_count++] = (gg__bump_entry_t){
       .start = t->addr, .ptr = p, .req = req, .tag = tag, .depth = d, .live = true};
-  t->addr += used, t->size -= used, a->freelist.bytes -= used;
-  a->bump_bytes += used, a->bump_live_bytes += n;
-  a->frames[d].bump_live++, a->frames[d].bump_bytes += n;
+  t->addr += used;
+  t->size -= used;
+  a->freelist.bytes -= used;
+  a->bump_bytes += used;
+  a->bump_live_bytes += n;
+  a->frames[d].bump_live++;
+  a->frames[d].bump_bytes += n;
   return p;
 }
 
@@ -77,11 +81,19 @@ static void gg__bump_flush_run(gg_arena_t *a, size_t ri) {
       tracked |= !e->ordered;
       continue;
     }
-    if (hole_len)
-      gg__arena_release(a, hole, hole_len, seg, NULL, !tracked), hole_len = 0, tracked = false;
+    if (hole_len) {
+      gg__arena_release(a, hole, hole_len, seg, NULL, !tracked);
+      hole_len = 0;
+      tracked = false;
+    }
     gg__block_t *b = gg__freelist_take_record(&a->freelist);
-    b->addr = e->ptr, b->size = gg__rounded_size(e->req), b->seg = seg, b->state = GG__BLOCK_USED;
-    b->req = e->req, b->tag = e->tag, b->depth = e->depth;
+    b->addr = e->ptr;
+    b->size = gg__rounded_size(e->req);
+    b->seg = seg;
+    b->state = GG__BLOCK_USED;
+    b->req = e->req;
+    b->tag = e->tag;
+    b->depth = e->depth;
     gg__frame_link(a, b);
     gg__addr_map_put(gg__used_map(a, b->depth), b->addr, b);
     a->probe.blocks_visited++;
@@ -96,15 +108,19 @@ int gg__bump_flush(gg_arena_t *a) {
   int rc = 0;
   for (int d = 0; d < a->n_frames && rc == 0; d++) {
     size_t k = a->frames[d].bump_live;
-    live += k, rc = gg__frame_reserve(a, d, k);
+    live += k;
+    rc = gg__frame_reserve(a, d, k);
     if (rc == 0) rc = gg__addr_map_reserve(gg__used_map(a, d), k);
   }
   if (rc == 0) rc = gg__freelist_reserve(&a->freelist, live + a->bump_count + a->run_count + 1);
   if (rc < 0) return rc;
   for (size_t ri = 0; ri < a->run_count; ri++) gg__bump_flush_run(a, ri);
   a->bump_count = a->run_count = a->bump_bytes = a->bump_live_bytes = 0;
-  for (int d = 0; d < a->n_frames; d++)
-    a->frames[d].bump_first = 0, a->frames[d].bump_live = 0, a->frames[d].bump_bytes = 0;
+  for (int d = 0; d < a->n_frames; d++) {
+    a->frames[d].bump_first = 0;
+    a->frames[d].bump_live = 0;
+    a->frames[d].bump_bytes = 0;
+  }
   a->probe.bump_flushes++;
   return 0;
 }
@@ -159,12 +175,15 @@ size_t gg__used_count(const gg_arena_t *a) {
 void gg__frame_link(gg_arena_t *a, gg__block_t *b) {
   gg__frame_t *f = &a->frames[b->depth];
   if (b->depth) {
-    f->recs[f->n_blocks] = b, b->slot = f->n_blocks++;
+    f->recs[f->n_blocks] = b;
+    b->slot = f->n_blocks++;
     return;
   }
-  b->l = NULL, b->r = f->blocks;
+  b->l = NULL;
+  b->r = f->blocks;
   if (f->blocks) f->blocks->l = b;
-  f->blocks = b, f->n_blocks++;
+  f->blocks = b;
+  f->n_blocks++;
 }
 
 /* In a scope the last record moves into the hole: O(1), and a block freed right after it was
@@ -173,7 +192,8 @@ void gg__frame_unlink(gg_arena_t *a, gg__block_t *b) {
   gg__frame_t *f = &a->frames[b->depth];
   if (b->depth) {
     gg__block_t *last = f->recs[--f->n_blocks];
-    f->recs[b->slot] = last, last->slot = b->slot;
+    f->recs[b->slot] = last;
+    last->slot = b->slot;
     return;
   }
   if (b->l)
@@ -200,7 +220,8 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
                        .recs = f->recs,
                        .recs_cap = f->recs_cap,
                        .used = f->used};
-    scope->arena = a, scope->id = a->serial;
+    scope->arena = a;
+    scope->id = a->serial;
     /* Threads' caches are bypassed from here on; giving their free blocks back takes each cache's
      * lock, so an allocation a cache was serving meanwhile is over before the scope begins. */
     atomic_store(&a->scopes_open, true);
@@ -220,8 +241,10 @@ static void gg__frame_used_clear(gg__frame_t *f, size_t blocks) {
   gg__addr_map_t *m = &f->used;
   if (m->cap > 8 * blocks + 64)
     gg__addr_map_free(m);
-  else if (m->n)
-    memset(m->slots, 0, m->cap * sizeof *m->slots), m->n = 0;
+  else if (m->n) {
+    memset(m->slots, 0, m->cap * sizeof *m->slots);
+    m->n = 0;
+  }
 }
 
 /* One gathered range of a scope end (in its own record): to the free list when reusable at once,
@@ -263,7 +286,8 @@ static int gg__scope_release(gg_arena_t *a) {
                b->depth == a->n_frames - 1); /* this scope's own blocks */
     bytes += b->size;
     if (run && b->seg == run->seg && b->addr + b->size == run->addr) { /* just below the run */
-      run->addr = b->addr, run->size += b->size;
+      run->addr = b->addr;
+      run->size += b->size;
       gg__freelist_give_record(&a->freelist, b);
       continue;
     }

@@ -40,66 +40,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena/arena_cache_impl.h"
 #include "arena/arena_impl.h"
 #include "core/internal.h"
-
-#define GG__TC_CLASSES     8  /* sizes per cache */
-#define GG__TC_RING        64 /* free blocks per size: one stream query serves a ring */
-#define GG__TC_CLASS_BYTES ((size_t)1 << 20) /* free bytes per size, a refill's worth */
-#define GG__TC_SHARE       8                 /* a refill takes at most 1/8 of the free memory */
-#define GG__TC_BYTES       ((size_t)8 << 20) /* free bytes per cache */
-#define GG__TC_LIVE_SLOTS  128 /* handed out and not yet published: at most half of this */
-#define GG__TC_BACKOFF     16  /* allocations that do not ask a busy stream again */
-#define GG__TC_TRIES       8   /* questions a checkpoint waits for before the locked path */
-#define GG__TC_SIZE_HASH   64  /* entries of a cache's filter of the sizes its classes hold */
-
-typedef struct gg__tc_entry {
-  gg__block_t *rec;
-  uint64_t ticket; /* the cache's epoch at the free; 0: reusable at once */
-  bool ordered;    /* freed in stream order (the plugin) */
-} gg__tc_entry_t;
-
-typedef struct gg__tc_class {
-  size_t size;      /* rounded size; 0 when the slot is unused */
-  unsigned head, n; /* ring, oldest at head */
-  unsigned
-      batch; /* blocks the next refill carves: doubles per refill, so sizes seen once cost little */
-  unsigned long long used; /* last refill, for eviction */
-  gg__tc_entry_t ring[GG__TC_RING];
-} gg__tc_class_t;
-
-struct gg__tcache {
-  atomic_int lock;      /* a spin lock: its thread takes it on every call, others almost never */
-  atomic_bool attached; /* false once its arena is destroyed, torn down or let it go */
-  bool orphan;          /* its thread exited: the arena owns it (arena lock) */
-  /* The key: the arena and its unique id, so an address reused by a later arena never matches. */
-  gg_arena_t *arena;
-  unsigned long long arena_id;
-  unsigned fork_gen;
-  gg__tcache_t *next;            /* its thread's caches (that thread only) */
-  gg__tcache_t *a_prev, *a_next; /* its arena's caches (arena lock) */
-  gg__tc_class_t cls[GG__TC_CLASSES];
-  /* Classes per value of a size's low bits (gg__tc_size_hash): most sizes of a random mix match
-   * none, and one byte says so before the lock and the walk over the classes. Written and read by
-   * its thread only. */
-  uint8_t size_seen[GG__TC_SIZE_HASH];
-  size_t free_bytes;
-  unsigned long long clock;
-  gg__block_t *live[GG__TC_LIVE_SLOTS]; /* by address, linear probing */
-  uint64_t live_bits[GG__TC_LIVE_SLOTS /
-                     64]; /* bit i: live[i] is taken (publishing visits only those) */
-  _Atomic size_t
-      n_live; /* written under the lock; its thread reads it without, to skip frees not its own */
-  const char
-      *tag; /* the interned tag of the last refill: allocations with that tag may be served */
-  size_t d_bytes, peak; /* since the last publish: live bytes, highest total seen by this thread */
-  unsigned long long d_allocs, d_frees;
-  unsigned backoff;
-  void *event;          /* recorded on the arena's stream when it was busy, covering tickets below
-                           event_epoch */
-  uint64_t event_epoch; /* 0: no event out */
-  unsigned long long events; /* recorded since the last publish, for the arena's probe */
-};
 
 /* This thread's caches, most recently used first. Initial-exec: one pointer of static TLS spares a
  * __tls_get_addr call on every allocation and free. */
@@ -107,17 +50,8 @@ static _Thread_local gg__tcache_t *gg__tc_mine __attribute__((tls_model("initial
 static pthread_key_t gg__tc_key; /* its destructor gives them back when the thread exits */
 static pthread_once_t gg__tc_once = PTHREAD_ONCE_INIT;
 
-/* ---- the cache's lock ------------------------------------------------------------------------ */
-
-static void gg__tc_lock(gg__tcache_t *c) { gg__spin_lock(&c->lock); }
-
-static void gg__tc_unlock(gg__tcache_t *c) { gg__spin_unlock(&c->lock); }
-
 /* ---- live blocks, by address ----------------------------------------------------------------- */
 
-static size_t gg__tc_nlive(const gg__tcache_t *c) {
-  return atomic_load_explicit(&c->n_live, memory_order_relaxed);
-}
 static void gg__tc_set_nlive(gg__tcache_t *c, size_t n) {
   atomic_store_explicit(&c->n_live, n, memory_order_relaxed);
 }
@@ -138,7 +72,8 @@ static void gg__tc_live_set(gg__tcache_t *c, size_t i, gg__block_t *b) {
 static void gg__tc_live_put(gg__tcache_t *c, gg__block_t *b) {
   size_t i = gg__tc_slot(b->addr);
   while (c->live[i]) i = (i + 1) & (GG__TC_LIVE_SLOTS - 1);
-  gg__tc_live_set(c, i, b), gg__tc_set_nlive(c, gg__tc_nlive(c) + 1);
+  gg__tc_live_set(c, i, b);
+  gg__tc_set_nlive(c, gg__tc_nlive(c) + 1);
 }
 
 /* Removes and returns the live block at addr, or NULL (backward-shift deletion: no tombstones). */
@@ -147,21 +82,21 @@ static gg__block_t *gg__tc_live_take(gg__tcache_t *c, uintptr_t addr) {
   for (; c->live[i] && c->live[i]->addr != addr; i = (i + 1) & (GG__TC_LIVE_SLOTS - 1)) continue;
   gg__block_t *b = c->live[i];
   if (!b) return NULL;
-  gg__tc_live_set(c, i, NULL), gg__tc_set_nlive(c, gg__tc_nlive(c) - 1);
+  gg__tc_live_set(c, i, NULL);
+  gg__tc_set_nlive(c, gg__tc_nlive(c) - 1);
   for (size_t j = (i + 1) & (GG__TC_LIVE_SLOTS - 1); c->live[j];
        j = (j + 1) & (GG__TC_LIVE_SLOTS - 1)) {
     size_t home = gg__tc_slot(c->live[j]->addr);
-    if (((j - home) & (GG__TC_LIVE_SLOTS - 1)) >= ((j - i) & (GG__TC_LIVE_SLOTS - 1)))
-      gg__tc_live_set(c, i, c->live[j]), gg__tc_live_set(c, j, NULL), i = j;
+    if (((j - home) & (GG__TC_LIVE_SLOTS - 1)) >= ((j - i) & (GG__TC_LIVE_SLOTS - 1))) {
+      gg__tc_live_set(c, i, c->live[j]);
+      gg__tc_live_set(c, j, NULL);
+      i = j;
+    }
   }
   return b;
 }
 
 /* ---- size classes and tickets ---------------------------------------------------------------- */
-
-static size_t gg__tc_size_hash(size_t size) {
-  return (size / GG__QUANTUM) & (GG__TC_SIZE_HASH - 1);
-}
 
 /* Gives class k the size `size` (0: none), keeping the filter. */
 static void gg__tc_class_set_size(gg__tcache_t *c, gg__tc_class_t *k, size_t size) {
@@ -181,7 +116,12 @@ static gg__tc_class_t *gg__tc_class(gg__tcache_t *c, size_t size) {
 static gg__tc_class_t *gg__tc_class_claim(gg__tcache_t *c, size_t size) {
   gg__tc_class_t *k = gg__tc_class(c, size);
   for (int i = 0; !k && i < GG__TC_CLASSES; i++)
-    if (!c->cls[i].n) k = &c->cls[i], gg__tc_class_set_size(c, k, size), k->head = 0, k->batch = 0;
+    if (!c->cls[i].n) {
+      k = &c->cls[i];
+      gg__tc_class_set_size(c, k, size);
+      k->head = 0;
+      k->batch = 0;
+    }
   return k;
 }
 
@@ -192,16 +132,12 @@ static void gg__tc_raise_safe(gg_arena_t *a, uint64_t to) {
   }
 }
 
-static bool gg__tc_safe_for(const gg_arena_t *a, uint64_t ticket) {
-  return ticket < atomic_load_explicit(&((gg_arena_t *)a)->tc_safe, memory_order_acquire);
-}
-
 /* Whether the work queued before the frees of tickets below the arena's epoch is done: the epoch is
  * advanced first (later frees get a later ticket), then this cache's earlier event is asked, then
  * the stream; while it is busy an event is recorded, so a stream that never runs dry still lets
  * blocks come back. One thread asks at a time (another one asking serves this cache too). Never
  * blocks; failures only delay reuse (this thread's error detail is kept). */
-static int gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
+int gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
   gg__err_quiet_t quiet; /* the detail is copied only if a driver call fails */
   gg__err_quiet_begin(&quiet);
   if (c->event_epoch && a->ops->event_query(a->dev, c->event) == 1) {
@@ -219,7 +155,8 @@ static int gg__tc_ask_stream(gg_arena_t *a, gg__tcache_t *c) {
     c->event_epoch = 0;
   } else if (!c->event_epoch && (c->event || a->ops->event_create(a->dev, &c->event) == 0) &&
              a->ops->event_record(a->dev, c->event, a->stream) == 0) {
-    c->event_epoch = cur, c->events++;
+    c->event_epoch = cur;
+    c->events++;
   }
   atomic_store_explicit(&a->tc_asking, false, memory_order_release);
   gg__err_quiet_end(&quiet);
@@ -238,7 +175,10 @@ static void gg__tc_await_asker(gg_arena_t *a) {
  * the driver's lock. A stream found busy is not asked again for GG__TC_BACKOFF allocations of this
  * cache. */
 static bool gg__tc_checkpoint(gg_arena_t *a, gg__tcache_t *c, uint64_t ticket) {
-  if (c->backoff) return c->backoff--, false;
+  if (c->backoff) {
+    c->backoff--;
+    return false;
+  }
   for (int tries = 0; tries < GG__TC_TRIES; tries++) {
     int asked = gg__tc_ask_stream(a, c);
     if (gg__tc_safe_for(a, ticket)) return true;
@@ -258,22 +198,25 @@ static unsigned gg__tc_cap(size_t size) {
   return n < 2 ? 2 : n > GG__TC_RING ? GG__TC_RING : (unsigned)n;
 }
 
-static bool gg__tc_reusable(const gg_arena_t *a, const gg__tc_entry_t *e) {
-  return !a->track || e->ordered || gg__tc_safe_for(a, e->ticket);
-}
-
 /* The tag the caller asked for, when it is the cache's: the interned text (the tag cut at
  * GG__TAG_MAX bytes), without the arena's lock. Compared byte by byte: tags are short, and strnlen
  * + strncmp cost more than the loop on every allocation the plugin makes (its tag is "torch"). */
 static bool gg__tc_tag(const gg__tcache_t *c, const char *tag, const char **out) {
-  if (!tag || !*tag) return (*out = ""), true;
+  if (!tag || !*tag) {
+    *out = "";
+    return true;
+  }
   const char *t = c->tag;
   if (!t) return false;
   for (size_t i = 0; i < GG__TAG_MAX; i++) {
     if (tag[i] != t[i]) return false;
-    if (!tag[i]) return (*out = t), true;
+    if (!tag[i]) {
+      *out = t;
+      return true;
+    }
   }
-  return (*out = t), true; /* the first GG__TAG_MAX bytes match, and t holds no more */
+  *out = t;
+  return true; /* the first GG__TAG_MAX bytes match, and t holds no more */
 }
 
 /* ---- finding this thread's cache ------------------------------------------------------------- */
@@ -292,7 +235,8 @@ static gg__tcache_t *gg__tc_find_further(const gg_arena_t *a) {
   gg__tcache_t *c = gg__tc_mine;
   for (gg__tcache_t *prev = c; prev && (c = prev->next); prev = c)
     if (c->arena == a && c->arena_id == a->id) {
-      prev->next = c->next, c->next = gg__tc_mine; /* to the front */
+      prev->next = c->next;
+      c->next = gg__tc_mine; /* to the front */
       gg__tc_set_head(c);
       return c;
     }
@@ -318,8 +262,10 @@ static void gg__tc_sweep(gg__tcache_t *only) {
       continue;
     }
     *pp = c->next;
-    if (!parent)
-      gg__tc_lock(c), gg__tc_unlock(c); /* the detaching thread may still be leaving the lock */
+    if (!parent) { /* the detaching thread may still be leaving the lock */
+      gg__tc_lock(c);
+      gg__tc_unlock(c);
+    }
     free(c);
   }
   gg__tc_set_head(gg__tc_mine);
@@ -351,19 +297,24 @@ static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
         gg__block_t *b = c->live[i];
         c->live[i] = NULL;
         GG__ASSERT(b->state == GG__BLOCK_CACHED); /* handed out by this cache, not yet published */
-        b->state = GG__BLOCK_USED, b->depth = 0;
+        b->state = GG__BLOCK_USED;
+        b->depth = 0;
         gg__frame_link(a, b);
         gg__addr_map_put(&a->used, b->addr, b);
       }
     memset(c->live_bits, 0, sizeof c->live_bits);
     gg__tc_set_nlive(c, 0);
   }
-  a->in_use += c->d_bytes, a->n_allocs += c->d_allocs, a->n_frees += c->d_frees;
-  a->probe.cached_allocs += c->d_allocs, a->probe.events_recorded += c->events;
+  a->in_use += c->d_bytes;
+  a->n_allocs += c->d_allocs;
+  a->n_frees += c->d_frees;
+  a->probe.cached_allocs += c->d_allocs;
+  a->probe.events_recorded += c->events;
   if (c->peak > a->peak_in_use) a->peak_in_use = c->peak;
   if (a->in_use > a->peak_in_use) a->peak_in_use = a->in_use;
   atomic_store_explicit(&a->in_use_seen, a->in_use, memory_order_relaxed);
-  c->d_bytes = c->peak = 0, c->d_allocs = c->d_frees = c->events = 0;
+  c->d_bytes = c->peak = 0;
+  c->d_allocs = c->d_frees = c->events = 0;
   return 0;
 }
 
@@ -401,7 +352,8 @@ static void gg__tc_drop_event(gg_arena_t *a, gg__tcache_t *c) {
   gg__err_quiet_begin(&quiet);
   a->ops->event_destroy(a->dev, c->event);
   gg__err_quiet_end(&quiet);
-  c->event = NULL, c->event_epoch = 0;
+  c->event = NULL;
+  c->event_epoch = 0;
 }
 
 static void gg__tc_unlink(gg_arena_t *a, gg__tcache_t *c) {
@@ -482,11 +434,15 @@ bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag,
     if (gg__tc_reusable(a, e) ||
         (k->batch >= gg__tc_cap(size) && gg__tc_checkpoint(a, c, e->ticket))) {
       gg__block_t *b = e->rec;
-      k->head = (k->head + 1) % GG__TC_RING, k->n--;
+      k->head = (k->head + 1) % GG__TC_RING;
+      k->n--;
       c->free_bytes -= size;
-      b->req = asked, b->tag = t, b->depth = 0;
+      b->req = asked;
+      b->tag = t;
+      b->depth = 0;
       gg__tc_live_put(c, b);
-      c->d_bytes += size, c->d_allocs++;
+      c->d_bytes += size;
+      c->d_allocs++;
       size_t total = atomic_load_explicit(&a->in_use_seen, memory_order_relaxed) + c->d_bytes;
       if (total > c->peak) c->peak = total;
       *ptr = (void *)b->addr;
@@ -513,7 +469,8 @@ bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered) {
           a->track && !ordered ? atomic_load(&a->tc_epoch) : 0; /* see gg__tc_ask_stream */
       k->ring[(k->head + k->n++) % GG__TC_RING] = (gg__tc_entry_t){b, ticket, ordered};
       c->free_bytes += b->size;
-      c->d_bytes -= b->size, c->d_frees++;
+      c->d_bytes -= b->size;
+      c->d_frees++;
       done = true;
     } else {
       gg__tc_live_put(c, b); /* no room: the arena's path publishes it and frees it */
@@ -533,7 +490,9 @@ static gg__tcache_t *gg__tc_create(gg_arena_t *a) {
   gg__tc_sweep(NULL);
   gg__tcache_t *c = calloc(1, sizeof *c);
   if (!c) return NULL;
-  c->arena = a, c->arena_id = a->id, c->fork_gen = a->fork_gen;
+  c->arena = a;
+  c->arena_id = a->id;
+  c->fork_gen = a->fork_gen;
   atomic_init(&c->lock, 0);
   atomic_init(&c->attached, true);
   c->a_next = a->caches;
@@ -571,18 +530,25 @@ static size_t gg__tc_carve(gg_arena_t *a, size_t size, size_t want, gg__block_t 
     if (b) {
       gg__block_t *piece =
           gg__freelist_carve(fl, b, n, GG__QUANTUM); /* the record of the n bytes */
-      seg = piece->seg, p = piece->addr;
+      seg = piece->seg;
+      p = piece->addr;
       gg__freelist_give_record(fl, piece);
     } else if (t && t->size >= n) {
-      seg = t->seg, p = t->addr;
-      t->addr += n, t->size -= n, fl->bytes -= n;
+      seg = t->seg;
+      p = t->addr;
+      t->addr += n;
+      t->size -= n;
+      fl->bytes -= n;
     } else {
       continue;
     }
     for (size_t i = 0; i < want; i++) {
       gg__block_t *r = gg__freelist_take_record(fl);
       memset(r, 0, sizeof *r);
-      r->addr = p + i * size, r->size = size, r->seg = seg, r->state = GG__BLOCK_CACHED;
+      r->addr = p + i * size;
+      r->size = size;
+      r->seg = seg;
+      r->state = GG__BLOCK_CACHED;
       recs[i] = r;
     }
     return want;
@@ -606,8 +572,12 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
       for (int i = 0; i < GG__TC_CLASSES; i++)
         if (!k || c->cls[i].n < k->n || (c->cls[i].n == k->n && c->cls[i].used < k->used))
           k = &c->cls[i];
-      if (!k->n || gg__tc_give_back_class(a, c, k) == 0)
-        gg__tc_class_set_size(c, k, size), k->head = 0, k->batch = 0, k->used = ++c->clock;
+      if (!k->n || gg__tc_give_back_class(a, c, k) == 0) {
+        gg__tc_class_set_size(c, k, size);
+        k->head = 0;
+        k->batch = 0;
+        k->used = ++c->clock;
+      }
       k = NULL;
     }
     /* A refill never maps: it takes a share of the free memory as it is, so it cannot raise peak
@@ -624,15 +594,18 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
     if (!n && k)
       k->batch = gg__tc_cap(size); /* no room to grow: the ring asks the stream as it is */
     if (n) {
-      k->used = ++c->clock, k->batch = (k->batch ? k->batch : 2) * 2;
+      k->used = ++c->clock;
+      k->batch = (k->batch ? k->batch : 2) * 2;
       if (k->batch > gg__tc_cap(size)) k->batch = gg__tc_cap(size);
       for (size_t i = 1; i < n; i++)
         k->ring[(k->head + k->n++) % GG__TC_RING] = (gg__tc_entry_t){recs[i], 0, false};
       c->free_bytes += (n - 1) * size;
       c->tag = tag;
-      recs[0]->req = asked, recs[0]->tag = tag;
+      recs[0]->req = asked;
+      recs[0]->tag = tag;
       gg__tc_live_put(c, recs[0]);
-      c->d_bytes += size, c->d_allocs++;
+      c->d_bytes += size;
+      c->d_allocs++;
       if (a->in_use + c->d_bytes > c->peak) c->peak = a->in_use + c->d_bytes;
       *ptr = recs[0]->addr;
       got = 1;
@@ -690,80 +663,10 @@ void gg__tcache_detach_all(gg_arena_t *a) {
   }
 }
 
-void gg__tcache_add_stats(gg_arena_t *a, gg_arena_stats_t *s) {
-  size_t unsafe = 0;
-  for (gg__tcache_t *c = a->caches; c; c = c->a_next) {
-    bool asked = false;
-    gg__tc_lock(c);
-    s->n_events += c->events;
-    s->bytes_in_use += c->d_bytes, s->n_live += gg__tc_nlive(c);
-    s->n_allocs += c->d_allocs, s->n_frees += c->d_frees;
-    if (c->peak > s->peak_in_use) s->peak_in_use = c->peak;
-    for (int i = 0; i < GG__TC_CLASSES && a->track; i++) {
-      gg__tc_class_t *k = &c->cls[i];
-      for (unsigned j = 0; j < k->n; j++) {
-        const gg__tc_entry_t *e = &k->ring[(k->head + j) % GG__TC_RING];
-        if (gg__tc_reusable(a, e)) continue;
-        /* Cached frees still waiting count as pending: one question may settle all of them. */
-        if (!asked && (asked = true)) gg__tc_ask_stream(a, c);
-        if (gg__tc_reusable(a, e)) continue;
-        unsafe += k->size;
-      }
-    }
-    gg__tc_unlock(c);
-  }
-  if (s->bytes_in_use > s->peak_in_use) s->peak_in_use = s->bytes_in_use;
-  s->bytes_pending += unsafe;
-  size_t spare = s->bytes_mapped - s->bytes_in_use;
-  s->fragmentation = spare ? 1.0 - (double)s->largest_free_block / (double)spare : 0.0;
-}
-
 void gg__tcache_reset_peak(gg_arena_t *a) {
   for (gg__tcache_t *c = a->caches; c; c = c->a_next) {
     gg__tc_lock(c);
     c->peak = a->in_use + c->d_bytes;
     gg__tc_unlock(c);
   }
-}
-
-const char *gg__tcache_census(gg_arena_t *a,
-                              void (*add)(void *ctx, const gg__block_t *b, bool live), void *ctx) {
-  const char *w = NULL;
-  for (gg__tcache_t *c = a->caches; c && !w; c = c->a_next) {
-    gg__tc_lock(c);
-    size_t live = 0, live_bytes = 0, free_bytes = 0;
-    for (size_t i = 0; i < GG__TC_LIVE_SLOTS; i++) {
-      if (c->live[i]) live++, live_bytes += c->live[i]->size, add(ctx, c->live[i], true);
-      if (!c->live[i] != !(c->live_bits[i / 64] >> (i % 64) & 1))
-        w = "a cache's live bits disagree with its slots";
-    }
-    for (int i = 0; i < GG__TC_CLASSES; i++)
-      for (unsigned j = 0; j < c->cls[i].n; j++) {
-        const gg__block_t *b = c->cls[i].ring[(c->cls[i].head + j) % GG__TC_RING].rec;
-        if (b->size != c->cls[i].size) w = "a cached block is in another size's ring";
-        free_bytes += b->size, add(ctx, b, false);
-      }
-    if (live != gg__tc_nlive(c) || live_bytes != c->d_bytes)
-      w = "a cache's live blocks and its counters disagree";
-    if (free_bytes != c->free_bytes) w = "a cache's free bytes are wrong";
-    uint8_t seen[GG__TC_SIZE_HASH] = {0};
-    for (int i = 0; i < GG__TC_CLASSES; i++)
-      if (c->cls[i].size) seen[gg__tc_size_hash(c->cls[i].size)]++;
-    if (memcmp(seen, c->size_seen, sizeof seen))
-      w = "a cache's filter of sizes disagrees with its classes";
-    if (c->d_allocs - c->d_frees != live) w = "a cache's allocation counts are wrong";
-    gg__tc_unlock(c);
-  }
-  return w;
-}
-
-size_t gg__tcache_records(gg_arena_t *a) {
-  size_t n = 0;
-  for (gg__tcache_t *c = a->caches; c; c = c->a_next) {
-    gg__tc_lock(c);
-    n += gg__tc_nlive(c);
-    for (int i = 0; i < GG__TC_CLASSES; i++) n += c->cls[i].n;
-    gg__tc_unlock(c);
-  }
-  return n;
 }

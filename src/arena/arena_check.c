@@ -13,7 +13,8 @@ int gg__arena_probe(gg_arena_t *a, gg__arena_probe_t *out) {
   int rc = gg__arena_enter(a, "gg__arena_probe");
   if (rc < 0) return rc;
   *out = a->probe;
-  out->bump_entries = a->bump_count, out->free_blocks = a->freelist.count,
+  out->bump_entries = a->bump_count;
+  out->free_blocks = a->freelist.count;
   out->chunks = a->n_chunks;
   out->top_bytes = a->freelist.top ? a->freelist.top->size : 0;
   gg__arena_leave(a);
@@ -77,7 +78,8 @@ static const char *gg__check_used(const gg_arena_t *a, gg__census_t *c) {
       if (b->size != gg__rounded_size(b->req))
         return "a used record's size does not match its request";
       gg__census_add(c, b->addr, b->size, GG__REGION_USED, b->seg);
-      c->live++, c->live_bytes += b->size;
+      c->live++;
+      c->live_bytes += b->size;
     }
   }
   for (int d = a->n_frames; d < (int)a->frames_cap; d++)
@@ -113,7 +115,8 @@ static const char *gg__check_batches(const gg_arena_t *a, gg__census_t *c) {
     size_t bytes = 0, count = 0;
     for (const gg__block_t *b = bt->head; b && c->n < c->cap; b = b->r, count++) {
       if (b->state != GG__BLOCK_PENDING) return "a batch holds a record that is not PENDING";
-      gg__census_add(c, b->addr, b->size, GG__REGION_PENDING, b->seg), bytes += b->size;
+      gg__census_add(c, b->addr, b->size, GG__REGION_PENDING, b->seg);
+      bytes += b->size;
     }
     if (bytes != bt->bytes || count != bt->count) return "a batch's totals are wrong";
     pending += bytes;
@@ -137,7 +140,10 @@ static const char *gg__check_bump_runs(const gg_arena_t *a, gg__census_t *c) {
         return "a run of the bump log has a hole";
       if (e->ptr < e->start || e->ptr % GG__QUANTUM) return "a bump entry is misaligned";
       if (e->depth >= a->n_frames) return "a bump entry belongs to a scope that ended";
-      if (e->live) c->bump_live++, c->bump_live_bytes += gg__rounded_size(e->req);
+      if (e->live) {
+        c->bump_live++;
+        c->bump_live_bytes += gg__rounded_size(e->req);
+      }
     }
     uintptr_t s = a->bump[first].start, e = gg__bump_entry_end(&a->bump[last - 1]);
     gg__census_add(c, s, e - s, GG__REGION_RUN, a->runs[ri].seg);
@@ -167,7 +173,8 @@ static const char *gg__check_scope_marks(const gg_arena_t *a, const gg__census_t
   unsigned long long live = 0;
   size_t bytes = 0;
   for (int d = 0; d < a->n_frames; d++) {
-    live += a->frames[d].bump_live, bytes += a->frames[d].bump_bytes;
+    live += a->frames[d].bump_live;
+    bytes += a->frames[d].bump_bytes;
     if (d && a->frames[d].bump_first < a->frames[d - 1].bump_first)
       return "scope log marks out of order";
     size_t end = d + 1 < a->n_frames ? a->frames[d + 1].bump_first : a->bump_count;

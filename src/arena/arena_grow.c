@@ -68,23 +68,32 @@ static int gg__find_room(gg_arena_t *a, size_t n, size_t al, uintptr_t *at, size
     if (t) {
       uintptr_t te = t->addr + t->size;
       size_t i = gg__chunk_index(a, te);
-      if (i > 0 && a->chunks[i - 1]->ptr + a->chunks[i - 1]->size == te)
-        m = gg__gap_fit(a, te, gg__gap_end(a, i), n, al), *at = te;
+      if (i > 0 && a->chunks[i - 1]->ptr + a->chunks[i - 1]->size == te) {
+        m = gg__gap_fit(a, te, gg__gap_end(a, i), n, al);
+        *at = te;
+      }
     }
     for (size_t i = 0; !m && i <= a->n_chunks; i++) {
       *at = i ? a->chunks[i - 1]->ptr + a->chunks[i - 1]->size : a->base;
       m = gg__gap_fit(a, *at, gg__gap_end(a, i), n, al);
     }
-    if (!m) return snprintf(why, whycap, "the arena's capacity is exhausted"), GG_ENOMEM;
+    if (!m) {
+      snprintf(why, whycap, "the arena's capacity is exhausted");
+      return GG_ENOMEM;
+    }
   } else {
     size_t slack = al > GG__QUANTUM ? al : 0;
-    if (n > a->capacity || slack > a->capacity - n)
-      return snprintf(why, whycap, "the request exceeds the capacity"), GG_ENOMEM;
+    if (n > a->capacity || slack > a->capacity - n) {
+      snprintf(why, whycap, "the request exceeds the capacity");
+      return GG_ENOMEM;
+    }
     size_t need = (size_t)gg__align_up(n + slack, a->granularity);
     m = need > a->chunk_size ? need : a->chunk_size;
     if (m > a->capacity - a->mapped) m = need;
-    if (a->mapped > a->capacity || m > a->capacity - a->mapped)
-      return snprintf(why, whycap, "the arena's capacity is exhausted"), GG_ENOMEM;
+    if (a->mapped > a->capacity || m > a->capacity - a->mapped) {
+      snprintf(why, whycap, "the arena's capacity is exhausted");
+      return GG_ENOMEM;
+    }
   }
   *size = m;
   return 0;
@@ -223,7 +232,10 @@ static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool idle
     while (j > i0 && m - a->chunks[j - 1]->size >= keep &&
            (!idle_only || gg__arena_range_idle(a, a->chunks[j - 1]->ptr, a->chunks[j - 1]->size)))
       m -= a->chunks[--j]->size;
-    if (!taken) gg__freelist_remove(&a->freelist, fb), taken = true;
+    if (!taken) {
+      gg__freelist_remove(&a->freelist, fb);
+      taken = true;
+    }
     size_t done = 0;
     rc = a->ops->unmap_run(a->dev, a->chunks + j, top - j, &done);
     if (!done) break;
@@ -233,8 +245,11 @@ static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool idle
     hi = a->chunks[top - done]->ptr;
     GG__ASSERT(done <= top - j &&
                a->chunks[top - done]->ptr >= lo); /* unmapped inside the free block */
-    for (size_t k = top - done; k < top; k++)
-      gone[k] = true, a->mapped -= a->chunks[k]->size, *returned += a->chunks[k]->size;
+    for (size_t k = top - done; k < top; k++) {
+      gone[k] = true;
+      a->mapped -= a->chunks[k]->size;
+      *returned += a->chunks[k]->size;
+    }
   }
   if (taken) {
     if (hi > lo) gg__freelist_put_plain(&a->freelist, lo, hi - lo, seg);
@@ -252,7 +267,8 @@ static int gg__trim_free_chunks(gg_arena_t *a, size_t keep, bool idle_only) {
   gg__block_t **fs = malloc(nf * sizeof *fs);
   bool *gone = calloc(a->n_chunks, sizeof *gone);
   if (!fs || !gone || (rc = gg__freelist_reserve(&a->freelist, a->n_chunks + nf + 2)) < 0) {
-    free(fs), free(gone);
+    free(fs);
+    free(gone);
     return rc < 0 ? rc : gg__err(GG_ENOMEM, "gg_arena_trim: out of host memory");
   }
   gg__freelist_drop_top(&a->freelist);
@@ -270,8 +286,12 @@ static int gg__trim_free_chunks(gg_arena_t *a, size_t keep, bool idle_only) {
   }
   a->n_unmaps += a->n_chunks - w;
   a->n_chunks = w;
-  free(fs), free(gone);
-  if (returned) a->n_trims++, a->bytes_trimmed += returned;
+  free(fs);
+  free(gone);
+  if (returned) {
+    a->n_trims++;
+    a->bytes_trimmed += returned;
+  }
   gg__arena_promote(a);
   return rc;
 }
@@ -313,7 +333,8 @@ int gg__arena_unmap_all(gg_arena_t *a) {
       GG_KEEP_FIRST(rc, a->ops->unmap(a->dev, a->chunks[k]));
   }
   for (size_t i = 0; i < a->n_chunks; i++) free(a->chunks[i]);
-  a->n_chunks = 0, a->mapped = 0;
+  a->n_chunks = 0;
+  a->mapped = 0;
   return rc;
 }
 

@@ -15,6 +15,7 @@
  *   arena_grow.c     growth (mapping chunks), moving top, trim
  *   arena_check.c    the invariant checker and the probe, for tests
  *   arena_cache.c    per-thread caches: alloc+free pairs without the arena's lock
+ *   arena_cache_stats.c  the caches' walks for stats and the checker (layout: arena_cache_impl.h)
  *
  * Every function here runs with the arena's lock held unless it says otherwise. */
 #ifndef GG_ARENA_IMPL_H
@@ -259,12 +260,16 @@ static inline int gg__arena_grow_array(void *arr, size_t *cap, size_t need, size
  * detail is kept as it was before the step. Returns the step's status. */
 int gg__arena_quietly(gg_arena_t *a, int (*step)(gg_arena_t *a, void *ctx), void *ctx);
 static inline void gg__arena_count_alloc(gg_arena_t *a, size_t n) {
-  a->in_use += n, a->n_live++, a->n_allocs++;
+  a->in_use += n;
+  a->n_live++;
+  a->n_allocs++;
   if (a->in_use > a->peak_in_use) a->peak_in_use = a->in_use;
   atomic_store_explicit(&a->in_use_seen, a->in_use, memory_order_relaxed);
 }
 static inline void gg__arena_count_release(gg_arena_t *a, size_t bytes, unsigned long long blocks) {
-  a->in_use -= bytes, a->n_live -= blocks, a->n_frees += blocks;
+  a->in_use -= bytes;
+  a->n_live -= blocks;
+  a->n_frees += blocks;
   atomic_store_explicit(&a->in_use_seen, a->in_use, memory_order_relaxed);
 }
 void gg__arena_fill_stats(const gg_arena_t *a, gg_arena_stats_t *s);

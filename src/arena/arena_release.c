@@ -23,10 +23,16 @@ void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg
   if (!rec) rec = gg__freelist_take_record(&a->freelist);
   GG__ASSERT(rec->state != GG__BLOCK_PENDING && rec->state != GG__BLOCK_FREE); /* released twice */
   memset(rec, 0, sizeof *rec);
-  rec->addr = addr, rec->size = size, rec->seg = seg, rec->state = GG__BLOCK_PENDING;
+  rec->addr = addr;
+  rec->size = size;
+  rec->seg = seg;
+  rec->state = GG__BLOCK_PENDING;
   if (++a->releases_since_alloc > 1) a->open.mixed = true;
-  rec->r = a->open.head, a->open.head = rec;
-  a->open.bytes += size, a->open.count++, a->pending += size;
+  rec->r = a->open.head;
+  a->open.head = rec;
+  a->open.bytes += size;
+  a->open.count++;
+  a->pending += size;
 }
 
 /* ---- batches --------------------------------------------------------------------------------- */
@@ -38,7 +44,8 @@ static int gg__batch_record(gg_arena_t *a) {
   if (a->closed_end == a->closed_cap && a->closed_head) {
     memmove(a->closed, a->closed + a->closed_head,
             (a->closed_end - a->closed_head) * sizeof *a->closed);
-    a->closed_end -= a->closed_head, a->closed_head = 0;
+    a->closed_end -= a->closed_head;
+    a->closed_head = 0;
   }
   if ((rc = gg__arena_grow_array(&a->closed, &a->closed_cap, a->closed_end + 1,
                                  sizeof *a->closed)) < 0)
@@ -74,7 +81,10 @@ static int gg__batch_merge(gg_arena_t *a, gg__batch_t *b) {
   for (int i = 0; ahead && i < GG__MERGE_AHEAD; i++) ahead = ahead->r;
   for (gg__block_t *r = b->head, *next; r; r = next) {
     next = r->r;
-    if (ahead) gg__freelist_prefetch(&a->freelist, ahead->addr, ahead->size), ahead = ahead->r;
+    if (ahead) {
+      gg__freelist_prefetch(&a->freelist, ahead->addr, ahead->size);
+      ahead = ahead->r;
+    }
     gg__freelist_put(&a->freelist, r->addr, r->size, r->seg, r);
   }
   a->pending -= b->bytes;
@@ -261,14 +271,16 @@ static void gg__ord_collect(gg_arena_t *a) {
   a->probe.events_queried++;
   if (a->ops->event_query(a->dev, a->ord_ev[newest].event) == 1) {
     a->ord_safe = a->ord_ev[newest].epoch;
-    a->ord_head = 0, a->ord_n = 0;
+    a->ord_head = 0;
+    a->ord_n = 0;
     return;
   }
   while (a->ord_n > 1) {
     a->probe.events_queried++;
     if (a->ops->event_query(a->dev, a->ord_ev[a->ord_head].event) != 1) break;
     a->ord_safe = a->ord_ev[a->ord_head].epoch;
-    a->ord_head = (a->ord_head + 1) % GG__ORD_EVENTS, a->ord_n--;
+    a->ord_head = (a->ord_head + 1) % GG__ORD_EVENTS;
+    a->ord_n--;
   }
 }
 
@@ -290,7 +302,8 @@ static int gg__ord_record_step(gg_arena_t *a, void *unused) {
   a->probe.events_recorded++;
   if (a->ord_n < GG__ORD_EVENTS) a->ord_n++;
   a->ord_ev[slot].epoch = a->ord_epoch++;
-  a->ord_bytes = 0, a->ord_frees = 0;
+  a->ord_bytes = 0;
+  a->ord_frees = 0;
   return 0;
 }
 
@@ -323,9 +336,13 @@ int gg__arena_ordered_wait(gg_arena_t *a) {
   if (rc < 0) return rc;
   /* Everything released so far is done: later releases get a later epoch. */
   a->ordered_released = false;
-  a->ord_safe = a->ord_epoch, a->ord_marked = a->ord_safe;
-  a->ord_epoch++, a->ord_bytes = 0, a->ord_frees = 0;
-  a->ord_head = 0, a->ord_n = 0;
+  a->ord_safe = a->ord_epoch;
+  a->ord_marked = a->ord_safe;
+  a->ord_epoch++;
+  a->ord_bytes = 0;
+  a->ord_frees = 0;
+  a->ord_head = 0;
+  a->ord_n = 0;
   return 0;
 }
 
@@ -334,7 +351,8 @@ int gg__arena_events_destroy(gg_arena_t *a) {
   for (unsigned i = 0; i < GG__ORD_EVENTS; i++)
     if (a->ord_ev[i].event) GG_KEEP_FIRST(rc, a->ops->event_destroy(a->dev, a->ord_ev[i].event));
   memset(a->ord_ev, 0, sizeof a->ord_ev);
-  a->ord_head = 0, a->ord_n = 0;
+  a->ord_head = 0;
+  a->ord_n = 0;
   for (size_t i = a->closed_head; i < a->closed_end; i++)
     a->spare_events[a->n_spare_events++] = a->closed[i].event;
   a->closed_head = a->closed_end = 0;

@@ -70,7 +70,9 @@ static int gg__at_rebuild(gg_arena_t *a, size_t want) {
     if (t->at[i].key && gg__block_live_at(a, t->at[i].key))
       n += gg__at_put(at, cap, t->at[i].key, t->at[i].site);
   free(t->at);
-  t->at = at, t->at_cap = cap, t->at_n = n;
+  t->at = at;
+  t->at_cap = cap;
+  t->at_n = n;
   return 0;
 }
 
@@ -82,7 +84,10 @@ static void gg__at_del(gg__sites_t *t, uintptr_t key) {
   t->at_n--;
   for (size_t j = (i + 1) & m; t->at[j].key; j = (j + 1) & m) {
     size_t home = gg__slot_of(t->at[j].key, t->at_cap);
-    if (((j - home) & m) >= ((j - i) & m)) t->at[i] = t->at[j], i = j; /* j may move back to i */
+    if (((j - home) & m) >= ((j - i) & m)) { /* j may move back to i */
+      t->at[i] = t->at[j];
+      i = j;
+    }
   }
   t->at[i] = (struct gg__site_slot){0, NULL};
 }
@@ -107,7 +112,8 @@ static const gg__site_t *gg__site_intern(gg__sites_t *t, void *const *pc, int n)
       set[j] = t->set[i];
     }
     free(t->set);
-    t->set = set, t->set_cap = cap;
+    t->set = set;
+    t->set_cap = cap;
   }
   size_t j = (size_t)h & (t->set_cap - 1);
   for (; t->set[j]; j = (j + 1) & (t->set_cap - 1)) {
@@ -116,9 +122,11 @@ static const gg__site_t *gg__site_intern(gg__sites_t *t, void *const *pc, int n)
   }
   gg__site_t *s = malloc(sizeof *s);
   if (!s) return NULL;
-  s->hash = h, s->n = n;
+  s->hash = h;
+  s->n = n;
   memcpy(s->pc, pc, (size_t)n * sizeof *pc);
-  t->set[j] = s, t->set_n++;
+  t->set[j] = s;
+  t->set_n++;
   return s;
 }
 
@@ -140,7 +148,9 @@ void gg__sites_free(gg_arena_t *a) {
   gg__sites_t *t = a->sites;
   if (!t) return;
   for (size_t i = 0; i < t->set_cap; i++) free(t->set[i]);
-  free(t->set), free(t->at), free(t);
+  free(t->set);
+  free(t->at);
+  free(t);
   a->sites = NULL;
 }
 
@@ -155,8 +165,11 @@ void gg__site_note(gg_arena_t *a, uintptr_t p, void *caller) {
     if (pc[i] == caller) from = i;
   if (own < 0 && from >= 0) atomic_store_explicit(&gg__own_frames, from, memory_order_relaxed);
 #endif
-  if (from < 0)
-    pc[0] = caller, n = 1, from = 0; /* no unwinder, or the caller was not found: one frame */
+  if (from < 0) { /* no unwinder, or the caller was not found: one frame */
+    pc[0] = caller;
+    n = 1;
+    from = 0;
+  }
   n -= from;
   if (n > GG__SITE_FRAMES) n = GG__SITE_FRAMES;
   const gg__site_t *s = gg__site_intern(t, pc + from, n);

@@ -71,7 +71,8 @@ void gg__addr_map_put(gg__addr_map_t *m, uintptr_t key, gg__block_t *val) {
   size_t j = gg__addr_hash(key, m->cap);
   while (m->slots[j].key && m->slots[j].key != key) j = (j + 1) & (m->cap - 1);
   if (!m->slots[j].key) m->n++;
-  m->slots[j].key = key, m->slots[j].val = val;
+  m->slots[j].key = key;
+  m->slots[j].val = val;
 }
 
 gg__block_t *gg__addr_map_get(const gg__addr_map_t *m, uintptr_t key) {
@@ -94,9 +95,13 @@ gg__block_t *gg__addr_map_del(gg__addr_map_t *m, uintptr_t key) {
    * */
   for (size_t k = (j + 1) & mask; m->slots[k].key; k = (k + 1) & mask) {
     size_t home = gg__addr_hash(m->slots[k].key, m->cap);
-    if (((k - home) & mask) >= ((k - j) & mask)) m->slots[j] = m->slots[k], j = k;
+    if (((k - home) & mask) >= ((k - j) & mask)) {
+      m->slots[j] = m->slots[k];
+      j = k;
+    }
   }
-  m->slots[j].key = 0, m->slots[j].val = NULL;
+  m->slots[j].key = 0;
+  m->slots[j].val = NULL;
   m->n--;
   return val;
 }
@@ -130,7 +135,11 @@ static const gg__bound_t *gg__bounds_find(const gg__bounds_t *m, uintptr_t key) 
 /* The slot for key at index j (from gg__bounds_probe), taken if it was empty. Needs room. */
 static gg__bound_t *gg__bounds_take(gg__bounds_t *m, size_t j, uintptr_t key) {
   gg__bound_t *s = &m->slots[j];
-  if (!s->key) s->key = key, s->above = s->below = NULL, m->n++;
+  if (!s->key) {
+    s->key = key;
+    s->above = s->below = NULL;
+    m->n++;
+  }
   return s;
 }
 
@@ -152,7 +161,10 @@ GG__HOT void gg__bounds_clear_at(gg__bounds_t *m, size_t j, bool above) {
    * */
   for (size_t k = (j + 1) & mask; m->slots[k].key; k = (k + 1) & mask) {
     size_t home = gg__addr_hash(m->slots[k].key, m->cap);
-    if (((k - home) & mask) >= ((k - j) & mask)) m->slots[j] = m->slots[k], j = k;
+    if (((k - home) & mask) >= ((k - j) & mask)) {
+      m->slots[j] = m->slots[k];
+      j = k;
+    }
   }
   memset(&m->slots[j], 0, sizeof m->slots[j]);
   m->n--;
@@ -196,7 +208,8 @@ int gg__freelist_reserve_slow(gg__freelist_t *fl, size_t k) {
 
 gg__block_t *gg__freelist_take_record(gg__freelist_t *fl) {
   gg__block_t *b = fl->spare;
-  fl->spare = b->r, fl->n_spare--;
+  fl->spare = b->r;
+  fl->n_spare--;
   memset(b, 0, sizeof *b);
   return b;
 }
@@ -204,7 +217,9 @@ gg__block_t *gg__freelist_take_record(gg__freelist_t *fl) {
 void gg__freelist_give_record(gg__freelist_t *fl, gg__block_t *b) {
   GG__ASSERT(b != fl->spare && b != fl->top); /* a record given back twice, or top's */
   b->state = GG__BLOCK_SPARE;
-  b->r = fl->spare, fl->spare = b, fl->n_spare++;
+  b->r = fl->spare;
+  fl->spare = b;
+  fl->n_spare++;
 }
 
 void gg__freelist_free(gg__freelist_t *fl) {
@@ -262,11 +277,14 @@ static int gg__class_last(const gg__freelist_t *fl) {
 
 /* Lists b in class c (its size's class). */
 static void gg__class_link_in(gg__freelist_t *fl, gg__block_t *b, unsigned c) {
-  b->l = NULL, b->r = fl->heads[c];
+  b->l = NULL;
+  b->r = fl->heads[c];
   if (b->r)
     b->r->l = b;
-  else
-    fl->bits[c / 64] |= 1ull << (c % 64), fl->words |= 1u << (c / 64);
+  else {
+    fl->bits[c / 64] |= 1ull << (c % 64);
+    fl->words |= 1u << (c / 64);
+  }
   fl->heads[c] = b;
 }
 
@@ -319,13 +337,16 @@ void gg__freelist_remove(gg__freelist_t *fl, gg__block_t *b) {
   gg__class_unlink(fl, b);
   gg__bounds_clear(&fl->bounds, b->addr, true);
   gg__bounds_clear(&fl->bounds, b->addr + b->size, false);
-  fl->count--, fl->bytes -= b->size;
+  fl->count--;
+  fl->bytes -= b->size;
   b->l = b->r = NULL;
 }
 
 void gg__freelist_put_plain(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg) {
   gg__block_t *b = gg__freelist_take_record(fl);
-  b->addr = addr, b->size = size, b->seg = seg;
+  b->addr = addr;
+  b->size = size;
+  b->seg = seg;
   fl->bytes += size;
   gg__freelist_link(fl, b);
 }
@@ -334,11 +355,14 @@ void gg__freelist_put_plain(gg__freelist_t *fl, uintptr_t addr, size_t size, voi
  * are touched (cheaper than removing it and listing a new one). Free bytes are the caller's to
  * count. */
 static void gg__freelist_reshape(gg__freelist_t *fl, gg__block_t *b, uintptr_t addr, size_t size) {
-  if (addr != b->addr)
-    gg__bounds_clear(&fl->bounds, b->addr, true), gg__bounds_at(&fl->bounds, addr)->above = b;
-  if (addr + size != b->addr + b->size)
-    gg__bounds_clear(&fl->bounds, b->addr + b->size, false),
-        gg__bounds_at(&fl->bounds, addr + size)->below = b;
+  if (addr != b->addr) {
+    gg__bounds_clear(&fl->bounds, b->addr, true);
+    gg__bounds_at(&fl->bounds, addr)->above = b;
+  }
+  if (addr + size != b->addr + b->size) {
+    gg__bounds_clear(&fl->bounds, b->addr + b->size, false);
+    gg__bounds_at(&fl->bounds, addr + size)->below = b;
+  }
   b->addr = addr;
   gg__class_resize(fl, b, size);
 }
@@ -385,7 +409,8 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
     t->size += size;
     if ((n = gg__freelist_starting_at(fl, addr + size)) && n->seg == seg) {
       gg__freelist_remove(fl, n);
-      fl->bytes += n->size, t->size += n->size;
+      fl->bytes += n->size;
+      t->size += n->size;
       gg__freelist_give_record(fl, n);
     }
     if (rec) gg__freelist_give_record(fl, rec);
@@ -401,10 +426,13 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
   if (t && t->seg == seg && t->addr == addr + size) {
     if (lo) {
       gg__freelist_remove(fl, lo);
-      fl->bytes += lo->size, addr = lo->addr, size += lo->size;
+      fl->bytes += lo->size;
+      addr = lo->addr;
+      size += lo->size;
       gg__freelist_give_record(fl, lo);
     }
-    t->addr = addr, t->size += size;
+    t->addr = addr;
+    t->size += size;
     if (rec) gg__freelist_give_record(fl, rec);
     return t;
   }
@@ -418,7 +446,10 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
   }
   if (!rec) rec = gg__freelist_take_record(fl);
   memset(rec, 0, sizeof *rec);
-  rec->addr = addr, rec->size = size, rec->seg = seg, rec->state = GG__BLOCK_FREE;
+  rec->addr = addr;
+  rec->size = size;
+  rec->seg = seg;
+  rec->state = GG__BLOCK_FREE;
   gg__class_link(fl, rec);
   gg__bounds_take(&fl->bounds, j_lo, addr)->above = rec;
   /* Taking the low slot moves nothing, unless it was the very slot the high boundary would take. */
@@ -472,7 +503,9 @@ gg__block_t *gg__freelist_carve(gg__freelist_t *fl, gg__block_t *b, size_t n, si
   if (p == b->addr &&
       p + n < end) { /* the front: b stays listed as the rest, a new record is handed out */
     gg__block_t *u = gg__freelist_take_record(fl);
-    u->addr = p, u->size = n, u->seg = b->seg;
+    u->addr = p;
+    u->size = n;
+    u->seg = b->seg;
     gg__freelist_reshape(fl, b, p + n, end - (p + n));
     fl->bytes -= n;
     return u;
@@ -481,7 +514,8 @@ gg__block_t *gg__freelist_carve(gg__freelist_t *fl, gg__block_t *b, size_t n, si
   /* b was maximal, so its pieces have no free neighbours. */
   if (p > b->addr) gg__freelist_put_plain(fl, b->addr, p - b->addr, b->seg);
   if (p + n < end) gg__freelist_put_plain(fl, p + n, end - (p + n), b->seg);
-  b->addr = p, b->size = n;
+  b->addr = p;
+  b->size = n;
   return b;
 }
 
@@ -532,7 +566,8 @@ static const char *gg__class_check(const gg__freelist_t *fl, unsigned c, size_t 
     if (gg__freelist_starting_at(fl, b->addr) != b ||
         gg__freelist_ending_at(fl, b->addr + b->size) != b)
       return "a free block is missing from the boundary map";
-    (*n)++, *bytes += b->size;
+    (*n)++;
+    *bytes += b->size;
   }
   return NULL;
 }
@@ -556,7 +591,9 @@ const char *gg__freelist_check(const gg__freelist_t *fl) {
     if ((s->above && s->above->addr != s->key) ||
         (s->below && s->below->addr + s->below->size != s->key))
       return "a boundary slot names a block that does not start or end there";
-    keys++, above += s->above != NULL, below += s->below != NULL;
+    keys++;
+    above += s->above != NULL;
+    below += s->below != NULL;
   }
   if (keys != fl->bounds.n || above != n || below != n)
     return "the boundary map's counts disagree with the lists";

@@ -88,8 +88,10 @@ int gg_plugin_record_stream(int device, void *ptr, void *stream) {
     gg__recorded_t *n = realloc(gg__rec, cap * sizeof *n);
     if (!n)
       rc = gg__err(GG_ENOMEM, "gg_plugin_record_stream: out of host memory");
-    else
-      gg__rec = n, gg__caprec = cap;
+    else {
+      gg__rec = n;
+      gg__caprec = cap;
+    }
   }
   if (!known && rc == 0) gg__rec[gg__nrec++] = (gg__recorded_t){ptr, stream, device};
   atomic_store(&gg__nrec_any, gg__nrec);
@@ -103,8 +105,11 @@ static bool gg__recorded_take(int device, void *ptr, void **stream) {
   bool found = false;
   pthread_mutex_lock(&gg__rec_lock);
   for (size_t i = 0; i < gg__nrec && !found; i++)
-    if (gg__rec[i].ptr == ptr && gg__rec[i].device == device)
-      *stream = gg__rec[i].stream, gg__rec[i] = gg__rec[--gg__nrec], found = true;
+    if (gg__rec[i].ptr == ptr && gg__rec[i].device == device) {
+      *stream = gg__rec[i].stream;
+      gg__rec[i] = gg__rec[--gg__nrec];
+      found = true;
+    }
   atomic_store(&gg__nrec_any, gg__nrec);
   pthread_mutex_unlock(&gg__rec_lock);
   return found;

@@ -126,21 +126,27 @@ static int gg__gmap_put(gg__gmap_t *m, gg__gblk_t *r) {
     uintptr_t *keys = calloc(cap, sizeof *keys);
     gg__gblk_t **vals = calloc(cap, sizeof *vals);
     if (!keys || !vals) {
-      free(keys), free(vals);
+      free(keys);
+      free(vals);
       return gg__err(GG_ENOMEM, "gg_torch_alloc: out of host memory for the graph block map");
     }
     for (size_t i = 0; i < m->cap; i++) {
       if (!m->keys[i]) continue;
       size_t j = gg__gslot(m->keys[i], cap);
       while (keys[j]) j = (j + 1) & (cap - 1);
-      keys[j] = m->keys[i], vals[j] = m->vals[i];
+      keys[j] = m->keys[i];
+      vals[j] = m->vals[i];
     }
-    free(m->keys), free(m->vals);
-    m->keys = keys, m->vals = vals, m->cap = cap;
+    free(m->keys);
+    free(m->vals);
+    m->keys = keys;
+    m->vals = vals;
+    m->cap = cap;
   }
   size_t i = gg__gslot(r->ptr, m->cap);
   while (m->keys[i]) i = (i + 1) & (m->cap - 1);
-  m->keys[i] = r->ptr, m->vals[i] = r;
+  m->keys[i] = r->ptr;
+  m->vals[i] = r;
   m->n++;
   return 0;
 }
@@ -153,11 +159,13 @@ static void gg__gmap_del(gg__gmap_t *m, uintptr_t k) {
     size_t home = gg__gslot(m->keys[j], m->cap);
     /* j's entry may move into the hole at i when its home is not in (i, j] (cyclically). */
     if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
-      m->keys[i] = m->keys[j], m->vals[i] = m->vals[j];
+      m->keys[i] = m->keys[j];
+      m->vals[i] = m->vals[j];
       i = j;
     }
   }
-  m->keys[i] = 0, m->vals[i] = NULL;
+  m->keys[i] = 0;
+  m->vals[i] = NULL;
   m->n--;
 }
 
@@ -176,22 +184,32 @@ static bool gg__pool_released(const gg__gpool_t *p) { return p->gone && p->holde
 /* The pool of capture `id` (whose stream is `stream`), made at its first block. */
 static int gg__pool_get(gg__gdev_t *st, unsigned long long id, void *stream, gg__gpool_t **out) {
   for (gg__gpool_t *p = st->pools; p; p = p->next)
-    if (p->id == id && !p->gone) return (*out = p), 0;
+    if (p->id == id && !p->gone) {
+      *out = p;
+      return 0;
+    }
   gg__gpool_t *p = calloc(1, sizeof *p);
   if (!p) return gg__err(GG_ENOMEM, "gg_torch_alloc: out of host memory for a graph pool");
-  p->id = id, p->stream = stream, p->capturing = true;
+  p->id = id;
+  p->stream = stream;
+  p->capturing = true;
   int rc = st->dev->ops->graph_retain(st->dev, gg__gnorm(stream), gg__pool_dead, p);
   if (rc < 0) {
     free(p); /* the backend promises destroy is never called after a failure */
     return rc;
   }
-  p->next = st->pools, st->pools = p;
+  p->next = st->pools;
+  st->pools = p;
   st->n_captures++;
   atomic_fetch_add(&st->ncapturing, 1);
-  return (*out = p), 0;
+  *out = p;
+  return 0;
 }
 
-static void gg__pool_own(gg__gpool_t *p, gg__gblk_t *r) { r->pool = p, p->nblocks++; }
+static void gg__pool_own(gg__gpool_t *p, gg__gblk_t *r) {
+  r->pool = p;
+  p->nblocks++;
+}
 
 /* Pool p's graph uses a block of pool q (an older graph's): q lives at least as long as p. */
 static int gg__pool_hold(gg__gpool_t *p, gg__gpool_t *q) {
@@ -201,9 +219,11 @@ static int gg__pool_hold(gg__gpool_t *p, gg__gpool_t *q) {
     size_t cap = p->capdeps ? 2 * p->capdeps : 4;
     gg__gpool_t **d = realloc(p->deps, cap * sizeof *d);
     if (!d) return gg__err(GG_ENOMEM, "gg_torch_free: out of host memory for a graph pool");
-    p->deps = d, p->capdeps = cap;
+    p->deps = d;
+    p->capdeps = cap;
   }
-  p->deps[p->ndeps++] = q, q->holders++;
+  p->deps[p->ndeps++] = q;
+  q->holders++;
   return 0;
 }
 
@@ -228,12 +248,15 @@ static gg__gblk_t *gg__pool_take(gg__gpool_t *p, size_t size) {
   if (!best) return NULL;
   gg__gblk_t *r = *best;
   *best = r->next;
-  r->freed = false, r->next = NULL;
+  r->freed = false;
+  r->next = NULL;
   return r;
 }
 
 static void gg__giveback_push(gg__gdev_t *st, gg__gblk_t *r) {
-  r->freed = true, r->next = st->giveback, st->giveback = r;
+  r->freed = true;
+  r->next = st->giveback;
+  st->giveback = r;
   atomic_store(&st->work, true);
 }
 
@@ -249,7 +272,10 @@ static void gg__gscan(gg__gdev_t *st) {
   for (gg__gpool_t *p = st->pools; p; p = p->next) {
     if (p->gone || !atomic_load_explicit(&p->dead, memory_order_acquire)) continue;
     p->gone = true;
-    if (p->capturing) p->capturing = false, atomic_fetch_sub(&st->ncapturing, 1);
+    if (p->capturing) {
+      p->capturing = false;
+      atomic_fetch_sub(&st->ncapturing, 1);
+    }
     for (size_t i = 0; i < p->ndeps; i++) p->deps[i]->holders--;
     p->ndeps = 0;
   }
@@ -258,7 +284,8 @@ static void gg__gscan(gg__gdev_t *st) {
     if (!gg__pool_released(p)) continue;
     for (gg__gblk_t *r = p->free, *rn; r; r = rn) {
       rn = r->next;
-      r->pool = NULL, p->nblocks--;
+      r->pool = NULL;
+      p->nblocks--;
       gg__giveback_push(st, r);
     }
     p->free = NULL;
@@ -382,12 +409,19 @@ static void gg__grebind_locked(gg__gdev_t *st, gg_arena_t *main) {
     }
   }
   if (ok) {
-    st->main_stream = gg__gnorm(o.stream), st->main_track = !(o.flags & GG_ARENA_NO_STREAM);
+    st->main_stream = gg__gnorm(o.stream);
+    st->main_track = !(o.flags & GG_ARENA_NO_STREAM);
     st->gopts = o;
-    st->gopts.flags = GG_ARENA_NO_STREAM, st->gopts.stream = NULL, st->gopts.name = "torch-graph";
+    st->gopts.flags = GG_ARENA_NO_STREAM;
+    st->gopts.stream = NULL;
+    st->gopts.name = "torch-graph";
   } else {
-    st->main_stream = NULL, st->main_track = false;
-    if (!main && st->dev && gg__gempty(st) && !st->garena) gg__dev_close(st->dev), st->dev = NULL;
+    st->main_stream = NULL;
+    st->main_track = false;
+    if (!main && st->dev && gg__gempty(st) && !st->garena) {
+      gg__dev_close(st->dev);
+      st->dev = NULL;
+    }
   }
   gg__giveback_sweep(st, gg__stale, &(gg__gsweep_t){.main = main});
   if (st->garena) {
@@ -436,8 +470,10 @@ static bool gg__gcapture_underway(gg__gdev_t *st) {
     int q = st->dev->ops->stream_capture(st->dev, gg__gnorm(p->stream), &id);
     if (q == 0 && id == p->id)
       underway = true;
-    else
-      p->capturing = false, atomic_fetch_sub(&st->ncapturing, 1);
+    else {
+      p->capturing = false;
+      atomic_fetch_sub(&st->ncapturing, 1);
+    }
   }
   pthread_mutex_unlock(&st->lock);
   return underway;
@@ -471,7 +507,8 @@ static int gg__galloc(gg__gdev_t *st, size_t size, gg__gpool_t *p, gg__gblk_t **
   if (!r) return gg__err(GG_ENOMEM, "gg_torch_alloc: out of host memory for a graph block record");
   void *ptr = NULL;
   if ((rc = gg_alloc_ex(st->garena, size, 0, "torch-graph", &ptr)) == 0) {
-    r->ptr = (uintptr_t)ptr, r->size = size;
+    r->ptr = (uintptr_t)ptr;
+    r->size = size;
     if ((rc = gg__gmap_put(&st->map, r)) < 0) gg_free(st->garena, ptr);
   }
   if (rc < 0) {
@@ -530,7 +567,9 @@ static int gg__gfree_locked(gg__gdev_t *st, gg_arena_t *main, int mode, unsigned
     /* A main-arena block: during a capture the graph uses it, and while a capture forbids stream
      * operations the main arena cannot take it back yet. */
     if (!(r = calloc(1, sizeof *r))) return gg__err(GG_ENOMEM, "gg_torch_free: out of host memory");
-    r->ptr = (uintptr_t)ptr, r->size = size, r->from = main;
+    r->ptr = (uintptr_t)ptr;
+    r->size = size;
+    r->from = main;
     if ((rc = gg__gmap_put(&st->map, r)) < 0) {
       free(r);
       return rc;
@@ -547,10 +586,13 @@ static int gg__gfree_locked(gg__gdev_t *st, gg_arena_t *main, int mode, unsigned
     } else if (r->pool != p && (rc = gg__pool_hold(p, r->pool)) < 0) {
       return rc; /* the block stays live: its pool keeps it */
     }
-    r->freed = true, r->next = r->pool->free, r->pool->free = r;
+    r->freed = true;
+    r->next = r->pool->free;
+    r->pool->free = r;
     return 1;
   }
-  r->streamed = true, r->stream = stream;
+  r->streamed = true;
+  r->stream = stream;
   if (mode == GG__G_QUIET && r->from && gg__gnorm(stream)) {
     /* A main-arena block that must wait for the capture to end, freed on a stream that does not
      * capture: that stream is waited for now (as the main arena would have), so the block needs no
@@ -559,12 +601,16 @@ static int gg__gfree_locked(gg__gdev_t *st, gg_arena_t *main, int mode, unsigned
     if (st->dev->ops->stream_sync(st->dev, gg__gnorm(stream)) == 0) r->streamed = false;
   }
   if (r->pool && !gg__pool_released(r->pool)) {
-    r->freed = true, r->next = r->pool->free,
+    r->freed = true;
+    r->next = r->pool->free;
     r->pool->free = r; /* its graph still replays into it */
     return 1;
   }
   gg__gpool_t *old = r->pool;
-  if (old) old->nblocks--, r->pool = NULL;
+  if (old) {
+    old->nblocks--;
+    r->pool = NULL;
+  }
   gg__giveback_push(st, r);
   if (old) gg__pool_drop_if_done(st, old);
   return 1;
@@ -620,17 +666,21 @@ int gg_plugin_graph_stats(int device, gg_plugin_graph_stats_t *out) {
   for (size_t i = 0; i < st->map.cap; i++) {
     const gg__gblk_t *r = st->map.vals[i];
     if (!r) continue;
-    if (r->pool)
-      out->n_blocks_held++, out->bytes_held += r->size;
-    else if (!r->freed)
+    if (r->pool) {
+      out->n_blocks_held++;
+      out->bytes_held += r->size;
+    } else if (!r->freed)
       out->n_unowned++;
     else
       out->n_deferred++;
   }
-  out->n_captures = st->n_captures, out->n_stream_waits = st->n_syncs;
+  out->n_captures = st->n_captures;
+  out->n_stream_waits = st->n_syncs;
   gg_arena_stats_t s;
-  if (st->garena && gg_arena_stats(st->garena, &s) == 0)
-    out->bytes_in_use = s.bytes_in_use, out->bytes_mapped = s.bytes_mapped;
+  if (st->garena && gg_arena_stats(st->garena, &s) == 0) {
+    out->bytes_in_use = s.bytes_in_use;
+    out->bytes_mapped = s.bytes_mapped;
+  }
   pthread_mutex_unlock(&st->lock);
   return 0;
 }
@@ -651,8 +701,11 @@ int gg_plugin_trim(int device, size_t keep, size_t *released) {
         (rc = gg_arena_stats(st->garena, &after)) == 0) {
       freed = before.bytes_mapped - after.bytes_mapped;
       /* Nothing held: the reservation goes too (the next capture makes a new graph arena). */
-      if (keep == 0 && after.n_live == 0)
-        drop = st->garena, st->garena = NULL, freed += after.bytes_mapped;
+      if (keep == 0 && after.n_live == 0) {
+        drop = st->garena;
+        st->garena = NULL;
+        freed += after.bytes_mapped;
+      }
     }
   }
   pthread_mutex_unlock(&st->lock);

@@ -77,12 +77,16 @@ static gg__pt_device_t gg__pt_dev[GG_PLUGIN_MAX_DEVICES];
 /* Both locked: moves a delta into its device's figures and starts the next one from them. */
 static void gg__pt_fold(gg__pt_device_t *g, gg__pt_delta_t *dl) {
   gg__pt_counts_t *n = &g->n, *d = &dl->d;
-  n->allocs += d->allocs, n->frees += d->frees, n->waits += d->waits;
-  n->failed_allocs += d->failed_allocs, n->failed_frees += d->failed_frees;
+  n->allocs += d->allocs;
+  n->frees += d->frees;
+  n->waits += d->waits;
+  n->failed_allocs += d->failed_allocs;
+  n->failed_frees += d->failed_frees;
   for (int k = 0; k < GG__PT_STATS; k++) {
     gg_plugin_stat_t *s = &n->stat[k];
-    s->current += d->stat[k].current, s->allocated += d->stat[k].allocated,
-        s->freed += d->stat[k].freed;
+    s->current += d->stat[k].current;
+    s->allocated += d->stat[k].allocated;
+    s->freed += d->stat[k].freed;
     if (d->stat[k].peak > s->peak) s->peak = d->stat[k].peak;
     if (s->current > s->peak) s->peak = s->current;
   }
@@ -93,13 +97,15 @@ static void gg__pt_fold(gg__pt_device_t *g, gg__pt_delta_t *dl) {
 
 static inline void gg__pt_up(gg__pt_delta_t *dl, int k, unsigned long long n) {
   gg_plugin_stat_t *s = &dl->d.stat[k];
-  s->current += n, s->allocated += n;
+  s->current += n;
+  s->allocated += n;
   if (dl->base[k] + s->current > s->peak) s->peak = dl->base[k] + s->current;
 }
 
 static inline void gg__pt_down(gg__pt_delta_t *dl, int k, unsigned long long n) {
   gg_plugin_stat_t *s = &dl->d.stat[k];
-  s->current -= n, s->freed += n;
+  s->current -= n;
+  s->freed += n;
 }
 
 /* One call into a delta (its owner's lock, or a stand-alone delta). */
@@ -116,12 +122,16 @@ static void gg__pt_add(gg__pt_delta_t *dl, int rc, bool add, size_t size, bool j
    * bytes asked for and the block itself, in "all" and in its size class. */
   unsigned long long bytes = (size + GG__QUANTUM - 1) & ~(unsigned long long)(GG__QUANTUM - 1);
   int c = size <= GG__SMALL_MAX ? GG_PLUGIN_SMALL : GG_PLUGIN_LARGE;
-  if (add)
-    gg__pt_up(dl, 0, bytes), gg__pt_up(dl, c, bytes), gg__pt_up(dl, 3, size),
-        gg__pt_up(dl, 3 + c, size), gg__pt_up(dl, 6, 1), gg__pt_up(dl, 6 + c, 1);
-  else
-    gg__pt_down(dl, 0, bytes), gg__pt_down(dl, c, bytes), gg__pt_down(dl, 3, size),
-        gg__pt_down(dl, 3 + c, size), gg__pt_down(dl, 6, 1), gg__pt_down(dl, 6 + c, 1);
+  const unsigned long long v[3] = {bytes, size, 1}; /* at 3 * g: "all", then 3 * g + c */
+  for (int g = 0; g < 3; g++) {
+    if (add) {
+      gg__pt_up(dl, 3 * g, v[g]);
+      gg__pt_up(dl, 3 * g + c, v[g]);
+    } else {
+      gg__pt_down(dl, 3 * g, v[g]);
+      gg__pt_down(dl, 3 * g + c, v[g]);
+    }
+  }
 }
 
 static gg__pt_device_t *gg__pt_device_lock(int device) {
@@ -190,10 +200,16 @@ void gg__pt_read(int device, gg_plugin_stats_t *out) {
   gg__pt_fold_every(device, NULL);
   gg__pt_device_t *g = gg__pt_device_lock(device);
   gg__pt_counts_t *n = &g->n;
-  out->n_allocs = n->allocs, out->n_frees = n->frees, out->n_stream_waits = n->waits;
-  out->n_failed_allocs = n->failed_allocs, out->n_failed_frees = n->failed_frees;
-  for (int c = 0; c < 3; c++)
-    out->bytes[c] = n->stat[c], out->requested[c] = n->stat[3 + c], out->blocks[c] = n->stat[6 + c];
+  out->n_allocs = n->allocs;
+  out->n_frees = n->frees;
+  out->n_stream_waits = n->waits;
+  out->n_failed_allocs = n->failed_allocs;
+  out->n_failed_frees = n->failed_frees;
+  for (int c = 0; c < 3; c++) {
+    out->bytes[c] = n->stat[c];
+    out->requested[c] = n->stat[3 + c];
+    out->blocks[c] = n->stat[6 + c];
+  }
   gg__spin_unlock(&g->lock);
   pthread_mutex_unlock(&gg__pt_lock);
 }
