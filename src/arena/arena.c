@@ -209,7 +209,8 @@ static int gg__arena_open(gg_arena_t *a, const gg_arena_options_t *o) {
   if (o->stream && a->ops->stream_check &&
       (rc = a->ops->stream_check(a->dev, o->stream, "gg_arena_create")) < 0)
     return rc;
-  if ((rc = a->ops->va_reserve(a->dev, a->capacity, &a->base)) < 0) return rc;
+  rc = a->ops->va_reserve(a->dev, a->capacity, &a->base);
+  if (rc < 0) return rc;
   a->stream = o->stream;
   a->flags = o->flags;
   a->track = !(o->flags & GG_ARENA_NO_STREAM);
@@ -255,8 +256,8 @@ int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
   a->fork_gen = a->dev->fork_gen;
   a->magic = GG__MAGIC;
   /* A live guard of this device tears the arena down with its other cleanups, LIFO. */
-  if ((rc = gg__guard_attach(a->ops->name, o.device, &gg__arena_attach_ops, a, &a->guard_token)) <
-      0) {
+  rc = gg__guard_attach(a->ops->name, o.device, &gg__arena_attach_ops, a, &a->guard_token);
+  if (rc < 0) {
     gg_arena_destroy(a);
     return rc;
   }

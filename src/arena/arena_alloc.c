@@ -213,22 +213,30 @@ static int gg__step_give_back_cached(gg_arena_t *a, gg__request_t *q, bool any_s
 /* The ladder, in the order tried. 1 when allocated, or an error. */
 static int gg__climb(gg_arena_t *a, gg__request_t *q) {
   int rc;
-  if ((rc = gg__step_free_list(a, q)) != 0) return rc;
-  if ((rc = gg__step_reclaim(a, q)) != 0) return rc;
-  if ((rc = gg__step_give_back_cached(a, q, false)) != 0) return rc;
-  if ((rc = gg__step_trim_before_growth(a, q)) != 0) return rc;
-  if ((rc = gg__step_grow(a, q)) == GG_ENOMEM) {
+  rc = gg__step_free_list(a, q);
+  if (rc != 0) return rc;
+  rc = gg__step_reclaim(a, q);
+  if (rc != 0) return rc;
+  rc = gg__step_give_back_cached(a, q, false);
+  if (rc != 0) return rc;
+  rc = gg__step_trim_before_growth(a, q);
+  if (rc != 0) return rc;
+  rc = gg__step_grow(a, q);
+  if (rc == GG_ENOMEM) {
     /* No room to grow: what the caches hold is tried before any wait for the stream (a wait on a
      * stream that is being captured would end the capture). */
-    if ((rc = gg__step_give_back_cached(a, q, true)) != 0) return rc;
+    rc = gg__step_give_back_cached(a, q, true);
+    if (rc != 0) return rc;
     gg__step_wait_for_stream(a, q);
   } else if (rc < 0) {
     return rc;
   }
-  if ((rc = gg__step_free_list(a, q)) != 0) return rc;
+  rc = gg__step_free_list(a, q);
+  if (rc != 0) return rc;
   if (!gg__step_give_back_free_chunks(a, q)) return gg__step_out_of_memory(a, q, q->why);
   if ((rc = gg__step_grow(a, q)) < 0 && rc != GG_ENOMEM) return rc;
-  if ((rc = gg__step_free_list(a, q)) != 0) return rc;
+  rc = gg__step_free_list(a, q);
+  if (rc != 0) return rc;
   return gg__step_out_of_memory(a, q, q->why[0] ? q->why : "no block fits");
 }
 
@@ -274,7 +282,8 @@ static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t 
   q.why[0] = '\0';
   bool sites = gg__arena_records_sites(a);
   int rc;
-  if ((rc = gg__arena_lock_counted(a, "gg_alloc")) < 0) return rc;
+  rc = gg__arena_lock_counted(a, "gg_alloc");
+  if (rc < 0) return rc;
   if (a->track) gg__arena_before_alloc(a);
   if (q.size > a->capacity)
     rc = gg__step_out_of_memory(a, &q, "the request exceeds the capacity");
@@ -382,7 +391,8 @@ int gg_free(gg_arena_t *a, void *ptr) {
   int rc = gg__arena_valid(a, "gg_free");
   if (rc < 0) return rc;
   if (ptr && gg__tcache_free(a, ptr, false)) return 0; /* a block this thread's cache handed out */
-  if ((rc = gg__arena_lock_counted(a, "gg_free")) < 0) return rc;
+  rc = gg__arena_lock_counted(a, "gg_free");
+  if (rc < 0) return rc;
   rc = gg__free_locked(a, ptr, false);
   gg__arena_leave(a);
   return rc;
@@ -423,7 +433,8 @@ int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *joined) {
   /* On the arena's own stream (or none tracked) no wait is needed: the cache may take it back. */
   if (ptr && (!a->track || gg__norm_stream(stream) == a->stream) && gg__tcache_free(a, ptr, true))
     return 0;
-  if ((rc = gg__arena_lock_counted(a, "gg_torch_free")) < 0) return rc;
+  rc = gg__arena_lock_counted(a, "gg_torch_free");
+  if (rc < 0) return rc;
   /* Stream-ordered, as PyTorch's own allocator: a block freed on the arena's stream is reusable at
    * once by later work on that stream, which the stream runs after the work before the free; an
    * allocation for another stream makes that stream wait for the arena's first
@@ -451,7 +462,8 @@ int gg__arena_alloc_on(gg_arena_t *a, size_t size, void *stream, void **ptr, int
   if (rc < 0 || !a->track || gg__norm_stream(stream) == a->stream) return rc;
   /* For another stream: what the arena's stream still runs may touch a block released onto it, so
    * that stream waits for it, on the device. */
-  if ((rc = gg__arena_enter(a, "gg_torch_alloc")) == 0) {
+  rc = gg__arena_enter(a, "gg_torch_alloc");
+  if (rc == 0) {
     rc = gg__join_locked(a, a->stream, gg__norm_stream(stream));
     gg__arena_leave(a);
     if (rc > 0) {

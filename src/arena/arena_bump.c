@@ -209,8 +209,8 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
   int rc = gg__arena_enter(a, "gg_scope_begin");
   if (rc < 0) return rc;
   size_t cap = a->frames_cap;
-  if ((rc = gg__arena_grow_array(&a->frames, &a->frames_cap, (size_t)a->n_frames + 1,
-                                 sizeof *a->frames)) == 0) {
+  rc = gg__arena_grow_array(&a->frames, &a->frames_cap, (size_t)a->n_frames + 1, sizeof *a->frames);
+  if (rc == 0) {
     /* New frames start with no array; a frame's array outlives its scope, for the next one at its
      * depth. */
     memset(a->frames + cap, 0, (a->frames_cap - cap) * sizeof *a->frames);

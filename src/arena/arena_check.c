@@ -216,7 +216,8 @@ static const char *gg__check_tiling(const gg_arena_t *a, gg__census_t *c, size_t
     if (next && r->kind == GG__REGION_FREE && next->kind == GG__REGION_FREE &&
         r->seg == next->seg && r->addr + r->size == next->addr)
       return "two free neighbours were not merged";
-    if ((w = gg__check_inside_chunks(a, r))) return w;
+    w = gg__check_inside_chunks(a, r);
+    if (w) return w;
   }
   return NULL;
 }

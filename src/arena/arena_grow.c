@@ -125,7 +125,8 @@ static int gg__map_pieces(gg_arena_t *a, uintptr_t at, size_t size, size_t piece
       rc = gg__err(GG_ENOMEM, "arena: out of host memory for a chunk record");
       break;
     }
-    if ((rc = a->ops->map(a->dev, a->contiguous ? at + done : 0, sz, made[k])) < 0) {
+    rc = a->ops->map(a->dev, a->contiguous ? at + done : 0, sz, made[k]);
+    if (rc < 0) {
       snprintf(why, whycap, "mapping %zu bytes failed: %s", sz, gg_last_error());
       free(made[k]);
       break;
@@ -158,7 +159,8 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
   if (rc < 0) return rc;
   gg__chunk_t **made = malloc(pieces * sizeof *made);
   if (!made) return gg__err(GG_ENOMEM, "arena: out of host memory for chunk records");
-  if ((rc = gg__map_pieces(a, at, m, piece, made, why, whycap)) < 0) {
+  rc = gg__map_pieces(a, at, m, piece, made, why, whycap);
+  if (rc < 0) {
     free(made);
     return rc;
   }
@@ -304,7 +306,8 @@ int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
   /* Releases made in stream order (the framework plugin) are free at once but may still be read by
    * work queued before them: memory is unmapped only once the stream has run all of it (a wait only
    * when some of it is not known done). */
-  if ((rc = gg__arena_ordered_wait(a)) < 0) return rc;
+  rc = gg__arena_ordered_wait(a);
+  if (rc < 0) return rc;
   return gg__trim_free_chunks(a, keep, false);
 }
 

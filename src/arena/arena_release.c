@@ -47,20 +47,21 @@ static int gg__batch_record(gg_arena_t *a) {
     a->closed_end -= a->closed_head;
     a->closed_head = 0;
   }
-  if ((rc = gg__arena_grow_array(&a->closed, &a->closed_cap, a->closed_end + 1,
-                                 sizeof *a->closed)) < 0)
-    return rc;
+  rc = gg__arena_grow_array(&a->closed, &a->closed_cap, a->closed_end + 1, sizeof *a->closed);
+  if (rc < 0) return rc;
   void *ev;
   if (a->n_spare_events) {
     ev = a->spare_events[--a->n_spare_events];
   } else {
-    if ((rc = gg__arena_grow_array(&a->spare_events, &a->events_cap, a->events_made + 1,
-                                   sizeof *a->spare_events)) < 0)
-      return rc;
-    if ((rc = a->ops->event_create(a->dev, &ev)) < 0) return rc;
+    rc = gg__arena_grow_array(&a->spare_events, &a->events_cap, a->events_made + 1,
+                              sizeof *a->spare_events);
+    if (rc < 0) return rc;
+    rc = a->ops->event_create(a->dev, &ev);
+    if (rc < 0) return rc;
     a->events_made++;
   }
-  if ((rc = a->ops->event_record(a->dev, ev, a->stream)) < 0) {
+  rc = a->ops->event_record(a->dev, ev, a->stream);
+  if (rc < 0) {
     a->spare_events[a->n_spare_events++] = ev;
     return rc;
   }
@@ -217,7 +218,8 @@ int gg__arena_wait_pending(gg_arena_t *a) {
     /* No event to wait on, or waiting on it failed: the whole stream covers every batch, open too.
      * */
     a->probe.stream_waits++;
-    if ((rc = a->ops->stream_sync(a->dev, a->stream)) < 0) return rc;
+    rc = a->ops->stream_sync(a->dev, a->stream);
+    if (rc < 0) return rc;
     if (a->open.count && (rc = gg__batch_merge(a, &a->open)) < 0) return rc;
   }
   gg__merge_recorded(a, a->closed_end);
@@ -298,7 +300,8 @@ static int gg__ord_record_step(gg_arena_t *a, void *unused) {
     a->ord_ev[slot].event = NULL;
     return rc;
   }
-  if ((rc = a->ops->event_record(a->dev, a->ord_ev[slot].event, a->stream)) < 0) return rc;
+  rc = a->ops->event_record(a->dev, a->ord_ev[slot].event, a->stream);
+  if (rc < 0) return rc;
   a->probe.events_recorded++;
   if (a->ord_n < GG__ORD_EVENTS) a->ord_n++;
   a->ord_ev[slot].epoch = a->ord_epoch++;

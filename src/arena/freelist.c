@@ -575,8 +575,10 @@ static const char *gg__class_check(const gg__freelist_t *fl, unsigned c, size_t 
 const char *gg__freelist_check(const gg__freelist_t *fl) {
   size_t n = 0, bytes = fl->top ? fl->top->size : 0;
   const char *w;
-  for (unsigned c = 0; c < GG__CLASSES; c++)
-    if ((w = gg__class_check(fl, c, &n, &bytes))) return w;
+  for (unsigned c = 0; c < GG__CLASSES; c++) {
+    w = gg__class_check(fl, c, &n, &bytes);
+    if (w) return w;
+  }
   for (unsigned i = 0; i < GG__CLASS_WORDS; i++)
     if (((fl->words >> i) & 1) != (fl->bits[i] != 0))
       return "the class word summary disagrees with the bits";

@@ -33,7 +33,8 @@ static FILE *gg__trace;
 static void gg__trace_open(void) {
   const char *path = gg__env("GPUGUARD_PLUGIN_TRACE");
   if (!path) return;
-  if (!(gg__trace = fopen(path, "w")))
+  gg__trace = fopen(path, "w");
+  if (!gg__trace)
     fprintf(stderr, "gpuguard: GPUGUARD_PLUGIN_TRACE='%s' cannot be opened; not tracing\n", path);
   else
     fprintf(gg__trace, "# gpuguard plugin trace, pid %ld\n", (long)getpid());
@@ -167,7 +168,8 @@ int gg_plugin_set_arena(int device, gg_arena_t *arena) {
   if (arena) {
     gg_arena_stats_t
         probe; /* validates the handle: live, not torn down, not inherited through fork */
-    if ((rc = gg_arena_stats(arena, &probe)) < 0) return rc;
+    rc = gg_arena_stats(arena, &probe);
+    if (rc < 0) return rc;
   }
   pthread_once(&gg__plug_once, gg__plug_install);
   gg__pt_publish(&gg__plug[device], arena);

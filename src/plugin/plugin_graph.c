@@ -506,10 +506,12 @@ static int gg__galloc(gg__gdev_t *st, size_t size, gg__gpool_t *p, gg__gblk_t **
   gg__gblk_t *r = calloc(1, sizeof *r);
   if (!r) return gg__err(GG_ENOMEM, "gg_torch_alloc: out of host memory for a graph block record");
   void *ptr = NULL;
-  if ((rc = gg_alloc_ex(st->garena, size, 0, "torch-graph", &ptr)) == 0) {
+  rc = gg_alloc_ex(st->garena, size, 0, "torch-graph", &ptr);
+  if (rc == 0) {
     r->ptr = (uintptr_t)ptr;
     r->size = size;
-    if ((rc = gg__gmap_put(&st->map, r)) < 0) gg_free(st->garena, ptr);
+    rc = gg__gmap_put(&st->map, r);
+    if (rc < 0) gg_free(st->garena, ptr);
   }
   if (rc < 0) {
     free(r);
@@ -566,11 +568,13 @@ static int gg__gfree_locked(gg__gdev_t *st, gg_arena_t *main, int mode, unsigned
   if (!r) {
     /* A main-arena block: during a capture the graph uses it, and while a capture forbids stream
      * operations the main arena cannot take it back yet. */
-    if (!(r = calloc(1, sizeof *r))) return gg__err(GG_ENOMEM, "gg_torch_free: out of host memory");
+    r = calloc(1, sizeof *r);
+    if (!r) return gg__err(GG_ENOMEM, "gg_torch_free: out of host memory");
     r->ptr = (uintptr_t)ptr;
     r->size = size;
     r->from = main;
-    if ((rc = gg__gmap_put(&st->map, r)) < 0) {
+    rc = gg__gmap_put(&st->map, r);
+    if (rc < 0) {
       free(r);
       return rc;
     }

@@ -255,7 +255,8 @@ static gg__pt_t *gg__pt_self(void) {
   gg__pt_t *pt = gg__pt_mine;
   if (GG__LIKELY(pt != NULL)) return pt;
   pthread_once(&gg__pt_once, gg__pt_key_init);
-  if (!(pt = calloc(1, sizeof *pt))) return NULL;
+  pt = calloc(1, sizeof *pt);
+  if (!pt) return NULL;
   for (int i = 0; i < GG__PT_DEVICES; i++) pt->delta[i].device = -1;
   if (pthread_setspecific(gg__pt_key, pt) != 0) {
     free(pt);
