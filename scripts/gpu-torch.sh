@@ -48,14 +48,25 @@ note "third-party (bench_python w, 1 round): exit ${PIPESTATUS[0]}"
 
 # 3. PyTorch's own CUDA tests, per allocator
 if [ -f .ext/test_cuda.py ]; then
-  sel=${GG_TEST_CUDA_SELECT:-"memory or graph or stream or oom or pool or snapshot or fraction or cudnn or caching"}
+  sel=${GG_TEST_CUDA_SELECT:-"memory or graph or stream or oom or pool or snapshot or fraction or cudnn or caching or allocator"}
+  # A source checkout has no .pth hook: a sitecustomize.py with the .pth's line stands in for it, so
+  # every Python process of the run (xdist's worker, which keeps a crash or a sticky CUDA error to one
+  # replaced worker, and multiprocessing children) puts the backend in place as an installed wheel
+  # does; the summary names the backend a process of the same environment ends up on.
+  hook=$(mktemp -d)
+  cp bindings/python/gpuguard_torch.pth "$hook/sitecustomize.py"
+  xdist=()
+  python3 -c "import xdist" 2>/dev/null && xdist=(-n 1)
   for alloc in default gpuguard; do
-    envs=(GPUGUARD_TORCH=0)
-    [ $alloc = gpuguard ] && envs=(GPUGUARD_TORCH=1)
-    (cd .ext && env "${envs[@]}" timeout 1500 python3 -m pytest -q -p no:cacheprovider -x --timeout 300 \
-       -k "$sel" test_cuda.py -rf 2>&1) >"$out/test_cuda-$alloc.log"
-    note "test_cuda.py ($alloc): $(grep -E '[0-9]+ (passed|failed)' "$out/test_cuda-$alloc.log" | tail -1)"
+    m=0
+    [ $alloc = gpuguard ] && m=1
+    (cd .ext && PYTHONPATH=$hook:$PYTHONPATH GPUGUARD_TORCH=$m timeout 1500 python3 -m pytest -q \
+       -p no:cacheprovider "${xdist[@]}" --timeout 300 -k "$sel" test_cuda.py -rfE 2>&1) >"$out/test_cuda-$alloc.log"
+    backend=$(PYTHONPATH=$hook:$PYTHONPATH GPUGUARD_TORCH=$m python3 -c \
+      'import torch; torch.empty(1, device="cuda"); print(torch.cuda.get_allocator_backend())' 2>&1 | tail -1)
+    note "test_cuda.py ($alloc, backend $backend): $(grep -E '[0-9]+ (passed|failed)' "$out/test_cuda-$alloc.log" | tail -1)"
   done
+  rm -rf "$hook"
   grep -h '^FAILED' "$out"/test_cuda-gpuguard.log | sed 's/ - .*//' | sort >"$out/failed-gpuguard.txt"
   grep -h '^FAILED' "$out"/test_cuda-default.log | sed 's/ - .*//' | sort >"$out/failed-default.txt"
   note "failing under gpuguard only: $(comm -13 "$out/failed-default.txt" "$out/failed-gpuguard.txt" | wc -l)"
