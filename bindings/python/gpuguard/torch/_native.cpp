@@ -493,12 +493,8 @@ class Backend final : public cca::CUDAAllocator {
       const Block &b = it->second;
       GG_CHECK(!b.pool || !b.pool->custom, "gpuguard: a block of a MemPool with its own allocator cannot "
                                              "be shared with another process");
-      sh = gg_ipc::Shared{ptr, b.size, b.device, b.pool ? nullptr : arenas_[b.device].load()};
-      for (auto &sa : b.pool ? b.pool->arenas : std::vector<std::pair<cudaStream_t, gg_arena_t *>>{}) {
-        if (sa.first == b.stream) {
-          sh.arena = sa.second;
-        }
-      }
+      gg_arena_t *a = b.pool ? pool_arena_locked(b) : arenas_[b.device].load();
+      sh = gg_ipc::Shared{ptr, b.size, b.device, a};
       id = b.ipc_id;
     }
     GG_CHECK(sh.arena, "gpuguard: the memory of ", ptr, " cannot be shared: it belongs to no arena");
@@ -762,6 +758,17 @@ class Backend final : public cca::CUDAAllocator {
     return nullptr;
   }
 
+  /* The arena of a private pool that holds block b (one per stream the pool allocated for), or NULL.
+   * Called with mu_ held. */
+  static gg_arena_t *pool_arena_locked(const Block &b) {
+    for (auto &sa : b.pool->arenas) {
+      if (sa.first == b.stream) {
+        return sa.second;
+      }
+    }
+    return nullptr;
+  }
+
   gg_arena_t *pool_arena(Pool &p, cudaStream_t stream) {
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -974,11 +981,7 @@ class Backend final : public cca::CUDAAllocator {
         record_locked(cda::TraceEntry::FREE_COMPLETED, b.device, p, b.size, b.stream, b.pool, ctx);
       }
       if (b.pool && !b.pool->custom) {
-        for (auto &sa : b.pool->arenas) {
-          if (sa.first == b.stream) {
-            pool_arena_of_block = sa.second;
-          }
-        }
+        pool_arena_of_block = pool_arena_locked(b);
       }
     }
     if (!b.pool) {

@@ -341,7 +341,7 @@ class Exporter {
     Reply r{};
     std::vector<uint64_t> sizes;
     std::vector<int> fds;
-    std::string why = export_locked(q, &r, &sizes, &fds);
+    std::string why = export_block(q, &r, &sizes, &fds);
     if (!why.empty()) {
       refuse(conn, r.status ? r.status : EINVAL, why);
       return;
@@ -354,8 +354,8 @@ class Exporter {
     }
   }
 
-  /* Under the lock, so the block cannot be freed while its memory is exported. "" or why not. */
-  std::string export_locked(const Request &q, Reply *r, std::vector<uint64_t> *sizes, std::vector<int> *fds) {
+  /* Takes the lock, so the block cannot be freed while its memory is exported. "" or why not. */
+  std::string export_block(const Request &q, Reply *r, std::vector<uint64_t> *sizes, std::vector<int> *fds) {
     Driver &d = Driver::get();
     if (!d.why.empty()) {
       return d.why;
