@@ -19,7 +19,13 @@ export GPUGUARD_REGISTRY_DIR="$tmp/reg"
 keep=()
 # Adds to the pids killed at exit; an argument may name several, a word each (pgrep's output).
 keep_pids() { local w p; for w in "$@"; do for p in $w; do keep+=("$p"); done; done; }
-cleanup() { for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+# A SIGKILLed runner may still be writing its registry record into $tmp while rm runs: wait for our
+# own jobs, and try the removal once more, so cleanup never decides the test's status.
+cleanup() {
+  for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  wait "${keep[@]}" 2>/dev/null || true
+  rm -rf "$tmp" 2>/dev/null || { sleep 0.2; rm -rf "$tmp" || true; }
+}
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 tag=$$
