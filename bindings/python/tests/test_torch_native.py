@@ -297,6 +297,47 @@ def test_mempool_use_mem_pool_and_cache_info() -> None:
     assert "invalid device pointer" in out["foreign"]
 
 
+def test_caching_disabled_oversized_request_and_history_sizes() -> None:
+    need_gpu()
+    out = run_script("""
+        stats = lambda: torch.cuda.memory_stats()["requested_bytes.all.allocated"]
+        stream = torch.cuda.current_stream().cuda_stream
+        before = stats()
+        torch.cuda.caching_allocator_enable(False)
+        p = torch._C._cuda_cudaCachingAllocator_raw_alloc(1 << 20, stream)
+        t = torch.ones(1000, device="cuda")
+        out["uncached_sum"] = t.sum().item()
+        del t
+        out["uncached_counted"] = stats() - before
+        torch._C._cuda_cudaCachingAllocator_raw_delete(p)
+        torch.cuda.caching_allocator_enable(True)
+        before = stats()
+        p = torch._C._cuda_cudaCachingAllocator_raw_alloc(1 << 20, stream)
+        out["cached_counted"] = stats() - before
+        torch._C._cuda_cudaCachingAllocator_raw_delete(p)
+        try:
+            torch.empty(1024 * 1024 * 1024 * 8000000000, dtype=torch.int8, device="cuda")
+        except torch.OutOfMemoryError as e:
+            out["exa"] = str(e)
+        torch.cuda.memory._record_memory_history(context="all")
+        held = [torch.empty(311 * 411, device="cuda")]
+        def thefree():
+            held.pop()  # the last reference: the block is freed in here
+        thefree()
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(None)
+        tr = [e for e in snap["device_traces"][0] if e["addr"] and e["action"] in ("alloc", "free_completed")]
+        out["trace_sizes"] = sorted({e["size"] for e in tr})
+        out["free_stack"] = "thefree" in json.dumps(snap)
+    """)
+    assert out["uncached_sum"] == 1000.0
+    assert out["uncached_counted"] == 0
+    assert out["cached_counted"] == 1 << 20
+    assert "Tried to allocate more than 1EB memory" in out["exa"]
+    assert out["trace_sizes"] == [311 * 411 * 4]
+    assert out["free_stack"]
+
+
 IPC_SCRIPT = """
 import json, os, sys
 import gpuguard._autostart as A

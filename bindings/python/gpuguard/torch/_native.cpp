@@ -210,9 +210,8 @@ class Backend final : public cca::CUDAAllocator {
     if (!ptr) {
       return;
     }
-    if (!free_block(ptr)) {
-      throw_foreign(ptr);
-    }
+    GG_CHECK(free_block(ptr) || free_uncached(ptr), "invalid device pointer: ", ptr,
+             " (not allocated by gpuguard's PyTorch backend, or freed already)");
   }
 
   double getMemoryFraction(c10::DeviceIndex device) override {
@@ -642,7 +641,7 @@ class Backend final : public cca::CUDAAllocator {
   }
 
   static void deleter(void *ptr) {
-    if (ptr && g_backend && !g_backend->free_block(ptr)) {
+    if (ptr && g_backend && !g_backend->free_block(ptr) && !g_backend->free_uncached(ptr)) {
       fprintf(stderr, "gpuguard: PyTorch freed %p, which gpuguard's backend does not know\n", ptr);
     }
   }
@@ -827,6 +826,14 @@ class Backend final : public cca::CUDAAllocator {
   }
 
   void *alloc_block(size_t n, int device, cudaStream_t stream) {
+    if (!enabled_.load(std::memory_order_relaxed)) {
+      return alloc_uncached(n);
+    }
+    /* PyTorch's own wording and type for a size no device has (scripts and tests match it). */
+    constexpr size_t kOneExaByte = size_t(1) << 60;
+    if (n >= kOneExaByte) {
+      C10_THROW_ERROR(OutOfMemoryError, "CUDA out of memory. Tried to allocate more than 1EB memory.");
+    }
     gg_arena_t *a = device_arena(device);
     auto context = gather(cda::RecordContext::STATE);
     Pool *pool = active_pool(device, stream);
@@ -869,7 +876,7 @@ class Backend final : public cca::CUDAAllocator {
       pool->live++;
     }
     if (history_on_.load(std::memory_order_relaxed) || have_trackers_.load(std::memory_order_relaxed)) {
-      record_locked(cda::TraceEntry::ALLOC, device, p, b.size, stream, pool, b.context);
+      record_locked(cda::TraceEntry::ALLOC, device, p, b.requested, stream, pool, b.context);
     }
     blocks_.emplace(p, std::move(b));
     return p;
@@ -897,13 +904,6 @@ class Backend final : public cca::CUDAAllocator {
       }
     }
     return kNoMemory;
-  }
-
-  /* Out of line, as fail() is: thrown from inside raw_delete the exception never reached PyTorch on the
-   * H200 (the process died), while one thrown from a function of its own does. */
-  [[noreturn]] __attribute__((noinline)) static void throw_foreign(void *ptr) {
-    C10_THROW_ERROR(Error, ::c10::str("invalid device pointer: ", ptr,
-                                      " (not allocated by gpuguard's PyTorch backend, or freed already)"));
   }
 
   [[noreturn]] void fail(int rc, size_t n, int device, cudaStream_t stream, gg_arena_t *a) {
@@ -950,7 +950,36 @@ class Backend final : public cca::CUDAAllocator {
     C10_THROW_ERROR(OutOfMemoryError, msg);
   }
 
+  /* torch.cuda.caching_allocator_enable(False): each allocation straight from cudaMalloc, in no figure,
+   * given back by cudaFree at its free, as PyTorch's allocator does then. */
+  void *alloc_uncached(size_t n) {
+    void *p = nullptr;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      C10_THROW_ERROR(OutOfMemoryError, "CUDA out of memory. Tried to allocate " + format_size(n) +
+                                            " with caching disabled (torch.cuda.caching_allocator_enable)");
+    }
+    C10_CUDA_CHECK(e);
+    std::lock_guard<std::mutex> g(mu_);
+    uncached_.insert(p);
+    return p;
+  }
+
+  bool free_uncached(void *p) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (uncached_.erase(p) == 0) {
+        return false;
+      }
+    }
+    C10_CUDA_CHECK(cudaFree(p));
+    return true;
+  }
+
   bool free_block(void *p) {
+    /* Before the lock: the recorder may take the GIL. With context "all" a free keeps its stack. */
+    std::shared_ptr<c10::GatheredContext> ctx = gather(cda::RecordContext::ALL);
     Block b;
     gg_arena_t *pool_arena_of_block = nullptr;
     {
@@ -974,11 +1003,10 @@ class Backend final : public cca::CUDAAllocator {
       sub(d.active_bytes, sp, b.size);
       sub(d.requested_bytes, sp, b.requested);
       if (history_on_.load(std::memory_order_relaxed) || have_trackers_.load(std::memory_order_relaxed)) {
-        std::shared_ptr<c10::GatheredContext> ctx;
         if (!skip_free_requested_) {
-          record_locked(cda::TraceEntry::FREE_REQUESTED, b.device, p, b.size, b.stream, b.pool, ctx);
+          record_locked(cda::TraceEntry::FREE_REQUESTED, b.device, p, b.requested, b.stream, b.pool, ctx);
         }
-        record_locked(cda::TraceEntry::FREE_COMPLETED, b.device, p, b.size, b.stream, b.pool, ctx);
+        record_locked(cda::TraceEntry::FREE_COMPLETED, b.device, p, b.requested, b.stream, b.pool, ctx);
       }
       if (b.pool && !b.pool->custom) {
         pool_arena_of_block = pool_arena_locked(b);
@@ -1117,7 +1145,8 @@ class Backend final : public cca::CUDAAllocator {
   std::mutex mu_;
   std::atomic<bool> initialized_{false};
   int device_count_ = 0;
-  bool enabled_ = true;
+  std::atomic<bool> enabled_{true};
+  std::unordered_set<void *> uncached_; /* cudaMalloc'd while caching was off (mu_) */
   std::atomic<gg_arena_t *> arenas_[kMaxDevices] = {};
   DeviceState dev_[kMaxDevices];
   int64_t reserved_base_[kMaxDevices] = {};
