@@ -3,7 +3,7 @@
  * (gg_torch_alloc / gg_torch_free on the arena's stream), once per chunk size, and prints a table:
  * peak mapped / peak in use, what trim leaves mapped, waits, and the time per call.
  *
- *   bench_replay [--catch-up N|step] [--no-steady-waits] TRACE[.gz] [CHUNK ...]
+ *   bench_replay [--catch-up N|step] [--no-steady-waits] [--max-ratio R] TRACE[.gz] [CHUNK ...]
  *                CHUNK: sizes such as 2M 64M (default: 2M 8M 64M)
  *
  * On the host backend set GPUGUARD_HOST_CAPACITY above the trace's peak, GPUGUARD_HOST_POPULATE=0
@@ -14,7 +14,9 @@
  * at every
  * `# step` line of the trace (a training loop that reads its loss each step), through a wait on a
  * second arena of the same device, not counted in the replayed arena's waits. --no-steady-waits
- * fails the run (exit 1) when the arena waited for its stream in the second half of the events. */
+ * fails the run (exit 1) when the arena waited for its stream in the second half of the events;
+ * --max-ratio fails it when peak mapped / peak in use exceeds R (a memory figure, deterministic for
+ * a trace: never a time). */
 #define _POSIX_C_SOURCE 200809L
 #include <gpuguard/gpuguard.h>
 #include <gpuguard/plugin.h>
@@ -165,12 +167,22 @@ int main(int argc, char **argv) {
   int argi = 1;
   long every = 0;         /* --catch-up: events between catch-ups; -1: at `# step` lines */
   bool no_steady = false; /* --no-steady-waits: fail when the second half waited for the stream */
+  double max_ratio = 0;   /* --max-ratio: fail above this peak mapped / peak in use (0: never) */
   for (;;) {
     if (argc > argi + 1 && strcmp(argv[argi], "--catch-up") == 0) {
       char *end = NULL;
       every = strcmp(argv[argi + 1], "step") == 0 ? -1 : strtol(argv[argi + 1], &end, 10);
       if (every == 0 || (every > 0 && *end)) {
         fprintf(stderr, "bench_replay: --catch-up takes a number of events or 'step', not '%s'\n",
+                argv[argi + 1]);
+        return 2;
+      }
+      argi += 2;
+    } else if (argc > argi + 1 && strcmp(argv[argi], "--max-ratio") == 0) {
+      char *end = NULL;
+      max_ratio = strtod(argv[argi + 1], &end);
+      if (!(max_ratio >= 1.0) || *end) {
+        fprintf(stderr, "bench_replay: --max-ratio takes a number >= 1, not '%s'\n",
                 argv[argi + 1]);
         return 2;
       }
@@ -217,8 +229,8 @@ int main(int argc, char **argv) {
       "\n| chunk | backend | peak in use MiB | peak mapped MiB | ratio | mapped after trim MiB "
       "(in use) | trims | "
       "GiB trimmed | stream waits | waits in the 2nd half | chunk maps + unmaps in the 2nd half | "
-      "ns per call |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "chunk moves in the 2nd half | ns per call |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   gg_arena_t *clock = NULL;
   if (every && (rc = gg_arena_create(&clock, &(gg_arena_options_t){.name = "replay-clock"})) < 0)
     fprintf(stderr, "bench_replay: %s: %s\n", gg_strerror(rc), gg_last_error());
@@ -264,20 +276,28 @@ int main(int argc, char **argv) {
     /* Driver calls of the steady state: a growth that gives chunks back and maps new ones each
      * step costs host time even when it never waits. */
     unsigned long long churn = s.n_maps + s.n_unmaps - half.n_maps - half.n_unmaps;
+    unsigned long long moves = s.n_moves - half.n_moves;
     if (no_steady && steady) {
       fprintf(stderr,
               "bench_replay: %llu host waits for the stream in the second half of the trace\n",
               steady);
       rc = -1;
     }
+    double ratio = (double)s.peak_mapped / (double)s.peak_in_use;
+    if (max_ratio > 0 && ratio > max_ratio) {
+      fprintf(stderr, "bench_replay: chunk %s: peak mapped / peak in use %.4f is above %.4f\n", arg,
+              ratio, max_ratio);
+      rc = -1;
+    }
     gg_arena_trim(a, 0);
     gg_arena_stats(a, &s);
-    printf("| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %.1f | %llu | %llu | %llu | %.0f "
-           "|\n",
-           arg, gg_arena_backend(a), s.peak_in_use / 1048576.0, s.peak_mapped / 1048576.0,
-           (double)s.peak_mapped / (double)s.peak_in_use, s.bytes_mapped / 1048576.0,
-           s.bytes_in_use / 1048576.0, s.n_trims, s.bytes_trimmed / 1073741824.0, s.n_stream_waits,
-           steady, churn, dt * 1e9 / (double)n);
+    printf(
+        "| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %.1f | %llu | %llu | %llu | %llu | "
+        "%.0f |\n",
+        arg, gg_arena_backend(a), s.peak_in_use / 1048576.0, s.peak_mapped / 1048576.0,
+        (double)s.peak_mapped / (double)s.peak_in_use, s.bytes_mapped / 1048576.0,
+        s.bytes_in_use / 1048576.0, s.n_trims, s.bytes_trimmed / 1073741824.0, s.n_stream_waits,
+        steady, churn, moves, dt * 1e9 / (double)n);
     for (size_t i = 0; i < ids; i++)
       if (ptr[i]) gg_torch_free(ptr[i], (ssize_t)sz[i], 0, NULL);
     gg_plugin_stats_t ps;

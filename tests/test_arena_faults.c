@@ -11,10 +11,10 @@
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 
-static const char *const ops[] = {"reserve",     "release",       "map",          "unmap",
-                                  "unmap_range", "event_create",  "event_record", "event_query",
-                                  "event_sync",  "event_destroy", "stream_sync",  "copy",
-                                  "set"};
+static const char *const ops[] = {"reserve",     "release",    "map",           "unmap",
+                                  "unmap_range", "remap",      "event_create",  "event_record",
+                                  "event_query", "event_sync", "event_destroy", "stream_sync",
+                                  "copy",        "set"};
 #define NOPS (sizeof ops / sizeof ops[0])
 
 static int failures_seen;
@@ -63,6 +63,13 @@ static void scenario(bool sticky) {
   void *keep = NULL, *left = NULL, *p[24] = {0};
   TRY(a, gg_alloc_ex(a, 100 * KiB, 0, "keep", &keep));
   TRY(a, gg_alloc_ex(a, 1000, 0, "left live at destroy", &left));
+  void *mx = NULL, *my = NULL, *mz = NULL;
+  TRY(a, gg_alloc(a, 512 * KiB, &mx)); /* freed, then a larger request moves its free chunks */
+  TRY(a, gg_alloc(a, 1000, &my));
+  if (mx) TRY(a, gg_free(a, mx));
+  TRY(a, gg_alloc(a, 768 * KiB, &mz));
+  if (mz) TRY(a, gg_free(a, mz));
+  if (my) TRY(a, gg_free(a, my));
   gg_scope_t sc;
   gg_assert_ok(gg_scope_begin(a, &sc));
   for (int i = 0; i < 24; i++) {

@@ -224,13 +224,13 @@ static void test_host_unmap_run_refusals(void **state) {
   for (int i = 0; i < 3; i++) gg_assert_ok(d->ops->map(d, base + (size_t)i * 2 * g, 2 * g, &c[i]));
   /* Half of chunk 0: refused, nothing unmapped (the per-chunk retry finds no such mapping either).
    * */
-  gg__chunk_t half = {c[0].ptr, g, 0};
+  gg__chunk_t half = {.ptr = c[0].ptr, .size = g};
   gg__chunk_t *run[2] = {&half, NULL};
   size_t done = 99;
   gg_assert_fails(d->ops->unmap_run(d, run, 1, &done), GG_EINVAL, "no such mapping");
   assert_int_equal(done, 0);
   /* Chunk 0 and half of chunk 1: the range cuts a mapping. */
-  gg__chunk_t half1 = {c[1].ptr, g, 0};
+  gg__chunk_t half1 = {.ptr = c[1].ptr, .size = g};
   run[0] = &c[0], run[1] = &half1;
   unsigned long long unmaps, ranges;
   count_calls(&unmaps, &ranges);

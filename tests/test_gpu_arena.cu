@@ -17,8 +17,11 @@
 extern "C" {
 #include <cmocka.h>
 int gg__cuda_probe(void);
+struct gg_arena;
+int gg__arena_check(struct gg_arena *arena);
 }
 #include "gg_test.h"
+#include "gpuguard/plugin.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -170,6 +173,77 @@ static void test_stream_safe_reuse_long_kernel(void **state) {
   CUDA_OK(cudaStreamDestroy(s));
 }
 
+/* Growth past the peak under a running kernel, through the stream-ordered calls PyTorch makes: the
+ * chunks of a block freed while the kernel still writes it are mapped under the new, larger block
+ * at once (no wait: the allocation returns while the kernel runs), the kernel's late write through
+ * the old range lands without a fault, and the work queued after it on the same stream then
+ * writes the new block; the old range is unmapped by a later growth once the kernel is done, and
+ * trim gives every byte back to the driver. */
+static void test_growth_moves_free_chunks_under_a_running_kernel(void **state) {
+  (void)state;
+  int khz = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  size_t free0 = 0, total = 0;
+  CUDA_OK(cudaMemGetInfo(&free0, &total));
+  gg_arena_t *a = make(1 * GiB, 8 * MiB, s, "moves");
+  gg_assert_ok(gg_plugin_set_arena(0, a));
+  void *A = gg_torch_alloc((ssize_t)(32 * MiB), 0, s);
+  void *y = gg_torch_alloc(4096, 0, s);
+  assert_non_null(A);
+  assert_non_null(y);
+  spin_then_write<<<1, 256, 0, s>>>((unsigned *)A, 32 * MiB / sizeof(unsigned), 200LL * khz,
+                                    0xC0FFEEu);
+  CUDA_OK(cudaGetLastError());
+  gg_torch_free(A, (ssize_t)(32 * MiB), 0, s);
+  gg_arena_stats_t s0, s1, s2;
+  gg_assert_ok(gg_arena_stats(a, &s0));
+  double t0 = now_ms();
+  unsigned *B = (unsigned *)gg_torch_alloc((ssize_t)(48 * MiB), 0, s); /* past the peak */
+  double t1 = now_ms();
+  assert_non_null(B);
+  assert_int_equal(cudaStreamQuery(s), cudaErrorNotReady); /* the kernel is still running */
+  gg_assert_ok(gg_arena_stats(a, &s1));
+  size_t n = 48 * MiB / sizeof(unsigned);
+  fill_kernel<<<256, 256, 0, s>>>(B, n, 7u);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamSynchronize(s));
+  unsigned *h = (unsigned *)malloc(48 * MiB);
+  assert_non_null(h);
+  CUDA_OK(cudaMemcpy(h, B, 48 * MiB, cudaMemcpyDeviceToHost));
+  size_t bad = 0;
+  for (size_t i = 0; i < n; i++) bad += h[i] != (unsigned)i * 2654435761u + 7u;
+  free(h);
+  void *C = gg_torch_alloc((ssize_t)(64 * MiB), 0, s); /* the next growth: the old range goes */
+  assert_non_null(C);
+  gg_assert_ok(gg_arena_stats(a, &s2));
+  printf("48 MiB past the peak while a kernel wrote the 32 MiB freed: %.3f ms, %llu chunks moved, "
+         "%zu MiB mapped (%zu without the moves), %llu host waits; %zu wrong words after the "
+         "kernels\n",
+         t1 - t0, s1.n_moves - s0.n_moves, s1.bytes_mapped / MiB, s0.bytes_mapped / MiB + 48,
+         s1.n_stream_waits - s0.n_stream_waits, bad);
+  assert_int_equal(bad, 0);
+  assert_int_equal(s1.n_stream_waits, s0.n_stream_waits);
+  assert_true(t1 - t0 < 50.0);
+  assert_int_equal(s1.n_moves - s0.n_moves, 4); /* A's 32 MiB: four 8 MiB chunks */
+  assert_true(s1.bytes_mapped < s0.bytes_mapped + 48 * MiB);
+  assert_int_equal(s2.n_stream_waits, s0.n_stream_waits);
+  gg_assert_ok(gg__arena_check(a));
+  gg_torch_free(B, (ssize_t)(48 * MiB), 0, s);
+  gg_torch_free(C, (ssize_t)(64 * MiB), 0, s);
+  gg_torch_free(y, 4096, 0, s);
+  gg_assert_ok(gg_plugin_set_arena(0, NULL));
+  gg_assert_ok(gg_arena_trim(a, 0));
+  gg_assert_ok(gg_arena_stats(a, &s2));
+  assert_int_equal(s2.bytes_mapped, 0);
+  gg_assert_ok(gg_arena_destroy(a));
+  size_t free1 = 0;
+  CUDA_OK(cudaMemGetInfo(&free1, &total));
+  assert_true(free1 + 2 * MiB >= free0);
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
 /* A guard's teardown waits for work on every stream of the context before it unmaps: a kernel on a
  * stream the arena does not track, still writing into arena memory, finishes first (before the wait
  * for the whole context, its late write hit unmapped memory: an illegal address that kills the
@@ -216,6 +290,7 @@ int main(void) {
       cmocka_unit_test(test_kernel_writes_read_back_no_vmm),
       cmocka_unit_test(test_trim_returns_memory_to_driver),
       cmocka_unit_test(test_stream_safe_reuse_long_kernel),
+      cmocka_unit_test(test_growth_moves_free_chunks_under_a_running_kernel),
       cmocka_unit_test(
           test_teardown_waits_for_other_streams), /* last: without the wait it kills the context */
   };

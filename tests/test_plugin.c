@@ -96,11 +96,11 @@ static void test_ordered_free_in_log_is_reused_at_once(void **state) {
   gg_assert_ok(gg_host_stream_destroy(hs));
 }
 
-/* An allocation that would raise peak mapped first gives back the wholly free chunks whose last
- * user is done, and never waits for the GPU: a chunk freed in stream order while work that may use
- * it still runs (a held stream) stays mapped, untouched, and the growth maps beside it; once an
- * event says that work is done, the next growth past the peak gives it back, still without a wait.
- * Below the peak a growth maps without trimming. */
+/* An allocation that would raise peak mapped first takes the memory of wholly free chunks, and
+ * never waits for the GPU: chunks freed in stream order while work that may use them still runs (a
+ * held stream) are mapped where the growth needs them, their old range staying mapped, untouched,
+ * while that work runs; once an event says it is done, the next growth unmaps the old ranges, still
+ * without a wait. */
 static void test_growth_past_the_peak_never_waits_for_the_gpu(void **state) {
   (void)state;
   const size_t M = 1u << 20;
@@ -116,25 +116,38 @@ static void test_growth_past_the_peak_never_waits_for_the_gpu(void **state) {
   gg_arena_stats_t s0, s1, s2;
   gg_assert_ok(gg_arena_stats(a, &s0));
   assert_int_equal(s0.bytes_mapped, 18 * M);
+  unsigned long long maps0 = gg_host_op_count("map");
   void *z =
       gg_torch_alloc((ssize_t)(20 * M), 4, hs); /* does not fit the hole: grows past the peak */
   assert_non_null(z);
   gg_assert_ok(gg_arena_stats(a, &s1));
   assert_int_equal(s1.n_stream_waits, s0.n_stream_waits);
   assert_int_equal(gg_host_op_count("stream_sync") + gg_host_op_count("event_sync"), 0);
-  assert_int_equal(s1.n_trims,
-                   s0.n_trims); /* x's memory stays mapped while the kernel may read it */
-  assert_int_equal(s1.bytes_mapped, 38 * M);
-  assert_ptr_not_equal(z, x); /* z is not x's memory either: it does not fit there */
-  /* The kernel ends; a growth past the peak now gives x's chunks back without a wait. */
+  assert_int_equal(s1.n_trims, s0.n_trims);
+  /* x's 8 chunks moved under z, the rest of it is new: 22 MiB mapped at most, not 38. */
+  unsigned long long fresh = gg_host_op_count("map") - maps0;
+  assert_int_equal(s1.n_moves - s0.n_moves, 8);
+  assert_int_equal(gg_host_op_count("remap"), 8);
+  assert_in_range(fresh, 1, 2);
+  assert_int_equal(s1.bytes_mapped, 18 * M + fresh * 2 * M);
+  assert_int_equal(s1.peak_mapped, s1.bytes_mapped);
+  assert_int_equal(s1.n_chunks, 9 + fresh);
+  assert_ptr_not_equal(z, x);
+  /* x's old range stays mapped while the kernel may read it. */
+  assert_int_equal(gg_host_op_count("unmap") + gg_host_op_count("unmap_range"), 0);
+  gg_assert_ok(gg__arena_check(a));
+  /* The kernel ends; the next growth unmaps the old range without a wait. */
   gg_assert_ok(gg_host_stream_release(hs));
   gg_assert_ok(gg_host_stream_hold(hs)); /* later work runs again, on other memory */
   void *w = gg_torch_alloc((ssize_t)(24 * M), 4, hs);
   assert_non_null(w);
   gg_assert_ok(gg_arena_stats(a, &s2));
   assert_int_equal(s2.n_stream_waits, s0.n_stream_waits);
+  assert_int_equal(gg_host_op_count("unmap"), 8);
+  gg_assert_ok(gg__arena_check(a));
   assert_int_equal(gg_host_op_count("stream_sync") + gg_host_op_count("event_sync"), 0);
-  assert_int_equal(s2.n_trims, s1.n_trims + 1);
+  assert_int_equal(s2.n_trims,
+                   s1.n_trims); /* moves, never a trim: no memory went back and came again */
   assert_true(s2.peak_mapped <= 46 * M); /* 62 MiB had the hole stayed mapped */
   gg_assert_ok(gg__arena_check(a));
   gg_assert_ok(gg_host_stream_release(hs));
@@ -235,7 +248,7 @@ static void test_growth_past_the_peak_leaves_pending_blocks_alone(void **state) 
 
 /* Many small blocks freed in stream order (some held by this thread's cache until a large request
  * takes them back): a growth past the peak while their work runs neither waits nor unmaps their
- * memory. */
+ * memory; it moves the chunks they left wholly free. */
 static void test_cached_frees_are_not_unmapped_under_running_work(void **state) {
   (void)state;
   const size_t M = 1u << 20, K = 1u << 10;
@@ -253,13 +266,16 @@ static void test_cached_frees_are_not_unmapped_under_running_work(void **state) 
   for (int i = 0; i < N; i++) gg_torch_free(p[i], (ssize_t)(64 * K), 4, hs);
   gg_arena_stats_t s0, s1;
   gg_assert_ok(gg_arena_stats(a, &s0));
+  unsigned long long u0 = gg_host_op_count("unmap") + gg_host_op_count("unmap_range");
   void *z = gg_torch_alloc((ssize_t)(24 * M), 4,
                            hs); /* the caches give back, then growth past the peak */
   assert_non_null(z);
   gg_assert_ok(gg_arena_stats(a, &s1));
   assert_int_equal(s1.n_trims, s0.n_trims);
   assert_int_equal(s1.n_stream_waits, s0.n_stream_waits);
-  assert_true(s1.bytes_mapped >= s0.bytes_mapped + 24 * M);
+  assert_int_equal(gg_host_op_count("unmap") + gg_host_op_count("unmap_range"), u0);
+  assert_true(s1.n_moves > s0.n_moves);
+  assert_true(s1.bytes_mapped < s0.bytes_mapped + 24 * M);
   gg_assert_ok(gg__arena_check(a));
   gg_assert_ok(gg_host_stream_release(hs));
   gg_torch_free(z, (ssize_t)(24 * M), 4, hs);

@@ -106,7 +106,10 @@ typedef struct gg_arena_stats {
   unsigned long long n_stream_waits;
   unsigned long long n_maps; /**< chunks mapped since creation (driver allocations: cuMemCreate) */
   unsigned long long n_unmaps; /**< chunks given back since creation, by trims and growth's trims */
-  unsigned long long reserved_[14]; /**< room for fields later versions add; zero */
+  /** free chunks a growth mapped at the addresses it needed instead of new memory (VMM): their
+   *  memory moved, no driver allocation was made */
+  unsigned long long n_moves;
+  unsigned long long reserved_[13]; /**< room for fields later versions add; zero */
 } gg_arena_stats_t;
 
 /** A scope of an arena. Plain data the caller owns (on its stack); filled by gg_scope_begin(). */

@@ -32,7 +32,8 @@ GG_BEGIN_DECLS
  *  @param spec a comma-separated list of `OP:N` (the N-th call of OP fails, once), `OP:N+` (the
  *  N-th and every later call fails) or `OP:*` (every call fails), each optionally followed by
  *  `=nomem` to fail with GG_ENOMEM instead of GG_EDRIVER. OP is one of: open, mem_info, reserve,
- *  release, map, unmap, unmap_range (one unmap spanning several chunks: trim and destroy), copy,
+ *  release, map, unmap, unmap_range (one unmap spanning several chunks: trim and destroy), remap
+ *  (a free chunk's memory mapped where a growth needs it), copy,
  *  set, event_create, event_record, event_query, event_sync, event_destroy, stream_sync,
  *  stream_query, ctx_reset, stream_capture, graph_retain, ctx_sync (a wait for every stream: the
  *  guard's teardown of an arena). NULL or "" disarms every fault.

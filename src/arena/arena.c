@@ -175,11 +175,12 @@ void gg__arena_fill_stats(const gg_arena_t *a, gg_arena_stats_t *s) {
   size_t spare = a->mapped - a->in_use;
   s->fragmentation = spare ? 1.0 - (double)s->largest_free_block / (double)spare : 0.0;
   s->bytes_pending = a->pending + gg__bump_dead_bytes(a);
-  s->n_chunks = a->n_chunks;
+  s->n_chunks = a->n_chunks - a->n_alias;
   s->n_events = a->probe.events_recorded + a->probe.stream_joins;
   s->n_stream_waits = a->probe.stream_waits;
   s->n_maps = a->n_maps;
   s->n_unmaps = a->n_unmaps;
+  s->n_moves = a->n_moves;
 }
 
 /* ---- create and destroy ---------------------------------------------------------------------- */
@@ -589,10 +590,15 @@ int gg_arena_foreach_chunk(gg_arena_t *a, gg_chunk_visitor_t visit, void *user) 
   }
   size_t i = 0;
   while (i < a->n_chunks) {
+    if (a->chunks[i]->alias) {
+      i++;
+      continue; /* an old range of a moved chunk: no memory of its own */
+    }
     gg_chunk_info_t c = {(void *)a->chunks[i]->ptr, a->chunks[i]->size};
     i++;
     /* Neighbours at consecutive addresses are one range: a block may span them. */
-    while (i < a->n_chunks && a->chunks[i]->ptr == (uintptr_t)c.ptr + c.size) {
+    while (i < a->n_chunks && !a->chunks[i]->alias &&
+           a->chunks[i]->ptr == (uintptr_t)c.ptr + c.size) {
       c.size += a->chunks[i]->size;
       i++;
     }
@@ -621,7 +627,7 @@ int gg_arena_foreach_mapping(gg_arena_t *a, const void *ptr, size_t size,
   uintptr_t covered = lo; /* every byte below this is mapped */
   for (size_t i = 0; i < a->n_chunks && covered < hi; i++) {
     const gg__chunk_t *c = a->chunks[i];
-    if (c->ptr + c->size <= covered) {
+    if (c->alias || c->ptr + c->size <= covered) {
       continue;
     }
     if (c->ptr > covered) {

@@ -193,8 +193,10 @@ static const char *gg__check_inside_chunks(const gg_arena_t *a, const gg__region
   if (c == 0) return "a region starts below every chunk";
   const gg__chunk_t *ch = a->chunks[c - 1];
   uintptr_t end = ch->ptr + ch->size;
+  if (ch->alias) return "a region lies in the old range of a moved chunk";
   if (!a->contiguous && r->seg != ch) return "a region's segment is not its chunk";
-  while (a->contiguous && end < r->addr + r->size && c < a->n_chunks && a->chunks[c]->ptr == end)
+  while (a->contiguous && end < r->addr + r->size && c < a->n_chunks && !a->chunks[c]->alias &&
+         a->chunks[c]->ptr == end)
     end += a->chunks[c++]->size;
   if (r->addr < ch->ptr || r->addr + r->size > end) return "a region is not inside mapped memory";
   return NULL;
@@ -226,13 +228,19 @@ static const char *gg__check_tiling(const gg_arena_t *a, gg__census_t *c, size_t
  * agree. */
 static const char *gg__check_chunks(const gg_arena_t *a, size_t total, size_t free_bytes) {
   size_t mapped = 0;
+  size_t aliases = 0;
   for (size_t i = 0; i < a->n_chunks; i++) {
     const gg__chunk_t *ch = a->chunks[i];
-    mapped += ch->size;
+    if (ch->alias) {
+      aliases++;
+    } else {
+      mapped += ch->size;
+    }
     if (i && a->chunks[i - 1]->ptr + a->chunks[i - 1]->size > ch->ptr) return "chunks overlap";
     if (a->contiguous && (ch->ptr < a->base || ch->ptr + ch->size > a->base + a->capacity))
       return "a chunk lies outside the reservation";
   }
+  if (aliases != a->n_alias) return "the alias count is wrong";
   if (mapped != a->mapped || total != a->mapped) return "regions do not tile mapped memory exactly";
   if (free_bytes != a->freelist.bytes) return "free bytes are wrong";
   if (a->mapped > a->capacity || a->peak_mapped < a->mapped || a->peak_in_use < a->in_use)

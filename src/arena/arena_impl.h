@@ -152,6 +152,8 @@ struct gg_arena {
   size_t in_use, mapped, peak_in_use, peak_mapped;
   unsigned long long n_live, n_allocs, n_frees, n_trims, bytes_trimmed;
   unsigned long long n_maps, n_unmaps; /* chunks mapped and given back, since creation */
+  unsigned long long n_moves;          /* free chunks a growth mapped where it needed them */
+  size_t n_alias; /* chunks[] records that are aliases: old ranges of moved chunks, still mapped */
   gg__arena_probe_t probe;
   unsigned long long guard_token; /* registration with the live guard of its device, 0 if none */
   struct gg_arena *live_prev, *live_next; /* the process's live arenas, for reports */
@@ -400,6 +402,9 @@ int gg__arena_trim_idle_locked(gg_arena_t *a);
 /* Unmaps every chunk (destroy, teardown) and frees the records; the first error (every chunk is
  * tried). */
 int gg__arena_unmap_all(gg_arena_t *a);
+/* Unmaps the old ranges of moved chunks that no queued work may still use (every one after a wait
+ * for the stream), so that growth may map there again. A failure keeps the alias for later. */
+void gg__arena_drop_aliases(gg_arena_t *a);
 
 /* ---- arena_cache.c --------------------------------------------------------------------------- */
 

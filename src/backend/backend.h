@@ -17,6 +17,7 @@ typedef struct gg__chunk {
   uintptr_t ptr;
   size_t size;
   uintptr_t handle; /* the backend's physical handle (a CUmemGenericAllocationHandle), or 0 */
+  bool alias;       /* a second mapping of memory another record owns (remap): only unmapped */
 } gg__chunk_t;
 
 typedef struct gg__dev_props {
@@ -45,6 +46,13 @@ typedef struct gg__backend_ops {
    * and the memory stays with the driver until the process ends); an error means nothing changed.
    * */
   int (*unmap)(gg__dev_t *d, const gg__chunk_t *chunk);
+  /* Maps chunk c's physical memory at `at` as well (contiguous backends: a granularity-aligned,
+   * unmapped range of c->size bytes inside the reservation), without a copy: what c held is not
+   * kept. On success *c is the new mapping, which owns the memory from then on, and *old the
+   * previous one, an alias (old->alias) that stays mapped, since work queued earlier may still use
+   * it, until unmap(old) undoes only that mapping. On failure nothing changed. unmap_run() never
+   * takes an alias. */
+  int (*remap)(gg__dev_t *d, gg__chunk_t *c, uintptr_t at, gg__chunk_t *old);
   /* unmap() for n chunks that tile one range without gaps (chunks[] in address order), with as few
    * driver calls as the driver allows: one range unmap where it accepts a range that spans several
    * mappings, then each chunk's release. *done: how many are unmapped, counted from the highest. 0

@@ -189,8 +189,36 @@ static int gg__c_unmap_one(gg__dev_t *d, const gg__chunk_t *ch) {
   }
   if ((r = gg__cu.fn_cuMemUnmap((CUdeviceptr)ch->ptr, ch->size)) != CUDA_SUCCESS)
     return gg__cu_fail(r, "cuMemUnmap");
-  gg__c_release_unmapped(d->impl, ch);
+  if (!ch->alias) {
+    gg__c_release_unmapped(d->impl, ch);
+  }
   return 0;
+}
+
+/* The chunk's handle mapped at a second address; the first mapping stays until it is unmapped,
+ * and the memory lives until its last mapping goes (the handle is released with the owner). */
+static int gg__c_remap_any(gg__dev_t *d, gg__chunk_t *ch, uintptr_t at, gg__chunk_t *old) {
+  gg__cudev_t *c = d->impl;
+  gg__ctx_scope_t s;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) {
+    return rc;
+  }
+  CUmemAccessDesc acc = {.location = c->prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  CUmemGenericAllocationHandle h = (CUmemGenericAllocationHandle)ch->handle;
+  CUresult r = gg__cu.fn_cuMemMap((CUdeviceptr)at, ch->size, 0, h, 0);
+  if (r != CUDA_SUCCESS) {
+    rc = gg__cu_fail(r, "cuMemMap (a free chunk's memory at a second address)");
+  } else if ((r = gg__cu.fn_cuMemSetAccess((CUdeviceptr)at, ch->size, &acc, 1)) != CUDA_SUCCESS) {
+    rc = gg__cu_fail(r, "cuMemSetAccess (a free chunk's memory at a second address)");
+    gg__cu.fn_cuMemUnmap((CUdeviceptr)at, ch->size);
+  } else {
+    *old = *ch;
+    old->alias = true;
+    ch->ptr = at;
+  }
+  gg__ctx_leave(&s);
+  return rc;
 }
 
 static int gg__c_unmap_any(gg__dev_t *d, const gg__chunk_t *ch) {
@@ -218,7 +246,11 @@ static int gg__c_unmap_run_any(gg__dev_t *d, gg__chunk_t *const *chunks, size_t 
     CUresult r =
         gg__cu.fn_cuMemUnmap((CUdeviceptr)lo, chunks[n - 1]->ptr + chunks[n - 1]->size - lo);
     if (r == CUDA_SUCCESS) {
-      for (size_t k = 0; k < n; k++) gg__c_release_unmapped(c, chunks[k]);
+      for (size_t k = 0; k < n; k++) {
+        if (!chunks[k]->alias) {
+          gg__c_release_unmapped(c, chunks[k]);
+        }
+      }
       *done = n;
       gg__ctx_leave(&s);
       return 0;
@@ -255,6 +287,16 @@ static int gg__c_va_release(gg__dev_t *d, uintptr_t base, size_t size) {
 static int gg__c_map(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out) {
   CUstreamCaptureMode m = gg__relaxed_enter();
   int rc = gg__c_map_any(d, at, size, out);
+  gg__relaxed_leave(m);
+  return rc;
+}
+
+static int gg__c_remap(gg__dev_t *d, gg__chunk_t *c, uintptr_t at, gg__chunk_t *old) {
+  if (!d->contiguous || !c->handle) {
+    return gg__err(GG_EINVAL, "cuda backend: remap needs a chunk of a VMM reservation");
+  }
+  CUstreamCaptureMode m = gg__relaxed_enter();
+  int rc = gg__c_remap_any(d, c, at, old);
   gg__relaxed_leave(m);
   return rc;
 }
@@ -511,6 +553,7 @@ static const gg__backend_ops_t gg__cuda_ops = {
     .map = gg__c_map,
     .unmap = gg__c_unmap,
     .unmap_run = gg__c_unmap_run,
+    .remap = gg__c_remap,
     .copy_to_dev = gg__c_copy_to_dev,
     .copy_from_dev = gg__c_copy_from_dev,
     .set_d8 = gg__c_set_d8,

@@ -225,9 +225,57 @@ static int gg__h_map(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *out) 
   return 0;
 }
 
+/* An inaccessible, unbacked range again (what a reservation holds where nothing is mapped). */
+static void gg__h_decommit(uintptr_t p, size_t size) {
+  mmap((void *)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
+
+/* The simulated memory moves to `at` (fresh pages: a remapped chunk is free, its contents do not
+ * matter); the old range stays accessible, as the driver's second mapping does, until unmapped. */
+static int gg__h_remap(gg__dev_t *d, gg__chunk_t *c, uintptr_t at, gg__chunk_t *old) {
+  int rc = gg__op(GG__OP_remap);
+  if (rc < 0) {
+    return rc;
+  }
+  gg__hdev_t *h = d->impl;
+  if (!d->contiguous || c->alias || at % d->granularity) {
+    return gg__err(GG_EINVAL,
+                   "host backend: remap of %zu bytes to %#jx: not a chunk of a reservation",
+                   c->size, (uintmax_t)at);
+  }
+  pthread_mutex_lock(&h->lock);
+  gg__hmap_t *m = h->maps;
+  while (m && !(m->ptr == c->ptr && m->size == c->size)) {
+    m = m->next;
+  }
+  int flags =
+      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | (gg__host.populate ? MAP_POPULATE : MAP_NORESERVE);
+  void *p = m ? mmap((void *)at, c->size, PROT_READ | PROT_WRITE, flags, -1, 0) : MAP_FAILED;
+  int e = errno;
+  if (p != MAP_FAILED) {
+    m->ptr = at;
+  }
+  pthread_mutex_unlock(&h->lock);
+  if (!m) {
+    return gg__err(GG_EINVAL, "host backend: remap of %zu bytes at %#jx: no such mapping", c->size,
+                   (uintmax_t)c->ptr);
+  }
+  if (p == MAP_FAILED) {
+    return gg__err(GG_ENOMEM, "host backend: remapping %zu bytes: %s", c->size, strerror(e));
+  }
+  *old = *c;
+  old->alias = true;
+  c->ptr = at;
+  return 0;
+}
+
 static int gg__h_unmap(gg__dev_t *d, const gg__chunk_t *c) {
   int rc = gg__op(GG__OP_unmap);
   if (rc < 0) return rc;
+  if (c->alias) {
+    gg__h_decommit(c->ptr, c->size); /* the memory itself belongs to the chunk it moved to */
+    return 0;
+  }
   gg__hdev_t *h = d->impl;
   pthread_mutex_lock(&h->lock);
   gg__hmap_t **pp = &h->maps;
@@ -393,6 +441,7 @@ static const gg__backend_ops_t gg__host_ops = {
     .map = gg__h_map,
     .unmap = gg__h_unmap,
     .unmap_run = gg__h_unmap_run,
+    .remap = gg__h_remap,
     .copy_to_dev = gg__h_copy_to_dev,
     .copy_from_dev = gg__h_copy_from_dev,
     .set_d8 = gg__h_set_d8,

@@ -21,6 +21,7 @@
   X(map)                \
   X(unmap)              \
   X(unmap_range)        \
+  X(remap)              \
   X(copy)               \
   X(set)                \
   X(event_create)       \

@@ -256,7 +256,7 @@ def test_oom_snapshot_is_written_once(tmp_path) -> None:
         keep = torch.empty(1 << 20, device="cuda")
         for _ in range(2):
             try:
-                torch.empty(1 << 60, dtype=torch.uint8, device="cuda")
+                torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # 1 PiB: below 1 EB, which fails first
             except torch.OutOfMemoryError:
                 pass
         with open(os.environ["GPUGUARD_OOM_SNAPSHOT"], "rb") as f:
