@@ -1,13 +1,14 @@
 /* arena.c — arena handles: create and destroy, checking and locking a handle for a call, quarantine
  * of destroyed handles, the process's live arenas, the fork handlers of their locks, statistics,
  * and the checked copies. The allocator itself lives in the other src/arena*.c files (see
- * arena_impl.h). */
+ * arena_base.h). */
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/arena_impl.h"
+#include "arena/arena_bump.h"
+#include "arena/arena_base.h"
 #include "guard/guard_internal.h"
 #include "core/internal.h"
 
@@ -16,24 +17,6 @@
  * trace, peak mapped / peak in use was 1.004 (2 MiB: 1.001, 64 MiB: 1.012). */
 #define GG__DEFAULT_CHUNK ((size_t)8 << 20)
 #define GG__QUARANTINE    64 /* destroyed handles kept readable so late calls fail cleanly */
-
-int gg__arena_grow_array_slow(void *arr, size_t *cap, size_t need, size_t elem) {
-  size_t n = *cap ? *cap * 2 : 16;
-  if (n < need) n = need;
-  void *p = realloc(*(void **)arr, n * elem);
-  if (!p) return gg__err(GG_ENOMEM, "arena: out of host memory for metadata (%zu entries)", n);
-  *(void **)arr = p;
-  *cap = n;
-  return 0;
-}
-
-int gg__arena_quietly(gg_arena_t *a, int (*step)(gg_arena_t *a, void *ctx), void *ctx) {
-  gg__err_quiet_t quiet; /* copies the detail only when the step fails: reclaims run on hot paths */
-  gg__err_quiet_begin(&quiet);
-  int rc = step(a, ctx);
-  gg__err_quiet_end(&quiet);
-  return rc;
-}
 
 /* ---- handles: validation, locking, quarantine ------------------------------------------------ */
 
@@ -55,38 +38,6 @@ static void gg__quarantine(gg_arena_t *a) {
   gg__quarantine_next = (gg__quarantine_next + 1) % GG__QUARANTINE;
   pthread_mutex_unlock(&gg__quarantine_lock);
   free(old);
-}
-
-int gg__arena_valid_slow(const gg_arena_t *a, const char *call) {
-  if (!a) return gg__err(GG_EINVAL, "%s: arena is NULL", call);
-  unsigned magic = atomic_load(&a->magic); /* once: a teardown may turn MAGIC into TORN meanwhile */
-  if (magic == GG__TORN)
-    return gg__err(GG_ESTATE,
-                   "%s: arena '%s' was torn down by its guard (its device memory is gone); only "
-                   "gg_arena_destroy() is still valid on it",
-                   call, a->name);
-  if (magic != GG__MAGIC)
-    return gg__err(GG_EINVAL, "%s: %p is not a live arena (destroyed already, or not an arena)",
-                   call, (const void *)a);
-  return gg__check_fork(a->fork_gen, call);
-}
-
-/* A call counts itself before it looks at the handle again and locks it; gg_arena_destroy() marks
- * the handle dead under the lock and then waits until no call is counted, so no call is ever left
- * waiting on a lock that was destroyed. Whichever of the two comes first, the other sees it
- * (sequentially consistent atomics): a call counted too late for destroy's wait finds the handle
- * dead and never touches the lock. */
-int gg__arena_lock_counted(gg_arena_t *a, const char *call) {
-  atomic_fetch_add(&a->calls,
-                   1); /* after gg__arena_valid: a pointer that is not an arena is never written */
-  if (GG__LIKELY(atomic_load(&a->magic) == GG__MAGIC)) {
-    pthread_mutex_lock(&a->lock);
-    if (GG__LIKELY(a->magic == GG__MAGIC)) return 0;
-    pthread_mutex_unlock(&a->lock);
-  }
-  int rc = gg__arena_valid_slow(a, call); /* a guard's teardown or a destroy ran meanwhile */
-  atomic_fetch_sub(&a->calls, 1);
-  return rc;
 }
 
 /* ---- the process's live arenas, fork, the destroy hook --------------------------------------- */
@@ -150,39 +101,6 @@ void gg__arena_on_destroy(void (*fn)(const gg_arena_t *arena)) {
   atomic_store(&gg__destroy_hook, fn);
 }
 
-/* ---- figures, for stats and messages --------------------------------------------------------- */
-
-static size_t gg__largest_free(const gg_arena_t *a) {
-  const gg__block_t *b = gg__freelist_largest(&a->freelist);
-  size_t l = b ? b->size : 0;
-  return a->freelist.top && a->freelist.top->size > l ? a->freelist.top->size : l;
-}
-
-void gg__arena_fill_stats(const gg_arena_t *a, gg_arena_stats_t *s) {
-  memset(s, 0, sizeof *s);
-  s->bytes_in_use = a->in_use;
-  s->bytes_mapped = a->mapped;
-  s->bytes_reserved = a->capacity;
-  s->peak_in_use = a->peak_in_use;
-  s->peak_mapped = a->peak_mapped;
-  s->largest_free_block = gg__largest_free(a);
-  s->n_live = a->n_live;
-  s->n_allocs = a->n_allocs;
-  s->n_frees = a->n_frees;
-  s->n_trims = a->n_trims;
-  s->bytes_trimmed = a->bytes_trimmed;
-  s->scope_depth = a->n_frames - 1;
-  size_t spare = a->mapped - a->in_use;
-  s->fragmentation = spare ? 1.0 - (double)s->largest_free_block / (double)spare : 0.0;
-  s->bytes_pending = a->pending + gg__bump_dead_bytes(a);
-  s->n_chunks = a->n_chunks - a->n_alias;
-  s->n_events = a->probe.events_recorded + a->probe.stream_joins;
-  s->n_stream_waits = a->probe.stream_waits;
-  s->n_maps = a->n_maps;
-  s->n_unmaps = a->n_unmaps;
-  s->n_moves = a->n_moves;
-}
-
 /* ---- create and destroy ---------------------------------------------------------------------- */
 
 void gg_arena_options_init(gg_arena_options_t *opts) {
@@ -220,6 +138,9 @@ static int gg__arena_open(gg_arena_t *a, const gg_arena_options_t *o) {
 }
 
 int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
+#ifdef GG_DEBUG
+  atomic_store_explicit(&gg__arena_debug_hook, gg__arena_debug_check, memory_order_relaxed);
+#endif
   if (!arena) return gg__err(GG_EINVAL, "gg_arena_create: arena (the out-pointer) is NULL");
   *arena = NULL;
   gg_arena_options_t o;

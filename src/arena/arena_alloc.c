@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/arena_impl.h"
+#include "arena/arena_bump.h"
+#include "arena/arena_base.h"
 #include "core/internal.h"
 
 /* ---- tags ------------------------------------------------------------------------------------ */

@@ -41,7 +41,7 @@
 #include <string.h>
 
 #include "arena/arena_cache_impl.h"
-#include "arena/arena_impl.h"
+#include "arena/arena_base.h"
 #include "core/internal.h"
 
 /* This thread's caches, most recently used first. Initial-exec: one pointer of static TLS spares a

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "arena/arena_cache_impl.h"
-#include "arena/arena_impl.h"
+#include "arena/arena_base.h"
 
 void gg__tcache_add_stats(gg_arena_t *a, gg_arena_stats_t *s) {
   size_t unsafe = 0;
@@ -36,7 +36,8 @@ void gg__tcache_add_stats(gg_arena_t *a, gg_arena_stats_t *s) {
 }
 
 const char *gg__tcache_census(gg_arena_t *a,
-                              void (*add)(void *ctx, const gg__block_t *b, bool live), void *ctx) {
+                              void (*visit)(void *ctx, const gg__block_t *b, bool live),
+                              void *ctx) {
   const char *w = NULL;
   for (gg__tcache_t *c = a->caches; c && !w; c = c->a_next) {
     gg__tc_lock(c);
@@ -45,7 +46,7 @@ const char *gg__tcache_census(gg_arena_t *a,
       if (c->live[i]) {
         live++;
         live_bytes += c->live[i]->size;
-        add(ctx, c->live[i], true);
+        visit(ctx, c->live[i], true);
       }
       if (!c->live[i] != !(c->live_bits[i / 64] >> (i % 64) & 1))
         w = "a cache's live bits disagree with its slots";
@@ -55,7 +56,7 @@ const char *gg__tcache_census(gg_arena_t *a,
         const gg__block_t *b = c->cls[i].ring[(c->cls[i].head + j) % GG__TC_RING].rec;
         if (b->size != c->cls[i].size) w = "a cached block is in another size's ring";
         free_bytes += b->size;
-        add(ctx, b, false);
+        visit(ctx, b, false);
       }
     if (live != gg__tc_nlive(c) || live_bytes != c->d_bytes)
       w = "a cache's live blocks and its counters disagree";

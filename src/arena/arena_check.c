@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "arena/arena_impl.h"
+#include "arena/arena_base.h"
 #include "core/internal.h"
 
 int gg__arena_probe(gg_arena_t *a, gg__arena_probe_t *out) {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/arena_impl.h"
+#include "arena/arena_base.h"
 #include "core/internal.h"
 
 /* ---- top ------------------------------------------------------------------------------------- */

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/arena_impl.h"
+#include "arena/arena_base.h"
 #include "core/internal.h"
 
 #define GG__BATCH_MAX   1024 /* releases per batch before its event is recorded anyway */

@@ -1,6 +1,6 @@
-/* host_impl.h — the host backend's private layout, shared by host.c (faults, memory, the device)
- * and host_stream.c (simulated streams, events, waits, graph capture): included from src/backend/
- * alone. */
+/* host_impl.h — the host backend's private layout, shared by host_faults.c (the device's state and
+ * fault injection), host.c (memory, the device) and host_stream.c (simulated streams, events,
+ * waits, graph capture): included from src/backend/ alone. */
 #ifndef GG_HOST_IMPL_H
 #define GG_HOST_IMPL_H
 
@@ -69,6 +69,11 @@ extern struct gg__host_dev gg__host;
 
 /* Counts a call of op and fails it when a fault is armed for that call: 0 or the injected code. */
 int gg__op(enum gg__host_op op);
+/* A fault spec (`OP:N`, `OP:N+`, `OP:*`, each `=nomem` optionally, comma-separated) into out[];
+ * GG_EINVAL naming `what` and the bad part. */
+int gg__host_fault_parse(const char *what, const char *spec, gg__fault_t out[GG__OP_COUNT]);
+/* Arms faults[] and resets every operation counter; gg__host.lock held. */
+void gg__host_faults_arm_locked(const gg__fault_t faults[GG__OP_COUNT]);
 
 /* ---- host_stream.c: the ops of streams, events, capture and waits (host.c's ops table) ----------
  */

@@ -1,4 +1,4 @@
-/* arena_impl.h — what the arena's own files (src/arena*.c) share and nobody else sees: the arena
+/* arena_base.h — what the arena's own files (src/arena*.c) share and nobody else sees: the arena
  * structure and the functions one part of the arena calls in another.
  *
  * Memory of an arena is, at any moment, tiled exactly by five kinds of pieces (arena_check.c proves
@@ -8,18 +8,23 @@
  * freed), and CACHED records that threads' caches hold (free there, or handed out and not yet
  * published).
  *
- *   arena.c          handles, create and destroy, the live list, quarantine, fork, stats, copies
+ * The files, each calling only those listed below it:
+ *   arena.c          create and destroy, the live list, quarantine, fork, stats, copies
+ *   arena_check.c    the invariant checker and the probe, for tests and the debug build
  *   arena_alloc.c    one allocation (the ladder of steps, free list to out of memory) and one free
- *   arena_release.c  released memory: batches, events, stream idle checks, waiting for the stream
- *   arena_bump.c     the bump log and scopes
- *   arena_grow.c     growth (mapping chunks), moving top, trim
- *   arena_check.c    the invariant checker and the probe, for tests
- *   arena_cache.c    per-thread caches: alloc+free pairs without the arena's lock
+ *   arena_scope.c    scopes: begin, end (the log's part and the scope's list released)
+ *   arena_grow.c     growth (mapping chunks, moving free ones), moving top, trim
+ *   arena_sites.c    allocation sites (GG_ARENA_BACKTRACE)
  *   arena_cache_stats.c  the caches' walks for stats and the checker (layout: arena_cache_impl.h)
+ *   arena_bump.c     the bump log (its inline paths: arena_bump.h)
+ *   arena_cache.c    per-thread caches: alloc+free pairs without the arena's lock
+ *   arena_release.c  released memory: batches, events, stream idle checks, waiting for the stream
+ *   arena_base.c     handle checks, the counted lock, quiet steps, figures, USED maps, scope lists
+ *   freelist.c       size classes and the boundary maps (freelist_internal.h)
  *
  * Every function here runs with the arena's lock held unless it says otherwise. */
-#ifndef GG_ARENA_IMPL_H
-#define GG_ARENA_IMPL_H
+#ifndef GG_ARENA_BASE_H
+#define GG_ARENA_BASE_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -245,11 +250,16 @@ static inline void gg__arena_leave_unchecked(gg_arena_t *a) {
  * gg__arena_check() walks it, on arenas below a size (arena_check.c); aborts naming what is wrong.
  * */
 void gg__arena_debug_check(gg_arena_t *a);
+/* The same check as every arena file's end of call reaches it: through a pointer that
+ * gg_arena_create() sets (arena_base.c holds it), so the check, which reads every part of the
+ * arena, stays above the files it checks. */
+extern void (*_Atomic gg__arena_debug_hook)(gg_arena_t *a);
 #endif
 /* The end of every locked public call: in the debug build the whole arena is checked first. */
 static inline void gg__arena_leave(gg_arena_t *a) {
 #ifdef GG_DEBUG
-  gg__arena_debug_check(a);
+  void (*check)(gg_arena_t *) = atomic_load_explicit(&gg__arena_debug_hook, memory_order_relaxed);
+  if (check) check(a);
 #endif
   gg__arena_leave_unchecked(a);
 }
@@ -338,14 +348,6 @@ void gg__bump_pop_dead(gg_arena_t *a);
 int gg__bump_flush(gg_arena_t *a);
 /* Below the last entry: the log entry whose memory holds p (which lies within the log), or -1. */
 long gg__bump_search(const gg_arena_t *a, uintptr_t p);
-/* The log entry whose memory holds p, or -1. Inline, the last entry first: every free asks, and
- * scoped code and alloc+free pairs free what they allocated last. */
-static inline long gg__bump_find(const gg_arena_t *a, uintptr_t p) {
-  if (!a->bump_count || p < a->bump[0].start) return -1;
-  const gg__bump_entry_t *last = &a->bump[a->bump_count - 1];
-  if (p >= gg__bump_entry_end(last)) return -1;
-  return p >= last->start ? (long)a->bump_count - 1 : gg__bump_search(a, p);
-}
 /* Room for k more records in scope d's array (frame 0 needs none). 0 or GG_ENOMEM. */
 static inline int gg__frame_reserve(gg_arena_t *a, int d, size_t k) {
   gg__frame_t *f = &a->frames[d];
@@ -432,6 +434,6 @@ void gg__tcache_reset_peak(gg_arena_t *a);
 /* For the checker: every cached record, and what is wrong with a cache's own bookkeeping, or NULL.
  * */
 const char *gg__tcache_census(gg_arena_t *a,
-                              void (*add)(void *ctx, const gg__block_t *b, bool live), void *ctx);
+                              void (*visit)(void *ctx, const gg__block_t *b, bool live), void *ctx);
 size_t gg__tcache_records(gg_arena_t *a);
 #endif
