@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "gg_test.h"
-#include "arena/arena_base.h"
+#include "arena/arena_base_impl.h"
 #include "core/internal.h"
 
 #ifdef GG_DEBUG

@@ -1,14 +1,14 @@
 /* arena.c — arena handles: create and destroy, checking and locking a handle for a call, quarantine
  * of destroyed handles, the process's live arenas, the fork handlers of their locks, statistics,
  * and the checked copies. The allocator itself lives in the other src/arena*.c files (see
- * arena_base.h). */
+ * arena_base_impl.h). */
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/arena_bump.h"
-#include "arena/arena_base.h"
+#include "arena/arena_bump_internal.h"
+#include "arena/arena_base_impl.h"
 #include "guard/guard_internal.h"
 #include "core/internal.h"
 
@@ -125,9 +125,10 @@ static int gg__arena_open(gg_arena_t *a, const gg_arena_options_t *o) {
   a->capacity = (size_t)gg__align_up(cap, g);
   a->chunk_size = (size_t)gg__align_up(chunk, g);
   a->limit = a->capacity;
-  if (o->stream && a->ops->stream_check &&
-      (rc = a->ops->stream_check(a->dev, o->stream, "gg_arena_create")) < 0)
-    return rc;
+  if (o->stream && a->ops->stream_check) {
+    rc = a->ops->stream_check(a->dev, o->stream, "gg_arena_create");
+    if (rc < 0) return rc;
+  }
   rc = a->ops->va_reserve(a->dev, a->capacity, &a->base);
   if (rc < 0) return rc;
   a->stream = o->stream;

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/arena_bump.h"
-#include "arena/arena_base.h"
+#include "arena/arena_bump_internal.h"
+#include "arena/arena_base_impl.h"
 #include "core/internal.h"
 
 /* ---- tags ------------------------------------------------------------------------------------ */
@@ -47,8 +47,10 @@ static int gg__intern(gg_arena_t *a, const char *tag, const char **out) {
     *out = a->tag_last;
     return 0;
   }
-  int rc;
-  if (a->n_tags + 1 > a->tags_cap / 2 && (rc = gg__tags_grow(a)) < 0) return rc;
+  if (a->n_tags + 1 > a->tags_cap / 2) {
+    int rc = gg__tags_grow(a);
+    if (rc < 0) return rc;
+  }
   size_t j = gg__strhash(tag, n) & (a->tags_cap - 1);
   for (; a->tags[j]; j = (j + 1) & (a->tags_cap - 1))
     if (strlen(a->tags[j]) == n && memcmp(a->tags[j], tag, n) == 0) break;
@@ -114,7 +116,7 @@ static bool gg__take_free(gg_arena_t *a, gg__request_t *q) {
 }
 
 /* Step: the free list as it is. Reserves what taking a block needs first, so the take cannot fail
- * half-way. 1: allocated; 0: no room; or an error. */
+ * half-way. GG__PLACED, GG__NO_ROOM, or an error. */
 static int gg__step_free_list(gg_arena_t *a, gg__request_t *q) {
   int rc = gg__freelist_reserve(&a->freelist, 3);
   if (rc == 0) rc = gg__addr_map_reserve(gg__used_map(a, a->n_frames - 1), 1);
@@ -148,14 +150,15 @@ static int gg__trim_idle(gg_arena_t *a, void *unused) {
  * the growth maps more). Never waits for the GPU: a chunk that queued work may still use stays
  * mapped (the growth maps beside it), where waiting for it drained the GPU's queue once a step on
  * training loops whose steps outgrow each other (a Hugging Face GPT-2: 1.22-1.30x PyTorch's step
- * time). 1: allocated from what the trim settled; 0: no room. */
+ * time). GG__PLACED from what the trim settled, or GG__NO_ROOM. */
 static int gg__step_trim_before_growth(gg_arena_t *a, gg__request_t *q) {
-  if (!gg__arena_trim_before_growth(a, q->size)) return 0;
+  if (!gg__arena_trim_before_growth(a, q->size)) return GG__NO_ROOM;
   gg__arena_quietly(a, gg__trim_idle, NULL);
   return gg__take_free(a, q);
 }
 
-/* Step: map more. 0, GG_ENOMEM (q->why says why), or the backend's error. */
+/* Step: map more. GG__NO_ROOM once mapped (the free list places the request), GG_ENOMEM (q->why
+ * says why), or the backend's error. */
 static int gg__step_grow(gg_arena_t *a, gg__request_t *q) {
   return gg__arena_grow(a, q->size, q->align, q->why, sizeof q->why);
 }
@@ -207,37 +210,38 @@ static bool gg__step_give_back_free_chunks(gg_arena_t *a, gg__request_t *q) {
  * over and over (their rate fell below one thread's). Caches still go back before an out-of-memory
  * error (the ladder's wait step), at a scope's start and on a trim. */
 static int gg__step_give_back_cached(gg_arena_t *a, gg__request_t *q, bool any_size) {
-  if (!any_size && q->size <= GG__TC_MAX_SIZE) return 0;
+  if (!any_size && q->size <= GG__TC_MAX_SIZE) return GG__NO_ROOM;
   return gg__tcache_give_back_all(a, false) ? gg__step_free_list(a, q) : 0;
 }
 
-/* The ladder, in the order tried. 1 when allocated, or an error. */
+/* The ladder, in the order tried. GG__PLACED, or an error (never GG__NO_ROOM). */
 static int gg__climb(gg_arena_t *a, gg__request_t *q) {
   int rc;
   rc = gg__step_free_list(a, q);
-  if (rc != 0) return rc;
+  if (rc != GG__NO_ROOM) return rc;
   rc = gg__step_reclaim(a, q);
-  if (rc != 0) return rc;
+  if (rc != GG__NO_ROOM) return rc;
   rc = gg__step_give_back_cached(a, q, false);
-  if (rc != 0) return rc;
+  if (rc != GG__NO_ROOM) return rc;
   rc = gg__step_trim_before_growth(a, q);
-  if (rc != 0) return rc;
+  if (rc != GG__NO_ROOM) return rc;
   rc = gg__step_grow(a, q);
   if (rc == GG_ENOMEM) {
     /* No room to grow: what the caches hold is tried before any wait for the stream (a wait on a
      * stream that is being captured would end the capture). */
     rc = gg__step_give_back_cached(a, q, true);
-    if (rc != 0) return rc;
+    if (rc != GG__NO_ROOM) return rc;
     gg__step_wait_for_stream(a, q);
   } else if (rc < 0) {
     return rc;
   }
   rc = gg__step_free_list(a, q);
-  if (rc != 0) return rc;
+  if (rc != GG__NO_ROOM) return rc;
   if (!gg__step_give_back_free_chunks(a, q)) return gg__step_out_of_memory(a, q, q->why);
-  if ((rc = gg__step_grow(a, q)) < 0 && rc != GG_ENOMEM) return rc;
+  rc = gg__step_grow(a, q);
+  if (rc < 0 && rc != GG_ENOMEM) return rc;
   rc = gg__step_free_list(a, q);
-  if (rc != 0) return rc;
+  if (rc != GG__NO_ROOM) return rc;
   return gg__step_out_of_memory(a, q, q->why[0] ? q->why : "no block fits");
 }
 
@@ -286,16 +290,24 @@ static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t 
   rc = gg__arena_lock_counted(a, "gg_alloc");
   if (rc < 0) return rc;
   if (a->track) gg__arena_before_alloc(a);
-  if (q.size > a->capacity)
-    rc = gg__step_out_of_memory(a, &q, "the request exceeds the capacity");
-  else if ((rc = gg__intern(a, tag, &q.tag)) == 0 &&
-           (sites || (rc = gg__tcache_alloc_locked(a, q.size, size, align, q.tag, &q.ptr)) == 0) &&
-           (rc = gg__climb(a, &q)) > 0) {
-    gg__arena_count_alloc(a, q.size);
-    rc = 0;
-    if (GG__UNLIKELY(sites)) gg__site_note(a, q.ptr, caller);
-  } else if (rc > 0) /* served by the cache, which counts it */
-    rc = 0;
+  int step = GG__NO_ROOM;
+  if (q.size > a->capacity) {
+    step = gg__step_out_of_memory(a, &q, "the request exceeds the capacity");
+  } else {
+    rc = gg__intern(a, tag, &q.tag);
+    if (rc < 0) step = rc;
+  }
+  /* This thread's cache (not when sites are recorded: each needs a block of its own); PLACED there
+   * is counted by the cache itself. */
+  if (step == GG__NO_ROOM && !sites)
+    step = gg__tcache_alloc_locked(a, q.size, size, align, q.tag, &q.ptr);
+  if (step == GG__NO_ROOM) {
+    step = gg__climb(a, &q);
+    GG__ASSERT(step != GG__NO_ROOM); /* the ladder ends placed or out of memory */
+    if (step == GG__PLACED) gg__arena_count_alloc(a, q.size);
+    if (step == GG__PLACED && GG__UNLIKELY(sites)) gg__site_note(a, q.ptr, caller);
+  }
+  rc = step < 0 ? step : 0;
   if (rc == 0) a->placed_open = a->open.count ? q.ptr : 0;
   gg__arena_leave(a);
   if (rc == 0) *ptr = (void *)q.ptr;
@@ -409,13 +421,16 @@ static void *gg__norm_stream(void *stream) { return stream == (void *)0x1 ? NULL
  * takes the event as it is when the wait is queued). Lock held. */
 static int gg__join_locked(gg_arena_t *a, void *from, void *to) {
   int rc;
-  if (!a->join_event && (rc = a->ops->event_create(a->dev, &a->join_event)) < 0) {
-    a->join_event = NULL;
-    return rc;
+  if (!a->join_event) {
+    rc = a->ops->event_create(a->dev, &a->join_event);
+    if (rc < 0) {
+      a->join_event = NULL;
+      return rc;
+    }
   }
-  if ((rc = a->ops->event_record(a->dev, a->join_event, from)) < 0 ||
-      (rc = a->ops->stream_wait(a->dev, to, a->join_event)) < 0)
-    return rc;
+  rc = a->ops->event_record(a->dev, a->join_event, from);
+  if (rc == 0) rc = a->ops->stream_wait(a->dev, to, a->join_event);
+  if (rc < 0) return rc;
   a->probe.stream_joins++;
   return 1;
 }

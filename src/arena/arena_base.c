@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/arena_base.h"
+#include "arena/arena_base_impl.h"
 #include "core/internal.h"
 
 #ifdef GG_DEBUG

@@ -3,8 +3,8 @@
  * the number of its allocations; blocks served by best fit hang in their scope's list instead. */
 #include <string.h>
 
-#include "arena/arena_bump.h"
-#include "arena/arena_base.h"
+#include "arena/arena_bump_internal.h"
+#include "arena/arena_base_impl.h"
 #include "core/internal.h"
 
 /* ---- the log --------------------------------------------------------------------------------- */

@@ -41,7 +41,7 @@
 #include <string.h>
 
 #include "arena/arena_cache_impl.h"
-#include "arena/arena_base.h"
+#include "arena/arena_base_impl.h"
 #include "core/internal.h"
 
 /* This thread's caches, most recently used first. Initial-exec: one pointer of static TLS spares a
@@ -424,10 +424,11 @@ bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag,
   gg__tc_lock(c);
   bool attached = atomic_load_explicit(&c->attached, memory_order_relaxed), got = false;
   const char *t;
-  gg__tc_class_t *k;
+  gg__tc_class_t *k = NULL;
   if (attached && !atomic_load_explicit(&a->scopes_open, memory_order_relaxed) &&
-      gg__tc_tag(c, tag, &t) && (k = gg__tc_class(c, size)) && k->n &&
-      gg__tc_nlive(c) < GG__TC_LIVE_SLOTS / 2) {
+      gg__tc_tag(c, tag, &t))
+    k = gg__tc_class(c, size);
+  if (k && k->n && gg__tc_nlive(c) < GG__TC_LIVE_SLOTS / 2) {
     gg__tc_entry_t *e = &k->ring[k->head];
     /* The oldest free still waits: while the class is still growing, the arena's path adds blocks
      * (one stream query per ring then covers more pairs); once full, the stream is asked. */
@@ -460,9 +461,10 @@ bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered) {
     return false; /* handed nothing out: not ours (publishers only lower it) */
   gg__tc_lock(c);
   bool attached = atomic_load_explicit(&c->attached, memory_order_relaxed), done = false;
-  gg__block_t *b;
-  if (attached && !atomic_load_explicit(&a->scopes_open, memory_order_relaxed) &&
-      (b = gg__tc_live_take(c, (uintptr_t)ptr))) {
+  gg__block_t *b = NULL;
+  if (attached && !atomic_load_explicit(&a->scopes_open, memory_order_relaxed))
+    b = gg__tc_live_take(c, (uintptr_t)ptr);
+  if (b) {
     gg__tc_class_t *k = gg__tc_class_claim(c, b->size);
     if (k && k->n < GG__TC_RING && c->free_bytes + b->size <= GG__TC_BYTES) {
       uint64_t ticket =
@@ -561,7 +563,8 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
   gg__tcache_t *c = gg__tc_find(a);
   bool cacheable = size <= GG__TC_MAX_SIZE && align == GG__QUANTUM && a->n_frames == 1;
   if (!cacheable && (!c || !gg__tc_nlive(c))) return 0; /* nothing of this thread's to publish */
-  if (!c && !(c = gg__tc_create(a))) return 0;
+  if (!c) c = gg__tc_create(a);
+  if (!c) return 0;
   gg__tc_lock(c);
   int got = 0;
   /* Published first: a locked allocation raises the peak from the arena's own counters. */
@@ -588,9 +591,11 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
     want = want < 1 ? 1 : want > gg__tc_cap(size) ? gg__tc_cap(size) : want;
     gg__block_t *recs[GG__TC_RING];
     size_t n = 0;
-    if (k && (want = gg__tc_room(a, c, k, size,
-                                 want < GG__TC_RING - k->n + 1 ? want : GG__TC_RING - k->n + 1)))
-      n = gg__tc_carve(a, size, want, recs);
+    if (k) {
+      size_t ring_room = GG__TC_RING - k->n + 1;
+      want = gg__tc_room(a, c, k, size, want < ring_room ? want : ring_room);
+      if (want) n = gg__tc_carve(a, size, want, recs);
+    }
     if (!n && k)
       k->batch = gg__tc_cap(size); /* no room to grow: the ring asks the stream as it is */
     if (n) {

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "arena/arena_cache_impl.h"
-#include "arena/arena_base.h"
+#include "arena/arena_base_impl.h"
 
 void gg__tcache_add_stats(gg_arena_t *a, gg_arena_stats_t *s) {
   size_t unsafe = 0;
@@ -22,7 +22,10 @@ void gg__tcache_add_stats(gg_arena_t *a, gg_arena_stats_t *s) {
         const gg__tc_entry_t *e = &k->ring[(k->head + j) % GG__TC_RING];
         if (gg__tc_reusable(a, e)) continue;
         /* Cached frees still waiting count as pending: one question may settle all of them. */
-        if (!asked && (asked = true)) gg__tc_ask_stream(a, c);
+        if (!asked) {
+          asked = true;
+          gg__tc_ask_stream(a, c);
+        }
         if (gg__tc_reusable(a, e)) continue;
         unsafe += k->size;
       }

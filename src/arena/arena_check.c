@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "arena/arena_base.h"
+#include "arena/arena_base_impl.h"
 #include "core/internal.h"
 
 int gg__arena_probe(gg_arena_t *a, gg__arena_probe_t *out) {
@@ -251,11 +251,15 @@ static const char *gg__check_chunks(const gg_arena_t *a, size_t total, size_t fr
 static const char *gg__check_locked(gg_arena_t *a, gg__census_t *c) {
   const char *w;
   size_t total = 0, free_bytes = 0;
-  if ((w = gg__check_free(a, c)) || (w = gg__check_used(a, c)) || (w = gg__check_batches(a, c)) ||
-      (w = gg__check_bump_runs(a, c)) || (w = gg__check_scope_marks(a, c)) ||
-      (w = gg__check_caches(a, c)) || (w = gg__check_tiling(a, c, &total, &free_bytes)))
-    return w;
-  return gg__check_chunks(a, total, free_bytes);
+  w = gg__check_free(a, c);
+  if (!w) w = gg__check_used(a, c);
+  if (!w) w = gg__check_batches(a, c);
+  if (!w) w = gg__check_bump_runs(a, c);
+  if (!w) w = gg__check_scope_marks(a, c);
+  if (!w) w = gg__check_caches(a, c);
+  if (!w) w = gg__check_tiling(a, c, &total, &free_bytes);
+  if (!w) w = gg__check_chunks(a, total, free_bytes);
+  return w;
 }
 
 /* Arena locked: what is wrong, NULL when nothing is, GG__CHECK_NO_MEMORY when the census has no

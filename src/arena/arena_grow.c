@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/arena_base.h"
+#include "arena/arena_base_impl.h"
 #include "core/internal.h"
 
 /* ---- top ------------------------------------------------------------------------------------- */
@@ -17,8 +17,9 @@ void gg__arena_promote(gg_arena_t *a) {
   if (!b || (t && t->size >= b->size)) return;
   if (a->bump_count && b->addr < gg__bump_entry_end(&a->bump[a->bump_count - 1])) {
     if (gg__bump_flush(a) < 0) return; /* keeps the old top: only speed is lost */
-    if (!(b = gg__freelist_largest(&a->freelist)) || ((t = a->freelist.top) && t->size >= b->size))
-      return;
+    b = gg__freelist_largest(&a->freelist);
+    t = a->freelist.top;
+    if (!b || (t && t->size >= b->size)) return;
   }
   if (gg__freelist_reserve(&a->freelist, 1) < 0) return;
   gg__freelist_set_top(&a->freelist, b);
@@ -412,7 +413,8 @@ static int gg__trim_free_chunks(gg_arena_t *a, size_t keep, bool idle_only) {
   size_t nf = a->freelist.count + 1;
   gg__block_t **fs = malloc(nf * sizeof *fs);
   bool *gone = calloc(a->n_chunks, sizeof *gone);
-  if (!fs || !gone || (rc = gg__freelist_reserve(&a->freelist, a->n_chunks + nf + 2)) < 0) {
+  if (fs && gone) rc = gg__freelist_reserve(&a->freelist, a->n_chunks + nf + 2);
+  if (!fs || !gone || rc < 0) {
     free(fs);
     free(gone);
     return rc < 0 ? rc : gg__err(GG_ENOMEM, "gg_arena_trim: out of host memory");
@@ -445,7 +447,9 @@ static int gg__trim_free_chunks(gg_arena_t *a, size_t keep, bool idle_only) {
 int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
   int rc;
   gg__tcache_give_back_all(a, false); /* threads' caches keep no free memory mapped */
-  if ((rc = gg__bump_flush(a)) < 0 || (rc = gg__arena_wait_pending(a)) < 0) return rc;
+  rc = gg__bump_flush(a);
+  if (rc == 0) rc = gg__arena_wait_pending(a);
+  if (rc < 0) return rc;
   if (!a->n_chunks) return 0;
   /* Releases made in stream order (the framework plugin) are free at once but may still be read by
    * work queued before them: memory is unmapped only once the stream has run all of it (a wait only
@@ -461,8 +465,7 @@ int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
  * may still run stays mapped: the growth maps beside it instead, and a later growth gives it back.
  */
 int gg__arena_trim_idle_locked(gg_arena_t *a) {
-  int rc;
-  if (!a->n_chunks || (rc = gg__bump_flush(a)) < 0) return 0;
+  if (!a->n_chunks || gg__bump_flush(a) < 0) return 0;
   gg__arena_ordered_poll(a);
   gg__arena_drop_aliases(a);
   return gg__trim_free_chunks(a, 0, true);

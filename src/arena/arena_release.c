@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "arena/arena_base.h"
+#include "arena/arena_base_impl.h"
 #include "core/internal.h"
 
 #define GG__BATCH_MAX   1024 /* releases per batch before its event is recorded anyway */
@@ -220,7 +220,8 @@ int gg__arena_wait_pending(gg_arena_t *a) {
     a->probe.stream_waits++;
     rc = a->ops->stream_sync(a->dev, a->stream);
     if (rc < 0) return rc;
-    if (a->open.count && (rc = gg__batch_merge(a, &a->open)) < 0) return rc;
+    if (a->open.count) rc = gg__batch_merge(a, &a->open);
+    if (rc < 0) return rc;
   }
   gg__merge_recorded(a, a->closed_end);
   return a->closed_head == a->closed_end
@@ -296,9 +297,12 @@ static int gg__ord_record_step(gg_arena_t *a, void *unused) {
   unsigned slot = a->ord_n == GG__ORD_EVENTS ? (a->ord_head + a->ord_n - 1) % GG__ORD_EVENTS
                                              : (a->ord_head + a->ord_n) % GG__ORD_EVENTS;
   int rc;
-  if (!a->ord_ev[slot].event && (rc = a->ops->event_create(a->dev, &a->ord_ev[slot].event)) < 0) {
-    a->ord_ev[slot].event = NULL;
-    return rc;
+  if (!a->ord_ev[slot].event) {
+    rc = a->ops->event_create(a->dev, &a->ord_ev[slot].event);
+    if (rc < 0) {
+      a->ord_ev[slot].event = NULL;
+      return rc;
+    }
   }
   rc = a->ops->event_record(a->dev, a->ord_ev[slot].event, a->stream);
   if (rc < 0) return rc;

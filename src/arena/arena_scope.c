@@ -3,8 +3,8 @@
  * its list, and trims when the scope asked for it. */
 #include <string.h>
 
-#include "arena/arena_bump.h"
-#include "arena/arena_base.h"
+#include "arena/arena_bump_internal.h"
+#include "arena/arena_base_impl.h"
 #include "core/internal.h"
 
 int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {

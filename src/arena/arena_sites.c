@@ -13,8 +13,8 @@
 #endif
 #endif
 
-#include "arena/arena_bump.h"
-#include "arena/arena_base.h"
+#include "arena/arena_bump_internal.h"
+#include "arena/arena_base_impl.h"
 #include "core/internal.h"
 
 /* Frames of the library's own above the caller's return address: the capture looks this far for it.

@@ -190,10 +190,10 @@ gg__block_t *gg__freelist_ending_at(const gg__freelist_t *fl, uintptr_t addr) {
 #define GG__SLAB_RECORDS 256
 
 int gg__freelist_reserve_slow(gg__freelist_t *fl, size_t k) {
-  int rc;
-  if (fl->bounds.n + 2 * k > fl->bounds.cap / 2 &&
-      (rc = gg__bounds_grow(&fl->bounds, fl->bounds.n + 2 * k)) < 0)
-    return rc;
+  if (fl->bounds.n + 2 * k > fl->bounds.cap / 2) {
+    int rc = gg__bounds_grow(&fl->bounds, fl->bounds.n + 2 * k);
+    if (rc < 0) return rc;
+  }
   while (fl->n_spare < k) {
     void **slabs = realloc(fl->slabs, (fl->n_slabs + 1) * sizeof *slabs);
     if (!slabs) return gg__err(GG_ENOMEM, "arena: out of host memory for block records");
@@ -407,7 +407,8 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
   /* The neighbour below: top, or a listed block ending where this range starts. */
   if (t && t->seg == seg && t->addr + t->size == addr) {
     t->size += size;
-    if ((n = gg__freelist_starting_at(fl, addr + size)) && n->seg == seg) {
+    n = gg__freelist_starting_at(fl, addr + size);
+    if (n && n->seg == seg) {
       gg__freelist_remove(fl, n);
       fl->bytes += n->size;
       t->size += n->size;
@@ -419,9 +420,8 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
   /* The slots of both boundaries: a range with no free neighbour lists itself in them as they are.
    * */
   size_t j_lo = fl->bounds.cap ? gg__bounds_probe(&fl->bounds, addr) : 0;
-  if ((lo = fl->bounds.cap && fl->bounds.slots[j_lo].key ? fl->bounds.slots[j_lo].below : NULL) &&
-      lo->seg != seg)
-    lo = NULL;
+  lo = fl->bounds.cap && fl->bounds.slots[j_lo].key ? fl->bounds.slots[j_lo].below : NULL;
+  if (lo && lo->seg != seg) lo = NULL;
   /* The neighbour above: top (which then grows down over the range and lo), or a listed block. */
   if (t && t->seg == seg && t->addr == addr + size) {
     if (lo) {
@@ -437,9 +437,8 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
     return t;
   }
   size_t j_hi = fl->bounds.cap ? gg__bounds_probe(&fl->bounds, addr + size) : 0;
-  if ((n = fl->bounds.cap && fl->bounds.slots[j_hi].key ? fl->bounds.slots[j_hi].above : NULL) &&
-      n->seg != seg)
-    n = NULL;
+  n = fl->bounds.cap && fl->bounds.slots[j_hi].key ? fl->bounds.slots[j_hi].above : NULL;
+  if (n && n->seg != seg) n = NULL;
   if (lo || n) { /* grow a neighbour in place; the range's own record is not needed */
     if (rec) gg__freelist_give_record(fl, rec);
     return gg__freelist_grow_into(fl, lo, n, addr, size, j_lo, j_hi);

@@ -153,10 +153,18 @@ static int gg__c_map_any(gg__dev_t *d, uintptr_t at, size_t size, gg__chunk_t *o
   r = gg__c_create(c, size, &h);
   if (r != CUDA_SUCCESS) {
     rc = gg__cu_fail(r, "cuMemCreate");
-  } else if ((r = gg__cu.fn_cuMemMap((CUdeviceptr)at, size, 0, h, 0)) != CUDA_SUCCESS) {
+    gg__ctx_leave(&s);
+    return rc;
+  }
+  r = gg__cu.fn_cuMemMap((CUdeviceptr)at, size, 0, h, 0);
+  if (r != CUDA_SUCCESS) {
     rc = gg__cu_fail(r, "cuMemMap");
     gg__cu.fn_cuMemRelease(h);
-  } else if ((r = gg__cu.fn_cuMemSetAccess((CUdeviceptr)at, size, &acc, 1)) != CUDA_SUCCESS) {
+    gg__ctx_leave(&s);
+    return rc;
+  }
+  r = gg__cu.fn_cuMemSetAccess((CUdeviceptr)at, size, &acc, 1);
+  if (r != CUDA_SUCCESS) {
     rc = gg__cu_fail(r, "cuMemSetAccess");
     gg__cu.fn_cuMemUnmap((CUdeviceptr)at, size);
     gg__cu.fn_cuMemRelease(h);
@@ -183,12 +191,11 @@ static void gg__c_release_unmapped(gg__cudev_t *c, const gg__chunk_t *ch) {
 static int gg__c_unmap_one(gg__dev_t *d, const gg__chunk_t *ch) {
   CUresult r;
   if (!d->contiguous) {
-    if ((r = gg__cu.fn_cuMemFree((CUdeviceptr)ch->ptr)) != CUDA_SUCCESS)
-      return gg__cu_fail(r, "cuMemFree");
-    return 0;
+    r = gg__cu.fn_cuMemFree((CUdeviceptr)ch->ptr);
+    return r == CUDA_SUCCESS ? 0 : gg__cu_fail(r, "cuMemFree");
   }
-  if ((r = gg__cu.fn_cuMemUnmap((CUdeviceptr)ch->ptr, ch->size)) != CUDA_SUCCESS)
-    return gg__cu_fail(r, "cuMemUnmap");
+  r = gg__cu.fn_cuMemUnmap((CUdeviceptr)ch->ptr, ch->size);
+  if (r != CUDA_SUCCESS) return gg__cu_fail(r, "cuMemUnmap");
   if (!ch->alias) {
     gg__c_release_unmapped(d->impl, ch);
   }
@@ -207,12 +214,16 @@ static int gg__c_remap_any(gg__dev_t *d, gg__chunk_t *ch, uintptr_t at, gg__chun
   CUmemAccessDesc acc = {.location = c->prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
   CUmemGenericAllocationHandle h = (CUmemGenericAllocationHandle)ch->handle;
   CUresult r = gg__cu.fn_cuMemMap((CUdeviceptr)at, ch->size, 0, h, 0);
-  if (r != CUDA_SUCCESS) {
-    rc = gg__cu_fail(r, "cuMemMap (a free chunk's memory at a second address)");
-  } else if ((r = gg__cu.fn_cuMemSetAccess((CUdeviceptr)at, ch->size, &acc, 1)) != CUDA_SUCCESS) {
-    rc = gg__cu_fail(r, "cuMemSetAccess (a free chunk's memory at a second address)");
-    gg__cu.fn_cuMemUnmap((CUdeviceptr)at, ch->size);
+  if (r == CUDA_SUCCESS) {
+    r = gg__cu.fn_cuMemSetAccess((CUdeviceptr)at, ch->size, &acc, 1);
+    if (r != CUDA_SUCCESS) {
+      rc = gg__cu_fail(r, "cuMemSetAccess (a free chunk's memory at a second address)");
+      gg__cu.fn_cuMemUnmap((CUdeviceptr)at, ch->size);
+    }
   } else {
+    rc = gg__cu_fail(r, "cuMemMap (a free chunk's memory at a second address)");
+  }
+  if (r == CUDA_SUCCESS) {
     *old = *ch;
     old->alias = true;
     ch->ptr = at;
@@ -262,8 +273,10 @@ static int gg__c_unmap_run_any(gg__dev_t *d, gg__chunk_t *const *chunks, size_t 
     }
     tried = true;
   }
-  for (size_t k = n; k-- > 0 && rc == 0;)
-    if ((rc = gg__c_unmap_one(d, chunks[k])) == 0) ++*done;
+  for (size_t k = n; k-- > 0 && rc == 0;) {
+    rc = gg__c_unmap_one(d, chunks[k]);
+    if (rc == 0) ++*done;
+  }
   if (tried && rc == 0) c->range_refused = true;
   gg__ctx_leave(&s);
   return rc;
@@ -404,7 +417,8 @@ static int gg__c_stream_capture(gg__dev_t *d, void *stream, unsigned long long *
     gg__ctx_leave(&s);
     return 1;
   }
-  if ((rc = gg__ctx_done(&s, r, "cuStreamGetCaptureInfo")) < 0) return rc;
+  rc = gg__ctx_done(&s, r, "cuStreamGetCaptureInfo");
+  if (rc < 0) return rc;
   /* ACTIVE or INVALIDATED: either way the capture has not ended and the stream must not be touched.
    * */
   if (st != CU_STREAM_CAPTURE_STATUS_NONE) *capture_id = id ? (unsigned long long)id : ~0ull;
@@ -511,8 +525,8 @@ static int gg__c_ctx_sync(gg__dev_t *d, int timeout_ms) {
   struct timespec until;
   clock_gettime(CLOCK_MONOTONIC, &until);
   long long ns = until.tv_nsec + (long long)(timeout_ms % 1000) * 1000000LL;
-  until.tv_sec += timeout_ms / 1000 + (time_t)(ns / 1000000000LL),
-      until.tv_nsec = (long)(ns % 1000000000LL);
+  until.tv_sec += timeout_ms / 1000 + (time_t)(ns / 1000000000LL);
+  until.tv_nsec = (long)(ns % 1000000000LL);
   pthread_mutex_lock(&s->lock);
   int w = 0;
   while (!s->done && w != ETIMEDOUT) w = pthread_cond_timedwait(&s->cond, &s->lock, &until);
@@ -580,7 +594,8 @@ int gg__cuda_open(int index, gg__dev_t **out) {
   const char *v = gg__env("GPUGUARD_CUDA_VMM"); /* 0 forces the cuMemAlloc fallback */
   if (v) {
     bool want;
-    if ((rc = gg__parse_bool("GPUGUARD_CUDA_VMM", v, &want)) < 0) return rc;
+    rc = gg__parse_bool("GPUGUARD_CUDA_VMM", v, &want);
+    if (rc < 0) return rc;
     vmm = vmm && want;
   }
   gg__dev_t *d = calloc(1, sizeof *d);

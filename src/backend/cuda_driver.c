@@ -66,10 +66,12 @@ static void gg__cu_load(void) {
   gg__getproc2_t gp2 = NULL;
   gg__getproc1_t gp1 = NULL;
   void *sym = dlsym(lib, "cuGetProcAddress_v2");
-  if (sym)
+  if (sym) {
     memcpy(&gp2, &sym, sizeof sym);
-  else if ((sym = dlsym(lib, "cuGetProcAddress")))
-    memcpy(&gp1, &sym, sizeof sym);
+  } else {
+    sym = dlsym(lib, "cuGetProcAddress");
+    if (sym) memcpy(&gp1, &sym, sizeof sym);
+  }
   if (!gp2 && !gp1) {
     snprintf(gg__cu_reason, sizeof gg__cu_reason,
              "the CUDA driver is too old: libcuda.so.1 has no cuGetProcAddress (CUDA 11.3 or newer "

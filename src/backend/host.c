@@ -221,10 +221,13 @@ static int gg__h_unmap_span(gg__dev_t *d, uintptr_t lo, size_t size) {
   if (!partial && covered == size && (count == 1 || gg__host.range_unmap)) {
     for (gg__hmap_t **pp = &h->maps; *pp;) {
       gg__hmap_t *m = *pp;
-      if (m->ptr >= lo && m->ptr < hi)
-        *pp = m->next, h->mapped -= m->size, free(m);
-      else
+      if (m->ptr >= lo && m->ptr < hi) {
+        *pp = m->next;
+        h->mapped -= m->size;
+        free(m);
+      } else {
         pp = &m->next;
+      }
     }
   }
   pthread_mutex_unlock(&h->lock);
@@ -286,7 +289,8 @@ static int gg__h_check_range(gg__dev_t *d, uintptr_t p, size_t n, const char *op
 static int gg__h_copy_to_dev(gg__dev_t *d, uintptr_t dst, const void *src, size_t n) {
   int rc = gg__op(GG__OP_copy);
   if (rc < 0) return rc;
-  if ((rc = gg__h_check_range(d, dst, n, "copy to device")) < 0) return rc;
+  rc = gg__h_check_range(d, dst, n, "copy to device");
+  if (rc < 0) return rc;
   if (n) memcpy((void *)dst, src, n);
   return 0;
 }
@@ -294,7 +298,8 @@ static int gg__h_copy_to_dev(gg__dev_t *d, uintptr_t dst, const void *src, size_
 static int gg__h_copy_from_dev(gg__dev_t *d, void *dst, uintptr_t src, size_t n) {
   int rc = gg__op(GG__OP_copy);
   if (rc < 0) return rc;
-  if ((rc = gg__h_check_range(d, src, n, "copy from device")) < 0) return rc;
+  rc = gg__h_check_range(d, src, n, "copy from device");
+  if (rc < 0) return rc;
   if (n) memcpy(dst, (const void *)src, n);
   return 0;
 }
@@ -302,7 +307,8 @@ static int gg__h_copy_from_dev(gg__dev_t *d, void *dst, uintptr_t src, size_t n)
 static int gg__h_set_d8(gg__dev_t *d, uintptr_t dst, unsigned char v, size_t n) {
   int rc = gg__op(GG__OP_set);
   if (rc < 0) return rc;
-  if ((rc = gg__h_check_range(d, dst, n, "set")) < 0) return rc;
+  rc = gg__h_check_range(d, dst, n, "set");
+  if (rc < 0) return rc;
   if (n) memset((void *)dst, v, n);
   return 0;
 }
@@ -360,36 +366,46 @@ static const gg__backend_ops_t gg__host_ops = {
     .close = gg__h_close,
 };
 
+/* A size or a switch from the environment: 0 when the variable is unset (*out keeps its default).
+ */
+static int gg__env_size(const char *name, size_t *out) {
+  const char *v = gg__env(name);
+  return v ? gg__parse_size(name, v, out) : 0;
+}
+
+static int gg__env_bool(const char *name, bool *out) {
+  const char *v = gg__env(name);
+  return v ? gg__parse_bool(name, v, out) : 0;
+}
+
 /* Reads the environment into the device settings; called when the first handle opens. */
 static int gg__host_configure(void) {
-  size_t cap = GG__HOST_DEFAULT_CAPACITY, gran = GG__HOST_DEFAULT_GRANULARITY;
-  bool vmm = true, populate = true, busy = false, range_unmap = true;
-  const char *v;
-  int rc;
-  if ((v = gg__env("GPUGUARD_HOST_CAPACITY")) &&
-      (rc = gg__parse_size("GPUGUARD_HOST_CAPACITY", v, &cap)) < 0)
-    return rc;
-  const char *gv = gg__env("GPUGUARD_HOST_GRANULARITY"); /* kept: the check below names it */
-  if (gv && (rc = gg__parse_size("GPUGUARD_HOST_GRANULARITY", gv, &gran)) < 0) return rc;
-  if ((v = gg__env("GPUGUARD_HOST_VMM")) && (rc = gg__parse_bool("GPUGUARD_HOST_VMM", v, &vmm)) < 0)
-    return rc;
-  if ((v = gg__env("GPUGUARD_HOST_POPULATE")) &&
-      (rc = gg__parse_bool("GPUGUARD_HOST_POPULATE", v, &populate)) < 0)
-    return rc;
-  if ((v = gg__env("GPUGUARD_HOST_BUSY")) &&
-      (rc = gg__parse_bool("GPUGUARD_HOST_BUSY", v, &busy)) < 0)
-    return rc;
+  size_t cap = GG__HOST_DEFAULT_CAPACITY;
+  size_t gran = GG__HOST_DEFAULT_GRANULARITY;
+  bool vmm = true;
+  bool populate = true;
+  bool busy = false;
+  bool range_unmap = true;
+  int rc = gg__env_size("GPUGUARD_HOST_CAPACITY", &cap);
+  if (rc == 0) rc = gg__env_size("GPUGUARD_HOST_GRANULARITY", &gran);
+  if (rc == 0) rc = gg__env_bool("GPUGUARD_HOST_VMM", &vmm);
+  if (rc == 0) rc = gg__env_bool("GPUGUARD_HOST_POPULATE", &populate);
+  if (rc == 0) rc = gg__env_bool("GPUGUARD_HOST_BUSY", &busy);
+  if (rc < 0) return rc;
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  if (gran < page || (gran & (gran - 1)))
+  if (gran < page || (gran & (gran - 1))) {
+    const char *gv = gg__env("GPUGUARD_HOST_GRANULARITY");
     return gg__err(GG_EINVAL, "GPUGUARD_HOST_GRANULARITY='%s': must be a power of two >= %zu",
                    gv ? gv : "", page);
+  }
   if (cap == 0) return gg__err(GG_EINVAL, "GPUGUARD_HOST_CAPACITY: must be more than 0 bytes");
-  if ((v = gg__env("GPUGUARD_HOST_RANGE_UNMAP")) &&
-      (rc = gg__parse_bool("GPUGUARD_HOST_RANGE_UNMAP", v, &range_unmap)) < 0)
-    return rc;
+  rc = gg__env_bool("GPUGUARD_HOST_RANGE_UNMAP", &range_unmap);
+  if (rc < 0) return rc;
   gg__fault_t faults[GG__OP_COUNT];
-  bool have_faults = (v = gg__env("GPUGUARD_HOST_FAULT")) != NULL;
-  if (have_faults && (rc = gg__host_fault_parse("GPUGUARD_HOST_FAULT", v, faults)) < 0) return rc;
+  const char *v = gg__env("GPUGUARD_HOST_FAULT");
+  bool have_faults = v != NULL;
+  if (have_faults) rc = gg__host_fault_parse("GPUGUARD_HOST_FAULT", v, faults);
+  if (rc < 0) return rc;
   gg__host.capacity = cap;
   gg__host.granularity = gran;
   gg__host.vmm = vmm;
@@ -448,7 +464,9 @@ int gg__host_open(int index, gg__dev_t **out) {
   int rc = gg__host.opens ? 0 : gg__host_configure();
   if (rc == 0) gg__host.opens++;
   pthread_mutex_unlock(&gg__host.lock);
-  if (rc == 0 && (rc = gg__op(GG__OP_open)) < 0) {
+  int opened = rc == 0;
+  if (opened) rc = gg__op(GG__OP_open);
+  if (opened && rc < 0) {
     pthread_mutex_lock(&gg__host.lock);
     gg__host.opens--;
     pthread_mutex_unlock(&gg__host.lock);

@@ -182,7 +182,8 @@ int gg_host_stream_capture_begin(void *stream) {
   }
   c->stream = stream;
   c->id = ++gg__hcap.last_id;
-  c->next = gg__hcap.capturing, gg__hcap.capturing = c; /* owned by the list until capture_end */
+  c->next = gg__hcap.capturing; /* owned by the list until capture_end */
+  gg__hcap.capturing = c;
   atomic_fetch_add(&gg__hcap_underway, 1);
   pthread_mutex_unlock(&gg__hcap.lock);
   return 0;
@@ -230,8 +231,8 @@ int gg__h_stream_capture(gg__dev_t *d, void *stream, unsigned long long *capture
   *capture_id = 0;
   int rc = gg__op(GG__OP_stream_capture);
   gg__hstream_t *s;
-  if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: stream_capture", false, &s, NULL)) < 0)
-    return rc;
+  if (rc == 0) rc = gg__hstream_get(stream, "host backend: stream_capture", false, &s, NULL);
+  if (rc < 0) return rc;
   if (stream == GG__HSTREAM_LEGACY) stream = NULL;
   if (atomic_load(&gg__hcap_underway) == 0) return rc;
   pthread_mutex_lock(&gg__hcap.lock);
@@ -434,9 +435,10 @@ int gg__h_event_record(gg__dev_t *d, void *ev, void *stream) {
   int rc = gg__op(GG__OP_event_record);
   gg__hstream_t *s;
   const void *key;
-  if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: event_record", true, &s, &key)) < 0)
-    return rc;
-  if ((rc = gg__hcap_touch(key, "event_record")) < 0) {
+  if (rc == 0) rc = gg__hstream_get(stream, "host backend: event_record", true, &s, &key);
+  if (rc < 0) return rc;
+  rc = gg__hcap_touch(key, "event_record");
+  if (rc < 0) {
     gg__hstream_unref(s);
     return rc;
   }
@@ -447,7 +449,8 @@ int gg__h_event_record(gg__dev_t *d, void *ev, void *stream) {
   e->stream = NULL;
   gg__hdeps_clear(&e->deps);
   /* Completes only after the waits queued on its stream before it (stream_wait). */
-  if ((rc = gg__hdeps_copy(&e->deps, gg__hdeps_of(s))) < 0) {
+  rc = gg__hdeps_copy(&e->deps, gg__hdeps_of(s));
+  if (rc < 0) {
     gg__hstream_unref(s);
     return rc;
   }
@@ -504,9 +507,9 @@ int gg__h_stream_sync(gg__dev_t *d, void *stream) {
   int rc = gg__op(GG__OP_stream_sync);
   gg__hstream_t *s;
   const void *key;
-  if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: stream_sync", false, &s, &key)) < 0 ||
-      (rc = gg__hcap_touch(key, "stream_sync")) < 0)
-    return rc;
+  if (rc == 0) rc = gg__hstream_get(stream, "host backend: stream_sync", false, &s, &key);
+  if (rc == 0) rc = gg__hcap_touch(key, "stream_sync");
+  if (rc < 0) return rc;
   /* A held stream stands for one with a kernel still running: waiting for it (or for a stream that
    * waits for it) would never return. */
   if ((s && (atomic_load(&s->held) || atomic_load(&s->completed) < atomic_load(&s->submitted))) ||
@@ -533,7 +536,8 @@ static bool gg__hlive_busy(void) {
 int gg__h_ctx_sync(gg__dev_t *d, int timeout_ms) {
   (void)d;
   int rc = gg__op(GG__OP_ctx_sync);
-  if (rc < 0 || (rc = gg__hcap_touch(NULL, "ctx_sync")) < 0) return rc;
+  if (rc == 0) rc = gg__hcap_touch(NULL, "ctx_sync");
+  if (rc < 0) return rc;
   struct timespec t0, now;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   while (gg__hlive_busy()) {
@@ -554,9 +558,9 @@ int gg__h_stream_query(gg__dev_t *d, void *stream) {
   int rc = gg__op(GG__OP_stream_query);
   gg__hstream_t *s;
   const void *key;
-  if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: stream_query", false, &s, &key)) < 0 ||
-      (rc = gg__hcap_touch(key, "stream_query")) < 0)
-    return rc;
+  if (rc == 0) rc = gg__hstream_get(stream, "host backend: stream_query", false, &s, &key);
+  if (rc == 0) rc = gg__hcap_touch(key, "stream_query");
+  if (rc < 0) return rc;
   /* A held stream stands for one with a kernel still running: it is busy whatever was recorded. */
   if (gg__host.busy) return 0;
   return (!s ||
@@ -571,10 +575,10 @@ int gg__h_stream_wait(gg__dev_t *d, void *stream, void *ev) {
   gg__hstream_t *s;
   const void *key;
   gg__hevent_t *e = ev;
-  if (rc < 0 || (rc = gg__hstream_get(stream, "host backend: stream_wait", true, &s, &key)) < 0)
-    return rc;
-  if ((rc = gg__hcap_touch(key, "stream_wait")) == 0 && e->recorded)
-    rc = gg__hcap_touch(e->rec_key, "stream_wait");
+  if (rc == 0) rc = gg__hstream_get(stream, "host backend: stream_wait", true, &s, &key);
+  if (rc < 0) return rc;
+  rc = gg__hcap_touch(key, "stream_wait");
+  if (rc == 0 && e->recorded) rc = gg__hcap_touch(e->rec_key, "stream_wait");
   if (rc == 0) rc = gg__hdeps_copy(gg__hdeps_of(s), &e->deps);
   if (rc == 0 && e->stream && atomic_load(&e->stream->completed) < e->ticket) {
     pthread_mutex_lock(&gg__hdeps_lock);

@@ -441,11 +441,15 @@ static gg__gdev_t *gg__gbind(int device, gg_arena_t *main) {
   if (!st) {
     if (!main) return NULL;
     pthread_mutex_lock(&gg__gdevs_lock);
-    if (!(st = atomic_load(&gg__gdevs[device])) && (st = calloc(1, sizeof *st))) {
-      pthread_mutex_init(&st->lock, NULL);
-      st->fork_gen = gg__fork_generation();
-      atomic_store(&st->seen_deaths, atomic_load(&gg__deaths));
-      atomic_store_explicit(&gg__gdevs[device], st, memory_order_release);
+    st = atomic_load(&gg__gdevs[device]);
+    if (!st) {
+      st = calloc(1, sizeof *st);
+      if (st) {
+        pthread_mutex_init(&st->lock, NULL);
+        st->fork_gen = gg__fork_generation();
+        atomic_store(&st->seen_deaths, atomic_load(&gg__deaths));
+        atomic_store_explicit(&gg__gdevs[device], st, memory_order_release);
+      }
     }
     pthread_mutex_unlock(&gg__gdevs_lock);
     if (!st) return NULL; /* out of host memory: the plugin works as without captures */
@@ -502,7 +506,8 @@ static int gg__gmode(gg__gdev_t *st, void *stream, unsigned long long *id) {
 
 static int gg__galloc(gg__gdev_t *st, size_t size, gg__gpool_t *p, gg__gblk_t **out) {
   int rc = 0;
-  if (!st->garena && (rc = gg_arena_create(&st->garena, &st->gopts)) < 0) return rc;
+  if (!st->garena) rc = gg_arena_create(&st->garena, &st->gopts);
+  if (rc < 0) return rc;
   gg__gblk_t *r = calloc(1, sizeof *r);
   if (!r) return gg__err(GG_ENOMEM, "gg_torch_alloc: out of host memory for a graph block record");
   void *ptr = NULL;
@@ -546,8 +551,10 @@ int gg__graph_alloc(int device, gg_arena_t *main, size_t size, void *stream, voi
                  "gg_torch_alloc: device %d: graph memory of the arena registered before is "
                  "still held on another device; captures are refused until it is given back",
                  device);
-  if (rc == 0 && mode == GG__G_CAPTURE && (rc = gg__pool_get(st, id, stream, &p)) == 0)
-    r = gg__pool_take(p, size);
+  if (rc == 0 && mode == GG__G_CAPTURE) {
+    rc = gg__pool_get(st, id, stream, &p);
+    if (rc == 0) r = gg__pool_take(p, size);
+  }
   if (rc == 0 && !r) rc = gg__galloc(st, size, p, &r);
   if (rc == 0) *ptr = (void *)r->ptr;
   pthread_mutex_unlock(&st->lock);
@@ -564,7 +571,8 @@ static int gg__gfree_locked(gg__gdev_t *st, gg_arena_t *main, int mode, unsigned
     return gg__err(GG_EINVAL, "gg_torch_free: %p was freed already (double free of a graph block)",
                    ptr);
   if (!r && (mode == GG__G_NORMAL || !main)) return 0;
-  if (mode == GG__G_CAPTURE && (rc = gg__pool_get(st, id, stream, &p)) < 0) return rc;
+  if (mode == GG__G_CAPTURE) rc = gg__pool_get(st, id, stream, &p);
+  if (rc < 0) return rc;
   if (!r) {
     /* A main-arena block: during a capture the graph uses it, and while a capture forbids stream
      * operations the main arena cannot take it back yet. */
@@ -587,8 +595,9 @@ static int gg__gfree_locked(gg__gdev_t *st, gg_arena_t *main, int mode, unsigned
       if (old) old->nblocks--;
       gg__pool_own(p, r);
       if (old) gg__pool_drop_if_done(st, old);
-    } else if (r->pool != p && (rc = gg__pool_hold(p, r->pool)) < 0) {
-      return rc; /* the block stays live: its pool keeps it */
+    } else if (r->pool != p) {
+      rc = gg__pool_hold(p, r->pool);
+      if (rc < 0) return rc; /* the block stays live: its pool keeps it */
     }
     r->freed = true;
     r->next = r->pool->free;
@@ -700,9 +709,10 @@ int gg_plugin_trim(int device, size_t keep, size_t *released) {
   if (st->dev) gg__gmaintain_locked(st, &(gg__gsweep_t){.any_stream = true});
   if (st->garena) {
     gg_arena_stats_t before, after;
-    if ((rc = gg_arena_stats(st->garena, &before)) == 0 &&
-        (rc = gg_arena_trim(st->garena, keep)) == 0 &&
-        (rc = gg_arena_stats(st->garena, &after)) == 0) {
+    rc = gg_arena_stats(st->garena, &before);
+    if (rc == 0) rc = gg_arena_trim(st->garena, keep);
+    if (rc == 0) rc = gg_arena_stats(st->garena, &after);
+    if (rc == 0) {
       freed = before.bytes_mapped - after.bytes_mapped;
       /* Nothing held: the reservation goes too (the next capture makes a new graph arena). */
       if (keep == 0 && after.n_live == 0) {

@@ -1,9 +1,9 @@
-/* arena_bump.h — the bump log's inline paths, for the files above it that free into the log or cut
- * it (arena_alloc.c, arena_scope.c, arena_sites.c, arena.c). */
-#ifndef GG_ARENA_BUMP_H
-#define GG_ARENA_BUMP_H
+/* arena_bump_internal.h — the bump log's inline paths, for the files above it that free into the
+ * log or cut it (arena_alloc.c, arena_scope.c, arena_sites.c, arena.c). */
+#ifndef GG_ARENA_BUMP_INTERNAL_H
+#define GG_ARENA_BUMP_INTERNAL_H
 
-#include "arena/arena_base.h"
+#include "arena/arena_base_impl.h"
 
 /* The log entry whose memory holds p, or -1. Inline, the last entry first: every free asks, and
  * scoped code and alloc+free pairs free what they allocated last. */

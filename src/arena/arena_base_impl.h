@@ -1,5 +1,5 @@
-/* arena_base.h — what the arena's own files (src/arena*.c) share and nobody else sees: the arena
- * structure and the functions one part of the arena calls in another.
+/* arena_base_impl.h — what the arena's own files (src/arena*.c) share and nobody else sees: the
+ * arena structure and the functions one part of the arena calls in another.
  *
  * Memory of an arena is, at any moment, tiled exactly by five kinds of pieces (arena_check.c proves
  * it): free blocks (the size-class lists of freelist.c, plus the bump block "top"), USED block
@@ -16,15 +16,15 @@
  *   arena_grow.c     growth (mapping chunks, moving free ones), moving top, trim
  *   arena_sites.c    allocation sites (GG_ARENA_BACKTRACE)
  *   arena_cache_stats.c  the caches' walks for stats and the checker (layout: arena_cache_impl.h)
- *   arena_bump.c     the bump log (its inline paths: arena_bump.h)
+ *   arena_bump.c     the bump log (its inline paths: arena_bump_internal.h)
  *   arena_cache.c    per-thread caches: alloc+free pairs without the arena's lock
  *   arena_release.c  released memory: batches, events, stream idle checks, waiting for the stream
  *   arena_base.c     handle checks, the counted lock, quiet steps, figures, USED maps, scope lists
  *   freelist.c       size classes and the boundary maps (freelist_internal.h)
  *
  * Every function here runs with the arena's lock held unless it says otherwise. */
-#ifndef GG_ARENA_BASE_H
-#define GG_ARENA_BASE_H
+#ifndef GG_ARENA_BASE_IMPL_H
+#define GG_ARENA_BASE_IMPL_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -415,8 +415,14 @@ void gg__arena_drop_aliases(gg_arena_t *a);
  * out; false: the arena's own path must do it. */
 bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag, void **ptr);
 bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered);
+/* What each step of the allocation ladder returns (arena_alloc.c, and the cache's refill step):
+ * GG__PLACED when the request is served, GG__NO_ROOM when the next step is to be tried, or a
+ * negative GG_E* code, with which the allocation fails. A step that only maps memory (growth)
+ * places nothing: it returns GG__NO_ROOM, and the free list is tried again. */
+enum { GG__NO_ROOM = 0, GG__PLACED = 1 };
 /* Refills this thread's cache with blocks of `size` carved from free memory as it is and hands one
- * out (1); 0 when the request is not for the cache or nothing fits (the ladder takes over).
+ * out (GG__PLACED); GG__NO_ROOM when the request is not for the cache or nothing fits (the ladder
+ * takes over).
  * Publishes the cache first either way, so the arena's counters are this thread's too. */
 int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t align, const char *tag,
                             uintptr_t *ptr);
