@@ -20,7 +20,7 @@ import sys
 import tempfile
 from typing import Any, List, Optional
 
-from .. import _cachedir, _lib
+from .. import _cachedir, _cxxruntime, _lib
 
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native.cpp")
 _SOURCES = [_SRC, os.path.join(os.path.dirname(_SRC), "_native_ipc.h")]
@@ -82,41 +82,6 @@ def _gpuguard_include() -> Optional[str]:
     return None
 
 
-def _loaded_libstdcxx() -> Optional[str]:
-    """The C++ runtime this process runs on (PyTorch loaded it): the backend must link that very library.
-    A compiler whose libstdc++.so link is missing falls back to libstdc++.a without a word, and the
-    backend then carries a private copy of the runtime with its own, never initialised, locale: on the
-    H200 machine the first `ostream << pointer` in it (an error message) jumped to address 0."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.split(None, 5)[-1].strip()
-                if os.path.basename(path).startswith("libstdc++.so") and os.path.exists(path):
-                    return path
-    except OSError:
-        pass
-    return None
-
-
-def _runtime_of(lib: ctypes.CDLL, symbol: str) -> Optional[str]:
-    """The file that defines `symbol` as `lib` resolves it (dladdr), or None when that cannot be told."""
-    try:
-        libdl = ctypes.CDLL(None)
-        addr = ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value
-    except (AttributeError, OSError):
-        return None
-
-    class _DlInfo(ctypes.Structure):
-        _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p), ("sname", ctypes.c_char_p),
-                    ("saddr", ctypes.c_void_p)]
-
-    info = _DlInfo()
-    libdl.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
-    if not addr or not libdl.dladdr(ctypes.c_void_p(addr), ctypes.byref(info)) or not info.fname:
-        return None
-    return os.path.realpath(info.fname.decode(errors="replace"))
-
-
 MIN_TORCH = (2, 11)
 
 
@@ -158,7 +123,7 @@ def _build(torch: Any) -> str:
     for src in _SOURCES:  # the source and the headers it includes from beside it
         with open(src, "rb") as f:
             h.update(f.read())
-    stdcxx = _loaded_libstdcxx()
+    stdcxx = _cxxruntime.loaded_libstdcxx()
     runtime = [stdcxx] if stdcxx else []  # named first: its symbols win over any static fallback
     h.update(f"{torch.__version__}|{tdir}|{lib}|{abi}|{gg_inc}|{cuda_inc}|{stdcxx}".encode())
     key = h.hexdigest()[:16]
@@ -199,7 +164,7 @@ def load(torch: Any) -> ctypes.CDLL:
     try:
         path = _build(torch)
         lib = ctypes.CDLL(path)
-        own = _runtime_of(lib, "__cxa_throw")
+        own = _cxxruntime.defining_file(lib, "__cxa_throw")
         if own is not None and own == os.path.realpath(path):
             raise NativeUnavailable(
                 f"gpuguard: the PyTorch backend at {path} carries its own copy of the C++ runtime (the compiler "
