@@ -356,6 +356,46 @@ static void test_trim_many_chunks(void **state) {
   assert_int_equal(host_free(), free0);
 }
 
+/* Growth past the peak moves wholly free chunks in an arena that tracks its stream; one made with
+ * GG_ARENA_NO_STREAM (a CUDA graph's pool: its replays use the addresses its capture freed) never
+ * moves. x's hole (1.75 MiB, one whole 1 MiB chunk) is too small for the give-back-first step, so
+ * only a move could reuse its chunk. */
+static void test_moves_only_where_the_stream_is_tracked(void **state) {
+  (void)state;
+  for (int no_stream = 0; no_stream < 2; no_stream++) {
+    gg_arena_options_t o;
+    gg_arena_options_init(&o);
+    o.capacity = 128 * MiB;
+    o.chunk_size = 1 * MiB;
+    o.flags = no_stream ? GG_ARENA_NO_STREAM : 0;
+    o.name = no_stream ? "moves-no-stream" : "moves";
+    gg_arena_t *a = NULL;
+    gg_assert_ok(gg_arena_create(&a, &o));
+    void *x = NULL;
+    void *y = NULL;
+    void *z = NULL;
+    gg_assert_ok(gg_alloc(a, 1792 * 1024, &x));
+    gg_assert_ok(gg_alloc(a, 4096, &y));
+    gg_assert_ok(gg_free(a, x));
+    gg_arena_stats_t s0 = stats(a);
+    gg_assert_ok(gg_alloc(a, 3 * MiB, &z)); /* does not fit x's hole: past the peak */
+    gg_arena_stats_t s1 = stats(a);
+    assert_int_equal(s1.n_unmaps, s0.n_unmaps);
+    if (no_stream) {
+      assert_int_equal(s1.n_moves, 0); /* z's memory is new */
+      assert_true(s1.n_maps > s0.n_maps);
+    } else {
+      assert_true(s1.n_moves >= 1); /* the chunks x's hole covers went under z */
+      assert_true(s1.bytes_mapped < s0.bytes_mapped + 3 * MiB);
+    }
+    gg_assert_ok(gg_free(a, z));
+    gg_assert_ok(gg_free(a, y));
+    gg_assert_ok(gg_arena_trim(a, 0));
+    assert_int_equal(stats(a).bytes_mapped, 0);
+    gg_assert_ok(gg_arena_destroy(a));
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_trim_one_range, setup),
@@ -367,6 +407,7 @@ int main(void) {
       cmocka_unit_test_setup(test_trim_partial_failure, setup),
       cmocka_unit_test_setup(test_destroy_runs, setup),
       cmocka_unit_test_setup(test_trim_many_chunks, setup),
+      cmocka_unit_test_setup(test_moves_only_where_the_stream_is_tracked, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

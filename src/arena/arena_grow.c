@@ -245,15 +245,17 @@ static void gg__move_from_block(gg_arena_t *a, gg__block_t *fb, gg__move_t *mv) 
 /* A growth that would raise peak mapped takes the memory of wholly free chunks first: each is
  * mapped where the growth needs it (no new memory, no host wait), its old range kept as an alias
  * until the work queued before its release is done (gg__arena_drop_aliases). In stream order the
- * work given the new block runs after that work, exactly as for a block reused in place. Chunks
- * come from the largest free blocks first, never from the one the growth extends (it ends at
+ * work given the new block runs after that work, exactly as for a block reused in place. Only an
+ * arena that tracks its stream moves: a GG_ARENA_NO_STREAM arena cannot know when an old range
+ * is no longer used (a CUDA graph's pool: its replays run in the addresses its capture freed).
+ * Chunks come from the largest free blocks first, never from the one the growth extends (it ends at
  * `at`). Traces of GPT-2 and ViT-B/16 training recorded on the H200 (batch and sequence length
  * changing every step) replayed with the stream always busy: peak mapped / peak in use 1.19 and
  * 1.10 with giving free chunks back first (which needs the stream idle) against 1.012 and 1.006;
  * smallest blocks first gave 1.016 and 1.006 for twice the moves on GPT-2 (each costs ~57 us on
  * the H200: cuMemMap 2, cuMemSetAccess 34, the alias's cuMemUnmap 21). */
 static void gg__move_free_chunks(gg_arena_t *a, gg__move_t *mv) {
-  if (!a->contiguous || !a->ops->remap || a->freelist.bytes < a->granularity ||
+  if (!a->contiguous || !a->ops->remap || !a->track || a->freelist.bytes < a->granularity ||
       a->mapped + mv->m <= a->peak_mapped) {
     return;
   }
@@ -330,8 +332,10 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
  * gives it back). The trim never waits (gg__arena_trim_idle_locked); it runs only when a free
  * block, or what the bump log frees once compacted, could hold a whole chunk. */
 bool gg__arena_trim_before_growth(const gg_arena_t *a, size_t n) {
-  /* A backend that remaps moves free chunks to where the growth needs them instead. */
-  if (!a->contiguous || a->ops->remap || a->freelist.bytes < 2 * a->chunk_size) return false;
+  /* A backend that remaps moves free chunks to where the growth needs them instead (arenas that
+   * track their stream: only they know when an old range is no longer used). */
+  if (!a->contiguous || (a->ops->remap && a->track) || a->freelist.bytes < 2 * a->chunk_size)
+    return false;
   size_t grow = (size_t)gg__align_up(n, a->granularity);
   if (grow < a->chunk_size) grow = a->chunk_size;
   if (a->mapped + grow <= a->peak_mapped) return false;

@@ -362,6 +362,12 @@ class Backend final : public cca::CUDAAllocator {
           it = pools_.erase(it);
           continue;
         }
+        /* A pool still in use may belong to a live graph, whose replays run in memory its capture
+         * freed: as in PyTorch's allocator, empty_cache() leaves it whole unless asked by its id. */
+        if (all && p.use_count > 0) {
+          ++it;
+          continue;
+        }
         for (auto &sa : p.arenas) {
           trim.push_back(sa.second);
         }
