@@ -141,19 +141,18 @@ static int gg__map_pieces(gg_arena_t *a, uintptr_t at, size_t size, size_t piece
 
 /* ---- moving free chunks ---------------------------------------------------------------------- */
 
-static int gg__unmap_alias(gg_arena_t *a, void *chunk) { return a->ops->unmap(a->dev, chunk); }
-
-void gg__arena_drop_aliases(gg_arena_t *a) {
-  if (!a->n_alias) {
-    return;
-  }
-  gg__arena_ordered_poll(a);
+/* Unmaps aliases and drops their records: those no queued work may still use, keeping one whose
+ * unmap fails for a later try; or, with `all` (destroy), every one, whatever the unmap says. The
+ * first error is returned. */
+static int gg__drop_aliases_where(gg_arena_t *a, bool all) {
+  int rc = 0;
   size_t w = 0;
   for (size_t r = 0; r < a->n_chunks; r++) {
     gg__chunk_t *c = a->chunks[r];
-    bool gone = c->alias && gg__arena_range_idle(a, c->ptr, c->size) &&
-                gg__arena_quietly(a, gg__unmap_alias, c) == 0;
-    if (gone) {
+    bool go = c->alias && (all || gg__arena_range_idle(a, c->ptr, c->size));
+    int u = go ? a->ops->unmap(a->dev, c) : 0;
+    GG_KEEP_FIRST(rc, u);
+    if (go && (all || u == 0)) {
       free(c);
       a->n_alias--;
     } else {
@@ -161,6 +160,20 @@ void gg__arena_drop_aliases(gg_arena_t *a) {
     }
   }
   a->n_chunks = w;
+  return rc;
+}
+
+static int gg__drop_idle_aliases(gg_arena_t *a, void *unused) {
+  (void)unused;
+  return gg__drop_aliases_where(a, false);
+}
+
+void gg__arena_drop_aliases(gg_arena_t *a) {
+  if (!a->n_alias) {
+    return;
+  }
+  gg__arena_ordered_poll(a);
+  gg__arena_quietly(a, gg__drop_idle_aliases, NULL); /* a failed unmap is tried again later */
 }
 
 /* Where the moves of one growth go: [at, at + m), filled from the bottom; made[] gets the records.
@@ -290,7 +303,11 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
    * mapping that small blocks reuse does not stay pinned whole (and a growth finds whole pieces to
    * reuse). */
   size_t piece = a->contiguous && m > a->chunk_size ? a->chunk_size : m;
-  size_t most = (m + piece - 1) / piece + (a->contiguous ? m / a->granularity : 0);
+  /* Records: the fresh pieces, and at most one per chunk that may move (each at least a granule).
+   */
+  size_t movable = a->n_chunks - a->n_alias;
+  size_t most = (m + piece - 1) / piece;
+  if (a->contiguous) most += m / a->granularity < movable ? m / a->granularity : movable;
   rc = gg__arena_grow_array(&a->chunks, &a->chunks_cap, a->n_chunks + most, sizeof *a->chunks);
   if (rc == 0) rc = gg__freelist_reserve(&a->freelist, 2);
   if (rc < 0) return rc;
@@ -478,19 +495,7 @@ int gg__arena_trim_idle_locked(gg_arena_t *a) {
 /* Destroy and teardown: every chunk, in runs of adjacent chunks; a run that fails is finished chunk
  * by chunk, so one failure does not keep the rest mapped. The first error is returned. */
 int gg__arena_unmap_all(gg_arena_t *a) {
-  int rc = 0;
-  size_t w = 0;
-  for (size_t r = 0; r < a->n_chunks; r++) { /* aliases first: runs never hold one */
-    gg__chunk_t *c = a->chunks[r];
-    if (c->alias) {
-      GG_KEEP_FIRST(rc, a->ops->unmap(a->dev, c));
-      free(c);
-    } else {
-      a->chunks[w++] = c;
-    }
-  }
-  a->n_chunks = w;
-  a->n_alias = 0;
+  int rc = a->n_alias ? gg__drop_aliases_where(a, true) : 0; /* first: runs never hold one */
   for (size_t i = 0, j; i < a->n_chunks; i = j) {
     for (j = i + 1; a->contiguous && j < a->n_chunks; j++)
       if (a->chunks[j - 1]->ptr + a->chunks[j - 1]->size != a->chunks[j]->ptr) break;
