@@ -3,7 +3,8 @@
  * (gg_torch_alloc / gg_torch_free on the arena's stream), once per chunk size, and prints a table:
  * peak mapped / peak in use, what trim leaves mapped, waits, and the time per call.
  *
- *   bench_replay [--catch-up N|step] [--no-steady-waits] [--max-ratio R] TRACE[.gz] [CHUNK ...]
+ *   bench_replay [--catch-up N|step] [--no-steady-waits] [--max-ratio R] [--max-moves N]
+ *                TRACE[.gz] [CHUNK ...]
  *                CHUNK: sizes such as 2M 64M (default: 2M 8M 64M)
  *
  * On the host backend set GPUGUARD_HOST_CAPACITY above the trace's peak, GPUGUARD_HOST_POPULATE=0
@@ -16,7 +17,8 @@
  * second arena of the same device, not counted in the replayed arena's waits. --no-steady-waits
  * fails the run (exit 1) when the arena waited for its stream in the second half of the events;
  * --max-ratio fails it when peak mapped / peak in use exceeds R (a memory figure, deterministic for
- * a trace: never a time). */
+ * a trace: never a time); --max-moves fails it when more than N chunks moved in the second half
+ * (each move is driver calls on the allocating thread). */
 #define _POSIX_C_SOURCE 200809L
 #include <gpuguard/gpuguard.h>
 #include <gpuguard/plugin.h>
@@ -168,6 +170,7 @@ int main(int argc, char **argv) {
   long every = 0;         /* --catch-up: events between catch-ups; -1: at `# step` lines */
   bool no_steady = false; /* --no-steady-waits: fail when the second half waited for the stream */
   double max_ratio = 0;   /* --max-ratio: fail above this peak mapped / peak in use (0: never) */
+  long max_moves = -1;    /* --max-moves: fail above this many moves in the second half */
   for (;;) {
     if (argc > argi + 1 && strcmp(argv[argi], "--catch-up") == 0) {
       char *end = NULL;
@@ -187,6 +190,14 @@ int main(int argc, char **argv) {
         return 2;
       }
       argi += 2;
+    } else if (argc > argi + 1 && strcmp(argv[argi], "--max-moves") == 0) {
+      char *end = NULL;
+      max_moves = strtol(argv[argi + 1], &end, 10);
+      if (max_moves < 0 || end == argv[argi + 1] || *end) {
+        fprintf(stderr, "bench_replay: --max-moves takes a count >= 0, not '%s'\n", argv[argi + 1]);
+        return 2;
+      }
+      argi += 2;
     } else if (argc > argi && strcmp(argv[argi], "--no-steady-waits") == 0) {
       no_steady = true;
       argi++;
@@ -195,9 +206,8 @@ int main(int argc, char **argv) {
     }
   }
   if (argc <= argi) {
-    fprintf(stderr, "usage: bench_replay [--catch-up N|step] [--no-steady-waits] TRACE[.gz] [CHUNK "
-                    "...]   (CHUNK "
-                    "like 2M, 64M)\n");
+    fprintf(stderr, "usage: bench_replay [--catch-up N|step] [--no-steady-waits] [--max-ratio R] "
+                    "[--max-moves N] TRACE[.gz] [CHUNK ...]   (CHUNK like 2M, 64M)\n");
     return 2;
   }
   const char *path = argv[argi++];
@@ -287,6 +297,11 @@ int main(int argc, char **argv) {
     if (max_ratio > 0 && ratio > max_ratio) {
       fprintf(stderr, "bench_replay: chunk %s: peak mapped / peak in use %.4f is above %.4f\n", arg,
               ratio, max_ratio);
+      rc = -1;
+    }
+    if (max_moves >= 0 && moves > (unsigned long long)max_moves) {
+      fprintf(stderr, "bench_replay: chunk %s: %llu chunk moves in the second half, above %ld\n",
+              arg, moves, max_moves);
       rc = -1;
     }
     gg_arena_trim(a, 0);

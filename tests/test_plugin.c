@@ -52,6 +52,30 @@ static void test_register_alloc_free_destroy(void **state) {
   gg_assert_fails(gg_plugin_stats(0, NULL), GG_EINVAL, "NULL");
 }
 
+/* A plugin arena keeps the hole a large block leaves: top (the bump block) stays out of it and best
+ * fit serves what comes next, where a plain arena moves top into it. */
+static void test_plugin_arena_keeps_large_holes(void **state) {
+  (void)state;
+  size_t top[2];
+  for (int plug = 0; plug < 2; plug++) {
+    gg_arena_t *a = make_arena(1u << 30);
+    if (plug) gg_assert_ok(gg_plugin_set_arena(4, a));
+    void *big = NULL, *small[8], *next = NULL;
+    gg_assert_ok(gg_alloc(a, 200u << 20, &big));
+    for (int i = 0; i < 8; i++) gg_assert_ok(gg_alloc(a, 1u << 20, &small[i]));
+    gg_assert_ok(gg_free(a, big));
+    gg_assert_ok(gg_alloc(a, 4u << 20, &next)); /* makes the release reusable, then places */
+    gg__arena_probe_t p;
+    gg_assert_ok(gg__arena_probe(a, &p));
+    top[plug] = p.top_bytes;
+    if (plug) assert_true(p.free_blocks >= 1); /* the hole stays listed for best fit */
+    gg_assert_ok(gg__arena_check(a));
+    gg_assert_ok(gg_arena_destroy(a)); /* also unregisters the plugin arena */
+  }
+  assert_true(top[0] >= 190u << 20); /* a plain arena bumps on in the hole */
+  assert_int_equal(top[1], 0);
+}
+
 static gg_arena_t *make_arena_on(size_t capacity, size_t chunk, void *stream) {
   gg_arena_options_t o;
   gg_arena_options_init(&o);
@@ -548,6 +572,7 @@ int main(void) {
       cmocka_unit_test(test_allocations_race_registration_and_destroy),
       cmocka_unit_test(test_cuda_special_and_foreign_streams),
       cmocka_unit_test(test_counters_of_many_threads_are_exact),
+      cmocka_unit_test(test_plugin_arena_keeps_large_holes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

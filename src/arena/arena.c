@@ -457,6 +457,14 @@ int gg_arena_reset_peak(gg_arena_t *a) {
   return 0;
 }
 
+int gg__arena_keep_holes(gg_arena_t *a) {
+  int rc = gg__arena_enter(a, "gg__arena_keep_holes");
+  if (rc < 0) return rc;
+  a->keep_holes = true;
+  gg__arena_leave(a);
+  return 0;
+}
+
 int gg__arena_options_of(gg_arena_t *a, gg_arena_options_t *out) {
   int rc = gg__arena_enter(a, "gg__arena_options_of");
   if (rc < 0) return rc;

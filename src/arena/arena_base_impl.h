@@ -102,6 +102,10 @@ typedef struct gg__batch {
   bool deferred; /* open batch: the usual rule would have closed it; kept open as pairs only */
 } gg__batch_t;
 
+/* An arena that keeps its holes keeps top out of free blocks larger than this share of what is
+ * mapped (1/100: gg__arena_promote). */
+#define GG__HOLE_SHARE 100
+
 struct gg_arena {
   _Atomic unsigned magic; /* read without the lock: the guard may tear the arena down meanwhile */
   atomic_uint calls; /* calls between gg__arena_enter and gg__arena_leave: destroy waits for them */
@@ -114,6 +118,7 @@ struct gg_arena {
   size_t capacity, chunk_size, granularity;
   size_t limit; /* mapped bytes a growth may reach (gg_arena_set_limit); the capacity by default */
   bool contiguous, track;
+  bool keep_holes; /* serves a framework's caching allocator: gg__arena_keep_holes() */
   void *stream;
   unsigned flags;
   char name[64];

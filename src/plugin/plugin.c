@@ -171,6 +171,11 @@ int gg_plugin_set_arena(int device, gg_arena_t *arena) {
     rc = gg_arena_stats(arena, &probe);
     if (rc < 0) return rc;
   }
+  /* A framework's tensors come back in the sizes they left: keep the holes they leave for them. */
+  if (arena) {
+    rc = gg__arena_keep_holes(arena);
+    if (rc < 0) return rc;
+  }
   pthread_once(&gg__plug_once, gg__plug_install);
   gg__pt_publish(&gg__plug[device], arena);
   return 0;
