@@ -169,7 +169,7 @@ int gg_host_stream_capture_begin(void *stream) {
     return gg__err(
         GG_EINVAL,
         "gg_host_stream_capture_begin: the legacy default stream (%p) cannot be captured", stream);
-  gg__hstream_t *s;
+  gg__hstream_t *s = NULL;
   int rc = gg__hstream_get(stream, "gg_host_stream_capture_begin", false, &s, NULL);
   if (rc < 0) return rc;
   gg__hcapture_t *c = calloc(1, sizeof *c);
@@ -230,7 +230,7 @@ int gg__h_stream_capture(gg__dev_t *d, void *stream, unsigned long long *capture
   (void)d;
   *capture_id = 0;
   int rc = gg__op(GG__OP_stream_capture);
-  gg__hstream_t *s;
+  gg__hstream_t *s = NULL;
   if (rc == 0) rc = gg__hstream_get(stream, "host backend: stream_capture", false, &s, NULL);
   if (rc < 0) return rc;
   if (stream == GG__HSTREAM_LEGACY) stream = NULL;
@@ -391,14 +391,14 @@ static int gg__hstream_own(void *stream, const char *op, gg__hstream_t **s) {
 }
 
 int gg_host_stream_hold(void *stream) {
-  gg__hstream_t *s;
+  gg__hstream_t *s = NULL;
   int rc = gg__hstream_own(stream, "gg_host_stream_hold", &s);
   if (rc == 0) atomic_store(&s->held, true);
   return rc;
 }
 
 int gg_host_stream_release(void *stream) {
-  gg__hstream_t *s;
+  gg__hstream_t *s = NULL;
   int rc = gg__hstream_own(stream, "gg_host_stream_release", &s);
   if (rc < 0) return rc;
   atomic_store(&s->held, false);
@@ -433,8 +433,8 @@ int gg__h_event_create(gg__dev_t *d, void **ev) {
 int gg__h_event_record(gg__dev_t *d, void *ev, void *stream) {
   (void)d;
   int rc = gg__op(GG__OP_event_record);
-  gg__hstream_t *s;
-  const void *key;
+  gg__hstream_t *s = NULL;
+  const void *key = NULL;
   if (rc == 0) rc = gg__hstream_get(stream, "host backend: event_record", true, &s, &key);
   if (rc < 0) return rc;
   rc = gg__hcap_touch(key, "event_record");
@@ -505,8 +505,8 @@ int gg__h_event_destroy(gg__dev_t *d, void *ev) {
 int gg__h_stream_sync(gg__dev_t *d, void *stream) {
   (void)d;
   int rc = gg__op(GG__OP_stream_sync);
-  gg__hstream_t *s;
-  const void *key;
+  gg__hstream_t *s = NULL;
+  const void *key = NULL;
   if (rc == 0) rc = gg__hstream_get(stream, "host backend: stream_sync", false, &s, &key);
   if (rc == 0) rc = gg__hcap_touch(key, "stream_sync");
   if (rc < 0) return rc;
@@ -556,8 +556,8 @@ int gg__h_ctx_sync(gg__dev_t *d, int timeout_ms) {
 int gg__h_stream_query(gg__dev_t *d, void *stream) {
   (void)d;
   int rc = gg__op(GG__OP_stream_query);
-  gg__hstream_t *s;
-  const void *key;
+  gg__hstream_t *s = NULL;
+  const void *key = NULL;
   if (rc == 0) rc = gg__hstream_get(stream, "host backend: stream_query", false, &s, &key);
   if (rc == 0) rc = gg__hcap_touch(key, "stream_query");
   if (rc < 0) return rc;
@@ -572,8 +572,8 @@ int gg__h_stream_query(gg__dev_t *d, void *stream) {
 int gg__h_stream_wait(gg__dev_t *d, void *stream, void *ev) {
   (void)d;
   int rc = gg__op(GG__OP_stream_wait);
-  gg__hstream_t *s;
-  const void *key;
+  gg__hstream_t *s = NULL;
+  const void *key = NULL;
   gg__hevent_t *e = ev;
   if (rc == 0) rc = gg__hstream_get(stream, "host backend: stream_wait", true, &s, &key);
   if (rc < 0) return rc;
@@ -591,7 +591,7 @@ int gg__h_stream_wait(gg__dev_t *d, void *stream, void *ev) {
 
 int gg__h_stream_check(gg__dev_t *d, void *stream, const char *op) {
   (void)d;
-  gg__hstream_t *s;
+  gg__hstream_t *s = NULL;
   return gg__hstream_get(stream, op, false, &s, NULL);
 }
 
