@@ -1,5 +1,6 @@
 """The binding's own behaviour: loading, errors carrying the library's message, devices, processes."""
 import os
+import signal
 import subprocess
 import sys
 
@@ -69,7 +70,10 @@ def test_processes_from_a_stand_in_nvml(monkeypatch):
     fake = os.environ.get("GPUGUARD_FAKE_NVML")
     if not fake:
         pytest.skip("GPUGUARD_FAKE_NVML (the test build's libfake_nvml.so) is not set")
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    # SIGHUP back to its default: a suite run under nohup would hand the child "ignores SIGHUP", which
+    # rightly classes it as detached.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         monkeypatch.setenv("GPUGUARD_NVML_LIBRARY", fake)
         monkeypatch.setenv("FAKE_NVML_PROCS", f"{os.getpid()}:4096,{child.pid}:na")
