@@ -457,8 +457,8 @@ int gg_arena_reset_peak(gg_arena_t *a) {
   return 0;
 }
 
-int gg__arena_keep_holes(gg_arena_t *a) {
-  int rc = gg__arena_enter(a, "gg__arena_keep_holes");
+int gg__arena_keep_holes(gg_arena_t *a, const char *op) {
+  int rc = gg__arena_enter(a, op);
   if (rc < 0) return rc;
   a->keep_holes = true;
   gg__arena_leave(a);

@@ -11,27 +11,28 @@
 /* ---- top ------------------------------------------------------------------------------------- */
 
 /* Whether top stays out of the free block b, on an arena that keeps its holes: then top is listed
- * too, and best fit serves every request, so a small one takes such a hole only when nothing
- * smaller fits. A training step frees large tensors (logits, their gradients) and asks for them
- * again, of the same size, a step later; with the hole as top the next step's small blocks were
- * carved from it first, and the large request, short of room, grew by moving free chunks there.
- * Replayed traces recorded on the H200, 8 MiB chunks, stream always busy: Hugging Face GPT-2 moved
- * 633 chunks in the second half of 30 steps (~42 a step, ~57 us each), with this 0, peak mapped /
- * peak in use 1.0117 -> 1.0091; timm ViT-B/16 93 -> 58 moves, 1.0058 -> 1.0058; a GPT-like
+ * too (gg__arena_promote), and best fit serves every request, so a small one takes such a hole only
+ * when nothing smaller fits. A training step frees large tensors (logits, their gradients) and asks
+ * for them again, of the same size, a step later; with the hole as top the next step's small blocks
+ * were carved from it first, and the large request, short of room, grew by moving free chunks
+ * there. Replayed traces recorded on the H200, 8 MiB chunks, stream always busy: Hugging Face GPT-2
+ * moved 633 chunks in the second half of 30 steps (~42 a step, ~57 us each), with this 0, peak
+ * mapped / peak in use 1.0117 -> 1.0091; timm ViT-B/16 93 -> 58 moves, 1.0058 -> 1.0058; a GPT-like
  * cross-entropy model 98 -> 5, 1.0014 -> 1.0022. The share is the middle of a range, 1/90 to
  * 1/128, over which GPT-2 stayed at 0 moves (1/64 and 1/80: 331; 1/16 to 1/48: 6 and 1.0106). */
-static bool gg__hole_kept(gg_arena_t *a, const gg__block_t *b) {
-  if (!a->keep_holes || b->size <= a->mapped / GG__HOLE_SHARE) return false;
-  if (a->freelist.top && gg__freelist_reserve(&a->freelist, 1) == 0)
-    gg__freelist_drop_top(&a->freelist);
-  return true;
+static bool gg__hole_kept(const gg_arena_t *a, const gg__block_t *b) {
+  return a->keep_holes && b->size > a->mapped / GG__HOLE_SHARE;
 }
 
 /* Bump allocation (and O(1) scope ends) continue in the largest free block. The log is flushed
  * first when top moves below it. */
 void gg__arena_promote(gg_arena_t *a) {
   gg__block_t *b = gg__freelist_largest(&a->freelist), *t = a->freelist.top;
-  if (!b || (t && t->size >= b->size) || gg__hole_kept(a, b)) return;
+  if (!b || (t && t->size >= b->size)) return;
+  if (gg__hole_kept(a, b)) {
+    if (t && gg__freelist_reserve(&a->freelist, 1) == 0) gg__freelist_drop_top(&a->freelist);
+    return;
+  }
   if (a->bump_count && b->addr < gg__bump_entry_end(&a->bump[a->bump_count - 1])) {
     if (gg__bump_flush(a) < 0) return; /* keeps the old top: only speed is lost */
     b = gg__freelist_largest(&a->freelist);

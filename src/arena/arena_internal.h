@@ -57,8 +57,9 @@ int gg__arena_join_stream(gg_arena_t *arena, void *stream);
 /* Marks an arena that serves a framework's caching allocator (the plugin's arenas): the bump block
  * then never moves into a free block larger than 1/GG__HOLE_SHARE of what is mapped, where a large
  * tensor of the last step was and its like will be again (gg__arena_promote). Scopes on such an
- * arena still work; their ends are then no longer O(1). 0, or the error of a handle not live. */
-int gg__arena_keep_holes(gg_arena_t *arena);
+ * arena still work; their ends are then no longer O(1). 0, or the error of a handle not live, named
+ * after `op` (the public call that asked). */
+int gg__arena_keep_holes(gg_arena_t *arena, const char *op);
 
 /* Sets the one function gg_arena_destroy() calls before it tears an arena down, without the arena's
  * lock (so the function may wait for its own users of the arena); NULL for none. The layer above

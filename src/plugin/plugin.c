@@ -165,15 +165,10 @@ GG__FORK_REGISTER(GG__FORK_PLUGIN, gg__plugin_fork_prepare, gg__plugin_fork_pare
 int gg_plugin_set_arena(int device, gg_arena_t *arena) {
   int rc = gg__plug_device(device, "gg_plugin_set_arena");
   if (rc < 0) return rc;
+  /* A framework's tensors come back in the sizes they left: keep the holes they leave for them.
+   * Marking the arena validates the handle too: live, not torn down, not inherited through fork. */
   if (arena) {
-    gg_arena_stats_t
-        probe; /* validates the handle: live, not torn down, not inherited through fork */
-    rc = gg_arena_stats(arena, &probe);
-    if (rc < 0) return rc;
-  }
-  /* A framework's tensors come back in the sizes they left: keep the holes they leave for them. */
-  if (arena) {
-    rc = gg__arena_keep_holes(arena);
+    rc = gg__arena_keep_holes(arena, "gg_plugin_set_arena");
     if (rc < 0) return rc;
   }
   pthread_once(&gg__plug_once, gg__plug_install);
