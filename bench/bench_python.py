@@ -587,11 +587,37 @@ def w_device_calls(torch, arena) -> int:
     return int(st["num_device_alloc"] + st.get("num_device_free", 0))
 
 
+def w_cpus(spec: str) -> list:
+    """The CPUs every run of (w) is pinned to: ``auto`` (the last four this process may use), ``none``
+    (no pinning: []) or a comma-separated list. These models are launch-bound (a ResNet-50 step is ~10 ms
+    of kernels and ~25 ms of host work), so where the scheduler puts a run moves its step time by tens of
+    percent from one process to the next; the same CPUs for every run take the scheduler's part of that
+    out of the comparison (on the H200's VM they did not narrow the spread: what is left is the VM's)."""
+    if spec == "none":
+        return []
+    have = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if spec == "auto":
+        return have[-4:] if len(have) >= 8 else []
+    try:
+        cpus = sorted({int(c) for c in spec.split(",") if c.strip()})
+    except ValueError:
+        raise SystemExit(f"bench_python: --cpus {spec!r}: not auto, none or a list of CPU numbers")
+    bad = [c for c in cpus if c not in have]
+    if not cpus or bad:
+        raise SystemExit(f"bench_python: --cpus {spec!r}: CPUs {bad or spec} are not this process's "
+                         f"(it may use {','.join(map(str, have))})")
+    return cpus
+
+
 def child_w(spec: str, args: argparse.Namespace) -> dict:
     """One run: `w:WORKLOAD:ALLOCATOR`. Prints one JSON line."""
     import gc
     import statistics
     _, workload, alloc = spec.split(":")
+    cpus = os.environ.get("GG_BENCH_W_CPUS", "")
+    if cpus:  # before torch starts its threads: they inherit the mask
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+        os.environ["OMP_NUM_THREADS"] = str(len(cpus.split(",")))  # no more CPU threads than CPUs
     arena = w_gpuguard_setup() if alloc == "gpuguard" else None
     import torch
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -662,6 +688,7 @@ def child_w(spec: str, args: argparse.Namespace) -> dict:
 
 def w_run(workload: str, alloc: str, env: dict, args: argparse.Namespace, trace: str) -> dict:
     env = {**os.environ, "GPUGUARD_BACKEND": "cuda", "GPUGUARD_TORCH": "0", **env}  # PyTorch's own unless asked
+    env["GG_BENCH_W_CPUS"] = ",".join(map(str, args.cpu_list))
     if trace:
         env["GPUGUARD_PLUGIN_TRACE"] = trace
     cmd = [sys.executable, os.path.abspath(__file__), "--child", f"w:{workload}:{alloc}", "--steps",
@@ -748,8 +775,8 @@ def part_w(args: argparse.Namespace) -> int:
     allocs = [(label, mode, w_gpuguard_env(native) if mode == "gpuguard" else env)
               for label, mode, env in W_ALLOCATORS if mode in want]
     print(f"\n(w) workloads {', '.join(run)}: {args.steps} steps, {args.rounds} alternating rounds, one process "
-          f"per run; gpuguard through {'the native backend (GPUGUARD_TORCH=1)' if native else 'use_arena'}",
-          flush=True)
+          f"per run; gpuguard through {'the native backend (GPUGUARD_TORCH=1)' if native else 'use_arena'}; "
+          f"runs pinned to CPUs {','.join(map(str, args.cpu_list)) or '(none: not pinned)'}", flush=True)
     if args.trace:
         os.makedirs(args.trace, exist_ok=True)
     res: dict = {}
@@ -841,8 +868,12 @@ def main() -> int:
     ap.add_argument("--gpuguard", choices=("auto", "native", "arena"), default="auto",
                     help="(w): gpuguard's form: the native backend (GPUGUARD_TORCH=1), use_arena, or auto "
                          "(native when gpuguard.torch.native_available(), else use_arena)")
+    ap.add_argument("--cpus", default="none",
+                    help="(w): CPUs every run is pinned to: none (the default), auto (the last four, where "
+                         "there are 8 or more) or a comma-separated list")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.cpu_list = w_cpus(args.cpus) if "w" in args.parts.split(",") or (args.child or "").startswith("w:") else []
     if args.child and args.child.startswith("w:"):
         print(json.dumps(child_w(args.child, args)))
         return 0
