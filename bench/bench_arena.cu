@@ -616,8 +616,8 @@ static size_t driver_free(void) {
 }
 
 /* Trim at the default chunk size (8 MiB): blocks of 64 MiB (each mapped as 8 pieces) and of 2 MiB
- * (4 to a chunk), all freed, then one trim to 0; and with chunks that follow the request: 1 GiB
- * blocks (128 MiB on the host backend), each one chunk of its size. Time per GiB, and the driver's
+ * (4 to a chunk), all freed, then one trim to 0; and with chunks the size of the request: 1 GiB
+ * blocks (128 MiB on the host backend) in an arena whose chunk_size is that, each block one chunk. Time per GiB, and the driver's
  * free memory before the allocations against after the trim, to the byte (0 means everything came
  * back). */
 static void bench_trim(void) {
@@ -648,8 +648,14 @@ static void bench_trim(void) {
     GG(gg_arena_trim(a, 0));
     double t = (now_ns() - t0) / 1e6;
     size_t f2 = driver_free();
-    printf("| %zu MiB | %s | %llu | %zu | %zu | %zu | %lld | %.2f | %.3f |\n", blocks[b] / MiB,
-           chunks[b] ? "the request's" : "8 MiB (default)", s.n_chunks, f0, f1, f2,
+    char chunk[64];
+    if (chunks[b]) {
+      snprintf(chunk, sizeof chunk, "%zu MiB (chunk_size = the block's size)", chunks[b] / MiB);
+    } else {
+      snprintf(chunk, sizeof chunk, "8 MiB (default)");
+    }
+    printf("| %zu MiB | %s | %llu | %zu | %zu | %zu | %lld | %.2f | %.3f |\n", blocks[b] / MiB, chunk,
+           s.n_chunks, f0, f1, f2,
            (long long)f2 - (long long)f0, t, t / ((double)s.bytes_mapped / GiB));
     free(p);
     GG(gg_arena_destroy(a));
