@@ -617,9 +617,9 @@ static size_t driver_free(void) {
 
 /* Trim at the default chunk size (8 MiB): blocks of 64 MiB (each mapped as 8 pieces) and of 2 MiB
  * (4 to a chunk), all freed, then one trim to 0; and with chunks the size of the request: 1 GiB
- * blocks (128 MiB on the host backend) in an arena whose chunk_size is that, each block one chunk. Time per GiB, and the driver's
- * free memory before the allocations against after the trim, to the byte (0 means everything came
- * back). */
+ * blocks (128 MiB on the host backend) in an arena whose chunk_size is that, each block one chunk.
+ * Time per GiB, and the driver's free memory before the allocations against after the trim, to the
+ * byte (0 means everything came back). */
 static void bench_trim(void) {
   size_t total = gpu ? 16 * GiB : 512 * MiB;
   printf("\n## trim: giving %zu MiB back to the driver\n\n", total / MiB);
@@ -654,9 +654,9 @@ static void bench_trim(void) {
     } else {
       snprintf(chunk, sizeof chunk, "8 MiB (default)");
     }
-    printf("| %zu MiB | %s | %llu | %zu | %zu | %zu | %lld | %.2f | %.3f |\n", blocks[b] / MiB, chunk,
-           s.n_chunks, f0, f1, f2,
-           (long long)f2 - (long long)f0, t, t / ((double)s.bytes_mapped / GiB));
+    printf("| %zu MiB | %s | %llu | %zu | %zu | %zu | %lld | %.2f | %.3f |\n", blocks[b] / MiB,
+           chunk, s.n_chunks, f0, f1, f2, (long long)f2 - (long long)f0, t,
+           t / ((double)s.bytes_mapped / GiB));
     free(p);
     GG(gg_arena_destroy(a));
   }
