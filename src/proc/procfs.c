@@ -33,20 +33,24 @@ static void gg__proc_path(char *buf, size_t cap, pid_t pid, const char *leaf) {
   buf[at] = '\0';
 }
 
-/* Reads a whole small file into buf (NUL-terminated); returns the length or -errno. */
+/* Reads a whole small file into buf (NUL-terminated); returns the length or -errno. A process that
+ * is reaped between the open and the read makes the read fail with ESRCH: that is -ESRCH (gone),
+ * not an empty file. */
 static ssize_t gg__read_small(const char *path, char *buf, size_t cap) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -errno;
   size_t len = 0;
+  int err = 0;
   while (len + 1 < cap) {
     ssize_t r = read(fd, buf + len, cap - 1 - len);
     if (r < 0 && errno == EINTR) continue;
+    if (r < 0) err = errno;
     if (r <= 0) break;
     len += (size_t)r;
   }
   close(fd);
   buf[len] = '\0';
-  return (ssize_t)len;
+  return err ? -err : (ssize_t)len;
 }
 
 /* Parses one signed decimal at *p, moving past it and the following spaces. */

@@ -24,7 +24,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between it and the read
         return False
 
 
@@ -162,7 +162,7 @@ def test_spawn_in_a_pid_namespace_dies_with_its_keeper(tmp_path):
         try:
             with open("/proc/%d/stat" % pid) as f:
                 return f.read().split(")")[1].split()[0] == "Z"
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # the read of a reaped process's file: ESRCH
             return True
 
     for _ in range(500):

@@ -37,7 +37,7 @@ def _state(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
             return next(line.split()[1] for line in f if line.startswith("State:"))
-    except (FileNotFoundError, StopIteration):
+    except (FileNotFoundError, ProcessLookupError, StopIteration):  # ESRCH: reaped after the open
         return "gone"
 
 
