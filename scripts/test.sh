@@ -122,7 +122,9 @@ rm -rf "$wheel_tmp"
 step "7/8 API reference with Doxygen (warnings are errors)"
 # The guides are read on the web as Markdown too, where Doxygen's @ref shows raw.
 if grep -n "@ref\b" docs/*.md README.md bindings/python/README.md; then echo "FAILED: @ref in Markdown docs"; exit 1; fi
-configure_build build/ci-docs -DGPUGUARD_BUILD_DOCS=ON -DGPUGUARD_BUILD_TESTS=OFF -DGPUGUARD_BUILD_EXAMPLES=OFF -DGPUGUARD_BUILD_BENCH=OFF
+# A Debug build (-O0) of the library beside the reference: GCC warns differently without optimisation
+# (format truncation), and a user's Debug build must pass -Werror too.
+configure_build build/ci-docs -DGPUGUARD_BUILD_DOCS=ON -DGPUGUARD_BUILD_TESTS=OFF -DGPUGUARD_BUILD_EXAMPLES=OFF -DGPUGUARD_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug
 echo "    docs: build/ci-docs/docs/html/index.html"
 
 step "8/8 static check (cppcheck)"

@@ -12,6 +12,15 @@
 #include "proc/procfs_internal.h"
 #include "query/classify_internal.h"
 
+/* Writes the evidence into a fixed-size field, cut to fit: the cut is intended, so it goes through
+ * vsnprintf (an snprintf whose result is unused warns under -Wformat-truncation at -O0). */
+static void GG__PRINTF(3, 4) gg__why_set(char *why, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, cap, fmt, ap);
+  va_end(ap);
+}
+
 static void GG__PRINTF(3, 4) gg__why_add(char *why, size_t cap, const char *fmt, ...) {
   size_t len = strlen(why);
   if (len + 3 >= cap) return;
@@ -267,13 +276,13 @@ gg_process_class_t gg__classify_unsessioned(gg_process_t *row) {
   if (!gone && is_worker == 2 && !gg__is_python(st.ppid)) {
     char comm[64] = "?";
     gg__proc_comm(st.ppid, comm, sizeof comm);
-    snprintf(parent, sizeof parent, "its launcher is gone (now under %d, %s, not Python)",
-             (int)st.ppid, comm);
+    gg__why_set(parent, sizeof parent, "its launcher is gone (now under %d, %s, not Python)",
+                (int)st.ppid, comm);
     gone = true;
   }
   row->why[0] = '\0';
   if (gone && is_worker) {
-    snprintf(row->why, sizeof row->why, "%s; %s", worker, parent);
+    gg__why_set(row->why, sizeof row->why, "%s; %s", worker, parent);
     return GG_PROCESS_STRANDED;
   }
   /* With its parent alive nothing is stranded; a terminal multiplexer still says it was kept on
@@ -281,12 +290,12 @@ gg_process_class_t gg__classify_unsessioned(gg_process_t *row) {
   bool det = gone ? gg__detached_evidence(row, &st, detached, sizeof detached)
                   : gg__kept_on_purpose(row->pid, st.ppid, detached, sizeof detached);
   if (det || gone) {
-    snprintf(row->why, sizeof row->why, "%s%s%s%s%s%s", worker, worker[0] ? "; " : "", detached,
-             det && gone ? "; " : "", parent,
-             det ? "" : ", and no sign of a worker: left running on purpose");
+    gg__why_set(row->why, sizeof row->why, "%s%s%s%s%s%s", worker, worker[0] ? "; " : "", detached,
+                det && gone ? "; " : "", parent,
+                det ? "" : ", and no sign of a worker: left running on purpose");
     return GG_PROCESS_DETACHED;
   }
-  snprintf(row->why, sizeof row->why, "its parent %d is alive%s%s", (int)st.ppid,
-           worker[0] ? "; " : "", worker);
+  gg__why_set(row->why, sizeof row->why, "its parent %d is alive%s%s", (int)st.ppid,
+              worker[0] ? "; " : "", worker);
   return GG_PROCESS_UNKNOWN;
 }
