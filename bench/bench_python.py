@@ -614,10 +614,10 @@ def child_w(spec: str, args: argparse.Namespace) -> dict:
     import gc
     import statistics
     _, workload, alloc = spec.split(":")
-    cpus = os.environ.get("GG_BENCH_W_CPUS", "")
+    cpus = {int(c) for c in os.environ.get("GG_BENCH_W_CPUS", "").split(",") if c}
     if cpus:  # before torch starts its threads: they inherit the mask
-        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
-        os.environ["OMP_NUM_THREADS"] = str(len(cpus.split(",")))  # no more CPU threads than CPUs
+        os.sched_setaffinity(0, cpus)
+        os.environ["OMP_NUM_THREADS"] = str(len(cpus))  # no more CPU threads than CPUs
     arena = w_gpuguard_setup() if alloc == "gpuguard" else None
     import torch
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -891,7 +891,7 @@ def main() -> int:
                          "there are 8 or more) or a comma-separated list")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    args.cpu_list = w_cpus(args.cpus) if "w" in args.parts.split(",") or (args.child or "").startswith("w:") else []
+    args.cpu_list = w_cpus(args.cpus) if not args.child and "w" in args.parts.split(",") else []
     if args.child and args.child.startswith("w:"):
         print(json.dumps(child_w(args.child, args)))
         return 0
