@@ -118,7 +118,7 @@ def have_cuda_torch() -> str:
 
 
 def child(mode: str, args: argparse.Namespace, env_extra: dict) -> dict:
-    env = dict(os.environ, GPUGUARD_BACKEND="cuda", **env_extra)
+    env = {**os.environ, "GPUGUARD_BACKEND": "cuda", "GPUGUARD_TORCH": "0", **env_extra}  # PyTorch's unless asked
     cmd = [sys.executable, os.path.abspath(__file__), "--child", mode] + (["--quick"] if args.quick else [])
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
@@ -147,7 +147,30 @@ def _empty_loop(torch, sizes, n: int) -> dict:
             torch.cuda.synchronize()
             best = min(best, (time.perf_counter() - t0) / k)
         out[str(size)] = best * 1e6
+    out["mix"] = _mix_loop(torch, n)
     return out
+
+
+def _mix_loop(torch, n: int) -> float:
+    """us per allocation and free with 256 tensors live, a random one replaced each time by one of a
+    log-uniform size, 512 B..32 MiB (the same sizes in every process): where a training step's host time
+    goes, unlike a pair that reuses one block."""
+    import random
+    rng = random.Random(0)
+    k = max(1000, n * 2)
+    sizes = [int(512 * 2 ** (rng.random() * 16)) for _ in range(k)]
+    slots = [rng.randrange(256) for _ in range(k)]
+    live = [torch.empty(512, dtype=torch.uint8, device="cuda") for _ in range(256)]
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for size, j in zip(sizes, slots):
+            live[j] = torch.empty(size, dtype=torch.uint8, device="cuda")
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / k)
+    del live
+    return best * 1e6
 
 
 def child_b(mode: str, quick: bool) -> dict:
@@ -155,6 +178,11 @@ def child_b(mode: str, quick: bool) -> dict:
     import gpuguard
     import gpuguard.torch as ggt
     n = 2000 if quick else 20000
+    if mode == "b-native":  # GPUGUARD_TORCH=1, set by the parent
+        ggt.use_native()
+        return {"gpuguard native": _empty_loop(torch, SIZES, n)}
+    if mode == "b-expandable":
+        return {"expandable_segments": _empty_loop(torch, SIZES, n)}
     if mode == "b-global":
         arena = gpuguard.Arena(capacity=32 << 30, name="bench-global")
         ggt.use_arena(arena)
@@ -169,15 +197,22 @@ def child_b(mode: str, quick: bool) -> dict:
 
 def part_b(args: argparse.Namespace) -> None:
     res = child("b-pool", args, {})
+    res.update(child("b-expandable", args, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}))
+    if w_gpuguard_native():
+        res.update(child("b-native", args, {"GPUGUARD_TORCH": "1"}))
     res.update(child("b-global", args, {}))
     base = res["pytorch caching"]
+    cols = [k for k in ("expandable_segments", "gpuguard native", "gpuguard MemPool", "gpuguard global")
+            if k in res]
     rows = []
-    for size in SIZES:
+    for size in SIZES + ["mix"]:
         s = str(size)
-        rows.append([_fmt_size(size), f"{base[s]:.2f}"] + [
-            f"{res[k][s]:.2f} ({res[k][s] / base[s]:.2f}x)" for k in ("gpuguard MemPool", "gpuguard global")])
+        rows.append([_fmt_size(size) if size != "mix" else "mix: 256 live, 512 B..32 MiB",
+                     f"{base[s]:.2f}"] + [f"{res[k][s]:.2f} ({res[k][s] / base[s]:.2f}x)" for k in cols])
+    names = {"expandable_segments": "expandable_segments", "gpuguard native": "gpuguard native (GPUGUARD_TORCH=1)",
+             "gpuguard MemPool": "gpuguard MemPool", "gpuguard global": "gpuguard global use_arena"}
     table("(b) torch.empty + del, us per pair (ratio to PyTorch's caching allocator)",
-          ["size", "PyTorch caching", "gpuguard MemPool", "gpuguard global use_arena"], rows)
+          ["size", "PyTorch caching"] + [names[k] for k in cols], rows)
 
 
 def _fmt_size(n: int) -> str:
@@ -629,7 +664,7 @@ def child_w(spec: str, args: argparse.Namespace) -> dict:
     shapes = w_shapes(workload, args.steps)
     warm = w_warmup(workload, len(shapes))
     trace = os.environ.get("GPUGUARD_PLUGIN_TRACE")
-    times, offsets, losses = [], [], []
+    times, queued, offsets, losses = [], [], [], []
     waits_warm = 0
     calls_warm = -1
     torch.cuda.synchronize()
@@ -642,6 +677,7 @@ def child_w(spec: str, args: argparse.Namespace) -> dict:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        queued.append(time.perf_counter() - last)  # host time to queue the step's work
         losses.append(loss.item())  # a loop that logs its loss: the host waits for the step here
         now = time.perf_counter()
         times.append(now - last)
@@ -654,7 +690,8 @@ def child_w(spec: str, args: argparse.Namespace) -> dict:
             calls_warm = w_device_calls(torch, arena)
     measured = times[warm:]
     out = {"workload": workload, "alloc": alloc, "steps": len(shapes), "warm": warm,
-           "median_ms": statistics.median(measured) * 1e3, "build_s": build_s, "final_loss": losses[-1],
+           "median_ms": statistics.median(measured) * 1e3,
+           "queued_ms": statistics.median(queued[warm:]) * 1e3, "build_s": build_s, "final_loss": losses[-1],
            "loss_sum": sum(losses), "offsets": offsets, "backend": "pytorch"}
     calls = w_device_calls(torch, arena)
     out["device_calls_per_step"] = (calls - calls_warm) / len(measured) if calls >= 0 and calls_warm >= 0 else -1
@@ -722,7 +759,7 @@ def w_dry_result(workload: str, alloc: str, args: argparse.Namespace, trace: str
                 f.flush()
                 offsets.append(f.tell())
     return {"workload": workload, "alloc": alloc, "steps": len(shapes), "warm": w_warmup(workload, len(shapes)),
-            "median_ms": 30 + 5 * rng.random(), "build_s": 1.0, "final_loss": 6.25, "loss_sum": 100.0,
+            "median_ms": 30 + 5 * rng.random(), "queued_ms": 20 + 5 * rng.random(), "build_s": 1.0, "final_loss": 6.25, "loss_sum": 100.0,
             "offsets": offsets, "backend": "dry", "waits_per_step": 0.0, "waits_total": 0,
             "device_calls_per_step": 0.0,
             "peak_reserved": 1010 * MiB, "peak_allocated": 1000 * MiB, "held_after": 0}
@@ -812,7 +849,8 @@ def part_w(args: argparse.Namespace) -> int:
                     r["trace"] = "(none written: GPUGUARD_PLUGIN_TRACE is the plugin's; the native backend may not write it)"
                 res.setdefault((w, label), []).append(r)
                 ratio = r["peak_reserved"] / max(1, r["peak_allocated"])
-                print(f"  run {rnd + 1}: {w:7s} {label:20s} median {r['median_ms']:7.2f} ms, peak reserved/allocated "
+                print(f"  run {rnd + 1}: {w:7s} {label:20s} median {r['median_ms']:7.2f} ms (queued in "
+                      f"{r.get('queued_ms', -1):.2f}), peak reserved/allocated "
                       f"{ratio:.3f}, host waits/step {r['waits_per_step']:.2f}, driver allocs+frees/step "
                       f"{r.get('device_calls_per_step', -1):.1f}, held after empty_cache "
                       f"{r['held_after'] / MiB:.1f} MiB, final loss {r['final_loss']:.6f} [{r['backend']}, "
@@ -829,7 +867,7 @@ def part_w(args: argparse.Namespace) -> int:
         for label, _, _ in allocs:
             rs = res.get((w, label))
             if not rs:
-                rows.append([label, "failed", "", "", "", "", "", "", ""])
+                rows.append([label, "failed", "", "", "", "", "", "", "", ""])
                 continue
             med = statistics.median(x["median_ms"] for x in rs)
             ratio = statistics.median(x["peak_reserved"] / max(1, x["peak_allocated"]) for x in rs)
@@ -838,7 +876,8 @@ def part_w(args: argparse.Namespace) -> int:
             losses = [x["final_loss"] for x in rs]
             same = base_loss is not None and all(abs(v - base_loss) <= 1e-3 * max(1.0, abs(base_loss)) for v in losses)
             calls = statistics.median(x.get("device_calls_per_step", -1) for x in rs)
-            rows.append([label, " / ".join(f"{x['median_ms']:.2f}" for x in rs), f"{med:.2f}",
+            queued = statistics.median(x.get("queued_ms", -1) for x in rs)
+            rows.append([label, " / ".join(f"{x['median_ms']:.2f}" for x in rs), f"{med:.2f}", f"{queued:.2f}",
                          f"{med / base_ms:.3f}x" if base_ms else "-", f"{ratio:.3f}",
                          f"{waits:.2f}" if label == "gpuguard" else "-", f"{calls:.1f}" if calls >= 0 else "-",
                          f"{held / MiB:.1f}",
@@ -856,7 +895,8 @@ def part_w(args: argparse.Namespace) -> int:
             continue
         table(f"(w) {w}: {W_WORKLOADS[w][1]}, bf16 autocast, seed 0, {any_run['steps']} steps "
               f"({any_run['warm']} warm-up left out)",
-              ["allocator", "median step ms (per run)", "median of runs", "vs default", "peak reserved / peak allocated",
+              ["allocator", "median step ms (per run)", "median of runs", "host done queuing the step (ms)",
+               "vs default", "peak reserved / peak allocated",
                "host waits a step after warm-up", "driver allocs + frees a step after warm-up",
                "held after empty_cache beyond live MiB (worst run)",
                "final loss (per run)"], rows)

@@ -157,11 +157,33 @@ static int parse_size(const char *s, size_t *out) {
 
 /* Makes the simulated GPU finish everything queued so far: a wait on the clock arena's stream (the
  * host backend's busy streams then complete all work recorded on the device). */
-static int catch_up(gg_arena_t *clock) {
+/* The host backend's operations that stand for driver calls on CUDA (mapping, events, stream
+ * queries, capture queries): the replay counts how many each allocation or free makes, which on a
+ * GPU is what a call costs beyond the arena's own code. */
+static const char *const driver_ops[] = {
+    "map",      "unmap",       "unmap_range", "remap",       "event_create", "event_record",
+    "ctx_sync", "event_query", "event_sync",  "stream_sync", "stream_query", "stream_capture",
+};
+enum { N_DRIVER_OPS = sizeof driver_ops / sizeof *driver_ops };
+
+static unsigned long long driver_calls(unsigned long long *captures) {
+  unsigned long long n = 0;
+  for (int k = 0; k < N_DRIVER_OPS; k++) n += gg_host_op_count(driver_ops[k]);
+  *captures = gg_host_op_count("stream_capture");
+  return n;
+}
+
+/* *calls and *captures less what the catch-up made (it runs on another arena). */
+static int catch_up(gg_arena_t *clock, unsigned long long *calls, unsigned long long *captures) {
+  unsigned long long c0, c1, k0, k1;
+  c0 = driver_calls(&k0);
   void *p;
   int rc = gg_alloc(clock, 256, &p);
   if (rc == 0) rc = gg_free(clock, p);
   if (rc == 0) rc = gg_arena_trim(clock, 0);
+  c1 = driver_calls(&k1);
+  *calls += c1 - c0;
+  *captures += k1 - k0;
   return rc;
 }
 
@@ -239,8 +261,8 @@ int main(int argc, char **argv) {
       "\n| chunk | backend | peak in use MiB | peak mapped MiB | ratio | mapped after trim MiB "
       "(in use) | trims | "
       "GiB trimmed | stream waits | waits in the 2nd half | chunk maps + unmaps in the 2nd half | "
-      "chunk moves in the 2nd half | ns per call |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "chunk moves in the 2nd half | ns per call | driver calls per call (capture queries) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   gg_arena_t *clock = NULL;
   if (every && (rc = gg_arena_create(&clock, &(gg_arena_options_t){.name = "replay-clock"})) < 0)
     fprintf(stderr, "bench_replay: %s: %s\n", gg_strerror(rc), gg_last_error());
@@ -261,11 +283,12 @@ int main(int argc, char **argv) {
     }
     memset(ptr, 0, ids * sizeof *ptr);
     gg_arena_stats_t s, half = {0};
+    unsigned long long k0, skip = 0, skip_k = 0, c0 = driver_calls(&k0);
     double t0 = now_s();
     for (size_t i = 0; i < n && rc == 0; i++) {
       if (i == n / 2) gg_arena_stats(a, &half);
       if (clock && ((every > 0 && i % (size_t)every == 0) || (every < 0 && ev[i].op == 's')) &&
-          (rc = catch_up(clock)) < 0)
+          (rc = catch_up(clock, &skip, &skip_k)) < 0)
         fprintf(stderr, "bench_replay: catching up: %s\n", gg_last_error());
       if (ev[i].op == 'a') {
         ptr[ev[i].id] = gg_torch_alloc((ssize_t)ev[i].size, 0, NULL);
@@ -281,6 +304,11 @@ int main(int argc, char **argv) {
       }
     }
     double dt = now_s() - t0;
+    unsigned long long k1, c1 = driver_calls(&k1);
+    char calls[64] = "- (not the host backend)";
+    if (strcmp(gg_arena_backend(a), "host") == 0)
+      snprintf(calls, sizeof calls, "%.3f (%.3f)", (double)(c1 - c0 - skip) / (double)n,
+               (double)(k1 - k0 - skip_k) / (double)n);
     gg_arena_stats(a, &s);
     unsigned long long steady = s.n_stream_waits - half.n_stream_waits;
     /* Driver calls of the steady state: a growth that gives chunks back and maps new ones each
@@ -308,11 +336,11 @@ int main(int argc, char **argv) {
     gg_arena_stats(a, &s);
     printf(
         "| %s | %s | %.0f | %.0f | %.4f | %.1f (%.1f) | %llu | %.1f | %llu | %llu | %llu | %llu | "
-        "%.0f |\n",
+        "%.0f | %s |\n",
         arg, gg_arena_backend(a), s.peak_in_use / 1048576.0, s.peak_mapped / 1048576.0,
         (double)s.peak_mapped / (double)s.peak_in_use, s.bytes_mapped / 1048576.0,
         s.bytes_in_use / 1048576.0, s.n_trims, s.bytes_trimmed / 1073741824.0, s.n_stream_waits,
-        steady, churn, moves, dt * 1e9 / (double)n);
+        steady, churn, moves, dt * 1e9 / (double)n, calls);
     for (size_t i = 0; i < ids; i++)
       if (ptr[i]) gg_torch_free(ptr[i], (ssize_t)sz[i], 0, NULL);
     gg_plugin_stats_t ps;
@@ -336,7 +364,9 @@ int main(int argc, char **argv) {
          "made for its "
          "stream, the final trim's included; waits in the 2nd half: those made in the second half "
          "of the events, "
-         "before the final trim: the steady state)\n");
+         "before the final trim: the steady state; driver calls: the host backend's map, unmap, "
+         "event, stream and capture queries each allocation or free made, which on a GPU are "
+         "driver calls)\n");
   free(ptr), free(sz), free(ev);
   return rc < 0 ? 1 : rc;
 }
