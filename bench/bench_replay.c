@@ -193,6 +193,7 @@ int main(int argc, char **argv) {
   bool no_steady = false; /* --no-steady-waits: fail when the second half waited for the stream */
   double max_ratio = 0;   /* --max-ratio: fail above this peak mapped / peak in use (0: never) */
   long max_moves = -1;    /* --max-moves: fail above this many moves in the second half */
+  double max_calls = -1;  /* --max-driver-calls: fail above this many per call (host backend) */
   for (;;) {
     if (argc > argi + 1 && strcmp(argv[argi], "--catch-up") == 0) {
       char *end = NULL;
@@ -220,6 +221,15 @@ int main(int argc, char **argv) {
         return 2;
       }
       argi += 2;
+    } else if (argc > argi + 1 && strcmp(argv[argi], "--max-driver-calls") == 0) {
+      char *end = NULL;
+      max_calls = strtod(argv[argi + 1], &end);
+      if (!(max_calls >= 0) || end == argv[argi + 1] || *end) {
+        fprintf(stderr, "bench_replay: --max-driver-calls takes a number >= 0, not '%s'\n",
+                argv[argi + 1]);
+        return 2;
+      }
+      argi += 2;
     } else if (argc > argi && strcmp(argv[argi], "--no-steady-waits") == 0) {
       no_steady = true;
       argi++;
@@ -229,7 +239,8 @@ int main(int argc, char **argv) {
   }
   if (argc <= argi) {
     fprintf(stderr, "usage: bench_replay [--catch-up N|step] [--no-steady-waits] [--max-ratio R] "
-                    "[--max-moves N] TRACE[.gz] [CHUNK ...]   (CHUNK like 2M, 64M)\n");
+                    "[--max-moves N] [--max-driver-calls R] TRACE[.gz] [CHUNK ...]   (CHUNK like "
+                    "2M, 64M)\n");
     return 2;
   }
   const char *path = argv[argi++];
@@ -306,9 +317,21 @@ int main(int argc, char **argv) {
     double dt = now_s() - t0;
     unsigned long long k1, c1 = driver_calls(&k1);
     char calls[64] = "- (not the host backend)";
-    if (strcmp(gg_arena_backend(a), "host") == 0)
-      snprintf(calls, sizeof calls, "%.3f (%.3f)", (double)(c1 - c0 - skip) / (double)n,
+    bool host = strcmp(gg_arena_backend(a), "host") == 0;
+    double per_call = (double)(c1 - c0 - skip) / (double)n;
+    if (host)
+      snprintf(calls, sizeof calls, "%.3f (%.3f)", per_call,
                (double)(k1 - k0 - skip_k) / (double)n);
+    if (max_calls >= 0 && !host) {
+      fprintf(stderr,
+              "bench_replay: --max-driver-calls counts on the host backend only (this is %s)\n",
+              gg_arena_backend(a));
+      rc = -1;
+    } else if (max_calls >= 0 && per_call > max_calls) {
+      fprintf(stderr, "bench_replay: chunk %s: %.3f driver calls per call, above %.3f\n", arg,
+              per_call, max_calls);
+      rc = -1;
+    }
     gg_arena_stats(a, &s);
     unsigned long long steady = s.n_stream_waits - half.n_stream_waits;
     /* Driver calls of the steady state: a growth that gives chunks back and maps new ones each
