@@ -739,7 +739,13 @@ def w_run(workload: str, alloc: str, env: dict, args: argparse.Namespace, trace:
         return {}
     lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
     if r.returncode != 0 or not lines:
-        tail = "\n".join((r.stdout + r.stderr).splitlines()[-30:])
+        out = r.stdout + r.stderr
+        if "does not yet support cacheInfo" in out:  # PyTorch's pluggable interface (use_arena)
+            print(f"  run failed: {workload} / {alloc}: cudnn.benchmark asks the allocator for cacheInfo, which "
+                  "PyTorch's pluggable allocator interface (use_arena) does not offer; the native backend "
+                  "(GPUGUARD_TORCH=1) does", flush=True)
+            return {}
+        tail = "\n".join(out.splitlines()[-30:])
         print(f"  run failed: {workload} / {alloc} (rc {r.returncode}):\n{tail}", flush=True)
         return {}
     return json.loads(lines[-1])
