@@ -40,6 +40,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import NoReturn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PKG = os.path.join(HERE, "..", "bindings", "python")
@@ -622,6 +623,12 @@ def w_device_calls(torch, arena) -> int:
     return int(st["num_device_alloc"] + st.get("num_device_free", 0))
 
 
+def _usage(msg: str) -> NoReturn:
+    """A bad command line: the message on stderr, exit status 2 (as argparse's own errors)."""
+    print(msg, file=sys.stderr)
+    raise SystemExit(2)
+
+
 def w_cpus(spec: str) -> list:
     """The CPUs every run of (w) is pinned to: ``auto`` (the last four this process may use), ``none``
     (no pinning: []) or a comma-separated list. These models are launch-bound (a ResNet-50 step is ~10 ms
@@ -636,10 +643,10 @@ def w_cpus(spec: str) -> list:
     try:
         cpus = sorted({int(c) for c in spec.split(",") if c.strip()})
     except ValueError:
-        raise SystemExit(f"bench_python: --cpus {spec!r}: not auto, none or a list of CPU numbers")
+        _usage(f"bench_python: --cpus {spec!r}: not auto, none or a list of CPU numbers")
     bad = [c for c in cpus if c not in have]
     if not cpus or bad:
-        raise SystemExit(f"bench_python: --cpus {spec!r}: CPUs {bad or spec} are not this process's "
+        _usage(f"bench_python: --cpus {spec!r}: CPUs {bad or spec} are not this process's "
                          f"(it may use {','.join(map(str, have))})")
     return cpus
 
