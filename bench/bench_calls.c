@@ -8,12 +8,14 @@
  * in use and calls per operation.
  *
  *   bench_calls                (sets GPUGUARD_BACKEND=host unless told otherwise)
- *   bench_calls CASE STEPS     only case CASE (0-4 pairs, 5 the 64 live blocks), STEPS measured:
+ *   bench_calls CASE STEPS     only case CASE (0-4 pairs, 5 the 64 live blocks, 6 those through
+ *                              the plugin), STEPS measured:
  * for a profiler
  */
 #define _POSIX_C_SOURCE 200809L
 #include <gpuguard/gpuguard.h>
 #include <gpuguard/host.h>
+#include <gpuguard/plugin.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -47,7 +49,8 @@ static int cmp_double(const void *x, const void *y) {
 static unsigned long long driver_calls(void) {
   static const char *const ops[] = {"event_create",  "event_record", "event_query",  "event_sync",
                                     "event_destroy", "stream_sync",  "stream_query", "map",
-                                    "unmap",         "unmap_range",  "reserve",      "release"};
+                                    "unmap",         "unmap_range",  "reserve",      "release",
+                                    "stream_capture"};
   unsigned long long n = 0;
   for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) n += gg_host_op_count(ops[i]);
   return n;
@@ -126,6 +129,17 @@ static void churn_step(void *ctx) {
   size_t n = churn_next(c, &slot);
   GG(gg_free(c->a, c->live[slot]));
   GG(gg_alloc(c->a, n, &c->live[slot]));
+}
+
+/* The same through the framework plugin's entry points (PyTorch's path: the native backend and
+ * use_arena both call these), on the arena registered for device 0: what the plugin's own work (its
+ * statistics, the capture query of every call) adds to the arena's. */
+static void plugin_churn_step(void *ctx) {
+  churn_t *c = ctx;
+  unsigned slot;
+  size_t n = churn_next(c, &slot);
+  gg_torch_free(c->live[slot], 0, 0, NULL);
+  GG(gg_torch_alloc_status((ssize_t)n, 0, NULL, &c->live[slot]));
 }
 
 /* ---- training-like sequence (bench_arena's) -------------------------------------------------- */
@@ -298,13 +312,25 @@ int main(int argc, char **argv) {
     int iters = steps ? steps : big ? 10000 : 50000;
     print_row(labels[row], measure(pair_step, &p, 2000 + iters, iters));
   }
-  if (only >= 0 && only != 5) return 0;
-  churn_t c = {a, {0}, 4242};
+  if (only >= 0 && only != 5 && only != 6) return 0;
   unsigned slot;
-  for (int i = 0; i < 64; i++) GG(gg_alloc(a, churn_next(&c, &slot), &c.live[i]));
-  print_row("64 live, random replace (free+alloc)",
-            measure(churn_step, &c, 2000 + 50000, steps ? steps : 50000));
-  for (int i = 0; i < 64; i++) GG(gg_free(a, c.live[i]));
+  if (only < 0 || only == 5) {
+    churn_t c = {a, {0}, 4242};
+    for (int i = 0; i < 64; i++) GG(gg_alloc(a, churn_next(&c, &slot), &c.live[i]));
+    print_row("64 live, random replace (free+alloc)",
+              measure(churn_step, &c, 2000 + 50000, steps ? steps : 50000));
+    for (int i = 0; i < 64; i++) GG(gg_free(a, c.live[i]));
+  }
+  if (only < 0 || only == 6) {
+    GG(gg_plugin_set_arena(0, a));
+    churn_t pc = {a, {0}, 4242};
+    for (int i = 0; i < 64; i++)
+      GG(gg_torch_alloc_status((ssize_t)churn_next(&pc, &slot), 0, NULL, &pc.live[i]));
+    print_row("the same through the plugin (gg_torch_free + gg_torch_alloc)",
+              measure(plugin_churn_step, &pc, 2000 + 50000, steps ? steps : 50000));
+    for (int i = 0; i < 64; i++) gg_torch_free(pc.live[i], 0, 0, NULL);
+    GG(gg_plugin_set_arena(0, NULL));
+  }
   gg_arena_stats_t st;
   GG(gg_arena_stats(a, &st));
   printf("\nbench arena after: peak mapped %.1f MiB, peak in use %.1f MiB\n",
