@@ -23,6 +23,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_host_ops.h"
+
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 
@@ -45,16 +47,6 @@ static int cmp_double(const void *x, const void *y) {
     }                                                                   \
   } while (0)
 
-/* Every call that reaches the driver on the allocation and free paths. */
-static unsigned long long driver_calls(void) {
-  static const char *const ops[] = {"event_create",  "event_record", "event_query",  "event_sync",
-                                    "event_destroy", "stream_sync",  "stream_query", "map",
-                                    "unmap",         "unmap_range",  "reserve",      "release",
-                                    "stream_capture"};
-  unsigned long long n = 0;
-  for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) n += gg_host_op_count(ops[i]);
-  return n;
-}
 static unsigned long long op(const char *name) { return gg_host_op_count(name); }
 
 typedef struct figures {
@@ -73,7 +65,7 @@ static figures_t measure(void (*step)(void *), void *ctx, int warm, int iters) {
   enum { BATCH = 64 };
   int nb = iters / BATCH;
   double *b = malloc((size_t)nb * sizeof *b);
-  unsigned long long c0 = driver_calls(), q0 = op("stream_query") + op("event_query"),
+  unsigned long long c0 = bench_driver_calls(), q0 = op("stream_query") + op("event_query"),
                      r0 = op("event_record");
   double t0 = now_ns();
   for (int j = 0; j < nb; j++) {
@@ -84,7 +76,7 @@ static figures_t measure(void (*step)(void *), void *ctx, int warm, int iters) {
   double total = now_ns() - t0;
   figures_t f;
   double ops = (double)nb * BATCH;
-  f.calls = (double)(driver_calls() - c0) / ops;
+  f.calls = (double)(bench_driver_calls() - c0) / ops;
   f.queries = (double)(op("stream_query") + op("event_query") - q0) / ops;
   f.records = (double)(op("event_record") - r0) / ops;
   qsort(b, (size_t)nb, sizeof *b, cmp_double);
@@ -194,7 +186,7 @@ static void bench_training(const char *label, size_t hidden, size_t batch, size_
   o.name = "training", o.chunk_size = chunk;
   gg_arena_t *a;
   GG(gg_arena_create(&a, &o));
-  unsigned long long c0 = driver_calls();
+  unsigned long long c0 = bench_driver_calls();
   size_t ops = 0;
   double t0 = now_ns();
   training_sequence(a, hidden, batch, 8, 300, &ops);
@@ -203,7 +195,7 @@ static void bench_training(const char *label, size_t hidden, size_t batch, size_
   GG(gg_arena_stats(a, &st));
   printf("| %s | %.1f | %.1f | %.4f | %.4f | %.0f |\n", label, st.peak_in_use / (double)MiB,
          st.peak_mapped / (double)MiB, (double)st.peak_mapped / (double)st.peak_in_use,
-         (double)(driver_calls() - c0) / (double)ops, t / (double)ops);
+         (double)(bench_driver_calls() - c0) / (double)ops, t / (double)ops);
   GG(gg_arena_destroy(a));
 }
 
@@ -235,7 +227,7 @@ static int replay(const char *path, size_t chunk) {
   GG(gg_arena_create(&a, &o));
   size_t cap = (size_t)1 << 22, ops = 0;
   slot_t *t = calloc(cap, sizeof *t);
-  unsigned long long c0 = driver_calls();
+  unsigned long long c0 = bench_driver_calls();
   char line[256];
   while (t && fgets(line, sizeof line, f)) {
     char op;
@@ -257,7 +249,7 @@ static int replay(const char *path, size_t chunk) {
   printf("| %s | %zu MiB | %.0f | %.0f | %.4f | %.4f |\n", path, chunk >> 20,
          st.peak_in_use / (double)MiB, st.peak_mapped / (double)MiB,
          (double)st.peak_mapped / (double)st.peak_in_use,
-         (double)(driver_calls() - c0) / (double)(ops ? ops : 1));
+         (double)(bench_driver_calls() - c0) / (double)(ops ? ops : 1));
   free(t);
   GG(gg_arena_destroy(a));
   return 0;

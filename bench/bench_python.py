@@ -203,17 +203,17 @@ def part_b(args: argparse.Namespace) -> None:
         res.update(child("b-native", args, {"GPUGUARD_TORCH": "1"}))
     res.update(child("b-global", args, {}))
     base = res["pytorch caching"]
-    cols = [k for k in ("expandable_segments", "gpuguard native", "gpuguard MemPool", "gpuguard global")
-            if k in res]
+    cols = [(k, label) for k, label in (("expandable_segments", "expandable_segments"),
+                                        ("gpuguard native", "gpuguard native (GPUGUARD_TORCH=1)"),
+                                        ("gpuguard MemPool", "gpuguard MemPool"),
+                                        ("gpuguard global", "gpuguard global use_arena")) if k in res]
     rows = []
     for size in SIZES + ["mix"]:
         s = str(size)
         rows.append([_fmt_size(size) if size != "mix" else "mix: 256 live, 512 B..32 MiB",
-                     f"{base[s]:.2f}"] + [f"{res[k][s]:.2f} ({res[k][s] / base[s]:.2f}x)" for k in cols])
-    names = {"expandable_segments": "expandable_segments", "gpuguard native": "gpuguard native (GPUGUARD_TORCH=1)",
-             "gpuguard MemPool": "gpuguard MemPool", "gpuguard global": "gpuguard global use_arena"}
+                     f"{base[s]:.2f}"] + [f"{res[k][s]:.2f} ({res[k][s] / base[s]:.2f}x)" for k, _ in cols])
     table("(b) torch.empty + del, us per pair (ratio to PyTorch's caching allocator)",
-          ["size", "PyTorch caching"] + [names[k] for k in cols], rows)
+          ["size", "PyTorch caching"] + [label for _, label in cols], rows)
 
 
 def _fmt_size(n: int) -> str:
@@ -647,7 +647,7 @@ def w_cpus(spec: str) -> list:
     bad = [c for c in cpus if c not in have]
     if not cpus or bad:
         _usage(f"bench_python: --cpus {spec!r}: CPUs {bad or spec} are not this process's "
-                         f"(it may use {','.join(map(str, have))})")
+               f"(it may use {','.join(map(str, have))})")
     return cpus
 
 
@@ -772,7 +772,8 @@ def w_dry_result(workload: str, alloc: str, args: argparse.Namespace, trace: str
                 f.flush()
                 offsets.append(f.tell())
     return {"workload": workload, "alloc": alloc, "steps": len(shapes), "warm": w_warmup(workload, len(shapes)),
-            "median_ms": 30 + 5 * rng.random(), "queued_ms": 20 + 5 * rng.random(), "build_s": 1.0, "final_loss": 6.25, "loss_sum": 100.0,
+            "median_ms": 30 + 5 * rng.random(), "queued_ms": 20 + 5 * rng.random(), "build_s": 1.0,
+            "final_loss": 6.25, "loss_sum": 100.0,
             "offsets": offsets, "backend": "dry", "waits_per_step": 0.0, "waits_total": 0,
             "device_calls_per_step": 0.0,
             "peak_reserved": 1010 * MiB, "peak_allocated": 1000 * MiB, "held_after": 0}

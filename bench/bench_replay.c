@@ -29,6 +29,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_host_ops.h"
+
 typedef struct {
   char op;   /* 'a', 'f', or 's' (a `# step` line) */
   size_t id; /* block number */
@@ -155,25 +157,16 @@ static int parse_size(const char *s, size_t *out) {
   return 0;
 }
 
-/* Makes the simulated GPU finish everything queued so far: a wait on the clock arena's stream (the
- * host backend's busy streams then complete all work recorded on the device). */
-/* The host backend's operations that stand for driver calls on CUDA (mapping, events, stream
- * queries, capture queries): the replay counts how many each allocation or free makes, which on a
- * GPU is what a call costs beyond the arena's own code. */
-static const char *const driver_ops[] = {
-    "map",      "unmap",       "unmap_range", "remap",       "event_create", "event_record",
-    "ctx_sync", "event_query", "event_sync",  "stream_sync", "stream_query", "stream_capture",
-};
-enum { N_DRIVER_OPS = sizeof driver_ops / sizeof *driver_ops };
-
+/* Driver calls so far (bench_host_ops.h), and of them the capture queries in *captures. */
 static unsigned long long driver_calls(unsigned long long *captures) {
-  unsigned long long n = 0;
-  for (int k = 0; k < N_DRIVER_OPS; k++) n += gg_host_op_count(driver_ops[k]);
   *captures = gg_host_op_count("stream_capture");
-  return n;
+  return bench_driver_calls();
 }
 
-/* *calls and *captures less what the catch-up made (it runs on another arena). */
+/* Makes the simulated GPU finish everything queued so far: a wait on the clock arena's stream (the
+ * host backend's busy streams then complete all work recorded on the device). What it costs in
+ * driver calls is added to *calls and *captures, for the replay to leave out (it runs on another
+ * arena). */
 static int catch_up(gg_arena_t *clock, unsigned long long *calls, unsigned long long *captures) {
   unsigned long long c0, c1, k0, k1;
   c0 = driver_calls(&k0);
