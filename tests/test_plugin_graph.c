@@ -304,6 +304,65 @@ static void test_fast_path_queries(void **state) {
   gg_host_stream_destroy(side);
 }
 
+/* GG_TORCH_ANNOUNCED: no capture query while no capture is announced; once one is, the same calls
+ * ask and serve the capture from its pool, as unflagged calls do. GG_TORCH_OWN_STATS leaves the
+ * plugin's statistics alone. Bad flags and an unmatched end are refused. */
+static void test_announced_calls(void **state) {
+  (void)state;
+  const unsigned fl = GG_TORCH_ANNOUNCED | GG_TORCH_OWN_STATS;
+  gg_arena_t *a = make_arena();
+  void *cs = stream_new();
+  gg_plugin_stats_t s0;
+  gg_assert_ok(gg_plugin_stats(DEV, &s0));
+  gg_assert_ok(gg_host_fault_set(NULL)); /* resets the counters */
+  void *p = NULL;
+  gg_assert_ok(gg_torch_alloc_ex(MiB, DEV, cs, fl, &p));
+  assert_non_null(p);
+  gg_assert_ok(gg_torch_free_ex(p, MiB, DEV, cs, fl));
+  assert_int_equal(gg_host_op_count("stream_capture"), 0);
+  gg_plugin_stats_t s1;
+  gg_assert_ok(gg_plugin_stats(DEV, &s1));
+  assert_int_equal(s1.n_allocs, s0.n_allocs);
+  assert_int_equal(s1.n_frees, s0.n_frees);
+  gg_assert_ok(gg_torch_alloc_ex(MiB, DEV, NULL, GG_TORCH_ANNOUNCED, &p)); /* counted */
+  gg_assert_ok(gg_torch_free_ex(p, MiB, DEV, NULL, GG_TORCH_ANNOUNCED));
+  gg_assert_ok(gg_plugin_stats(DEV, &s1));
+  assert_int_equal(s1.n_allocs, s0.n_allocs + 1);
+  assert_int_equal(s1.n_frees, s0.n_frees + 1);
+
+  /* Announced: the capture's blocks go to its pool and stay held by the live graph. */
+  gg_assert_ok(gg_plugin_announce_capture());
+  gg_assert_ok(gg_host_stream_capture_begin(cs));
+  void *t = NULL;
+  gg_assert_ok(gg_torch_alloc_ex(MiB, DEV, cs, fl, &t));
+  assert_true(gg_host_op_count("stream_capture") > 0);
+  assert_int_equal(live_in(a), 0); /* served by the graph arena */
+  gg_assert_ok(gg_torch_free_ex(t, MiB, DEV, cs, fl));
+  unsigned long long g = 0;
+  gg_assert_ok(gg_host_stream_capture_end(cs, &g));
+  gg_assert_ok(gg_plugin_capture_ended());
+  assert_int_equal(gstats().n_blocks_held, 1);
+  void *after = NULL;
+  gg_assert_ok(gg_torch_alloc_ex(MiB, DEV, NULL, fl, &after));
+  range_t held[] = {{t, MiB}};
+  assert_apart(after, MiB, held, 1);
+  gg_assert_ok(gg_torch_free_ex(after, MiB, DEV, NULL, fl));
+  gg_assert_ok(gg_host_graph_destroy(g));
+
+  gg_assert_fails(gg_plugin_capture_ended(), GG_ESTATE, "no capture announcement");
+  gg_assert_fails(gg_torch_alloc_ex(MiB, DEV, NULL, 1u << 7, &p), GG_EINVAL, "unknown flags");
+  assert_null(p);
+  gg_assert_fails(gg_torch_free_ex(t, MiB, DEV, NULL, 1u << 7), GG_EINVAL, "unknown flags");
+  gg_assert_fails(gg_torch_alloc_ex(MiB, DEV, NULL, fl, NULL), GG_EINVAL, "NULL");
+  gg_assert_fails(gg_torch_free_ex(&p, MiB, GG_PLUGIN_MAX_DEVICES, NULL, fl), GG_EINVAL, "range");
+  gg_assert_ok(gg_torch_free_ex(NULL, 0, DEV, NULL, fl));
+  void *x = gg_torch_alloc(256, DEV, NULL); /* a plain call gives back what the graph held */
+  gg_torch_free(x, 256, DEV, NULL);
+  assert_all_back(a);
+  gg_assert_ok(gg_arena_destroy(a));
+  gg_host_stream_destroy(cs);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_capture_is_not_invalidated_and_graph_memory_is_kept),
@@ -313,6 +372,7 @@ int main(void) {
       cmocka_unit_test(test_invalidated_capture_releases_its_pool),
       cmocka_unit_test(test_backend_failures),
       cmocka_unit_test(test_fast_path_queries),
+      cmocka_unit_test(test_announced_calls),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -252,6 +252,54 @@ GG_API int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **
  *  Failures write one line to stderr and are counted in n_failed_frees. Thread-safe. */
 GG_API void gg_torch_free(void *ptr, ssize_t size, int device, void *stream);
 
+/** Flags of gg_torch_alloc_ex() and gg_torch_free_ex(). */
+typedef enum gg_torch_flags {
+  /** The caller announces every stream capture of the process that it allocates under, with
+   *  gg_plugin_announce_capture() before the capture begins and gg_plugin_capture_ended() after it
+   *  ends, and serves a capture's allocations itself (as PyTorch's allocator interface does: every
+   *  `torch.cuda.graph` calls beginAllocateToPool first). While no capture is announced, the call
+   *  skips the driver's capture query (one cuStreamGetCaptureInfo a call, ~0.1 µs); while one is,
+   * it asks as a call without the flag does. A capture begun without an announcement (a raw
+   *  cudaStreamBeginCapture on the caller's stream) is then not seen: its blocks are not kept for
+   *  its graph. */
+  GG_TORCH_ANNOUNCED = 1 << 0,
+  /** The caller keeps PyTorch-style statistics itself: the call is left out of gg_plugin_stats()
+   *  (blocks, bytes, failures, n_allocs and n_frees). */
+  GG_TORCH_OWN_STATS = 1 << 1,
+} gg_torch_flags_t;
+
+/** gg_torch_alloc_status() with flags: the entry point of a caller that announces its captures
+ *  and keeps its own statistics (gpuguard's native PyTorch backend).
+ *  @param size bytes wanted; 0 gives *ptr = NULL and 0.
+ *  @param device the device ordinal PyTorch allocates on.
+ *  @param stream the stream the block will be used on (see gg_torch_alloc()).
+ *  @param flags GG_TORCH_ANNOUNCED, GG_TORCH_OWN_STATS, or'ed; 0 is gg_torch_alloc_status().
+ *  @param[out] ptr the device address, or NULL on failure.
+ *  @return as gg_torch_alloc_status(); GG_EINVAL for an unknown flag. Writes nothing to stderr.
+ *  Thread-safe. */
+GG_API int gg_torch_alloc_ex(ssize_t size, int device, void *stream, unsigned flags, void **ptr);
+
+/** gg_torch_free() with flags and a status, writing nothing to stderr.
+ *  @param ptr the block; NULL is a no-op (0).
+ *  @param size the size given at allocation (feeds the statistics only).
+ *  @param device the device ordinal given at allocation.
+ *  @param stream the stream given at allocation.
+ *  @param flags as for gg_torch_alloc_ex().
+ *  @return 0; GG_EINVAL for a device out of range, an unknown flag or a pointer the arena did not
+ *  hand out (the arena's detail in gg_last_error()); GG_ESTATE when no arena is registered for @p
+ *  device any more. Thread-safe. */
+GG_API int gg_torch_free_ex(void *ptr, ssize_t size, int device, void *stream, unsigned flags);
+
+/** Announces a stream capture about to begin, for calls made with GG_TORCH_ANNOUNCED: returns once
+ *  every such call that did not see the announcement has ended, so none of them touches a stream
+ *  during the capture. Announcements nest (one per capture under way, any device).
+ *  @return 0. Thread-safe. */
+GG_API int gg_plugin_announce_capture(void);
+
+/** Ends one announcement of gg_plugin_announce_capture(), after its capture ended.
+ *  @return 0; GG_ESTATE when no announcement is open. Thread-safe. */
+GG_API int gg_plugin_capture_ended(void);
+
 GG_END_DECLS
 
 /** @} */

@@ -23,6 +23,12 @@ static atomic_bool gg__plug_used; /* set once the table was first written */
 /* Serialises gg_plugin_ensure_arena(): two first allocations on one device make one arena. */
 static pthread_mutex_t gg__plug_make_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Captures announced through gg_plugin_announce_capture() and not yet ended: while any is, calls
+ * with GG_TORCH_ANNOUNCED ask the driver as every other call does. Read by a call after its hold on
+ * the table is published, and raised before the announcer waits for the holds (both sequentially
+ * consistent): a call either sees the announcement or is waited for. */
+static atomic_long gg__announced;
+
 /* GPUGUARD_PLUGIN_TRACE=FILE records every call, for bench_replay: `a PTR SIZE STREAM`, `f PTR
  * STREAM`. Opened at the first call; a name that cannot be opened is reported once and tracing
  * stays off. */
@@ -146,6 +152,7 @@ static void gg__plugin_fork_parent(void) {
 
 static void gg__plugin_fork_child(void) {
   gg__pt_fork_child();
+  atomic_store(&gg__announced, 0); /* the parent's captures are not the child's */
   if (!gg__plug_forking) return;
   gg__plug_forking = false;
   for (int i = 0; i < GG_PLUGIN_MAX_DEVICES; i++) atomic_store(&gg__plug[i], NULL);
@@ -259,9 +266,33 @@ void gg__plugin_forget(const gg_arena_t *arena) {
   }
 }
 
-int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
-  if (!ptr) return gg__err(GG_EINVAL, "gg_torch_alloc_status: ptr (the out-pointer) is NULL");
+enum { GG__TORCH_FLAGS = GG_TORCH_ANNOUNCED | GG_TORCH_OWN_STATS };
+
+int gg_plugin_announce_capture(void) {
+  atomic_fetch_add(&gg__announced, 1);
+  gg__pt_quiesce();
+  return 0;
+}
+
+int gg_plugin_capture_ended(void) {
+  long n = atomic_load(&gg__announced);
+  do {
+    if (n <= 0)
+      return gg__err(GG_ESTATE, "gg_plugin_capture_ended: no capture announcement is open");
+  } while (!atomic_compare_exchange_weak(&gg__announced, &n, n - 1));
+  return 0;
+}
+
+/* Whether a call with these flags may skip the capture query; after gg__pt_enter. */
+static bool gg__trusted(unsigned flags) {
+  return (flags & GG_TORCH_ANNOUNCED) && atomic_load(&gg__announced) == 0;
+}
+
+int gg_torch_alloc_ex(ssize_t size, int device, void *stream, unsigned flags, void **ptr) {
+  if (!ptr) return gg__err(GG_EINVAL, "gg_torch_alloc: ptr (the out-pointer) is NULL");
   *ptr = NULL;
+  if (flags & ~(unsigned)GG__TORCH_FLAGS)
+    return gg__err(GG_EINVAL, "gg_torch_alloc_ex: unknown flags 0x%x", flags);
   if (size == 0) return 0;
   int joins = 0;
   gg__pt_t *me = NULL;
@@ -270,7 +301,8 @@ int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
   if (size < 0) rc = gg__err(GG_EINVAL, "gg_torch_alloc: size %zd is negative", size);
   if (rc == 0) {
     gg_arena_t *a = gg__pt_enter(&gg__plug[device], &me);
-    int g = gg__graph_alloc(device, a, (size_t)size, stream, ptr); /* under a CUDA graph capture */
+    int g = gg__graph_alloc(device, a, (size_t)size, stream, gg__trusted(flags),
+                            ptr); /* under a CUDA graph capture */
     if (g != 0)
       rc = g < 0 ? g : 0;
     else if (!a)
@@ -281,10 +313,14 @@ int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
       rc = gg__arena_alloc_on(a, (size_t)size, stream, ptr, &joins);
     gg__pt_leave(me);
   }
-  gg__pt_count(me, device, rc, true, (size_t)size, joins);
+  if (!(flags & GG_TORCH_OWN_STATS)) gg__pt_count(me, device, rc, true, (size_t)size, joins);
   if (rc < 0) return rc;
   gg__trace_line('a', *ptr, size, stream);
   return 0;
+}
+
+int gg_torch_alloc_status(ssize_t size, int device, void *stream, void **ptr) {
+  return gg_torch_alloc_ex(size, device, stream, 0, ptr);
 }
 
 void *gg_torch_alloc(ssize_t size, int device, void *stream) {
@@ -295,40 +331,47 @@ void *gg_torch_alloc(ssize_t size, int device, void *stream) {
   return p;
 }
 
-void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
-  if (!ptr) return; /* the arena knows every block's size; `size` feeds PyTorch-style statistics */
+int gg_torch_free_ex(void *ptr, ssize_t size, int device, void *stream, unsigned flags) {
+  if (flags & ~(unsigned)GG__TORCH_FLAGS)
+    return gg__err(GG_EINVAL, "gg_torch_free_ex: unknown flags 0x%x", flags);
+  if (!ptr)
+    return 0; /* the arena knows every block's size; `size` feeds PyTorch-style statistics */
   gg__trace_line('f', ptr, 0, stream);
   int joins = 0;
   gg__pt_t *me = NULL;
   int rc = gg__plug_device(device, "gg_torch_free");
-  if (rc == 0) {
-    gg_arena_t *a = gg__pt_enter(&gg__plug[device], &me);
-    int g =
-        gg__graph_free(device, a, ptr, size > 0 ? (size_t)size : 0, stream); /* a graph's block */
-    void *other;
-    if (g != 0) { /* the pool keeps the block for as long as its graph lives: no stream to wait for
-                     now */
-      rc = g < 0 ? g : 0;
-      while (gg__recorded_take(device, ptr, &other)) {
-      }
-    } else if (!a)
-      rc = gg__err(
-          GG_ESTATE,
-          "gg_torch_free: no arena is registered for device %d any more; the block stays with the "
-          "arena that handed it out",
-          device);
-    else {
-      int joined = 0;
-      /* Tensor.record_stream: the arena's stream first waits for those streams' work so far. */
-      while (rc >= 0 && gg__recorded_take(device, ptr, &other))
-        joined |= (rc = gg__arena_join_stream(a, other)) > 0;
-      if (rc >= 0) rc = gg__arena_free_on(a, ptr, stream, &joins);
-      joins |= joined;
+  if (rc < 0) return rc;
+  gg_arena_t *a = gg__pt_enter(&gg__plug[device], &me);
+  int g = gg__graph_free(device, a, ptr, size > 0 ? (size_t)size : 0, stream,
+                         gg__trusted(flags)); /* a graph's block */
+  void *other;
+  if (g != 0) { /* the pool keeps the block for as long as its graph lives: no stream to wait for
+                   now */
+    rc = g < 0 ? g : 0;
+    while (gg__recorded_take(device, ptr, &other)) {
     }
-    gg__pt_leave(me);
-    gg__pt_count(me, device, rc, false, size > 0 ? (size_t)size : 0, joins);
+  } else if (!a)
+    rc = gg__err(
+        GG_ESTATE,
+        "gg_torch_free: no arena is registered for device %d any more; the block stays with the "
+        "arena that handed it out",
+        device);
+  else {
+    int joined = 0;
+    /* Tensor.record_stream: the arena's stream first waits for those streams' work so far. */
+    while (rc >= 0 && gg__recorded_take(device, ptr, &other))
+      joined |= (rc = gg__arena_join_stream(a, other)) > 0;
+    if (rc >= 0) rc = gg__arena_free_on(a, ptr, stream, &joins);
+    joins |= joined;
   }
-  if (rc < 0)
+  gg__pt_leave(me);
+  if (!(flags & GG_TORCH_OWN_STATS))
+    gg__pt_count(me, device, rc, false, size > 0 ? (size_t)size : 0, joins);
+  return rc < 0 ? rc : 0;
+}
+
+void gg_torch_free(void *ptr, ssize_t size, int device, void *stream) {
+  if (gg_torch_free_ex(ptr, size, device, stream, 0) < 0)
     fprintf(stderr, "gpuguard: gg_torch_free(%p, device %d) failed: %s\n", ptr, device,
             gg_last_error());
 }

@@ -484,9 +484,13 @@ static bool gg__gcapture_underway(gg__gdev_t *st) {
 }
 
 /* CAPTURE (with *id), QUIET or NORMAL; see the file's head. A failed query counts as "not
- * capturing": the call then runs as it did before captures were handled. */
-static int gg__gmode(gg__gdev_t *st, void *stream, unsigned long long *id) {
+ * capturing": the call then runs as it did before captures were handled. An announced call
+ * (GG_TORCH_ANNOUNCED, no announcement open) is NORMAL unless a capture this plugin saw may still
+ * be under way. */
+static int gg__gmode(gg__gdev_t *st, void *stream, bool announced, unsigned long long *id) {
   *id = 0;
+  if (announced && !atomic_load_explicit(&st->ncapturing, memory_order_relaxed))
+    return GG__G_NORMAL;
   stream = gg__gnorm(stream);
   int q = st->dev->ops->stream_capture(st->dev, stream, id);
   if (q == 0 && *id) return GG__G_CAPTURE;
@@ -528,11 +532,12 @@ static int gg__galloc(gg__gdev_t *st, size_t size, gg__gpool_t *p, gg__gblk_t **
   return 0;
 }
 
-int gg__graph_alloc(int device, gg_arena_t *main, size_t size, void *stream, void **ptr) {
+int gg__graph_alloc(int device, gg_arena_t *main, size_t size, void *stream, bool announced,
+                    void **ptr) {
   gg__gdev_t *st = gg__gbind(device, main);
   if (!st || !main || !st->dev) return 0;
   unsigned long long id;
-  int mode = gg__gmode(st, stream, &id);
+  int mode = gg__gmode(st, stream, announced, &id);
   if (GG__LIKELY(mode == GG__G_NORMAL)) {
     if (GG__UNLIKELY(gg__gpending(st))) {
       pthread_mutex_lock(&st->lock);
@@ -629,11 +634,12 @@ static int gg__gfree_locked(gg__gdev_t *st, gg_arena_t *main, int mode, unsigned
   return 1;
 }
 
-int gg__graph_free(int device, gg_arena_t *main, void *ptr, size_t size, void *stream) {
+int gg__graph_free(int device, gg_arena_t *main, void *ptr, size_t size, void *stream,
+                   bool announced) {
   gg__gdev_t *st = gg__gbind(device, main);
   if (!st || !st->dev) return 0;
   unsigned long long id;
-  int mode = gg__gmode(st, stream, &id);
+  int mode = gg__gmode(st, stream, announced, &id);
   if (GG__LIKELY(mode == GG__G_NORMAL &&
                  atomic_load_explicit(&st->nrec, memory_order_relaxed) == 0)) {
     if (GG__UNLIKELY(gg__gpending(st))) {

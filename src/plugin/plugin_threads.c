@@ -309,13 +309,17 @@ static void gg__pt_store(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena, bool on
   for (gg__pt_t *pt = gg__pt_all; pt; pt = pt->next)
     while (atomic_load(&pt->hold)) sched_yield();
   while (atomic_load(&gg__pt_anon)) sched_yield();
-  if (!only)
+  if (!slot) {
+    /* a quiesce: nothing to store */
+  } else if (!only)
     atomic_store(slot, arena);
   else
     atomic_compare_exchange_strong(slot, &expect, arena);
   atomic_store(&gg__pt_writing, false);
   pthread_mutex_unlock(&gg__pt_lock);
 }
+
+void gg__pt_quiesce(void) { gg__pt_store(NULL, NULL, false, NULL); }
 
 void gg__pt_publish(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena) {
   gg__pt_store(slot, arena, false, NULL);

@@ -21,6 +21,8 @@ void gg__pt_leave(gg__pt_t *me);
 void gg__pt_publish(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena);
 /* Empties the slot if it still holds arena, then waits the same way. */
 void gg__pt_retract(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena);
+/* Waits until no call that entered before this one is under way (new calls wait meanwhile). */
+void gg__pt_quiesce(void);
 
 /* Counts one call on a device (0 <= device < GG_PLUGIN_MAX_DEVICES): a failure (rc < 0), or a block
  * of `size` bytes asked for that came (add) or went (size 0: only the call is counted); `joined`:

@@ -56,7 +56,8 @@ def parse(value: Optional[str], options: Optional[str]) -> Optional[Dict[str, An
     if v not in _ON:
         raise ConfigError(f"{VAR}={value!r} is not understood: use 1 (or on, true, yes) to make gpuguard "
                           "PyTorch's CUDA allocator, 0 (or off) for PyTorch's own")
-    cfg: Dict[str, Any] = {"capacity": 0, "chunk": 0, "backend": "native", "fallback": "none", "workers": True}
+    cfg: Dict[str, Any] = {"capacity": 0, "chunk": 0, "backend": "native", "fallback": "none", "workers": True,
+                           "captures": "announced"}
     for item in (options or "").split(","):
         if not item.strip():
             continue
@@ -73,9 +74,12 @@ def parse(value: Optional[str], options: Optional[str]) -> Optional[Dict[str, An
             cfg[key] = val
         elif key == "workers" and val.lower() in ("on", "off", "1", "0"):
             cfg[key] = val.lower() in ("on", "1")
+        elif key == "captures" and val.lower() in ("announced", "any"):
+            cfg[key] = val.lower()
         else:
             raise ConfigError(f"{OPTIONS}={options!r}: {item.strip()!r} is not understood (keys: capacity=SIZE, "
-                              "chunk=SIZE, backend=native|plugin, fallback=none|torch, workers=on|off)")
+                              "chunk=SIZE, backend=native|plugin, fallback=none|torch, workers=on|off, "
+                              "captures=announced|any)")
     return cfg
 
 
@@ -94,7 +98,7 @@ def _on_torch(torch: Any, cfg: Dict[str, Any]) -> None:
         return
     from gpuguard.torch import _native
     try:
-        ggt.use_native(cfg["capacity"] or None, cfg["chunk"] or None)
+        ggt.use_native(cfg["capacity"] or None, cfg["chunk"] or None, cfg["captures"])
     except _native.NativeUnavailable as e:
         if cfg["fallback"] != "torch":
             _fatal(f"{VAR}=1: {e}\n(set {OPTIONS}=fallback=torch to run on PyTorch's own allocator instead)")

@@ -502,12 +502,58 @@ def test_lightning_trainer_with_device_stats_monitor(tmp_path) -> None:
 # ---- configuration: runs anywhere ----------------------------------------------------------------
 
 
+@pytest.mark.parametrize("mode", ["announced", "any"])
+def test_captures_any_sees_a_capture_pytorch_did_not_announce(mode: str) -> None:
+    """A capture begun with cudaStreamBeginCapture itself, not through torch.cuda.graph: with captures=any
+    the backend sees it (the plugin keeps the block for its graph); with the default it does not look."""
+    need_gpu()
+    out = run_script("""
+        import ctypes
+        from gpuguard._lib import C, PluginGraphStats
+        def captures():
+            st = PluginGraphStats()
+            C.gg_plugin_graph_stats(0, ctypes.byref(st))
+            return st.n_captures
+        x = torch.ones(1 << 20, device="cuda")
+        torch.cuda.synchronize()
+        with open("/proc/self/maps") as f:
+            rt_path = next(l.split()[-1] for l in f if "libcudart.so" in l)
+        rt = ctypes.CDLL(rt_path)
+        s = torch.cuda.Stream()
+        before = captures()
+        with torch.cuda.stream(s):
+            assert rt.cudaStreamBeginCapture(ctypes.c_void_p(s.cuda_stream), 2) == 0  # relaxed
+            try:
+                y = torch.empty(1 << 20, device="cuda")
+                del y
+                out["error"] = ""
+            except RuntimeError as e:
+                out["error"] = str(e)
+            g = ctypes.c_void_p()
+            out["end"] = rt.cudaStreamEndCapture(ctypes.c_void_p(s.cuda_stream), ctypes.byref(g))
+        rt.cudaGetLastError()
+        out["seen"] = captures() - before
+        if g.value:
+            rt.cudaGraphDestroy(g)
+        out["sum"] = float(x.sum())
+    """, GPUGUARD_TORCH_OPTIONS=f"captures={mode}")
+    assert out["sum"] == float(1 << 20)
+    if mode == "any":
+        assert out["end"] == 0 and out["seen"] == 1 and not out["error"], out
+    else:
+        # Not looked for (no driver query a call): the arena orders the capturing stream after its own, and
+        # the driver refuses that inside a capture, so the allocation fails loudly instead.
+        assert out["seen"] == 0, out
+        assert "CAPTURE" in out["error"] or out["end"] != 0, out
+
+
 @pytest.mark.parametrize("value,opts,needle", [
     ("maybe", "", "GPUGUARD_TORCH='maybe'"),
     ("1", "capacity=lots", "capacity='lots'"),
     ("1", "chunk=0", "chunk='0'"),
     ("1", "backend=fast", "'backend=fast'"),
     ("1", "capacity", "'capacity' is not key=value"),
+    ("1", "captures=some", "'captures=some'"),
 ])
 def test_bad_values_stop_the_process_naming_variable_and_value(value: str, opts: str, needle: str) -> None:
     env = _env(GPUGUARD_TORCH=value, GPUGUARD_TORCH_OPTIONS=opts)
@@ -523,7 +569,8 @@ def test_parse_accepts_the_documented_forms() -> None:
     assert A.parse(None, None) is None and A.parse("0", "") is None and A.parse(" off ", "x") is None
     cfg = A.parse("1", "capacity=40G, chunk=64MiB,backend=plugin,fallback=torch,workers=off")
     assert cfg == {"capacity": 40 << 30, "chunk": 64 << 20, "backend": "plugin", "fallback": "torch",
-                   "workers": False}
+                   "workers": False, "captures": "announced"}
+    assert A.parse("1", "captures=Any")["captures"] == "any"
 
 
 def test_unset_variable_imports_nothing_of_gpuguard() -> None:

@@ -78,7 +78,7 @@ def shim_kind() -> str:
     return _torchshim.kind()
 
 
-def use_native(capacity: Optional[int] = None, chunk_size: Optional[int] = None) -> None:
+def use_native(capacity: Optional[int] = None, chunk_size: Optional[int] = None, captures: str = "announced") -> None:
     """Makes gpuguard PyTorch's CUDA allocator backend: a third backend beside PyTorch's ``native`` and
     ``cudaMallocAsync`` that implements PyTorch's whole allocator interface over gpuguard arenas, one per
     device, made at the first allocation there (``torch.cuda.get_allocator_backend()`` then returns
@@ -88,10 +88,21 @@ def use_native(capacity: Optional[int] = None, chunk_size: Optional[int] = None)
     (default: the device's memory), ``chunk_size`` is the arena's growth step. Must run before the first
     CUDA tensor (StateError otherwise); ``GPUGUARD_TORCH=1`` in the environment does it for every Python
     process without editing the script. Builds the backend against this PyTorch on first use
-    (NativeUnavailable, a RuntimeError saying what is missing, when it cannot)."""
+    (NativeUnavailable, a RuntimeError saying what is missing, when it cannot).
+
+    ``captures`` says which CUDA graph captures the backend looks for. "announced" (the default): the
+    captures PyTorch makes (``torch.cuda.graph``, ``make_graphed_callables``, ``torch.compile``'s
+    "reduce-overhead"), which it announces to its allocator before they begin; outside them no call asks the
+    driver, as PyTorch's own allocator does not. "any": every allocation and free outside those also asks the
+    driver whether its stream captures (~0.1 µs a call), so a capture begun on a PyTorch stream by other code
+    (a raw ``cudaStreamBeginCapture``) keeps the blocks its graph uses too. May be called again to change it."""
     from . import _native
+    if captures not in _native.CAPTURES:
+        raise InvalidArgumentError(f"gpuguard.torch.use_native: captures={captures!r}: use 'announced' or 'any'",
+                                   GG_EINVAL, "GG_EINVAL")
     torch = _torch()
     if _native.active():
+        _native.install(torch, captures=captures)
         return
     if torch.cuda.is_initialized():
         raise StateError("gpuguard.torch.use_native: PyTorch's CUDA allocator is already initialised; call it "
@@ -100,7 +111,7 @@ def use_native(capacity: Optional[int] = None, chunk_size: Optional[int] = None)
     if _global_arenas:
         raise StateError("gpuguard.torch.use_native: use_arena() already installed the plugin allocator in "
                          "this process", GG_ESTATE, "GG_ESTATE")
-    _native.install(torch, int(capacity or 0), int(chunk_size or 0))
+    _native.install(torch, int(capacity or 0), int(chunk_size or 0), captures)
     path = os.environ.get("GPUGUARD_OOM_SNAPSHOT")
     if path:
         oom_snapshot(path)

@@ -25,6 +25,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/ApproximateClock.h>
+#include <c10/util/flat_hash_map.h>
 #include <cuda_runtime_api.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
@@ -78,16 +79,30 @@ std::string format_size(uint64_t n) {
 
 struct Pool;
 
+/* What few blocks carry (side streams of a pool block, CUDA IPC, a recorded stack): apart, so a
+ * Block stays small and the table that holds every live block stays dense. */
+struct BlockExtra {
+  std::vector<cudaStream_t> recorded; /* record_stream on a pool block */
+  uint64_t ipc_id = 0;                 /* registered for CUDA IPC: forgotten when freed */
+  std::shared_ptr<c10::GatheredContext> context;
+};
+
 /* A block PyTorch holds. */
 struct Block {
   size_t requested = 0;
   size_t size = 0; /* as the arena counts it */
   cudaStream_t stream = nullptr;
-  int device = 0;
   Pool *pool = nullptr;
-  std::vector<cudaStream_t> recorded; /* record_stream on a pool block */
-  uint64_t ipc_id = 0;                 /* registered for CUDA IPC: forgotten when freed */
-  std::shared_ptr<c10::GatheredContext> context;
+  int device = 0;
+  std::unique_ptr<BlockExtra> extra;
+
+  BlockExtra &more() {
+    if (!extra) {
+      extra = std::make_unique<BlockExtra>();
+    }
+    return *extra;
+  }
+  std::shared_ptr<c10::GatheredContext> context() const { return extra ? extra->context : nullptr; }
 };
 
 /* A private pool: CUDA graphs and torch.cuda.MemPool. */
@@ -284,7 +299,7 @@ class Backend final : public cca::CUDAAllocator {
       device = it->second.device;
       in_pool = it->second.pool != nullptr;
       if (in_pool && stream.stream() != it->second.stream) {
-        it->second.recorded.push_back(stream.stream());
+        it->second.more().recorded.push_back(stream.stream());
       }
     }
     if (!in_pool && gg_plugin_record_stream(device, p, stream.stream()) < 0) {
@@ -403,6 +418,9 @@ class Backend final : public cca::CUDAAllocator {
     trace_pool("beginAllocateToPool", id, p.use_count, p.live);
     dev_[device].captures.push_back(Capture{id, std::move(filter)});
     n_captures_.fetch_add(1);
+    /* Under mu_ as the capture list is: a call that has not seen it yet ends before this returns,
+     * and PyTorch begins the capture only after (plugin calls never take mu_). */
+    gg_plugin_announce_capture();
   }
 
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id) override {
@@ -414,6 +432,7 @@ class Backend final : public cca::CUDAAllocator {
                 ") is under way on device ", int(device));
     c.erase(it);
     n_captures_.fetch_sub(1);
+    gg_plugin_capture_ended();
     trace_pool("endAllocateToPool", id, -1, 0);
   }
 
@@ -500,7 +519,7 @@ class Backend final : public cca::CUDAAllocator {
                                              "be shared with another process");
       gg_arena_t *a = b.pool ? pool_arena_locked(b) : arenas_[b.device].load();
       sh = gg_ipc::Shared{ptr, b.size, b.device, a};
-      id = b.ipc_id;
+      id = b.extra ? b.extra->ipc_id : 0;
     }
     GG_CHECK(sh.arena, "gpuguard: the memory of ", ptr, " cannot be shared: it belongs to no arena");
     std::vector<gg_ipc::Mapping> ms = gg_ipc::mappings_of(sh.arena, ptr, sh.size);
@@ -513,7 +532,7 @@ class Backend final : public cca::CUDAAllocator {
     std::lock_guard<std::mutex> g(mu_);
     auto it = blocks_.find(ptr);
     if (it != blocks_.end()) {
-      it->second.ipc_id = id;
+      it->second.more().ipc_id = id;
     }
     return {0, h};
 #else
@@ -651,6 +670,18 @@ class Backend final : public cca::CUDAAllocator {
       fprintf(stderr, "gpuguard: PyTorch freed %p, which gpuguard's backend does not know\n", ptr);
     }
   }
+
+ private:
+  /* The default pool's calls keep no statistics in the plugin (they are kept here) and, while no
+   * capture is announced and trust_announced_ holds, skip the plugin's per-call capture query:
+   * PyTorch announces every capture it makes (beginAllocateToPool), and its own allocator asks
+   * the driver only while one is under way. */
+  unsigned call_flags() const {
+    return GG_TORCH_OWN_STATS | (trust_announced_.load(std::memory_order_relaxed) ? unsigned(GG_TORCH_ANNOUNCED) : 0u);
+  }
+
+ public:
+  void set_capture_query(bool every_call) { trust_announced_.store(!every_call); }
 
  private:
   void check_device(int device, const char *call) {
@@ -851,10 +882,10 @@ class Backend final : public cca::CUDAAllocator {
     } else if (pool) {
       rc = pool_alloc(*pool, n, stream, &p);
     } else {
-      rc = gg_torch_alloc_status(ssize_t(n), device, stream, &p);
+      rc = gg_torch_alloc_ex(ssize_t(n), device, stream, call_flags(), &p);
       if (rc == kNoMemory && release_freeable(device) > 0) {
         count_retry(device);
-        rc = gg_torch_alloc_status(ssize_t(n), device, stream, &p);
+        rc = gg_torch_alloc_ex(ssize_t(n), device, stream, call_flags(), &p);
       }
       if (rc == kNoMemory) {
         rc = alloc_on_oom_pool(n, device, stream, &p, &pool);
@@ -869,7 +900,9 @@ class Backend final : public cca::CUDAAllocator {
     b.stream = stream;
     b.device = device;
     b.pool = pool;
-    b.context = std::move(context);
+    if (context) {
+      b.more().context = std::move(context);
+    }
     size_t sp = pool_of(b.size);
     std::lock_guard<std::mutex> g(mu_);
     DeviceState &d = dev_[device];
@@ -882,7 +915,7 @@ class Backend final : public cca::CUDAAllocator {
       pool->live++;
     }
     if (history_on_.load(std::memory_order_relaxed) || have_trackers_.load(std::memory_order_relaxed)) {
-      record_locked(cda::TraceEntry::ALLOC, device, p, b.requested, stream, pool, b.context);
+      record_locked(cda::TraceEntry::ALLOC, device, p, b.requested, stream, pool, b.context());
     }
     blocks_.emplace(p, std::move(b));
     return p;
@@ -997,8 +1030,8 @@ class Backend final : public cca::CUDAAllocator {
       b = std::move(it->second);
       blocks_.erase(it);
 #if GG_IPC_HAVE_DRIVER
-      if (b.ipc_id) {
-        exporter_.forget(b.ipc_id);
+      if (b.extra && b.extra->ipc_id) {
+        exporter_.forget(b.extra->ipc_id);
       }
 #endif
       DeviceState &d = dev_[b.device];
@@ -1019,12 +1052,15 @@ class Backend final : public cca::CUDAAllocator {
       }
     }
     if (!b.pool) {
-      gg_torch_free(p, ssize_t(b.size), b.device, b.stream);
+      if (gg_torch_free_ex(p, ssize_t(b.size), b.device, b.stream, call_flags()) < 0) {
+        /* A deleter cannot throw; the block stays with the arena (never handed out twice). */
+        fprintf(stderr, "gpuguard: freeing %p on device %d failed: %s\n", p, b.device, gg_last_error());
+      }
       return true;
     }
-    if (!b.recorded.empty() &&
+    if (b.extra && !b.extra->recorded.empty() &&
         c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None) {
-      for (cudaStream_t s : b.recorded) {
+      for (cudaStream_t s : b.extra->recorded) {
         C10_CUDA_CHECK(cudaStreamSynchronize(s)); /* a pool block used on another stream */
       }
     }
@@ -1156,10 +1192,15 @@ class Backend final : public cca::CUDAAllocator {
   std::atomic<gg_arena_t *> arenas_[kMaxDevices] = {};
   DeviceState dev_[kMaxDevices];
   int64_t reserved_base_[kMaxDevices] = {};
-  std::unordered_map<void *, Block> blocks_;
+  /* Open addressing, as PyTorch's own allocator keeps its live blocks: a node allocation and a
+   * pointer chase less a call than std::unordered_map. */
+  ska::flat_hash_map<void *, Block> blocks_;
   std::map<c10::MempoolId_t, std::unique_ptr<Pool>> pools_;
   std::atomic<int> n_captures_{0};
   std::atomic<bool> history_on_{false};
+  /* false: every call asks the driver whether its stream captures (captures PyTorch does not
+   * announce: a raw cudaStreamBeginCapture on a PyTorch stream); see set_capture_query. */
+  std::atomic<bool> trust_announced_{true};
   std::atomic<bool> have_trackers_{false};
   cda::CreateContextFn recorder_ = nullptr;
   cda::RecordContext when_ = cda::RecordContext::NEVER;
@@ -1261,7 +1302,7 @@ cca::SnapshotInfo snapshot_of(Backend &b, c10::MempoolId_t id, bool include_trac
       bi.requested_size = bl.requested;
       bi.allocated = true;
       bi.active = true;
-      bi.context_when_allocated = bl.context;
+      bi.context_when_allocated = bl.context();
       seg.blocks.push_back(bi);
       seg.allocated_size += bi.size;
       seg.active_size += bi.size;
@@ -1329,6 +1370,17 @@ extern "C" __attribute__((visibility("default"))) int gg_torch_native_install(si
     snprintf(err, errcap, "%s", e.what());
     return GG_ESTATE;
   }
+}
+
+/* captures=any (1): every default-pool call asks the driver whether its stream captures, so a capture
+ * PyTorch does not announce is handled too; 0 (captures=announced, the default): only while PyTorch
+ * has announced one. 0, or GG_ESTATE when the backend is not installed. */
+extern "C" __attribute__((visibility("default"))) int gg_torch_native_capture_query(int every_call) {
+  if (!g_backend) {
+    return GG_ESTATE;
+  }
+  g_backend->set_capture_query(every_call != 0);
+  return 0;
 }
 
 /* 1 when this process's PyTorch allocator is gpuguard's backend. */

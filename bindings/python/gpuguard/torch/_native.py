@@ -179,6 +179,8 @@ def load(torch: Any) -> ctypes.CDLL:
     lib.gg_torch_native_install.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
     lib.gg_torch_native_install.restype = ctypes.c_int
     lib.gg_torch_native_active.restype = ctypes.c_int
+    lib.gg_torch_native_capture_query.argtypes = [ctypes.c_int]
+    lib.gg_torch_native_capture_query.restype = ctypes.c_int
     lib.gg_torch_native_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
     lib.gg_torch_native_counters.restype = ctypes.c_int
     lib.gg_torch_native_pools.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
@@ -187,18 +189,23 @@ def load(torch: Any) -> ctypes.CDLL:
     return lib
 
 
-def install(torch: Any, capacity: int = 0, chunk_size: int = 0) -> None:
-    """Makes gpuguard PyTorch's CUDA allocator (once per process); StateError when PyTorch's allocator is
-    initialised already, NativeUnavailable when the backend cannot be built here."""
+CAPTURES = ("announced", "any")
+
+
+def install(torch: Any, capacity: int = 0, chunk_size: int = 0, captures: str = "announced") -> None:
+    """Makes gpuguard PyTorch's CUDA allocator (once per process; ``captures`` applies at every call);
+    StateError when PyTorch's allocator is initialised already, NativeUnavailable when the backend cannot be
+    built here."""
     from ..errors import GG_ESTATE, StateError
     lib = load(torch)
-    if lib.gg_torch_native_active():
-        return
-    err = ctypes.create_string_buffer(1024)
-    if lib.gg_torch_native_install(capacity, chunk_size, err, len(err)) != 0:
-        raise StateError("gpuguard.torch: PyTorch refused gpuguard's backend: " + err.value.decode(errors="replace")
-                         + " (install it before the first CUDA tensor: GPUGUARD_TORCH=1, or call "
-                         "gpuguard.torch.use_native() right after importing torch)", GG_ESTATE, "GG_ESTATE")
+    if not lib.gg_torch_native_active():
+        err = ctypes.create_string_buffer(1024)
+        if lib.gg_torch_native_install(capacity, chunk_size, err, len(err)) != 0:
+            raise StateError("gpuguard.torch: PyTorch refused gpuguard's backend: "
+                             + err.value.decode(errors="replace") + " (install it before the first CUDA tensor: "
+                             "GPUGUARD_TORCH=1, or call gpuguard.torch.use_native() right after importing torch)",
+                             GG_ESTATE, "GG_ESTATE")
+    lib.gg_torch_native_capture_query(1 if captures == "any" else 0)
 
 
 def active() -> bool:
