@@ -94,7 +94,7 @@ def use_native(capacity: Optional[int] = None, chunk_size: Optional[int] = None,
     captures PyTorch makes (``torch.cuda.graph``, ``make_graphed_callables``, ``torch.compile``'s
     "reduce-overhead"), which it announces to its allocator before they begin; outside them no call asks the
     driver, as PyTorch's own allocator does not. "any": every allocation and free outside those also asks the
-    driver whether its stream captures (~0.1 µs a call), so a capture begun on a PyTorch stream by other code
+    driver whether its stream captures (~0.2 µs a call), so a capture begun on a PyTorch stream by other code
     (a raw ``cudaStreamBeginCapture``) keeps the blocks its graph uses too. May be called again to change it."""
     from . import _native
     if captures not in _native.CAPTURES:
