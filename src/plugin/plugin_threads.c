@@ -298,35 +298,38 @@ void gg__pt_leave(gg__pt_t *me) {
     atomic_fetch_sub_explicit(&gg__pt_anon, 1, memory_order_release);
 }
 
-/* Stores arena in the slot (with `only`: if it still holds `expect`) once no call is under way,
- * while new calls wait: every call sees one table, as under a reader-writer lock (the graph state
- * binds to the arena a call read, and two calls with different arenas would rebind it under each
- * other). */
-static void gg__pt_store(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena, bool only,
-                         gg_arena_t *expect) {
+/* Waits until no call is under way, while new calls wait until gg__pt_exclude_end(): what is
+ * written meanwhile is seen whole by every later call, as under a reader-writer lock (the graph
+ * state binds to the arena a call read, and two calls with different arenas would rebind it under
+ * each other). */
+static void gg__pt_exclude_begin(void) {
   pthread_mutex_lock(&gg__pt_lock);
   atomic_store(&gg__pt_writing, true);
   for (gg__pt_t *pt = gg__pt_all; pt; pt = pt->next)
     while (atomic_load(&pt->hold)) sched_yield();
   while (atomic_load(&gg__pt_anon)) sched_yield();
-  if (!slot) {
-    /* a quiesce: nothing to store */
-  } else if (!only)
-    atomic_store(slot, arena);
-  else
-    atomic_compare_exchange_strong(slot, &expect, arena);
+}
+
+static void gg__pt_exclude_end(void) {
   atomic_store(&gg__pt_writing, false);
   pthread_mutex_unlock(&gg__pt_lock);
 }
 
-void gg__pt_quiesce(void) { gg__pt_store(NULL, NULL, false, NULL); }
+void gg__pt_quiesce(void) {
+  gg__pt_exclude_begin();
+  gg__pt_exclude_end();
+}
 
 void gg__pt_publish(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena) {
-  gg__pt_store(slot, arena, false, NULL);
+  gg__pt_exclude_begin();
+  atomic_store(slot, arena);
+  gg__pt_exclude_end();
 }
 
 void gg__pt_retract(_Atomic(gg_arena_t *) *slot, gg_arena_t *arena) {
-  gg__pt_store(slot, NULL, true, arena);
+  gg__pt_exclude_begin();
+  atomic_compare_exchange_strong(slot, &arena, NULL);
+  gg__pt_exclude_end();
 }
 
 /* ---- fork ------------------------------------------------------------------------------------ */
