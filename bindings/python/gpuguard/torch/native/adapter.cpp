@@ -344,7 +344,7 @@ bool Adapter::block_size(void *ptr, size_t *size) {
 }
 
 int Adapter::share_info(void *ptr, gg_arena_t **arena, size_t *size, int *device,
-                        uint64_t **ipc_id) {
+                        uint64_t *ipc_id) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = blocks_.find(ptr);
   if (it == blocks_.end()) {
@@ -357,7 +357,7 @@ int Adapter::share_info(void *ptr, gg_arena_t **arena, size_t *size, int *device
   *arena = b.arena;
   *size = b.size;
   *device = b.device;
-  *ipc_id = &b.more().ipc_id; /* the caller reads it now; set_ipc_id writes it */
+  *ipc_id = b.extra ? b.extra->ipc_id : 0; /* kept for the block's next share (set_ipc_id) */
   return 0;
 }
 

@@ -207,7 +207,7 @@ public:
   int free(void *ptr, Freed *out);                  /* GG_ENOTFOUND: not a block of ours */
   int record_stream(void *ptr, Stream stream);      /* 0; GG_ENOTFOUND: not ours */
   bool block_size(void *ptr, size_t *size);
-  int share_info(void *ptr, gg_arena_t **arena, size_t *size, int *device, uint64_t **ipc_id);
+  int share_info(void *ptr, gg_arena_t **arena, size_t *size, int *device, uint64_t *ipc_id);
   void set_ipc_id(void *ptr, uint64_t id);
 
   /* ---- statistics (adapter.cpp) */
