@@ -141,9 +141,11 @@ std::vector<gg_arena_t *> Adapter::arenas_of(int device) {
 /* The default pool: the device's arena in stream order, and on a failure for want of memory what
  * PyTorch's allocator does too — free the pools nobody uses, retry, then try the pools that serve
  * out-of-memory allocations (MemPool use_on_oom). */
-int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool **pool) {
+int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool **pool,
+                           gg_arena_t **used) {
   gg_arena_t *a = nullptr;
   int rc = device_arena(device, &a);
+  *used = a;
   if (rc == 0) {
     rc = gg_alloc_on(a, n, stream, ptr);
   }
@@ -167,7 +169,7 @@ int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool
     }
   }
   for (Pool *p : spare) {
-    if (pool_alloc(*p, n, stream, ptr) == 0) {
+    if (pool_alloc(*p, n, stream, ptr, used) == 0) {
       *pool = p;
       return 0;
     }
@@ -184,7 +186,7 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
   if (n == 0) {
     return 0;
   }
-  if (deaths_.load(std::memory_order_relaxed) != seen_deaths_ ||
+  if (deaths_.load(std::memory_order_relaxed) != seen_deaths_.load(std::memory_order_relaxed) ||
       n_held_.load(std::memory_order_relaxed)) {
     sweep();
   }
@@ -196,6 +198,7 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
     }
   }
   Pool *pool = nullptr;
+  gg_arena_t *used = nullptr;
   int rc = 0;
   if (capture || n_announced_.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> g(mu_);
@@ -205,9 +208,9 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
     }
   }
   if (rc == 0 && pool) {
-    rc = pool_alloc(*pool, n, stream, ptr);
+    rc = pool_alloc(*pool, n, stream, ptr, &used);
   } else if (rc == 0) {
-    rc = default_alloc(n, device, stream, ptr, &pool);
+    rc = default_alloc(n, device, stream, ptr, &pool, &used);
   }
   if (rc < 0) {
     return rc;
@@ -218,13 +221,7 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
   b.stream = stream;
   b.device = device;
   b.pool = pool;
-  b.arena = pool ? nullptr : arenas_[device].load();
-  if (pool && !pool->custom) {
-    b.arena = pool->given;
-    for (auto &sa : pool->arenas) {
-      b.arena = sa.first == stream ? sa.second : b.arena;
-    }
-  }
+  b.arena = used; /* nullptr for a custom allocator's block */
   if (context) {
     b.more().context = std::move(context);
   }
@@ -469,7 +466,7 @@ int Adapter::check() {
     live[b.pool]++;
     blocks[b.device]++;
     bytes[b.device] += int64_t(b.size);
-    if (b.size != rounded(b.requested) || (!b.pool && !b.arena)) {
+    if (b.size != rounded(b.requested) || (!b.arena && !(b.pool && b.pool->custom))) {
       return GG_ESTATE;
     }
   }

@@ -245,9 +245,9 @@ public:
 private:
   Pool *route_locked(int device, Stream stream, uint64_t capture);
   Pool &pool_locked(int device, PoolId id);
-  int pool_alloc(Pool &p, size_t n, Stream stream, void **ptr);
+  int pool_alloc(Pool &p, size_t n, Stream stream, void **ptr, gg_arena_t **used);
   int pool_arena(Pool &p, Stream stream, gg_arena_t **out);
-  int default_alloc(size_t n, int device, Stream stream, void **ptr, Pool **pool);
+  int default_alloc(size_t n, int device, Stream stream, void **ptr, Pool **pool, gg_arena_t **used);
   void free_default(void *ptr, const Block &b);
   void free_pooled(void *ptr, const Block &b);
   bool hold_for_graph(void *ptr, const Block &b);
@@ -278,8 +278,9 @@ private:
   std::atomic<int> n_announced_{0};
   std::atomic<bool> capture_any_{false};
   std::atomic<uint64_t> deaths_{0}; /* graphs gone: a change means "sweep" */
-  uint64_t seen_deaths_ = 0;
-  std::atomic<size_t> n_held_{0};
+  std::atomic<uint64_t> seen_deaths_{0};
+  std::atomic<size_t> n_held_{0}; /* deferred_.size(), read without the lock */
+  std::vector<Held> deferred_;      /* blocks of gone graphs whose stream captured again */
 };
 
 } // namespace gg_torch

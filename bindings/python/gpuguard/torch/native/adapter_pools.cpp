@@ -124,7 +124,8 @@ int Adapter::pool_arena(Pool &p, Stream stream, gg_arena_t **out) {
   return 0;
 }
 
-int Adapter::pool_alloc(Pool &p, size_t n, Stream stream, void **ptr) {
+int Adapter::pool_alloc(Pool &p, size_t n, Stream stream, void **ptr, gg_arena_t **used) {
+  *used = nullptr;
   if (p.custom) {
     *ptr = p.custom->alloc(n, stream);
     return *ptr ? 0 : GG_ENOMEM;
@@ -134,6 +135,7 @@ int Adapter::pool_alloc(Pool &p, size_t n, Stream stream, void **ptr) {
   if (rc < 0) {
     return rc;
   }
+  *used = a;
   Relaxed relaxed(rt_);
   return p.given ? gg_alloc_on(a, n, stream, ptr) : gg_alloc_ex(a, n, 0, "torch-pool", ptr);
 }
@@ -188,28 +190,19 @@ bool Adapter::hold_for_graph(void *ptr, const Block &b) {
 /* Pools whose graph is gone lose the graph's use; the blocks they held go back to their arenas in
  * stream order, once their stream no longer captures (a free then would touch a capturing stream). */
 void Adapter::sweep_locked(std::vector<Held> *out) {
-  uint64_t d = deaths_.load(std::memory_order_acquire);
-  bool scan = d != seen_deaths_;
-  seen_deaths_ = d;
-  size_t n_held = 0;
+  seen_deaths_.store(deaths_.load(std::memory_order_acquire)); /* first: a later death is seen */
   for (auto &kv : pools_) {
     Pool &p = *kv.second;
-    if (!p.implicit) {
-      continue;
+    if (!p.implicit || !p.dead.load(std::memory_order_acquire)) {
+      continue; /* a live graph keeps what it holds */
     }
-    if (scan && p.dead.load(std::memory_order_acquire) && p.use_count > 0) {
-      p.use_count = 0;
-    }
-    if (!p.dead.load(std::memory_order_acquire)) {
-      n_held += p.held.size();
-      continue;
-    }
-    for (const Held &h : p.held) {
-      out->push_back(h);
-    }
+    p.use_count = 0; /* the graph's use: its pool is freeable once its blocks are freed */
+    out->insert(out->end(), p.held.begin(), p.held.end());
     p.held.clear();
   }
-  n_held_.store(n_held, std::memory_order_relaxed);
+  out->insert(out->end(), deferred_.begin(), deferred_.end());
+  deferred_.clear();
+  n_held_.store(0, std::memory_order_relaxed);
 }
 
 void Adapter::sweep() {
@@ -231,13 +224,8 @@ void Adapter::sweep() {
     return;
   }
   std::lock_guard<std::mutex> g(mu_);
-  for (auto &kv : pools_) {
-    if (kv.second->implicit && kv.second->dead.load()) {
-      kv.second->held.insert(kv.second->held.end(), later.begin(), later.end());
-      n_held_.fetch_add(later.size());
-      break;
-    }
-  }
+  deferred_.insert(deferred_.end(), later.begin(), later.end());
+  n_held_.store(deferred_.size(), std::memory_order_relaxed);
 }
 
 /* ---- PyTorch's pool calls -------------------------------------------------------------------- */

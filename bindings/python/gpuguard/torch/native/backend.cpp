@@ -78,16 +78,12 @@ void *Backend::alloc_block(size_t n, int device, cudaStream_t stream) {
                     "CUDA out of memory. Tried to allocate more than 1EB memory.");
   }
   check_device(device, "allocate");
-  bool first = !core_.device_arena_if_any(device);
   auto ctx = history_.gather(cda::RecordContext::STATE);
   void *p = nullptr;
   PoolId pool;
   int rc = n > size_t(SSIZE_MAX) ? GG_ENOMEM : core_.alloc(n, device, stream, ctx, &p, &pool);
   if (rc < 0) {
     fail(rc, n, device, stream);
-  }
-  if (first) {
-    apply_fraction(device);
   }
   if (history_.on()) {
     history_.record(cda::TraceEntry::ALLOC, device, p, n, stream, pool, ctx);
