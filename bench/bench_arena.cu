@@ -60,17 +60,19 @@ static result_t summarize(double *v, int n) {
 
 /* ---- allocators under test: one alloc+free pair each ----------------------------------------- */
 
-/* A_PLUGIN: what PyTorch's pluggable allocator calls (gg_torch_alloc / gg_torch_free on the arena's
- * stream): stream-ordered, so a block freed on the stream is reusable at once by later work on it,
+/* A_ORDERED: what gpuguard's PyTorch backend calls for its default pool (gg_alloc_on / gg_free_on on
+ * the arena's stream): stream-ordered, so a block freed on the stream is reusable at once by later work on it,
  * as with cudaMallocAsync. */
-typedef enum { A_GG, A_GG_NOSTREAM, A_PLUGIN, A_MALLOC, A_ASYNC, A_COUNT } alloc_kind_t;
+typedef enum { A_GG, A_GG_NOSTREAM, A_ORDERED, A_MALLOC, A_ASYNC, A_COUNT } alloc_kind_t;
 static gg_arena_t *arena[3];
 
-static void *plugin_alloc(size_t size) {
+static void *ordered_alloc(size_t size) {
   void *p = NULL;
-  GG(gg_torch_alloc_status((ssize_t)size, 0, (void *)stream, &p));
+  GG(gg_alloc_on(arena[A_ORDERED], size, (void *)stream, &p));
   return p;
 }
+
+static void ordered_free(void *p) { GG(gg_free_on(arena[A_ORDERED], p, (void *)stream)); }
 
 static void pair(alloc_kind_t k, size_t size) {
   void *p = NULL;
@@ -80,9 +82,9 @@ static void pair(alloc_kind_t k, size_t size) {
     GG(gg_alloc(arena[k], size, &p));
     GG(gg_free(arena[k], p));
     break;
-  case A_PLUGIN:
-    p = plugin_alloc(size);
-    gg_torch_free(p, (ssize_t)size, 0, (void *)stream);
+  case A_ORDERED:
+    p = ordered_alloc(size);
+    ordered_free(p);
     break;
   case A_MALLOC:
     CU(cudaMalloc(&p, size));
@@ -155,9 +157,9 @@ static void bench_pairs(void) {
   printf("\n## alloc+free pair latency, ns (median of batch means / p99 of single pairs), same "
          "sizes and order "
          "for every allocator\n\n");
-  printf("| size | gpuguard | gpuguard no-stream | gpuguard plugin (PyTorch's path) | cudaMalloc | "
+  printf("| size | gpuguard | gpuguard no-stream | gpuguard stream-ordered (PyTorch's path) | cudaMalloc | "
          "cudaMallocAsync "
-         "| cudaMalloc / gpuguard | async / gpuguard | async / plugin | gpuguard events per 1000 "
+         "| cudaMalloc / gpuguard | async / gpuguard | async / ordered | gpuguard events per 1000 "
          "pairs "
          "|\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (int row = 0; row < 5; row++) {
@@ -173,19 +175,19 @@ static void bench_pairs(void) {
     char c[A_COUNT][48], x1[32] = "skipped", x2[32] = "skipped", x3[32] = "skipped";
     for (int k = 0; k < A_COUNT; k++) fmt_result(c[k], sizeof c[k], r[k]);
     double g = r[A_GG].median > 1 ? r[A_GG].median : 1,
-           gp = r[A_PLUGIN].median > 1 ? r[A_PLUGIN].median : 1;
+           gp = r[A_ORDERED].median > 1 ? r[A_ORDERED].median : 1;
     if (r[A_MALLOC].ran) snprintf(x1, sizeof x1, "%.0fx", r[A_MALLOC].median / g);
     if (r[A_ASYNC].ran) snprintf(x2, sizeof x2, "%.1fx", r[A_ASYNC].median / g);
     if (r[A_ASYNC].ran) snprintf(x3, sizeof x3, "%.1fx", r[A_ASYNC].median / gp);
     printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |\n", labels[row], c[A_GG],
-           c[A_GG_NOSTREAM], c[A_PLUGIN], c[A_MALLOC], c[A_ASYNC], x1, x2, x3, events_per_1000);
+           c[A_GG_NOSTREAM], c[A_ORDERED], c[A_MALLOC], c[A_ASYNC], x1, x2, x3, events_per_1000);
   }
   printf("\ngoals: gpuguard median <= 100 ns per pair, >= 15x faster than cudaMallocAsync, >= 50x "
          "faster than "
          "cudaMalloc.\n'gpuguard' tracks the stream (a freed block waits for the work queued "
          "before its free); "
-         "'no-stream' reuses at once (GG_ARENA_NO_STREAM); 'plugin' is "
-         "gg_torch_alloc/gg_torch_free on the "
+         "'no-stream' reuses at once (GG_ARENA_NO_STREAM); 'stream-ordered' is "
+         "gg_alloc_on/gg_free_on on the "
          "arena's stream, stream-ordered as cudaMallocAsync is (a block freed on the stream is "
          "reused at once "
          "by "
@@ -212,8 +214,8 @@ static size_t churn_next(churn_t *c, unsigned *slot) {
 static void churn_alloc(alloc_kind_t k, void **p, size_t n) {
   if (k <= A_GG_NOSTREAM)
     GG(gg_alloc(arena[k], n, p));
-  else if (k == A_PLUGIN)
-    *p = plugin_alloc(n);
+  else if (k == A_ORDERED)
+    *p = ordered_alloc(n);
   else if (k == A_MALLOC)
     CU(cudaMalloc(p, n));
   else
@@ -223,8 +225,8 @@ static void churn_alloc(alloc_kind_t k, void **p, size_t n) {
 static void churn_free(alloc_kind_t k, void *p) {
   if (k <= A_GG_NOSTREAM)
     GG(gg_free(arena[k], p));
-  else if (k == A_PLUGIN)
-    gg_torch_free(p, 0, 0, (void *)stream);
+  else if (k == A_ORDERED)
+    ordered_free(p);
   else if (k == A_MALLOC)
     CU(cudaFree(p));
   else
@@ -262,7 +264,7 @@ static result_t measure_churn(alloc_kind_t k, int iters) {
   qsort(b, (size_t)nb, sizeof *b, cmp_double);
   r.median = b[nb / 2] > 0 ? b[nb / 2] : 0;
   for (int i = 0; i < 64; i++) churn_free(k, c.live[i]);
-  if (k <= A_PLUGIN) GG(gg_arena_trim(arena[k], 0)); /* later sections start from an empty arena */
+  if (k <= A_ORDERED) GG(gg_arena_trim(arena[k], 0)); /* later sections start from an empty arena */
   free(b);
   free(v);
   return r;
@@ -272,9 +274,9 @@ static void bench_churn(void) {
   printf("\n## 64 live blocks, free a random one and allocate a new one (16 B..4 MiB, "
          "log-uniform), ns per "
          "free+alloc (median of batch means / p99 of single steps)\n\n");
-  printf("| gpuguard | gpuguard no-stream | gpuguard plugin | cudaMalloc | cudaMallocAsync | async "
+  printf("| gpuguard | gpuguard no-stream | gpuguard stream-ordered | cudaMalloc | cudaMallocAsync | async "
          "/ gpuguard | "
-         "async / plugin |\n|---|---|---|---|---|---|---|\n");
+         "async / ordered |\n|---|---|---|---|---|---|---|\n");
   result_t r[A_COUNT] = {};
   for (int k = 0; k < A_COUNT; k++) {
     if ((k == A_MALLOC || k == A_ASYNC) && !gpu) continue;
@@ -285,10 +287,10 @@ static void bench_churn(void) {
   if (r[A_ASYNC].ran) {
     snprintf(x, sizeof x, "%.1fx", r[A_ASYNC].median / (r[A_GG].median > 1 ? r[A_GG].median : 1));
     snprintf(xp, sizeof xp, "%.1fx",
-             r[A_ASYNC].median / (r[A_PLUGIN].median > 1 ? r[A_PLUGIN].median : 1));
+             r[A_ASYNC].median / (r[A_ORDERED].median > 1 ? r[A_ORDERED].median : 1));
   }
   printf("| %s | %s | %s | %s | %s | %s | %s |\n\ngoal: gpuguard <= 100 ns.\n", c[A_GG],
-         c[A_GG_NOSTREAM], c[A_PLUGIN], c[A_MALLOC], c[A_ASYNC], x, xp);
+         c[A_GG_NOSTREAM], c[A_ORDERED], c[A_MALLOC], c[A_ASYNC], x, xp);
 }
 
 /* ---- scope ends ------------------------------------------------------------------------------ */
@@ -344,7 +346,7 @@ typedef enum {
   T_GG,
   T_GG_NOSTREAM,
   T_GG_OWN,
-  T_PLUGIN,
+  T_ORDERED,
   T_ASYNC,
   T_ASYNC_OWN,
   T_COUNT
@@ -353,7 +355,7 @@ static const char *const thread_kind_names[T_COUNT] = {
     "gpuguard, one arena",
     "gpuguard no-stream, one arena",
     "gpuguard, per-thread stream (one arena each)",
-    "gpuguard plugin (PyTorch's path), one arena",
+    "gpuguard stream-ordered (PyTorch's path), one arena",
     "cudaMallocAsync, one stream",
     "cudaMallocAsync, per-thread stream"};
 
@@ -381,9 +383,9 @@ static void *thread_pairs(void *arg) {
     for (int k = 0; k < 64; k++, i++) { /* the stop flag is read once per 64 pairs */
       size_t size = r->sizes[i % r->nsizes];
       void *p = NULL;
-      if (r->kind == T_PLUGIN) {
-        p = plugin_alloc(size);
-        gg_torch_free(p, (ssize_t)size, 0, (void *)stream);
+      if (r->kind == T_ORDERED) {
+        p = ordered_alloc(size);
+        ordered_free(p);
       } else if (r->kind < T_ASYNC) {
         GG(gg_alloc(r->arena, size, &p));
         GG(gg_free(r->arena, p));
@@ -695,18 +697,16 @@ int main(void) {
   for (int k = 0; k < 3; k++) {
     gg_arena_options_t o;
     gg_arena_options_init(&o);
-    o.stream = (void *)stream, o.flags = k == 1 ? GG_ARENA_NO_STREAM : 0;
-    o.name = k == 0 ? "bench" : k == 1 ? "bench-nostream" : "bench-plugin";
+    o.stream = (void *)stream, o.flags = k == 1 ? GG_ARENA_NO_STREAM : k == 2 ? GG_ARENA_KEEP_HOLES : 0;
+    o.name = k == 0 ? "bench" : k == 1 ? "bench-nostream" : "bench-ordered";
     GG(gg_arena_create(&arena[k], &o));
   }
-  GG(gg_plugin_set_arena(0, arena[A_PLUGIN]));
   printf("gpuguard backend: %s\n", gg_arena_backend(arena[0]));
   double t0 = now_ns();
   bench_pairs();
   bench_churn();
   bench_scopes();
   bench_threads();
-  GG(gg_plugin_set_arena(0, NULL));
   for (int k = 0; k < 3; k++) GG(gg_arena_destroy(arena[k]));
   bench_fragmentation();
   bench_trim();

@@ -8,14 +8,13 @@
  * in use and calls per operation.
  *
  *   bench_calls                (sets GPUGUARD_BACKEND=host unless told otherwise)
- *   bench_calls CASE STEPS     only case CASE (0-4 pairs, 5 the 64 live blocks, 6 those through
- *                              the plugin, 7 as the native backend calls it), STEPS measured:
+ *   bench_calls CASE STEPS     only case CASE (0-4 pairs, 5 the 64 live blocks, 6 those in
+ *                              stream order, as PyTorch's backend calls the arena), STEPS measured:
  * for a profiler
  */
 #define _POSIX_C_SOURCE 200809L
 #include <gpuguard/gpuguard.h>
 #include <gpuguard/host.h>
-#include <gpuguard/plugin.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -123,38 +122,15 @@ static void churn_step(void *ctx) {
   GG(gg_alloc(c->a, n, &c->live[slot]));
 }
 
-/* The same through the framework plugin's entry points (PyTorch's path: the native backend and
- * use_arena both call these), on the arena registered for device 0: what the plugin's own work (its
- * statistics, the capture query of every call) adds to the arena's. */
-static void plugin_churn_step(void *ctx) {
+/* The same in stream order (gg_free_on + gg_alloc_on on the arena's stream): the library's part of
+ * what gpuguard's PyTorch backend does for its default pool. The backend's own work (its block
+ * table and PyTorch's statistics) lives outside the library and is not measured here. */
+static void ordered_churn_step(void *ctx) {
   churn_t *c = ctx;
   unsigned slot;
   size_t n = churn_next(c, &slot);
-  gg_torch_free(c->live[slot], 0, 0, NULL);
-  GG(gg_torch_alloc_status((ssize_t)n, 0, NULL, &c->live[slot]));
-}
-
-/* As gpuguard's native PyTorch backend calls them: it keeps PyTorch's statistics itself and
- * announces the captures PyTorch makes, so no call asks whether its stream captures. */
-static void native_churn_step(void *ctx) {
-  churn_t *c = ctx;
-  unsigned slot;
-  size_t n = churn_next(c, &slot);
-  const unsigned fl = GG_TORCH_ANNOUNCED | GG_TORCH_OWN_STATS;
-  GG(gg_torch_free_ex(c->live[slot], 0, 0, NULL, fl));
-  GG(gg_torch_alloc_ex((ssize_t)n, 0, NULL, fl, &c->live[slot]));
-}
-
-/* The 64-live churn through the plugin on arena a, registered for device 0 while it runs. */
-static void plugin_row(gg_arena_t *a, const char *label, void (*step)(void *), int steps) {
-  GG(gg_plugin_set_arena(0, a));
-  churn_t pc = {a, {0}, 4242};
-  unsigned slot;
-  for (int i = 0; i < 64; i++)
-    GG(gg_torch_alloc_status((ssize_t)churn_next(&pc, &slot), 0, NULL, &pc.live[i]));
-  print_row(label, measure(step, &pc, 2000 + 50000, steps ? steps : 50000));
-  for (int i = 0; i < 64; i++) gg_torch_free(pc.live[i], 0, 0, NULL);
-  GG(gg_plugin_set_arena(0, NULL));
+  GG(gg_free_on(c->a, c->live[slot], NULL));
+  GG(gg_alloc_on(c->a, n, NULL, &c->live[slot]));
 }
 
 /* ---- training-like sequence (bench_arena's) -------------------------------------------------- */
@@ -327,7 +303,7 @@ int main(int argc, char **argv) {
     int iters = steps ? steps : big ? 10000 : 50000;
     print_row(labels[row], measure(pair_step, &p, 2000 + iters, iters));
   }
-  if (only >= 0 && only != 5 && only != 6 && only != 7) return 0;
+  if (only >= 0 && only != 5 && only != 6) return 0;
   unsigned slot;
   if (only < 0 || only == 5) {
     churn_t c = {a, {0}, 4242};
@@ -336,12 +312,13 @@ int main(int argc, char **argv) {
               measure(churn_step, &c, 2000 + 50000, steps ? steps : 50000));
     for (int i = 0; i < 64; i++) GG(gg_free(a, c.live[i]));
   }
-  if (only < 0 || only == 6)
-    plugin_row(a, "the same through the plugin (gg_torch_free + gg_torch_alloc)", plugin_churn_step,
-               steps);
-  if (only < 0 || only == 7)
-    plugin_row(a, "the same as the native backend calls it (announced captures, own statistics)",
-               native_churn_step, steps);
+  if (only < 0 || only == 6) {
+    churn_t c = {a, {0}, 4242};
+    for (int i = 0; i < 64; i++) GG(gg_alloc_on(a, churn_next(&c, &slot), NULL, &c.live[i]));
+    print_row("the same in stream order (gg_free_on + gg_alloc_on)",
+              measure(ordered_churn_step, &c, 2000 + 50000, steps ? steps : 50000));
+    for (int i = 0; i < 64; i++) GG(gg_free_on(a, c.live[i], NULL));
+  }
   gg_arena_stats_t st;
   GG(gg_arena_stats(a, &st));
   printf("\nbench arena after: peak mapped %.1f MiB, peak in use %.1f MiB\n",

@@ -1,6 +1,7 @@
 /* bench_replay.c — plays a recorded allocation trace (bench/torch_trace.py writes one from a real
- * PyTorch training run) through a gpuguard arena the way PyTorch's pluggable allocator calls it
- * (gg_torch_alloc / gg_torch_free on the arena's stream), once per chunk size, and prints a table:
+ * PyTorch training run) through a gpuguard arena the way gpuguard's PyTorch backend calls it for its
+ * default pool (gg_alloc_on / gg_free_on on the arena's stream, GG_ARENA_KEEP_HOLES), once per chunk
+ * size, and prints a table:
  * peak mapped / peak in use, what trim leaves mapped, waits, and the time per call.
  *
  *   bench_replay [--catch-up N|step] [--no-steady-waits] [--max-ratio R] [--max-moves N]
@@ -21,7 +22,6 @@
  * (each move is driver calls on the allocating thread). */
 #define _POSIX_C_SOURCE 200809L
 #include <gpuguard/gpuguard.h>
-#include <gpuguard/plugin.h>
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -280,8 +280,10 @@ int main(int argc, char **argv) {
       break;
     }
     o.name = "replay";
+    o.flags = GG_ARENA_KEEP_HOLES; /* as PyTorch's backend makes its arenas */
     gg_arena_t *a;
-    if ((rc = gg_arena_create(&a, &o)) < 0 || (rc = gg_plugin_set_arena(0, a)) < 0) {
+    unsigned long long failed_frees = 0;
+    if ((rc = gg_arena_create(&a, &o)) < 0) {
       fprintf(stderr, "bench_replay: %s: %s\n", gg_strerror(rc), gg_last_error());
       break;
     }
@@ -295,15 +297,15 @@ int main(int argc, char **argv) {
           (rc = catch_up(clock, &skip, &skip_k)) < 0)
         fprintf(stderr, "bench_replay: catching up: %s\n", gg_last_error());
       if (ev[i].op == 'a') {
-        ptr[ev[i].id] = gg_torch_alloc((ssize_t)ev[i].size, 0, NULL);
+        ptr[ev[i].id] = NULL;
         sz[ev[i].id] = ev[i].size;
-        if (!ptr[ev[i].id]) {
+        if (gg_alloc_on(a, ev[i].size, NULL, &ptr[ev[i].id]) < 0) {
           fprintf(stderr, "bench_replay: event %zu: allocation of %zu bytes failed\n", i,
                   ev[i].size);
           rc = -1;
         }
       } else if (ev[i].op == 'f' && ptr[ev[i].id]) {
-        gg_torch_free(ptr[ev[i].id], (ssize_t)sz[ev[i].id], 0, NULL);
+        failed_frees += gg_free_on(a, ptr[ev[i].id], NULL) < 0;
         ptr[ev[i].id] = NULL;
       }
     }
@@ -358,19 +360,15 @@ int main(int argc, char **argv) {
         s.bytes_in_use / 1048576.0, s.n_trims, s.bytes_trimmed / 1073741824.0, s.n_stream_waits,
         steady, churn, moves, dt * 1e9 / (double)n, calls);
     for (size_t i = 0; i < ids; i++)
-      if (ptr[i]) gg_torch_free(ptr[i], (ssize_t)sz[i], 0, NULL);
-    gg_plugin_stats_t ps;
+      if (ptr[i]) failed_frees += gg_free_on(a, ptr[i], NULL) < 0;
     gg_arena_stats(a, &s);
-    gg_plugin_stats(0, &ps);
-    if (s.bytes_in_use || s.n_live || ps.n_failed_frees || ps.n_failed_allocs) {
-      fprintf(
-          stderr,
-          "bench_replay: after the replay %zu bytes in %llu blocks are still live; %llu frees and "
-          "%llu allocations failed\n",
-          s.bytes_in_use, s.n_live, ps.n_failed_frees, ps.n_failed_allocs);
+    if (s.bytes_in_use || s.n_live || failed_frees) {
+      fprintf(stderr,
+              "bench_replay: after the replay %zu bytes in %llu blocks are still live; %llu frees "
+              "failed\n",
+              s.bytes_in_use, s.n_live, failed_frees);
       rc = -1;
     }
-    gg_plugin_set_arena(0, NULL);
     gg_arena_destroy(a);
   }
   gg_arena_destroy(clock);

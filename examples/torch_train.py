@@ -5,12 +5,12 @@ with DataLoader workers that die with the trainer.
   GPUGUARD_LIBRARY=build/libgpuguard.so PYTHONPATH=bindings/python python3 examples/torch_train.py [--steps N]
 
 What it shows:
-- A scope per step: each step runs inside ``gpuguard.torch.mem_pool(arena)`` (works after CUDA is
-  initialised). Inside the step PyTorch's caching allocator serves tensors from a MemPool whose segments
-  come from the arena; at the end of the step the pool is deleted and its segments go back to the arena
-  ("in use" drops to 0). The arena keeps that memory mapped (no driver calls from step 2 on) until
-  ``trim`` gives it back to the driver at the end. The model, its optimizer state and cuBLAS's workspace
-  are made before the loop with PyTorch's own allocator, so they never pin a step's segments.
+- A scope per step: each step runs inside ``gpuguard.torch.mem_pool(arena)``, on gpuguard's PyTorch
+  backend (installed before the first CUDA call). Inside the step tensors come from a MemPool that draws
+  from the arena; as they die their blocks go back to the arena ("in use" drops to 0 at the step's end).
+  The arena keeps that memory mapped (no driver calls from step 2 on) until ``trim`` gives it back to the
+  driver at the end. The model, its optimizer state and cuBLAS's workspace are made before the loop in the
+  backend's own arena, so they never pin a step's memory.
 - Workers: two DataLoader workers are adopted into the guard (teardown on every exit path: exception,
   Ctrl-C, SIGTERM), armed to die with the trainer even on SIGKILL (``arm_child`` in worker_init_fn), and
   drop their inherited /dev/nvidia* descriptors (which would otherwise keep the trainer's device memory
@@ -73,6 +73,8 @@ def main() -> int:
 
     cuda = torch.cuda.is_available()
     if cuda:
+        import gpuguard.torch as ggt
+        ggt.use_native()  # gpuguard's PyTorch backend, before the first CUDA call: mem_pool draws through it
         dev = torch.device("cuda", 0)
         print(f"gpuguard torch_train: CUDA device 0 ({torch.cuda.get_device_name(0)}), per-step MemPool "
               "from a gpuguard arena")

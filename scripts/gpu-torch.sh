@@ -37,8 +37,8 @@ timeout 900 python3 -m pytest -q -rs -p no:cacheprovider bindings/python/tests/t
   2>&1 | tee "$out/pytest-native.log" | tail -25
 note "test_torch_native: $(grep -E '[0-9]+ (passed|failed)' "$out/pytest-native.log" | tail -1)"
 timeout 900 python3 -m pytest -q -rs -p no:cacheprovider bindings/python/tests/test_torch.py \
-  bindings/python/tests/test_torch_graphs.py 2>&1 | tee "$out/pytest-torch.log" | tail -10
-note "test_torch + graphs (plugin): $(grep -E '[0-9]+ (passed|failed)' "$out/pytest-torch.log" | tail -1)"
+  2>&1 | tee "$out/pytest-torch.log" | tail -10
+note "test_torch (use_arena, mem_pool): $(grep -E '[0-9]+ (passed|failed)' "$out/pytest-torch.log" | tail -1)"
 
 # 2. third-party code, unchanged, one round per allocator
 steps=30

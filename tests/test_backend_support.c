@@ -1,6 +1,5 @@
 /* test_backend_support.c — what a framework's allocator backend (gpuguard's PyTorch backend) asks
- * of the library, on the host backend: an arena made once per device on first use, however many
- * threads ask; a limit below the capacity (PyTorch's memory fraction); the mapped ranges for
+ * of the library, on the host backend: a limit below the capacity (PyTorch's memory fraction); the mapped ranges for
  * snapshots; and statistics read without touching the stream (safe while a stream captures). */
 #include <pthread.h>
 #include <stdint.h>
@@ -19,86 +18,6 @@ static gg_arena_t *host_arena(size_t capacity, size_t chunk, void *stream) {
   gg_arena_t *a = NULL;
   gg_assert_ok(gg_arena_create(&a, &o));
   return a;
-}
-
-/* ---- gg_plugin_ensure_arena
- * ---------------------------------------------------------------------- */
-
-typedef struct {
-  gg_arena_options_t *opts;
-  gg_arena_t *got;
-  int rc;
-} ensure_job_t;
-
-static void *ensure_thread(void *p) {
-  ensure_job_t *j = p;
-  j->rc = gg_plugin_ensure_arena(0, j->opts, &j->got);
-  return NULL;
-}
-
-static void test_ensure_makes_one_arena_for_racing_threads(void **state) {
-  (void)state;
-  gg_arena_options_t o;
-  gg_arena_options_init(&o);
-  o.backend = "host";
-  o.capacity = 64u << 20;
-  o.chunk_size = 2u << 20;
-  enum { N = 8 };
-  pthread_t t[N];
-  ensure_job_t jobs[N];
-  for (int i = 0; i < N; i++) {
-    jobs[i] = (ensure_job_t){&o, NULL, -99};
-    assert_int_equal(pthread_create(&t[i], NULL, ensure_thread, &jobs[i]), 0);
-  }
-  for (int i = 0; i < N; i++) {
-    pthread_join(t[i], NULL);
-  }
-  for (int i = 0; i < N; i++) {
-    assert_int_equal(jobs[i].rc, 0);
-    assert_non_null(jobs[i].got);
-    assert_ptr_equal(jobs[i].got, jobs[0].got);
-  }
-  gg_arena_t *reg = NULL;
-  gg_assert_ok(gg_plugin_get_arena(0, &reg));
-  assert_ptr_equal(reg, jobs[0].got);
-  assert_string_equal(gg_arena_name(reg), "torch"); /* the default name for a backend's arena */
-  /* A second call returns the registered one, whatever options it passes. */
-  gg_arena_t *again = NULL;
-  o.capacity = 1u << 20;
-  gg_assert_ok(gg_plugin_ensure_arena(0, &o, &again));
-  assert_ptr_equal(again, reg);
-  void *p = gg_torch_alloc(4096, 0, NULL);
-  assert_non_null(p);
-  gg_torch_free(p, 4096, 0, NULL);
-  gg_assert_ok(gg_arena_destroy(reg)); /* unregisters it: the next call makes a new one */
-  gg_assert_ok(gg_plugin_get_arena(0, &reg));
-  assert_null(reg);
-  gg_assert_ok(gg_plugin_ensure_arena(0, NULL, &again));
-  assert_non_null(again);
-  gg_assert_ok(gg_arena_destroy(again));
-}
-
-static void test_ensure_refuses_bad_input(void **state) {
-  (void)state;
-  gg_arena_t *a = (gg_arena_t *)0x1;
-  gg_assert_fails(gg_plugin_ensure_arena(0, NULL, NULL), GG_EINVAL, "NULL");
-  gg_assert_fails(gg_plugin_ensure_arena(-1, NULL, &a), GG_EINVAL, "out of range");
-  assert_null(a);
-  gg_assert_fails(gg_plugin_ensure_arena(GG_PLUGIN_MAX_DEVICES, NULL, &a), GG_EINVAL,
-                  "out of range");
-  gg_arena_options_t o;
-  gg_arena_options_init(&o);
-  o.backend = "host";
-  o.flags = GG_ARENA_NO_STREAM;
-  gg_assert_fails(gg_plugin_ensure_arena(10, &o, &a), GG_EINVAL, "GG_ARENA_NO_STREAM");
-  assert_null(a);
-  o.flags = 0;
-  o.backend = "no-such-backend";
-  assert_true(gg_plugin_ensure_arena(10, &o, &a) < 0);
-  assert_null(a);
-  gg_arena_t *reg = (gg_arena_t *)0x1;
-  gg_assert_ok(gg_plugin_get_arena(10, &reg));
-  assert_null(reg); /* nothing half-made stays registered */
 }
 
 /* ---- gg_arena_set_limit -------------------------------------------------------------------------
@@ -341,8 +260,6 @@ static void test_quiet_stats_touch_no_stream(void **state) {
 int main(void) {
   setenv("GPUGUARD_HOST_CAPACITY", "1G", 1);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_ensure_makes_one_arena_for_racing_threads),
-      cmocka_unit_test(test_ensure_refuses_bad_input),
       cmocka_unit_test(test_limit_below_capacity_fails_growth_past_it),
       cmocka_unit_test(test_chunks_are_reported_as_ranges_that_hold_every_block),
       cmocka_unit_test(test_mappings_cover_a_block_exactly_in_order),

@@ -124,7 +124,6 @@ static int stress(void) {
   o.backend = "host", o.signals = 0, o.run_at_exit = false;
   gg_guard_t *g = NULL;
   if (gg_guard_create(&g, &o) != 0) return 3;
-  gg_plugin_set_arena(0, NULL); /* the plugin's locks join the fork handler once it was used */
   int failures = 0;
   pthread_t t[5];
   pthread_create(&t[0], NULL, spawner, g);

@@ -21,7 +21,6 @@ struct gg_arena;
 int gg__arena_check(struct gg_arena *arena);
 }
 #include "gg_test.h"
-#include "gpuguard/plugin.h"
 
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
@@ -62,6 +61,13 @@ static gg_arena_t *make(size_t capacity, size_t chunk, cudaStream_t stream, cons
   gg_assert_ok(gg_arena_create(&a, &o));
   assert_string_equal(gg_arena_backend(a), "cuda");
   return a;
+}
+
+/* A block for work on stream s, in stream order (what the PyTorch backend's default pool calls). */
+static void *alloc_on(gg_arena_t *a, size_t n, cudaStream_t s) {
+  void *p = NULL;
+  gg_assert_ok(gg_alloc_on(a, n, (void *)s, &p));
+  return p;
 }
 
 static void kernel_roundtrip(const char *vmm) {
@@ -187,20 +193,24 @@ static void test_growth_moves_free_chunks_under_a_running_kernel(void **state) {
   CUDA_OK(cudaStreamCreate(&s));
   size_t free0 = 0, total = 0;
   CUDA_OK(cudaMemGetInfo(&free0, &total));
-  gg_arena_t *a = make(1 * GiB, 8 * MiB, s, "moves");
-  gg_assert_ok(gg_plugin_set_arena(0, a));
-  void *A = gg_torch_alloc((ssize_t)(32 * MiB), 0, s);
-  void *y = gg_torch_alloc(4096, 0, s);
+  gg_arena_options_t o;
+  gg_arena_options_init(&o);
+  o.backend = "cuda", o.capacity = 1 * GiB, o.chunk_size = 8 * MiB, o.stream = (void *)s;
+  o.name = "moves", o.flags = GG_ARENA_KEEP_HOLES; /* as the PyTorch backend makes its arenas */
+  gg_arena_t *a = NULL;
+  gg_assert_ok(gg_arena_create(&a, &o));
+  void *A = alloc_on(a, 32 * MiB, s);
+  void *y = alloc_on(a, 4096, s);
   assert_non_null(A);
   assert_non_null(y);
   spin_then_write<<<1, 256, 0, s>>>((unsigned *)A, 32 * MiB / sizeof(unsigned), 200LL * khz,
                                     0xC0FFEEu);
   CUDA_OK(cudaGetLastError());
-  gg_torch_free(A, (ssize_t)(32 * MiB), 0, s);
+  gg_assert_ok(gg_free_on(a, A, s));
   gg_arena_stats_t s0, s1, s2;
   gg_assert_ok(gg_arena_stats(a, &s0));
   double t0 = now_ms();
-  unsigned *B = (unsigned *)gg_torch_alloc((ssize_t)(48 * MiB), 0, s); /* past the peak */
+  unsigned *B = (unsigned *)alloc_on(a, 48 * MiB, s); /* past the peak */
   double t1 = now_ms();
   assert_non_null(B);
   assert_int_equal(cudaStreamQuery(s), cudaErrorNotReady); /* the kernel is still running */
@@ -215,7 +225,7 @@ static void test_growth_moves_free_chunks_under_a_running_kernel(void **state) {
   size_t bad = 0;
   for (size_t i = 0; i < n; i++) bad += h[i] != (unsigned)i * 2654435761u + 7u;
   free(h);
-  void *C = gg_torch_alloc((ssize_t)(64 * MiB), 0, s); /* the next growth: the old range goes */
+  void *C = alloc_on(a, 64 * MiB, s); /* the next growth: the old range goes */
   assert_non_null(C);
   gg_assert_ok(gg_arena_stats(a, &s2));
   printf("48 MiB past the peak while a kernel wrote the 32 MiB freed: %.3f ms, %llu chunks moved, "
@@ -230,10 +240,9 @@ static void test_growth_moves_free_chunks_under_a_running_kernel(void **state) {
   assert_true(s1.bytes_mapped < s0.bytes_mapped + 48 * MiB);
   assert_int_equal(s2.n_stream_waits, s0.n_stream_waits);
   gg_assert_ok(gg__arena_check(a));
-  gg_torch_free(B, (ssize_t)(48 * MiB), 0, s);
-  gg_torch_free(C, (ssize_t)(64 * MiB), 0, s);
-  gg_torch_free(y, 4096, 0, s);
-  gg_assert_ok(gg_plugin_set_arena(0, NULL));
+  gg_assert_ok(gg_free_on(a, B, s));
+  gg_assert_ok(gg_free_on(a, C, s));
+  gg_assert_ok(gg_free_on(a, y, s));
   gg_assert_ok(gg_arena_trim(a, 0));
   gg_assert_ok(gg_arena_stats(a, &s2));
   assert_int_equal(s2.bytes_mapped, 0);

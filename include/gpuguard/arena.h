@@ -59,6 +59,12 @@ typedef struct gg_arena gg_arena_t;
  *  GPUGUARD_BACKTRACE=1 (read when an arena is created) turns it on for every arena; it cannot turn
  *  off the flag given here. */
 #define GG_ARENA_BACKTRACE 0x4u
+/** The arena serves a caching allocator whose callers come back for the sizes they freed (a
+ *  framework's tensors: each training step allocates what the last one did). Growth then never
+ *  moves the bump block into a free hole larger than a share of what is mapped: such a hole is kept
+ *  for the large block that left it. Scopes still work on such an arena, but their ends are no
+ *  longer O(1). */
+#define GG_ARENA_KEEP_HOLES 0x8u
 
 /** Options for gg_arena_create(). Fill with gg_arena_options_init() first; new fields are only ever
  *  added at the end. */
@@ -179,6 +185,54 @@ GG_API int gg_alloc_ex(gg_arena_t *arena, size_t size, size_t align, const char 
  *  @return 0; GG_EINVAL for NULL, a pointer this arena did not return, a pointer into the middle of
  *  a block, or a block already freed (double free). */
 GG_API int gg_free(gg_arena_t *arena, void *ptr);
+
+/** Allocates @p size bytes for work queued on @p stream, in stream order (as cudaMallocAsync does).
+ *  A block freed on the arena's own stream is reusable at once by later work on that stream. When
+ *  @p stream is another one, it is first made to wait, on the device, for the work queued on the
+ *  arena's stream so far (an event recorded there; the host never waits): blocks released onto the
+ *  arena's stream may still be in use there. With GG_ARENA_NO_STREAM nothing is ordered.
+ *  @param arena the arena.
+ *  @param size bytes wanted, more than 0.
+ *  @param stream the stream the block will be used on (a CUstream; NULL or 0x1 is the legacy
+ *  default stream).
+ *  @param[out] ptr receives the device address, 256-byte aligned.
+ *  @return 0; gg_alloc_ex()'s errors; a driver error from the stream wait (then nothing is
+ *  allocated). Thread-safe. */
+GG_API int gg_alloc_on(gg_arena_t *arena, size_t size, void *stream, void **ptr);
+
+/** Frees a block in stream order (as cudaFreeAsync does): work queued on @p stream before this call
+ *  may still use it. On the arena's own stream the block is reusable at once by later work on that
+ *  stream. On another stream, the arena's stream first waits, on the device, for the work queued on
+ *  @p stream so far; the block is then in the arena's stream order. If that wait cannot be queued,
+ *  the block is not freed (it stays until its scope ends or the arena is destroyed): memory that
+ *  work may still read is never handed out.
+ *  @param arena the arena.
+ *  @param ptr the block; NULL is an error, as for gg_free().
+ *  @param stream the stream work on the block was last queued on (NULL or 0x1: the legacy default
+ *  stream).
+ *  @return 0; gg_free()'s errors; a driver error from the stream wait. Thread-safe. */
+GG_API int gg_free_on(gg_arena_t *arena, void *ptr, void *stream);
+
+/** Makes the arena's stream wait, on the device, for the work queued on @p stream so far (an event
+ *  recorded on @p stream that the arena's stream waits for). For a block used on a second stream
+ *  (`Tensor.record_stream`): call it before gg_free_on() so the block is not handed out while that
+ *  stream may still use it.
+ *  @param arena the arena.
+ *  @param stream the other stream (NULL or 0x1: the legacy default stream).
+ *  @return 1 when a wait was queued; 0 when none was needed (the arena's own stream, or
+ *  GG_ARENA_NO_STREAM); GG_EINVAL for a handle that is not a live arena; a driver error.
+ *  Thread-safe. */
+GG_API int gg_arena_join_stream(gg_arena_t *arena, void *stream);
+
+/** The options the arena applies, as gg_arena_create() settled them: device, backend ("cuda" or
+ *  "host", static text), capacity and chunk size rounded to the driver's granularity, stream, flags
+ *  (GPUGUARD_BACKTRACE included) and name (the arena's own copy, valid while it lives). What a layer
+ *  that makes a second arena like this one needs.
+ *  @param arena the arena.
+ *  @param[out] out filled on success.
+ *  @return 0; GG_EINVAL for a NULL @p out or a handle that is not a live arena; GG_ESTATE after
+ *  fork or teardown. Thread-safe. */
+GG_API int gg_arena_get_options(gg_arena_t *arena, gg_arena_options_t *out);
 
 /** Opens a scope. Scopes nest and end in LIFO order.
  *  @return 0; GG_EINVAL for NULL arguments. */

@@ -9,15 +9,13 @@
  *  GG_E* code (see @ref gg_errors) and gg_last_error() says what failed.
  *
  *  Parts: @ref gg_errors, @ref gg_arena, @ref gg_guard (guide: @ref guards), @ref gg_query,
- *  @ref gg_report, @ref gg_host, @ref gg_proc, @ref gg_registry, @ref gg_plugin
- *  (guide: @ref python). */
+ *  @ref gg_report, @ref gg_host, @ref gg_proc, @ref gg_registry (guide: @ref python). */
 
 #include "gpuguard/arena.h"
 #include "gpuguard/error.h"
 #include "gpuguard/export.h"
 #include "gpuguard/guard.h"
 #include "gpuguard/host.h"
-#include "gpuguard/plugin.h"
 #include "gpuguard/proc.h"
 #include "gpuguard/query.h"
 #include "gpuguard/report.h"

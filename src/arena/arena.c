@@ -95,12 +95,6 @@ static void gg__arena_fork_child(void) {
 GG__FORK_REGISTER(GG__FORK_ARENAS, gg__arena_fork_prepare, gg__arena_fork_parent,
                   gg__arena_fork_child)
 
-static void (*_Atomic gg__destroy_hook)(const gg_arena_t *arena);
-
-void gg__arena_on_destroy(void (*fn)(const gg_arena_t *arena)) {
-  atomic_store(&gg__destroy_hook, fn);
-}
-
 /* ---- create and destroy ---------------------------------------------------------------------- */
 
 void gg_arena_options_init(gg_arena_options_t *opts) {
@@ -134,6 +128,7 @@ static int gg__arena_open(gg_arena_t *a, const gg_arena_options_t *o) {
   a->stream = o->stream;
   a->flags = o->flags;
   a->track = !(o->flags & GG_ARENA_NO_STREAM);
+  a->keep_holes = (o->flags & GG_ARENA_KEEP_HOLES) != 0;
   gg__strlcpy(a->name, o->name ? o->name : "arena", sizeof a->name);
   return 0;
 }
@@ -147,7 +142,8 @@ int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
   gg_arena_options_t o;
   gg_arena_options_init(&o);
   if (opts) o = *opts;
-  if (o.flags & ~(GG_ARENA_NO_STREAM | GG_ARENA_TRIM_ON_SCOPE_EXIT | GG_ARENA_BACKTRACE))
+  if (o.flags & ~(GG_ARENA_NO_STREAM | GG_ARENA_TRIM_ON_SCOPE_EXIT | GG_ARENA_BACKTRACE |
+                  GG_ARENA_KEEP_HOLES))
     return gg__err(GG_EINVAL, "gg_arena_create: unknown flags %#x", o.flags);
   if (o.device < 0) return gg__err(GG_EINVAL, "gg_arena_create: device %d is negative", o.device);
   const char *bt = gg__env("GPUGUARD_BACKTRACE"); /* turns sites on for every arena; never off */
@@ -279,10 +275,6 @@ int gg_arena_destroy(gg_arena_t *a) {
     return gg__err(GG_EINVAL, "gg_arena_destroy: %p is not a live arena (destroyed already)",
                    (void *)a);
   gg__live_remove(a);
-  /* Before our lock: whoever hooked in (PyTorch's plugin) stops using the arena and starts no new
-   * use. */
-  void (*hook)(const gg_arena_t *) = atomic_load(&gg__destroy_hook);
-  if (hook) hook(a);
   /* Before our lock: if the guard is tearing this arena down right now, this waits for that step.
    * */
   gg__guard_detach(a->guard_token);
@@ -457,16 +449,9 @@ int gg_arena_reset_peak(gg_arena_t *a) {
   return 0;
 }
 
-int gg__arena_keep_holes(gg_arena_t *a, const char *op) {
-  int rc = gg__arena_enter(a, op);
-  if (rc < 0) return rc;
-  a->keep_holes = true;
-  gg__arena_leave(a);
-  return 0;
-}
-
-int gg__arena_options_of(gg_arena_t *a, gg_arena_options_t *out) {
-  int rc = gg__arena_enter(a, "gg__arena_options_of");
+int gg_arena_get_options(gg_arena_t *a, gg_arena_options_t *out) {
+  if (!out) return gg__err(GG_EINVAL, "gg_arena_get_options: out is NULL");
+  int rc = gg__arena_enter(a, "gg_arena_get_options");
   if (rc < 0) return rc;
   gg_arena_options_init(out);
   out->device = a->dev->index;

@@ -389,7 +389,7 @@ static int gg__free_block(gg_arena_t *a, uintptr_t p, bool ordered) {
   return 0;
 }
 
-/* Frees ptr; `ordered`: released in stream order (the plugin), reusable at once. Inline into its
+/* Frees ptr; `ordered`: released in stream order (gg_free_on), reusable at once. Inline into its
  * two callers: a call less on every free that takes the lock. */
 static inline __attribute__((always_inline)) int gg__free_locked(gg_arena_t *a, void *ptr,
                                                                  bool ordered) {
@@ -411,7 +411,7 @@ int gg_free(gg_arena_t *a, void *ptr) {
   return rc;
 }
 
-/* ---- for the allocator plugin ---------------------------------------------------------------- */
+/* ---- stream-ordered calls (gg_alloc_on / gg_free_on) ----------------------------------------- */
 
 /* CU_STREAM_LEGACY (0x1) names the same stream as NULL, the legacy default stream. */
 static void *gg__norm_stream(void *stream) { return stream == (void *)0x1 ? NULL : stream; }
@@ -442,54 +442,48 @@ static int gg__join_other_locked(gg_arena_t *a, void *stream) {
   return !a->track || stream == a->stream ? 0 : gg__join_locked(a, stream, a->stream);
 }
 
-int gg__arena_free_on(gg_arena_t *a, void *ptr, void *stream, int *joined) {
-  *joined = 0;
-  int rc = gg__arena_valid(a, "gg_torch_free");
+int gg_free_on(gg_arena_t *a, void *ptr, void *stream) {
+  int rc = gg__arena_valid(a, "gg_free_on");
   if (rc < 0) return rc;
   /* On the arena's own stream (or none tracked) no wait is needed: the cache may take it back. */
   if (ptr && (!a->track || gg__norm_stream(stream) == a->stream) && gg__tcache_free(a, ptr, true))
     return 0;
-  rc = gg__arena_lock_counted(a, "gg_torch_free");
+  rc = gg__arena_lock_counted(a, "gg_free_on");
   if (rc < 0) return rc;
-  /* Stream-ordered, as PyTorch's own allocator: a block freed on the arena's stream is reusable at
-   * once by later work on that stream, which the stream runs after the work before the free; an
-   * allocation for another stream makes that stream wait for the arena's first
-   * (gg__arena_alloc_on). For a block freed on another stream, the arena's stream first waits for
-   * that stream's work so far, on the device: the block is then in the arena's stream order too.
-   * Under the lock (a guard's teardown cannot close the device meanwhile). */
+  /* A block freed on the arena's stream is reusable at once by later work on that stream, which
+   * the stream runs after the work before the free; an allocation for another stream makes that
+   * stream wait for the arena's first (gg_alloc_on). For a block freed on another stream, the
+   * arena's stream first waits for that stream's work so far, on the device: the block is then in
+   * the arena's stream order too. Under the lock (a guard's teardown cannot close the device
+   * meanwhile). */
   rc = gg__join_other_locked(a, stream);
-  if (rc > 0) *joined = 1;
   if (rc >= 0) rc = gg__free_locked(a, ptr, true);
   gg__arena_leave(a);
-  return rc;
+  return rc < 0 ? rc : 0;
 }
 
-int gg__arena_join_stream(gg_arena_t *a, void *stream) {
-  int rc = gg__arena_enter(a, "gg_torch_free");
+int gg_arena_join_stream(gg_arena_t *a, void *stream) {
+  int rc = gg__arena_enter(a, "gg_arena_join_stream");
   if (rc < 0) return rc;
   rc = gg__join_other_locked(a, stream);
   gg__arena_leave(a);
   return rc;
 }
 
-int gg__arena_alloc_on(gg_arena_t *a, size_t size, void *stream, void **ptr, int *joined) {
-  *joined = 0;
-  int rc = gg__alloc(a, size, 0, "torch", ptr, __builtin_return_address(0));
+int gg_alloc_on(gg_arena_t *a, size_t size, void *stream, void **ptr) {
+  int rc = gg__alloc(a, size, 0, NULL, ptr, __builtin_return_address(0));
   if (rc < 0 || !a->track || gg__norm_stream(stream) == a->stream) return rc;
   /* For another stream: what the arena's stream still runs may touch a block released onto it, so
    * that stream waits for it, on the device. */
-  rc = gg__arena_enter(a, "gg_torch_alloc");
+  rc = gg__arena_enter(a, "gg_alloc_on");
   if (rc == 0) {
     rc = gg__join_locked(a, a->stream, gg__norm_stream(stream));
     gg__arena_leave(a);
-    if (rc > 0) {
-      *joined = 1;
-      rc = 0;
-    }
   }
   if (rc < 0) {
     gg_free(a, *ptr);
     *ptr = NULL;
+    return rc;
   }
-  return rc;
+  return 0;
 }

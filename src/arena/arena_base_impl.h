@@ -65,7 +65,7 @@ typedef struct gg__bump_entry {
   const char *tag;
   int depth;
   bool live;
-  bool ordered; /* freed in stream order (the plugin): its memory is reusable at once */
+  bool ordered; /* freed in stream order (gg_free_on): its memory is reusable at once */
 } gg__bump_entry_t;
 
 /* Entries of the log that tile one piece of memory without gaps. */
@@ -118,7 +118,7 @@ struct gg_arena {
   size_t capacity, chunk_size, granularity;
   size_t limit; /* mapped bytes a growth may reach (gg_arena_set_limit); the capacity by default */
   bool contiguous, track;
-  bool keep_holes; /* serves a framework's caching allocator: gg__arena_keep_holes() */
+  bool keep_holes; /* serves a framework's caching allocator: GG_ARENA_KEEP_HOLES */
   void *stream;
   unsigned flags;
   char name[64];
@@ -170,11 +170,11 @@ struct gg_arena {
   bool on_live;
   bool ordered_released; /* stream-ordered releases no granule records: unmapping must wait for the
                             stream */
-  void *join_event; /* recorded on one stream for another to wait on (plugin calls on other streams)
+  void *join_event; /* recorded on one stream for another to wait on (gg_alloc_on/gg_free_on on other streams)
                      */
   gg__sites_t *sites; /* allocation sites (GG_ARENA_BACKTRACE), or NULL; set at creation only */
 
-  /* Stream-ordered releases (the plugin's) make memory reusable at once, in stream order, but it
+  /* Stream-ordered releases (gg_free_on) make memory reusable at once, in stream order, but it
    * may be unmapped only once the work queued before the release is done. Each granule of the range
    * keeps the epoch of the last such release that touched it; an event recorded on the stream
    * closes an epoch, and every epoch up to ord_safe is known done. Growth then gives back only

@@ -200,7 +200,7 @@ static unsigned gg__tc_cap(size_t size) {
 
 /* The tag the caller asked for, when it is the cache's: the interned text (the tag cut at
  * GG__TAG_MAX bytes), without the arena's lock. Compared byte by byte: tags are short, and strnlen
- * + strncmp cost more than the loop on every allocation the plugin makes (its tag is "torch"). */
+ * + strncmp cost more than the loop on every tagged allocation. */
 static bool gg__tc_tag(const gg__tcache_t *c, const char *tag, const char **out) {
   if (!tag || !*tag) {
     *out = "";

@@ -24,7 +24,7 @@
 typedef struct gg__tc_entry {
   gg__block_t *rec;
   uint64_t ticket; /* the cache's epoch at the free; 0: reusable at once */
-  bool ordered;    /* freed in stream order (the plugin) */
+  bool ordered;    /* freed in stream order (gg_free_on) */
 } gg__tc_entry_t;
 
 typedef struct gg__tc_class {

@@ -490,7 +490,7 @@ int gg__arena_trim_locked(gg_arena_t *a, size_t keep) {
   if (rc == 0) rc = gg__arena_wait_pending(a);
   if (rc < 0) return rc;
   if (!a->n_chunks) return 0;
-  /* Releases made in stream order (the framework plugin) are free at once but may still be read by
+  /* Releases made in stream order (gg_free_on) are free at once but may still be read by
    * work queued before them: memory is unmapped only once the stream has run all of it (a wait only
    * when some of it is not known done). */
   rc = gg__arena_ordered_wait(a);

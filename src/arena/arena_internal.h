@@ -1,7 +1,6 @@
 /* arena_internal.h — what the rest of the library and the tests may use of the arena (src/arena*.c)
- * beyond the public header: the allocator plugin's stream-aware calls, the destroy hook, the fork
- * handlers of the arena's global locks, the live list for reports, and for tests a full consistency
- * check and counters that show how much work scope ends and reclaims did. */
+ * beyond the public header: the live list for reports, and for tests a full consistency check and
+ * counters that show how much work scope ends and reclaims did. */
 #ifndef GG_ARENA_INTERNAL_H
 #define GG_ARENA_INTERNAL_H
 
@@ -39,36 +38,5 @@ int gg__arena_foreach_live(int (*fn)(gg_arena_t *arena, void *user), void *user)
  * chunks exactly, nothing overlaps, free neighbours are merged, statistics match. 0 when
  * consistent; else GG_ESTATE with what is wrong in gg_last_error(). */
 int gg__arena_check(gg_arena_t *arena);
-
-/* gg_free() in stream order for a block used on `stream`. When the arena tracks a stream and
- * `stream` is another one, the arena's stream is first made to wait, on the device, for the work
- * queued on `stream` so far (an event recorded there; no host-side wait), and *joined is set: the
- * block is then reusable in the arena's stream order. A failed join frees nothing. */
-int gg__arena_free_on(gg_arena_t *arena, void *ptr, void *stream, int *joined);
-/* gg_alloc for work on `stream`: when that is not the arena's stream, `stream` is made to wait, on
- * the device, for the work queued on the arena's stream so far (blocks released onto it in stream
- * order may still be in use there), and *joined is set. */
-int gg__arena_alloc_on(gg_arena_t *arena, size_t size, void *stream, void **ptr, int *joined);
-/* Makes the arena's stream wait, on the device, for the work queued on `stream` so far, when the
- * arena tracks a stream and `stream` is another one: a block PyTorch recorded on `stream` is then
- * freed in the arena's stream order. 1 when it joined, 0 when nothing was needed, or an error. */
-int gg__arena_join_stream(gg_arena_t *arena, void *stream);
-
-/* Marks an arena that serves a framework's caching allocator (the plugin's arenas): the bump block
- * then never moves into a free block larger than 1/GG__HOLE_SHARE of what is mapped, where a large
- * tensor of the last step was and its like will be again (gg__arena_promote). Scopes on such an
- * arena still work; their ends are then no longer O(1). 0, or the error of a handle not live, named
- * after `op` (the public call that asked). */
-int gg__arena_keep_holes(gg_arena_t *arena, const char *op);
-
-/* Sets the one function gg_arena_destroy() calls before it tears an arena down, without the arena's
- * lock (so the function may wait for its own users of the arena); NULL for none. The layer above
- * (the allocator plugin) registers itself here, so the arena never calls up into it by name. */
-void gg__arena_on_destroy(void (*fn)(const gg_arena_t *arena));
-/* The options `arena` applies, as gg_arena_create() settled them: device, backend ("cuda"/"host",
- * static text), capacity and chunk size rounded to the granularity, stream, flags, and name (the
- * arena's own text: valid while it lives). 0, or the error of a call on a handle that is not live.
- * */
-int gg__arena_options_of(gg_arena_t *arena, gg_arena_options_t *out);
 
 #endif

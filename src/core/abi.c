@@ -2,7 +2,6 @@
 #include <string.h>
 
 #include "gpuguard/gpuguard.h"
-#include "gpuguard/plugin.h"
 
 #define GG__SIZE(type) \
   { #type, sizeof(type) }
@@ -22,9 +21,6 @@ static const struct {
     GG__SIZE(gg_session_record_t),
     GG__SIZE(gg_device_info_t),
     GG__SIZE(gg_process_t),
-    GG__SIZE(gg_plugin_stats_t),
-    GG__SIZE(gg_plugin_stat_t),
-    GG__SIZE(gg_plugin_graph_stats_t),
     GG__SIZE(gg_device_telemetry_t),
 };
 

@@ -14,9 +14,6 @@
  * one the handler already took (two handlers that took two of them in opposite orders, proc.c's and
  * signal.c's once, deadlocked a fork() racing a spawn).
  *
- *   0. plugin (plugin_threads.c: the list of calling threads, which writers of the table hold; then
- *      plugin.c's trace and recorded streams; then plugin_graph.c's device table and each device's
- *      lock): outermost, since a plugin call holds its graph lock while it calls into the arena
  *   1. live-guard list (guard.c)            then a guard's own lock (not held across fork: a child
  * never
  *                                           touches its parent's guards)

@@ -90,7 +90,6 @@ int gg__check_fork(unsigned created_gen, const char *call);
  * order (the lock order written in fork.c), then the parent's or the child's release in the reverse
  * order. */
 enum gg__fork_level {
-  GG__FORK_PLUGIN,   /* plugin/plugin.c: calling threads, trace, recorded streams, graph devices */
   GG__FORK_GUARDS,   /* guard/guard.c: the live-guard list */
   GG__FORK_SIGNAL,   /* guard/signal.c: signal state, then the crash-hook table */
   GG__FORK_PROC,     /* proc/proc.c: process sets, then the spawn queue */

@@ -184,7 +184,7 @@ static int gg__arena_row(gg_arena_t *a, void *user) {
   gg__err_restore(&saved);
   if (!ok) return 0;
   gg_arena_options_t o;
-  r.device = gg__arena_options_of(a, &o) == 0 ? o.device : -1;
+  r.device = gg_arena_get_options(a, &o) == 0 ? o.device : -1;
   gg__err_restore(&saved);
   /* The handle's address, mixed (splitmix64's finaliser) so the label tells nothing of the
    * layout. */

@@ -16,8 +16,9 @@ pays for one dictionary lookup). Then:
 ``GPUGUARD_TORCH``: ``1``/``on``/``true``/``yes`` or ``0``/``off``/``false``/``no`` (or empty: off).
 ``GPUGUARD_TORCH_OPTIONS``: comma-separated ``key=value``:
   ``capacity=SIZE`` (bytes per device arena; K/M/G/T suffixes; default the device's memory),
-  ``chunk=SIZE`` (the arena's growth step), ``backend=native|plugin`` (``plugin``: the pluggable
-  allocator of ``use_arena`` over an arena made at import; default native), ``fallback=none|torch``
+  ``chunk=SIZE`` (the arena's growth step), ``backend=native`` (the only one: ``plugin``, the pluggable
+  allocator that was removed, is accepted with one line on stderr and the native backend is used),
+  ``fallback=none|torch``
   (when the native backend cannot be built here: ``none``, the default, stops the process saying why;
   ``torch`` leaves PyTorch's own allocator in place with one line on stderr), ``workers=on|off``."""
 from __future__ import annotations
@@ -68,7 +69,10 @@ def parse(value: Optional[str], options: Optional[str]) -> Optional[Dict[str, An
             raise ConfigError(f"{OPTIONS}={options!r}: {item.strip()!r} is not key=value")
         if key in ("capacity", "chunk"):
             cfg[key] = parse_size(val, key)
-        elif key == "backend" and val in ("native", "plugin"):
+        elif key == "backend" and val == "plugin":
+            sys.stderr.write(f"gpuguard: {OPTIONS}: backend=plugin is gone (the pluggable allocator was removed); "
+                             "using the native backend\n")
+        elif key == "backend" and val == "native":
             cfg[key] = val
         elif key == "fallback" and val in ("none", "torch"):
             cfg[key] = val
@@ -78,7 +82,7 @@ def parse(value: Optional[str], options: Optional[str]) -> Optional[Dict[str, An
             cfg[key] = val.lower()
         else:
             raise ConfigError(f"{OPTIONS}={options!r}: {item.strip()!r} is not understood (keys: capacity=SIZE, "
-                              "chunk=SIZE, backend=native|plugin, fallback=none|torch, workers=on|off, "
+                              "chunk=SIZE, backend=native, fallback=none|torch, workers=on|off, "
                               "captures=announced|any)")
     return cfg
 
@@ -91,11 +95,6 @@ def _fatal(msg: str) -> None:
 
 def _on_torch(torch: Any, cfg: Dict[str, Any]) -> None:
     import gpuguard.torch as ggt
-    if cfg["backend"] == "plugin":
-        import gpuguard
-        arena = gpuguard.Arena(capacity=cfg["capacity"] or None, chunk_size=cfg["chunk"] or None, name="torch")
-        ggt.use_arena(arena)
-        return
     from gpuguard.torch import _native
     try:
         ggt.use_native(cfg["capacity"] or None, cfg["chunk"] or None, cfg["captures"])

@@ -150,24 +150,6 @@ class SessionRecord(Structure):
                 ("stale", c_int), ("parent_alive", c_int)]
 
 
-class PluginStat(Structure):
-    _fields_ = [("current", c_ulonglong), ("peak", c_ulonglong), ("allocated", c_ulonglong), ("freed", c_ulonglong)]
-
-
-class PluginStats(Structure):
-    _fields_ = [("n_allocs", c_ulonglong), ("n_frees", c_ulonglong), ("n_failed_allocs", c_ulonglong),
-                ("n_failed_frees", c_ulonglong), ("n_stream_waits", c_ulonglong), ("arena", c_void_p),
-                ("bytes", PluginStat * 3), ("requested", PluginStat * 3), ("blocks", PluginStat * 3),
-                ("reserved_", c_ulonglong * 16)]
-
-
-class PluginGraphStats(Structure):
-    _fields_ = [("bytes_in_use", c_size_t), ("bytes_mapped", c_size_t), ("n_pools", c_ulonglong),
-                ("n_blocks_held", c_ulonglong), ("bytes_held", c_size_t), ("n_captures", c_ulonglong),
-                ("n_unowned", c_ulonglong), ("n_deferred", c_ulonglong), ("n_stream_waits", c_ulonglong),
-                ("reserved_", c_ulonglong * 8)]
-
-
 def _check(rc: int, func: Any, args: Any) -> int:
     """errcheck for every status-returning call: negative codes become exceptions."""
     if rc < 0:
@@ -233,19 +215,11 @@ FUNCTIONS: List[Tuple[str, list, Any, bool]] = [
     ("gg_registry_unregister", [], _STATUS, True),
     ("gg_registry_session", [c_char_p, c_size_t], _STATUS, True),
     ("gg_orphan_list", [POINTER(Process), c_size_t, POINTER(c_size_t)], _STATUS, True),
-    # the allocator plugin (PyTorch calls gg_torch_alloc/gg_torch_free itself; tests call them here)
-    ("gg_plugin_set_arena", [c_int, c_void_p], _STATUS, True),
-    ("gg_plugin_get_arena", [c_int, POINTER(c_void_p)], _STATUS, True),
-    ("gg_plugin_stats", [c_int, POINTER(PluginStats)], _STATUS, True),
-    ("gg_plugin_reset_peak", [c_int], _STATUS, True),
-    ("gg_plugin_graph_stats", [c_int, POINTER(PluginGraphStats)], _STATUS, True),
-    ("gg_plugin_trim", [c_int, c_size_t, POINTER(c_size_t)], _STATUS, True),
-    ("gg_plugin_record_stream", [c_int, c_void_p, c_void_p], _STATUS, True),
     ("gg_arena_reset_peak", [c_void_p], _STATUS, True),
-    ("gg_plugin_reset_totals", [c_int], _STATUS, True),
-    ("gg_torch_alloc", [ctypes.c_ssize_t, c_int, c_void_p], c_void_p, False),
-    ("gg_torch_alloc_status", [ctypes.c_ssize_t, c_int, c_void_p, POINTER(c_void_p)], _STATUS, False),
-    ("gg_torch_free", [c_void_p, ctypes.c_ssize_t, c_int, c_void_p], None, False),
+    # stream-ordered arena calls (what gpuguard's PyTorch backend uses; cudaMallocAsync-like)
+    ("gg_alloc_on", [c_void_p, c_size_t, c_void_p, POINTER(c_void_p)], _STATUS, True),
+    ("gg_free_on", [c_void_p, c_void_p, c_void_p], _STATUS, True),
+    ("gg_arena_join_stream", [c_void_p, c_void_p], _STATUS, True),
 ]
 
 

@@ -28,9 +28,6 @@ STRUCTS = {
     "gg_guard_options_t": _lib.GuardOptions,
     "gg_spawn_options_t": _lib.SpawnOptions,
     "gg_session_record_t": _lib.SessionRecord,
-    "gg_plugin_stats_t": _lib.PluginStats,
-    "gg_plugin_stat_t": _lib.PluginStat,
-    "gg_plugin_graph_stats_t": _lib.PluginGraphStats,
 }
 
 

@@ -249,13 +249,13 @@ def test_cache_dir_others_can_write_is_not_used(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", "/proc/gg-none")
     d = _cachedir.private_dir("gpuguard")
     assert os.path.isdir(d) and os.access(d, os.W_OK)
-    # The shim's own call site uses it.
+    # The PyTorch backend's build cache uses it.
     import importlib.util
     if importlib.util.find_spec("torch") is None:
         return  # gpuguard.torch imports only with PyTorch installed
-    from gpuguard.torch import _shim
+    from gpuguard.torch import _native
     monkeypatch.setenv("XDG_CACHE_HOME", str(shared))
-    assert not _shim._cache_dir().startswith(str(shared))
+    assert not _native._cache_dir().startswith(str(shared))
 
 
 def test_cache_owned_by_another_user_is_not_used(tmp_path, monkeypatch):

@@ -1,38 +1,27 @@
-"""gpuguard.torch — PyTorch's CUDA memory drawn from a gpuguard arena, through
-``torch.cuda.memory.CUDAPluggableAllocator`` over the library's ``gg_torch_alloc``/``gg_torch_free``.
+"""gpuguard.torch — PyTorch's CUDA memory from gpuguard arenas, through gpuguard's PyTorch allocator
+backend (``use_native``; ``GPUGUARD_TORCH=1`` installs it in every Python process): PyTorch's whole
+allocator interface over one arena per device, its C++ part in ``gpuguard/torch/native/``.
 
-Two forms:
+Two ways to name the arena yourself, both on that backend (installed first when it is not yet, which
+must happen before the first CUDA tensor: StateError otherwise, saying why):
 
-- ``use_arena(arena)``: the global allocator. Every CUDA tensor comes from the arena, with no cache on
-  top. PyTorch refuses to swap its allocator once CUDA is initialised, so call it before the first CUDA
-  allocation (StateError otherwise). A drop-in: an allocation that does not fit raises
-  ``torch.OutOfMemoryError`` (a RuntimeError starting "CUDA out of memory." where no C++ compiler could
-  build the typed entry point) with the arena's detail; ``torch.cuda.memory_allocated()``,
-  ``memory_reserved()``, ``max_memory_*``, ``reset_peak_memory_stats()``, ``memory_stats()`` and
-  ``memory_summary()`` report the arena's figures; ``torch.cuda.empty_cache()`` trims the arena, so the
-  memory goes back to the driver; CUDA graphs capture and replay (``torch.cuda.graph``,
-  ``torch.compile(mode="reduce-overhead")``). Sending a CUDA tensor to another process
-  (``torch.multiprocessing``) raises at once in the sender: the arena's memory has no CUDA IPC handle.
-- ``mem_pool(arena)``: a region, usable after CUDA is initialised: a ``torch.cuda.MemPool`` whose segments
-  come from the arena, with PyTorch's caching allocator on top. Allocations inside the ``with`` block go to
-  the pool; at its end the pool is deleted and the cache emptied, so its segments go back to the arena
-  (segments still holding live tensors stay until those die and the cache is emptied again).
+- ``use_arena(arena)``: PyTorch's allocations on ``arena.device`` come from ``arena`` (instead of an
+  arena the backend makes there at the first allocation). Every ``torch.cuda`` memory function,
+  ``empty_cache``, CUDA graphs, snapshots and CUDA IPC work as with the backend's own arenas.
+- ``mem_pool(arena)``: a region: a ``torch.cuda.MemPool`` whose blocks come from ``arena``; allocations
+  inside the ``with`` block go to it. At its end the pool is deleted and the cache emptied.
 
 Arena scopes must not end under memory PyTorch still holds (a tensor would point at memory handed out
-again): with PyTorch, the pool of ``mem_pool`` is the scope. Importing this module does not import torch
-(that happens at the first call); it raises ImportError at once when torch is not installed."""
+again). Importing this module does not import torch (that happens at the first call); it raises
+ImportError at once when torch is not installed."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import importlib.util
 import os
 from typing import Any, Dict, Iterator, Optional
 
-from .. import _lib
-from .._lib import C
-from .._pluginstats import plugin_counters, torch_nested_stats, torch_style_stats
 from ..arena import Arena
 from ..diagnostics import holders, record, rounds  # noqa: F401  (gpuguard.torch.holders & co.)
 from ..errors import GG_EINVAL, GG_ESTATE, InvalidArgumentError, StateError
@@ -42,40 +31,16 @@ if importlib.util.find_spec("torch") is None:
                       "(pip install torch); the rest of gpuguard works without it")
 
 __all__ = ["use_native", "native_available", "backend", "oom_snapshot", "use_arena", "mem_pool", "memory_stats", "trim",
-           "pluggable_allocator", "plugin_counters", "shim_kind", "holders", "rounds", "record"]
+           "holders", "rounds", "record"]
 
 GG_ARENA_NO_STREAM = 0x1
 
-_allocator: Any = None  # the global one (raises on failure); PyTorch keeps the library loaded
-_pool_allocator: Any = None  # for MemPools: NULL on failure, so the caching allocator frees and retries
-_global_arenas: Dict[int, Arena] = {}  # kept alive while PyTorch's global allocator uses them
+_global_arenas: Dict[int, Arena] = {}  # kept alive while PyTorch's allocator uses them
 
 
 def _torch() -> Any:
     import torch  # the real one: this module's own name does not shadow it (absolute import)
     return torch
-
-
-def _shim_path() -> "tuple[str, str, str]":
-    """(library path, alloc symbol, free symbol) for PyTorch: the entry point that raises on failure —
-    typed (torch.OutOfMemoryError) when it can be built against this PyTorch, else the generic one built
-    with the library — or, when neither exists, the plain C entry points (NULL on failure)."""
-    from . import _shim as _torchshim
-    path = _torchshim.find(_torch())
-    if path:
-        return path, "gg_torch_malloc", "gg_torch_mfree"
-    import warnings
-    warnings.warn("gpuguard.torch: libgpuguard_torch.so was not found beside the library and could not be "
-                  "built; an allocation that does not fit will give a tensor at address 0 instead of raising",
-                  RuntimeWarning, stacklevel=3)
-    return _lib.path, "gg_torch_alloc", "gg_torch_free"
-
-
-def shim_kind() -> str:
-    """Which allocation entry point PyTorch uses: "torch.OutOfMemoryError" (built against this PyTorch),
-    "RuntimeError" (the generic one) or "NULL" (none could be loaded); "" before the first use."""
-    from . import _shim as _torchshim
-    return _torchshim.kind()
 
 
 def use_native(capacity: Optional[int] = None, chunk_size: Optional[int] = None, captures: str = "announced") -> None:
@@ -108,9 +73,6 @@ def use_native(capacity: Optional[int] = None, chunk_size: Optional[int] = None,
         raise StateError("gpuguard.torch.use_native: PyTorch's CUDA allocator is already initialised; call it "
                          "before any CUDA tensor is created, or set GPUGUARD_TORCH=1 in the environment",
                          GG_ESTATE, "GG_ESTATE")
-    if _global_arenas:
-        raise StateError("gpuguard.torch.use_native: use_arena() already installed the plugin allocator in "
-                         "this process", GG_ESTATE, "GG_ESTATE")
     _native.install(torch, int(capacity or 0), int(chunk_size or 0), captures)
     path = os.environ.get("GPUGUARD_OOM_SNAPSHOT")
     if path:
@@ -156,99 +118,81 @@ def native_available() -> bool:
 
 
 def backend() -> str:
-    """Which allocator serves PyTorch here: "gpuguard" (the native backend), "plugin" (``use_arena``'s
-    pluggable allocator), or PyTorch's own backend name ("native", "cudaMallocAsync")."""
+    """Which allocator serves PyTorch here: "gpuguard" (the native backend, also under ``use_arena``) or
+    PyTorch's own backend name ("native", "cudaMallocAsync")."""
     from . import _native
     if _native.active():
         return "gpuguard"
-    if _global_arenas:
-        return "plugin"
     return str(_torch().cuda.get_allocator_backend())
 
 
-def pluggable_allocator() -> Any:
-    """The ``torch.cuda.memory.CUDAPluggableAllocator`` over this process's libgpuguard (created once)."""
-    global _allocator
-    if _allocator is None:
-        torch = _torch()
-        _allocator = torch.cuda.memory.CUDAPluggableAllocator(*_shim_path())
-    return _allocator
-
-
-def _register(arena: Arena) -> None:
-    """Makes ``arena`` the plugin's arena for its device; another live arena there is an error."""
-    from ctypes import byref, c_void_p
+def _refuse_no_stream(arena: Arena) -> None:
     if arena.flags & GG_ARENA_NO_STREAM:
         raise InvalidArgumentError(
             "gpuguard.torch: this arena was made with GG_ARENA_NO_STREAM: it hands a freed block out again at "
             "once, while PyTorch's kernels may still use it (an illegal memory access); give PyTorch an arena "
             "with stream tracking (the default flags)", GG_EINVAL, "GG_EINVAL")
-    current = c_void_p()
-    C.gg_plugin_get_arena(arena.device, byref(current))
-    if current.value not in (None, arena._handle()):
-        raise StateError(f"gpuguard.torch: another arena already serves PyTorch on device {arena.device}; "
-                         "one arena per device at a time (close the other one first)", GG_ESTATE, "GG_ESTATE")
-    C.gg_plugin_set_arena(arena.device, arena._handle())
 
 
-def use_arena(arena: Arena, memory_api: bool = True) -> Any:
-    """Makes every PyTorch CUDA allocation on ``arena.device`` come from ``arena`` (the global pluggable
-    allocator; it cannot be undone in this process). Must run before PyTorch's first CUDA allocation:
-    raises StateError otherwise (use ``mem_pool(arena)`` then). Keep the arena open for as long as PyTorch
-    runs; closing it makes later allocations fail. An arena made with GG_ARENA_NO_STREAM is refused
-    (InvalidArgumentError). ``memory_api`` (default on) makes PyTorch's memory functions
-    (``torch.cuda.memory_allocated`` and the rest, ``empty_cache``) work on the arena's figures; see
-    ``gpuguard.torch._api``. Returns the CUDAPluggableAllocator."""
-    torch = _torch()
-    hint = ("call gpuguard.torch.use_arena() before any CUDA tensor is created (PyTorch cannot swap an "
-            "initialised allocator), or use `with gpuguard.torch.mem_pool(arena):`, which works after")
-    if torch.cuda.is_initialized():
-        raise StateError("gpuguard.torch.use_arena: PyTorch's CUDA allocator is already initialised; " + hint,
-                         GG_ESTATE, "GG_ESTATE")
+def _ensure_native(call: str) -> Any:
+    """The backend's module, the backend installed first when it is not yet (before any CUDA tensor)."""
     from . import _native
     if _native.active():
-        raise StateError("gpuguard.torch.use_arena: gpuguard's PyTorch backend (GPUGUARD_TORCH=1 or "
-                         "use_native) serves this process already: its arenas are made per device on first "
-                         "use; use mem_pool(arena) for a region of your own", GG_ESTATE, "GG_ESTATE")
-    _register(arena)
-    alloc = pluggable_allocator()
+        return _native
+    torch = _torch()
+    if torch.cuda.is_initialized():
+        raise StateError(f"gpuguard.torch.{call}: PyTorch's CUDA allocator is already initialised by another "
+                         "allocator, so gpuguard's backend cannot be installed: call it before any CUDA tensor is "
+                         "created, or set GPUGUARD_TORCH=1 in the environment", GG_ESTATE, "GG_ESTATE")
     try:
-        torch.cuda.memory.change_current_allocator(alloc)
-    except RuntimeError as e:
-        if "already initialized" in str(e):
-            raise StateError(f"gpuguard.torch.use_arena: {e}; " + hint, GG_ESTATE, "GG_ESTATE") from e
-        raise
+        _native.install(torch)
+    except _native.NativeUnavailable as e:
+        raise StateError(f"gpuguard.torch.{call}: gpuguard's PyTorch backend cannot serve this PyTorch: {e}",
+                         GG_ESTATE, "GG_ESTATE") from e
+    return _native
+
+
+def use_arena(arena: Arena, memory_api: bool = True) -> None:
+    """Makes every PyTorch CUDA allocation on ``arena.device`` come from ``arena`` (it cannot be undone in
+    this process), through gpuguard's PyTorch backend, installed first when it is not yet: that must happen
+    before the first CUDA tensor (StateError otherwise; use ``mem_pool(arena)`` then, under
+    ``GPUGUARD_TORCH=1``). StateError too when PyTorch already allocated on that device or another arena
+    serves it. Keep the arena open for as long as PyTorch runs. An arena made with GG_ARENA_NO_STREAM is
+    refused (InvalidArgumentError); make it with GG_ARENA_KEEP_HOLES, as the backend makes its own, for the
+    same fragmentation. ``memory_api`` is kept for old callers: PyTorch's memory functions work on the
+    backend anyway."""
+    del memory_api
+    _refuse_no_stream(arena)
+    native = _ensure_native("use_arena")
+    rc = native.use_arena(arena.device, arena._handle())
+    if rc == GG_ESTATE:
+        raise StateError(f"gpuguard.torch.use_arena: another arena already serves PyTorch on device {arena.device} "
+                         "(one made at its first allocation, or one given before): call use_arena before any CUDA "
+                         "tensor is created there", GG_ESTATE, "GG_ESTATE")
+    if rc < 0:
+        raise InvalidArgumentError(f"gpuguard.torch.use_arena: the arena cannot serve PyTorch (code {rc})",
+                                   GG_EINVAL, "GG_EINVAL")
     _global_arenas[arena.device] = arena
-    from . import _api as _torchapi
-    if memory_api:
-        _torchapi.install(torch, _global_arenas)
-    _torchapi.install_ipc_guard(torch)
-    _torchapi.install_record_stream(torch)
     # PyTorch frees its last tensors (cuBLAS workspaces, module globals) after atexit handlers run: the
     # arena must not be destroyed at exit then; the process's end gives its memory back.
     arena._finalizer.atexit = False
-    return alloc
 
 
 @contextlib.contextmanager
 def mem_pool(arena: Arena, empty_cache: bool = True) -> Iterator[Arena]:
     """``with mem_pool(arena):`` — CUDA allocations on ``arena.device`` inside the block come from a
-    ``torch.cuda.MemPool`` whose segments the arena provides. Works after CUDA is initialised. At the end,
-    the pool is deleted and (``empty_cache``) ``torch.cuda.empty_cache()`` runs, which is when PyTorch
-    frees the pool's segments back into the arena; the arena keeps the memory mapped for the next pool
-    until ``trim``. Tensors that outlive the block keep their segment until they die."""
+    ``torch.cuda.MemPool`` that draws from the arena, on gpuguard's PyTorch backend (installed first when it
+    is not yet: before the first CUDA tensor, or ``GPUGUARD_TORCH=1``; StateError otherwise). At the end the
+    pool is deleted and (``empty_cache``) ``torch.cuda.empty_cache()`` runs. Tensors that outlive the block
+    keep their memory in the arena until they die."""
+    _refuse_no_stream(arena)
+    native = _ensure_native("mem_pool")
     torch = _torch()
-    _register(arena)
-    # PyTorch frees cached segments of dead pools as late as its own exit: the arena stays until then (or
-    # until arena.close()); one per device, as for use_arena.
-    arena._finalizer.atexit = False
-    held = _global_arenas.get(arena.device)
-    if held is None or held.closed:
-        _global_arenas[arena.device] = arena
-    global _pool_allocator
-    if _pool_allocator is None:
-        _pool_allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib.path, "gg_torch_alloc", "gg_torch_free")
-    pool = torch.cuda.MemPool(_pool_allocator.allocator())
+    arena._finalizer.atexit = False  # blocks of the pool may be freed as late as PyTorch's own exit
+    with torch.cuda.device(arena.device):
+        pool = torch.cuda.MemPool()
+    if native.pool_arena(tuple(pool.id), arena.device, arena._handle()) < 0:
+        raise StateError("gpuguard.torch.mem_pool: the pool cannot draw from this arena", GG_ESTATE, "GG_ESTATE")
     try:
         with torch.cuda.use_mem_pool(pool, device=torch.device("cuda", arena.device)):
             yield arena
@@ -261,10 +205,32 @@ def mem_pool(arena: Arena, empty_cache: bool = True) -> Iterator[Arena]:
 
 def memory_stats(arena: Arena) -> Dict[str, Any]:
     """The arena's statistics under ``torch.cuda.memory_stats()`` key names (``allocated_bytes.all.current``,
-    ``.peak``, ``reserved_bytes.all.current``, ``.peak``, ``active.all.current``, ``num_alloc_retries``,
-    ``num_ooms``, ...), for code that reads those: under the global pluggable allocator PyTorch's own
-    ``memory_allocated()``/``memory_stats()`` raise."""
-    return torch_style_stats(arena)
+    ``.peak``, ``reserved_bytes.all.current``, ``.peak``, ``active.all.current``, ...), for code that reads
+    those per arena. Keys under ``gpuguard.`` are the arena's own."""
+    s = arena.stats()
+    return {
+        "allocated_bytes.all.current": s["bytes_in_use"],
+        "allocated_bytes.all.peak": s["peak_in_use"],
+        "reserved_bytes.all.current": s["bytes_mapped"],
+        "reserved_bytes.all.peak": s["peak_mapped"],
+        "active_bytes.all.current": s["bytes_in_use"],
+        "active_bytes.all.peak": s["peak_in_use"],
+        "active.all.current": s["n_live"],
+        "allocation.all.current": s["n_live"],
+        "allocation.all.allocated": s["n_allocs"],
+        "allocation.all.freed": s["n_frees"],
+        "segment.all.current": s["n_chunks"],
+        "inactive_split_bytes.all.current": s["bytes_mapped"] - s["bytes_in_use"],
+        "num_alloc_retries": 0,
+        "num_device_free": s["n_trims"],
+        "gpuguard.bytes_reserved": s["bytes_reserved"],
+        "gpuguard.bytes_pending": s["bytes_pending"],
+        "gpuguard.bytes_trimmed": s["bytes_trimmed"],
+        "gpuguard.largest_free_block": s["largest_free_block"],
+        "gpuguard.fragmentation": s["fragmentation"],
+        "gpuguard.scope_depth": s["scope_depth"],
+        "gpuguard.n_stream_waits": s["n_stream_waits"],
+    }
 
 
 def trim(arena: Arena, keep: int = 0, empty_cache: Optional[bool] = None) -> int:
@@ -286,7 +252,4 @@ def trim(arena: Arena, keep: int = 0, empty_cache: Optional[bool] = None) -> int
         torch.cuda.empty_cache()
     before = arena.stats()["bytes_mapped"]
     arena.trim(keep)
-    graph = ctypes.c_size_t(0)
-    if 0 <= arena.device < 64:
-        C.gg_plugin_trim(arena.device, 0, ctypes.byref(graph))  # what dead CUDA graphs held
-    return before - arena.stats()["bytes_mapped"] + graph.value
+    return before - arena.stats()["bytes_mapped"]

@@ -1,6 +1,7 @@
-"""gpuguard.torch._native — gpuguard as PyTorch's CUDA allocator backend (``_native.cpp``): built once per
-PyTorch version against its headers, cached, loaded and installed with PyTorch's own
-``changeCurrentAllocator`` before the first CUDA allocation.
+"""gpuguard.torch._native — gpuguard as PyTorch's CUDA allocator backend (the C++ sources in ``native/``:
+a torch-free adapter core and a thin CUDAAllocator facade over it): built once per PyTorch version
+against its headers, cached, loaded and installed with PyTorch's own ``changeCurrentAllocator`` before
+the first CUDA allocation.
 
 The build needs a C++ compiler (``$CXX``, ``c++`` or ``g++``), PyTorch's headers (in every PyTorch wheel),
 the CUDA runtime's headers (``CUDA_HOME``, ``/usr/local/cuda`` or the ``nvidia-cuda-runtime`` wheel PyTorch
@@ -22,8 +23,10 @@ from typing import Any, List, Optional
 
 from .. import _cachedir, _cxxruntime, _lib
 
-_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native.cpp")
-_SOURCES = [_SRC, os.path.join(os.path.dirname(_SRC), "_native_ipc.h")]
+_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
+# Every source and header of the backend (the cache key hashes them all); the .cpp files are compiled.
+_SOURCES = sorted(glob.glob(os.path.join(_DIR, "*.cpp")) + glob.glob(os.path.join(_DIR, "*.h")))
+_CPP = [f for f in _SOURCES if f.endswith(".cpp")]
 _loaded: Optional[ctypes.CDLL] = None
 _why_not = ""
 
@@ -77,7 +80,7 @@ def _gpuguard_include() -> Optional[str]:
     cands = [os.environ.get("GPUGUARD_INCLUDE_DIR"), os.path.join(pkg, "include"),
              os.path.join(pkg, "..", "..", "..", "include")]
     for d in cands:
-        if d and os.path.exists(os.path.join(d, "gpuguard", "plugin.h")):
+        if d and os.path.exists(os.path.join(d, "gpuguard", "share.h")):
             return os.path.abspath(d)
     return None
 
@@ -97,9 +100,8 @@ def _build(torch: Any) -> str:
     if _torch_version(torch) < MIN_TORCH:
         raise NativeUnavailable(
             f"gpuguard's PyTorch backend is written against PyTorch's allocator interface of "
-            f"{MIN_TORCH[0]}.{MIN_TORCH[1]} and later; this is PyTorch {torch.__version__}: set "
-            "GPUGUARD_TORCH_OPTIONS=backend=plugin for gpuguard's pluggable allocator (gpuguard.torch.use_arena), "
-            "or upgrade PyTorch")
+            f"{MIN_TORCH[0]}.{MIN_TORCH[1]} and later; this is PyTorch {torch.__version__}: upgrade PyTorch, or "
+            "set GPUGUARD_TORCH_OPTIONS=fallback=torch to run on PyTorch's own allocator")
     tdir = os.path.dirname(os.path.abspath(torch.__file__))
     inc, libdir = os.path.join(tdir, "include"), os.path.join(tdir, "lib")
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
@@ -136,8 +138,9 @@ def _build(torch: Any) -> str:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
     os.close(fd)
     cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-           "-isystem", inc, "-isystem", cuda_inc, "-I", gg_inc, _SRC, "-o", tmp, *runtime, lib,
-           f"-Wl,-rpath,{os.path.dirname(lib)}", f"-L{libdir}", "-lc10", "-lc10_cuda", "-ltorch_cuda",
+           "-isystem", inc, "-isystem", os.path.join(inc, "torch", "csrc", "api", "include"),
+           "-isystem", cuda_inc, "-I", gg_inc, *_CPP, "-o", tmp, *runtime, lib,
+           f"-Wl,-rpath,{os.path.dirname(lib)}", f"-L{libdir}", "-lc10", "-lc10_cuda", "-ltorch_cuda", "-ltorch_cpu",
            f"-Wl,-rpath,{libdir}"]
     rt = _cudart(torch)
     if rt:
@@ -185,6 +188,10 @@ def load(torch: Any) -> ctypes.CDLL:
     lib.gg_torch_native_counters.restype = ctypes.c_int
     lib.gg_torch_native_pools.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.gg_torch_native_pools.restype = ctypes.c_long
+    lib.gg_torch_native_use_arena.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    lib.gg_torch_native_use_arena.restype = ctypes.c_int
+    lib.gg_torch_native_pool_arena.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_void_p]
+    lib.gg_torch_native_pool_arena.restype = ctypes.c_int
     _loaded = lib
     return lib
 
@@ -233,3 +240,19 @@ def pools() -> list:
     buf = ctypes.create_string_buffer(n + 1)
     _loaded.gg_torch_native_pools(buf, len(buf))
     return [tuple(int(x) for x in line.split()) for line in buf.value.decode().splitlines() if line]
+
+
+def use_arena(device: int, handle: int) -> int:
+    """Device ``device``'s default pool draws from the arena ``handle``: 0, GG_EINVAL (an arena without
+    stream tracking), GG_ESTATE (another arena serves the device already, or the backend is not installed)."""
+    from ..errors import GG_ESTATE
+    return GG_ESTATE if _loaded is None else int(_loaded.gg_torch_native_use_arena(device, handle))
+
+
+def pool_arena(pool_id: "tuple[int, int]", device: int, handle: int) -> int:
+    """The MemPool ``pool_id`` draws from the arena ``handle``: 0, or GG_ESTATE (the pool holds memory of
+    another source already, or the backend is not installed)."""
+    from ..errors import GG_ESTATE
+    if _loaded is None:
+        return GG_ESTATE
+    return int(_loaded.gg_torch_native_pool_arena(pool_id[0], pool_id[1], device, handle))

@@ -1,0 +1,488 @@
+/* adapter.cpp (gpuguard.torch) — the core's arenas, block table and statistics: every allocation and
+ * free of gpuguard's PyTorch backend passes here once (see adapter.h for the rules). */
+#include "adapter.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace gg_torch {
+
+void assert_failed(const char *what, const char *file, int line) {
+  fprintf(stderr, "gpuguard-torch: invariant broken at %s:%d: %s\n", file, line, what);
+  abort();
+}
+
+void Stat::add(int64_t n) {
+  current += n;
+  allocated += n;
+  peak = std::max(peak, current);
+}
+
+void Stat::sub(int64_t n) {
+  current -= n;
+  freed += n;
+  GG_TORCH_ASSERT(current >= 0);
+}
+
+Block::Extra &Block::more() {
+  if (!extra) {
+    extra = std::make_unique<Extra>();
+  }
+  return *extra;
+}
+
+namespace {
+
+size_t rounded(size_t n) { return (n + kQuantum - 1) / kQuantum * kQuantum; }
+
+int size_class(size_t size) { return size <= kSmallMax ? kSmall : kLarge; }
+
+bool bad_device(int device) { return device < 0 || device >= kMaxDevices; }
+
+} // namespace
+
+Adapter::Adapter(const Runtime &rt, const gg_arena_options_t &defaults)
+    : rt_(rt), defaults_(defaults) {}
+
+Adapter::~Adapter() {
+  for (auto &kv : pools_) {
+    for (auto &sa : kv.second->arenas) {
+      gg_arena_destroy(sa.second);
+    }
+  }
+  for (int d = 0; d < kMaxDevices; d++) {
+    if (owned_[d]) {
+      gg_arena_destroy(arenas_[d].load());
+    }
+  }
+}
+
+/* ---- arenas ---------------------------------------------------------------------------------- */
+
+gg_arena_t *Adapter::device_arena_if_any(int device) const {
+  return device >= 0 && device < kMaxDevices ? arenas_[device].load(std::memory_order_acquire)
+                                             : nullptr;
+}
+
+int Adapter::device_arena(int device, gg_arena_t **out) {
+  *out = nullptr;
+  if (bad_device(device)) {
+    return GG_EINVAL;
+  }
+  gg_arena_t *a = arenas_[device].load(std::memory_order_acquire);
+  if (a) {
+    *out = a;
+    return 0;
+  }
+  std::lock_guard<std::mutex> g(make_mu_);
+  a = arenas_[device].load();
+  if (!a) {
+    gg_arena_options_t o = defaults_;
+    o.device = device;
+    o.flags |= GG_ARENA_KEEP_HOLES; /* tensors come back in the sizes they left */
+    o.name = o.name ? o.name : "torch";
+    int rc = gg_arena_create(&a, &o);
+    if (rc < 0) {
+      return rc;
+    }
+    owned_[device] = true;
+    arenas_[device].store(a, std::memory_order_release);
+  }
+  *out = a;
+  return 0;
+}
+
+int Adapter::use_arena(int device, gg_arena_t *arena) {
+  if (bad_device(device) || !arena) {
+    return GG_EINVAL;
+  }
+  gg_arena_options_t o;
+  int rc = gg_arena_get_options(arena, &o);
+  if (rc < 0) {
+    return rc;
+  }
+  if (o.flags & GG_ARENA_NO_STREAM) {
+    return GG_EINVAL; /* a freed block would be handed out while PyTorch's kernels may use it */
+  }
+  std::lock_guard<std::mutex> g(make_mu_);
+  gg_arena_t *have = arenas_[device].load();
+  if (have && have != arena) {
+    return GG_ESTATE;
+  }
+  arenas_[device].store(arena, std::memory_order_release);
+  return 0;
+}
+
+std::vector<gg_arena_t *> Adapter::arenas_of(int device) {
+  std::vector<gg_arena_t *> out;
+  if (gg_arena_t *a = device_arena_if_any(device)) {
+    out.push_back(a);
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  for (auto &kv : pools_) {
+    const Pool &p = *kv.second;
+    if (p.device != device) {
+      continue;
+    }
+    for (auto &sa : p.arenas) {
+      out.push_back(sa.second);
+    }
+    if (p.given && std::find(out.begin(), out.end(), p.given) == out.end()) {
+      out.push_back(p.given);
+    }
+  }
+  return out;
+}
+
+/* ---- blocks ---------------------------------------------------------------------------------- */
+
+/* The default pool: the device's arena in stream order, and on a failure for want of memory what
+ * PyTorch's allocator does too — free the pools nobody uses, retry, then try the pools that serve
+ * out-of-memory allocations (MemPool use_on_oom). */
+int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool **pool,
+                           gg_arena_t **used) {
+  gg_arena_t *a = nullptr;
+  int rc = device_arena(device, &a);
+  *used = a;
+  if (rc == 0) {
+    rc = gg_alloc_on(a, n, stream, ptr);
+  }
+  if (rc == GG_ENOMEM && release_freeable(device) > 0) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      dev_[device].num_alloc_retries++;
+    }
+    rc = gg_alloc_on(a, n, stream, ptr);
+  }
+  if (rc != GG_ENOMEM) {
+    return rc;
+  }
+  std::vector<Pool *> spare;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto &kv : pools_) {
+      if (kv.second->use_on_oom && kv.second->device == device) {
+        spare.push_back(kv.second.get());
+      }
+    }
+  }
+  for (Pool *p : spare) {
+    if (pool_alloc(*p, n, stream, ptr, used) == 0) {
+      *pool = p;
+      return 0;
+    }
+  }
+  return rc;
+}
+
+int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> context, void **ptr,
+                   PoolId *pool_id) {
+  *ptr = nullptr;
+  if (bad_device(device)) {
+    return GG_EINVAL;
+  }
+  if (n == 0) {
+    return 0;
+  }
+  if (deaths_.load(std::memory_order_relaxed) != seen_deaths_.load(std::memory_order_relaxed) ||
+      n_held_.load(std::memory_order_relaxed)) {
+    sweep();
+  }
+  /* Only while a capture may be under way does a call ask the driver (one announced, or any). */
+  uint64_t capture = 0;
+  if (n_announced_.load(std::memory_order_relaxed) || capture_any_.load(std::memory_order_relaxed)) {
+    if (rt_.capture_id(stream, &capture) < 0) {
+      capture = 0;
+    }
+  }
+  Pool *pool = nullptr;
+  gg_arena_t *used = nullptr;
+  int rc = 0;
+  if (capture || n_announced_.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> g(mu_);
+    pool = route_locked(device, stream, capture);
+    if (!pool && capture) {
+      rc = implicit_pool_locked(device, stream, capture, &pool);
+    }
+  }
+  if (rc == 0 && pool) {
+    rc = pool_alloc(*pool, n, stream, ptr, &used);
+  } else if (rc == 0) {
+    rc = default_alloc(n, device, stream, ptr, &pool, &used);
+  }
+  if (rc < 0) {
+    return rc;
+  }
+  Block b;
+  b.requested = n;
+  b.size = rounded(n);
+  b.stream = stream;
+  b.device = device;
+  b.pool = pool;
+  b.arena = used; /* nullptr for a custom allocator's block */
+  if (context) {
+    b.more().context = std::move(context);
+  }
+  if (!pool || pool->implicit) {
+    trace('a', *ptr, n, stream);
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  account_locked(b, true);
+  if (pool) {
+    pool->live++;
+    *pool_id = pool->id;
+  } else {
+    *pool_id = PoolId{};
+  }
+  bool fresh = blocks_.emplace(*ptr, std::move(b)).second;
+  GG_TORCH_ASSERT(fresh); /* an arena never hands out a live block twice */
+  (void)fresh;
+  return 0;
+}
+
+void Adapter::account_locked(const Block &b, bool add) {
+  DeviceStats &d = dev_[b.device];
+  int k = size_class(b.size);
+  for (int i : {int(kAll), k}) {
+    if (add) {
+      d.allocation[i].add(1);
+      d.active[i].add(1);
+      d.allocated_bytes[i].add(int64_t(b.size));
+      d.active_bytes[i].add(int64_t(b.size));
+      d.requested_bytes[i].add(int64_t(b.requested));
+    } else {
+      d.allocation[i].sub(1);
+      d.active[i].sub(1);
+      d.allocated_bytes[i].sub(int64_t(b.size));
+      d.active_bytes[i].sub(int64_t(b.size));
+      d.requested_bytes[i].sub(int64_t(b.requested));
+    }
+  }
+}
+
+int Adapter::free(void *ptr, Freed *out) {
+  Block b;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = blocks_.find(ptr);
+    if (it == blocks_.end()) {
+      return GG_ENOTFOUND;
+    }
+    b = std::move(it->second);
+    blocks_.erase(it);
+    account_locked(b, false);
+  }
+  out->device = b.device;
+  out->requested = b.requested;
+  out->stream = b.stream;
+  out->pool = b.pool ? b.pool->id : PoolId{};
+  out->ipc_id = b.extra ? b.extra->ipc_id : 0;
+  out->context = b.extra ? b.extra->context : nullptr;
+  if (!b.pool) {
+    trace('f', ptr, 0, b.stream);
+    free_default(ptr, b);
+  } else {
+    free_pooled(ptr, b);
+  }
+  return 0;
+}
+
+/* In stream order on the block's arena; the streams it was recorded on are joined first. A failure
+ * leaves the block with its arena (never handed out while work may use it) and says so once. */
+void Adapter::free_default(void *ptr, const Block &b) {
+  if (hold_for_graph(ptr, b)) {
+    return;
+  }
+  int rc = 0;
+  if (b.extra) {
+    for (Stream s : b.extra->recorded) {
+      rc = gg_arena_join_stream(b.arena, s);
+      if (rc < 0) {
+        break;
+      }
+    }
+  }
+  if (rc >= 0) {
+    rc = gg_free_on(b.arena, ptr, b.stream);
+  }
+  if (rc < 0) {
+    fprintf(stderr, "gpuguard: freeing %p on device %d failed: %s\n", ptr, b.device,
+            gg_last_error());
+  }
+}
+
+int Adapter::record_stream(void *ptr, Stream stream) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = blocks_.find(ptr);
+  if (it == blocks_.end()) {
+    return GG_ENOTFOUND;
+  }
+  Block &b = it->second;
+  if (stream == b.stream) {
+    return 0;
+  }
+  std::vector<Stream> &r = b.more().recorded;
+  if (std::find(r.begin(), r.end(), stream) == r.end()) {
+    r.push_back(stream);
+  }
+  return 0;
+}
+
+bool Adapter::block_size(void *ptr, size_t *size) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = blocks_.find(ptr);
+  if (it == blocks_.end()) {
+    return false;
+  }
+  *size = it->second.size;
+  return true;
+}
+
+int Adapter::share_info(void *ptr, gg_arena_t **arena, size_t *size, int *device,
+                        uint64_t *ipc_id) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = blocks_.find(ptr);
+  if (it == blocks_.end()) {
+    return GG_ENOTFOUND;
+  }
+  Block &b = it->second;
+  if (!b.arena) {
+    return GG_ENOTSUP; /* a custom allocator's memory */
+  }
+  *arena = b.arena;
+  *size = b.size;
+  *device = b.device;
+  *ipc_id = b.extra ? b.extra->ipc_id : 0; /* kept for the block's next share (set_ipc_id) */
+  return 0;
+}
+
+void Adapter::set_ipc_id(void *ptr, uint64_t id) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = blocks_.find(ptr);
+  if (it != blocks_.end()) {
+    it->second.more().ipc_id = id;
+  }
+}
+
+/* ---- statistics ------------------------------------------------------------------------------ */
+
+DeviceStats Adapter::stats(int device) {
+  std::lock_guard<std::mutex> g(mu_);
+  return dev_[device];
+}
+
+/* Reserved = every arena's mapped memory on the device; segments = their mapped chunks. */
+Reserved Adapter::reserved(int device) {
+  Reserved r;
+  for (gg_arena_t *a : arenas_of(device)) {
+    gg_arena_stats_t s{};
+    if (gg_arena_stats_quiet(a, &s) != 0) {
+      continue;
+    }
+    r.current += int64_t(s.bytes_mapped);
+    r.peak += int64_t(s.peak_mapped);
+    r.segments += int64_t(s.n_chunks);
+    r.in_use += int64_t(s.bytes_in_use);
+    r.waits += s.n_stream_waits;
+    r.maps += int64_t(s.n_maps);
+    r.unmaps += int64_t(s.n_unmaps);
+    r.freed += int64_t(s.bytes_trimmed);
+  }
+  r.peak = std::max(r.peak, r.current);
+  std::lock_guard<std::mutex> g(mu_);
+  r.freed = std::max<int64_t>(r.freed - reserved_base_[device], 0);
+  return r;
+}
+
+void Adapter::reset_peaks(int device) {
+  for (gg_arena_t *a : arenas_of(device)) {
+    gg_arena_reset_peak(a);
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  DeviceStats &d = dev_[device];
+  for (Stat *s : {d.allocation, d.active, d.allocated_bytes, d.active_bytes, d.requested_bytes}) {
+    for (int i = 0; i < 3; i++) {
+      s[i].peak = s[i].current;
+    }
+  }
+}
+
+void Adapter::reset_totals(int device) {
+  int64_t trimmed = 0;
+  for (gg_arena_t *a : arenas_of(device)) {
+    gg_arena_stats_t s{};
+    trimmed += gg_arena_stats_quiet(a, &s) == 0 ? int64_t(s.bytes_trimmed) : 0;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  DeviceStats &d = dev_[device];
+  for (Stat *s : {d.allocation, d.active, d.allocated_bytes, d.active_bytes, d.requested_bytes}) {
+    for (int i = 0; i < 3; i++) {
+      s[i].allocated = 0;
+      s[i].freed = 0;
+    }
+  }
+  d.num_ooms = 0;
+  d.num_alloc_retries = 0;
+  reserved_base_[device] = trimmed;
+}
+
+size_t Adapter::note_oom(int device) {
+  std::lock_guard<std::mutex> g(mu_);
+  dev_[device].num_ooms++;
+  return size_t(dev_[device].allocated_bytes[kAll].current);
+}
+
+/* ---- diagnostics ----------------------------------------------------------------------------- */
+
+Adapter::Counters Adapter::counters() {
+  std::lock_guard<std::mutex> g(mu_);
+  Counters c{pools_.size(), 0, blocks_.size(), uint64_t(n_announced_.load())};
+  for (const auto &kv : blocks_) {
+    c.n_pool_blocks += kv.second.pool != nullptr;
+  }
+  return c;
+}
+
+std::vector<std::pair<PoolId, std::pair<int, size_t>>> Adapter::pool_list() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<std::pair<PoolId, std::pair<int, size_t>>> out;
+  for (const auto &kv : pools_) {
+    out.push_back({kv.first, {kv.second->use_count, kv.second->live}});
+  }
+  return out;
+}
+
+/* The whole table against the figures kept as it changed: each pool's live count, each device's
+ * current blocks and bytes. */
+int Adapter::check() {
+  std::lock_guard<std::mutex> g(mu_);
+  std::map<const Pool *, size_t> live;
+  int64_t blocks[kMaxDevices] = {};
+  int64_t bytes[kMaxDevices] = {};
+  for (const auto &kv : blocks_) {
+    const Block &b = kv.second;
+    live[b.pool]++;
+    blocks[b.device]++;
+    bytes[b.device] += int64_t(b.size);
+    if (b.size != rounded(b.requested) || (!b.arena && !(b.pool && b.pool->custom))) {
+      return GG_ESTATE;
+    }
+  }
+  for (const auto &kv : pools_) {
+    if (kv.second->live != live[kv.second.get()] || kv.first != kv.second->id) {
+      return GG_ESTATE;
+    }
+  }
+  for (int d = 0; d < kMaxDevices; d++) {
+    if (dev_[d].allocation[kAll].current != blocks[d] ||
+        dev_[d].allocated_bytes[kAll].current != bytes[d] ||
+        dev_[d].allocation[kSmall].current + dev_[d].allocation[kLarge].current != blocks[d]) {
+      return GG_ESTATE;
+    }
+  }
+  return 0;
+}
+
+} // namespace gg_torch

@@ -1,0 +1,288 @@
+/* adapter.h (gpuguard.torch) — the torch-free core of gpuguard's PyTorch backend: one block table,
+ * one set of statistics per device, the private pools, and the one place that routes an allocation
+ * to a pool. Plain C++17 over libgpuguard's public headers; what it needs of the CUDA runtime (is a
+ * stream capturing, tie a callback to a graph, wait for a device) comes as function pointers, so it
+ * builds and is tested without PyTorch (tests/test_torch_adapter.cpp, on the host backend). The
+ * facade (backend.cpp) maps PyTorch's CUDAAllocator methods onto it, a few lines each.
+ *
+ * Rules kept here, each written once:
+ *  - The default pool of a device is one arena (made at first use, or given by use_arena), used in
+ *    stream order: gg_alloc_on / gg_free_on, other streams joined on the device.
+ *  - A private pool (a CUDA graph's, a MemPool's) owns one NO_STREAM arena per stream it allocates
+ *    for (or the arena mem_pool() gave it); its memory goes back once the pool has no use and no
+ *    live block, after a device synchronisation, never at once.
+ *  - An allocation goes to the newest announced capture whose filter takes its stream; else, while
+ *    captures may be under way (one announced, or captures=any), to the private pool of the capture
+ *    its stream is in; else to the default pool. A capture nobody announced gets a pool tied to its
+ *    graph (graph_retain): released when the graph is destroyed.
+ *  - A default-pool block freed while its stream captures is kept for that capture's graph (its
+ *    replays read it) and freed in stream order once the graph is gone.
+ * Lock order: the adapter's lock, then an arena's. */
+#ifndef GG_TORCH_ADAPTER_H
+#define GG_TORCH_ADAPTER_H
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+/* gg_arena_stats is a function and a struct tag: fine in C, but g++ -Wshadow says the function
+ * "hides the constructor". */
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+#endif
+#include "gpuguard/arena.h"
+#include "gpuguard/error.h"
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+/* The adapter's table invariants: checked in debug builds (GG_TORCH_DEBUG, which the CMake test
+ * sets), compiled out in the backend PyTorch loads. A broken invariant is a bug here: abort. */
+#ifdef GG_TORCH_DEBUG
+#define GG_TORCH_ASSERT(cond) \
+  ((cond) ? (void)0 : ::gg_torch::assert_failed(#cond, __FILE__, __LINE__))
+#else
+#define GG_TORCH_ASSERT(cond) ((void)0)
+#endif
+
+namespace gg_torch {
+
+[[noreturn]] void assert_failed(const char *what, const char *file, int line);
+
+using Stream = void *;
+
+constexpr int kMaxDevices = 64;
+constexpr size_t kSmallMax = size_t(1) << 20; /* PyTorch's small pool: blocks of at most 1 MiB */
+constexpr size_t kQuantum = 256;              /* the arena rounds every block to this */
+
+/* A pool's id as PyTorch names it (MempoolId_t); {0, 0} is the default pool. */
+struct PoolId {
+  uint64_t first = 0;
+  uint64_t second = 0;
+  bool operator==(const PoolId &o) const { return first == o.first && second == o.second; }
+  bool operator!=(const PoolId &o) const { return !(*this == o); }
+  bool operator<(const PoolId &o) const {
+    return first < o.first || (first == o.first && second < o.second);
+  }
+};
+
+/* One figure as PyTorch reports it, field for field (c10::CachingAllocator::Stat). */
+struct Stat {
+  int64_t current = 0;
+  int64_t peak = 0;
+  int64_t allocated = 0;
+  int64_t freed = 0;
+  void add(int64_t n);
+  void sub(int64_t n);
+};
+
+enum { kAll = 0, kSmall = 1, kLarge = 2 }; /* PyTorch's StatType order */
+
+/* The figures PyTorch's memory_stats() reads, per device: written by alloc and free only. */
+struct DeviceStats {
+  Stat allocation[3], active[3], allocated_bytes[3], active_bytes[3], requested_bytes[3];
+  int64_t num_ooms = 0;
+  int64_t num_alloc_retries = 0;
+};
+
+/* What the arenas of a device hold, summed (PyTorch's reserved and segment figures). */
+struct Reserved {
+  int64_t current = 0, peak = 0, freed = 0, segments = 0, in_use = 0, maps = 0, unmaps = 0;
+  uint64_t waits = 0;
+};
+
+/* The runtime calls the core cannot make itself. Every pointer must be set (tests pass stubs). */
+struct Runtime {
+  /* *id = the id of the capture `stream` is in, 0 when it is not capturing. 0, or <0. */
+  int (*capture_id)(Stream stream, uint64_t *id);
+  /* Ties done(user) to the graph being captured on `stream`: called once (on any thread) after the
+   * graph and every executable graph made from it are destroyed. 0, or <0 (then never called). */
+  int (*graph_retain)(Stream stream, void (*done)(void *), void *user);
+  int (*stream_sync)(Stream stream);
+  int (*device_sync)(int device);
+  /* Switches this thread to the relaxed capture mode (begin) and back (end, with what begin saved),
+   * around the arena calls a capture must not see as unsafe (reserving and mapping memory). */
+  void (*relax)(bool begin, int *saved);
+};
+
+/* A block PyTorch holds: the one record of it. What few blocks carry lives apart (Extra), so the
+ * table stays dense. */
+struct Block {
+  struct Extra {
+    std::vector<Stream> recorded;  /* Tensor.record_stream */
+    uint64_t ipc_id = 0;           /* registered for sharing: forgotten when freed */
+    std::shared_ptr<void> context; /* the facade's recorded stack (opaque here) */
+  };
+  size_t requested = 0;
+  size_t size = 0; /* as the arena counts it */
+  Stream stream = nullptr;
+  struct Pool *pool = nullptr; /* nullptr: the default pool */
+  gg_arena_t *arena = nullptr; /* where the memory came from (nullptr: a custom allocator) */
+  int device = 0;
+  std::unique_ptr<Extra> extra;
+  Extra &more();
+};
+
+/* A custom allocator a MemPool was made with (MemPool(allocator=...)): its calls, opaque here. */
+struct Custom {
+  std::function<void *(size_t, Stream)> alloc;
+  std::function<void(void *)> free;
+  std::shared_ptr<void> owner; /* keeps the allocator alive as long as the pool */
+};
+
+/* A default-pool block a capture's graph still reads: freed once the graph is gone. */
+struct Held {
+  void *ptr;
+  gg_arena_t *arena;
+  Stream stream;
+};
+
+/* A private pool: CUDA graphs, torch.cuda.MemPool, and captures nobody announced. */
+struct Pool {
+  PoolId id;
+  int device = 0;
+  int use_count = 0;
+  size_t live = 0;
+  bool use_on_oom = false;
+  bool implicit = false;              /* made for a capture nobody announced */
+  std::atomic<bool> dead{false};      /* implicit: its graph is gone (set by the runtime's thread) */
+  gg_arena_t *given = nullptr;        /* mem_pool(arena): the user's arena serves it */
+  std::shared_ptr<Custom> custom;     /* MemPool(allocator=...) */
+  std::vector<std::pair<Stream, gg_arena_t *>> arenas; /* its own, one per stream */
+  std::vector<Held> held;             /* implicit: default-pool blocks its graph reads */
+};
+
+/* What a free hands back to the facade (for history records and IPC). */
+struct Freed {
+  int device = 0;
+  size_t requested = 0;
+  Stream stream = nullptr;
+  PoolId pool;
+  uint64_t ipc_id = 0;
+  std::shared_ptr<void> context;
+};
+
+/* One block as a snapshot shows it. */
+struct BlockView {
+  uintptr_t addr;
+  size_t size;
+  size_t requested;
+  Stream stream;
+  std::shared_ptr<void> context;
+};
+
+/* A mapped range of one arena, owned by a pool ({0, 0}: the default pool). */
+struct Range {
+  uintptr_t addr;
+  size_t size;
+  PoolId owner;
+  int device;
+};
+
+class Adapter {
+public:
+  /* `defaults`: the options of the arenas it makes (backend, capacity, chunk size). */
+  Adapter(const Runtime &rt, const gg_arena_options_t &defaults);
+  ~Adapter();
+  Adapter(const Adapter &) = delete;
+  Adapter &operator=(const Adapter &) = delete;
+
+  /* ---- arenas (adapter.cpp) */
+  int device_arena(int device, gg_arena_t **out); /* the default pool's, made at first use */
+  gg_arena_t *device_arena_if_any(int device) const;
+  int use_arena(int device, gg_arena_t *arena);   /* gpuguard.torch.use_arena */
+  std::vector<gg_arena_t *> arenas_of(int device); /* every arena serving the device, once each */
+
+  /* ---- blocks (adapter.cpp): the only place that routes, counts and records */
+  int alloc(size_t n, int device, Stream stream, std::shared_ptr<void> context, void **ptr,
+            PoolId *pool);
+  int free(void *ptr, Freed *out);                  /* GG_ENOTFOUND: not a block of ours */
+  int record_stream(void *ptr, Stream stream);      /* 0; GG_ENOTFOUND: not ours */
+  bool block_size(void *ptr, size_t *size);
+  int share_info(void *ptr, gg_arena_t **arena, size_t *size, int *device, uint64_t *ipc_id);
+  void set_ipc_id(void *ptr, uint64_t id);
+
+  /* ---- statistics (adapter.cpp) */
+  DeviceStats stats(int device);
+  Reserved reserved(int device);
+  void reset_peaks(int device);
+  void reset_totals(int device);
+  size_t note_oom(int device); /* counts it; the bytes allocated now */
+
+  /* ---- pools (adapter_pools.cpp) */
+  void begin_capture(int device, PoolId id, std::function<bool(Stream)> filter);
+  int end_capture(int device, PoolId id); /* GG_ENOTFOUND when none is under way */
+  void release_pool(int device, PoolId id);
+  int pool_use_count(PoolId id);
+  void create_or_incref(int device, PoolId id, std::shared_ptr<Custom> custom);
+  int pool_use_arena(int device, PoolId id, gg_arena_t *arena); /* gpuguard.torch.mem_pool */
+  void set_use_on_oom(int device, PoolId id, bool on);
+  void touch_pool(int device, PoolId id);
+  size_t release_freeable(int device); /* pools freed */
+  int empty_cache(PoolId id);          /* {0, 0}: all, the default arenas trimmed too */
+  std::vector<void *> pool_blocks(int device, PoolId id);
+  bool pool_blocks_are(int device, PoolId id, const std::unordered_set<void *> &expected);
+  std::vector<Range> ranges(PoolId id); /* {0, 0}: all */
+  std::vector<BlockView> blocks_sorted();
+
+  /* ---- modes and diagnostics */
+  void set_capture_any(bool on) { capture_any_.store(on); }
+  struct Counters {
+    uint64_t n_pools, n_pool_blocks, n_blocks, n_captures;
+  };
+  Counters counters();
+  std::vector<std::pair<PoolId, std::pair<int, size_t>>> pool_list(); /* use_count, live */
+  int check(); /* every invariant walked (tests): 0, or GG_ESTATE naming the first broken one */
+
+private:
+  Pool *route_locked(int device, Stream stream, uint64_t capture);
+  Pool &pool_locked(int device, PoolId id);
+  int pool_alloc(Pool &p, size_t n, Stream stream, void **ptr, gg_arena_t **used);
+  int pool_arena(Pool &p, Stream stream, gg_arena_t **out);
+  int default_alloc(size_t n, int device, Stream stream, void **ptr, Pool **pool, gg_arena_t **used);
+  void free_default(void *ptr, const Block &b);
+  void free_pooled(void *ptr, const Block &b);
+  bool hold_for_graph(void *ptr, const Block &b);
+  void sweep();
+  void sweep_locked(std::vector<Held> *out);
+  int implicit_pool_locked(int device, Stream stream, uint64_t capture, Pool **out);
+  void destroy_after_sync(int device, const std::vector<gg_arena_t *> &dead);
+  void account_locked(const Block &b, bool add);
+  void trace(char op, const void *ptr, size_t size, Stream stream);
+  static void graph_gone(void *user);
+
+  Runtime rt_;
+  gg_arena_options_t defaults_;
+  std::mutex mu_;
+  std::mutex make_mu_; /* two first allocations on a device make one arena */
+  std::atomic<gg_arena_t *> arenas_[kMaxDevices] = {};
+  bool owned_[kMaxDevices] = {}; /* made here (destroyed with the adapter) */
+  DeviceStats dev_[kMaxDevices];
+  int64_t reserved_base_[kMaxDevices] = {};
+  std::unordered_map<void *, Block> blocks_;
+  std::map<PoolId, std::unique_ptr<Pool>> pools_;
+  struct Capture {
+    int device;
+    PoolId id;
+    std::function<bool(Stream)> filter;
+  };
+  std::vector<Capture> captures_; /* announced, oldest first */
+  std::atomic<int> n_announced_{0};
+  std::atomic<bool> capture_any_{false};
+  std::atomic<uint64_t> deaths_{0}; /* graphs gone: a change means "sweep" */
+  std::atomic<uint64_t> seen_deaths_{0};
+  std::atomic<size_t> n_held_{0}; /* deferred_.size(), read without the lock */
+  std::vector<Held> deferred_;      /* blocks of gone graphs whose stream captured again */
+};
+
+} // namespace gg_torch
+
+#endif

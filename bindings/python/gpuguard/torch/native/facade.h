@@ -1,0 +1,159 @@
+/* facade.h (gpuguard.torch) — gpuguard as a PyTorch CUDA allocator backend: the
+ * c10::cuda::CUDACachingAllocator::CUDAAllocator whose methods are a few lines each over the
+ * torch-free adapter (adapter.h). PyTorch-shaped state only lives here: memory history, trackers,
+ * out-of-memory observers, the cudaMalloc'd blocks of torch.cuda.caching_allocator_enable(False),
+ * and CUDA IPC (ipc.cpp). Snapshots are built in snapshot.cpp, the runtime calls the adapter needs
+ * in runtime.cpp, the entry points gpuguard.torch calls through ctypes in entry.cpp. */
+#ifndef GG_TORCH_FACADE_H
+#define GG_TORCH_FACADE_H
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/ApproximateClock.h>
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "adapter.h"
+#include "ipc.h"
+
+namespace gg_torch {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+namespace cda = c10::CachingDeviceAllocator;
+
+inline PoolId pool_id(c10::MempoolId_t id) { return PoolId{id.first, id.second}; }
+inline c10::MempoolId_t mempool_id(PoolId id) { return {id.first, id.second}; }
+
+std::string format_size(uint64_t n);
+/* The CUDA runtime calls the adapter needs (runtime.cpp). */
+Runtime cuda_runtime();
+
+/* Memory history (torch.cuda.memory._record_memory_history), trace trackers and out-of-memory
+ * observers: PyTorch's types, kept under their own lock. */
+class History {
+public:
+  bool on() const {
+    return on_.load(std::memory_order_relaxed) || trackers_on_.load(std::memory_order_relaxed);
+  }
+  std::shared_ptr<c10::GatheredContext> gather(cda::RecordContext at_least);
+  void record(cda::TraceEntry::Action action, int device, void *addr, size_t size, void *stream,
+              PoolId pool, std::shared_ptr<c10::GatheredContext> ctx);
+  void record_free(int device, void *addr, size_t size, void *stream, PoolId pool,
+                   std::shared_ptr<c10::GatheredContext> ctx);
+  void configure(bool enabled, cda::CreateContextFn recorder, size_t max_entries,
+                 cda::RecordContext when, bool clear, const std::vector<std::string> &skip);
+  void add_observer(cca::OutOfMemoryObserver o);
+  void add_tracker(cda::AllocatorTraceTracker t);
+  std::vector<cca::OutOfMemoryObserver> observers();
+  bool enabled() const { return on_.load(); }
+  /* The trace per device, times made wall-clock (snapshot.cpp). */
+  std::vector<std::vector<cda::TraceEntry>> traces(int device_count);
+
+private:
+  std::mutex mu_;
+  std::atomic<bool> on_{false};
+  std::atomic<bool> trackers_on_{false};
+  cda::CreateContextFn recorder_ = nullptr;
+  cda::RecordContext when_ = cda::RecordContext::NEVER;
+  size_t max_entries_ = 1;
+  bool skip_free_requested_ = false;
+  std::deque<cda::TraceEntry> trace_;
+  std::vector<cca::OutOfMemoryObserver> observers_;
+  std::vector<cda::AllocatorTraceTracker> trackers_;
+  c10::ApproximateClockToUnixTimeConverter clock_;
+};
+
+class Backend final : public cca::CUDAAllocator {
+public:
+  explicit Backend(const gg_arena_options_t &opts);
+
+  /* c10::Allocator */
+  c10::DataPtr allocate(size_t n) override;
+  c10::DeleterFnPtr raw_deleter() const override { return &Backend::deleter; }
+  void copy_data(void *dest, const void *src, std::size_t count) const override;
+
+  /* CUDAAllocator */
+  bool initialized() override { return initialized_.load(); }
+  void init(int device_count) override;
+  void enable(bool value) override { enabled_ = value; }
+  bool isEnabled() const override { return enabled_; }
+  void *raw_alloc(size_t n) override;
+  void *raw_alloc_with_stream(size_t n, cudaStream_t stream) override;
+  void raw_delete(void *ptr) override;
+  double getMemoryFraction(c10::DeviceIndex device) override;
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
+    return {};
+  }
+  void cacheInfo(c10::DeviceIndex device, size_t *largest) override;
+  void *getBaseAllocation(void *ptr, size_t *size) override;
+  void recordStream(const c10::DataPtr &dp, c10::cuda::CUDAStream stream) override;
+  cda::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  cca::SnapshotInfo snapshot(c10::MempoolId_t id, bool include_traces) override;
+  void emptyCache(c10::MempoolId_t id) override;
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                           std::function<bool(cudaStream_t)> filter) override;
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id) override;
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t id) override;
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t id) override;
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override;
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t id, bool use_on_oom) override;
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t id) override;
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t id,
+                                const std::unordered_set<void *> &expected) override;
+  cca::ShareableHandle shareIpcHandle(void *ptr) override;
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
+  bool isHistoryEnabled() override { return history_.enabled(); }
+  void recordHistory(bool enabled, cda::CreateContextFn recorder, size_t max_entries,
+                     cda::RecordContext when, bool clear,
+                     const std::vector<std::string> &skip) override;
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override;
+  void attachAllocatorTraceTracker(cda::AllocatorTraceTracker tracker) override;
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex to) override;
+  cudaError_t memcpyAsync(void *dst, int dst_device, const void *src, int src_device, size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override;
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                          c10::MempoolId_t id) override;
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<cca::AllocatorState> pps) override;
+  std::string name() override { return "gpuguard"; }
+
+  /* For entry.cpp. */
+  Adapter &core() { return core_; }
+  static void deleter(void *ptr);
+
+private:
+  void check_device(int device, const char *call);
+  void *alloc_block(size_t n, int device, cudaStream_t stream);
+  bool free_block(void *ptr);
+  void *alloc_uncached(size_t n);
+  bool free_uncached(void *ptr);
+  void apply_fraction(int device);
+  [[noreturn]] void fail(int rc, size_t n, int device, cudaStream_t stream);
+
+  Adapter core_;
+  History history_;
+  std::mutex mu_; /* fractions_, uncached_ */
+  std::atomic<bool> initialized_{false};
+  int device_count_ = 0;
+  std::atomic<bool> enabled_{true};
+  double fractions_[kMaxDevices];
+  std::unordered_set<void *> uncached_; /* cudaMalloc'd while caching was off */
+  ipc::Exporter exporter_;
+  ipc::Importer importer_;
+};
+
+extern Backend *g_backend; /* the one installed: PyTorch keeps it for the process's life */
+
+} // namespace gg_torch
+
+#endif

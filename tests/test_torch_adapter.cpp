@@ -1,0 +1,342 @@
+/* test_torch_adapter.cpp — the torch-free core of gpuguard's PyTorch backend
+ * (bindings/python/gpuguard/torch/native/adapter*.cpp), built alone and run on the host backend with
+ * stub runtime calls: the pool rules, the statistics, capture routing (announced and not), the
+ * blocks a graph keeps, record_stream joins, and the trace file. No PyTorch, no GPU. */
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "torch/native/adapter.h"
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow" /* see adapter.h */
+#endif
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+extern "C" { /* neither this cmocka nor gg_test.h has C++ linkage markers */
+#include <cmocka.h>
+
+#include "gg_test.h"
+}
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+using gg_torch::Adapter;
+using gg_torch::PoolId;
+using gg_torch::Stream;
+
+namespace {
+
+constexpr size_t MiB = size_t(1) << 20;
+
+/* ---- the stub runtime: captures and graphs are what the test says they are */
+
+std::map<Stream, uint64_t> g_capturing;                           /* stream -> capture id */
+std::vector<std::pair<void (*)(void *), void *>> g_graph_holders; /* graph_retain's callbacks */
+int g_device_syncs = 0;
+int g_stream_syncs = 0;
+
+int stub_capture_id(Stream s, uint64_t *id) {
+  auto it = g_capturing.find(s);
+  *id = it == g_capturing.end() ? 0 : it->second;
+  return 0;
+}
+
+int stub_graph_retain(Stream, void (*done)(void *), void *user) {
+  g_graph_holders.push_back({done, user});
+  return 0;
+}
+
+int stub_stream_sync(Stream) { return ++g_stream_syncs, 0; }
+int stub_device_sync(int) { return ++g_device_syncs, 0; }
+void stub_relax(bool, int *) {}
+
+/* The graph is destroyed: the runtime calls what was tied to it. */
+void destroy_graphs() {
+  for (auto &h : g_graph_holders) {
+    h.first(h.second);
+  }
+  g_graph_holders.clear();
+}
+
+gg_torch::Runtime stub_runtime() {
+  return gg_torch::Runtime{stub_capture_id, stub_graph_retain, stub_stream_sync, stub_device_sync,
+                           stub_relax};
+}
+
+gg_arena_options_t host_defaults(size_t capacity) {
+  gg_arena_options_t o;
+  gg_arena_options_init(&o);
+  o.backend = "host";
+  o.capacity = capacity;
+  o.chunk_size = 2 * MiB;
+  return o;
+}
+
+gg_arena_stats_t stats_of(gg_arena_t *a) {
+  gg_arena_stats_t s;
+  gg_assert_ok(gg_arena_stats(a, &s));
+  return s;
+}
+
+void *alloc(Adapter &ad, size_t n, Stream s, PoolId *pool = nullptr) {
+  void *p = nullptr;
+  PoolId id;
+  gg_assert_ok(ad.alloc(n, 0, s, nullptr, &p, pool ? pool : &id));
+  assert_non_null(p);
+  return p;
+}
+
+void release(Adapter &ad, void *p) {
+  gg_torch::Freed f;
+  gg_assert_ok(ad.free(p, &f));
+}
+
+} // namespace
+
+/* The default pool: one arena per device made at first use (however many threads ask), stream
+ * ordered, and PyTorch's figures per size class. */
+static void test_default_pool_counts_each_block_once(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  std::vector<std::thread> t;
+  gg_arena_t *made[8] = {};
+  for (int i = 0; i < 8; i++) {
+    t.emplace_back([&, i] { ad.device_arena(0, &made[i]); });
+  }
+  for (auto &x : t) {
+    x.join();
+  }
+  for (int i = 1; i < 8; i++) {
+    assert_ptr_equal(made[i], made[0]);
+  }
+  gg_arena_options_t o;
+  gg_assert_ok(gg_arena_get_options(made[0], &o));
+  assert_string_equal(o.name, "torch");
+  assert_true(o.flags & GG_ARENA_KEEP_HOLES);
+  void *small = alloc(ad, 1000, nullptr);
+  void *large = alloc(ad, 3 * MiB, nullptr);
+  gg_torch::DeviceStats d = ad.stats(0);
+  assert_int_equal(d.allocation[gg_torch::kAll].current, 2);
+  assert_int_equal(d.allocation[gg_torch::kSmall].current, 1);
+  assert_int_equal(d.allocated_bytes[gg_torch::kAll].current, 1024 + 3 * MiB);
+  assert_int_equal(d.requested_bytes[gg_torch::kSmall].current, 1000);
+  gg_assert_ok(ad.check());
+  size_t sz = 0;
+  assert_true(ad.block_size(large, &sz));
+  assert_int_equal(sz, 3 * MiB);
+  release(ad, small);
+  release(ad, large);
+  gg_torch::Freed f;
+  assert_int_equal(ad.free(small, &f), GG_ENOTFOUND); /* a double free is refused */
+  d = ad.stats(0);
+  assert_int_equal(d.allocation[gg_torch::kAll].current, 0);
+  assert_int_equal(d.allocation[gg_torch::kAll].peak, 2);
+  assert_int_equal(d.allocated_bytes[gg_torch::kAll].freed, 1024 + 3 * MiB);
+  assert_int_equal(stats_of(made[0]).n_live, 0);
+  ad.reset_peaks(0);
+  ad.reset_totals(0);
+  d = ad.stats(0);
+  assert_int_equal(d.allocation[gg_torch::kAll].peak, 0);
+  assert_int_equal(d.allocated_bytes[gg_torch::kAll].freed, 0);
+  gg_torch::Reserved r = ad.reserved(0);
+  assert_true(r.current >= int64_t(4 * MiB));
+  gg_assert_ok(ad.check());
+}
+
+/* use_arena: the device's default pool uses the caller's arena; one per device, never NO_STREAM. */
+static void test_use_arena_serves_the_default_pool(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  gg_arena_options_t o = host_defaults(32 * MiB);
+  gg_arena_t *mine = nullptr;
+  gg_assert_ok(gg_arena_create(&mine, &o));
+  gg_assert_ok(ad.use_arena(0, mine));
+  gg_assert_ok(ad.use_arena(0, mine)); /* again: the same one */
+  void *p = alloc(ad, 4096, nullptr);
+  assert_int_equal(stats_of(mine).n_live, 1);
+  release(ad, p);
+  assert_int_equal(stats_of(mine).n_live, 0);
+  gg_arena_t *other = nullptr;
+  gg_assert_ok(gg_arena_create(&other, &o));
+  assert_int_equal(ad.use_arena(0, other), GG_ESTATE);
+  gg_arena_t *nostream = nullptr;
+  o.flags = GG_ARENA_NO_STREAM;
+  gg_assert_ok(gg_arena_create(&nostream, &o));
+  assert_int_equal(ad.use_arena(1, nostream), GG_EINVAL);
+  gg_assert_ok(gg_arena_destroy(nostream));
+  gg_assert_ok(gg_arena_destroy(other));
+  gg_assert_ok(ad.check());
+  /* the adapter does not own it: the caller destroys it once PyTorch is done */
+  gg_assert_ok(gg_arena_destroy(mine));
+}
+
+/* An announced capture's allocations go to its pool; the pool's memory goes back once it has no use
+ * and no live block, after a device synchronisation. */
+static void test_announced_capture_fills_its_pool(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  void *side = nullptr;
+  gg_assert_ok(gg_host_stream_create(&side));
+  PoolId id{0, 1};
+  ad.begin_capture(0, id, [side](Stream s) { return s == side; });
+  PoolId got;
+  void *in_pool = alloc(ad, 8192, side, &got);
+  assert_true(got == id);
+  void *outside = alloc(ad, 8192, nullptr, &got);
+  assert_true(got == PoolId{});
+  assert_int_equal(ad.pool_use_count(id), 1);
+  assert_int_equal(ad.counters().n_captures, 1);
+  gg_assert_ok(ad.end_capture(0, id));
+  assert_int_equal(ad.end_capture(0, id), GG_ENOTFOUND);
+  assert_true(ad.pool_blocks_are(0, id, {in_pool}));
+  ad.release_pool(0, id);
+  assert_int_equal(ad.release_freeable(0), 0); /* a live block keeps it */
+  release(ad, in_pool);
+  int syncs = g_device_syncs;
+  assert_int_equal(ad.release_freeable(0), 1);
+  assert_int_equal(g_device_syncs, syncs + 1);
+  assert_int_equal(ad.counters().n_pools, 0);
+  release(ad, outside);
+  gg_assert_ok(ad.check());
+  gg_host_stream_destroy(side);
+}
+
+/* mem_pool(arena): a MemPool whose blocks come from the caller's arena. */
+static void test_mem_pool_draws_from_the_given_arena(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  gg_arena_options_t o = host_defaults(32 * MiB);
+  gg_arena_t *mine = nullptr;
+  gg_assert_ok(gg_arena_create(&mine, &o));
+  PoolId id{7, 0};
+  ad.create_or_incref(0, id, nullptr);
+  gg_assert_ok(ad.pool_use_arena(0, id, mine));
+  ad.begin_capture(0, id, [](Stream) { return true; }); /* use_mem_pool: every stream */
+  void *p = alloc(ad, 1 << 16, nullptr);
+  assert_int_equal(stats_of(mine).n_live, 1);
+  gg_assert_ok(ad.end_capture(0, id));
+  gg_arena_t *a2 = nullptr;
+  gg_assert_ok(gg_arena_create(&a2, &o));
+  assert_int_equal(ad.pool_use_arena(0, id, a2), GG_ESTATE); /* it holds memory of mine */
+  release(ad, p);
+  assert_int_equal(stats_of(mine).n_live, 0);
+  ad.release_pool(0, id); /* use_mem_pool's end */
+  ad.release_pool(0, id); /* the MemPool deleted */
+  assert_int_equal(ad.release_freeable(0), 1);
+  gg_assert_ok(gg_arena_destroy(a2));
+  gg_assert_ok(gg_arena_destroy(mine)); /* never destroyed by the adapter */
+}
+
+/* captures=any: a capture nobody announced gets a pool tied to its graph, and a default-pool block
+ * freed during it stays allocated until the graph is gone. */
+static void test_unannounced_capture_is_kept_for_its_graph(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  ad.set_capture_any(true);
+  void *s = nullptr;
+  gg_assert_ok(gg_host_stream_create(&s));
+  void *before = alloc(ad, 1 << 20, s);
+  gg_arena_t *main_arena = ad.device_arena_if_any(0);
+  g_capturing[s] = 42;
+  PoolId got;
+  void *during = alloc(ad, 4096, s, &got);
+  assert_int_equal(got.second, 42);
+  assert_int_equal(g_graph_holders.size(), 1);
+  release(ad, before); /* the graph reads it at every replay */
+  assert_int_equal(stats_of(main_arena).n_live, 1);
+  release(ad, during);
+  g_capturing.erase(s);
+  assert_int_equal(ad.release_freeable(0), 0); /* the graph lives */
+  destroy_graphs();
+  void *after = alloc(ad, 4096, s, &got); /* the next call gives back what the graph held */
+  assert_true(got == PoolId{});
+  assert_int_equal(stats_of(main_arena).n_live, 1);
+  assert_int_equal(ad.release_freeable(0), 1);
+  release(ad, after);
+  assert_int_equal(stats_of(main_arena).n_live, 0);
+  gg_assert_ok(ad.check());
+  gg_host_stream_destroy(s);
+}
+
+/* Tensor.record_stream: the arena's stream waits for the recorded stream before the block goes. */
+static void test_recorded_streams_are_joined_at_the_free(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  void *side = nullptr;
+  gg_assert_ok(gg_host_stream_create(&side));
+  void *p = alloc(ad, 4096, nullptr);
+  gg_assert_ok(ad.record_stream(p, side));
+  gg_assert_ok(ad.record_stream(p, side)); /* once is enough */
+  int x = 0;
+  assert_int_equal(ad.record_stream(&x, side), GG_ENOTFOUND);
+  gg_host_fault_set(nullptr); /* resets the op counters */
+  release(ad, p);
+  assert_int_equal(gg_host_op_count("stream_wait"), 1);
+  gg_host_stream_destroy(side);
+}
+
+/* Out of memory: the arena's error, counted as PyTorch counts it. */
+static void test_out_of_memory_is_reported_and_counted(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(8 * MiB));
+  void *p = nullptr;
+  PoolId id;
+  assert_int_equal(ad.alloc(16 * MiB, 0, nullptr, nullptr, &p, &id), GG_ENOMEM);
+  assert_null(p);
+  assert_int_equal(ad.note_oom(0), 0);
+  assert_int_equal(ad.stats(0).num_ooms, 1);
+  assert_int_equal(ad.alloc(16, -1, nullptr, nullptr, &p, &id), GG_EINVAL);
+  gg_assert_ok(ad.check());
+}
+
+/* GPUGUARD_PLUGIN_TRACE=PATH: PATH.PID, in bench_replay's format; set in main before any call. */
+static void test_trace_file_has_the_replay_format(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  void *p = alloc(ad, 1000, nullptr);
+  release(ad, p);
+  std::string path = std::string(getenv("GPUGUARD_PLUGIN_TRACE")) + "." + std::to_string(getpid());
+  FILE *f = fopen(path.c_str(), "r");
+  assert_non_null(f);
+  char line[256];
+  std::vector<std::string> lines;
+  while (fgets(line, sizeof line, f)) {
+    lines.push_back(line);
+  }
+  fclose(f);
+  unlink(path.c_str());
+  assert_true(lines.size() >= 3);
+  assert_int_equal(lines[0].rfind("# gpuguard plugin trace, pid ", 0), 0);
+  char buf[64];
+  snprintf(buf, sizeof buf, "%p", p);
+  assert_true(lines[lines.size() - 2] == "a " + std::string(buf) + " 1000 (nil)\n");
+  assert_true(lines.back() == "f " + std::string(buf) + " (nil)\n");
+}
+
+int main(void) {
+  setenv("GPUGUARD_HOST_POPULATE", "0", 1);
+  char dir[] = "/tmp/gg-adapter-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  std::string trace = std::string(dir) + "/trace";
+  setenv("GPUGUARD_PLUGIN_TRACE", trace.c_str(), 1);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_default_pool_counts_each_block_once),
+      cmocka_unit_test(test_use_arena_serves_the_default_pool),
+      cmocka_unit_test(test_announced_capture_fills_its_pool),
+      cmocka_unit_test(test_mem_pool_draws_from_the_given_arena),
+      cmocka_unit_test(test_unannounced_capture_is_kept_for_its_graph),
+      cmocka_unit_test(test_recorded_streams_are_joined_at_the_free),
+      cmocka_unit_test(test_out_of_memory_is_reported_and_counted),
+      cmocka_unit_test(test_trace_file_has_the_replay_format),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  rmdir(dir);
+  return rc;
+}
