@@ -8,13 +8,16 @@
 #      it beside the checkout), run under each allocator with the same selection, and the counts compared;
 #      expecttest comes as a wheel in .whl/ where pip cannot reach PyPI;
 #   4. the workload benchmark (bench_python part w, --rounds R, default 3).
-# Logs and a summary go to $OUT (or build/gpu-logs). Usage: scripts/gpu-torch.sh [--quick]
+# Logs and a summary go to $OUT (or build/gpu-logs). Usage: [GG_STAGES="1 2 3 4"] scripts/gpu-torch.sh [--quick]
+# A wheel in .whl/gg/ is installed and tested as a user runs it (see below).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-build/gpu-logs}
 mkdir -p "$out"
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
+stages=${GG_STAGES:-1 2 3 4} # which of the numbered parts below run
+want() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gg-site .whl/*.whl &&
@@ -22,16 +25,29 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 summary=()
 note() { summary+=("$1"); echo "-- $1"; }
-b=build/gpu-torch
-if cmake -S . -B $b -DCMAKE_BUILD_TYPE=Release -DGPUGUARD_BUILD_TESTS=OFF -DGPUGUARD_BUILD_EXAMPLES=OFF \
-     -DGPUGUARD_BUILD_BENCH=OFF >"$out/configure.log" 2>&1 && cmake --build $b -j "$(nproc)" >"$out/build.log" 2>&1; then
-  note "build: ok"
+# With a gpuguard wheel in .whl/gg/ (the manylinux wheel the README's test command builds), the wheel is
+# pip-installed into this Python environment, .pth hook and all, exactly as a user installs it, and every
+# test below runs against the installed package; without one, the library is built here and used from
+# the source tree.
+wheel=$(ls .whl/gg/gpuguard-*.whl 2>/dev/null | head -1)
+if [ -n "$wheel" ]; then
+  python3 -m pip install -q --no-index --no-deps --force-reinstall "$wheel" >"$out/pip.log" 2>&1 ||
+    { tail -20 "$out/pip.log"; exit 1; }
+  note "installed: $(basename "$wheel") -> $(cd / && python3 -c 'import gpuguard; print(gpuguard.__file__)')"
+  export GPUGUARD_TEST_INSTALLED=1
 else
-  tail -40 "$out/build.log" "$out/configure.log"
-  exit 1
+  b=build/gpu-torch
+  if cmake -S . -B $b -DCMAKE_BUILD_TYPE=Release -DGPUGUARD_BUILD_TESTS=OFF -DGPUGUARD_BUILD_EXAMPLES=OFF \
+       -DGPUGUARD_BUILD_BENCH=OFF >"$out/configure.log" 2>&1 && cmake --build $b -j "$(nproc)" >"$out/build.log" 2>&1; then
+    note "build: ok"
+  else
+    tail -40 "$out/build.log" "$out/configure.log"
+    exit 1
+  fi
+  export GPUGUARD_LIBRARY=$PWD/$b/libgpuguard.so PYTHONPATH=$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 fi
-export GPUGUARD_LIBRARY=$PWD/$b/libgpuguard.so PYTHONPATH=$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 
+want 1 && {
 # 1. the backend's tests, then the binding's other PyTorch tests
 timeout 900 python3 -m pytest -q -rs -p no:cacheprovider bindings/python/tests/test_torch_native.py \
   2>&1 | tee "$out/pytest-native.log" | tail -25
@@ -40,21 +56,24 @@ timeout 900 python3 -m pytest -q -rs -p no:cacheprovider bindings/python/tests/t
   2>&1 | tee "$out/pytest-torch.log" | tail -10
 note "test_torch (use_arena, mem_pool): $(grep -E '[0-9]+ (passed|failed)' "$out/pytest-torch.log" | tail -1)"
 
+}
+want 2 && {
 # 2. third-party code, unchanged, one round per allocator
 steps=30
 [ $quick = 1 ] && steps=10
 timeout 900 python3 bench/bench_python.py --parts w --rounds 1 --steps $steps 2>&1 | tee "$out/thirdparty.log" | tail -40
 note "third-party (bench_python w, 1 round): exit ${PIPESTATUS[0]}"
 
+}
 # 3. PyTorch's own CUDA tests, per allocator
-if [ -f .ext/test_cuda.py ]; then
+if want 3 && [ -f .ext/test_cuda.py ]; then
   sel=${GG_TEST_CUDA_SELECT:-"memory or graph or stream or oom or pool or snapshot or fraction or cudnn or caching or allocator"}
   # A source checkout has no .pth hook: a sitecustomize.py with the .pth's line stands in for it, so
   # every Python process of the run (xdist's worker, which keeps a crash or a sticky CUDA error to one
   # replaced worker, and multiprocessing children) puts the backend in place as an installed wheel
   # does; the summary names the backend a process of the same environment ends up on.
   hook=$(mktemp -d)
-  cp bindings/python/gpuguard_torch.pth "$hook/sitecustomize.py"
+  [ -n "$wheel" ] || cp bindings/python/gpuguard_torch.pth "$hook/sitecustomize.py"
   xdist=()
   python3 -c "import xdist" 2>/dev/null && xdist=(-n 1)
   for alloc in default gpuguard; do
@@ -75,7 +94,7 @@ else
 fi
 
 # 4. the workload benchmark
-if [ $quick = 0 ]; then
+if [ $quick = 0 ] && want 4; then
   timeout 1200 python3 bench/bench_python.py --parts w --rounds "${ROUNDS:-3}" 2>&1 | tee "$out/bench-w.log" | tail -60
   note "bench_python w: exit ${PIPESTATUS[0]}"
 fi
