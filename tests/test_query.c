@@ -7,7 +7,7 @@
 
 #include "gg_test.h"
 #include "core/internal.h"
-#include "query/nvml_internal.h"
+#include "backend/cuda/nvml_internal.h"
 #include "proc/procfs_internal.h"
 
 static char log_path[64];

@@ -205,8 +205,7 @@ bool cli_no_gpu(void) {
   gg_device_info_t d;
   gg_device_telemetry_t t;
   /* telemetry says GG_ENOTSUP exactly when NVML cannot be loaded */
-  return gg_device_info(0, &d) == 0 && strcmp(d.backend, "host") == 0 &&
-         gg_device_telemetry(0, &t) == GG_ENOTSUP;
+  return gg_device_info(0, &d) == 0 && d.simulated && gg_device_telemetry(0, &t) == GG_ENOTSUP;
 }
 
 /* ---- the process table ----------------------------------------------------------------------- */

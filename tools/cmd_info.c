@@ -30,7 +30,7 @@ static int print_devices(FILE *f, int only) {
     fprintf(f, "%-3d %-28.28s %-8s %12s %12s %12s  %s\n", i, d.name, d.backend,
             human((double)d.total_bytes, a, sizeof a), human((double)d.used_bytes, b, sizeof b),
             human((double)d.free_bytes, c, sizeof c), d.uuid);
-    if (strcmp(d.backend, "host") == 0)
+    if (d.simulated)
       fprintf(f, "    (no usable CUDA device: this is gpuguard's simulated host device)\n");
   }
   /* NVML without CUDA (a container given only the `utility` capability): the GPUs are there.
@@ -38,7 +38,7 @@ static int print_devices(FILE *f, int only) {
   gg_device_info_t d0;
   gg_device_telemetry_t t;
   int nvml = 0;
-  if (gg_device_info(0, &d0) == 0 && strcmp(d0.backend, "host") == 0)
+  if (gg_device_info(0, &d0) == 0 && d0.simulated)
     while (nvml < 64 && gg_device_telemetry(nvml, &t) == 0) nvml++;
   if (nvml)
     fprintf(f,

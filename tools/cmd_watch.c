@@ -172,7 +172,7 @@ static void draw_devices(screen_t *s, int only) {
       sc_put(s, "", "]");
     }
     sc_endl(s);
-    if (strcmp(d.backend, "host") == 0) {
+    if (d.simulated) {
       sc_put(s, SGR_DIM, "    (no usable CUDA device: gpuguard's simulated host device)");
       sc_endl(s);
     }

@@ -24,6 +24,8 @@ typedef struct gg_device_info {
   int cc_minor;       /**< compute capability, minor */
   int driver_version; /**< CUDA driver version, e.g. 13000 (0 on the host backend) */
   int vmm_supported;  /**< 1 when the device supports virtual memory management */
+  int simulated;      /**< 1 for a simulated device (the host backend's), no GPU of this machine;
+                           0 for a real one. Appended in 0.2 */
 } gg_device_info_t;
 
 /** How a process holding a device relates to gpuguard's sessions. */

@@ -12,7 +12,7 @@
 #include "core/json_internal.h"
 #include "core/vec_internal.h"
 #include "backend/backend.h"
-#include "query/nvml_internal.h"
+#include "query/query_internal.h"
 
 /* Prometheus label value: backslash, double quote and newline escaped, as the exposition format
  * asks; the value is made valid UTF-8 (the format's requirement), other control characters and
@@ -83,14 +83,17 @@ static void gg__collect_procs(gg__devrow_t *r, unsigned what, const char *uuid, 
       r->procs[r->nprocs++] = r->procs[j];
 }
 
-/* The devices as NVML numbers them (what nvidia-smi and DCGM call `gpu`): every GPU of the machine,
- * whatever CUDA_VISIBLE_DEVICES hides, also where there is NVML but no CUDA (a container given only
- * the `utility` capability). GG_ENOTSUP without NVML. */
+/* The devices as the GPU family's telemetry numbers them (NVML: what nvidia-smi and DCGM call
+ * `gpu`): every GPU of the machine, whatever CUDA_VISIBLE_DEVICES hides, also where there is NVML
+ * but no CUDA (a container given only the `utility` capability). GG_ENOTSUP without telemetry. */
 static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
-  gg__nvml_dev_t *d = NULL;
-  int n = 0, rc = gg__nvml_devices(&d, &n);
+  const gg__telemetry_t *tel = gg__gpu_family()->telemetry;
+  gg__mon_dev_t *d = NULL;
+  int n = 0;
   *rows = NULL;
   *nrows = 0;
+  if (!tel) return gg__err(GG_ENOTSUP, "gg_report: no telemetry");
+  int rc = tel->devices(&d, &n);
   if (rc < 0) return rc;
   gg__devrow_t *r = calloc(n > 0 ? (size_t)n : 1, sizeof *r);
   if (!r) {
@@ -105,7 +108,7 @@ static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
       gg__strlcpy(r[i].error, d[i].error, sizeof r[i].error);
       continue;
     }
-    gg__strlcpy(r[i].info.backend, "nvml", sizeof r[i].info.backend);
+    gg__strlcpy(r[i].info.backend, tel->name, sizeof r[i].info.backend);
     gg__strlcpy(r[i].info.name, d[i].name, sizeof r[i].info.name);
     gg__strlcpy(r[i].info.uuid, d[i].uuid, sizeof r[i].info.uuid);
     gg__strlcpy(r[i].pci, d[i].pci_bus_id, sizeof r[i].pci);
@@ -114,7 +117,7 @@ static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
       r[i].info.free_bytes = d[i].free_b;
       r[i].info.used_bytes = d[i].total - d[i].free_b;
     }
-    const gg__nvml_telemetry_t *t = &d[i].tel;
+    const gg__readings_t *t = &d[i].tel;
     r[i].tel =
         (gg_device_telemetry_t){i,
                                 t->util_gpu,
@@ -396,8 +399,8 @@ static void gg__prom_arenas(FILE *f, const gg__promctx_t *c, const gg__arows_t *
       gg__err_save(&saved);
       bool known = a->device >= 0 && gg_device_info(a->device, &d) == 0;
       gg__err_restore(&saved);
-      const gg__devrow_t *row =
-          known && strcmp(a->backend, "host") != 0 ? gg__row_of(c, d.uuid) : NULL;
+      const gg__family_t *fam = gg__family(a->backend);
+      const gg__devrow_t *row = known && fam && !fam->simulated ? gg__row_of(c, d.uuid) : NULL;
       if (row) {
         gg__prom_dev_labels(f, c, row, row->info.index);
       } else { /* a device NVML does not list (the simulated host device): gpuguard's ordinal */
@@ -552,16 +555,17 @@ static void gg__prom_processes(FILE *f, const gg__promctx_t *c) {
 /* The devices for Prometheus: NVML's (every GPU, numbered as DCGM numbers them); without NVML, the
  * CUDA devices; never the simulated host device, which is no GPU of this machine. */
 static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const char **source) {
+  const gg__telemetry_t *tel = gg__gpu_family()->telemetry;
   int rc = gg__collect_nvml(what, rows, n);
-  *source = "nvml";
+  *source = tel ? tel->name : "none";
   if (rc != GG_ENOTSUP) return rc;
   const char *backend = NULL;
   gg__err_saved_t saved;
   gg__err_save(&saved);
   int brc = gg__backend_resolve(NULL, 0, &backend);
   gg__err_restore(&saved);
-  if (brc == 0 && strcmp(backend, "cuda") == 0) {
-    *source = "cuda";
+  if (brc == 0 && !gg__family(backend)->simulated) {
+    *source = backend;
     return gg__collect(what, rows, n);
   }
   *source = "none";
@@ -575,11 +579,12 @@ static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const ch
  * but no CUDA): then NVML's, backend "nvml". GPUGUARD_BACKEND=host asked for keeps the host
  * device. */
 static int gg__collect_json(unsigned what, gg__devrow_t **rows, int *n) {
-  const char *backend = NULL, *asked = gg__env("GPUGUARD_BACKEND");
+  const char *backend = NULL;
+  const gg__family_t *asked = gg__family(gg__env("GPUGUARD_BACKEND"));
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  bool fell_back = gg__backend_resolve(NULL, 0, &backend) == 0 && strcmp(backend, "host") == 0 &&
-                   !(asked && strcmp(asked, "host") == 0);
+  bool fell_back = gg__backend_resolve(NULL, 0, &backend) == 0 && gg__family(backend)->simulated &&
+                   !(asked && asked->simulated);
   if (fell_back && gg__collect_nvml(what, rows, n) == 0) {
     if (*n > 0) return 0;
     gg__release(*rows, *n);

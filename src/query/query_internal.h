@@ -1,0 +1,14 @@
+/* query_internal.h — query.c's listing for render.c, which names devices as the telemetry does. */
+#ifndef GG_QUERY_INTERNAL_H
+#define GG_QUERY_INTERNAL_H
+
+#include <stddef.h>
+
+/* gg_process_list's work for a device named by the telemetry's UUID (NULL: by the telemetry's
+ * index `device`); the rows' device field is `device`. The Prometheus report lists the telemetry's
+ * devices, whether the driver offers them here or not. */
+struct gg_process;
+int gg__process_list_at(const char *uuid, int device, struct gg_process *rows, size_t cap,
+                        size_t *count);
+
+#endif
