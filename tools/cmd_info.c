@@ -9,21 +9,22 @@
 
 static int print_devices(FILE *f, int only) {
   int n = 0;
-  if (gg_device_count(&n) < 0) {
+  bool gpus = false;
+  if (cli_devices(&gpus, &n) < 0) {
     fprintf(stderr, "gpuguard: %s\n", gg_last_error());
     return 1;
   }
   if (only >= n) {
     fprintf(stderr, "gpuguard info: -i %d: no such device (there %s %d)\n", only,
             n == 1 ? "is" : "are", n);
-    return 1;
+    return EXIT_USAGE;
   }
   char a[32], b[32], c[32];
   fprintf(f, "%-3s %-28s %-8s %12s %12s %12s  %s\n", "GPU", "NAME", "BACKEND", "TOTAL", "USED",
           "FREE", "UUID");
   for (int i = only >= 0 ? only : 0; i < (only >= 0 ? only + 1 : n); i++) {
     gg_device_info_t d;
-    if (gg_device_info(i, &d) < 0) {
+    if (cli_device_info(gpus, i, &d) < 0) {
       fprintf(f, "%-3d (unreadable: %s)\n", i, gg_last_error());
       continue;
     }
@@ -33,18 +34,6 @@ static int print_devices(FILE *f, int only) {
     if (d.simulated)
       fprintf(f, "    (no usable CUDA device: this is gpuguard's simulated host device)\n");
   }
-  /* NVML without CUDA (a container given only the `utility` capability): the GPUs are there.
-   * Without CUDA, telemetry names devices by NVML index, so it counts them. */
-  gg_device_info_t d0;
-  gg_device_telemetry_t t;
-  int nvml = 0;
-  if (gg_device_info(0, &d0) == 0 && d0.simulated)
-    while (nvml < 64 && gg_device_telemetry(nvml, &t) == 0) nvml++;
-  if (nvml)
-    fprintf(f,
-            "NVML sees %d GPU%s that CUDA does not offer here: `gpuguard info --json` or `--prom` "
-            "lists them\n",
-            nvml, nvml == 1 ? "" : "s");
   return 0;
 }
 
@@ -80,7 +69,8 @@ int cmd_info(int argc, char **argv) {
           "simulated host device\n",
           stderr);
   if (format < 0) {
-    if (print_devices(stdout, only)) return 1;
+    int rc = print_devices(stdout, only);
+    if (rc) return rc;
   } else if (gg_report(stdout, (gg_format_t)format, GG_REPORT_DEVICES) < 0) {
     fprintf(stderr, "gpuguard info: %s\n", gg_last_error());
     return 1;
@@ -88,7 +78,8 @@ int cmd_info(int argc, char **argv) {
   /* A device the listing could not read (a bad GPUGUARD_HOST_* value, say) is a failure too. */
   int n = 0, bad = 0;
   gg_device_info_t d;
-  for (int i = 0; gg_device_count(&n) == 0 && i < n; i++)
-    bad += (only < 0 || i == only) && gg_device_info(i, &d) < 0;
+  bool gpus = false;
+  for (int i = 0; cli_devices(&gpus, &n) == 0 && i < n; i++)
+    bad += (only < 0 || i == only) && cli_device_info(gpus, i, &d) < 0;
   return bad ? 1 : 0;
 }

@@ -113,13 +113,13 @@ int cmd_ps(int argc, char **argv) {
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
   if (json && only >= 0)
     return bad_usage("%s", "-i selects the device of the table; --json covers every device");
+  int bad = cli_gpu_exists("ps", only);
+  if (bad) return bad;
   bool no_gpu = false;
   int rc;
   if (json) {
-    size_t count;
-    int ndev = 0;
-    no_gpu =
-        gg_device_count(&ndev) == 0 && ndev > 0 && gg_process_list(0, NULL, 0, &count) == GG_ENODEV;
+    int ngpu = 0;
+    no_gpu = gg_gpu_count(&ngpu) == GG_ENODEV;
     /* No GPU: no devices and no processes, as the exit status says; never the simulated host
      * device, which no process can hold (the exporter leaves it out too). */
     if (no_gpu)

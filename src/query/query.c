@@ -90,12 +90,17 @@ int gg_device_telemetry(int device, gg_device_telemetry_t *t) {
   gg__readings_t n;
   int rc = g->telemetry->readings(gg__gpu_uuid(g, device, &props), device, &n);
   if (rc < 0) return rc;
-  t->utilization_gpu = n.util_gpu;
-  t->utilization_memory = n.util_memory;
-  t->temperature_c = n.temperature_c;
-  t->power_watts = n.power_mw < 0 ? -1 : (double)n.power_mw / 1e3;
-  t->power_limit_watts = n.power_limit_mw < 0 ? -1 : (double)n.power_limit_mw / 1e3;
+  gg__telemetry_from(t, device, &n);
   return 0;
+}
+
+void gg__telemetry_from(gg_device_telemetry_t *t, int index, const gg__readings_t *r) {
+  *t = (gg_device_telemetry_t){index,
+                               r->util_gpu,
+                               r->util_memory,
+                               r->temperature_c,
+                               r->power_mw < 0 ? -1 : (double)r->power_mw / 1e3,
+                               r->power_limit_mw < 0 ? -1 : (double)r->power_limit_mw / 1e3};
 }
 
 /* ---- who holds the device -------------------------------------------------------------------- */
@@ -468,11 +473,11 @@ int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count) {
   gg__err_saved_t saved;
   gg__err_save(&saved);
   int ndev = 0;
-  if (w.n && gg__gpu_family()->count(&ndev) != 0) ndev = 0;
+  if (w.n && gg_gpu_count(&ndev) != 0) ndev = 0;
   for (int d = 0; d < ndev; d++) {
     gg_process_t got[64];
     size_t n = 0;
-    if (gg_process_list(d, got, 64, &n) != 0) continue;
+    if (gg_gpu_processes(d, got, 64, &n) != 0) continue;
     for (size_t i = 0; i < n && i < 64; i++)
       for (size_t j = 0; j < w.n && j < w.cap; j++)
         if (rows[j].pid == got[i].pid && rows[j].start_time == got[i].start_time) {
@@ -526,8 +531,8 @@ int gg_reap_list(unsigned flags, gg_process_t *rows, size_t cap, size_t *count) 
   if (n > cap) n = cap;
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  int ndev = 0;
-  if (gg_device_count(&ndev) != 0) ndev = 0;
+  int ndev = 0; /* every GPU NVML reports, whether CUDA here sees it or not */
+  if (gg_gpu_count(&ndev) != 0) ndev = 0;
   uid_t me = getuid();
   pid_t self = getpid();
   size_t want = 32;
@@ -541,7 +546,7 @@ int gg_reap_list(unsigned flags, gg_process_t *rows, size_t cap, size_t *count) 
         return gg__err(GG_ENOMEM, "gg_reap_list: out of host memory");
       }
       got = grown;
-      if (gg_process_list(d, got, want, &k) != 0) k = 0;
+      if (gg_gpu_processes(d, got, want, &k) != 0) k = 0;
       if (k <= want) break;
       want = k + 16;
     }

@@ -4,11 +4,17 @@
 
 #include <stddef.h>
 
+#include "backend/backend.h"
+#include "gpuguard/query.h"
+
 /* gg_process_list's work for a device named by the telemetry's UUID (NULL: by the telemetry's
  * index `device`); the rows' device field is `device`. The Prometheus report lists the telemetry's
  * devices, whether the driver offers them here or not. */
 struct gg_process;
 int gg__process_list_at(const char *uuid, int device, struct gg_process *rows, size_t cap,
                         size_t *count);
+
+/* The telemetry's readings as the public struct gives them (watts, -1 unknown). */
+void gg__telemetry_from(gg_device_telemetry_t *t, int index, const gg__readings_t *r);
 
 #endif

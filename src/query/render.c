@@ -117,14 +117,7 @@ static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
       r[i].info.free_bytes = d[i].free_b;
       r[i].info.used_bytes = d[i].total - d[i].free_b;
     }
-    const gg__readings_t *t = &d[i].tel;
-    r[i].tel =
-        (gg_device_telemetry_t){i,
-                                t->util_gpu,
-                                t->util_memory,
-                                t->temperature_c,
-                                t->power_mw < 0 ? -1 : (double)t->power_mw / 1e3,
-                                t->power_limit_mw < 0 ? -1 : (double)t->power_limit_mw / 1e3};
+    gg__telemetry_from(&r[i].tel, i, &d[i].tel);
     if (what & GG_REPORT_PROCESSES)
       gg__collect_procs(&r[i], what, d[i].uuid[0] ? d[i].uuid : NULL, i, true);
   }
