@@ -53,18 +53,29 @@ done
 unset CUDA_VISIBLE_DEVICES
 echo "every command covers both GPUs NVML reports, numbered as NVML numbers them"
 
-# -i: a number or a UUID, on the table and on check; one that does not exist is a usage error.
+# -i: a number or a UUID, on the tables, on check and with --json/--prom; one that does not exist
+# is a usage error.
 expect_rc 0 $g ps -i 1
 grep -qE "^1 +$k1 " "$tmp/out" && ! grep -qE "^0 " "$tmp/out" || fail "ps -i 1: $(cat "$tmp/out")"
 expect_rc 0 $g ps -i GPU-fa4e0000-0000-4000-8000-000000000001
 grep -qE "^1 +$k1 " "$tmp/out" || fail "ps -i UUID: $(cat "$tmp/out")"
 expect_rc 1 $g check -i gpu-FA4E0000-0000-4000-8000-000000000000
 grep -q "GPU 0: stranded" "$tmp/out" && ! grep -q "GPU 1" "$tmp/out" || fail "check -i UUID: $(cat "$tmp/out")"
-for c in "ps" "check" "info" "watch --count 1"; do
+expect_rc 0 $g ps --json -i 1
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+assert [x["index"] for x in d["devices"]] == [1] and {p["device"] for p in d["processes"]} == {1}, d' "$tmp/out" ||
+  fail "ps --json -i 1: $(cat "$tmp/out")"
+expect_rc 0 $g info --json -i GPU-fa4e0000-0000-4000-8000-000000000001
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+assert [(x["index"], x["backend"]) for x in d["devices"]] == [(1, "nvml")], d' "$tmp/out" ||
+  fail "info --json -i UUID: $(cat "$tmp/out")"
+expect_rc 0 $g info --prom -i 1
+grep -q 'gpuguard_device_info{gpu="1"' "$tmp/out" && ! grep -q 'gpu="0"' "$tmp/out" || fail "info --prom -i 1: $(cat "$tmp/out")"
+for c in "ps" "ps --json" "check" "check --json" "info" "info --json" "info --prom" "watch --count 1"; do
   expect_rc 2 $g $c -i 2
   expect_rc 2 $g $c -i GPU-fa4e0000-0000-4000-8000-000000000009
 done
-echo "-i N|UUID on ps, check, info and watch; a GPU that does not exist is exit 2"
+echo "-i N|UUID on ps, check, info and watch, with --json and --prom; a GPU that does not exist is exit 2"
 
 # Memory no process explains, from NVML's own used memory: 4 GiB used on each GPU, 2 GiB listed on
 # GPU 1, 1 GiB on GPU 0.
@@ -87,6 +98,8 @@ echo "memory no process explains: NVML's used memory, on every GPU"
 export FAKE_NVML_FAIL_PROCS=1
 expect_rc 1 $g ps
 grep -q "NVML running-process query failed" "$tmp/err" || fail "ps: no reason: $(cat "$tmp/err")"
+expect_rc 1 $g ps --json
+grep -q "NVML running-process query failed" "$tmp/err" || fail "ps --json: no reason: $(cat "$tmp/err")"
 expect_rc 1 $g check
 grep -q "NVML running-process query failed" "$tmp/err" && grep -q "not ok" "$tmp/err" ||
   fail "check: no reason: $(cat "$tmp/err")"

@@ -61,8 +61,8 @@ int cmd_info(int argc, char **argv) {
     return cli_opt_error(o, argv);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-  if (only >= 0 && format >= 0)
-    return bad_usage("%s", "-i selects a device of the table; --json/--prom cover every device");
+  int missing = format >= 0 ? cli_gpu_exists("info", only) : 0;
+  if (missing) return missing;
   if (format == GG_FORMAT_PROMETHEUS && cli_no_gpu())
     fputs("gpuguard info: no NVIDIA GPU on this machine (neither CUDA nor NVML): no device series, "
           "never the "
@@ -71,7 +71,7 @@ int cmd_info(int argc, char **argv) {
   if (format < 0) {
     int rc = print_devices(stdout, only);
     if (rc) return rc;
-  } else if (gg_report(stdout, (gg_format_t)format, GG_REPORT_DEVICES) < 0) {
+  } else if (gg_report_gpu(stdout, (gg_format_t)format, GG_REPORT_DEVICES, only) < 0) {
     fprintf(stderr, "gpuguard info: %s\n", gg_last_error());
     return 1;
   }

@@ -92,9 +92,7 @@ static int gg__gpu_info_driver(const gg__family_t *g, int gpu, gg_device_info_t 
   return rc;
 }
 
-/* A GPU the driver in this process sees too (the same UUID): its backend and what only the driver
- * says. One it does not see (CUDA_VISIBLE_DEVICES, no CUDA here) keeps the telemetry's name. */
-static void gg__gpu_driver_view(const gg__family_t *g, gg_device_info_t *info) {
+void gg__gpu_driver_view(const gg__family_t *g, gg_device_info_t *info) {
   gg__err_saved_t saved;
   gg__err_save(&saved);
   int n = 0;

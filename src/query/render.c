@@ -111,6 +111,7 @@ static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
     gg__strlcpy(r[i].info.backend, tel->name, sizeof r[i].info.backend);
     gg__strlcpy(r[i].info.name, d[i].name, sizeof r[i].info.name);
     gg__strlcpy(r[i].info.uuid, d[i].uuid, sizeof r[i].info.uuid);
+    gg__gpu_driver_view(gg__gpu_family(), &r[i].info);
     gg__strlcpy(r[i].pci, d[i].pci_bus_id, sizeof r[i].pci);
     if (d[i].have_memory) {
       r[i].info.total_bytes = d[i].total;
@@ -138,6 +139,7 @@ static int gg__collect(unsigned what, gg__devrow_t **rows, int *nrows) {
   for (int i = 0; i < n; i++) {
     r[i].minor = -1;
     r[i].rc = gg_device_info(i, &r[i].info);
+    r[i].info.index = i; /* also where the reading failed */
     if (r[i].rc < 0) {
       gg__strlcpy(r[i].error, gg_last_error(), sizeof r[i].error);
       continue;
@@ -220,7 +222,7 @@ static void gg__json_devices(FILE *f, const gg__devrow_t *rows, int n) {
   fputs(",\"devices\":[", f);
   for (int i = 0; i < n; i++) {
     const gg_device_info_t *d = &rows[i].info;
-    fprintf(f, "%s{\"index\":%d", i ? "," : "", i);
+    fprintf(f, "%s{\"index\":%d", i ? "," : "", rows[i].info.index);
     if (rows[i].rc < 0) {
       fputs(",\"error\":", f);
       gg__json_fputs(f, rows[i].error);
@@ -567,18 +569,15 @@ static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const ch
   return 0;
 }
 
-/* The devices for JSON: gpuguard's own (CUDA's ordinals, or the simulated host device), except
- * where gpuguard fell back to the host device by itself and NVML sees GPUs (a container with NVML
- * but no CUDA): then NVML's, backend "nvml". GPUGUARD_BACKEND=host asked for keeps the host
- * device. */
+/* The devices for JSON: NVML's, numbered as nvidia-smi numbers them, whatever CUDA here sees (each
+ * with backend "cuda" where CUDA sees it, else "nvml"); without NVML, gpuguard's own (CUDA's
+ * ordinals, or the simulated host device). GPUGUARD_BACKEND=host asked for keeps the host device.
+ */
 static int gg__collect_json(unsigned what, gg__devrow_t **rows, int *n) {
-  const char *backend = NULL;
   const gg__family_t *asked = gg__family(gg__env("GPUGUARD_BACKEND"));
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  bool fell_back = gg__backend_resolve(NULL, 0, &backend) == 0 && gg__family(backend)->simulated &&
-                   !(asked && asked->simulated);
-  if (fell_back && gg__collect_nvml(what, rows, n) == 0) {
+  if (!(asked && asked->simulated) && gg__collect_nvml(what, rows, n) == 0) {
     if (*n > 0) return 0;
     gg__release(*rows, *n);
   }
@@ -623,7 +622,32 @@ static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
   if (what & GG_REPORT_ARENAS) gg__prom_arenas(f, &c, ar);
 }
 
+/* Keeps only the row of device `gpu` (-1: every row). GG_ENODEV when no row has that number; no
+ * row at all (no GPU) is a report of its own. */
+static int gg__keep_gpu(gg__devrow_t *rows, int *n, int gpu) {
+  if (gpu < 0 || *n == 0) return 0;
+  int kept = 0;
+  for (int i = 0; i < *n; i++) {
+    if (rows[i].info.index == gpu && kept == 0) {
+      gg__devrow_t keep = rows[i];
+      rows[i] = rows[0];
+      rows[0] = keep;
+      kept = 1;
+    }
+  }
+  for (int i = kept; i < *n; i++) free(rows[i].procs);
+  int had = *n;
+  *n = kept;
+  return kept ? 0
+              : gg__err(GG_ENODEV, "gg_report_gpu: GPU %d does not exist (this machine has %d)",
+                        gpu, had);
+}
+
 int gg_report(FILE *out, gg_format_t format, unsigned what) {
+  return gg_report_gpu(out, format, what, -1);
+}
+
+int gg_report_gpu(FILE *out, gg_format_t format, unsigned what, int gpu) {
   const unsigned known = GG_REPORT_ALL | GG_REPORT_NOT_SELF | GG_REPORT_ALL_COMMANDS;
   if (!out) return gg__err(GG_EINVAL, "gg_report: out is NULL");
   if (format != GG_FORMAT_JSON && format != GG_FORMAT_PROMETHEUS)
@@ -638,6 +662,11 @@ int gg_report(FILE *out, gg_format_t format, unsigned what) {
     } else {
       rc = gg__collect_json(what, &rows, &n);
       if (rc < 0) return rc;
+    }
+    int krc = gg__keep_gpu(rows, &n, gpu);
+    if (krc < 0) {
+      gg__release(rows, n);
+      return krc;
     }
   }
   gg__arows_t ar = {0};
