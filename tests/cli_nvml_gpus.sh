@@ -71,11 +71,13 @@ assert [(x["index"], x["backend"]) for x in d["devices"]] == [(1, "nvml")], d' "
   fail "info --json -i UUID: $(cat "$tmp/out")"
 expect_rc 0 $g info --prom -i 1
 grep -q 'gpuguard_device_info{gpu="1"' "$tmp/out" && ! grep -q 'gpu="0"' "$tmp/out" || fail "info --prom -i 1: $(cat "$tmp/out")"
-for c in "ps" "ps --json" "check" "check --json" "info" "info --json" "info --prom" "watch --count 1"; do
+expect_rc 0 $g reap --dry-run -i 1
+grep -q "$k1" "$tmp/out" && ! grep -q "$k0" "$tmp/out" || fail "reap --dry-run -i 1: $(cat "$tmp/out")"
+for c in "ps" "ps --json" "check" "check --json" "info" "info --json" "info --prom" "watch --count 1" "reap -n"; do
   expect_rc 2 $g $c -i 2
   expect_rc 2 $g $c -i GPU-fa4e0000-0000-4000-8000-000000000009
 done
-echo "-i N|UUID on ps, check, info and watch, with --json and --prom; a GPU that does not exist is exit 2"
+echo "-i N|UUID on ps, check, info, watch and reap, with --json and --prom; a GPU that does not exist is exit 2"
 
 # Memory no process explains, from NVML's own used memory: 4 GiB used on each GPU, 2 GiB listed on
 # GPU 1, 1 GiB on GPU 0.

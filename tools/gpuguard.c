@@ -70,7 +70,7 @@ static const command_t commands[] = {
      "was ended by signal N), also when the receipt cannot be written; the runner's signal is in "
      "the\n"
      "receipt, which replaces PATH in one rename.\n"},
-    {"reap", "[-n|--dry-run] [-y|--yes] [--grace TIME] [--all-users] [--pid PID...]",
+    {"reap", "[-n|--dry-run] [-y|--yes] [--grace TIME] [--all-users] [-i N|UUID] [--pid PID...]",
      "Ends your stranded workers and the orphans of dead gpuguard sessions.", cmd_reap,
      "  -n, --dry-run  list them, do nothing\n"
      "  -y, --yes      end them without asking (otherwise asks on a terminal, lists elsewhere)\n"
@@ -82,6 +82,7 @@ static const command_t commands[] = {
      "                 detached one); pid 1, this process and its ancestors, kernel threads and "
      "other\n"
      "                 users' processes (without --all-users as root) are refused\n"
+     "  -i, --id N     only what holds GPU N (a number as nvidia-smi's -i, or a UUID)\n"
      "  -h, --help     this help\n"
      "Each process is checked by its start time and held by pidfd right before the first signal, "
      "so a\n"
