@@ -15,7 +15,7 @@ static const command_t commands[] = {
      "  --json        devices and processes as JSON (each with its class and \"why\")\n"
      "  --all-users   include processes of other users (hidden by default)\n"
      "  --why         the evidence for each class, on a line under its row\n"
-     "  -i, --id N    only device N\n"
+     "  -i, --id N    only GPU N (as nvidia-smi numbers it; a UUID too), also with --json\n"
      "  --color=WHEN  auto (on a terminal, unless NO_COLOR is set), always or never\n"
      "  -h, --help    this help\n"
      "Classes: guarded (in a live gpuguard session), orphan (its session's leader died), stranded "
@@ -111,7 +111,7 @@ static const command_t commands[] = {
      "  --prom        as Prometheus text exposition (format 0.0.4): the GPUs NVML sees, labelled "
      "as\n"
      "                DCGM's exporter labels them; none (and a line on stderr) without a GPU\n"
-     "  -i, --id N    only device N (the table)\n"
+     "  -i, --id N    only GPU N (as nvidia-smi numbers it; a UUID too), in every format\n"
      "  -h, --help    this help\n"},
     {"plot", "FILE [-o OUT.html] [--x time|step] [--title TEXT]",
      "Draws a memory timeline (watch --record, gpuguard.record()) as one self-contained HTML file.",
