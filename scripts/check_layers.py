@@ -19,7 +19,7 @@ HEADER_EXCEPTIONS = {
     "backend/backend.h": "the interface every backend implements, not one file's functions",
 }
 TOOLS_MAY_INCLUDE = {"core/clock_internal.h"}
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/([A-Za-z0-9_]+\.h)"', re.M)
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/([A-Za-z0-9_/]+\.h)"', re.M)
 
 
 def main() -> int:

@@ -52,7 +52,7 @@ run_ctest() { # dir, name, ctest args...
 }
 
 # Every C and C++ folder, at 100 columns (clang-format 14, as CI has).
-fmt_dirs="src/core src/backend src/proc src/guard src/arena src/query include/gpuguard tools tests bench"
+fmt_dirs="src/core src/backend src/backend/*/ src/proc src/guard src/arena src/query include/gpuguard tools tests bench bindings/python/gpuguard/torch/native"
 step "1/8 layers (scripts/check_layers.py), layout (clang-format --dry-run --Werror on $fmt_dirs), lint"
 python3 scripts/check_layers.py
 # shellcheck disable=SC2086 # fmt_dirs is a list of words

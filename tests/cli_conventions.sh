@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # cli_conventions.sh — the command line's conventions: durations with units on --grace (bare number:
 # milliseconds) and --interval (bare number: seconds); -y/-n on reap and -V; --color=auto|always|never;
-# a device filter -i N on ps, info and watch; on the host backend without a GPU, `ps --json` lists no
+# a device filter -i N on ps, info, check and watch (one that does not exist: exit 2); on the host backend without a GPU, `ps --json` lists no
 # device (the simulated one holds nothing) and exits 3 like `ps`; `plot` runs GPUGUARD_PYTHON.
 # Arguments: build dir, source dir.
 set -euo pipefail
@@ -44,11 +44,13 @@ expect_rc 2 $g ps --color=bogus
 
 # -i N: device 0 is there, device 5 is not; the filter is a number.
 expect_rc 0 $g info -i 0; grep -q "^0 " "$tmp/out" || fail "info -i 0 shows no device 0"
-expect_rc 1 $g info -i 5; grep -q "no such device" "$tmp/err" || fail "info -i 5"
+expect_rc 2 $g info -i 5; grep -q "no such device" "$tmp/err" || fail "info -i 5"
 expect_rc 2 $g info -i x; grep -q "device number" "$tmp/err" || fail "info -i x"
 expect_rc 0 $g info --id 0
 expect_rc 0 $g watch -i 0 --count 1 --interval 50ms; grep -q "gpuguard host device" "$tmp/out" || fail "watch -i 0"
-expect_rc 0 $g watch -i 3 --count 1 --interval 50ms; grep -q "no device 3" "$tmp/out" || fail "watch -i 3"
+expect_rc 2 $g watch -i 3 --count 1 --interval 50ms; grep -q "no such GPU" "$tmp/err" || fail "watch -i 3"
+expect_rc 2 $g check -i 3; grep -q "no such GPU" "$tmp/err" || fail "check -i 3"
+expect_rc 2 $g ps -i 3; grep -q "no such GPU" "$tmp/err" || fail "ps -i 3"
 expect_rc 2 $g watch -i 0 --listen 127.0.0.1:0
 expect_rc 3 $g ps -i 0
 

@@ -6,7 +6,7 @@
  * to FAKE_NVML_LOG. FAKE_NVML_COUNT devices (default 1), each named "NVIDIA Fake GPU" with the UUID
  * GPU-fa4e0000-0000-4000-8000-00000000000N and PCI bus id 00000000:0N:00.0 (N = NVML index);
  * FAKE_NVML_MEMORY "total,used" bytes (default 80 GiB, 1 GiB); device N > 0 lists
- * FAKE_NVML_PROCS_N. */
+ * FAKE_NVML_PROCS_N; FAKE_NVML_FAIL_PROCS set makes every process query fail. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +142,7 @@ static int fake_list(const char *env, unsigned *count, void *infos) {
 }
 
 int nvmlDeviceGetComputeRunningProcesses_v3(void *dev, unsigned *count, void *infos) {
+  if (getenv("FAKE_NVML_FAIL_PROCS")) return 999; /* NVML_ERROR_UNKNOWN: the query itself fails */
   char name[32] = "FAKE_NVML_PROCS";
   if (fake_index(dev) > 0) snprintf(name, sizeof name, "FAKE_NVML_PROCS_%u", fake_index(dev));
   return fake_list(name, count, infos);

@@ -7,7 +7,7 @@
 
 #include "gg_test.h"
 #include "core/internal.h"
-#include "query/nvml_internal.h"
+#include "backend/cuda/nvml_internal.h"
 #include "proc/procfs_internal.h"
 
 static char log_path[64];
@@ -184,6 +184,56 @@ static void test_without_nvml(void **state) {
   }
 }
 
+/* The machine's GPUs are NVML's, numbered as NVML numbers them, whatever CUDA here sees. */
+static void test_gpus(void **state) {
+  (void)state;
+  setenv("FAKE_NVML_COUNT", "3", 1);
+  setenv("FAKE_NVML_STRIDE", "24", 1);
+  setenv("FAKE_NVML_PROCS", "", 1);
+  setenv("FAKE_NVML_PROCS_2", "1:4096", 1);
+  int n = 0, gpu = -1;
+  gg_assert_ok(gg_gpu_count(&n));
+  assert_int_equal(n, 3);
+  gg_assert_ok(gg_gpu_find("2", &gpu));
+  assert_int_equal(gpu, 2);
+  gg_assert_ok(gg_gpu_find("gpu-FA4E0000-0000-4000-8000-000000000001", &gpu));
+  assert_int_equal(gpu, 1);
+  gg_assert_fails(gg_gpu_find("3", &gpu), GG_ENODEV, "GPU 3 does not exist (this machine has 3");
+  gg_assert_fails(gg_gpu_find("GPU-nope", &gpu), GG_ENODEV, "GPU GPU-nope does not exist");
+  gg_assert_fails(gg_gpu_find(NULL, &gpu), GG_EINVAL, "id is NULL");
+  gg_assert_fails(gg_gpu_count(NULL), GG_EINVAL, "count is NULL");
+  gg_device_info_t info;
+  gg_assert_ok(gg_gpu_info(1, &info));
+  assert_int_equal(info.index, 1);
+  assert_string_equal(info.uuid, "GPU-fa4e0000-0000-4000-8000-000000000001");
+  assert_string_equal(info.backend, gg__cuda_probe() == 0 ? info.backend : "nvml");
+  assert_true(info.used_bytes == ((size_t)1 << 30) && !info.simulated);
+  gg_assert_fails(gg_gpu_info(3, &info), GG_ENODEV, "does not exist");
+  gg_assert_fails(gg_gpu_info(-1, &info), GG_ENODEV, "does not exist");
+  gg_process_t rows[4];
+  size_t k = 0;
+  gg_assert_ok(gg_gpu_processes(2, rows, 4, &k));
+  assert_int_equal(k, 1);
+  assert_int_equal(rows[0].device, 2);
+  assert_int_equal(rows[0].used_bytes, 4096);
+  gg_assert_fails(gg_gpu_processes(0, NULL, 1, &k), GG_EINVAL, "rows is NULL but cap is 1");
+  setenv("FAKE_NVML_FAIL_PROCS", "1", 1); /* fail closed: never "no processes" */
+  gg_assert_fails(gg_gpu_processes(2, rows, 4, &k), GG_EDRIVER, "running-process query failed");
+  unsetenv("FAKE_NVML_FAIL_PROCS");
+  setenv("FAKE_NVML_TELEMETRY", "87,40,61,412500,700000", 1);
+  gg_device_telemetry_t t;
+  gg_assert_ok(gg_gpu_telemetry(2, &t));
+  assert_true(t.index == 2 && t.utilization_gpu == 87 && t.power_watts == 412.5);
+  unsetenv("FAKE_NVML_TELEMETRY");
+  unsetenv("FAKE_NVML_PROCS_2");
+  unsetenv("FAKE_NVML_COUNT");
+  if (gg__cuda_probe() != 0) { /* neither NVML nor CUDA: no GPU at all */
+    setenv("FAKE_NVML_FAIL_INIT", "1", 1);
+    gg_assert_fails(gg_gpu_count(&n), GG_ENODEV, "no GPU here");
+    gg_assert_fails(gg_gpu_find("0", &gpu), GG_ENODEV, "no GPU here");
+  }
+}
+
 /* Utilisation, temperature and power come through as NVML gives them; a reading NVML does not offer
  * stays -1, and without NVML every reading is -1 with GG_ENOTSUP. */
 static void test_telemetry(void **state) {
@@ -286,6 +336,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_bad_arguments, setup, teardown),
       cmocka_unit_test_setup_teardown(test_without_nvml, setup, teardown),
       cmocka_unit_test_setup_teardown(test_telemetry, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_gpus, setup, teardown),
       cmocka_unit_test_setup_teardown(test_foreign_process, setup, teardown),
       cmocka_unit_test_setup_teardown(test_gone_process_keeps_driver_figures, setup, teardown),
       cmocka_unit_test(test_fd_scan),

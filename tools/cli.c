@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 #include <wchar.h>
 #include <wctype.h>
@@ -184,12 +185,31 @@ bool cli_device_arg(const char *text, int *device) {
   char *end = NULL;
   errno = 0;
   long v = strtol(text, &end, 10);
-  if (errno || end == text || *end || v < 0 || v > 1023) {
-    bad_usage("-i '%s': a device number (0, 1, ...) expected", text);
+  if (!errno && end != text && !*end && v >= 0 && v <= 1023) {
+    *device = (int)v;
+    return true;
+  }
+  /* A UUID, as nvidia-smi -i takes it: the GPU must exist now. */
+  if (strncasecmp(text, "GPU-", 4) == 0 || strncasecmp(text, "MIG-", 4) == 0) {
+    if (gg_gpu_find(text, device) == 0) return true;
+    bad_usage("-i '%s': no GPU of this machine has this UUID", text);
     return false;
   }
-  *device = (int)v;
-  return true;
+  bad_usage("-i '%s': a device number (0, 1, ...) expected", text);
+  return false;
+}
+
+int cli_gpu_exists(const char *cmd, int gpu) {
+  int n = 0;
+  bool gpus = false;
+  if (gpu < 0) return 0;
+  if (cli_devices(&gpus, &n) < 0) {
+    fprintf(stderr, "gpuguard %s: %s\n", cmd, gg_last_error());
+    return 1;
+  }
+  if (gpu < n) return 0;
+  fprintf(stderr, "gpuguard %s: -i %d: no such GPU (this machine has %d)\n", cmd, gpu, n);
+  return EXIT_USAGE;
 }
 
 /* --grace for run and reap: the library's own limit, so what the CLI accepts the teardown
@@ -205,11 +225,23 @@ bool cli_no_gpu(void) {
   gg_device_info_t d;
   gg_device_telemetry_t t;
   /* telemetry says GG_ENOTSUP exactly when NVML cannot be loaded */
-  return gg_device_info(0, &d) == 0 && strcmp(d.backend, "host") == 0 &&
-         gg_device_telemetry(0, &t) == GG_ENOTSUP;
+  return gg_device_info(0, &d) == 0 && d.simulated && gg_device_telemetry(0, &t) == GG_ENOTSUP;
 }
 
 /* ---- the process table ----------------------------------------------------------------------- */
+
+int cli_devices(bool *gpus, int *n) {
+  *gpus = gg_gpu_count(n) == 0;
+  return *gpus ? 0 : gg_device_count(n);
+}
+
+int cli_device_info(bool gpus, int i, gg_device_info_t *d) {
+  return gpus ? gg_gpu_info(i, d) : gg_device_info(i, d);
+}
+
+int cli_device_telemetry(bool gpus, int i, gg_device_telemetry_t *t) {
+  return gpus ? gg_gpu_telemetry(i, t) : gg_device_telemetry(i, t);
+}
 
 /* Gathered before printing so a failure prints no half table. */
 int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs) {
@@ -217,7 +249,12 @@ int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *e
   *out = NULL;
   *nout = 0;
   *no_gpu = false;
-  if (gg_device_count(&n) < 0) {
+  int rc = gg_gpu_count(&n); /* every GPU NVML reports, whether CUDA here sees it or not */
+  if (rc == GG_ENODEV) {
+    *no_gpu = true; /* neither NVML nor the driver: no GPU here */
+    return 1;
+  }
+  if (rc < 0) {
     if (errs) fprintf(errs, "gpuguard: %s\n", gg_last_error());
     return 1;
   }
@@ -230,16 +267,10 @@ int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *e
         return 1;
       }
       *out = grown;
-      int rc = gg_process_list(dev, *out + *nout, cap, &count);
-      if (rc < 0) {
-        /* neither NVML nor the driver: no GPU here */
-        if (rc == GG_ENODEV) {
-          *no_gpu = true;
-          return 1;
-        }
-        if (errs) fprintf(errs, "gpuguard: device %d: %s\n", dev, gg_last_error());
-        count = 0;
-        break;
+      rc = gg_gpu_processes(dev, *out + *nout, cap, &count);
+      if (rc < 0) { /* fail closed: an unreadable GPU is no GPU without processes */
+        if (errs) fprintf(errs, "gpuguard: GPU %d: %s\n", dev, gg_last_error());
+        return 1;
       }
       if (count <= cap) break;
       cap = count + 8; /* more appeared than there was room for: ask again */

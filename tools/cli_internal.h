@@ -45,6 +45,14 @@ void cli_safe_text(const char *s, char *out, size_t cap);
  * length in bytes; *used receives its width. Wide characters count two. */
 size_t cli_fit(const char *s, int cols, int *used);
 
+/* The devices a table shows: the GPUs as nvidia-smi numbers them (*gpus true: NVML's, whether CUDA
+ * here sees them or not); on a machine without any, gpuguard's own (the simulated host device).
+ * 0, or the error of counting them. */
+int cli_devices(bool *gpus, int *n);
+/* gg_gpu_info() or gg_device_info(), as cli_devices() chose. */
+int cli_device_info(bool gpus, int i, gg_device_info_t *d);
+/* gg_gpu_telemetry() or gg_device_telemetry(), as cli_devices() chose. */
+int cli_device_telemetry(bool gpus, int i, gg_device_telemetry_t *t);
 /* Every process holding any device, except this one (the CLI's own device descriptors are not
  * news). Returns 0, or 1 after a message to errs (NULL: none); *no_gpu is set when there is no
  * NVIDIA GPU. */
@@ -92,8 +100,12 @@ int cli_color_mode(const char *text);
 /* Whether to colour output to fd: always, never, or auto (a terminal, NO_COLOR unset, TERM not
  * dumb). */
 bool cli_color_on(int mode, int fd);
-/* -i/--id N: a device number; false after a usage message. */
+/* -i/--id N|UUID: a GPU number, or the number of the GPU with that UUID (nvidia-smi's numbering);
+ * false after a usage message. */
 bool cli_device_arg(const char *text, int *device);
+/* Whether device `gpu` (-1: none asked for) exists among cli_devices(): 0; EXIT_USAGE after a line
+ * saying it does not; 1 after the error when the devices cannot be counted. */
+int cli_gpu_exists(const char *cmd, int gpu);
 /* --grace TIME for run and reap: milliseconds, at most the library's GG_PROC_GRACE_MAX_MS; false
  * after a usage message. */
 bool cli_grace(const char *text, long *out);

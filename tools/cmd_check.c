@@ -123,13 +123,13 @@ static void check_process(FILE *f, const gg_process_t *p, bool json, unsigned pr
  * number of devices with more of it than allowed, each said after `problems` others. */
 static unsigned check_unaccounted(FILE *f, const check_opts_t *c, const gg_process_t *rows,
                                   size_t n, unsigned problems) {
-  int ndev = 0;
-  if (gg_device_count(&ndev) != 0) ndev = 0;
+  int ndev = 0; /* every GPU NVML reports; its own used memory */
+  if (gg_gpu_count(&ndev) != 0) ndev = 0;
   unsigned found = 0;
   for (int d = 0; d < ndev; d++) {
     if (c->device >= 0 && d != c->device) continue;
     gg_device_info_t info;
-    if (gg_device_info(d, &info) != 0) continue;
+    if (gg_gpu_info(d, &info) != 0) continue;
     long long listed = 0;
     for (size_t i = 0; i < n; i++)
       if (rows[i].device == d && rows[i].used_bytes > 0) listed += rows[i].used_bytes;
@@ -154,20 +154,20 @@ static int check_once(const check_opts_t *c) {
   gg_process_t *rows;
   size_t n;
   bool no_gpu = false;
+  int bad = cli_gpu_exists("check", c->device);
+  if (bad) return bad;
   if (cli_gather_processes(&rows, &n, &no_gpu, stderr) != 0) {
     free(rows);
-    if (!no_gpu) return 1;
+    if (!no_gpu) { /* fail closed: what cannot be read is not "ok" */
+      fputs("gpuguard check: the GPUs' processes could not be read: not ok\n", stderr);
+      if (c->json) puts("{\"ok\":false,\"unreadable\":true,\"problems\":[]}");
+      return 1;
+    }
     fprintf(
         stderr,
         "gpuguard check: no NVIDIA GPU on this machine (neither NVML nor the CUDA driver loads)\n");
     if (c->json) puts("{\"ok\":false,\"no_gpu\":true,\"problems\":[]}");
     return EXIT_NO_GPU;
-  }
-  int ndev = 0;
-  if (c->device >= 0 && (gg_device_count(&ndev) != 0 || c->device >= ndev)) {
-    free(rows);
-    fprintf(stderr, "gpuguard check: -i %d: no such GPU (this machine has %d)\n", c->device, ndev);
-    return EXIT_USAGE;
   }
   FILE *f = stdout;
   unsigned problems = 0;

@@ -9,42 +9,31 @@
 
 static int print_devices(FILE *f, int only) {
   int n = 0;
-  if (gg_device_count(&n) < 0) {
+  bool gpus = false;
+  if (cli_devices(&gpus, &n) < 0) {
     fprintf(stderr, "gpuguard: %s\n", gg_last_error());
     return 1;
   }
   if (only >= n) {
     fprintf(stderr, "gpuguard info: -i %d: no such device (there %s %d)\n", only,
             n == 1 ? "is" : "are", n);
-    return 1;
+    return EXIT_USAGE;
   }
   char a[32], b[32], c[32];
   fprintf(f, "%-3s %-28s %-8s %12s %12s %12s  %s\n", "GPU", "NAME", "BACKEND", "TOTAL", "USED",
           "FREE", "UUID");
   for (int i = only >= 0 ? only : 0; i < (only >= 0 ? only + 1 : n); i++) {
     gg_device_info_t d;
-    if (gg_device_info(i, &d) < 0) {
+    if (cli_device_info(gpus, i, &d) < 0) {
       fprintf(f, "%-3d (unreadable: %s)\n", i, gg_last_error());
       continue;
     }
     fprintf(f, "%-3d %-28.28s %-8s %12s %12s %12s  %s\n", i, d.name, d.backend,
             human((double)d.total_bytes, a, sizeof a), human((double)d.used_bytes, b, sizeof b),
             human((double)d.free_bytes, c, sizeof c), d.uuid);
-    if (strcmp(d.backend, "host") == 0)
+    if (d.simulated)
       fprintf(f, "    (no usable CUDA device: this is gpuguard's simulated host device)\n");
   }
-  /* NVML without CUDA (a container given only the `utility` capability): the GPUs are there.
-   * Without CUDA, telemetry names devices by NVML index, so it counts them. */
-  gg_device_info_t d0;
-  gg_device_telemetry_t t;
-  int nvml = 0;
-  if (gg_device_info(0, &d0) == 0 && strcmp(d0.backend, "host") == 0)
-    while (nvml < 64 && gg_device_telemetry(nvml, &t) == 0) nvml++;
-  if (nvml)
-    fprintf(f,
-            "NVML sees %d GPU%s that CUDA does not offer here: `gpuguard info --json` or `--prom` "
-            "lists them\n",
-            nvml, nvml == 1 ? "" : "s");
   return 0;
 }
 
@@ -72,23 +61,25 @@ int cmd_info(int argc, char **argv) {
     return cli_opt_error(o, argv);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-  if (only >= 0 && format >= 0)
-    return bad_usage("%s", "-i selects a device of the table; --json/--prom cover every device");
+  int missing = format >= 0 ? cli_gpu_exists("info", only) : 0;
+  if (missing) return missing;
   if (format == GG_FORMAT_PROMETHEUS && cli_no_gpu())
     fputs("gpuguard info: no NVIDIA GPU on this machine (neither CUDA nor NVML): no device series, "
           "never the "
           "simulated host device\n",
           stderr);
   if (format < 0) {
-    if (print_devices(stdout, only)) return 1;
-  } else if (gg_report(stdout, (gg_format_t)format, GG_REPORT_DEVICES) < 0) {
+    int rc = print_devices(stdout, only);
+    if (rc) return rc;
+  } else if (gg_report_gpu(stdout, (gg_format_t)format, GG_REPORT_DEVICES, only) < 0) {
     fprintf(stderr, "gpuguard info: %s\n", gg_last_error());
     return 1;
   }
   /* A device the listing could not read (a bad GPUGUARD_HOST_* value, say) is a failure too. */
   int n = 0, bad = 0;
   gg_device_info_t d;
-  for (int i = 0; gg_device_count(&n) == 0 && i < n; i++)
-    bad += (only < 0 || i == only) && gg_device_info(i, &d) < 0;
+  bool gpus = false;
+  for (int i = 0; cli_devices(&gpus, &n) == 0 && i < n; i++)
+    bad += (only < 0 || i == only) && cli_device_info(gpus, i, &d) < 0;
   return bad ? 1 : 0;
 }

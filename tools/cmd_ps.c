@@ -111,22 +111,24 @@ int cmd_ps(int argc, char **argv) {
       return cli_opt_error(o, argv);
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-  if (json && only >= 0)
-    return bad_usage("%s", "-i selects the device of the table; --json covers every device");
+  int bad = cli_gpu_exists("ps", only);
+  if (bad) return bad;
   bool no_gpu = false;
   int rc;
   if (json) {
-    size_t count;
-    int ndev = 0;
-    no_gpu =
-        gg_device_count(&ndev) == 0 && ndev > 0 && gg_process_list(0, NULL, 0, &count) == GG_ENODEV;
+    gg_process_t *rows = NULL;
+    size_t n = 0;
+    /* Fail closed as the table does: a GPU whose processes cannot be read is not listed as free. */
+    bool unreadable = cli_gather_processes(&rows, &n, &no_gpu, stderr) != 0 && !no_gpu;
+    free(rows);
+    if (unreadable) return 1;
     /* No GPU: no devices and no processes, as the exit status says; never the simulated host
      * device, which no process can hold (the exporter leaves it out too). */
     if (no_gpu)
       rc = printf("{\"version\":\"%s\",\"devices\":[],\"processes\":[]}\n", gg_version()) < 0;
     else
-      rc = gg_report(stdout, GG_FORMAT_JSON,
-                     GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF) < 0;
+      rc = gg_report_gpu(stdout, GG_FORMAT_JSON,
+                         GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF, only) < 0;
     if (rc) fprintf(stderr, "gpuguard ps: %s\n", gg_last_error());
   } else {
     rc = print_processes(stdout, all, why, &no_gpu, only, color);

@@ -79,6 +79,7 @@ static void print_candidate(const gg_process_t *p) {
 typedef struct reap_opts {
   bool dry, yes, all;
   long grace;
+  int device; /* -i: only what holds this GPU (nvidia-smi's number); -1 every one */
   int *pids;
   size_t npids;
 } reap_opts_t;
@@ -115,6 +116,10 @@ static int reap_parse(int argc, char **argv, reap_opts_t *o) {
       if (!parse_pid(v, &pid, why, sizeof why)) return bad_usage("%s", why);
       o->pids[o->npids++] = pid;
       in_pids = true;
+    } else if (!strcmp(a, "-i") || !strcmp(a, "--id") || !strncmp(a, "--id=", 5)) {
+      const char *v = a[4] == '=' ? a + 5 : i + 1 < argc ? argv[++i] : NULL;
+      if (!v) return bad_usage("%s", "-i needs a GPU number or UUID");
+      if (!cli_device_arg(v, &o->device)) return EXIT_USAGE;
     } else if (!strcmp(a, "--grace") || !strncmp(a, "--grace=", 8)) {
       const char *v = a[7] == '=' ? a + 8 : i + 1 < argc ? argv[++i] : NULL;
       if (!v) return bad_usage("%s", "--grace needs a value");
@@ -126,6 +131,10 @@ static int reap_parse(int argc, char **argv, reap_opts_t *o) {
     }
   }
   if (o->dry && o->yes) return bad_usage("%s", "--dry-run and --yes are exclusive");
+  if (o->device >= 0 && o->npids)
+    return bad_usage("%s", "-i selects what is listed; --pid names the processes instead");
+  int missing = cli_gpu_exists("reap", o->device);
+  if (missing) return missing;
   if (o->all && geteuid() != 0)
     return bad_usage("%s", "--all-users: only root may end other users' processes");
   return -1;
@@ -173,6 +182,10 @@ static int reap_listed(const reap_opts_t *o, gg_process_t **rows, size_t *n) {
     cap = count + 16;
   }
   *n = count < cap ? count : cap;
+  size_t kept = 0; /* -i: what holds that GPU (an orphan holding none is no GPU's) */
+  for (size_t i = 0; *rows && i < *n; i++)
+    if (o->device < 0 || (*rows)[i].device == o->device) (*rows)[kept++] = (*rows)[i];
+  *n = kept;
   return 0;
 }
 
@@ -244,7 +257,7 @@ static int reap_end(const reap_opts_t *o, const gg_process_t *rows, size_t n, bo
 }
 
 int cmd_reap(int argc, char **argv) {
-  reap_opts_t o = {.grace = 2000};
+  reap_opts_t o = {.grace = 2000, .device = -1};
   o.pids = calloc((size_t)argc, sizeof *o.pids);
   if (!o.pids) {
     fprintf(stderr, "gpuguard reap: out of memory\n");

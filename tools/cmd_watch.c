@@ -114,7 +114,8 @@ static void sc_fill(screen_t *s, const char *sgr) {
 
 static void draw_devices(screen_t *s, int only) {
   int n = 0;
-  if (gg_device_count(&n) < 0) {
+  bool gpus = false;
+  if (cli_devices(&gpus, &n) < 0) {
     sc_printf(s, SGR_ORPHAN, "devices: %s", gg_last_error());
     sc_endl(s);
     return;
@@ -129,7 +130,7 @@ static void draw_devices(screen_t *s, int only) {
   }
   for (int i = only >= 0 ? only : 0; i < (only >= 0 ? only + 1 : n); i++) {
     gg_device_info_t d;
-    if (gg_device_info(i, &d) < 0) {
+    if (cli_device_info(gpus, i, &d) < 0) {
       char why[256];
       cli_safe_text(gg_last_error(), why, sizeof why);
       sc_printf(s, SGR_ORPHAN, "%-3d (unreadable: %s)", i, why);
@@ -137,7 +138,7 @@ static void draw_devices(screen_t *s, int only) {
       continue;
     }
     gg_device_telemetry_t t;
-    gg_device_telemetry(i, &t); /* -1 readings without NVML */
+    cli_device_telemetry(gpus, i, &t); /* -1 readings without NVML */
     char name[64], cell[32];
     cli_safe_text(d.name, name, sizeof name);
     sc_printf(s, "", "%-3d %-20.20s ", i, name);
@@ -172,7 +173,7 @@ static void draw_devices(screen_t *s, int only) {
       sc_put(s, "", "]");
     }
     sc_endl(s);
-    if (strcmp(d.backend, "host") == 0) {
+    if (d.simulated) {
       sc_put(s, SGR_DIM, "    (no usable CUDA device: gpuguard's simulated host device)");
       sc_endl(s);
     }
@@ -503,7 +504,8 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
   if (w->device >= 0 && (w->prom || w->listen))
     return bad_usage(
         "%s", "-i selects a device for the view; the exporter covers every GPU (as DCGM's does)");
-  return -1;
+  int bad = cli_gpu_exists("watch", w->device);
+  return bad ? bad : -1;
 }
 
 /* Waits until deadline (gg__now_ms() / 1e3: seconds), a key, a signal or a client. Returns the

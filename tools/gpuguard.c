@@ -15,7 +15,7 @@ static const command_t commands[] = {
      "  --json        devices and processes as JSON (each with its class and \"why\")\n"
      "  --all-users   include processes of other users (hidden by default)\n"
      "  --why         the evidence for each class, on a line under its row\n"
-     "  -i, --id N    only device N\n"
+     "  -i, --id N    only GPU N (as nvidia-smi numbers it; a UUID too), also with --json\n"
      "  --color=WHEN  auto (on a terminal, unless NO_COLOR is set), always or never\n"
      "  -h, --help    this help\n"
      "Classes: guarded (in a live gpuguard session), orphan (its session's leader died), stranded "
@@ -70,7 +70,7 @@ static const command_t commands[] = {
      "was ended by signal N), also when the receipt cannot be written; the runner's signal is in "
      "the\n"
      "receipt, which replaces PATH in one rename.\n"},
-    {"reap", "[-n|--dry-run] [-y|--yes] [--grace TIME] [--all-users] [--pid PID...]",
+    {"reap", "[-n|--dry-run] [-y|--yes] [--grace TIME] [--all-users] [-i N|UUID] [--pid PID...]",
      "Ends your stranded workers and the orphans of dead gpuguard sessions.", cmd_reap,
      "  -n, --dry-run  list them, do nothing\n"
      "  -y, --yes      end them without asking (otherwise asks on a terminal, lists elsewhere)\n"
@@ -82,6 +82,7 @@ static const command_t commands[] = {
      "                 detached one); pid 1, this process and its ancestors, kernel threads and "
      "other\n"
      "                 users' processes (without --all-users as root) are refused\n"
+     "  -i, --id N     only what holds GPU N (a number as nvidia-smi's -i, or a UUID)\n"
      "  -h, --help     this help\n"
      "Each process is checked by its start time and held by pidfd right before the first signal, "
      "so a\n"
@@ -110,7 +111,7 @@ static const command_t commands[] = {
      "  --prom        as Prometheus text exposition (format 0.0.4): the GPUs NVML sees, labelled "
      "as\n"
      "                DCGM's exporter labels them; none (and a line on stderr) without a GPU\n"
-     "  -i, --id N    only device N (the table)\n"
+     "  -i, --id N    only GPU N (as nvidia-smi numbers it; a UUID too), in every format\n"
      "  -h, --help    this help\n"},
     {"plot", "FILE [-o OUT.html] [--x time|step] [--title TEXT]",
      "Draws a memory timeline (watch --record, gpuguard.record()) as one self-contained HTML file.",

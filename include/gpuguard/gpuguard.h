@@ -8,8 +8,9 @@
  *  who holds what. Include this header to get the whole API; every call returns 0 or a negative
  *  GG_E* code (see @ref gg_errors) and gg_last_error() says what failed.
  *
- *  Parts: @ref gg_errors, @ref gg_arena, @ref gg_guard (guide: @ref guards), @ref gg_query,
- *  @ref gg_report, @ref gg_host, @ref gg_proc, @ref gg_registry (guide: @ref python). */
+ *  Parts: @ref gg_errors, @ref gg_arena, @ref gg_share, @ref gg_guard (guide: @ref guards),
+ *  @ref gg_query, @ref gg_report, @ref gg_host, @ref gg_proc, @ref gg_registry
+ *  (guide: @ref python). */
 
 #include "gpuguard/arena.h"
 #include "gpuguard/error.h"
@@ -19,6 +20,7 @@
 #include "gpuguard/proc.h"
 #include "gpuguard/query.h"
 #include "gpuguard/report.h"
+#include "gpuguard/share.h"
 #include "gpuguard/version.h"
 
 /* The scope macros need __attribute__((cleanup)); other compilers get the rest of the API and call

@@ -24,6 +24,8 @@ typedef struct gg_device_info {
   int cc_minor;       /**< compute capability, minor */
   int driver_version; /**< CUDA driver version, e.g. 13000 (0 on the host backend) */
   int vmm_supported;  /**< 1 when the device supports virtual memory management */
+  int simulated;      /**< 1 for a simulated device (the host backend's), no GPU of this machine;
+                           0 for a real one. Appended in 0.2 */
 } gg_device_info_t;
 
 /** How a process holding a device relates to gpuguard's sessions. */
@@ -125,6 +127,37 @@ GG_API int gg_device_telemetry(int device, gg_device_telemetry_t *t);
  *  GG_EDRIVER when NVML fails. Thread-safe. */
 GG_API int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count);
 
+/** Number of GPUs of this machine, numbered as nvidia-smi numbers them: every GPU the device
+ *  family's management library (NVML) reports, whether or not CUDA in this process can see it
+ *  (CUDA_VISIBLE_DEVICES, a container given no CUDA); without NVML, the CUDA devices. The
+ *  simulated host device is never one. The gg_gpu_*() calls take these numbers.
+ *  @param[out] count receives the number.
+ *  @return 0; GG_EINVAL for NULL; GG_ENODEV when there is no GPU at all (neither NVML nor the
+ *  driver loads); GG_EDRIVER when NVML cannot count its devices. Thread-safe. */
+GG_API int gg_gpu_count(int *count);
+
+/** Describes GPU @p gpu (as gg_gpu_count() numbers it): index is that number, name, UUID and memory
+ *  as NVML reads them (without a CUDA context). backend is "cuda" when CUDA in this process sees
+ *  the GPU (compute capability and driver version are then filled), "nvml" when only NVML does.
+ *  @return 0; GG_EINVAL for NULL; GG_ENODEV for a GPU that does not exist (or no GPU at all);
+ *  GG_EDRIVER when the GPU cannot be read. Thread-safe. */
+GG_API int gg_gpu_info(int gpu, gg_device_info_t *info);
+
+/** gg_process_list() for GPU @p gpu as gg_gpu_count() numbers it: each row's device is @p gpu.
+ *  @return as gg_process_list(); GG_EDRIVER when NVML's process query fails (nothing can be said
+ *  of the GPU then). Thread-safe. */
+GG_API int gg_gpu_processes(int gpu, gg_process_t *rows, size_t cap, size_t *count);
+
+/** gg_device_telemetry() for GPU @p gpu as gg_gpu_count() numbers it (NVML's index).
+ *  @return as gg_device_telemetry(); GG_ENODEV for a GPU that does not exist. Thread-safe. */
+GG_API int gg_gpu_telemetry(int gpu, gg_device_telemetry_t *t);
+
+/** The GPU that @p id names, as nvidia-smi's -i takes it: its number or its UUID ("GPU-...").
+ *  @param[out] gpu receives the number.
+ *  @return 0; GG_EINVAL for NULL; GG_ENODEV when no GPU has that number or UUID (the message says
+ *  how many there are), or there is no GPU at all. Thread-safe. */
+GG_API int gg_gpu_find(const char *id, int *gpu);
+
 /** Lists the caller's own processes that are orphans of dead gpuguard sessions: processes carrying
  *  a session id (GPUGUARD_SESSION, or a registry record) whose leader's registry record is stale
  *  (the leader died without tearing down) — whether they hold device memory or not (used_bytes is
@@ -153,9 +186,10 @@ enum {
 };
 
 /** Lists what `gpuguard reap` ends: the caller's orphans of dead sessions (as gg_orphan_list()) and
- *  the processes holding a device (as gg_process_list() finds them, on every device) classified
- *  GG_PROCESS_STRANDED or GG_PROCESS_ORPHAN; with GG_REAP_ALL_USERS, those of every user. Each row
- *  carries the start time to verify before acting, and its evidence in `why`.
+ *  the processes holding a GPU (as gg_gpu_processes() finds them, on every GPU NVML reports, each
+ *  row's device in that numbering) classified GG_PROCESS_STRANDED or GG_PROCESS_ORPHAN; with
+ *  GG_REAP_ALL_USERS, those of every user. Each row carries the start time to verify before acting,
+ *  and its evidence in `why`.
  *  @param flags 0 or GG_REAP_ALL_USERS.
  *  @param[out] rows array of @p cap rows (may be NULL when cap is 0).
  *  @param cap rows available.

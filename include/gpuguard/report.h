@@ -53,6 +53,12 @@ GG_BEGIN_DECLS
  *  failed). Thread-safe. */
 GG_API int gg_report(FILE *out, gg_format_t format, unsigned what);
 
+/** gg_report() of one GPU: its device and its processes only (arenas as gg_report() gives them).
+ *  The JSON report numbers GPUs as gg_gpu_count() does where NVML is there, as Prometheus does.
+ *  @param gpu the GPU's number; -1 every GPU (gg_report() itself).
+ *  @return as gg_report(); GG_ENODEV when the report has no GPU of that number. */
+GG_API int gg_report_gpu(FILE *out, gg_format_t format, unsigned what, int gpu);
+
 /** Writes @p s as one JSON string literal (quotes included) to @p f: the library's own JSON writer,
  *  shared with its reports and receipts so every JSON gpuguard writes escapes text the same way.
  *  Well-formed UTF-8 passes through unchanged; `"` and `\` are escaped; control characters become

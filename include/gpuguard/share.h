@@ -33,15 +33,17 @@ typedef struct gg_share_piece {
  *  @param ptr the block's address (or any address inside it).
  *  @param size bytes from @p ptr (at least 1).
  *  @param first index of the first piece to export (0 for the first call of a batch).
- *  @param[out] pieces receives min(@p cap, total - @p first) pieces; NULL with @p cap 0 only counts.
+ *  @param[out] pieces receives min(@p cap, total - @p first) pieces; NULL with @p cap 0 only
+ *  counts (on every backend: no descriptor is made then).
  *  @param cap room in @p pieces.
  *  @param[out] total receives the number of pieces under the range.
  *  @param[out] offset receives where @p ptr sits within the first piece (NULL if not needed).
  *  @return 0; GG_ENOTSUP when the memory cannot be exported (allocations the driver made without
- *  shareable handles, or a backend without them); GG_ENOTFOUND when part of the range is not mapped;
- *  GG_EINVAL for a NULL, destroyed or foreign arena, a size of 0 or @p first beyond the last piece;
- *  GG_EIO with the cause when the process has no descriptor left (EMFILE), the pieces already
- *  written this call closed again; GG_ESTATE after fork or teardown. Thread-safe. */
+ *  shareable handles, or a backend without them); GG_ENOTFOUND when part of the range is not
+ *  mapped by the arena; GG_EINVAL for a NULL, destroyed or foreign arena, a NULL @p ptr or
+ *  @p total, a size of 0 or @p first beyond the last piece; GG_EIO with the cause when the process
+ *  has no descriptor left (EMFILE), the pieces already written this call closed again; GG_ESTATE
+ *  after fork or teardown. Thread-safe. */
 GG_API int gg_arena_export(gg_arena_t *arena, const void *ptr, size_t size, size_t first,
                            gg_share_piece_t *pieces, size_t cap, size_t *total, size_t *offset);
 

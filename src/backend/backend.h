@@ -1,6 +1,7 @@
 /* backend.h — the one interface between the library and a device; everything that touches the
- * driver or device memory goes through it. Two implementations: cuda.c (driver loaded at run time)
- * and host.c (a simulated device in host memory with fault injection). */
+ * driver, its management library or a device node goes through it. Each backend is a folder
+ * (cuda/: the driver loaded at run time, with NVML as its telemetry; host/: a simulated device in
+ * host memory with fault injection) and one row of the table in backend.c. */
 #ifndef GG_BACKEND_H
 #define GG_BACKEND_H
 
@@ -99,6 +100,19 @@ typedef struct gg__backend_ops {
   /* Destroy every resource of the device's primary context (opt-in, for processes owning the
    * device). */
   int (*ctx_reset)(gg__dev_t *d);
+  /* Exports the physical memory of chunk c as a file descriptor another process can map (*fd, the
+   * caller's to close). GG_ENOTSUP when the chunk's memory was made without a shareable handle or
+   * the backend has none; GG_EIO naming EMFILE when the process has no descriptor left. NULL: the
+   * backend cannot export. */
+  int (*export_fd)(gg__dev_t *d, const gg__chunk_t *c, int *fd);
+  /* Imports descriptor fd (size bytes, exported by export_fd in another process) and maps it at
+   * `at` (granularity-aligned, unmapped, inside a reservation), without access yet. The mapping
+   * alone keeps the memory: fd stays the caller's. */
+  int (*import_fd)(gg__dev_t *d, int fd, uintptr_t at, size_t size);
+  /* Grants read-write access to [at, at + size), every byte of it mapped by import_fd. */
+  int (*import_access)(gg__dev_t *d, uintptr_t at, size_t size);
+  /* Unmaps what import_fd mapped in [at, at + size). */
+  int (*import_unmap)(gg__dev_t *d, uintptr_t at, size_t size);
   /* Release what open() took (the primary context retain) and free d. */
   void (*close)(gg__dev_t *d);
 } gg__backend_ops_t;
@@ -114,25 +128,89 @@ struct gg__dev {
   void *impl;
 };
 
+/* ---- telemetry: a device family's management library (NVML for cuda) ------------------------ */
+
+/* A process holding a device, as the management library lists it. */
+typedef struct gg__gpu_proc {
+  unsigned pid;
+  long long used; /* bytes; -1 when the driver does not say */
+} gg__gpu_proc_t;
+
+/* Utilisation, temperature and power; each field -1 when the device does not say. */
+typedef struct gg__readings {
+  int util_gpu, util_memory, temperature_c; /* percent, percent, degrees Celsius */
+  long long power_mw, power_limit_mw;       /* milliwatts */
+} gg__readings_t;
+
+/* One device as the management library numbers it (what nvidia-smi and DCGM call `gpu`, whatever
+ * CUDA_VISIBLE_DEVICES says). rc < 0 (with error) when it could not be opened. */
+typedef struct gg__mon_dev {
+  int index, rc, minor; /* minor: the device node's number, -1 unknown */
+  char name[96], uuid[96], pci_bus_id[32];
+  bool have_memory;
+  size_t total, free_b;
+  gg__readings_t tel;
+  char error[256];
+} gg__mon_dev_t;
+
+/* Every call loads the library for the call and shuts it down after. A device is named by its UUID
+ * (as the family's driver names it) or, with uuid NULL, by the library's own index. GG_ENOTSUP when
+ * the library cannot be loaded, GG_ENODEV for an unknown device, GG_EDRIVER otherwise. */
+typedef struct gg__telemetry {
+  const char *name; /* "nvml": a JSON report's backend, a Prometheus report's source */
+  /* The compute and graphics processes on the device (*n may exceed cap: only cap written);
+   * *minor: its device node's number, -1 unknown. */
+  int (*processes)(const char *uuid, int index, gg__gpu_proc_t *out, size_t cap, size_t *n,
+                   int *minor);
+  /* The device's memory, read without a context (which would take some of it). */
+  int (*memory)(const char *uuid, int index, size_t *total, size_t *free_b);
+  int (*readings)(const char *uuid, int index, gg__readings_t *t);
+  /* Every device, in the library's order; *out malloc'ed (free it). */
+  int (*devices)(gg__mon_dev_t **out, int *count);
+} gg__telemetry_t;
+
+/* ---- the table of backends ------------------------------------------------------------------- */
+
+/* One row per backend (backend.c's table, in the order `auto` prefers them). */
+typedef struct gg__family {
+  const char *name; /* what options.backend and GPUGUARD_BACKEND name */
+  bool simulated;   /* no GPU of this machine: never listed as one, never `auto`'s first choice */
+  /* 0 when the driver loads and has at least one device; else the reason. */
+  int (*probe)(void);
+  int (*open)(int index, gg__dev_t **dev);
+  int (*count)(int *count);
+  /* The device's properties without opening it (no context). */
+  int (*props)(int index, gg__dev_props_t *props);
+  const gg__telemetry_t *telemetry; /* NULL: none */
+  /* Path prefixes of the family's device nodes (NULL-terminated; NULL: none): what a child that
+   * must not keep the device closes, and `fd-holder`'s evidence. */
+  const char *const *device_files;
+  /* The device node of a device (minor from telemetry, -1 unknown: by index). */
+  void (*device_node)(int minor, int index, char *buf, size_t n);
+} gg__family_t;
+
+/* The rows, in order, ending with NULL. */
+const gg__family_t *const *gg__families(void);
+/* The row named `name` exactly; NULL when none. */
+const gg__family_t *gg__family(const char *name);
+/* The family whose devices are this machine's GPUs: the first real family whose driver answers;
+ * else the first whose telemetry loads (a pod with NVML but no CUDA); else the first real one
+ * (whose calls then say why). Never NULL. */
+const gg__family_t *gg__gpu_family(void);
+
 /* Resolves the backend to use: `requested` (an option; NULL or "" means none) wins over the
- * GPUGUARD_BACKEND environment variable; "auto" picks cuda when a usable device exists, else host.
- * *chosen becomes "cuda" or "host". Garbage → GG_EINVAL naming the value and where it came from. */
+ * GPUGUARD_BACKEND environment variable; "auto" picks the first real family with this device, else
+ * the simulated one. *chosen becomes a row's name. Garbage → GG_EINVAL naming the value and where
+ * it came from. */
 int gg__backend_resolve(const char *requested, int device, const char **chosen);
 
-/* Opens device `index` on backend `name` ("cuda", "host", "auto", or NULL for the environment). */
+/* Opens device `index` on backend `name` (a row's name, "auto", or NULL for the environment). */
 int gg__dev_open(const char *name, int index, gg__dev_t **dev);
 /* NULL-tolerant. */
 void gg__dev_close(gg__dev_t *dev);
 int gg__dev_count(const char *name, int *count);
 
-/* Per-backend entry points used by backend.c. */
-int gg__cuda_open(int index, gg__dev_t **dev);
-int gg__cuda_count(int *count);
-int gg__cuda_props(int index, gg__dev_props_t *props);
-/* 0 when the driver loads and has at least one device; else the reason (GG_ENODEV and a message).
- * */
+/* 0 when the CUDA driver loads and has a device (the GPU tests' skip test). */
 int gg__cuda_probe(void);
-int gg__host_open(int index, gg__dev_t **dev);
-int gg__host_props(int index, gg__dev_props_t *props);
 
 #endif

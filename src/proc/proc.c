@@ -431,7 +431,7 @@ static void gg__child(const gg__spawn_req_t *r, pid_t parent, int errfd) {
   }
   for (int i = 0; i < 3; i++)
     if (src[i] >= 0 && dup2(src[i], i) < 0) gg__child_fail(errfd, GG__STEP_STDIO);
-  if (r->opts.close_device_fds) gg__close_fds_matching("/dev/nvidia");
+  if (r->opts.close_device_fds) gg__close_device_files();
   /* Callers built before pid_ns passed a smaller size: they get the defaults (OFF). */
   gg__pid_ns_child(r->opts.pid_ns, r->opts.pid_ns_grace_ms, r->opts.keep_ignored, errfd,
                    GG__STEP_PIDNS);
@@ -786,7 +786,7 @@ int gg_proc_set_subreaper(int on) {
 }
 
 int gg_proc_close_device_fds(void) {
-  int n = gg__close_fds_matching("/dev/nvidia");
+  int n = gg__close_device_files();
   if (n < 0)
     return gg__err(GG_EIO, "gg_proc_close_device_fds: cannot read /proc/self/fd: %s", strerror(-n));
   return n;

@@ -12,6 +12,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "core/internal.h"
 #include "proc/procfs_internal.h"
 #include "core/vec_internal.h"
@@ -322,6 +323,17 @@ int gg__close_fds_matching(const char *prefix) {
     }
   }
   close(dfd);
+  return closed;
+}
+
+int gg__close_device_files(void) {
+  int closed = 0;
+  for (const gg__family_t *const *f = gg__families(); *f; f++)
+    for (const char *const *p = (*f)->device_files; p && *p; p++) {
+      int n = gg__close_fds_matching(*p);
+      if (n < 0) return n;
+      closed += n;
+    }
   return closed;
 }
 

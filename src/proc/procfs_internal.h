@@ -54,6 +54,9 @@ int gg__proc_walk(int (*fn)(const gg__pinfo_t *info, void *user), void *user);
  * of /proc/self/fd/N). Returns how many were closed, or -errno. Tests point it at a temporary
  * file. */
 int gg__close_fds_matching(const char *prefix);
+/* [AS-safe] gg__close_fds_matching() for each device node prefix of every backend (the table's
+ * device files): what a process that must not keep a device closes. Closed count, or -errno. */
+int gg__close_device_files(void);
 /* Value of environment variable `name` in process pid (readable for our own processes, or as root).
  * 0, -ENOENT when it is not set, or -errno. */
 int gg__proc_environ_get(pid_t pid, const char *name, char *buf, size_t cap);

@@ -1,5 +1,5 @@
-/* query.c — devices (count, name, UUID, memory) and who holds them (NVML, else device descriptors),
- * joined with /proc. */
+/* query.c — devices (count, name, UUID, memory) and who holds them (the device family's telemetry,
+ * else device descriptors), joined with /proc. Every device question goes to the backend table. */
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,21 +8,22 @@
 
 #include "backend/backend.h"
 #include "core/internal.h"
-#include "query/nvml_internal.h"
 #include "proc/procfs_internal.h"
 #include "proc/registry_internal.h"
 #include "query/classify_internal.h"
+#include "query/query_internal.h"
 
 int gg_device_count(int *count) {
   if (!count) return gg__err(GG_EINVAL, "gg_device_count: count is NULL");
   return gg__dev_count(NULL, count);
 }
 
-static void gg__fill_info(gg_device_info_t *info, int device, const char *backend,
+static void gg__fill_info(gg_device_info_t *info, int device, const gg__family_t *f,
                           const gg__dev_props_t *p, size_t free_b, size_t total_b) {
   memset(info, 0, sizeof *info);
   info->index = device;
-  gg__strlcpy(info->backend, backend, sizeof info->backend);
+  gg__strlcpy(info->backend, f->name, sizeof info->backend);
+  info->simulated = f->simulated;
   gg__strlcpy(info->name, p->name, sizeof info->name);
   gg__strlcpy(info->uuid, p->uuid, sizeof info->uuid);
   info->total_bytes = total_b;
@@ -39,18 +40,18 @@ int gg_device_info(int device, gg_device_info_t *info) {
   const char *backend;
   int rc = gg__backend_resolve(NULL, device, &backend);
   if (rc < 0) return rc;
-  /* On CUDA, NVML reads the memory without a context: a context would take ~500 MiB of what is
-   * being measured and cost ~100 ms. Without NVML, the primary context is retained for the
+  /* With telemetry, the memory is read without a context: a context would take ~500 MiB of what
+   * is being measured and cost ~100 ms. Without, the primary context is retained for the
    * reading. */
+  const gg__family_t *f = gg__family(backend);
   gg__dev_props_t props;
-  bool cuda = backend[0] == 'c';
-  if (cuda) rc = gg__cuda_props(device, &props);
-  if (cuda && rc == 0) {
+  if (f->telemetry) rc = f->props(device, &props);
+  if (f->telemetry && rc == 0) {
     size_t total_b = 0, free_b = 0;
     gg__err_saved_t saved;
     gg__err_save(&saved);
-    if (gg__nvml_memory(props.uuid, device, &total_b, &free_b) == 0 && free_b <= total_b) {
-      gg__fill_info(info, device, "cuda", &props, free_b, total_b);
+    if (f->telemetry->memory(props.uuid, device, &total_b, &free_b) == 0 && free_b <= total_b) {
+      gg__fill_info(info, device, f, &props, free_b, total_b);
       return 0;
     }
     gg__err_restore(&saved);
@@ -62,9 +63,19 @@ int gg_device_info(int device, gg_device_info_t *info) {
   if (rc < 0) return rc;
   size_t free_b = 0, total_b = 0;
   rc = d->ops->mem_info(d, &free_b, &total_b);
-  if (rc == 0) gg__fill_info(info, device, d->ops->name, &d->props, free_b, total_b);
+  if (rc == 0) gg__fill_info(info, device, f, &d->props, free_b, total_b);
   gg__dev_close(d);
   return rc;
+}
+
+/* The UUID device `device` of the GPU family has, when its driver is there (NULL otherwise: the
+ * telemetry then names it by its own index). */
+static const char *gg__gpu_uuid(const gg__family_t *g, int device, gg__dev_props_t *props) {
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  bool have = g->props(device, props) == 0;
+  gg__err_restore(&saved);
+  return have ? props->uuid : NULL;
 }
 
 int gg_device_telemetry(int device, gg_device_telemetry_t *t) {
@@ -72,20 +83,24 @@ int gg_device_telemetry(int device, gg_device_telemetry_t *t) {
   *t = (gg_device_telemetry_t){device, -1, -1, -1, -1, -1};
   if (device < 0)
     return gg__err(GG_ENODEV, "gg_device_telemetry: device %d does not exist", device);
+  const gg__family_t *g = gg__gpu_family();
+  if (!g->telemetry)
+    return gg__err(GG_ENOTSUP, "gg_device_telemetry: the %s backend has no telemetry", g->name);
   gg__dev_props_t props;
-  gg__err_saved_t saved;
-  gg__err_save(&saved);
-  bool have_uuid = gg__cuda_props(device, &props) == 0;
-  gg__err_restore(&saved);
-  gg__nvml_telemetry_t n;
-  int rc = gg__nvml_telemetry(have_uuid ? props.uuid : NULL, device, &n);
+  gg__readings_t n;
+  int rc = g->telemetry->readings(gg__gpu_uuid(g, device, &props), device, &n);
   if (rc < 0) return rc;
-  t->utilization_gpu = n.util_gpu;
-  t->utilization_memory = n.util_memory;
-  t->temperature_c = n.temperature_c;
-  t->power_watts = n.power_mw < 0 ? -1 : (double)n.power_mw / 1e3;
-  t->power_limit_watts = n.power_limit_mw < 0 ? -1 : (double)n.power_limit_mw / 1e3;
+  gg__telemetry_from(t, device, &n);
   return 0;
+}
+
+void gg__telemetry_from(gg_device_telemetry_t *t, int index, const gg__readings_t *r) {
+  *t = (gg_device_telemetry_t){index,
+                               r->util_gpu,
+                               r->util_memory,
+                               r->temperature_c,
+                               r->power_mw < 0 ? -1 : (double)r->power_mw / 1e3,
+                               r->power_limit_mw < 0 ? -1 : (double)r->power_limit_mw / 1e3};
 }
 
 /* ---- who holds the device -------------------------------------------------------------------- */
@@ -270,21 +285,18 @@ int gg_process_list(int device, gg_process_t *rows, size_t cap, size_t *count) {
   if (!rows && cap) return gg__err(GG_EINVAL, "gg_process_list: rows is NULL but cap is %zu", cap);
   if (device < 0) return gg__err(GG_ENODEV, "gg_process_list: device %d does not exist", device);
   *count = 0;
-  /* Name the device by UUID when the CUDA driver is there, so NVML's order cannot mislead. */
+  /* Name the device by UUID when its driver is there, so the telemetry's order cannot mislead. */
   gg__dev_props_t props;
-  gg__err_saved_t saved;
-  gg__err_save(&saved);
-  bool have_uuid = gg__cuda_props(device, &props) == 0;
-  gg__err_restore(&saved);
-  return gg__process_list_at(have_uuid ? props.uuid : NULL, device, rows, cap, count);
+  const gg__family_t *g = gg__gpu_family();
+  return gg__process_list_at(gg__gpu_uuid(g, device, &props), device, rows, cap, count);
 }
 
 /* The driver's list of processes with a context on the device, grown until all fit, into *out
  * (freed by the caller). A GPU without NVML gives an empty list (*nvml false): its descriptors are
  * all there is to go on then; neither NVML nor the driver is GG_ENODEV. *minor: the device node's
  * number, -1 when NVML did not say. */
-static int gg__driver_processes(const char *uuid, int device, gg__gpu_proc_t **out, size_t *n,
-                                int *minor, bool *nvml) {
+static int gg__driver_processes(const gg__family_t *g, const char *uuid, int device,
+                                gg__gpu_proc_t **out, size_t *n, int *minor, bool *nvml) {
   gg__err_saved_t saved;
   gg__err_save(&saved);
   size_t want = 64;
@@ -297,7 +309,8 @@ static int gg__driver_processes(const char *uuid, int device, gg__gpu_proc_t **o
     gg__gpu_proc_t *grown = realloc(*out, want * sizeof **out);
     if (!grown) return gg__err(GG_ENOMEM, "gg_process_list: out of host memory");
     *out = grown;
-    rc = gg__nvml_processes(uuid, device, *out, want, n, minor);
+    rc = g->telemetry ? g->telemetry->processes(uuid, device, *out, want, n, minor)
+                      : gg__err(GG_ENOTSUP, "the %s backend has no telemetry", g->name);
     if (rc < 0 || *n <= want) break;
     want = *n + 16;
   }
@@ -320,6 +333,7 @@ static int gg__driver_processes(const char *uuid, int device, gg__gpu_proc_t **o
 
 /* What every row of one device's listing is joined and classified with. */
 typedef struct gg__listing {
+  const gg__family_t *family; /* the GPU family: its device files are the descriptors' evidence */
   int device;
   bool nvml;      /* the driver's list came from NVML (else descriptors are all there is) */
   bool local;     /* gg__nvml_pids_local() */
@@ -353,8 +367,8 @@ static void gg__fill_row(gg_process_t *row, const gg__listing_t *l, int pid, lon
     gg__classify(row, &l->sessions, l->me);
     if (row->cls != GG_PROCESS_STRANDED && row->cls != GG_PROCESS_ORPHAN) {
       row->cls = GG_PROCESS_FD_HOLDER;
-      gg__strlcpy(row->why, "holds /dev/nvidia* descriptors but no context the driver lists",
-                  sizeof row->why);
+      snprintf(row->why, sizeof row->why, "holds %s* descriptors but no context the driver lists",
+               l->family->device_files[0]);
     }
   }
 }
@@ -368,14 +382,15 @@ int gg__process_list_at(const char *uuid, int device, gg_process_t *rows, size_t
   size_t ngp = 0;
   int minor = -1;
   bool nvml = true;
-  int rc = gg__driver_processes(uuid, device, &gp, &ngp, &minor, &nvml);
+  const gg__family_t *g = gg__gpu_family();
+  int rc = gg__driver_processes(g, uuid, device, &gp, &ngp, &minor, &nvml);
   if (rc < 0) {
     free(gp);
     return rc;
   }
   /* Descriptor holders: processes with the device node open that the driver does not list. */
   char node[64];
-  snprintf(node, sizeof node, "/dev/nvidia%d", minor >= 0 ? minor : device);
+  g->device_node(minor, device, node, sizeof node);
   int *fdp = NULL;
   size_t nfd = 0;
   if (gg__scan_fd_holders("/proc", node, &fdp, &nfd) < 0) {
@@ -383,7 +398,8 @@ int gg__process_list_at(const char *uuid, int device, gg_process_t *rows, size_t
     gg__err_restore(&saved);
   }
 
-  gg__listing_t l = {.device = device, .nvml = nvml, .fdp = fdp, .nfd = nfd, .me = getuid()};
+  gg__listing_t l = {
+      .family = g, .device = device, .nvml = nvml, .fdp = fdp, .nfd = nfd, .me = getuid()};
   size_t total = 0;
   gg__sessions_load(&l.sessions);
   l.local = gg__nvml_pids_local();
@@ -457,11 +473,11 @@ int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count) {
   gg__err_saved_t saved;
   gg__err_save(&saved);
   int ndev = 0;
-  if (w.n && gg__cuda_count(&ndev) != 0) ndev = 0;
+  if (w.n && gg_gpu_count(&ndev) != 0) ndev = 0;
   for (int d = 0; d < ndev; d++) {
     gg_process_t got[64];
     size_t n = 0;
-    if (gg_process_list(d, got, 64, &n) != 0) continue;
+    if (gg_gpu_processes(d, got, 64, &n) != 0) continue;
     for (size_t i = 0; i < n && i < 64; i++)
       for (size_t j = 0; j < w.n && j < w.cap; j++)
         if (rows[j].pid == got[i].pid && rows[j].start_time == got[i].start_time) {
@@ -515,8 +531,8 @@ int gg_reap_list(unsigned flags, gg_process_t *rows, size_t cap, size_t *count) 
   if (n > cap) n = cap;
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  int ndev = 0;
-  if (gg_device_count(&ndev) != 0) ndev = 0;
+  int ndev = 0; /* every GPU NVML reports, whether CUDA here sees it or not */
+  if (gg_gpu_count(&ndev) != 0) ndev = 0;
   uid_t me = getuid();
   pid_t self = getpid();
   size_t want = 32;
@@ -530,7 +546,7 @@ int gg_reap_list(unsigned flags, gg_process_t *rows, size_t cap, size_t *count) 
         return gg__err(GG_ENOMEM, "gg_reap_list: out of host memory");
       }
       got = grown;
-      if (gg_process_list(d, got, want, &k) != 0) k = 0;
+      if (gg_gpu_processes(d, got, want, &k) != 0) k = 0;
       if (k <= want) break;
       want = k + 16;
     }

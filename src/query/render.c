@@ -12,7 +12,7 @@
 #include "core/json_internal.h"
 #include "core/vec_internal.h"
 #include "backend/backend.h"
-#include "query/nvml_internal.h"
+#include "query/query_internal.h"
 
 /* Prometheus label value: backslash, double quote and newline escaped, as the exposition format
  * asks; the value is made valid UTF-8 (the format's requirement), other control characters and
@@ -83,14 +83,17 @@ static void gg__collect_procs(gg__devrow_t *r, unsigned what, const char *uuid, 
       r->procs[r->nprocs++] = r->procs[j];
 }
 
-/* The devices as NVML numbers them (what nvidia-smi and DCGM call `gpu`): every GPU of the machine,
- * whatever CUDA_VISIBLE_DEVICES hides, also where there is NVML but no CUDA (a container given only
- * the `utility` capability). GG_ENOTSUP without NVML. */
+/* The devices as the GPU family's telemetry numbers them (NVML: what nvidia-smi and DCGM call
+ * `gpu`): every GPU of the machine, whatever CUDA_VISIBLE_DEVICES hides, also where there is NVML
+ * but no CUDA (a container given only the `utility` capability). GG_ENOTSUP without telemetry. */
 static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
-  gg__nvml_dev_t *d = NULL;
-  int n = 0, rc = gg__nvml_devices(&d, &n);
+  const gg__telemetry_t *tel = gg__gpu_family()->telemetry;
+  gg__mon_dev_t *d = NULL;
+  int n = 0;
   *rows = NULL;
   *nrows = 0;
+  if (!tel) return gg__err(GG_ENOTSUP, "gg_report: no telemetry");
+  int rc = tel->devices(&d, &n);
   if (rc < 0) return rc;
   gg__devrow_t *r = calloc(n > 0 ? (size_t)n : 1, sizeof *r);
   if (!r) {
@@ -105,23 +108,17 @@ static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
       gg__strlcpy(r[i].error, d[i].error, sizeof r[i].error);
       continue;
     }
-    gg__strlcpy(r[i].info.backend, "nvml", sizeof r[i].info.backend);
+    gg__strlcpy(r[i].info.backend, tel->name, sizeof r[i].info.backend);
     gg__strlcpy(r[i].info.name, d[i].name, sizeof r[i].info.name);
     gg__strlcpy(r[i].info.uuid, d[i].uuid, sizeof r[i].info.uuid);
+    gg__gpu_driver_view(gg__gpu_family(), &r[i].info);
     gg__strlcpy(r[i].pci, d[i].pci_bus_id, sizeof r[i].pci);
     if (d[i].have_memory) {
       r[i].info.total_bytes = d[i].total;
       r[i].info.free_bytes = d[i].free_b;
       r[i].info.used_bytes = d[i].total - d[i].free_b;
     }
-    const gg__nvml_telemetry_t *t = &d[i].tel;
-    r[i].tel =
-        (gg_device_telemetry_t){i,
-                                t->util_gpu,
-                                t->util_memory,
-                                t->temperature_c,
-                                t->power_mw < 0 ? -1 : (double)t->power_mw / 1e3,
-                                t->power_limit_mw < 0 ? -1 : (double)t->power_limit_mw / 1e3};
+    gg__telemetry_from(&r[i].tel, i, &d[i].tel);
     if (what & GG_REPORT_PROCESSES)
       gg__collect_procs(&r[i], what, d[i].uuid[0] ? d[i].uuid : NULL, i, true);
   }
@@ -142,6 +139,7 @@ static int gg__collect(unsigned what, gg__devrow_t **rows, int *nrows) {
   for (int i = 0; i < n; i++) {
     r[i].minor = -1;
     r[i].rc = gg_device_info(i, &r[i].info);
+    r[i].info.index = i; /* also where the reading failed */
     if (r[i].rc < 0) {
       gg__strlcpy(r[i].error, gg_last_error(), sizeof r[i].error);
       continue;
@@ -224,7 +222,7 @@ static void gg__json_devices(FILE *f, const gg__devrow_t *rows, int n) {
   fputs(",\"devices\":[", f);
   for (int i = 0; i < n; i++) {
     const gg_device_info_t *d = &rows[i].info;
-    fprintf(f, "%s{\"index\":%d", i ? "," : "", i);
+    fprintf(f, "%s{\"index\":%d", i ? "," : "", rows[i].info.index);
     if (rows[i].rc < 0) {
       fputs(",\"error\":", f);
       gg__json_fputs(f, rows[i].error);
@@ -396,8 +394,8 @@ static void gg__prom_arenas(FILE *f, const gg__promctx_t *c, const gg__arows_t *
       gg__err_save(&saved);
       bool known = a->device >= 0 && gg_device_info(a->device, &d) == 0;
       gg__err_restore(&saved);
-      const gg__devrow_t *row =
-          known && strcmp(a->backend, "host") != 0 ? gg__row_of(c, d.uuid) : NULL;
+      const gg__family_t *fam = gg__family(a->backend);
+      const gg__devrow_t *row = known && fam && !fam->simulated ? gg__row_of(c, d.uuid) : NULL;
       if (row) {
         gg__prom_dev_labels(f, c, row, row->info.index);
       } else { /* a device NVML does not list (the simulated host device): gpuguard's ordinal */
@@ -552,16 +550,17 @@ static void gg__prom_processes(FILE *f, const gg__promctx_t *c) {
 /* The devices for Prometheus: NVML's (every GPU, numbered as DCGM numbers them); without NVML, the
  * CUDA devices; never the simulated host device, which is no GPU of this machine. */
 static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const char **source) {
+  const gg__telemetry_t *tel = gg__gpu_family()->telemetry;
   int rc = gg__collect_nvml(what, rows, n);
-  *source = "nvml";
+  *source = tel ? tel->name : "none";
   if (rc != GG_ENOTSUP) return rc;
   const char *backend = NULL;
   gg__err_saved_t saved;
   gg__err_save(&saved);
   int brc = gg__backend_resolve(NULL, 0, &backend);
   gg__err_restore(&saved);
-  if (brc == 0 && strcmp(backend, "cuda") == 0) {
-    *source = "cuda";
+  if (brc == 0 && !gg__family(backend)->simulated) {
+    *source = backend;
     return gg__collect(what, rows, n);
   }
   *source = "none";
@@ -570,17 +569,15 @@ static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const ch
   return 0;
 }
 
-/* The devices for JSON: gpuguard's own (CUDA's ordinals, or the simulated host device), except
- * where gpuguard fell back to the host device by itself and NVML sees GPUs (a container with NVML
- * but no CUDA): then NVML's, backend "nvml". GPUGUARD_BACKEND=host asked for keeps the host
- * device. */
+/* The devices for JSON: NVML's, numbered as nvidia-smi numbers them, whatever CUDA here sees (each
+ * with backend "cuda" where CUDA sees it, else "nvml"); without NVML, gpuguard's own (CUDA's
+ * ordinals, or the simulated host device). GPUGUARD_BACKEND=host asked for keeps the host device.
+ */
 static int gg__collect_json(unsigned what, gg__devrow_t **rows, int *n) {
-  const char *backend = NULL, *asked = gg__env("GPUGUARD_BACKEND");
+  const gg__family_t *asked = gg__family(gg__env("GPUGUARD_BACKEND"));
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  bool fell_back = gg__backend_resolve(NULL, 0, &backend) == 0 && strcmp(backend, "host") == 0 &&
-                   !(asked && strcmp(asked, "host") == 0);
-  if (fell_back && gg__collect_nvml(what, rows, n) == 0) {
+  if (!(asked && asked->simulated) && gg__collect_nvml(what, rows, n) == 0) {
     if (*n > 0) return 0;
     gg__release(*rows, *n);
   }
@@ -625,7 +622,32 @@ static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, co
   if (what & GG_REPORT_ARENAS) gg__prom_arenas(f, &c, ar);
 }
 
+/* Keeps only the row of device `gpu` (-1: every row). GG_ENODEV when no row has that number; no
+ * row at all (no GPU) is a report of its own. */
+static int gg__keep_gpu(gg__devrow_t *rows, int *n, int gpu) {
+  if (gpu < 0 || *n == 0) return 0;
+  int kept = 0;
+  for (int i = 0; i < *n; i++) {
+    if (rows[i].info.index == gpu && kept == 0) {
+      gg__devrow_t keep = rows[i];
+      rows[i] = rows[0];
+      rows[0] = keep;
+      kept = 1;
+    }
+  }
+  for (int i = kept; i < *n; i++) free(rows[i].procs);
+  int had = *n;
+  *n = kept;
+  return kept ? 0
+              : gg__err(GG_ENODEV, "gg_report_gpu: GPU %d does not exist (this machine has %d)",
+                        gpu, had);
+}
+
 int gg_report(FILE *out, gg_format_t format, unsigned what) {
+  return gg_report_gpu(out, format, what, -1);
+}
+
+int gg_report_gpu(FILE *out, gg_format_t format, unsigned what, int gpu) {
   const unsigned known = GG_REPORT_ALL | GG_REPORT_NOT_SELF | GG_REPORT_ALL_COMMANDS;
   if (!out) return gg__err(GG_EINVAL, "gg_report: out is NULL");
   if (format != GG_FORMAT_JSON && format != GG_FORMAT_PROMETHEUS)
@@ -640,6 +662,11 @@ int gg_report(FILE *out, gg_format_t format, unsigned what) {
     } else {
       rc = gg__collect_json(what, &rows, &n);
       if (rc < 0) return rc;
+    }
+    int krc = gg__keep_gpu(rows, &n, gpu);
+    if (krc < 0) {
+      gg__release(rows, n);
+      return krc;
     }
   }
   gg__arows_t ar = {0};

@@ -81,7 +81,8 @@ _check_version(lib, path)
 class DeviceInfo(Structure):
     _fields_ = [("index", c_int), ("backend", c_char * 8), ("name", c_char * 256), ("uuid", c_char * 48),
                 ("total_bytes", c_size_t), ("free_bytes", c_size_t), ("used_bytes", c_size_t),
-                ("cc_major", c_int), ("cc_minor", c_int), ("driver_version", c_int), ("vmm_supported", c_int)]
+                ("cc_major", c_int), ("cc_minor", c_int), ("driver_version", c_int), ("vmm_supported", c_int),
+                ("simulated", c_int)]
 
 
 class DeviceTelemetry(Structure):

@@ -12,7 +12,7 @@
 
 #include "backend/backend.h"
 #include "gpuguard/host.h"
-#include "backend/host_impl.h"
+#include "backend/host/host_impl.h"
 #include "core/internal.h"
 
 #define GG__HOST_DEFAULT_CAPACITY    (1ull << 30)
@@ -418,7 +418,7 @@ static int gg__host_configure(void) {
   return 0;
 }
 
-int gg__host_props(int index, gg__dev_props_t *p) {
+static int gg__host_props(int index, gg__dev_props_t *p) {
   if (index != 0)
     return gg__err(GG_ENODEV,
                    "host backend: device %d does not exist (the host backend has device 0 only)",
@@ -448,7 +448,7 @@ static void gg__host_fork_release(void) {
 GG__FORK_REGISTER(GG__FORK_HOST, gg__host_fork_prepare, gg__host_fork_release,
                   gg__host_fork_release)
 
-int gg__host_open(int index, gg__dev_t **out) {
+static int gg__host_open(int index, gg__dev_t **out) {
   if (index != 0)
     return gg__err(GG_ENODEV,
                    "host backend: device %d does not exist (the host backend has device 0 only)",
@@ -487,3 +487,20 @@ int gg__host_open(int index, gg__dev_t **out) {
   *out = d;
   return 0;
 }
+
+/* One simulated device, always there. */
+static int gg__host_count(int *count) {
+  *count = 1;
+  return 0;
+}
+
+static int gg__host_probe(void) { return 0; }
+
+const gg__family_t gg__host_family = {
+    .name = "host",
+    .simulated = true,
+    .probe = gg__host_probe,
+    .open = gg__host_open,
+    .count = gg__host_count,
+    .props = gg__host_props,
+};

@@ -1,9 +1,12 @@
-/* cuda_driver_internal.h — what cuda_driver.c offers cuda.c: the driver's entry points, resolved
- * once per process, and the mapping of a CUresult to a GG_E* code with its message. */
+/* cuda_driver_internal.h — what cuda_driver.c offers the rest of the CUDA backend: the driver's
+ * entry points, resolved once per process, the mapping of a CUresult to a GG_E* code with its
+ * message, and the device count and properties. */
 #ifndef GG_BACKEND_CUDA_DRIVER_INTERNAL_H
 #define GG_BACKEND_CUDA_DRIVER_INTERNAL_H
 
 #include <cuda.h>
+
+#include "backend/backend.h"
 
 /* The driver entry points the library uses, each resolved for the CUDA 12.0 ABI (so cuMemAlloc
  * gives the _v2 entry, and so on). Member names carry a prefix so cuda.h's versioning macros leave
@@ -37,6 +40,10 @@
   X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))    \
   X(cuMemUnmap, (CUdeviceptr, size_t))                                                            \
   X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))                       \
+  X(cuMemExportToShareableHandle,                                                                 \
+    (void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long))        \
+  X(cuMemImportFromShareableHandle,                                                               \
+    (CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType))                          \
   X(cuMemAlloc, (CUdeviceptr *, size_t))                                                          \
   X(cuMemFree, (CUdeviceptr))                                                                     \
   X(cuMemcpyHtoD, (CUdeviceptr, const void *, size_t))                                            \
@@ -72,6 +79,11 @@ int gg__cu_ready(const char *call);
 int gg__cu_fail(CUresult r, const char *call);
 /* The driver's handle of device index, after the driver is ready; GG_ENODEV past the last. */
 int gg__cu_device(int index, CUdevice *dev);
+
+/* The family row's entries (cuda_driver.c, and cuda.c's open). */
+int gg__cuda_count(int *count);
+int gg__cuda_props(int index, gg__dev_props_t *props);
+int gg__cuda_open(int index, gg__dev_t **dev);
 
 #define GG__CU(call, what)                                        \
   do {                                                            \

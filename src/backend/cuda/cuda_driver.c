@@ -1,13 +1,14 @@
 /* cuda_driver.c — the CUDA driver loaded at run time (dlopen + cuGetProcAddress, resolved for the
  * CUDA 12.0 ABI), the outcome kept for every later caller, CUresult codes mapped to GG_E* codes,
- * and the device count and properties. */
+ * the device count and properties, and the CUDA family's row of the backend table. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "backend/backend.h"
-#include "backend/cuda_driver_internal.h"
+#include "backend/cuda/cuda_driver_internal.h"
+#include "backend/cuda/nvml_internal.h"
 #include "core/internal.h"
 
 gg__cu_table_t gg__cu;
@@ -169,3 +170,22 @@ int gg__cuda_props(int index, gg__dev_props_t *p) {
            b[15]);
   return 0;
 }
+
+/* /dev/nvidia<minor>: the GPUs (nvidiactl, nvidia-uvm and the rest share the prefix). */
+static void gg__cuda_device_node(int minor, int index, char *buf, size_t n) {
+  snprintf(buf, n, "/dev/nvidia%d", minor >= 0 ? minor : index);
+}
+
+static const char *const gg__cuda_device_files[] = {"/dev/nvidia", NULL};
+
+const gg__family_t gg__cuda_family = {
+    .name = "cuda",
+    .simulated = false,
+    .probe = gg__cuda_probe,
+    .open = gg__cuda_open,
+    .count = gg__cuda_count,
+    .props = gg__cuda_props,
+    .telemetry = &gg__nvml_telemetry,
+    .device_files = gg__cuda_device_files,
+    .device_node = gg__cuda_device_node,
+};

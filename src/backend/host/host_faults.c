@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/host_impl.h"
+#include "backend/host/host_impl.h"
 #include "core/internal.h"
 #include "gpuguard/host.h"
 

@@ -11,7 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend/host_impl.h"
+#include "backend/host/host_impl.h"
 #include "core/internal.h"
 #include "gpuguard/host.h"
 

@@ -1,12 +1,13 @@
-/* nvml.c — who holds a device, from NVML loaded at run time, with the process-info struct's size
- * probed rather than assumed. No NVML handle outlives a call. */
+/* nvml.c — the CUDA family's telemetry: who holds a device, its memory and readings, from NVML
+ * loaded at run time, with the process-info struct's size probed rather than assumed. No NVML
+ * handle outlives a call. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/internal.h"
-#include "query/nvml_internal.h"
+#include "backend/cuda/nvml_internal.h"
 
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
@@ -169,8 +170,8 @@ static int gg__nvml_list(gg__nvml_t *n, nvmlReturn_t (*fn)(nvmlDevice_t, unsigne
                  n->error_string ? n->error_string(r) : "?", r);
 }
 
-int gg__nvml_processes(const char *uuid, int index, gg__gpu_proc_t *out, size_t cap, size_t *count,
-                       int *minor) {
+static int gg__nvml_processes(const char *uuid, int index, gg__gpu_proc_t *out, size_t cap,
+                              size_t *count, int *minor) {
   gg__nvml_t n;
   int rc = gg__nvml_open(&n);
   if (rc < 0) return rc;
@@ -204,7 +205,7 @@ int gg__nvml_processes(const char *uuid, int index, gg__gpu_proc_t *out, size_t 
   return rc;
 }
 
-int gg__nvml_memory(const char *uuid, int index, size_t *total, size_t *free_b) {
+static int gg__nvml_memory(const char *uuid, int index, size_t *total, size_t *free_b) {
   gg__nvml_t n;
   int rc = gg__nvml_open(&n);
   if (rc < 0) return rc;
@@ -224,7 +225,7 @@ int gg__nvml_memory(const char *uuid, int index, size_t *total, size_t *free_b) 
 }
 
 /* Each reading on its own: a device may support some and not others (NOT_SUPPORTED stays -1). */
-static void gg__nvml_read_telemetry(gg__nvml_t *n, nvmlDevice_t dev, gg__nvml_telemetry_t *t) {
+static void gg__nvml_read_telemetry(gg__nvml_t *n, nvmlDevice_t dev, gg__readings_t *t) {
   t->util_gpu = t->util_memory = t->temperature_c = -1;
   t->power_mw = t->power_limit_mw = -1;
   unsigned u[2], v;
@@ -238,7 +239,7 @@ static void gg__nvml_read_telemetry(gg__nvml_t *n, nvmlDevice_t dev, gg__nvml_te
   if (n->power_limit && n->power_limit(dev, &v) == NVML_SUCCESS) t->power_limit_mw = (long long)v;
 }
 
-int gg__nvml_telemetry(const char *uuid, int index, gg__nvml_telemetry_t *t) {
+static int gg__nvml_readings(const char *uuid, int index, gg__readings_t *t) {
   t->util_gpu = t->util_memory = t->temperature_c = -1;
   t->power_mw = t->power_limit_mw = -1;
   gg__nvml_t n;
@@ -258,7 +259,7 @@ int gg__nvml_telemetry(const char *uuid, int index, gg__nvml_telemetry_t *t) {
 /* nvmlPciInfo_t (v2 and v3 agree on the start): busIdLegacy[16], five unsigned ints, busId[32]. */
 #define GG__NVML_PCI_BUSID_OFF 36
 
-int gg__nvml_devices(gg__nvml_dev_t **out, int *count) {
+static int gg__nvml_devices(gg__mon_dev_t **out, int *count) {
   *out = NULL;
   *count = 0;
   gg__nvml_t n;
@@ -278,13 +279,13 @@ int gg__nvml_devices(gg__nvml_dev_t **out, int *count) {
     gg__nvml_close(&n);
     return rc;
   }
-  gg__nvml_dev_t *d = calloc(c ? c : 1, sizeof *d);
+  gg__mon_dev_t *d = calloc(c ? c : 1, sizeof *d);
   if (!d) {
     gg__nvml_close(&n);
     return gg__err(GG_ENOMEM, "NVML device list: out of host memory");
   }
   for (unsigned i = 0; i < c; i++) {
-    gg__nvml_dev_t *e = &d[i];
+    gg__mon_dev_t *e = &d[i];
     nvmlDevice_t dev = NULL;
     e->index = (int)i;
     e->minor = -1;
@@ -322,3 +323,11 @@ int gg__nvml_devices(gg__nvml_dev_t **out, int *count) {
   *count = (int)c;
   return 0;
 }
+
+const gg__telemetry_t gg__nvml_telemetry = {
+    .name = "nvml",
+    .processes = gg__nvml_processes,
+    .memory = gg__nvml_memory,
+    .readings = gg__nvml_readings,
+    .devices = gg__nvml_devices,
+};

@@ -3,6 +3,7 @@
  */
 #include <cuda.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -10,9 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
-#include "backend/cuda_driver_internal.h"
+#include "backend/cuda/cuda_driver_internal.h"
 #include "core/internal.h"
 #include "core/thread_internal.h"
 
@@ -559,6 +561,83 @@ static void gg__c_close(gg__dev_t *d) {
   free(d);
 }
 
+/* ---- sharing memory with another process ----------------------------------------------------- */
+
+/* Whether a failed call ran out of descriptors: the driver's own code does not say, so one is
+ * asked for here. */
+static bool gg__c_out_of_fds(void) {
+  int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int e = errno;
+  if (probe >= 0) {
+    close(probe);
+    return false;
+  }
+  return e == EMFILE || e == ENFILE;
+}
+
+static int gg__c_export_fd(gg__dev_t *d, const gg__chunk_t *ch, int *fd) {
+  gg__cudev_t *c = d->impl;
+  if (!d->contiguous || !ch->handle ||
+      c->prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    return gg__err(GG_ENOTSUP,
+                   "cuda backend: export: the memory at %#jx was made without a shareable handle "
+                   "(%s)",
+                   (uintmax_t)ch->ptr,
+                   d->contiguous ? "the device cannot export POSIX file descriptors"
+                                 : "cuMemAlloc memory: virtual memory management is off");
+  gg__ctx_scope_t s;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) return rc;
+  int got = -1;
+  CUresult r = gg__cu.fn_cuMemExportToShareableHandle(
+      &got, (CUmemGenericAllocationHandle)ch->handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  gg__ctx_leave(&s);
+  if (r == CUDA_SUCCESS) {
+    *fd = got;
+    return 0;
+  }
+  if (gg__c_out_of_fds())
+    return gg__err(GG_EIO,
+                   "cuda backend: export: the process has no file descriptor left (EMFILE)");
+  rc = gg__cu_fail(r, "cuMemExportToShareableHandle");
+  /* Memory made after the driver refused exportable memory has no handle to export. */
+  return rc == GG_EINVAL ? gg__err(GG_ENOTSUP, "%s: not exportable", gg_last_error()) : rc;
+}
+
+static int gg__c_import_fd(gg__dev_t *d, int fd, uintptr_t at, size_t size) {
+  if (!d->contiguous)
+    return gg__err(GG_ENOTSUP, "cuda backend: import: needs virtual memory management");
+  gg__ctx_scope_t s;
+  int rc = gg__ctx_enter(d, &s);
+  if (rc < 0) return rc;
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = gg__cu.fn_cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+                                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS) {
+    rc = gg__c_out_of_fds()
+             ? gg__err(GG_EIO, "cuda backend: import: no file descriptor left (EMFILE)")
+             : gg__cu_fail(r, "cuMemImportFromShareableHandle");
+    gg__ctx_leave(&s);
+    return rc;
+  }
+  r = gg__cu.fn_cuMemMap((CUdeviceptr)at, size, 0, h, 0);
+  if (r != CUDA_SUCCESS) rc = gg__cu_fail(r, "cuMemMap");
+  /* The mapping keeps the memory from here: the handle itself is not needed again. */
+  gg__cu.fn_cuMemRelease(h);
+  gg__ctx_leave(&s);
+  return rc;
+}
+
+static int gg__c_import_access(gg__dev_t *d, uintptr_t at, size_t size) {
+  gg__cudev_t *c = d->impl;
+  CUmemAccessDesc acc = {.location = c->prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  GG__CU_IN_CTX(d, gg__cu.fn_cuMemSetAccess((CUdeviceptr)at, size, &acc, 1), "cuMemSetAccess");
+}
+
+static int gg__c_import_unmap(gg__dev_t *d, uintptr_t at, size_t size) {
+  GG__CU_IN_CTX(d, gg__cu.fn_cuMemUnmap((CUdeviceptr)at, size), "cuMemUnmap");
+}
+
 static const gg__backend_ops_t gg__cuda_ops = {
     .name = "cuda",
     .mem_info = gg__c_mem_info,
@@ -583,6 +662,10 @@ static const gg__backend_ops_t gg__cuda_ops = {
     .graph_retain = gg__c_graph_retain,
     .ctx_sync = gg__c_ctx_sync,
     .ctx_reset = gg__c_ctx_reset,
+    .export_fd = gg__c_export_fd,
+    .import_fd = gg__c_import_fd,
+    .import_access = gg__c_import_access,
+    .import_unmap = gg__c_import_unmap,
     .close = gg__c_close,
 };
 
