@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "arena/arena_internal.h"
+#include "gpuguard/query.h"
 #include "gpuguard/report.h"
 #include "core/internal.h"
 #include "core/json_internal.h"
