@@ -655,3 +655,14 @@ int gg_report(FILE *out, gg_format_t format, unsigned what) {
     return gg__err(GG_EIO, "gg_report: writing the report failed");
   return 0;
 }
+
+/* ---- the public JSON string writer ----------------------------------------------------------- */
+
+/* report.h's, so in the report's layer; the writer itself is core's (json.c), shared by every
+ * layer that writes JSON. */
+int gg_json_write_string(FILE *f, const char *s) {
+  if (!f) return gg__err(GG_EINVAL, "gg_json_write_string: stream is NULL");
+  gg__json_fputs(f, s);
+  if (ferror(f)) return gg__err(GG_EIO, "gg_json_write_string: write failed");
+  return 0;
+}
