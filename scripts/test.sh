@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh — the README's test command: installs what it needs, then builds and passes every test:
-# the layer check, a -Werror build with the whole CTest suite, the suite again under AddressSanitizer+UBSan
-# in the debug build (GPUGUARD_DEBUG=ON), the threaded tests under ThreadSanitizer, valgrind on the core
+# the layer check (includes, then calls after the first build) and the asserts per 1,000 lines, a -Werror
+# build with the whole CTest suite, the suite again under AddressSanitizer+UBSan in the debug build
+# (GPUGUARD_DEBUG=2), the threaded tests under ThreadSanitizer, valgrind on the core
 # suites, the Python sdist and the wheel built from it (checked with auditwheel: manylinux_2_28; headers
 # and CMake package used by a consumer) installed in a fresh venv with the Python tests run against it,
 # the Doxygen reference (warnings are errors), a static check with cppcheck, and the layout and lint
@@ -53,8 +54,9 @@ run_ctest() { # dir, name, ctest args...
 
 # Every C and C++ folder, at 100 columns (clang-format 14, as CI has).
 fmt_dirs="src/core src/backend src/backend/*/ src/proc src/guard src/arena src/query include/gpuguard tools tests bench bindings/python/gpuguard/torch/native"
-step "1/8 layers (scripts/check_layers.py), layout (clang-format --dry-run --Werror on $fmt_dirs), lint"
+step "1/8 layers (scripts/check_layers.py), asserts (scripts/count_asserts.py), layout (clang-format --dry-run --Werror on $fmt_dirs), lint"
 python3 scripts/check_layers.py
+python3 scripts/count_asserts.py | tail -n 1
 # shellcheck disable=SC2086 # fmt_dirs is a list of words
 find $fmt_dirs -maxdepth 1 \( -name '*.c' -o -name '*.h' -o -name '*.hpp' -o -name '*.cpp' -o -name '*.cu' \) \
   | sort | xargs clang-format --dry-run --Werror
@@ -73,13 +75,16 @@ echo "    mypy: clean ($(grep -o 'in [0-9]* source files' "$logs/mypy.log"))"
 
 step "2/8 -Werror build and the whole CTest suite (gpu tests skip without a device)"
 configure_build build/ci-release
+# The calls between layers, from the objects just built: each undefined gg_ symbol (nm) comes from
+# its own layer or below.
+python3 scripts/check_layers.py --objects build/ci-release
 run_ctest build/ci-release ctest-release -j "$jobs"
 
-# The debug build (GPUGUARD_DEBUG=ON: internal assertions at the arena's mutation points, the whole-arena
-# check after every locked call on small arenas) shares the sanitizer build: one build fewer, and the
-# checks' own reads run under ASan too.
-step "3/8 AddressSanitizer + UBSan debug build (GPUGUARD_DEBUG=ON) and the whole CTest suite"
-configure_build build/ci-asan -DGPUGUARD_SANITIZE=address -DGPUGUARD_DEBUG=ON -DGPUGUARD_BUILD_BENCH=OFF
+# The debug build at level 2 (GPUGUARD_DEBUG=2: the assertions at every mutation point, the
+# whole-structure walks, the whole-arena check after every locked call on small arenas) shares the
+# sanitizer build: one build fewer, and the checks' own reads run under ASan too.
+step "3/8 AddressSanitizer + UBSan debug build (GPUGUARD_DEBUG=2) and the whole CTest suite"
+configure_build build/ci-asan -DGPUGUARD_SANITIZE=address -DGPUGUARD_DEBUG=2 -DGPUGUARD_BUILD_BENCH=OFF
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 run_ctest build/ci-asan ctest-asan -j "$jobs"
 
 step "4/8 ThreadSanitizer build, tests labelled 'threads'"

@@ -92,11 +92,10 @@ __attribute__((no_sanitize("address", "undefined"))) static void null_write(void
 }
 
 /* A fake arena for the leak report: three live blocks in two tags. */
-static int fake_foreach(void *obj, gg_block_visitor_t visit, void *user) {
+static int fake_foreach(void *obj, gg__held_visit_fn visit, void *user) {
   (void)obj;
-  static const gg_block_info_t blocks[] = {{(void *)0x1000, 1024, "weights", 0, 0, NULL},
-                                           {(void *)0x2000, 2048, "weights", 1, 0, NULL},
-                                           {(void *)0x3000, 512, "", 0, 0, NULL}};
+  static const gg__held_block_t blocks[] = {
+      {1024, "weights", 0, NULL}, {2048, "weights", 0, NULL}, {512, "", 0, NULL}};
   for (size_t i = 0; i < 3; i++)
     if (visit(&blocks[i], user)) break;
   return 0;

@@ -63,16 +63,6 @@ GG_API void gg_clear_error(void);
  *  gpuguard/version.h to detect a header/library mismatch). Never NULL. */
 GG_API const char *gg_version(void);
 
-/** The size in bytes of a public struct, by its type name ("gg_arena_stats_t", "gg_device_info_t",
- *  "gg_arena_options_t", "gg_guard_options_t", "gg_spawn_options_t", "gg_process_t", ...: every
- *  struct type of the public headers): for bindings that lay structs out themselves (the Python
- *  binding's tests check each ctypes struct against it), so a layout mismatch is caught, not
- *  mis-read.
- *  @param type_name the typedef name.
- *  @return its sizeof in this library; 0 for NULL or a name that is not a public struct.
- *  Thread-safe and async-signal-safe. */
-GG_API size_t gg_sizeof(const char *type_name);
-
 GG_END_DECLS
 
 /** @} */

@@ -259,6 +259,12 @@ GG_API int gg_proc_teardown(gg_guard_t *guard, int grace_ms);
  *  @return as gg_proc_teardown(), or GG_ENOMEM. Thread-safe. */
 GG_API int gg_proc_teardown_ex(gg_guard_t *guard, int grace_ms, gg_proc_receipt_t **receipt);
 
+/** Flags of gg_reap() and gg_reap_list() (query.h). */
+enum {
+  /** Other users' processes too (only as root: GG_EPERM otherwise). */
+  GG_REAP_ALL_USERS = 1
+};
+
 /** Ends the processes named by pid and start time, as `gpuguard reap` does: each is checked right
  *  before it is signalled (still the process that started at that time, not a kernel thread, not
  *  pid 1 or this process or an ancestor of it, ours unless @p flags has GG_REAP_ALL_USERS and we
@@ -267,7 +273,7 @@ GG_API int gg_proc_teardown_ex(gg_guard_t *guard, int grace_ms, gg_proc_receipt_
  *  and up to a second more. Unlike a teardown it does not go after descendants: only what is named.
  *  @param pids the processes. @param starts their start times (clock ticks after boot; 0 refuses).
  *  @param n how many. @param grace_ms 0..@ref GG_PROC_GRACE_MAX_MS.
- *  @param flags 0 or GG_REAP_ALL_USERS (query.h).
+ *  @param flags 0 or GG_REAP_ALL_USERS.
  *  @param[out] out n outcomes, in order: `end` GG_PROC_SKIPPED (never signalled; `found` says why),
  *  GG_PROC_ENDED, or GG_PROC_ALIVE; `found` is a static string.
  *  @return 0 when every process named ended or was skipped; GG_ETIMEDOUT when some are alive;

@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "gpuguard/export.h"
+#include "gpuguard/proc.h"
 
 /** @defgroup gg_query Query
  *  Devices and their memory, as the driver reports them. The backend is chosen as everywhere else:
@@ -179,11 +180,7 @@ GG_API int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count);
  *  Thread-safe. */
 GG_API int gg_process_describe(int pid, gg_process_t *row);
 
-/** Flags of gg_reap_list() and gg_reap(). */
-enum {
-  /** Other users' processes too (only as root: GG_EPERM otherwise). */
-  GG_REAP_ALL_USERS = 1
-};
+/* GG_REAP_ALL_USERS, the flag of gg_reap_list() and gg_reap(), is proc.h's: gg_reap() is. */
 
 /** Lists what `gpuguard reap` ends: the caller's orphans of dead sessions (as gg_orphan_list()) and
  *  the processes holding a GPU (as gg_gpu_processes() finds them, on every GPU NVML reports, each
@@ -198,6 +195,16 @@ enum {
  *  GG_REAP_ALL_USERS when not root; GG_EIO when /proc cannot be read. No GPU is not an error.
  *  Thread-safe. */
 GG_API int gg_reap_list(unsigned flags, gg_process_t *rows, size_t cap, size_t *count);
+
+/** The size in bytes of a public struct, by its type name ("gg_arena_stats_t", "gg_device_info_t",
+ *  "gg_arena_options_t", "gg_guard_options_t", "gg_spawn_options_t", "gg_process_t", ...: every
+ *  struct type of the public headers): for bindings that lay structs out themselves (the Python
+ *  binding's tests check each ctypes struct against it), so a layout mismatch is caught, not
+ *  mis-read. Declared here, in the topmost layer's header: only that layer knows every struct.
+ *  @param type_name the typedef name.
+ *  @return its sizeof in this library; 0 for NULL or a name that is not a public struct.
+ *  Thread-safe and async-signal-safe. */
+GG_API size_t gg_sizeof(const char *type_name);
 
 GG_END_DECLS
 

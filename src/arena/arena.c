@@ -34,6 +34,8 @@ static size_t gg__quarantine_next;
 static void gg__quarantine(gg_arena_t *a) {
   pthread_mutex_lock(&gg__quarantine_lock);
   gg_arena_t *old = gg__quarantined[gg__quarantine_next];
+  /* A dead handle, quarantined once: freeing it twice would be the use after free this prevents. */
+  GG__ASSERT(a != old && atomic_load(&a->magic) == GG__DEAD && !a->on_live);
   gg__quarantined[gg__quarantine_next] = a;
   gg__quarantine_next = (gg__quarantine_next + 1) % GG__QUARANTINE;
   pthread_mutex_unlock(&gg__quarantine_lock);
@@ -47,6 +49,7 @@ static gg_arena_t *gg__live_head;
 
 static void gg__live_add(gg_arena_t *a) {
   pthread_mutex_lock(&gg__live_lock);
+  GG__ASSERT(!a->on_live); /* listed twice, removal would unlink only one */
   a->live_prev = NULL;
   a->live_next = gg__live_head;
   if (gg__live_head) gg__live_head->live_prev = a;
@@ -58,6 +61,7 @@ static void gg__live_add(gg_arena_t *a) {
 static void gg__live_remove(gg_arena_t *a) {
   pthread_mutex_lock(&gg__live_lock);
   if (a->on_live) {
+    GG__ASSERT(a->live_prev ? a->live_prev->live_next == a : gg__live_head == a);
     if (a->live_prev)
       a->live_prev->live_next = a->live_next;
     else
@@ -134,7 +138,7 @@ static int gg__arena_open(gg_arena_t *a, const gg_arena_options_t *o) {
 }
 
 int gg_arena_create(gg_arena_t **arena, const gg_arena_options_t *opts) {
-#ifdef GG_DEBUG
+#if GG_DEBUG >= 2
   atomic_store_explicit(&gg__arena_debug_hook, gg__arena_debug_check, memory_order_relaxed);
 #endif
   if (!arena) return gg__err(GG_EINVAL, "gg_arena_create: arena (the out-pointer) is NULL");
@@ -239,8 +243,20 @@ static void gg__arena_guard_teardown(void *obj) {
 
 static const char *gg__arena_attached_name(void *obj) { return ((gg_arena_t *)obj)->name; }
 static const char *gg__arena_attached_backend(void *obj) { return ((gg_arena_t *)obj)->ops->name; }
-static int gg__arena_attached_foreach(void *obj, gg_block_visitor_t visit, void *user) {
-  return gg_arena_foreach_block(obj, visit, user);
+/* The guard's leak report counts blocks in its own type (guard_internal.h): each one is handed
+ * over as the guard layer spells it. */
+typedef struct gg__held_visit {
+  gg__held_visit_fn visit;
+  void *user;
+} gg__held_visit_t;
+static int gg__arena_held_block(const gg_block_info_t *b, void *user) {
+  const gg__held_visit_t *h = user;
+  gg__held_block_t held = {b->size, b->tag, b->n_frames, b->frames};
+  return h->visit(&held, h->user);
+}
+static int gg__arena_attached_foreach(void *obj, gg__held_visit_fn visit, void *user) {
+  gg__held_visit_t h = {visit, user};
+  return gg_arena_foreach_block(obj, gg__arena_held_block, &h);
 }
 
 static const gg__attach_ops_t gg__arena_attach_ops = {
@@ -282,6 +298,7 @@ int gg_arena_destroy(gg_arena_t *a) {
   bool torn = a->magic == GG__TORN;
   atomic_store(&a->magic, GG__DEAD);
   gg__tcache_detach_all(a);
+  GG__ASSERT(a->caches == NULL); /* no cache may serve blocks of memory given back below */
   if (!torn) rc = gg__release_device(a, false);
   gg__arena_free_metadata(a);
   pthread_mutex_unlock(&a->lock);

@@ -304,6 +304,7 @@ static int gg__alloc_locked(gg_arena_t *a, size_t rounded, size_t align, size_t 
   if (step == GG__NO_ROOM) {
     step = gg__climb(a, &q);
     GG__ASSERT(step != GG__NO_ROOM); /* the ladder ends placed or out of memory */
+    GG__ASSERT(step != GG__PLACED || (q.ptr && q.ptr % q.align == 0)); /* aligned as asked */
     if (step == GG__PLACED) gg__arena_count_alloc(a, q.size);
     if (step == GG__PLACED && GG__UNLIKELY(sites)) gg__site_note(a, q.ptr, caller);
   }
@@ -349,6 +350,9 @@ static int gg__free_bump_entry(gg_arena_t *a, size_t i, uintptr_t p, bool ordere
   if (!e->live)
     return gg__err(GG_EINVAL, "gg_free: %#jx was freed already (double free)", (uintmax_t)p);
   size_t n = gg__rounded_size(e->req);
+  /* An entry of a scope that ended was cut with it; its frame still counts it as live. */
+  GG__ASSERT(e->depth < a->n_frames && a->frames[e->depth].bump_live > 0 &&
+             a->frames[e->depth].bump_bytes >= n && a->bump_live_bytes >= n);
   e->live = false;
   e->ordered = ordered;
   if (ordered) gg__arena_ordered_note(a, e->ptr, n);
@@ -371,6 +375,7 @@ static int gg__free_block(gg_arena_t *a, uintptr_t p, bool ordered) {
   /* Not the arena's: a thread's cache may have handed it out (a free on another thread). */
   if (!b && gg__tcache_publish_all(a) > 0) b = gg__used_take(a, p);
   if (!b) return gg__bad_free(a, p);
+  GG__ASSERT(b->state == GG__BLOCK_USED && b->addr == p); /* the USED map names live blocks only */
   gg__frame_unlink(a, b);
   gg__arena_count_release(a, b->size, 1);
   int rc = gg__freelist_reserve(&a->freelist,

@@ -8,7 +8,7 @@
 #include "arena/arena_base_impl.h"
 #include "core/internal.h"
 
-#ifdef GG_DEBUG
+#if GG_DEBUG >= 2
 void (*_Atomic gg__arena_debug_hook)(gg_arena_t *a);
 #endif
 
@@ -131,8 +131,10 @@ size_t gg__used_count(const gg_arena_t *a) {
 }
 
 void gg__frame_link(gg_arena_t *a, gg__block_t *b) {
+  GG__ASSERT(b->state == GG__BLOCK_USED && b->depth >= 0 && b->depth < a->n_frames);
   gg__frame_t *f = &a->frames[b->depth];
   if (b->depth) {
+    GG__ASSERT(f->n_blocks < f->recs_cap); /* the caller reserved the room (gg__frame_reserve) */
     f->recs[f->n_blocks] = b;
     b->slot = f->n_blocks++;
     return;
@@ -147,13 +149,16 @@ void gg__frame_link(gg_arena_t *a, gg__block_t *b) {
 /* In a scope the last record moves into the hole: O(1), and a block freed right after it was
  * allocated (the usual order) is the last one already. */
 void gg__frame_unlink(gg_arena_t *a, gg__block_t *b) {
+  GG__ASSERT(b->depth >= 0 && b->depth < a->n_frames && a->frames[b->depth].n_blocks > 0);
   gg__frame_t *f = &a->frames[b->depth];
   if (b->depth) {
+    GG__ASSERT(b->slot < f->n_blocks && f->recs[b->slot] == b); /* its slot names it */
     gg__block_t *last = f->recs[--f->n_blocks];
     f->recs[b->slot] = last;
     last->slot = b->slot;
     return;
   }
+  GG__ASSERT(b->l ? b->l->r == b : f->blocks == b); /* linked in frame 0's list */
   if (b->l)
     b->l->r = b->r;
   else

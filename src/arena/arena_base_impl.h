@@ -250,7 +250,7 @@ static inline void gg__arena_leave_unchecked(gg_arena_t *a) {
   pthread_mutex_unlock(&a->lock);
   atomic_fetch_sub(&a->calls, 1);
 }
-#ifdef GG_DEBUG
+#if GG_DEBUG >= 2
 /* The debug build's expensive check (GG__ASSERT_EXPENSIVE's level): the whole arena, as
  * gg__arena_check() walks it, on arenas below a size (arena_check.c); aborts naming what is wrong.
  * */
@@ -262,7 +262,7 @@ extern void (*_Atomic gg__arena_debug_hook)(gg_arena_t *a);
 #endif
 /* The end of every locked public call: in the debug build the whole arena is checked first. */
 static inline void gg__arena_leave(gg_arena_t *a) {
-#ifdef GG_DEBUG
+#if GG_DEBUG >= 2
   void (*check)(gg_arena_t *) = atomic_load_explicit(&gg__arena_debug_hook, memory_order_relaxed);
   if (check) check(a);
 #endif
@@ -284,6 +284,7 @@ static inline void gg__arena_count_alloc(gg_arena_t *a, size_t n) {
   atomic_store_explicit(&a->in_use_seen, a->in_use, memory_order_relaxed);
 }
 static inline void gg__arena_count_release(gg_arena_t *a, size_t bytes, unsigned long long blocks) {
+  GG__ASSERT(a->in_use >= bytes && a->n_live >= blocks); /* released more than was live */
   a->in_use -= bytes;
   a->n_live -= blocks;
   a->n_frees += blocks;

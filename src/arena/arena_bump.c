@@ -13,6 +13,10 @@ uintptr_t gg__bump_push(gg_arena_t *a, size_t n, size_t align, size_t req, const
   gg__block_t *t = a->freelist.top;
   uintptr_t p = gg__align_up(t->addr, align);
   size_t used = (size_t)(p - t->addr) + n;
+  GG__ASSERT(t->state == GG__BLOCK_TOP && used <= t->size); /* the caller checked top holds it */
+  GG__ASSERT(a->bump_count < a->bump_cap && a->run_count < a->run_cap); /* gg__bump_reserve */
+  /* The log stays sorted by address: gg__bump_search bisects it. */
+  GG__ASSERT(!a->bump_count || a->bump[a->bump_count - 1].ptr < p);
   if (!a->bump_count || a->bump_new_run ||
       gg__bump_entry_end(&a->bump[a->bump_count - 1]) != t->addr) {
     a->runs[a->run_count++] = (gg__bump_run_t){.first = a->bump_count, .seg = t->seg};
@@ -54,6 +58,7 @@ static void gg__bump_flush_run(gg_arena_t *a, size_t ri) {
   bool tracked = false;
   for (size_t i = a->runs[ri].first; i < last; i++) {
     gg__bump_entry_t *e = &a->bump[i];
+    GG__ASSERT(e->start >= hole + hole_len || !hole_len); /* entries of a run do not overlap */
     uintptr_t upto = e->live ? e->ptr : gg__bump_entry_end(e);
     if (upto > e->start) {
       if (!hole_len) hole = e->start;
@@ -83,9 +88,30 @@ static void gg__bump_flush_run(gg_arena_t *a, size_t ri) {
   if (hole_len) gg__arena_release(a, hole, hole_len, seg, NULL, !tracked);
 }
 
+/* For GG__ASSERT_EXPENSIVE: the log's entries lie in order, each run starts after the one before,
+ * and the live entries and bytes are what the frames and the arena count (logs longer than
+ * GG__WALK_MAX are taken on trust). */
+static bool gg__bump_log_ok(const gg_arena_t *a) {
+  if (a->bump_count > GG__WALK_MAX) return true;
+  unsigned long long live = 0, frames_live = 0;
+  size_t live_bytes = 0;
+  for (size_t i = 0; i < a->bump_count; i++) {
+    const gg__bump_entry_t *e = &a->bump[i];
+    if (e->ptr < e->start || (i && e->start < gg__bump_entry_end(&a->bump[i - 1]))) return false;
+    if (e->depth >= a->n_frames) return false;
+    live += e->live;
+    live_bytes += e->live ? gg__rounded_size(e->req) : 0;
+  }
+  for (size_t r = 1; r < a->run_count; r++)
+    if (a->runs[r].first <= a->runs[r - 1].first) return false;
+  for (int d = 0; d < a->n_frames; d++) frames_live += a->frames[d].bump_live;
+  return live == frames_live && live_bytes == a->bump_live_bytes;
+}
+
 /* O(entries), and each entry is flushed at most once. */
 int gg__bump_flush(gg_arena_t *a) {
   if (!a->bump_count) return 0;
+  GG__ASSERT_EXPENSIVE(gg__bump_log_ok(a));
   size_t live = 0;
   int rc = 0;
   for (int d = 0; d < a->n_frames && rc == 0; d++) {

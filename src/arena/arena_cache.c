@@ -70,6 +70,8 @@ static void gg__tc_live_set(gg__tcache_t *c, size_t i, gg__block_t *b) {
 }
 
 static void gg__tc_live_put(gg__tcache_t *c, gg__block_t *b) {
+  /* A full table would make the probe below spin forever: the callers keep it half empty. */
+  GG__ASSERT(b->state == GG__BLOCK_CACHED && gg__tc_nlive(c) < GG__TC_LIVE_SLOTS / 2 + 1);
   size_t i = gg__tc_slot(b->addr);
   while (c->live[i]) i = (i + 1) & (GG__TC_LIVE_SLOTS - 1);
   gg__tc_live_set(c, i, b);
@@ -82,6 +84,7 @@ static gg__block_t *gg__tc_live_take(gg__tcache_t *c, uintptr_t addr) {
   for (; c->live[i] && c->live[i]->addr != addr; i = (i + 1) & (GG__TC_LIVE_SLOTS - 1)) continue;
   gg__block_t *b = c->live[i];
   if (!b) return NULL;
+  GG__ASSERT(b->state == GG__BLOCK_CACHED && gg__tc_nlive(c) > 0);
   gg__tc_live_set(c, i, NULL);
   gg__tc_set_nlive(c, gg__tc_nlive(c) - 1);
   for (size_t j = (i + 1) & (GG__TC_LIVE_SLOTS - 1); c->live[j];
@@ -94,6 +97,16 @@ static gg__block_t *gg__tc_live_take(gg__tcache_t *c, uintptr_t addr) {
     }
   }
   return b;
+}
+
+/* For GG__ASSERT_EXPENSIVE, under the cache's lock: the rings hold free_bytes, and the live table
+ * holds n_live blocks (its bits say which slots are taken). */
+static bool gg__tc_counts_ok(const gg__tcache_t *c) {
+  size_t bytes = 0, live = 0;
+  for (int i = 0; i < GG__TC_CLASSES; i++) bytes += c->cls[i].n * c->cls[i].size;
+  for (size_t w = 0; w < GG__TC_LIVE_SLOTS / 64; w++)
+    live += (size_t)__builtin_popcountll(c->live_bits[w]);
+  return bytes == c->free_bytes && live == gg__tc_nlive(c);
 }
 
 /* ---- size classes and tickets ---------------------------------------------------------------- */
@@ -277,6 +290,7 @@ static void gg__tc_sweep(gg__tcache_t *only) {
  * bypassed while a scope is open, so that is where they were allocated); the deltas move into the
  * arena's counters. 0 or GG_ENOMEM (nothing changed). */
 static int gg__tc_publish(gg_arena_t *a, gg__tcache_t *c) {
+  GG__ASSERT(c->arena == a && c->arena_id == a->id); /* a cache publishes into its own arena */
   /* Nothing since the last publish (most locked allocations of a thread whose cache missed): only
    * what a publish does without deltas. */
   if (!c->d_allocs && !c->d_frees && !c->events && !c->peak && !c->d_bytes && !gg__tc_nlive(c)) {
@@ -328,6 +342,7 @@ static int gg__tc_give_back_class(gg_arena_t *a, gg__tcache_t *c, gg__tc_class_t
   for (; k->n; k->n--, k->head = (k->head + 1) % GG__TC_RING) {
     gg__tc_entry_t *e = &k->ring[k->head];
     gg__block_t *b = e->rec;
+    GG__ASSERT(b->state == GG__BLOCK_CACHED && b->size == k->size && c->free_bytes >= b->size);
     c->free_bytes -= b->size;
     if (e->ordered)
       gg__arena_ordered_note(a, b->addr, b->size); /* unmapped once its work is done */
@@ -435,6 +450,9 @@ bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag,
     if (gg__tc_reusable(a, e) ||
         (k->batch >= gg__tc_cap(size) && gg__tc_checkpoint(a, c, e->ticket))) {
       gg__block_t *b = e->rec;
+      /* Only this thread's cache of this arena hands the block out, and only a free one. */
+      GG__ASSERT(c->arena == a && c->arena_id == a->id && c->fork_gen == a->fork_gen);
+      GG__ASSERT(b->state == GG__BLOCK_CACHED && b->size == size && c->free_bytes >= size);
       k->head = (k->head + 1) % GG__TC_RING;
       k->n--;
       c->free_bytes -= size;
@@ -448,6 +466,7 @@ bool gg__tcache_alloc(gg_arena_t *a, size_t size, size_t asked, const char *tag,
       if (total > c->peak) c->peak = total;
       *ptr = (void *)b->addr;
       got = true;
+      GG__ASSERT_EXPENSIVE(gg__tc_counts_ok(c));
     }
   }
   gg__tc_unlock(c);
@@ -469,11 +488,14 @@ bool gg__tcache_free(gg_arena_t *a, void *ptr, bool ordered) {
     if (k && k->n < GG__TC_RING && c->free_bytes + b->size <= GG__TC_BYTES) {
       uint64_t ticket =
           a->track && !ordered ? atomic_load(&a->tc_epoch) : 0; /* see gg__tc_ask_stream */
+      /* Handed out since the last publish (publishing empties the live table). */
+      GG__ASSERT(c->d_bytes >= b->size);
       k->ring[(k->head + k->n++) % GG__TC_RING] = (gg__tc_entry_t){b, ticket, ordered};
       c->free_bytes += b->size;
       c->d_bytes -= b->size;
       c->d_frees++;
       done = true;
+      GG__ASSERT_EXPENSIVE(gg__tc_counts_ok(c));
     } else {
       gg__tc_live_put(c, b); /* no room: the arena's path publishes it and frees it */
     }
@@ -522,6 +544,7 @@ static size_t gg__tc_room(gg_arena_t *a, gg__tcache_t *c, gg__tc_class_t *k, siz
 /* Carves up to `want` blocks of `size` from free memory as it is, in one piece (best fit, else the
  * bump block), halving the count until one fits. Fills recs; returns how many. */
 static size_t gg__tc_carve(gg_arena_t *a, size_t size, size_t want, gg__block_t **recs) {
+  GG__ASSERT(size % GG__QUANTUM == 0 && want <= GG__TC_RING); /* recs holds a ring's worth */
   gg__freelist_t *fl = &a->freelist;
   if (gg__freelist_reserve(fl, want + 2) < 0) return 0;
   for (; want; want /= 2) {
@@ -599,6 +622,7 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
     if (!n && k)
       k->batch = gg__tc_cap(size); /* no room to grow: the ring asks the stream as it is */
     if (n) {
+      GG__ASSERT(k->n + n - 1 <= GG__TC_RING); /* want was bounded by the ring's room */
       k->used = ++c->clock;
       k->batch = (k->batch ? k->batch : 2) * 2;
       if (k->batch > gg__tc_cap(size)) k->batch = gg__tc_cap(size);
@@ -615,6 +639,7 @@ int gg__tcache_alloc_locked(gg_arena_t *a, size_t size, size_t asked, size_t ali
       *ptr = recs[0]->addr;
       got = 1;
     }
+    GG__ASSERT_EXPENSIVE(gg__tc_counts_ok(c));
   }
   gg__tc_unlock(c);
   return got;

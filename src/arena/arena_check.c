@@ -284,7 +284,7 @@ int gg__arena_check(gg_arena_t *a) {
   return rc;
 }
 
-#ifdef GG_DEBUG
+#if GG_DEBUG >= 2
 /* Arenas mapping more than this, or holding more blocks, skip the check at every call (it walks
  * every block: O(blocks) a call, so a test of 100,000 blocks would take O(blocks^2)).
  * GPUGUARD_DEBUG_CHECK_BELOW changes the size (0 turns the check off). */

@@ -40,11 +40,24 @@ void gg__arena_promote(gg_arena_t *a) {
     if (!b || (t && t->size >= b->size)) return;
   }
   if (gg__freelist_reserve(&a->freelist, 1) < 0) return;
+  /* Top never moves below the log: entries carved from it must stay in address order. */
+  GG__ASSERT(!a->bump_count || b->addr >= gg__bump_entry_end(&a->bump[a->bump_count - 1]));
   gg__freelist_set_top(&a->freelist, b);
   a->bump_new_run = true;
 }
 
 /* ---- growth ---------------------------------------------------------------------------------- */
+
+/* For GG__ASSERT_EXPENSIVE: chunk records lie in address order without overlap (the lookups
+ * bisect them), and aliases are among them. */
+static bool gg__chunks_ordered(const gg_arena_t *a) {
+  size_t aliases = 0;
+  for (size_t i = 0; i < a->n_chunks && i < GG__WALK_MAX; i++) {
+    aliases += a->chunks[i]->alias;
+    if (i && a->chunks[i - 1]->ptr + a->chunks[i - 1]->size > a->chunks[i]->ptr) return false;
+  }
+  return a->n_chunks > GG__WALK_MAX || aliases == a->n_alias;
+}
 
 size_t gg__chunk_index(const gg_arena_t *a, uintptr_t p) {
   size_t lo = 0, hi = a->n_chunks;
@@ -178,6 +191,7 @@ static int gg__drop_aliases_where(gg_arena_t *a, bool all) {
     }
   }
   a->n_chunks = w;
+  GG__ASSERT(a->n_alias <= a->n_chunks);
   return rc;
 }
 
@@ -349,6 +363,8 @@ int gg__arena_grow(gg_arena_t *a, size_t n, size_t al, char *why, size_t whycap)
     a->n_chunks += added;
     a->n_maps += added - mv.count;
     if (rc == 0) a->mapped += fresh;
+    GG__ASSERT(a->mapped <= a->capacity); /* growth maps inside the reserved range only */
+    GG__ASSERT_EXPENSIVE(gg__chunks_ordered(a));
     if (a->mapped > a->peak_mapped) a->peak_mapped = a->mapped;
     size_t placed = rc == 0 ? m : mv.moved;
     gg__freelist_put(&a->freelist, mv.made[0]->ptr, placed, a->contiguous ? NULL : mv.made[0],
@@ -403,6 +419,7 @@ static int gg__addr_desc(const void *x, const void *y) {
 static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool idle_only, bool *gone,
                           size_t *returned) {
   int rc = 0;
+  GG__ASSERT(fb->state == GG__BLOCK_FREE); /* only free memory is unmapped */
   uintptr_t lo = fb->addr, hi = fb->addr + fb->size;
   void *seg = fb->seg;
   size_t i0 = gg__chunk_index(a, lo), j = i0;
@@ -432,6 +449,7 @@ static int gg__trim_block(gg_arena_t *a, gg__block_t *fb, size_t keep, bool idle
     GG__ASSERT(done <= top - j &&
                a->chunks[top - done]->ptr >= lo); /* unmapped inside the free block */
     for (size_t k = top - done; k < top; k++) {
+      GG__ASSERT(!gone[k] && a->mapped >= a->chunks[k]->size); /* each chunk unmapped once */
       gone[k] = true;
       a->mapped -= a->chunks[k]->size;
       *returned += a->chunks[k]->size;
@@ -473,6 +491,7 @@ static int gg__trim_free_chunks(gg_arena_t *a, size_t keep, bool idle_only) {
   }
   a->n_unmaps += a->n_chunks - w;
   a->n_chunks = w;
+  GG__ASSERT_EXPENSIVE(gg__chunks_ordered(a));
   free(fs);
   free(gone);
   if (returned) {

@@ -16,6 +16,8 @@
 
 void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg__block_t *rec,
                        bool ordered) {
+  /* The free list tiles memory in quanta: a range off the grid would overlap its neighbour. */
+  GG__ASSERT(size && size % GG__QUANTUM == 0 && addr % GG__QUANTUM == 0);
   if (!a->track || ordered) {
     gg__freelist_put(&a->freelist, addr, size, seg, rec);
     return;
@@ -36,6 +38,18 @@ void gg__arena_release(gg_arena_t *a, uintptr_t addr, size_t size, void *seg, gg
 }
 
 /* ---- batches --------------------------------------------------------------------------------- */
+
+/* For GG__ASSERT_EXPENSIVE: a batch's list holds `count` PENDING records of `bytes` in all (batches
+ * longer than GG__WALK_MAX are taken on trust). */
+static bool gg__batch_ok(const gg__batch_t *b) {
+  if (b->count > GG__WALK_MAX) return true;
+  size_t n = 0, bytes = 0;
+  for (const gg__block_t *r = b->head; r; r = r->r, n++) {
+    if (r->state != GG__BLOCK_PENDING || n >= b->count) return false;
+    bytes += r->size;
+  }
+  return n == b->count && bytes == b->bytes;
+}
 
 /* Records one event for the open batch: the only driver call a batch costs until it is reused. */
 static int gg__batch_record(gg_arena_t *a) {
@@ -66,6 +80,8 @@ static int gg__batch_record(gg_arena_t *a) {
     return rc;
   }
   a->open.event = ev;
+  GG__ASSERT(a->open.head && a->open.bytes <= a->pending);
+  GG__ASSERT_EXPENSIVE(gg__batch_ok(&a->open));
   a->closed[a->closed_end++] = a->open;
   memset(&a->open, 0, sizeof a->open);
   a->probe.events_recorded++;
@@ -74,6 +90,7 @@ static int gg__batch_record(gg_arena_t *a) {
 
 /* Makes a batch's memory reusable, merging it with its free neighbours. */
 static int gg__batch_merge(gg_arena_t *a, gg__batch_t *b) {
+  GG__ASSERT_EXPENSIVE(gg__batch_ok(b));
   int rc = gg__freelist_reserve(&a->freelist, b->count);
   if (rc < 0) return rc;
   /* Large batches (a scope's blocks) miss the cache on every map slot: start loading a few ahead.
@@ -86,9 +103,13 @@ static int gg__batch_merge(gg_arena_t *a, gg__batch_t *b) {
       gg__freelist_prefetch(&a->freelist, ahead->addr, ahead->size);
       ahead = ahead->r;
     }
+    GG__ASSERT(r->state == GG__BLOCK_PENDING); /* a batch holds released records only */
     gg__freelist_put(&a->freelist, r->addr, r->size, r->seg, r);
   }
+  GG__ASSERT(a->pending >= b->bytes);
   a->pending -= b->bytes;
+  /* Every event made has a slot among the spares: one given back twice would overflow them. */
+  GG__ASSERT(!b->event || a->n_spare_events < a->events_made);
   if (b->event) a->spare_events[a->n_spare_events++] = b->event;
   memset(b, 0, sizeof *b);
   a->probe.batches_merged++;
@@ -97,6 +118,7 @@ static int gg__batch_merge(gg_arena_t *a, gg__batch_t *b) {
 
 /* Merges the recorded batches before index `upto`, oldest first, stopping at a failure. */
 static void gg__merge_recorded(gg_arena_t *a, size_t upto) {
+  GG__ASSERT(upto <= a->closed_end);
   while (a->closed_head < upto && gg__batch_merge(a, &a->closed[a->closed_head]) == 0)
     a->closed_head++;
   if (a->closed_head == a->closed_end) a->closed_head = a->closed_end = 0;
@@ -259,6 +281,7 @@ void gg__arena_ordered_note(gg_arena_t *a, uintptr_t addr, size_t size) {
     return;
   }
   size_t g0 = (addr - a->base) / a->granularity, g1 = (addr - a->base + size - 1) / a->granularity;
+  GG__ASSERT(a->ord_epoch >= 1 && g1 < a->capacity / a->granularity); /* marks stay in the array */
   for (size_t g = g0; g <= g1; g++) a->ord_tick[g] = a->ord_epoch;
   a->ord_marked = a->ord_epoch;
   a->ord_bytes += size;
@@ -273,6 +296,7 @@ static void gg__ord_collect(gg_arena_t *a) {
   unsigned newest = (a->ord_head + a->ord_n - 1) % GG__ORD_EVENTS;
   a->probe.events_queried++;
   if (a->ops->event_query(a->dev, a->ord_ev[newest].event) == 1) {
+    GG__ASSERT(a->ord_ev[newest].epoch >= a->ord_safe); /* safe epochs are raised, never lowered */
     a->ord_safe = a->ord_ev[newest].epoch;
     a->ord_head = 0;
     a->ord_n = 0;
@@ -281,6 +305,7 @@ static void gg__ord_collect(gg_arena_t *a) {
   while (a->ord_n > 1) {
     a->probe.events_queried++;
     if (a->ops->event_query(a->dev, a->ord_ev[a->ord_head].event) != 1) break;
+    GG__ASSERT(a->ord_ev[a->ord_head].epoch >= a->ord_safe);
     a->ord_safe = a->ord_ev[a->ord_head].epoch;
     a->ord_head = (a->ord_head + 1) % GG__ORD_EVENTS;
     a->ord_n--;
@@ -308,6 +333,8 @@ static int gg__ord_record_step(gg_arena_t *a, void *unused) {
   if (rc < 0) return rc;
   a->probe.events_recorded++;
   if (a->ord_n < GG__ORD_EVENTS) a->ord_n++;
+  /* The epoch being closed is not known done yet: a safe one closed again would go backwards. */
+  GG__ASSERT(a->ord_epoch > a->ord_safe);
   a->ord_ev[slot].epoch = a->ord_epoch++;
   a->ord_bytes = 0;
   a->ord_frees = 0;
@@ -328,6 +355,7 @@ bool gg__arena_range_idle(const gg_arena_t *a, uintptr_t addr, size_t size) {
   if (!a->track) return true;
   if (a->ordered_released) return false;
   if (!a->ord_tick || a->ord_marked <= a->ord_safe) return true;
+  GG__ASSERT(addr >= a->base && addr - a->base + size <= a->capacity);
   size_t g0 = (addr - a->base) / a->granularity, g1 = (addr - a->base + size - 1) / a->granularity;
   for (size_t g = g0; g <= g1; g++)
     if (a->ord_tick[g] > a->ord_safe) return false;
@@ -360,6 +388,7 @@ int gg__arena_events_destroy(gg_arena_t *a) {
   memset(a->ord_ev, 0, sizeof a->ord_ev);
   a->ord_head = 0;
   a->ord_n = 0;
+  GG__ASSERT(a->n_spare_events + (a->closed_end - a->closed_head) <= a->events_made);
   for (size_t i = a->closed_head; i < a->closed_end; i++)
     a->spare_events[a->n_spare_events++] = a->closed[i].event;
   a->closed_head = a->closed_end = 0;

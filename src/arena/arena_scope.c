@@ -18,11 +18,15 @@ int gg_scope_begin(gg_arena_t *a, gg_scope_t *scope) {
      * depth. */
     memset(a->frames + cap, 0, (a->frames_cap - cap) * sizeof *a->frames);
     gg__frame_t *f = &a->frames[a->n_frames++];
+    /* A frame kept for the next scope at its depth was emptied whole when its scope ended. */
+    GG__ASSERT(f->used.n == 0 && f->n_blocks == 0);
     *f = (gg__frame_t){.id = ++a->serial,
                        .bump_first = a->bump_count,
                        .recs = f->recs,
                        .recs_cap = f->recs_cap,
                        .used = f->used};
+    /* Ids rise with depth and log parts nest: gg_scope_end finds a scope by id from the top. */
+    GG__ASSERT(f[-1].id < f->id && f[-1].bump_first <= f->bump_first);
     scope->arena = a;
     scope->id = a->serial;
     /* Threads' caches are bypassed from here on; giving their free blocks back takes each cache's
@@ -106,11 +110,14 @@ static int gg__scope_release(gg_arena_t *a) {
   GG__ASSERT(a->n_live >= n && a->in_use >= bytes);
   gg__arena_count_release(a, bytes, n);
   a->probe.blocks_visited += n;
+  GG__ASSERT(f->used.n == n); /* the map and the array hold the same records */
   gg__frame_used_clear(f, n);
   f->n_blocks = 0;
   gg__arena_count_release(a, f->bump_bytes, f->bump_live);
   a->bump_live_bytes -= f->bump_bytes;
+  GG__ASSERT(f->bump_live == 0 || f->bump_first < a->bump_count); /* live entries are logged */
   gg__bump_cut(a, f->bump_first, direct && a->track);
+  GG__ASSERT(a->bump_count == f->bump_first); /* the scope's part of the log is gone */
   a->n_frames--;
   atomic_store(&a->scopes_open, a->n_frames > 1);
   gg__arena_after_release(a);

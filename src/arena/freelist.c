@@ -68,9 +68,11 @@ int gg__addr_map_grow(gg__addr_map_t *m, size_t want) {
 }
 
 void gg__addr_map_put(gg__addr_map_t *m, uintptr_t key, gg__block_t *val) {
+  GG__ASSERT(key != 0 && m->cap); /* key 0 marks an empty slot; the caller reserved room */
   size_t j = gg__addr_hash(key, m->cap);
   while (m->slots[j].key && m->slots[j].key != key) j = (j + 1) & (m->cap - 1);
   if (!m->slots[j].key) m->n++;
+  GG__ASSERT(m->n <= m->cap / 2); /* half empty: probes stay short and always end */
   m->slots[j].key = key;
   m->slots[j].val = val;
 }
@@ -139,6 +141,7 @@ static gg__bound_t *gg__bounds_take(gg__bounds_t *m, size_t j, uintptr_t key) {
     s->key = key;
     s->above = s->below = NULL;
     m->n++;
+    GG__ASSERT(key != 0 && m->n <= m->cap / 2); /* gg__freelist_reserve made the room */
   }
   return s;
 }
@@ -152,6 +155,7 @@ static gg__bound_t *gg__bounds_at(gg__bounds_t *m, uintptr_t key) {
 GG__HOT void gg__bounds_clear_at(gg__bounds_t *m, size_t j, bool above) {
   size_t mask = m->cap - 1;
   gg__bound_t *s = &m->slots[j];
+  GG__ASSERT(s->key != 0); /* only a boundary that is in the map is cleared */
   if (above)
     s->above = NULL;
   else
@@ -208,6 +212,7 @@ int gg__freelist_reserve_slow(gg__freelist_t *fl, size_t k) {
 
 gg__block_t *gg__freelist_take_record(gg__freelist_t *fl) {
   gg__block_t *b = fl->spare;
+  GG__ASSERT(b && fl->n_spare > 0 && b->state == GG__BLOCK_SPARE); /* taken without a reservation */
   fl->spare = b->r;
   fl->n_spare--;
   memset(b, 0, sizeof *b);
@@ -277,6 +282,7 @@ static int gg__class_last(const gg__freelist_t *fl) {
 
 /* Lists b in class c (its size's class). */
 static void gg__class_link_in(gg__freelist_t *fl, gg__block_t *b, unsigned c) {
+  GG__ASSERT(c < GG__CLASSES && c == gg__class_of(b->size)); /* fit looks for sizes by class */
   b->l = NULL;
   b->r = fl->heads[c];
   if (b->r)
@@ -289,6 +295,7 @@ static void gg__class_link_in(gg__freelist_t *fl, gg__block_t *b, unsigned c) {
 }
 
 GG__HOT void gg__class_unlink_from(gg__freelist_t *fl, gg__block_t *b, unsigned c) {
+  GG__ASSERT(b->l ? b->l->r == b : fl->heads[c] == b); /* it is in class c's list */
   if (b->l)
     b->l->r = b->r;
   else
@@ -314,6 +321,15 @@ GG__HOT void gg__class_resize(gg__freelist_t *fl, gg__block_t *b, size_t size) {
   if (from == to) return;
   gg__class_unlink_from(fl, b, from);
   gg__class_link_in(fl, b, to);
+}
+
+/* For GG__ASSERT_EXPENSIVE: b is in its size class's list (lists longer than GG__WALK_MAX are taken
+ * on trust). */
+static bool gg__class_holds(const gg__freelist_t *fl, const gg__block_t *b) {
+  size_t n = 0;
+  for (const gg__block_t *x = fl->heads[gg__class_of(b->size)]; x; x = x->r, n++)
+    if (x == b || n >= GG__WALK_MAX) return true;
+  return false;
 }
 
 static bool gg__smaller(const gg__block_t *a, const gg__block_t *b) {
@@ -355,6 +371,8 @@ void gg__freelist_put_plain(gg__freelist_t *fl, uintptr_t addr, size_t size, voi
  * are touched (cheaper than removing it and listing a new one). Free bytes are the caller's to
  * count. */
 static void gg__freelist_reshape(gg__freelist_t *fl, gg__block_t *b, uintptr_t addr, size_t size) {
+  GG__ASSERT(b->state == GG__BLOCK_FREE && size && addr % GG__QUANTUM == 0 &&
+             size % GG__QUANTUM == 0);
   if (addr != b->addr) {
     gg__bounds_clear(&fl->bounds, b->addr, true);
     gg__bounds_at(&fl->bounds, addr)->above = b;
@@ -376,6 +394,10 @@ static void gg__freelist_reshape(gg__freelist_t *fl, gg__block_t *b, uintptr_t a
 static gg__block_t *gg__freelist_grow_into(gg__freelist_t *fl, gg__block_t *lo, gg__block_t *n,
                                            uintptr_t addr, size_t size, size_t j_lo, size_t j_hi) {
   gg__bounds_t *m = &fl->bounds;
+  /* Coalescing: each neighbour touches the range exactly, and only free blocks merge. */
+  GG__ASSERT(lo || n);
+  GG__ASSERT(!lo || (lo->state == GG__BLOCK_FREE && lo->addr + lo->size == addr));
+  GG__ASSERT(!n || (n->state == GG__BLOCK_FREE && n->addr == addr + size));
   if (lo && n) { /* lo grows over the range and n: n's end now names lo, the two inner slots go */
     gg__class_unlink(fl, n);
     gg__bounds_at(m, n->addr + n->size)->below = lo;
@@ -403,6 +425,9 @@ static gg__block_t *gg__freelist_grow_into(gg__freelist_t *fl, gg__block_t *lo, 
 gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, void *seg,
                               gg__block_t *rec) {
   gg__block_t *t = fl->top, *n, *lo;
+  GG__ASSERT(size && size % GG__QUANTUM == 0 && addr % GG__QUANTUM == 0);
+  /* The range was not free: its record is a live, pending or cached one, never a listed block. */
+  GG__ASSERT(!rec || (rec->state != GG__BLOCK_FREE && rec != t));
   fl->bytes += size;
   /* The neighbour below: top, or a listed block ending where this range starts. */
   if (t && t->seg == seg && t->addr + t->size == addr) {
@@ -456,6 +481,7 @@ gg__block_t *gg__freelist_put(gg__freelist_t *fl, uintptr_t addr, size_t size, v
     j_hi = gg__bounds_probe(&fl->bounds, addr + size);
   gg__bounds_take(&fl->bounds, j_hi, addr + size)->below = rec;
   fl->count++;
+  GG__ASSERT_EXPENSIVE(gg__class_holds(fl, rec));
   return rec;
 }
 
@@ -531,6 +557,7 @@ gg__block_t *gg__freelist_largest(const gg__freelist_t *fl) {
 void gg__freelist_drop_top(gg__freelist_t *fl) {
   gg__block_t *t = fl->top;
   if (!t) return;
+  GG__ASSERT(t->state == GG__BLOCK_TOP);
   fl->top = NULL;
   if (t->size)
     gg__freelist_link(fl, t); /* top never touches a listed block: the two would have merged */
@@ -545,6 +572,8 @@ void gg__freelist_set_top(gg__freelist_t *fl, gg__block_t *b) {
   gg__freelist_drop_top(fl);
   b->state = GG__BLOCK_TOP;
   fl->top = b;
+  /* Top moves seldom (a promotion): the whole free list is checked then, when it is small. */
+  GG__ASSERT_EXPENSIVE(fl->count > GG__WALK_MAX || gg__freelist_check(fl) == NULL);
 }
 
 size_t gg__freelist_list(const gg__freelist_t *fl, gg__block_t **out, size_t cap) {

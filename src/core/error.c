@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "gpuguard/version.h"
 
 #define GG__DETAIL_MAX 768 /* the same as gg__err_saved_t's text */
 
@@ -128,7 +129,7 @@ void gg__strlcpy(char *dst, const char *src, size_t cap) {
   dst[n] = '\0';
 }
 
-#ifdef GG_DEBUG
+#if GG_DEBUG >= 1
 /* The debug build's assertion failure (GG__ASSERT): said once, on stderr, then abort() for a core.
  * */
 _Noreturn void gg__assert_fail(const char *cond, const char *file, int line, const char *func) {

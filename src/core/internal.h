@@ -9,7 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpuguard/gpuguard.h"
+#include "gpuguard/error.h"
+#include "gpuguard/export.h"
 
 #define GG__PRINTF(a, b) __attribute__((format(printf, a, b)))
 #define GG__LIKELY(x)    __builtin_expect(!!(x), 1)
@@ -39,24 +40,34 @@ typedef struct gg__err_quiet {
 void gg__err_quiet_begin(gg__err_quiet_t *q);
 void gg__err_quiet_end(gg__err_quiet_t *q);
 
-/* ---- assertions (the debug build: cmake -DGPUGUARD_DEBUG=ON defines GG_DEBUG)
- * ----------------------
- *
- * GG__ASSERT: a cheap invariant at a mutation point (a block changing state, a free-list insert or
- * removal, a chunk mapped or unmapped, a scope ending, a cache publishing). GG__ASSERT_EXPENSIVE:
- * one that walks a structure (the whole-arena check after a public call). Both vanish from other
- * builds, where the condition is not evaluated (sizeof keeps its names used). A failure prints the
- * condition, file, line and function to stderr and aborts: a broken invariant must stop the program
- * where it broke, not leak or corrupt device memory later. */
-#ifdef GG_DEBUG
+/* ---- assertions by debug level (cmake -DGPUGUARD_DEBUG=0|1|2 defines GG_DEBUG) ------------- */
+
+/* GG__ASSERT (level 1 and up): a cheap invariant at a mutation point (a block changing state, a
+ * free-list insert or removal, a cache handing out or publishing, a scope ending, a guard moving to
+ * its next state, a registry record or process set changing). GG__ASSERT_EXPENSIVE (level 2): one
+ * that walks a whole structure (the arena after every locked call, a free list, a cache, the guard
+ * and registry lists). Below its level an assertion is compiled out: the condition is never
+ * evaluated (sizeof keeps its names used), so a release build pays nothing. A failure prints the
+ * condition, file, line and function to stderr and aborts: a broken invariant must stop the
+ * program where it broke, not leak or corrupt device memory later. */
+#ifndef GG_DEBUG
+#define GG_DEBUG 0
+#endif
+#if GG_DEBUG >= 1
 _Noreturn void gg__assert_fail(const char *cond, const char *file, int line, const char *func);
 #define GG__ASSERT(cond) \
   (GG__LIKELY(cond) ? (void)0 : gg__assert_fail(#cond, __FILE__, __LINE__, __func__))
+#else
+#define GG__ASSERT(cond) ((void)sizeof(cond))
+#endif
+#if GG_DEBUG >= 2
 #define GG__ASSERT_EXPENSIVE(cond) GG__ASSERT(cond)
 #else
-#define GG__ASSERT(cond)           ((void)sizeof(cond))
 #define GG__ASSERT_EXPENSIVE(cond) ((void)sizeof(cond))
 #endif
+/* Structures walked by GG__ASSERT_EXPENSIVE only up to this many elements: a walk after every
+ * change of a list of n makes a test of n changes O(n^2). */
+#define GG__WALK_MAX 1024
 
 /* Run a cleanup step whatever happened before, keeping the first error. */
 #define GG_KEEP_FIRST(rc, call)               \

@@ -2,7 +2,6 @@
  * not text (see json_internal.h for the exact rules). */
 #include <string.h>
 
-#include "gpuguard/report.h"
 #include "core/internal.h"
 #include "core/json_internal.h"
 
@@ -77,10 +76,3 @@ void gg__json_string(const char *s, gg__json_sink_fn put, void *ctx) {
 static void gg__file_sink(void *ctx, const char *p, size_t n) { fwrite(p, 1, n, (FILE *)ctx); }
 
 void gg__json_fputs(FILE *f, const char *s) { gg__json_string(s, gg__file_sink, f); }
-
-int gg_json_write_string(FILE *f, const char *s) {
-  if (!f) return gg__err(GG_EINVAL, "gg_json_write_string: stream is NULL");
-  gg__json_fputs(f, s);
-  if (ferror(f)) return gg__err(GG_EIO, "gg_json_write_string: write failed");
-  return 0;
-}

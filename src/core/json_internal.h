@@ -1,6 +1,6 @@
 /* json_internal.h — json.c's one JSON string writer, shared by the leak report (guard.c), the
- * reports (render.c), the teardown receipt (teardown.c) and, through gg_json_write_string(), the
- * CLI. */
+ * reports (render.c), the teardown receipt (teardown.c) and, through gg_json_write_string()
+ * (render.c, report.h's layer), the CLI. */
 #ifndef GG_JSON_INTERNAL_H
 #define GG_JSON_INTERNAL_H
 

@@ -162,7 +162,10 @@ static void gg__free(gg_guard_t *g) {
 }
 
 /* Drops a reference; call with the live-list lock held. Returns the guard to free, or NULL. */
-static gg_guard_t *gg__unref_locked(gg_guard_t *g) { return --g->refs == 0 ? g : NULL; }
+static gg_guard_t *gg__unref_locked(gg_guard_t *g) {
+  GG__ASSERT(g->refs > 0); /* a reference dropped twice would free a guard still in use */
+  return --g->refs == 0 ? g : NULL;
+}
 
 static void gg__unref(gg_guard_t *g) {
   pthread_mutex_lock(&gg__live.lock);
@@ -177,6 +180,14 @@ static bool gg__known(const gg_guard_t *g) {
   for (const gg_guard_t *p = gg__live.head; p; p = p->next)
     if (p == g) return true;
   return false;
+}
+
+/* For GG__ASSERT_EXPENSIVE: the entries are in registration order (ids rising), which is what
+ * makes popping from the end run the cleanups newest first; under g's lock. */
+static bool gg__entries_in_order(const gg_guard_t *g) {
+  for (size_t i = 1; i < g->n && i < GG__WALK_MAX; i++)
+    if (g->entries[i - 1].id >= g->entries[i].id) return false;
+  return true;
 }
 
 /* Checks a handle for a call; on success returns with the live-list and guard locks held. */
@@ -220,6 +231,7 @@ static int gg__check_live_key(const void *key, const char *call) {
 /* Appends an entry; call with the live-list and guard locks held. */
 static int gg__push(gg_guard_t *g, gg_cleanup_fn fn, void *user, const gg__attach_ops_t *ops,
                     const char *name, unsigned long long *id) {
+  GG__ASSERT(g->state == GG__LIVE); /* a tearing guard has popped its list: a push is lost */
   gg__entry_t *grown = gg__vec_reserve(g->entries, &g->cap, g->n + 1, sizeof *g->entries);
   if (!grown) return gg__err(GG_ENOMEM, "gg_guard_on_teardown: out of host memory");
   g->entries = grown;
@@ -230,6 +242,7 @@ static int gg__push(gg_guard_t *g, gg_cleanup_fn fn, void *user, const gg__attac
   e->ops = ops;
   gg__strlcpy(e->name, name ? name : "cleanup", sizeof e->name);
   if (id) *id = e->id;
+  GG__ASSERT_EXPENSIVE(gg__entries_in_order(g));
   return 0;
 }
 
@@ -285,6 +298,7 @@ int gg_guard_create(gg_guard_t **guard, const gg_guard_options_t *opts) {
   rc = gg__wire_locked();
   if (rc == 0) rc = gg__sig_acquire(g->signals, gg__teardown_for_signal);
   if (rc == 0) {
+    GG__ASSERT_EXPENSIVE(!gg__known(g)); /* listed twice: destroy would unlink only one */
     g->next = gg__live.head;
     gg__live.head = g;
   }
@@ -318,6 +332,7 @@ static bool gg__remove(gg_guard_t *g, unsigned long long id) {
     if (g->entries[i].id != id) continue;
     memmove(&g->entries[i], &g->entries[i + 1], (g->n - i - 1) * sizeof *g->entries);
     g->n--;
+    GG__ASSERT_EXPENSIVE(gg__entries_in_order(g));
     return true;
   }
   return false;
@@ -392,6 +407,9 @@ int gg__guard_detach(unsigned long long token) {
  * around each one. Attached objects add their live blocks to the report before they are
  * released. */
 static void gg__run_cleanups_locked(gg_guard_t *g, gg__report_t *report) {
+  /* Only the thread that moved the guard to TEARING pops entries: two poppers would run one
+   * cleanup twice. */
+  GG__ASSERT(g->state == GG__TEARING && pthread_equal(g->owner, pthread_self()));
   while (g->n > 0) {
     gg__entry_t e = g->entries[--g->n];
     g->running = e.id;
@@ -430,6 +448,8 @@ static int gg__finish_teardown(gg_guard_t *g, enum gg__reason why, int code, gg_
   }
   gg__dev_close(dev);
   pthread_mutex_lock(&g->lock);
+  /* States only move forward, and DEAD only after every cleanup ran (none registered since). */
+  GG__ASSERT(g->state == GG__TEARING && g->n == 0);
   g->state = GG__DEAD;
   pthread_cond_broadcast(&g->cond);
   pthread_mutex_unlock(&g->lock);
@@ -449,6 +469,7 @@ static int gg__teardown(gg_guard_t *g, enum gg__reason why, int code) {
     pthread_mutex_unlock(&g->lock);
     return 0;
   }
+  GG__ASSERT(g->running == 0); /* no cleanup runs before the teardown starts */
   g->state = GG__TEARING;
   g->owner = pthread_self();
   bool watched = why != GG__BY_DESTROY && g->timeout_ms > 0;
@@ -484,6 +505,7 @@ static gg_guard_t *gg__pick_locked(enum gg__reason why, int code, unsigned long 
   for (gg_guard_t *g = gg__live.head; g; g = g->next) {
     /* a forked child never runs its parent's */
     if (g->seen == pass || g->fork_gen != gen) continue;
+    GG__ASSERT(g->seen < pass); /* passes only rise: an older pass would visit a guard twice */
     pthread_mutex_lock(&g->lock);
     bool mine = g->state == GG__TEARING && pthread_equal(g->owner, pthread_self());
     bool dead = g->state == GG__DEAD;
@@ -549,6 +571,7 @@ int gg_guard_destroy(gg_guard_t *guard) {
     pthread_mutex_unlock(&gg__live.lock);
     return rc;
   }
+  GG__ASSERT(guard->refs > 0);
   guard->destroying = true;
   pthread_mutex_unlock(&gg__live.lock);
 
@@ -561,6 +584,7 @@ int gg_guard_destroy(gg_guard_t *guard) {
       break;
     }
   }
+  GG__ASSERT_EXPENSIVE(!gg__known(guard)); /* unlinked, and listed once only */
   gg__sig_release(guard->signals);
   gg_guard_t *dead = gg__unref_locked(guard);
   pthread_mutex_unlock(&gg__live.lock);

@@ -3,10 +3,21 @@
 #ifndef GG_GUARD_INTERNAL_H
 #define GG_GUARD_INTERNAL_H
 
-#include "gpuguard/arena.h"
+#include <stddef.h>
+
 #include "gpuguard/guard.h"
 
 /* ---- attaching objects to the live guard (arenas) -------------------------------------------- */
+
+/* One live block of an attached object, as the leak report counts it. The guard's own type, not
+ * arena.h's gg_block_info_t: the arena is a layer above and translates (arena.c). */
+typedef struct gg__held_block {
+  size_t size;         /* bytes requested */
+  const char *tag;     /* "" or NULL for none */
+  int n_frames;        /* entries in frames; 0 without allocation sites */
+  void *const *frames; /* where it was allocated, valid during the visit only */
+} gg__held_block_t;
+typedef int (*gg__held_visit_fn)(const gg__held_block_t *b, void *user);
 
 /* How a guard tears down and reports an object attached to it. */
 typedef struct gg__attach_ops {
@@ -15,10 +26,10 @@ typedef struct gg__attach_ops {
    * held. The object must stay a valid handle afterwards (its own destroy frees it and calls
    * detach). */
   void (*teardown)(void *obj);
-  /* For the leak report; any may be NULL. foreach_block has gg_arena_foreach_block()'s contract. */
+  /* For the leak report; any may be NULL. foreach_block calls visit once per live block. */
   const char *(*name)(void *obj);
   const char *(*backend)(void *obj);
-  int (*foreach_block)(void *obj, gg_block_visitor_t visit, void *user);
+  int (*foreach_block)(void *obj, gg__held_visit_fn visit, void *user);
 } gg__attach_ops_t;
 
 /* Attaches obj to the newest live guard of this process for (backend, device); backend is the

@@ -81,7 +81,7 @@ typedef struct gg__obj_row {
 } gg__obj_row_t;
 
 /* Counts a block under its site in tag row t. */
-static void gg__visit_site(gg__obj_row_t *o, gg__tag_row_t *t, const gg_block_info_t *b) {
+static void gg__visit_site(gg__obj_row_t *o, gg__tag_row_t *t, const gg__held_block_t *b) {
   if (b->n_frames <= 0 || !b->frames) return;
   for (size_t i = 0; i < t->n_sites; i++) {
     if (t->sites[i].key == (const void *)b->frames) {
@@ -104,7 +104,7 @@ static void gg__visit_site(gg__obj_row_t *o, gg__tag_row_t *t, const gg_block_in
   memcpy(r->pc, b->frames, (size_t)r->n * sizeof *r->pc);
 }
 
-static int gg__visit_block(const gg_block_info_t *b, void *user) {
+static int gg__visit_block(const gg__held_block_t *b, void *user) {
   gg__obj_row_t *o = user;
   const char *tag = b->tag ? b->tag : "";
   o->count++;

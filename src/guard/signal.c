@@ -15,6 +15,7 @@
 
 #include "core/internal.h"
 #include "core/thread_internal.h"
+#include "gpuguard/guard.h"
 #include "guard/signal_internal.h"
 
 /* Bit i of a GG_GUARD_SIG* mask is gg__sigs[i]; the first four are the terminating signals. */

@@ -65,6 +65,7 @@ static gg__snap_t gg__snap[GG__SNAP_MAX];
 static atomic_int gg__snap_owner;
 
 static int gg__snap_claim(pid_t pid, int pidfd, unsigned long long start) {
+  GG__ASSERT(pid > 1); /* the fatal path SIGKILLs what a slot names; 0 marks a free slot */
   for (int i = 0; i < GG__SNAP_MAX; i++) {
     if (atomic_load(&gg__snap[i].pid) != 0) continue;
     atomic_store(&gg__snap[i].pidfd, pidfd);
@@ -77,6 +78,7 @@ static int gg__snap_claim(pid_t pid, int pidfd, unsigned long long start) {
 }
 
 static void gg__snap_free(int slot) {
+  GG__ASSERT(slot < GG__SNAP_MAX);
   if (slot >= 0) atomic_store(&gg__snap[slot].pid, 0);
 }
 
@@ -263,6 +265,7 @@ int gg__proc_track(const void *key, pid_t pid, int pidfd, unsigned long long sta
       s->kids = k;
   }
   if (rc == 0) {
+    GG__ASSERT(s->owner == getpid()); /* a set inherited through fork was refused or dropped */
     gg__kid_t *k = &s->kids[s->n++];
     k->pid = pid;
     k->pidfd = pidfd;
@@ -295,7 +298,9 @@ int gg__proc_detach(const void *key, gg__kid_t **kids, size_t *n, pid_t **others
       if (o != s && o->owner == getpid())
         for (size_t i = 0; i < o->n; i++) (*others)[(*n_others)++] = o->kids[i].pid;
   }
+  GG__ASSERT(rc != 0 || *n_others == total); /* *others was sized by the first walk */
   if (rc == 0 && s) {
+    GG__ASSERT(s->owner == getpid());
     *kids = s->kids;
     *n = s->n;
     s->kids = NULL;

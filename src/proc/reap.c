@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
-#include "gpuguard/query.h"
+#include "gpuguard/proc.h"
 #include "proc/proc_internal.h"
 #include "proc/procfs_internal.h"
 

@@ -255,6 +255,8 @@ int gg_registry_register(const char *devices) {
     return rc;
   }
   gg__session_init(dfd, dir);
+  GG__ASSERT(gg__session_ok(gg__session)); /* a record our own reader refuses would be stale */
+  GG__ASSERT(!strcmp(gg__role, "leader") || !strcmp(gg__role, "worker"));
   pid_t me = getpid();
   gg__pinfo_t info;
   unsigned long long start = gg__proc_read_self(&info) == 0 ? info.start : 0;
@@ -278,6 +280,7 @@ int gg_registry_register(const char *devices) {
       "gpuguard-record 2\npid %d\nstart %llu\nppid %d\nsession %s\nrole %s\ndevices %s\ncmd %s\n"
       "pidns %llu\nhostpid %d\njobns %s\n",
       (int)me, start, (int)getppid(), gg__session, gg__role, dev, cmd, ns, (int)outer, jobns);
+  GG__ASSERT(len > 0 && (size_t)len < sizeof text); /* the write below sends len bytes of text */
   /* Outside the initial pid namespace the record's name carries the namespace: pid 2 of one
    * container and pid 2 of another are two processes, and two records. */
   if (ns && ns != GG__INIT_PIDNS_INO)
@@ -339,6 +342,7 @@ int gg_registry_unregister(void) {
   pthread_mutex_lock(&gg__reg_lock);
   int rc = 0;
   if (atomic_load(&gg__reg_owner) == (int)getpid()) {
+    GG__ASSERT(gg__reg_path[0] != '\0'); /* the owner is published only after the path */
     atomic_store(&gg__reg_owner, 0);
     if (unlink(gg__reg_path) != 0 && errno != ENOENT)
       rc = gg__err(GG_EIO, "gg_registry_unregister: cannot remove '%s': %s", gg__reg_path,
@@ -596,6 +600,7 @@ static int gg__reg_scan(int dfd, const char *call, const char *dir, gg__rec_fn f
     if (dfd2 >= 0) close(dfd2);
     return gg__err(GG_EIO, "%s: cannot list '%s': %s", call, dir, strerror(errno));
   }
+  GG__ASSERT(gg__scan_made == NULL); /* scans never nest: the inner one would drop the outer's */
   unsigned long long my_ns = gg__my_pidns();
   gg__made_t made;
   gg__made_scan(d, dfd, my_ns, &made);
@@ -625,6 +630,7 @@ static int gg__reg_scan(int dfd, const char *call, const char *dir, gg__rec_fn f
       gg__warn(name, "its name says pid namespace %llu, its record %llu", ns, rec.pidns);
       continue;
     }
+    GG__ASSERT(rec.r.pid == (pid_t)pid); /* reap and prune act on the pid the name gives */
     rc = fn(dfd, name, &rec, user);
     if (rc != 0) break;
   }
@@ -733,6 +739,7 @@ static int gg__prune_one(int dfd, const char *name, const gg__rec_t *r, void *us
   gg__rec_t again;
   if (gg__reg_read(dfd, mine, name, r->r.pid, gg__my_pidns(), gg__scan_made, &again) == 0 &&
       again.r.stale) {
+    GG__ASSERT(again.r.pid == r->r.pid); /* what goes is the record that was judged */
     if (unlinkat(dfd, mine, 0) == 0) ++*(size_t *)user;
   } else if (gg__rename_noreplace(dfd, mine, name) != 0) {
     unlinkat(dfd, mine, 0);

@@ -104,6 +104,7 @@ static void gg__send(gg__td_t *td, gg__target_t *t, int sig, unsigned flag) {
   pid_t pid = t->kid.pid;
   /* never pid 0, 1, -1 or ourselves, whatever a record says */
   if (pid <= 1 || pid == td->me) return;
+  GG__ASSERT(t >= td->t && t < td->t + td->n); /* only targets of this round are signalled */
   int ok;
   if (t->kid.pidfd >= 0) {
     ok = gg__pidfd_signal(t->kid.pidfd, sig) == 0;
@@ -140,6 +141,7 @@ static int gg__consider(const gg__pinfo_t *p, void *user) {
   gg__walk_t *w = user;
   gg__td_t *td = w->td;
   if (p->pid <= 1 || p->pid == td->me || gg__find(td, p->pid)) return 0;
+  GG__ASSERT(td->n_others == 0 || td->others); /* other guards' children must stay out */
   int found = -1;
   const gg__target_t *parent = gg__find(td, p->ppid);
   if (parent && !parent->skipped)
@@ -219,6 +221,7 @@ static void gg__conclude(gg__td_t *td, gg__target_t *t) {
   o->pid = t->kid.pid;
   o->ppid = t->ppid;
   o->start_time = t->kid.start;
+  GG__ASSERT(t->kid.found >= 0 && t->kid.found < 4); /* an index into gg__found_names */
   o->found = gg__found_names[t->kid.found];
   if (t->skipped) {
     o->end = GG_PROC_SKIPPED;
@@ -259,6 +262,7 @@ static int gg__take_tracked(gg__td_t *td, const void *key, gg__kid_t *kids, size
       return gg__err(GG_ENOMEM, "gg_proc_teardown: out of host memory");
     }
     t->kid = kids[i];
+    GG__ASSERT(t->kid.pid > 1); /* a record never names init, a group (0) or every process (-1) */
     gg__pinfo_t info;
     if (gg__proc_read_stat(t->kid.pid, &info) == 0) {
       t->ppid = info.ppid;
@@ -310,6 +314,8 @@ static size_t gg__conclude_all(gg__td_t *td, const void *key) {
     gg__target_t *t = &td->t[i];
     gg__conclude(td, t);
     if (t->out.end == GG_PROC_ALIVE) {
+      /* A skipped target (its pid names another process now) is never kept to be killed later. */
+      GG__ASSERT(!t->skipped);
       alive++;
       gg__proc_release(&(gg__kid_t){.pid = t->kid.pid, .pidfd = -1, .slot = t->kid.slot});
       gg__proc_track(key, t->kid.pid, t->kid.pidfd, t->kid.start, t->kid.found);
@@ -377,6 +383,7 @@ int gg__proc_teardown_set(const void *guard_key, int grace_ms, gg_proc_receipt_t
   /* /proc unreadable: the tracked set still gets its signals */
   if (rc != 0 && rc != GG_ENOMEM) rc = 0;
   td.err = 0;
+  GG__ASSERT(td.n >= nkids || rc != 0); /* every tracked record became a target */
   gg__term_and_wait(&td, grace_ms, t0);
   gg__kill_rest(&td);
   size_t alive = gg__conclude_all(&td, guard_key);

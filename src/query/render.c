@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "arena/arena_internal.h"
+#include "gpuguard/query.h"
 #include "gpuguard/report.h"
 #include "core/internal.h"
 #include "core/json_internal.h"
@@ -679,5 +680,16 @@ int gg_report_gpu(FILE *out, gg_format_t format, unsigned what, int gpu) {
   free(ar.rows);
   if (fflush(out) != 0 || ferror(out))
     return gg__err(GG_EIO, "gg_report: writing the report failed");
+  return 0;
+}
+
+/* ---- the public JSON string writer ----------------------------------------------------------- */
+
+/* report.h's, so in the report's layer; the writer itself is core's (json.c), shared by every
+ * layer that writes JSON. */
+int gg_json_write_string(FILE *f, const char *s) {
+  if (!f) return gg__err(GG_EINVAL, "gg_json_write_string: stream is NULL");
+  gg__json_fputs(f, s);
+  if (ferror(f)) return gg__err(GG_EIO, "gg_json_write_string: write failed");
   return 0;
 }

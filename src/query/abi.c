@@ -1,7 +1,11 @@
-/* abi.c — the sizes of the public structs, by name, for bindings that lay them out themselves. */
+/* abi.c — the sizes of the public structs, by name, for bindings that lay them out themselves.
+ * In the topmost layer: it names the structs of every layer's header. */
 #include <string.h>
 
-#include "gpuguard/gpuguard.h"
+#include "gpuguard/arena.h"
+#include "gpuguard/guard.h"
+#include "gpuguard/proc.h"
+#include "gpuguard/query.h"
 
 #define GG__SIZE(type) \
   { #type, sizeof(type) }
