@@ -1,0 +1,353 @@
+/* ipc_transport.cpp (gpuguard.torch) — the transport of ipc_transport.h: an abstract Unix socket
+ * per sending process, descriptors in SCM_RIGHTS batches. */
+#include "ipc_transport.h"
+
+#include <errno.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace gg_torch {
+namespace ipc {
+
+namespace {
+
+constexpr uint32_t kMaxPieces = 1u << 20;
+constexpr int kTimeoutSec = 20;
+
+std::string errno_text(int e) {
+  char buf[128];
+  return std::string(strerror_r(e, buf, sizeof buf));
+}
+
+bool same_user(int fd) {
+  struct ucred cred {};
+  socklen_t len = sizeof cred;
+  return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == geteuid();
+}
+
+void set_timeouts(int fd, int ms) {
+  struct timeval tv {};
+  tv.tv_sec = ms / 1000;
+  tv.tv_usec = (ms % 1000) * 1000;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+sockaddr_un address_of(const std::string &name, socklen_t *len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  size_t n = std::min(name.size(), sizeof a.sun_path - 2);
+  memcpy(a.sun_path + 1, name.data(), n); /* abstract: a leading NUL, no file */
+  *len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return a;
+}
+
+void close_all(const std::vector<gg_share_piece_t> &pieces) {
+  for (const gg_share_piece_t &p : pieces) {
+    close(p.fd);
+  }
+}
+
+/* Sends the pieces in batches, each message with their sizes and descriptors. */
+bool send_pieces(int conn, const std::vector<gg_share_piece_t> &pieces) {
+  for (size_t at = 0; at < pieces.size(); at += kBatch) {
+    Batch b{};
+    b.k = uint32_t(std::min<size_t>(kBatch, pieces.size() - at));
+    int fds[kBatch];
+    for (uint32_t i = 0; i < b.k; i++) {
+      b.sizes[i] = pieces[at + i].size;
+      fds[i] = pieces[at + i].fd;
+    }
+    char ctrl[CMSG_SPACE(sizeof(int) * kBatch)];
+    memset(ctrl, 0, sizeof ctrl);
+    iovec iov{&b, sizeof b};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctrl;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * b.k);
+    cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * b.k);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * b.k);
+    if (sendmsg(conn, &m, MSG_NOSIGNAL) != ssize_t(sizeof b)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+/* One batch: its sizes into *b, its descriptors appended to *pieces. */
+bool recv_batch(int conn, Batch *b, std::vector<gg_share_piece_t> *pieces) {
+  char ctrl[CMSG_SPACE(sizeof(int) * kBatch)];
+  iovec iov{b, sizeof *b};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = ctrl;
+  m.msg_controllen = sizeof ctrl;
+  if (recvmsg(conn, &m, MSG_CMSG_CLOEXEC) != ssize_t(sizeof *b)) {
+    return false;
+  }
+  std::vector<int> fds;
+  for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      const int *p = reinterpret_cast<const int *>(CMSG_DATA(c));
+      fds.insert(fds.end(), p, p + k);
+    }
+  }
+  bool ok = fds.size() == b->k && b->k >= 1 && b->k <= kBatch && !(m.msg_flags & MSG_CTRUNC);
+  for (size_t i = 0; i < fds.size(); i++) {
+    pieces->push_back(gg_share_piece_t{fds[i], ok ? size_t(b->sizes[i]) : 0});
+  }
+  return ok;
+}
+
+void refuse(int conn, int status, const std::string &why) {
+  Reply r{};
+  r.status = status;
+  snprintf(r.msg, sizeof r.msg, "%s", why.c_str());
+  send(conn, &r, sizeof r, MSG_NOSIGNAL);
+}
+
+/* Every piece under the block, exported in batches; "" or why not. */
+std::string export_block(const Ops &ops, const Shared &s, Reply *r,
+                         std::vector<gg_share_piece_t> *pieces) {
+  size_t total = 0;
+  size_t offset = 0;
+  for (size_t first = 0; first == 0 || first < total; first += kBatch) {
+    gg_share_piece_t batch[kBatch];
+    int rc = ops.export_pieces(s, first, batch, kBatch, &total, &offset);
+    if (rc < 0) {
+      close_all(*pieces);
+      pieces->clear();
+      return std::string("the block's memory cannot be exported: ") + ops.last_error();
+    }
+    pieces->insert(pieces->end(), batch, batch + std::min<size_t>(kBatch, total - first));
+  }
+  r->n = uint32_t(pieces->size());
+  r->delta = offset;
+  for (const gg_share_piece_t &p : *pieces) {
+    r->span += p.size;
+  }
+  return "";
+}
+
+} // namespace
+
+int Server::share(uint64_t *id, const Shared &s, std::string *wire, std::string *why) {
+  std::call_once(started_, [this] { listen_now(); });
+  if (listen_fd_ < 0) {
+    *why = why_;
+    return EIO;
+  }
+  Wire w{};
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (*id == 0) {
+      *id = next_id_++;
+    }
+    live_[*id] = s;
+    memcpy(w.magic, "gpuguard", 8);
+    w.version = 1;
+    w.device = s.device;
+    w.secret = secret_;
+    w.id = *id;
+    w.size = s.size;
+    w.pid = int32_t(getpid());
+    snprintf(w.name, sizeof w.name, "%s", name_.c_str());
+  }
+  wire->assign(reinterpret_cast<const char *>(&w), sizeof w);
+  return 0;
+}
+
+void Server::forget(uint64_t id) {
+  std::lock_guard<std::mutex> g(mu_);
+  live_.erase(id);
+}
+
+void Server::listen_now() {
+  uint64_t rnd[2] = {0, 0};
+  if (getrandom(rnd, sizeof rnd, 0) != ssize_t(sizeof rnd)) {
+    why_ = "getrandom: " + errno_text(errno);
+    return;
+  }
+  secret_ = rnd[0];
+  char name[44];
+  snprintf(name, sizeof name, "gpuguard-ipc-%d-%016llx", int(getpid()), (unsigned long long)rnd[1]);
+  name_ = name;
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  socklen_t len = 0;
+  sockaddr_un a = address_of(name, &len);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr *>(&a), len) != 0 || listen(fd, 64) != 0) {
+    why_ = std::string("a Unix socket for CUDA IPC: ") + errno_text(errno);
+    if (fd >= 0) {
+      close(fd);
+    }
+    return;
+  }
+  listen_fd_ = fd;
+  std::thread([this] { serve_loop(); }).detach(); /* lives as long as the process */
+}
+
+void Server::serve_loop() {
+  for (;;) {
+    int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (conn < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) {
+        continue;
+      }
+      return;
+    }
+    set_timeouts(conn, kTimeoutSec * 1000);
+    serve(conn);
+    close(conn);
+  }
+}
+
+void Server::serve(int conn) {
+  if (!same_user(conn)) {
+    refuse(conn, EPERM, "the requesting process belongs to another user");
+    return;
+  }
+  Request q{};
+  if (recv(conn, &q, sizeof q, 0) != ssize_t(sizeof q)) {
+    return;
+  }
+  Reply r{};
+  std::vector<gg_share_piece_t> pieces;
+  std::string why;
+  {
+    /* Under the lock: the block cannot be freed while its memory is exported. */
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = live_.find(q.id);
+    if (q.secret != secret_ || it == live_.end()) {
+      r.status = ENOENT;
+      why = "no such shared block (freed by the sender, or a stale handle)";
+    } else {
+      why = export_block(ops_, it->second, &r, &pieces);
+    }
+  }
+  if (!why.empty()) {
+    refuse(conn, r.status ? r.status : EINVAL, why);
+    return;
+  }
+  if (send(conn, &r, sizeof r, MSG_NOSIGNAL) == ssize_t(sizeof r)) {
+    send_pieces(conn, pieces);
+  }
+  close_all(pieces);
+}
+
+int fetch(const Ops &ops, const std::string &wire, int timeout_ms, void **imp, void **ptr,
+          std::string *why) {
+  Wire w{};
+  if (wire.size() != sizeof w) {
+    *why = "a CUDA IPC handle of " + std::to_string(wire.size() + 2) +
+           " bytes is not one gpuguard writes";
+    return EINVAL;
+  }
+  memcpy(&w, wire.data(), sizeof w);
+  if (memcmp(w.magic, "gpuguard", 8) != 0 || w.version != 1) {
+    *why = "not a gpuguard CUDA IPC handle, or one of another version";
+    return EINVAL;
+  }
+  std::string name(w.name, strnlen(w.name, sizeof w.name));
+  std::string pid = "pid " + std::to_string(w.pid);
+  int conn = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (conn < 0) {
+    *why = "socket: " + errno_text(errno);
+    return errno;
+  }
+  std::unique_ptr<int, void (*)(int *)> closer(&conn, [](int *fd) { close(*fd); });
+  set_timeouts(conn, timeout_ms);
+  socklen_t len = 0;
+  sockaddr_un a = address_of(name, &len);
+  if (connect(conn, reinterpret_cast<sockaddr *>(&a), len) != 0) {
+    int e = errno;
+    *why = "cannot reach the process that shared this CUDA tensor (" + pid + "): " + errno_text(e) +
+           " (it has exited, or runs in another network namespace)";
+    return e;
+  }
+  if (!same_user(conn)) {
+    *why = "the process that shared this CUDA tensor belongs to another user";
+    return EPERM;
+  }
+  Request q{w.secret, w.id};
+  if (send(conn, &q, sizeof q, MSG_NOSIGNAL) != ssize_t(sizeof q)) {
+    *why = "CUDA IPC request: " + errno_text(errno);
+    return EIO;
+  }
+  Reply r{};
+  if (recv(conn, &r, sizeof r, 0) != ssize_t(sizeof r)) {
+    *why = "CUDA IPC: no answer from " + pid + ": " + errno_text(errno);
+    return ETIMEDOUT;
+  }
+  r.msg[sizeof r.msg - 1] = '\0';
+  if (r.status != 0) {
+    *why = pid + " refused to share the CUDA tensor: " + r.msg;
+    return r.status;
+  }
+  if (r.n < 1 || r.n > kMaxPieces || r.delta >= r.span || w.size > r.span - r.delta) {
+    *why = "a malformed CUDA IPC answer from " + pid;
+    return EPROTO;
+  }
+  std::vector<gg_share_piece_t> pieces;
+  bool ok = true;
+  uint64_t total = 0;
+  while (ok && pieces.size() < r.n) {
+    Batch b{};
+    ok = recv_batch(conn, &b, &pieces);
+  }
+  for (const gg_share_piece_t &p : pieces) {
+    total += p.size;
+  }
+  if (!ok || pieces.size() != r.n || total != r.span) {
+    close_all(pieces);
+    *why = "CUDA IPC: the memory of " + pid + " did not arrive whole";
+    return EPROTO;
+  }
+  int rc = ops.import_open(imp, size_t(r.span));
+  for (const gg_share_piece_t &p : pieces) {
+    rc = rc < 0 ? rc : ops.import_map(*imp, &p);
+    close(p.fd); /* the mapping holds the memory now */
+  }
+  if (rc != 0 || !ops.import_ptr(*imp)) {
+    *why = "cannot map the CUDA memory " + pid + " shared: " + ops.last_error();
+    ops.import_close(*imp);
+    return EIO;
+  }
+  *ptr = static_cast<char *>(ops.import_ptr(*imp)) + r.delta;
+  return 0;
+}
+
+std::shared_ptr<void> Cache::open(const std::string &key, const Make &make) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = cache_.find(key);
+  if (it != cache_.end()) {
+    if (auto p = it->second.lock()) {
+      return p;
+    }
+    cache_.erase(it);
+  }
+  std::shared_ptr<void> p = make();
+  cache_[key] = p;
+  return p;
+}
+
+size_t Cache::size() {
+  std::lock_guard<std::mutex> g(mu_);
+  return cache_.size();
+}
+
+} // namespace ipc
+} // namespace gg_torch

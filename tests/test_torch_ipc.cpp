@@ -1,0 +1,211 @@
+/* test_torch_ipc.cpp — the transport of the PyTorch backend's CUDA IPC
+ * (bindings/python/gpuguard/torch/native/ipc_transport.cpp), built alone: no PyTorch, no GPU. The
+ * device's steps are fakes that hand out real descriptors (memfds, one per piece, each carrying its
+ * block's tag and its index), so what a receiver maps can be checked piece by piece. Hostile peers
+ * (idle, wrong capability, stopped senders) and descriptor exhaustion are played in-process. */
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <dirent.h>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "torch/native/ipc_transport.h"
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow" /* see adapter.h */
+#endif
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+extern "C" { /* neither this cmocka nor gg_test.h has C++ linkage markers */
+#include <cmocka.h>
+
+#include "gg_test.h"
+}
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+using gg_torch::ipc::Cache;
+using gg_torch::ipc::Ops;
+using gg_torch::ipc::Reply;
+using gg_torch::ipc::Server;
+using gg_torch::ipc::Shared;
+using gg_torch::ipc::Wire;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kPiece = 4096;
+constexpr int kTimeoutMs = 5000;
+
+/* ---- the fake device: a block is a tag and a number of pieces */
+
+struct FakeBlock {
+  char tag;
+  size_t pieces;
+};
+
+thread_local std::string g_error;
+std::atomic<int> g_imports_open{0};
+
+const char *fake_last_error() { return g_error.c_str(); }
+
+/* One memfd per piece, the tag and the index written at its start. */
+int fake_export(const Shared &s, size_t first, gg_share_piece_t *pieces, size_t cap, size_t *total,
+                size_t *offset) {
+  const FakeBlock *b = static_cast<const FakeBlock *>(s.ptr);
+  *total = b->pieces;
+  if (offset) {
+    *offset = 0;
+  }
+  size_t n = first < b->pieces ? std::min(cap, b->pieces - first) : 0;
+  for (size_t i = 0; i < n; i++) {
+    int fd = memfd_create("gg-piece", MFD_CLOEXEC);
+    if (fd < 0) {
+      int e = errno;
+      for (size_t j = 0; j < i; j++) {
+        close(pieces[j].fd);
+      }
+      g_error = std::string("cannot export: ") + (e == EMFILE ? "EMFILE" : strerror(e));
+      errno = e;
+      return GG_EIO;
+    }
+    std::string mark = std::string(1, b->tag) + std::to_string(first + i);
+    if (pwrite(fd, mark.data(), mark.size(), 0) != ssize_t(mark.size())) {
+      abort();
+    }
+    pieces[i] = gg_share_piece_t{fd, kPiece};
+  }
+  return 0;
+}
+
+struct FakeImport {
+  size_t size = 0;
+  size_t mapped = 0;
+  std::vector<std::string> marks;
+  std::vector<char> bytes;
+};
+
+int fake_import_open(void **imp, size_t size) {
+  auto *f = new FakeImport;
+  f->size = size;
+  *imp = f;
+  g_imports_open++;
+  return 0;
+}
+
+/* Reads the piece's mark through its descriptor: a wrong or closed one fails here. */
+int fake_import_map(void *imp, const gg_share_piece_t *piece) {
+  auto *f = static_cast<FakeImport *>(imp);
+  char buf[32] = {};
+  ssize_t n = pread(piece->fd, buf, sizeof buf - 1, 0);
+  if (n <= 0 || f->mapped + piece->size > f->size) {
+    g_error = "bad piece";
+    return GG_EINVAL;
+  }
+  f->marks.push_back(buf);
+  f->mapped += piece->size;
+  if (f->mapped == f->size) {
+    f->bytes.resize(f->size);
+  }
+  return 0;
+}
+
+void *fake_import_ptr(void *imp) {
+  auto *f = static_cast<FakeImport *>(imp);
+  return f->mapped == f->size ? f->bytes.data() : nullptr;
+}
+
+void fake_import_close(void *imp) {
+  if (imp) {
+    g_imports_open--;
+  }
+  delete static_cast<FakeImport *>(imp);
+}
+
+const Ops kFake = {fake_export,     fake_import_open,  fake_import_map,
+                   fake_import_ptr, fake_import_close, fake_last_error};
+
+/* ---- helpers */
+
+/* Servers live as long as the process, as the backend's does. */
+Server *new_server() { return new Server(kFake); }
+
+std::string share(Server *srv, FakeBlock *b, uint64_t *id) {
+  std::string wire;
+  std::string why;
+  int rc = srv->share(id, Shared{b, b->pieces * kPiece, 0, nullptr}, &wire, &why);
+  if (rc != 0) {
+    fail_msg("share: %s", why.c_str());
+  }
+  return wire;
+}
+
+/* Fetches a handle's block: 0 and its marks, or the error with *why. */
+int fetch_marks(const std::string &wire, std::vector<std::string> *marks, std::string *why,
+                int timeout_ms = kTimeoutMs) {
+  void *imp = nullptr;
+  void *ptr = nullptr;
+  int rc = gg_torch::ipc::fetch(kFake, wire, timeout_ms, &imp, &ptr, why);
+  if (rc == 0) {
+    *marks = static_cast<FakeImport *>(imp)->marks;
+    fake_import_close(imp);
+  }
+  return rc;
+}
+
+std::vector<std::string> expected_marks(const FakeBlock &b) {
+  std::vector<std::string> m;
+  for (size_t i = 0; i < b.pieces; i++) {
+    m.push_back(std::string(1, b.tag) + std::to_string(i));
+  }
+  return m;
+}
+
+int open_fds() {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  while (readdir(d)) {
+    n++;
+  }
+  closedir(d);
+  return n - 3; /* ".", ".." and the directory's own */
+}
+
+} // namespace
+
+/* A block's pieces arrive whole and in order, and nothing is left open on either side. */
+static void test_round_trip_maps_every_piece(void **state) {
+  (void)state;
+  Server *srv = new_server();
+  FakeBlock b{'a', 200};
+  uint64_t id = 0;
+  std::string wire = share(srv, &b, &id);
+  int fds = open_fds();
+  std::vector<std::string> marks;
+  std::string why;
+  assert_int_equal(fetch_marks(wire, &marks, &why), 0);
+  assert_true(marks == expected_marks(b));
+  usleep(100 * 1000); /* the server's side closes after the last send */
+  assert_int_equal(open_fds(), fds);
+  srv->forget(id);
+  assert_int_equal(fetch_marks(wire, &marks, &why), ENOENT);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_round_trip_maps_every_piece),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
