@@ -203,9 +203,43 @@ static void test_round_trip_maps_every_piece(void **state) {
   assert_int_equal(fetch_marks(wire, &marks, &why), ENOENT);
 }
 
+/* Issue 42 item 7: a handle opens its own block only. Block 1's handle with block 2's id (the rest
+ * kept: the socket, the process, block 1's capability) gets nothing; nor does a wrong capability.
+ */
+static void test_handle_opens_its_own_block_only(void **state) {
+  (void)state;
+  Server *srv = new_server();
+  FakeBlock one{'p', 3};
+  FakeBlock two{'q', 3};
+  uint64_t id1 = 0;
+  uint64_t id2 = 0;
+  std::string wire1 = share(srv, &one, &id1);
+  share(srv, &two, &id2);
+  Wire w{};
+  memcpy(&w, wire1.data(), sizeof w);
+  w.id = id2;
+  std::string forged(reinterpret_cast<const char *>(&w), sizeof w);
+  int imports = g_imports_open;
+  std::vector<std::string> marks;
+  std::string why;
+  int rc = fetch_marks(forged, &marks, &why);
+  printf("block 1's handle naming block 2: rc %d, %s\n", rc, rc ? why.c_str() : marks[0].c_str());
+  assert_int_equal(rc, ENOENT);
+  assert_int_equal(int(g_imports_open), imports);
+  Wire bad{};
+  memcpy(&bad, wire1.data(), sizeof bad);
+  bad.cap[15] ^= 1;
+  std::string wrong_cap(reinterpret_cast<const char *>(&bad), sizeof bad);
+  assert_int_equal(fetch_marks(wrong_cap, &marks, &why), ENOENT);
+  assert_int_equal(int(g_imports_open), imports);
+  assert_int_equal(fetch_marks(wire1, &marks, &why), 0);
+  assert_true(marks == expected_marks(one));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip_maps_every_piece),
+      cmocka_unit_test(test_handle_opens_its_own_block_only),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

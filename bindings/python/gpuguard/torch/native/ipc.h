@@ -5,10 +5,12 @@
  * exports its physical allocations as POSIX file descriptors (gg_arena_export, gpuguard/share.h),
  * and descriptors only travel between processes over a Unix socket (SCM_RIGHTS). So the first share
  * starts one thread in the sender that listens on an abstract socket of a random name; the handle
- * PyTorch pickles names that socket, a random secret and the block. The receiver connects, proves
- * the secret, gets one descriptor per piece and maps them (gg_import_open / gg_import_map). Both
- * ends check that the peer is the same user. Descriptors are exported at the receiver's request and
- * closed once sent; once exported, a descriptor keeps its memory alive by itself.
+ * PyTorch pickles names that socket, the block and a random capability of that block (128 bits,
+ * compared in constant time: a handle opens its own block and no other). The receiver connects,
+ * presents the capability, gets one descriptor per piece and maps them (gg_import_open /
+ * gg_import_map). Both ends check that the peer is the same user. Descriptors are exported at the
+ * receiver's request and closed once sent; once exported, a descriptor keeps its memory alive by
+ * itself.
  *
  * Memory the driver made without shareable handles (the cuMemAlloc fallback on devices without
  * virtual memory management) is shared the legacy way, with cudaIpcGetMemHandle, in the handle

@@ -19,6 +19,7 @@ namespace ipc {
 
 namespace {
 
+constexpr uint32_t kWireVersion = 2; /* 2: a capability per block */
 constexpr uint32_t kMaxPieces = 1u << 20;
 constexpr int kTimeoutSec = 20;
 
@@ -39,6 +40,15 @@ void set_timeouts(int fd, int ms) {
   tv.tv_usec = (ms % 1000) * 1000;
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+/* Compares two capabilities in time that does not depend on where they differ. */
+bool same_cap(const uint8_t *a, const uint8_t *b) {
+  uint8_t diff = 0;
+  for (size_t i = 0; i < 16; i++) {
+    diff = uint8_t(diff | (a[i] ^ b[i]));
+  }
+  return diff == 0;
 }
 
 sockaddr_un address_of(const std::string &name, socklen_t *len) {
@@ -154,14 +164,21 @@ int Server::share(uint64_t *id, const Shared &s, std::string *wire, std::string 
   Wire w{};
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (*id == 0) {
-      *id = next_id_++;
+    auto it = live_.find(*id);
+    if (it == live_.end()) {
+      Entry e{s, {}};
+      if (getrandom(e.cap, sizeof e.cap, 0) != ssize_t(sizeof e.cap)) {
+        *why = "getrandom: " + errno_text(errno);
+        return EIO;
+      }
+      *id = *id ? *id : next_id_++;
+      it = live_.emplace(*id, e).first;
     }
-    live_[*id] = s;
+    it->second.s = s;
     memcpy(w.magic, "gpuguard", 8);
-    w.version = 1;
+    w.version = kWireVersion;
     w.device = s.device;
-    w.secret = secret_;
+    memcpy(w.cap, it->second.cap, sizeof w.cap);
     w.id = *id;
     w.size = s.size;
     w.pid = int32_t(getpid());
@@ -177,14 +194,13 @@ void Server::forget(uint64_t id) {
 }
 
 void Server::listen_now() {
-  uint64_t rnd[2] = {0, 0};
-  if (getrandom(rnd, sizeof rnd, 0) != ssize_t(sizeof rnd)) {
+  uint64_t rnd = 0;
+  if (getrandom(&rnd, sizeof rnd, 0) != ssize_t(sizeof rnd)) {
     why_ = "getrandom: " + errno_text(errno);
     return;
   }
-  secret_ = rnd[0];
   char name[44];
-  snprintf(name, sizeof name, "gpuguard-ipc-%d-%016llx", int(getpid()), (unsigned long long)rnd[1]);
+  snprintf(name, sizeof name, "gpuguard-ipc-%d-%016llx", int(getpid()), (unsigned long long)rnd);
   name_ = name;
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   socklen_t len = 0;
@@ -231,11 +247,11 @@ void Server::serve(int conn) {
     /* Under the lock: the block cannot be freed while its memory is exported. */
     std::lock_guard<std::mutex> g(mu_);
     auto it = live_.find(q.id);
-    if (q.secret != secret_ || it == live_.end()) {
+    if (it == live_.end() || !same_cap(it->second.cap, q.cap)) {
       r.status = ENOENT;
-      why = "no such shared block (freed by the sender, or a stale handle)";
+      why = "no such shared block (freed by the sender, or a stale or forged handle)";
     } else {
-      why = export_block(ops_, it->second, &r, &pieces);
+      why = export_block(ops_, it->second.s, &r, &pieces);
     }
   }
   if (!why.empty()) {
@@ -257,7 +273,7 @@ int fetch(const Ops &ops, const std::string &wire, int timeout_ms, void **imp, v
     return EINVAL;
   }
   memcpy(&w, wire.data(), sizeof w);
-  if (memcmp(w.magic, "gpuguard", 8) != 0 || w.version != 1) {
+  if (memcmp(w.magic, "gpuguard", 8) != 0 || w.version != kWireVersion) {
     *why = "not a gpuguard CUDA IPC handle, or one of another version";
     return EINVAL;
   }
@@ -282,7 +298,8 @@ int fetch(const Ops &ops, const std::string &wire, int timeout_ms, void **imp, v
     *why = "the process that shared this CUDA tensor belongs to another user";
     return EPERM;
   }
-  Request q{w.secret, w.id};
+  Request q{w.id, {}};
+  memcpy(q.cap, w.cap, sizeof q.cap);
   if (send(conn, &q, sizeof q, MSG_NOSIGNAL) != ssize_t(sizeof q)) {
     *why = "CUDA IPC request: " + errno_text(errno);
     return EIO;

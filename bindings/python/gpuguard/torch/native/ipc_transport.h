@@ -53,7 +53,7 @@ struct Wire {
   char magic[8];
   uint32_t version;
   int32_t device;
-  uint64_t secret;
+  uint8_t cap[16]; /* the block's capability: whoever holds it may map the block */
   uint64_t id;
   uint64_t size;
   int32_t pid;
@@ -64,8 +64,8 @@ struct Wire {
 constexpr uint32_t kBatch = 64; /* descriptors per message (SCM_RIGHTS allows 253) */
 
 struct Request {
-  uint64_t secret;
   uint64_t id;
+  uint8_t cap[16];
 };
 
 struct Reply {
@@ -99,9 +99,14 @@ private:
   Ops ops_;
   std::mutex mu_;
   std::once_flag started_;
-  std::unordered_map<uint64_t, Shared> live_;
+  /* A registered block and its capability: random per block, so that a handle opens its own block
+   * and no other (ids are small counters, easily guessed). */
+  struct Entry {
+    Shared s;
+    uint8_t cap[16];
+  };
+  std::unordered_map<uint64_t, Entry> live_;
   uint64_t next_id_ = 1;
-  uint64_t secret_ = 0;
   std::string name_;
   std::string why_;
   int listen_fd_ = -1;
