@@ -183,6 +183,36 @@ int open_fds() {
   return n - 3; /* ".", ".." and the directory's own */
 }
 
+/* Lowers the soft descriptor limit to `headroom` above what is open now; restores it when done. */
+struct FdLimit {
+  rlimit old{};
+  explicit FdLimit(int headroom) {
+    getrlimit(RLIMIT_NOFILE, &old);
+    rlimit now = old;
+    now.rlim_cur = rlim_t(open_fds() + headroom);
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &now), 0);
+  }
+  ~FdLimit() { setrlimit(RLIMIT_NOFILE, &old); }
+};
+
+/* Takes every descriptor left under the limit. */
+std::vector<int> exhaust_fds() {
+  std::vector<int> held;
+  for (;;) {
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return held;
+    }
+    held.push_back(fd);
+  }
+}
+
+void close_fds(const std::vector<int> &fds) {
+  for (int fd : fds) {
+    close(fd);
+  }
+}
+
 } // namespace
 
 /* A block's pieces arrive whole and in order, and nothing is left open on either side. */
@@ -236,10 +266,37 @@ static void test_handle_opens_its_own_block_only(void **state) {
   assert_true(marks == expected_marks(one));
 }
 
+/* Issue 42 item 24: a share that fails for want of a descriptor does not disable sharing for good.
+ */
+static void test_share_retries_after_emfile(void **state) {
+  (void)state;
+  Server *srv = new_server();
+  FakeBlock b{'r', 2};
+  uint64_t id = 0;
+  std::string wire;
+  std::string why;
+  int rc = 0;
+  {
+    FdLimit lim(16);
+    std::vector<int> held = exhaust_fds();
+    rc = srv->share(&id, Shared{&b, b.pieces * kPiece, 0, nullptr}, &wire, &why);
+    close_fds(held);
+  }
+  printf("first share without a descriptor: rc %d: %s\n", rc, why.c_str());
+  assert_int_not_equal(rc, 0);
+  rc = srv->share(&id, Shared{&b, b.pieces * kPiece, 0, nullptr}, &wire, &why);
+  printf("second share: rc %d%s%s\n", rc, rc ? ": " : "", rc ? why.c_str() : "");
+  assert_int_equal(rc, 0);
+  std::vector<std::string> marks;
+  assert_int_equal(fetch_marks(wire, &marks, &why), 0);
+  assert_true(marks == expected_marks(b));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip_maps_every_piece),
       cmocka_unit_test(test_handle_opens_its_own_block_only),
+      cmocka_unit_test(test_share_retries_after_emfile),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

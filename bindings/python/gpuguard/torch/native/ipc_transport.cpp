@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -23,9 +24,15 @@ constexpr uint32_t kWireVersion = 2; /* 2: a capability per block */
 constexpr uint32_t kMaxPieces = 1u << 20;
 constexpr int kTimeoutSec = 20;
 
+/* strerror, naming EMFILE and ENFILE too: they say the process or the system ran out of
+ * descriptors, which "Too many open files" hides from most readers. */
 std::string errno_text(int e) {
   char buf[128];
-  return std::string(strerror_r(e, buf, sizeof buf));
+  std::string s = strerror_r(e, buf, sizeof buf);
+  if (e == EMFILE || e == ENFILE) {
+    s += e == EMFILE ? " (EMFILE: this process's descriptor limit)" : " (ENFILE: the system's)";
+  }
+  return s;
 }
 
 bool same_user(int fd) {
@@ -156,10 +163,9 @@ std::string export_block(const Ops &ops, const Shared &s, Reply *r,
 } // namespace
 
 int Server::share(uint64_t *id, const Shared &s, std::string *wire, std::string *why) {
-  std::call_once(started_, [this] { listen_now(); });
-  if (listen_fd_ < 0) {
-    *why = why_;
-    return EIO;
+  int rc = start(why);
+  if (rc != 0) {
+    return rc;
   }
   Wire w{};
   {
@@ -193,32 +199,45 @@ void Server::forget(uint64_t id) {
   live_.erase(id);
 }
 
-void Server::listen_now() {
+int Server::start(std::string *why) {
+  std::lock_guard<std::mutex> g(start_mu_);
+  if (listen_fd_ >= 0) {
+    return 0;
+  }
   uint64_t rnd = 0;
   if (getrandom(&rnd, sizeof rnd, 0) != ssize_t(sizeof rnd)) {
-    why_ = "getrandom: " + errno_text(errno);
-    return;
+    int e = errno;
+    *why = "getrandom: " + errno_text(e);
+    return e;
   }
   char name[44];
   snprintf(name, sizeof name, "gpuguard-ipc-%d-%016llx", int(getpid()), (unsigned long long)rnd);
-  name_ = name;
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   socklen_t len = 0;
   sockaddr_un a = address_of(name, &len);
   if (fd < 0 || bind(fd, reinterpret_cast<sockaddr *>(&a), len) != 0 || listen(fd, 64) != 0) {
-    why_ = std::string("a Unix socket for CUDA IPC: ") + errno_text(errno);
+    int e = errno;
+    *why = "a Unix socket for CUDA IPC: " + errno_text(e);
     if (fd >= 0) {
       close(fd);
     }
-    return;
+    return e; /* EMFILE now need not be EMFILE at the next share: that one tries again */
   }
+  try {
+    std::thread([this, fd] { serve_loop(fd); }).detach(); /* lives as long as the process */
+  } catch (const std::system_error &e) {
+    close(fd);
+    *why = std::string("a thread to serve CUDA IPC: ") + e.what();
+    return EAGAIN;
+  }
+  name_ = name;
   listen_fd_ = fd;
-  std::thread([this] { serve_loop(); }).detach(); /* lives as long as the process */
+  return 0;
 }
 
-void Server::serve_loop() {
+void Server::serve_loop(int listen_fd) {
   for (;;) {
-    int conn = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    int conn = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) {
       if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) {
         continue;

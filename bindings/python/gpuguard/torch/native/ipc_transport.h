@@ -92,13 +92,14 @@ public:
   void forget(uint64_t id);
 
 private:
-  void listen_now();
-  void serve_loop();
+  /* Listens, unless listening already: 0, or an errno value with *why (tried again next time). */
+  int start(std::string *why);
+  void serve_loop(int listen_fd);
   void serve(int conn);
 
   Ops ops_;
+  std::mutex start_mu_; /* over name_ and listen_fd_ */
   std::mutex mu_;
-  std::once_flag started_;
   /* A registered block and its capability: random per block, so that a handle opens its own block
    * and no other (ids are small counters, easily guessed). */
   struct Entry {
@@ -108,7 +109,6 @@ private:
   std::unordered_map<uint64_t, Entry> live_;
   uint64_t next_id_ = 1;
   std::string name_;
-  std::string why_;
   int listen_fd_ = -1;
 };
 
