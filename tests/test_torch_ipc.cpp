@@ -139,6 +139,10 @@ const Ops kFake = {fake_export,     fake_import_open,  fake_import_map,
 
 /* ---- helpers */
 
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 /* Servers live as long as the process, as the backend's does. */
 Server *new_server() { return new Server(kFake); }
 
@@ -181,6 +185,25 @@ int open_fds() {
   }
   closedir(d);
   return n - 3; /* ".", ".." and the directory's own */
+}
+
+/* Connects fd to a server's socket, as any process of the user could. */
+void connect_to(int fd, const std::string &wire) {
+  Wire w{};
+  memcpy(&w, wire.data(), sizeof w);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  size_t n = strnlen(w.name, sizeof w.name);
+  memcpy(a.sun_path + 1, w.name, n);
+  socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + n);
+  assert_int_equal(connect(fd, reinterpret_cast<sockaddr *>(&a), len), 0);
+}
+
+int connect_raw(const std::string &wire) {
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  assert_true(fd >= 0);
+  connect_to(fd, wire);
+  return fd;
 }
 
 /* Lowers the soft descriptor limit to `headroom` above what is open now; restores it when done. */
@@ -292,11 +315,39 @@ static void test_share_retries_after_emfile(void **state) {
   assert_true(marks == expected_marks(b));
 }
 
+/* Issue 42 item 8: receivers that connect and say nothing hold up no other, and are dropped after
+ * the request's deadline. */
+static void test_idle_connections_do_not_stall_others(void **state) {
+  (void)state;
+  Server *srv = new_server();
+  FakeBlock b{'i', 4};
+  uint64_t id = 0;
+  std::string wire = share(srv, &b, &id);
+  std::vector<int> idle;
+  for (int i = 0; i < 3; i++) {
+    idle.push_back(connect_raw(wire));
+  }
+  Clock::time_point t0 = Clock::now();
+  std::vector<std::string> marks;
+  std::string why;
+  int rc = fetch_marks(wire, &marks, &why);
+  double took = seconds_since(t0);
+  printf("fetch beside 3 idle connections: rc %d after %.2f s%s%s\n", rc, took, rc ? ": " : "",
+         rc ? why.c_str() : "");
+  assert_int_equal(rc, 0);
+  assert_true(took < 1.0);
+  char c = 0;
+  assert_int_equal(recv(idle[0], &c, 1, 0), 0); /* the server hung up on it */
+  assert_true(seconds_since(t0) < 4.0);
+  close_fds(idle);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip_maps_every_piece),
       cmocka_unit_test(test_handle_opens_its_own_block_only),
       cmocka_unit_test(test_share_retries_after_emfile),
+      cmocka_unit_test(test_idle_connections_do_not_stall_others),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <system_error>
 #include <thread>
@@ -20,9 +21,13 @@ namespace ipc {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 constexpr uint32_t kWireVersion = 2; /* 2: a capability per block */
 constexpr uint32_t kMaxPieces = 1u << 20;
-constexpr int kTimeoutSec = 20;
+constexpr int kRequestMs = 2000;   /* a receiver asks as soon as it connects */
+constexpr int kTransferMs = 20000; /* the whole answer, however many batches */
+constexpr int kMaxConns = 16;      /* receivers served at once, one thread each */
 
 /* strerror, naming EMFILE and ENFILE too: they say the process or the system ran out of
  * descriptors, which "Too many open files" hides from most readers. */
@@ -47,6 +52,16 @@ void set_timeouts(int fd, int ms) {
   tv.tv_usec = (ms % 1000) * 1000;
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+/* Both timeouts to what is left until the deadline: false once it has passed. */
+bool arm(int fd, Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() <= 0) {
+    return false;
+  }
+  set_timeouts(fd, int(left.count()));
+  return true;
 }
 
 /* Compares two capabilities in time that does not depend on where they differ. */
@@ -244,9 +259,25 @@ void Server::serve_loop(int listen_fd) {
       }
       return;
     }
-    set_timeouts(conn, kTimeoutSec * 1000);
-    serve(conn);
-    close(conn);
+    /* One thread per receiver, so that one that stalls holds up no other; a cap on them, so that
+     * a flood of connections costs a refusal each, not a thread. */
+    if (active_.fetch_add(1) >= kMaxConns) {
+      refuse(conn, EBUSY, "too many receivers at once; try again");
+      close(conn);
+      active_--;
+      continue;
+    }
+    try {
+      std::thread([this, conn] {
+        serve(conn);
+        close(conn);
+        active_--;
+      }).detach();
+    } catch (const std::system_error &) {
+      refuse(conn, EAGAIN, "no thread to serve the request; try again");
+      close(conn);
+      active_--;
+    }
   }
 }
 
@@ -255,9 +286,11 @@ void Server::serve(int conn) {
     refuse(conn, EPERM, "the requesting process belongs to another user");
     return;
   }
+  Clock::time_point start = Clock::now();
   Request q{};
-  if (recv(conn, &q, sizeof q, 0) != ssize_t(sizeof q)) {
-    return;
+  if (!arm(conn, start + std::chrono::milliseconds(kRequestMs)) ||
+      recv(conn, &q, sizeof q, 0) != ssize_t(sizeof q)) {
+    return; /* silent, slow or garbled: another receiver may be waiting */
   }
   Reply r{};
   std::vector<gg_share_piece_t> pieces;
@@ -277,7 +310,8 @@ void Server::serve(int conn) {
     refuse(conn, r.status ? r.status : EINVAL, why);
     return;
   }
-  if (send(conn, &r, sizeof r, MSG_NOSIGNAL) == ssize_t(sizeof r)) {
+  if (arm(conn, start + std::chrono::milliseconds(kTransferMs)) &&
+      send(conn, &r, sizeof r, MSG_NOSIGNAL) == ssize_t(sizeof r)) {
     send_pieces(conn, pieces);
   }
   close_all(pieces);

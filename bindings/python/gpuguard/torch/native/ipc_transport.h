@@ -5,6 +5,7 @@
 #ifndef GG_TORCH_IPC_TRANSPORT_H
 #define GG_TORCH_IPC_TRANSPORT_H
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -110,6 +111,7 @@ private:
   uint64_t next_id_ = 1;
   std::string name_;
   int listen_fd_ = -1;
+  std::atomic<int> active_{0}; /* connections being served */
 };
 
 /* The receiver's end: maps the block a handle's body names, waiting at most timeout_ms for each
