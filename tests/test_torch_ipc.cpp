@@ -342,12 +342,58 @@ static void test_idle_connections_do_not_stall_others(void **state) {
   close_fds(idle);
 }
 
+/* Issue 42, also worth a look: a connection the server cannot accept for want of a descriptor does
+ * not make it spin; the receiver hears EMFILE. One silent receiver holds a descriptor of the
+ * server's, so that the next accept finds none. */
+static void test_accept_does_not_spin_on_emfile(void **state) {
+  (void)state;
+  Server *srv = new_server();
+  FakeBlock b{'s', 2};
+  uint64_t id = 0;
+  std::string wire = share(srv, &b, &id);
+  std::vector<std::string> marks;
+  std::string why;
+  assert_int_equal(fetch_marks(wire, &marks, &why), 0); /* the server is up and accepting */
+  double cpu = 0;
+  Reply r{};
+  ssize_t got = 0;
+  {
+    FdLimit lim(16);
+    int silent = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    int asking = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    std::vector<int> held = exhaust_fds();
+    connect_to(silent, wire);
+    usleep(100 * 1000);
+    connect_to(asking, wire);
+    timespec c0{};
+    timespec c1{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    usleep(500 * 1000);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    cpu = double(c1.tv_sec - c0.tv_sec) + double(c1.tv_nsec - c0.tv_nsec) / 1e9;
+    timeval tv{1, 0};
+    setsockopt(asking, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    got = recv(asking, &r, sizeof r, 0);
+    close(asking);
+    close(silent);
+    close_fds(held);
+  }
+  r.msg[sizeof r.msg - 1] = '\0';
+  printf("CPU over 0.5 s with a connection pending at EMFILE: %.3f s; answer: %s\n", cpu,
+         got == ssize_t(sizeof r) ? r.msg : "none");
+  assert_true(cpu < 0.1);
+  assert_int_equal(got, sizeof r);
+  assert_int_equal(r.status, EMFILE);
+  assert_int_equal(fetch_marks(wire, &marks, &why), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip_maps_every_piece),
       cmocka_unit_test(test_handle_opens_its_own_block_only),
       cmocka_unit_test(test_share_retries_after_emfile),
       cmocka_unit_test(test_idle_connections_do_not_stall_others),
+      cmocka_unit_test(test_accept_does_not_spin_on_emfile),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
 #include "ipc_transport.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -214,6 +215,9 @@ void Server::forget(uint64_t id) {
   live_.erase(id);
 }
 
+/* A descriptor held back for accept when the process runs out: see serve_loop. */
+int open_reserve() { return open("/dev/null", O_RDONLY | O_CLOEXEC); }
+
 int Server::start(std::string *why) {
   std::lock_guard<std::mutex> g(start_mu_);
   if (listen_fd_ >= 0) {
@@ -238,10 +242,12 @@ int Server::start(std::string *why) {
     }
     return e; /* EMFILE now need not be EMFILE at the next share: that one tries again */
   }
+  int reserve = open_reserve(); /* -1 is no reason not to serve: see serve_loop */
   try {
-    std::thread([this, fd] { serve_loop(fd); }).detach(); /* lives as long as the process */
+    std::thread([this, fd, reserve] { serve_loop(fd, reserve); }).detach(); /* process-long */
   } catch (const std::system_error &e) {
     close(fd);
+    close(reserve);
     *why = std::string("a thread to serve CUDA IPC: ") + e.what();
     return EAGAIN;
   }
@@ -250,14 +256,36 @@ int Server::start(std::string *why) {
   return 0;
 }
 
-void Server::serve_loop(int listen_fd) {
+void Server::serve_loop(int listen_fd, int reserve) {
   for (;;) {
     int conn = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) {
-      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) {
+      int e = errno;
+      if (e == EINTR || e == ECONNABORTED) {
         continue;
       }
-      return;
+      if (e != EMFILE && e != ENFILE) {
+        return;
+      }
+      /* accept fails at once, again and again, while the process has no descriptor left: give up
+       * the reserve so that the next accept waits for a connection; without one, back off. */
+      if (reserve >= 0) {
+        close(reserve);
+        reserve = -1;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        reserve = open_reserve();
+      }
+      continue;
+    }
+    if (reserve < 0) {
+      reserve = open_reserve();
+    }
+    if (reserve < 0) {
+      int e = errno;
+      refuse(conn, e, "the sending process has no file descriptor left: " + errno_text(e));
+      close(conn);
+      continue;
     }
     /* One thread per receiver, so that one that stalls holds up no other; a cap on them, so that
      * a flood of connections costs a refusal each, not a thread. */

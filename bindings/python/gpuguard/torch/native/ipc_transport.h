@@ -95,7 +95,7 @@ public:
 private:
   /* Listens, unless listening already: 0, or an errno value with *why (tried again next time). */
   int start(std::string *why);
-  void serve_loop(int listen_fd);
+  void serve_loop(int listen_fd, int reserve);
   void serve(int conn);
 
   Ops ops_;
