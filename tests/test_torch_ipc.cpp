@@ -54,12 +54,21 @@ constexpr int kTimeoutMs = 5000;
 struct FakeBlock {
   char tag;
   size_t pieces;
+  size_t emfile_at = SIZE_MAX; /* the piece whose export finds no descriptor left */
 };
 
 thread_local std::string g_error;
 std::atomic<int> g_imports_open{0};
 
 const char *fake_last_error() { return g_error.c_str(); }
+
+int fake_measure(const Shared &s, size_t *total, size_t *span, size_t *offset) {
+  const FakeBlock *b = static_cast<const FakeBlock *>(s.ptr);
+  *total = b->pieces;
+  *span = b->pieces * kPiece;
+  *offset = 0;
+  return 0;
+}
 
 /* One memfd per piece, the tag and the index written at its start. */
 int fake_export(const Shared &s, size_t first, gg_share_piece_t *pieces, size_t cap, size_t *total,
@@ -71,14 +80,14 @@ int fake_export(const Shared &s, size_t first, gg_share_piece_t *pieces, size_t 
   }
   size_t n = first < b->pieces ? std::min(cap, b->pieces - first) : 0;
   for (size_t i = 0; i < n; i++) {
-    int fd = memfd_create("gg-piece", MFD_CLOEXEC);
+    int fd = first + i == b->emfile_at ? -1 : memfd_create("gg-piece", MFD_CLOEXEC);
     if (fd < 0) {
-      int e = errno;
+      int e = first + i == b->emfile_at ? EMFILE : errno;
       for (size_t j = 0; j < i; j++) {
         close(pieces[j].fd);
       }
-      g_error = std::string("cannot export: ") + (e == EMFILE ? "EMFILE" : strerror(e));
-      errno = e;
+      g_error =
+          e == EMFILE ? "export: the process has no file descriptor left (EMFILE)" : strerror(e);
       return GG_EIO;
     }
     std::string mark = std::string(1, b->tag) + std::to_string(first + i);
@@ -134,7 +143,7 @@ void fake_import_close(void *imp) {
   delete static_cast<FakeImport *>(imp);
 }
 
-const Ops kFake = {fake_export,     fake_import_open,  fake_import_map,
+const Ops kFake = {fake_measure,    fake_export,       fake_import_open, fake_import_map,
                    fake_import_ptr, fake_import_close, fake_last_error};
 
 /* ---- helpers */
@@ -353,7 +362,11 @@ static void test_accept_does_not_spin_on_emfile(void **state) {
   std::string wire = share(srv, &b, &id);
   std::vector<std::string> marks;
   std::string why;
+  int fds = open_fds();
   assert_int_equal(fetch_marks(wire, &marks, &why), 0); /* the server is up and accepting */
+  for (int i = 0; i < 100 && open_fds() != fds; i++) {
+    usleep(10 * 1000); /* until the server's side of that connection is closed */
+  }
   double cpu = 0;
   Reply r{};
   ssize_t got = 0;
@@ -387,6 +400,32 @@ static void test_accept_does_not_spin_on_emfile(void **state) {
   assert_int_equal(fetch_marks(wire, &marks, &why), 0);
 }
 
+/* Issue 42 item 15: a block with more pieces than the descriptor limit allows at once is shared in
+ * batches; and a sender out of descriptors says EMFILE, not that the memory cannot be shared. */
+static void test_more_pieces_than_descriptors(void **state) {
+  (void)state;
+  Server *srv = new_server();
+  FakeBlock b{'m', 400};
+  uint64_t id = 0;
+  std::string wire = share(srv, &b, &id);
+  std::vector<std::string> marks;
+  std::string why;
+  int rc = 0;
+  {
+    FdLimit lim(100);
+    rc = fetch_marks(wire, &marks, &why);
+  }
+  printf("400 pieces under a limit of 100 more descriptors: rc %d%s%s\n", rc, rc ? ": " : "",
+         rc ? why.c_str() : "");
+  assert_int_equal(rc, 0);
+  assert_true(marks == expected_marks(b));
+  b.emfile_at = 150;
+  rc = fetch_marks(wire, &marks, &why);
+  printf("no descriptor left at piece 150: rc %d: %s\n", rc, why.c_str());
+  assert_int_equal(rc, EMFILE);
+  assert_non_null(strstr(why.c_str(), "EMFILE"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip_maps_every_piece),
@@ -394,6 +433,7 @@ int main(void) {
       cmocka_unit_test(test_share_retries_after_emfile),
       cmocka_unit_test(test_idle_connections_do_not_stall_others),
       cmocka_unit_test(test_accept_does_not_spin_on_emfile),
+      cmocka_unit_test(test_more_pieces_than_descriptors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,6 +26,30 @@ int export_pieces(const Shared &s, size_t first, gg_share_piece_t *pieces, size_
   return gg_arena_export(s.arena, s.ptr, s.size, first, pieces, cap, total, offset);
 }
 
+/* The pieces gg_arena_export would give: gg_arena_foreach_mapping walks the same allocations. */
+struct Count {
+  size_t total = 0;
+  size_t span = 0;
+  const char *first = nullptr;
+};
+
+int count_mapping(const gg_mapping_info_t *m, void *user) {
+  Count *c = static_cast<Count *>(user);
+  c->first = c->first ? c->first : static_cast<const char *>(m->ptr);
+  c->total++;
+  c->span += m->size;
+  return 0;
+}
+
+int measure(const Shared &s, size_t *total, size_t *span, size_t *offset) {
+  Count c;
+  int rc = gg_arena_foreach_mapping(s.arena, s.ptr, s.size, count_mapping, &c);
+  *total = c.total;
+  *span = c.span;
+  *offset = c.first ? size_t(static_cast<const char *>(s.ptr) - c.first) : 0;
+  return rc;
+}
+
 /* What a received block holds: the range the pieces are mapped into, and its device. */
 struct Imported {
   gg_import_t *imp = nullptr;
@@ -67,7 +91,8 @@ void import_close(void *p) {
 
 const char *last_error() { return gg_last_error(); }
 
-constexpr Ops kOps = {export_pieces, import_open, import_map, import_ptr, import_close, last_error};
+constexpr Ops kOps = {measure,    export_pieces, import_open, import_map,
+                      import_ptr, import_close,  last_error};
 
 std::shared_ptr<void> open_gpuguard(const std::string &handle) {
   void *imp = nullptr;

@@ -83,28 +83,26 @@ sockaddr_un address_of(const std::string &name, socklen_t *len) {
   return a;
 }
 
-void close_all(const std::vector<gg_share_piece_t> &pieces) {
-  for (const gg_share_piece_t &p : pieces) {
-    close(p.fd);
+void close_fds(const int *fds, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    close(fds[i]);
   }
 }
 
-/* Sends the pieces in batches, each message with their sizes and descriptors. */
-bool send_pieces(int conn, const std::vector<gg_share_piece_t> &pieces) {
-  for (size_t at = 0; at < pieces.size(); at += kBatch) {
-    Batch b{};
-    b.k = uint32_t(std::min<size_t>(kBatch, pieces.size() - at));
-    int fds[kBatch];
-    for (uint32_t i = 0; i < b.k; i++) {
-      b.sizes[i] = pieces[at + i].size;
-      fds[i] = pieces[at + i].fd;
-    }
-    char ctrl[CMSG_SPACE(sizeof(int) * kBatch)];
-    memset(ctrl, 0, sizeof ctrl);
-    iovec iov{&b, sizeof b};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
+/* One batch: the header (the pieces' sizes, or why there are none) in the message, the
+ * descriptors beside it (SCM_RIGHTS). */
+bool send_batch(int conn, const Batch &b, const gg_share_piece_t *pieces) {
+  int fds[kBatch];
+  for (uint32_t i = 0; i < b.k; i++) {
+    fds[i] = pieces[i].fd;
+  }
+  char ctrl[CMSG_SPACE(sizeof(int) * kBatch)];
+  memset(ctrl, 0, sizeof ctrl);
+  iovec iov{const_cast<Batch *>(&b), sizeof b};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  if (b.k > 0) {
     m.msg_control = ctrl;
     m.msg_controllen = CMSG_SPACE(sizeof(int) * b.k);
     cmsghdr *c = CMSG_FIRSTHDR(&m);
@@ -112,15 +110,14 @@ bool send_pieces(int conn, const std::vector<gg_share_piece_t> &pieces) {
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int) * b.k);
     memcpy(CMSG_DATA(c), fds, sizeof(int) * b.k);
-    if (sendmsg(conn, &m, MSG_NOSIGNAL) != ssize_t(sizeof b)) {
-      return false;
-    }
   }
-  return true;
+  return sendmsg(conn, &m, MSG_NOSIGNAL) == ssize_t(sizeof b);
 }
 
-/* One batch: its sizes into *b, its descriptors appended to *pieces. */
-bool recv_batch(int conn, Batch *b, std::vector<gg_share_piece_t> *pieces) {
+/* One batch: the header into *b, the descriptors into fds (room for kBatch); how many came, or -1
+ * (any that came closed) when the message is no batch. *cut: descriptors were dropped on the way
+ * in, which the kernel does when this process has none left. */
+ssize_t recv_batch(int conn, Batch *b, int *fds, bool *cut) {
   char ctrl[CMSG_SPACE(sizeof(int) * kBatch)];
   iovec iov{b, sizeof *b};
   msghdr m{};
@@ -128,22 +125,21 @@ bool recv_batch(int conn, Batch *b, std::vector<gg_share_piece_t> *pieces) {
   m.msg_iovlen = 1;
   m.msg_control = ctrl;
   m.msg_controllen = sizeof ctrl;
-  if (recvmsg(conn, &m, MSG_CMSG_CLOEXEC) != ssize_t(sizeof *b)) {
-    return false;
-  }
-  std::vector<int> fds;
-  for (cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+  ssize_t got = recvmsg(conn, &m, MSG_CMSG_CLOEXEC);
+  size_t n = 0;
+  for (cmsghdr *c = got >= 0 ? CMSG_FIRSTHDR(&m) : nullptr; c; c = CMSG_NXTHDR(&m, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      const int *p = reinterpret_cast<const int *>(CMSG_DATA(c));
-      fds.insert(fds.end(), p, p + k);
+      size_t k = std::min((c->cmsg_len - CMSG_LEN(0)) / sizeof(int), kBatch - n);
+      memcpy(fds + n, CMSG_DATA(c), k * sizeof(int));
+      n += k;
     }
   }
-  bool ok = fds.size() == b->k && b->k >= 1 && b->k <= kBatch && !(m.msg_flags & MSG_CTRUNC);
-  for (size_t i = 0; i < fds.size(); i++) {
-    pieces->push_back(gg_share_piece_t{fds[i], ok ? size_t(b->sizes[i]) : 0});
+  *cut = got >= 0 && (m.msg_flags & MSG_CTRUNC);
+  if (got != ssize_t(sizeof *b)) {
+    close_fds(fds, n);
+    return -1;
   }
-  return ok;
+  return ssize_t(n);
 }
 
 void refuse(int conn, int status, const std::string &why) {
@@ -153,30 +149,74 @@ void refuse(int conn, int status, const std::string &why) {
   send(conn, &r, sizeof r, MSG_NOSIGNAL);
 }
 
-/* Every piece under the block, exported in batches; "" or why not. */
-std::string export_block(const Ops &ops, const Shared &s, Reply *r,
-                         std::vector<gg_share_piece_t> *pieces) {
-  size_t total = 0;
-  size_t offset = 0;
-  for (size_t first = 0; first == 0 || first < total; first += kBatch) {
-    gg_share_piece_t batch[kBatch];
-    int rc = ops.export_pieces(s, first, batch, kBatch, &total, &offset);
-    if (rc < 0) {
-      close_all(*pieces);
-      pieces->clear();
-      return std::string("the block's memory cannot be exported: ") + ops.last_error();
+/* The errno value of a failed export: the library names EMFILE in its message (GG_EIO), and it is
+ * worth saying as such: the sender is out of descriptors, not its memory unshareable. */
+int export_errno(int rc, const char *why) {
+  return rc == GG_EIO && strstr(why, "EMFILE") ? EMFILE : rc == GG_ENOTSUP ? ENOTSUP : EIO;
+}
+
+/* A batch that ends the answer: no pieces, the reason. */
+void end_batch(Batch *b, int status, const std::string &why) {
+  b->k = 0;
+  b->status = status;
+  snprintf(b->msg, sizeof b->msg, "%s", why.c_str());
+}
+
+/* Receives the batches and maps each piece as it comes, closing its descriptor at once: this
+ * process holds one batch of descriptors at most, however many pieces the block has. */
+int receive_pieces(const Ops &ops, int conn, const Reply &r, void *imp, const std::string &pid,
+                   std::string *why) {
+  uint64_t got = 0;
+  uint64_t bytes = 0;
+  while (got < r.n) {
+    Batch b{};
+    int fds[kBatch];
+    bool cut = false;
+    ssize_t n = recv_batch(conn, &b, fds, &cut);
+    if (n < 0) {
+      *why = "the CUDA memory of " + pid + " did not arrive whole: " + errno_text(errno);
+      return EPROTO;
     }
-    pieces->insert(pieces->end(), batch, batch + std::min<size_t>(kBatch, total - first));
+    bool ok = !cut && b.status == 0 && size_t(n) == b.k && b.k >= 1 && got + b.k <= r.n;
+    int rc = 0;
+    for (ssize_t i = 0; i < n; i++) {
+      gg_share_piece_t p{fds[i], size_t(b.sizes[i])};
+      rc = ok && rc == 0 ? ops.import_map(imp, &p) : rc;
+      bytes += p.size;
+      close(fds[i]); /* the mapping holds the memory now */
+    }
+    b.msg[sizeof b.msg - 1] = '\0';
+    if (b.status != 0) {
+      *why = pid + " could not send the CUDA memory: " + b.msg;
+      return b.status;
+    }
+    if (cut) {
+      *why = "the CUDA memory of " + pid + " did not arrive: " + errno_text(EMFILE);
+      return EMFILE;
+    }
+    if (!ok) {
+      *why = "a malformed CUDA IPC answer from " + pid;
+      return EPROTO;
+    }
+    if (rc != 0) {
+      *why = "cannot map the CUDA memory " + pid + " shared: " + ops.last_error();
+      return EIO;
+    }
+    got += b.k;
   }
-  r->n = uint32_t(pieces->size());
-  r->delta = offset;
-  for (const gg_share_piece_t &p : *pieces) {
-    r->span += p.size;
+  if (bytes != r.span) {
+    *why = "a malformed CUDA IPC answer from " + pid;
+    return EPROTO;
   }
-  return "";
+  return 0;
 }
 
 } // namespace
+
+const Shared *Server::find_locked(const Request &q) const {
+  auto it = live_.find(q.id);
+  return it == live_.end() || !same_cap(it->second.cap, q.cap) ? nullptr : &it->second.s;
+}
 
 int Server::share(uint64_t *id, const Shared &s, std::string *wire, std::string *why) {
   int rc = start(why);
@@ -321,28 +361,83 @@ void Server::serve(int conn) {
     return; /* silent, slow or garbled: another receiver may be waiting */
   }
   Reply r{};
-  std::vector<gg_share_piece_t> pieces;
   std::string why;
-  {
-    /* Under the lock: the block cannot be freed while its memory is exported. */
-    std::lock_guard<std::mutex> g(mu_);
-    auto it = live_.find(q.id);
-    if (it == live_.end() || !same_cap(it->second.cap, q.cap)) {
-      r.status = ENOENT;
-      why = "no such shared block (freed by the sender, or a stale or forged handle)";
-    } else {
-      why = export_block(ops_, it->second.s, &r, &pieces);
-    }
-  }
-  if (!why.empty()) {
-    refuse(conn, r.status ? r.status : EINVAL, why);
+  int status = measure(q, &r, &why);
+  if (status != 0) {
+    refuse(conn, status, why);
     return;
   }
-  if (arm(conn, start + std::chrono::milliseconds(kTransferMs)) &&
-      send(conn, &r, sizeof r, MSG_NOSIGNAL) == ssize_t(sizeof r)) {
-    send_pieces(conn, pieces);
+  Clock::time_point deadline = start + std::chrono::milliseconds(kTransferMs);
+  if (!arm(conn, deadline) || send(conn, &r, sizeof r, MSG_NOSIGNAL) != ssize_t(sizeof r)) {
+    return;
   }
-  close_all(pieces);
+  for (size_t first = 0; first < r.n; first += kBatch) {
+    Batch b{};
+    b.k = uint32_t(std::min<size_t>(kBatch, r.n - first));
+    gg_share_piece_t pieces[kBatch];
+    export_batch(q, first, r.n, &b, pieces);
+    bool sent = arm(conn, deadline) && send_batch(conn, b, pieces);
+    for (uint32_t i = 0; i < b.k; i++) {
+      close(pieces[i].fd); /* sent or not: the receiver has its own */
+    }
+    if (!sent || b.status != 0) {
+      return;
+    }
+  }
+}
+
+int Server::measure(const Request &q, Reply *r, std::string *why) {
+  std::lock_guard<std::mutex> g(mu_);
+  const Shared *s = find_locked(q);
+  if (!s) {
+    *why = "no such shared block (freed by the sender, or a stale or forged handle)";
+    return ENOENT;
+  }
+  size_t total = 0;
+  size_t span = 0;
+  size_t offset = 0;
+  int rc = ops_.measure(*s, &total, &span, &offset);
+  if (rc != 0) {
+    *why = std::string("the block's memory cannot be exported: ") + ops_.last_error();
+    return export_errno(rc, ops_.last_error());
+  }
+  if (total < 1 || total > kMaxPieces) {
+    *why = "a block of " + std::to_string(total) + " pieces cannot be sent";
+    return E2BIG;
+  }
+  r->n = uint32_t(total);
+  r->span = span;
+  r->delta = offset;
+  return 0;
+}
+
+/* Under the lock, batch by batch: the block cannot be freed (and its memory handed to another
+ * block) while its pieces are exported; a block freed between two batches ends the answer. */
+void Server::export_batch(const Request &q, size_t first, size_t total, Batch *b,
+                          gg_share_piece_t *pieces) {
+  std::lock_guard<std::mutex> g(mu_);
+  const Shared *s = find_locked(q);
+  if (!s) {
+    end_batch(b, ENOENT, "the block was freed while being sent");
+    return;
+  }
+  size_t now = 0;
+  int rc = ops_.export_pieces(*s, first, pieces, b->k, &now, nullptr);
+  if (rc != 0) {
+    end_batch(b, export_errno(rc, ops_.last_error()),
+              std::string("the block's memory cannot be exported: ") + ops_.last_error());
+    return;
+  }
+  if (now != total) {
+    for (size_t i = 0; first + i < now && i < b->k; i++) {
+      close(pieces[i].fd);
+    }
+    end_batch(b, EPROTO, "the block changed while being sent");
+    return;
+  }
+  for (uint32_t i = 0; i < b->k; i++) {
+    b->sizes[i] = pieces[i].size;
+  }
 }
 
 int fetch(const Ops &ops, const std::string &wire, int timeout_ms, void **imp, void **ptr,
@@ -399,30 +494,20 @@ int fetch(const Ops &ops, const std::string &wire, int timeout_ms, void **imp, v
     *why = "a malformed CUDA IPC answer from " + pid;
     return EPROTO;
   }
-  std::vector<gg_share_piece_t> pieces;
-  bool ok = true;
-  uint64_t total = 0;
-  while (ok && pieces.size() < r.n) {
-    Batch b{};
-    ok = recv_batch(conn, &b, &pieces);
-  }
-  for (const gg_share_piece_t &p : pieces) {
-    total += p.size;
-  }
-  if (!ok || pieces.size() != r.n || total != r.span) {
-    close_all(pieces);
-    *why = "CUDA IPC: the memory of " + pid + " did not arrive whole";
-    return EPROTO;
-  }
-  int rc = ops.import_open(imp, size_t(r.span));
-  for (const gg_share_piece_t &p : pieces) {
-    rc = rc < 0 ? rc : ops.import_map(*imp, &p);
-    close(p.fd); /* the mapping holds the memory now */
-  }
-  if (rc != 0 || !ops.import_ptr(*imp)) {
+  if (ops.import_open(imp, size_t(r.span)) != 0) {
     *why = "cannot map the CUDA memory " + pid + " shared: " + ops.last_error();
     ops.import_close(*imp);
     return EIO;
+  }
+  int e = receive_pieces(ops, conn, r, *imp, pid, why);
+  if (e == 0 && !ops.import_ptr(*imp)) {
+    *why = "the CUDA memory of " + pid + " is not mapped whole: " + ops.last_error();
+    e = EIO;
+  }
+  if (e != 0) {
+    ops.import_close(*imp);
+    *imp = nullptr;
+    return e;
   }
   *ptr = static_cast<char *>(ops.import_ptr(*imp)) + r.delta;
   return 0;

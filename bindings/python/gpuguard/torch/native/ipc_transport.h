@@ -40,6 +40,8 @@ struct Shared {
 /* The device's side of a share: gg_arena_export and gg_import_* in the backend, fakes that hand out
  * memfds in the unit test. Each returns 0 or a GG_E* code with last_error() saying why. */
 struct Ops {
+  /* The pieces under the block: how many, their bytes together, the block's offset in the first. */
+  int (*measure)(const Shared &s, size_t *total, size_t *span, size_t *offset);
   int (*export_pieces)(const Shared &s, size_t first, gg_share_piece_t *pieces, size_t cap,
                        size_t *total, size_t *offset);
   int (*import_open)(void **imp, size_t size);
@@ -62,7 +64,9 @@ struct Wire {
 };
 
 /* The protocol: a request, the reply, then batches of pieces with their descriptors. */
-constexpr uint32_t kBatch = 64; /* descriptors per message (SCM_RIGHTS allows 253) */
+/* Descriptors per message (SCM_RIGHTS allows 253): each side holds one batch at most, so that a
+ * block of any size passes under a small descriptor limit. */
+constexpr uint32_t kBatch = 32;
 
 struct Request {
   uint64_t id;
@@ -78,8 +82,10 @@ struct Reply {
 };
 
 struct Batch {
-  uint32_t k;
+  uint32_t k;     /* pieces (and descriptors) in this batch */
+  int32_t status; /* 0, or an errno value with msg saying why the answer ends here */
   uint64_t sizes[kBatch];
+  char msg[160];
 };
 
 /* The sender's end: registers blocks and serves their descriptors to receivers. */
@@ -95,6 +101,13 @@ public:
 private:
   /* Listens, unless listening already: 0, or an errno value with *why (tried again next time). */
   int start(std::string *why);
+  /* The block a request names, if live and the capability matches; under mu_. */
+  const Shared *find_locked(const Request &q) const;
+  /* The reply to a request: 0, or an errno value with *why. */
+  int measure(const Request &q, Reply *r, std::string *why);
+  /* The batch of pieces from first on (b->k of them), exported: b->status says why not. */
+  void export_batch(const Request &q, size_t first, size_t total, Batch *b,
+                    gg_share_piece_t *pieces);
   void serve_loop(int listen_fd, int reserve);
   void serve(int conn);
 
