@@ -16,6 +16,7 @@
 #include <cstring>
 #include <dirent.h>
 #include <string>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -426,6 +427,81 @@ static void test_more_pieces_than_descriptors(void **state) {
   assert_non_null(strstr(why.c_str(), "EMFILE"));
 }
 
+/* Issue 42 item 9: an open stuck on a stopped sender does not hold up opens of other handles, and
+ * concurrent opens of one handle share one result, mapping or failure. */
+static void test_stalled_open_does_not_block_others(void **state) {
+  (void)state;
+  Cache cache;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false;
+  bool release = false;
+  std::thread stalled([&] {
+    cache.open("stalled", [&] {
+      std::unique_lock<std::mutex> g(mu);
+      entered = true;
+      cv.notify_all();
+      cv.wait_for(g, std::chrono::seconds(3), [&] { return release; });
+      return std::make_shared<int>(1);
+    });
+  });
+  {
+    std::unique_lock<std::mutex> g(mu);
+    cv.wait(g, [&] { return entered; });
+  }
+  Clock::time_point t0 = Clock::now();
+  std::shared_ptr<void> p = cache.open("healthy", [] { return std::make_shared<int>(2); });
+  double took = seconds_since(t0);
+  printf("open of a healthy handle beside a stalled one: %.2f s\n", took);
+  {
+    std::lock_guard<std::mutex> g(mu);
+    release = true;
+    cv.notify_all();
+  }
+  stalled.join();
+  assert_true(took < 1.0);
+  std::atomic<int> made{0};
+  std::vector<std::shared_ptr<void>> got(4);
+  std::vector<std::thread> t;
+  for (int i = 0; i < 4; i++) {
+    t.emplace_back([&, i] {
+      got[i] = cache.open("same", [&] {
+        made++;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        return std::make_shared<int>(3);
+      });
+    });
+  }
+  for (auto &x : t) {
+    x.join();
+  }
+  assert_int_equal(int(made), 1);
+  for (int i = 1; i < 4; i++) {
+    assert_ptr_equal(got[i].get(), got[0].get());
+  }
+  made = 0;
+  std::atomic<int> failed{0};
+  t.clear();
+  for (int i = 0; i < 4; i++) {
+    t.emplace_back([&] {
+      try {
+        cache.open("refused", [&]() -> std::shared_ptr<void> {
+          made++;
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          throw std::runtime_error("refused");
+        });
+      } catch (const std::runtime_error &) {
+        failed++;
+      }
+    });
+  }
+  for (auto &x : t) {
+    x.join();
+  }
+  assert_int_equal(int(made), 1); /* one attempt, its failure shared, then forgotten */
+  assert_int_equal(int(failed), 4);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip_maps_every_piece),
@@ -434,6 +510,7 @@ int main(void) {
       cmocka_unit_test(test_idle_connections_do_not_stall_others),
       cmocka_unit_test(test_accept_does_not_spin_on_emfile),
       cmocka_unit_test(test_more_pieces_than_descriptors),
+      cmocka_unit_test(test_stalled_open_does_not_block_others),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -513,23 +513,58 @@ int fetch(const Ops &ops, const std::string &wire, int timeout_ms, void **imp, v
   return 0;
 }
 
+/* No lock is held while a handle is opened (a network round trip, up to a stopped sender's
+ * timeout): opens of other handles go on meanwhile, and opens of the same one wait for its result,
+ * mapping or exception. */
 std::shared_ptr<void> Cache::open(const std::string &key, const Make &make) {
-  std::lock_guard<std::mutex> g(mu_);
-  auto it = cache_.find(key);
-  if (it != cache_.end()) {
-    if (auto p = it->second.lock()) {
+  std::unique_lock<std::mutex> g(mu_);
+  for (;;) {
+    auto it = slots_.find(key);
+    if (it == slots_.end()) {
+      break;
+    }
+    std::shared_ptr<Slot> slot = it->second;
+    if (!slot->done) {
+      cv_.wait(g, [&slot] { return slot->done; });
+      if (slot->error) {
+        std::rethrow_exception(slot->error);
+      }
+      continue;
+    }
+    if (std::shared_ptr<void> p = slot->ptr.lock()) {
       return p;
     }
-    cache_.erase(it);
+    slots_.erase(it);
+    break;
   }
-  std::shared_ptr<void> p = make();
-  cache_[key] = p;
+  auto slot = std::make_shared<Slot>();
+  slots_[key] = slot;
+  g.unlock();
+  std::shared_ptr<void> p;
+  std::exception_ptr error;
+  try {
+    p = make();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  g.lock();
+  slot->done = true;
+  slot->ptr = p;
+  slot->error = error;
+  if (error) {
+    slots_.erase(key); /* a failure is shared with those who waited for it, not kept */
+  }
+  cv_.notify_all();
+  g.unlock();
+  if (error) {
+    std::rethrow_exception(error);
+  }
   return p;
 }
 
 size_t Cache::size() {
   std::lock_guard<std::mutex> g(mu_);
-  return cache_.size();
+  return slots_.size();
 }
 
 } // namespace ipc

@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <cstddef>
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -144,8 +146,15 @@ public:
   size_t size();
 
 private:
+  /* A handle being opened (done false) or open. */
+  struct Slot {
+    bool done = false;
+    std::weak_ptr<void> ptr;
+    std::exception_ptr error;
+  };
   std::mutex mu_;
-  std::map<std::string, std::weak_ptr<void>> cache_;
+  std::condition_variable cv_; /* a slot is done */
+  std::map<std::string, std::shared_ptr<Slot>> slots_;
 };
 
 } // namespace ipc
