@@ -502,6 +502,36 @@ static void test_stalled_open_does_not_block_others(void **state) {
   assert_int_equal(int(failed), 4);
 }
 
+/* Issue 42 item 16: the cache forgets a handle once the last user of its mapping drops it. */
+static void test_cache_shrinks_when_mappings_drop(void **state) {
+  (void)state;
+  Cache cache;
+  std::atomic<int> live{0};
+  for (int i = 0; i < 1000; i++) {
+    std::shared_ptr<void> p = cache.open("handle " + std::to_string(i), [&] {
+      live++;
+      return std::shared_ptr<void>(new int(i), [&](void *q) {
+        live--;
+        delete static_cast<int *>(q);
+      });
+    });
+  }
+  printf("entries after 1000 handles opened and dropped: %zu\n", cache.size());
+  assert_int_equal(int(live), 0);
+  assert_int_equal(cache.size(), 0);
+  int made = 0;
+  auto make = [&made] { return std::make_shared<int>(++made); };
+  std::shared_ptr<void> a = cache.open("again", make);
+  std::shared_ptr<void> b = cache.open("again", make);
+  assert_ptr_equal(a.get(), b.get()); /* held twice: one mapping */
+  a.reset();
+  assert_int_equal(cache.size(), 1);
+  b.reset();
+  assert_int_equal(cache.size(), 0);
+  a = cache.open("again", make);
+  assert_int_equal(made, 2); /* dropped, then opened afresh */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip_maps_every_piece),
@@ -511,6 +541,7 @@ int main(void) {
       cmocka_unit_test(test_accept_does_not_spin_on_emfile),
       cmocka_unit_test(test_more_pieces_than_descriptors),
       cmocka_unit_test(test_stalled_open_does_not_block_others),
+      cmocka_unit_test(test_cache_shrinks_when_mappings_drop),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

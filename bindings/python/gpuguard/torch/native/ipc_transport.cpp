@@ -513,19 +513,37 @@ int fetch(const Ops &ops, const std::string &wire, int timeout_ms, void **imp, v
   return 0;
 }
 
+/* The mapping as its users hold it: when the last one drops it, it is unmapped and its entry goes
+ * (an entry per tensor ever received was kept before: about 220 bytes each). The state outlives
+ * the cache while mappings do. */
+std::shared_ptr<void> Cache::track(const std::string &key, const std::shared_ptr<Slot> &slot,
+                                   std::shared_ptr<void> mapping) {
+  std::shared_ptr<State> st = st_;
+  void *p = mapping.get();
+  return std::shared_ptr<void>(p, [st, key, slot, mapping](void *) mutable {
+    mapping.reset();
+    std::lock_guard<std::mutex> g(st->mu);
+    auto it = st->slots.find(key);
+    if (it != st->slots.end() && it->second == slot) {
+      st->slots.erase(it);
+    }
+    st->cv.notify_all();
+  });
+}
+
 /* No lock is held while a handle is opened (a network round trip, up to a stopped sender's
  * timeout): opens of other handles go on meanwhile, and opens of the same one wait for its result,
  * mapping or exception. */
 std::shared_ptr<void> Cache::open(const std::string &key, const Make &make) {
-  std::unique_lock<std::mutex> g(mu_);
+  std::unique_lock<std::mutex> g(st_->mu);
   for (;;) {
-    auto it = slots_.find(key);
-    if (it == slots_.end()) {
+    auto it = st_->slots.find(key);
+    if (it == st_->slots.end()) {
       break;
     }
     std::shared_ptr<Slot> slot = it->second;
     if (!slot->done) {
-      cv_.wait(g, [&slot] { return slot->done; });
+      st_->cv.wait(g, [&slot] { return slot->done; });
       if (slot->error) {
         std::rethrow_exception(slot->error);
       }
@@ -534,16 +552,21 @@ std::shared_ptr<void> Cache::open(const std::string &key, const Make &make) {
     if (std::shared_ptr<void> p = slot->ptr.lock()) {
       return p;
     }
-    slots_.erase(it);
-    break;
+    /* Its last user is dropping it: wait until it is unmapped and gone (the driver refuses a
+     * second open of an allocation still open). */
+    State *st = st_.get();
+    st->cv.wait(g, [st, &key, &slot] {
+      auto now = st->slots.find(key);
+      return now == st->slots.end() || now->second != slot;
+    });
   }
   auto slot = std::make_shared<Slot>();
-  slots_[key] = slot;
+  st_->slots[key] = slot;
   g.unlock();
   std::shared_ptr<void> p;
   std::exception_ptr error;
   try {
-    p = make();
+    p = track(key, slot, make());
   } catch (...) {
     error = std::current_exception();
   }
@@ -552,9 +575,9 @@ std::shared_ptr<void> Cache::open(const std::string &key, const Make &make) {
   slot->ptr = p;
   slot->error = error;
   if (error) {
-    slots_.erase(key); /* a failure is shared with those who waited for it, not kept */
+    st_->slots.erase(key); /* a failure is shared with those who waited for it, not kept */
   }
-  cv_.notify_all();
+  st_->cv.notify_all();
   g.unlock();
   if (error) {
     std::rethrow_exception(error);
@@ -563,8 +586,8 @@ std::shared_ptr<void> Cache::open(const std::string &key, const Make &make) {
 }
 
 size_t Cache::size() {
-  std::lock_guard<std::mutex> g(mu_);
-  return slots_.size();
+  std::lock_guard<std::mutex> g(st_->mu);
+  return st_->slots.size();
 }
 
 } // namespace ipc

@@ -136,7 +136,8 @@ int fetch(const Ops &ops, const std::string &wire, int timeout_ms, void **imp, v
           std::string *why);
 
 /* The receiver's open handles: the same handle opened twice shares one mapping (the driver refuses
- * a second cudaIpcOpenMemHandle of one allocation in a process). */
+ * a second cudaIpcOpenMemHandle of one allocation in a process); a handle is forgotten once its
+ * mapping's last user drops it. */
 class Cache {
 public:
   using Make = std::function<std::shared_ptr<void>()>;
@@ -152,9 +153,14 @@ private:
     std::weak_ptr<void> ptr;
     std::exception_ptr error;
   };
-  std::mutex mu_;
-  std::condition_variable cv_; /* a slot is done */
-  std::map<std::string, std::shared_ptr<Slot>> slots_;
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv; /* a slot is done, or gone */
+    std::map<std::string, std::shared_ptr<Slot>> slots;
+  };
+  std::shared_ptr<void> track(const std::string &key, const std::shared_ptr<Slot> &slot,
+                              std::shared_ptr<void> mapping);
+  std::shared_ptr<State> st_ = std::make_shared<State>();
 };
 
 } // namespace ipc
