@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <dirent.h>
+#include <functional>
 #include <string>
 #include <stdexcept>
 #include <thread>
@@ -532,6 +533,141 @@ static void test_cache_shrinks_when_mappings_drop(void **state) {
   assert_int_equal(made, 2); /* dropped, then opened afresh */
 }
 
+/* A sender that answers with what the test says: the receiver's side of hostile peers. */
+struct FakeSender {
+  int listen_fd = -1;
+  std::string wire;
+  std::thread thread;
+  FakeSender(const char *name, const std::function<void(int)> &answer) {
+    listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "%s-%d", name, int(getpid()));
+    socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + strlen(a.sun_path + 1));
+    assert_int_equal(bind(listen_fd, reinterpret_cast<sockaddr *>(&a), len), 0);
+    assert_int_equal(listen(listen_fd, 4), 0);
+    Wire w{};
+    memcpy(w.magic, "gpuguard", 8);
+    w.version = 2;
+    w.size = kPiece;
+    w.pid = int32_t(getpid());
+    snprintf(w.name, sizeof w.name, "%s", a.sun_path + 1);
+    wire.assign(reinterpret_cast<const char *>(&w), sizeof w);
+    thread = std::thread([this, answer] {
+      int conn = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      gg_torch::ipc::Request q{};
+      if (recv(conn, &q, sizeof q, 0) == ssize_t(sizeof q)) {
+        answer(conn);
+      }
+      close(conn);
+    });
+  }
+  ~FakeSender() {
+    thread.join();
+    close(listen_fd);
+  }
+};
+
+/* Sends a batch of k pieces with n descriptors (memfds) beside it. */
+void send_fds(int conn, uint32_t k, int n) {
+  gg_torch::ipc::Batch b{};
+  b.k = k;
+  for (uint32_t i = 0; i < gg_torch::ipc::kBatch; i++) {
+    b.sizes[i] = kPiece;
+  }
+  std::vector<int> fds;
+  for (int i = 0; i < n; i++) {
+    fds.push_back(memfd_create("gg-hostile", MFD_CLOEXEC));
+  }
+  char ctrl[CMSG_SPACE(sizeof(int) * 64)] = {};
+  iovec iov{&b, sizeof b};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  m.msg_control = ctrl;
+  m.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+  cmsghdr *c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * n);
+  memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * n);
+  sendmsg(conn, &m, MSG_NOSIGNAL);
+  close_fds(fds);
+}
+
+/* Senders that lie get a clean error, and leave no descriptor or mapping behind. */
+static void test_hostile_senders_leave_nothing(void **state) {
+  (void)state;
+  struct Case {
+    const char *name;
+    gg_torch::ipc::Reply reply;
+    uint32_t k;
+    int fds;
+  };
+  const Case cases[] = {
+      {"gg-no-pieces", {0, 0, 0, 0, {}}, 0, 0},
+      {"gg-short-span", {0, 2, kPiece, 0, {}}, 1, 1},
+      {"gg-more-fds-than-said", {0, 2, 2 * kPiece, 0, {}}, 1, 40},
+      {"gg-fewer-fds-than-said", {0, 2, 2 * kPiece, 0, {}}, 2, 1},
+      {"gg-more-pieces-than-said", {0, 1, kPiece, 0, {}}, 2, 2},
+      {"gg-no-batch", {0, 1, kPiece, 0, {}}, 0, 0},
+  };
+  int fds = open_fds();
+  int imports = g_imports_open;
+  for (const Case &c : cases) {
+    std::string why;
+    int rc = 0;
+    {
+      FakeSender liar(c.name, [&c](int conn) {
+        send(conn, &c.reply, sizeof c.reply, MSG_NOSIGNAL);
+        if (c.k > 0) {
+          send_fds(conn, c.k, c.fds);
+        }
+      });
+      std::vector<std::string> marks;
+      rc = fetch_marks(liar.wire, &marks, &why, 1000);
+    }
+    printf("%s: rc %d: %s\n", c.name, rc, why.c_str());
+    assert_int_not_equal(rc, 0);
+    assert_int_equal(open_fds(), fds);
+    assert_int_equal(int(g_imports_open), imports);
+  }
+}
+
+/* Receivers that send garbage, half a request or nothing get nothing, and the next one is served.
+ */
+static void test_hostile_receivers_get_nothing(void **state) {
+  (void)state;
+  Server *srv = new_server();
+  FakeBlock b{'h', 3};
+  uint64_t id = 0;
+  std::string wire = share(srv, &b, &id);
+  const size_t sizes[] = {0, 3, sizeof(gg_torch::ipc::Request), 4096};
+  for (size_t n : sizes) {
+    int fd = connect_raw(wire);
+    std::vector<char> junk(n, '\x5a');
+    if (n > 0) {
+      send(fd, junk.data(), n, MSG_NOSIGNAL);
+    } else {
+      shutdown(fd, SHUT_WR);
+    }
+    Reply r{};
+    timeval tv{3, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ssize_t got = recv(fd, &r, sizeof r, 0);
+    close(fd);
+    printf("a receiver sending %zu bytes: %s\n", n,
+           got == ssize_t(sizeof r) ? strerror(r.status)
+           : got == 0               ? "hung up"
+                                    : "no answer");
+    assert_true(got == 0 || (got == ssize_t(sizeof r) && r.status == ENOENT));
+  }
+  std::vector<std::string> marks;
+  std::string why;
+  assert_int_equal(fetch_marks(wire, &marks, &why), 0);
+  assert_true(marks == expected_marks(b));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_round_trip_maps_every_piece),
@@ -542,6 +678,8 @@ int main(void) {
       cmocka_unit_test(test_more_pieces_than_descriptors),
       cmocka_unit_test(test_stalled_open_does_not_block_others),
       cmocka_unit_test(test_cache_shrinks_when_mappings_drop),
+      cmocka_unit_test(test_hostile_senders_leave_nothing),
+      cmocka_unit_test(test_hostile_receivers_get_nothing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

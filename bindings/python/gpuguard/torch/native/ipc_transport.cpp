@@ -115,8 +115,8 @@ bool send_batch(int conn, const Batch &b, const gg_share_piece_t *pieces) {
 }
 
 /* One batch: the header into *b, the descriptors into fds (room for kBatch); how many came, or -1
- * (any that came closed) when the message is no batch. *cut: descriptors were dropped on the way
- * in, which the kernel does when this process has none left. */
+ * (any that came closed, errno EPIPE when the sender hung up) when the message is no batch. *cut:
+ * descriptors were dropped on the way in. */
 ssize_t recv_batch(int conn, Batch *b, int *fds, bool *cut) {
   char ctrl[CMSG_SPACE(sizeof(int) * kBatch)];
   iovec iov{b, sizeof *b};
@@ -136,7 +136,9 @@ ssize_t recv_batch(int conn, Batch *b, int *fds, bool *cut) {
   }
   *cut = got >= 0 && (m.msg_flags & MSG_CTRUNC);
   if (got != ssize_t(sizeof *b)) {
+    int e = got < 0 ? errno : got == 0 ? EPIPE : EPROTO;
     close_fds(fds, n);
+    errno = e;
     return -1;
   }
   return ssize_t(n);
@@ -153,6 +155,17 @@ void refuse(int conn, int status, const std::string &why) {
  * worth saying as such: the sender is out of descriptors, not its memory unshareable. */
 int export_errno(int rc, const char *why) {
   return rc == GG_EIO && strstr(why, "EMFILE") ? EMFILE : rc == GG_ENOTSUP ? ENOTSUP : EIO;
+}
+
+/* The kernel drops descriptors that do not fit (MSG_CTRUNC): a sender that sent more than a batch
+ * holds, or this process out of them. Which one: try to take one; EMFILE, ENFILE or 0. */
+int fd_shortage() {
+  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return errno == EMFILE || errno == ENFILE ? errno : 0;
+  }
+  close(fd);
+  return 0;
 }
 
 /* A batch that ends the answer: no pieces, the reason. */
@@ -174,7 +187,11 @@ int receive_pieces(const Ops &ops, int conn, const Reply &r, void *imp, const st
     bool cut = false;
     ssize_t n = recv_batch(conn, &b, fds, &cut);
     if (n < 0) {
-      *why = "the CUDA memory of " + pid + " did not arrive whole: " + errno_text(errno);
+      int e = errno;
+      *why = "the CUDA memory of " + pid + " did not arrive whole: " +
+             (e == EAGAIN  ? "no answer in time"
+              : e == EPIPE ? "it hung up"
+                           : errno_text(e));
       return EPROTO;
     }
     bool ok = !cut && b.status == 0 && size_t(n) == b.k && b.k >= 1 && got + b.k <= r.n;
@@ -190,9 +207,10 @@ int receive_pieces(const Ops &ops, int conn, const Reply &r, void *imp, const st
       *why = pid + " could not send the CUDA memory: " + b.msg;
       return b.status;
     }
-    if (cut) {
-      *why = "the CUDA memory of " + pid + " did not arrive: " + errno_text(EMFILE);
-      return EMFILE;
+    int shortage = cut ? fd_shortage() : 0;
+    if (shortage != 0) {
+      *why = "the CUDA memory of " + pid + " did not arrive: " + errno_text(shortage);
+      return shortage;
     }
     if (!ok) {
       *why = "a malformed CUDA IPC answer from " + pid;
