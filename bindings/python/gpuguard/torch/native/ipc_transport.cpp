@@ -36,10 +36,13 @@ std::string errno_text(int e) {
   char buf[128];
   std::string s = strerror_r(e, buf, sizeof buf);
   if (e == EMFILE || e == ENFILE) {
-    s += e == EMFILE ? " (EMFILE: this process's descriptor limit)" : " (ENFILE: the system's)";
+    s += e == EMFILE ? " (EMFILE: the process's descriptor limit)" : " (ENFILE: the system's)";
   }
   return s;
 }
+
+/* A descriptor held back for accept when the process runs out: see serve_loop. */
+int open_reserve() { return open("/dev/null", O_RDONLY | O_CLOEXEC); }
 
 bool same_user(int fd) {
   struct ucred cred {};
@@ -273,9 +276,6 @@ void Server::forget(uint64_t id) {
   live_.erase(id);
 }
 
-/* A descriptor held back for accept when the process runs out: see serve_loop. */
-int open_reserve() { return open("/dev/null", O_RDONLY | O_CLOEXEC); }
-
 int Server::start(std::string *why) {
   std::lock_guard<std::mutex> g(start_mu_);
   if (listen_fd_ >= 0) {
@@ -322,17 +322,15 @@ void Server::serve_loop(int listen_fd, int reserve) {
       if (e == EINTR || e == ECONNABORTED) {
         continue;
       }
-      if (e != EMFILE && e != ENFILE) {
-        return;
-      }
       /* accept fails at once, again and again, while the process has no descriptor left: give up
-       * the reserve so that the next accept waits for a connection; without one, back off. */
-      if (reserve >= 0) {
+       * the reserve so that the next accept waits for a connection; without one (or on any other
+       * error: ENOBUFS, ENOMEM), back off rather than spin, and never stop serving. */
+      if ((e == EMFILE || e == ENFILE) && reserve >= 0) {
         close(reserve);
         reserve = -1;
       } else {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        reserve = open_reserve();
+        reserve = reserve >= 0 ? reserve : open_reserve();
       }
       continue;
     }
