@@ -9,8 +9,9 @@
  * compared in constant time: a handle opens its own block and no other). The receiver connects,
  * presents the capability, gets one descriptor per piece and maps them (gg_import_open /
  * gg_import_map). Both ends check that the peer is the same user. Descriptors are exported at the
- * receiver's request and closed once sent; once exported, a descriptor keeps its memory alive by
- * itself.
+ * receiver's request, 32 at a time, and closed once sent (the receiver closes each once mapped);
+ * once exported, a descriptor keeps its memory alive by itself. The transport itself (threads,
+ * deadlines, batches, the receiver's cache) is ipc_transport.h, tested without CUDA or PyTorch.
  *
  * Memory the driver made without shareable handles (the cuMemAlloc fallback on devices without
  * virtual memory management) is shared the legacy way, with cudaIpcGetMemHandle, in the handle
