@@ -405,6 +405,81 @@ def test_cuda_tensor_through_a_multiprocessing_queue(tmp_path) -> None:
     assert out["fd_growth"] <= 4  # no descriptor kept per shared block
 
 
+IPC_HOSTILE_SCRIPT = """
+import json, os, sys
+import gpuguard._autostart as A
+A.run()
+import torch
+import torch.multiprocessing as mp
+
+ID, CAP = slice(34, 42), 20  # in the handle: 2 framing bytes, then ipc_transport.h's Wire
+
+
+def read(args, n):
+    t = torch.empty(0, dtype=torch.float32, device="cuda")
+    t.set_(torch.UntypedStorage._new_shared_cuda(*args), 0, (n,), (1,))
+    return float(t.sum().item())
+
+
+def refused(args, n):
+    try:
+        return "opened: %s" % read(args, n)
+    except Exception as e:
+        return str(e).splitlines()[0]
+
+
+def child(q_in, q_out):
+    sa, sb, sbig = q_in.get()
+    out = {"a": read(sa, 1000), "big": read(sbig, sbig[2] // 4)}
+    h = bytearray(sa[1])
+    h[ID] = sb[1][ID]  # block b's id under block a's capability
+    out["forged_id"] = refused((sa[0], bytes(h)) + tuple(sa[2:]), 1000)
+    h = bytearray(sb[1])
+    h[CAP] ^= 1
+    out["forged_cap"] = refused((sb[0], bytes(h)) + tuple(sb[2:]), 1000)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(300):  # each open after the last drop maps afresh: nothing kept per handle
+        read(sb, 1000)
+    out["fd_growth"] = len(os.listdir("/proc/self/fd")) - fds
+    q_out.put(out)
+
+
+if __name__ == "__main__":
+    mp.set_start_method("spawn")
+    q_in, q_out = mp.Queue(), mp.Queue()
+    p = mp.Process(target=child, args=(q_in, q_out))
+    p.start()
+    a = torch.ones(1000, device="cuda")
+    b = torch.full((1000,), 2.0, device="cuda")
+    big = torch.ones(300 << 20, device="cuda")  # 1.2 GiB: one piece per arena chunk under it
+    shares = [x.untyped_storage()._share_cuda_() for x in (a, b, big)]
+    q_in.put(tuple(shares))
+    out = q_out.get(timeout=240)
+    p.join(120)
+    out["rc"] = p.exitcode
+    print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def test_cuda_ipc_handle_opens_its_own_block_only(tmp_path) -> None:
+    """Issue 42 items 7, 15, 16 on the device: a handle with another block's id, or a capability one
+    bit off, opens nothing; a block of many pieces arrives whole; handles opened again and again
+    leave no descriptor behind."""
+    need_gpu()
+    script = tmp_path / "ipc_hostile.py"
+    script.write_text(IPC_HOSTILE_SCRIPT)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=400,
+                       env=_env(GPUGUARD_TORCH="1"))
+    assert r.returncode == 0, f"rc={r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-6000:]}"
+    out = json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    assert out["a"] == 1000.0
+    assert out["big"] == float(300 << 20)
+    assert "no such shared block" in out["forged_id"], out["forged_id"]
+    assert "no such shared block" in out["forged_cap"], out["forged_cap"]
+    assert out["fd_growth"] <= 4
+    assert out["rc"] == 0
+
+
 def test_compile_reduce_overhead_runs() -> None:
     need_gpu()
     out = run_script("""
