@@ -122,6 +122,40 @@ def test_memory_stats_has_every_key_of_pytorchs_own_allocator() -> None:
     assert theirs - ours == set(), sorted(theirs - ours)
 
 
+EXIT_HISTORY = """
+torch.cuda.memory._record_memory_history(max_entries=100000)
+xs = [torch.randn(1 << k, device="cuda") for k in range(10, 20)]
+del xs[3]
+snap = torch.cuda.memory._snapshot()
+assert snap["device_traces"][0], "no trace recorded"
+"""
+EXIT_OBSERVER = """
+seen = []
+torch._C._cuda_attach_out_of_memory_observer(lambda *a: seen.append(a))
+ys = [torch.randn(1 << 12, device="cuda") for _ in range(8)]
+"""
+
+
+@pytest.mark.parametrize("parts", ["history+observer", "observer", "history"])
+def test_process_exits_0_after_memory_debugging(parts: str) -> None:
+    """Issue 41: history, tensors, a snapshot and an out-of-memory observer, then the script ends: the
+    process must exit 0 (it died with SIGABRT, "corrupted size vs. prev_size in fastbins", when the
+    backend's recorded stacks were destroyed by a static destructor after Python was gone)."""
+    need_gpu()
+    code = "import gpuguard._autostart as A\nA.run()\nimport torch\n"
+    code += "assert torch.cuda.get_allocator_backend() == 'gpuguard'\n"
+    if "history" in parts:
+        code += EXIT_HISTORY
+    if "observer" in parts:
+        code += EXIT_OBSERVER
+    code += "print('end of script', flush=True)\n"
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env=_env(GPUGUARD_TORCH="1", MALLOC_CHECK_="3"))
+        assert "end of script" in r.stdout, r.stderr[-4000:]
+        assert r.returncode == 0, f"rc={r.returncode}\nstderr:\n{r.stderr[-4000:]}"
+
+
 def test_cudnn_benchmark_convolutions_train() -> None:
     need_gpu()
     out = run_script("""

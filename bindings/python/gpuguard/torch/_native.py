@@ -11,6 +11,7 @@ path and libgpuguard's path, in a directory only the user may write (anything el
 build goes to a private temporary directory instead)."""
 from __future__ import annotations
 
+import atexit
 import ctypes
 import glob
 import hashlib
@@ -192,6 +193,7 @@ def load(torch: Any) -> ctypes.CDLL:
     lib.gg_torch_native_use_arena.restype = ctypes.c_int
     lib.gg_torch_native_pool_arena.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_void_p]
     lib.gg_torch_native_pool_arena.restype = ctypes.c_int
+    lib.gg_torch_native_at_exit.restype = ctypes.c_int
     _loaded = lib
     return lib
 
@@ -212,7 +214,16 @@ def install(torch: Any, capacity: int = 0, chunk_size: int = 0, captures: str = 
                              + err.value.decode(errors="replace") + " (install it before the first CUDA tensor: "
                              "GPUGUARD_TORCH=1, or call gpuguard.torch.use_native() right after importing torch)",
                              GG_ESTATE, "GG_ESTATE")
+        # Registered now, so it runs after the atexit handlers of the program (last in, first out).
+        atexit.register(_at_exit, lib)
     lib.gg_torch_native_capture_query(1 if captures == "any" else 0)
+
+
+def _at_exit(lib: ctypes.CDLL) -> None:
+    """Releases what the backend holds of Python's (recorded stacks, out-of-memory observers, trace
+    trackers) while the interpreter lives, with the GIL held (a PYFUNCTYPE call keeps it)."""
+    call = ctypes.PYFUNCTYPE(ctypes.c_int)(("gg_torch_native_at_exit", lib))
+    call()
 
 
 def active() -> bool:

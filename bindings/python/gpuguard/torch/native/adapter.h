@@ -232,6 +232,7 @@ public:
   bool pool_blocks_are(int device, PoolId id, const std::unordered_set<void *> &expected);
   std::vector<Range> ranges(PoolId id); /* {0, 0}: all */
   std::vector<BlockView> blocks_sorted();
+  void drop_contexts(); /* every block's recorded stack released (at the interpreter's exit) */
 
   /* ---- modes and diagnostics */
   void set_capture_any(bool on) { capture_any_.store(on); }

@@ -472,4 +472,17 @@ std::vector<BlockView> Adapter::blocks_sorted() {
   return out;
 }
 
+void Adapter::drop_contexts() {
+  std::vector<std::shared_ptr<void>> gone;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto &kv : blocks_) {
+      if (kv.second.extra && kv.second.extra->context) {
+        gone.push_back(std::move(kv.second.extra->context));
+      }
+    }
+  }
+  /* released here, outside the lock */
+}
+
 } // namespace gg_torch

@@ -436,6 +436,14 @@ void Backend::attachAllocatorTraceTracker(cda::AllocatorTraceTracker tracker) {
   history_.add_tracker(std::move(tracker));
 }
 
+/* Stacks hold Python code objects, observers and trackers Python callables: all go while the
+ * interpreter lives. The backend itself is never destroyed (entry.cpp), as PyTorch's own allocator
+ * never is, so nothing Python owns reaches a static destructor. */
+void Backend::at_exit() {
+  history_.drop_python_state();
+  core_.drop_contexts();
+}
+
 void Backend::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex to) {
   c10::cuda::CUDAGuard guard(dev);
   cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);

@@ -52,6 +52,9 @@ public:
   void add_tracker(cda::AllocatorTraceTracker t);
   std::vector<cca::OutOfMemoryObserver> observers();
   bool enabled() const { return on_.load(); }
+  /* Turns history off and drops every object Python may own (recorded stacks, observers,
+   * trackers), while the interpreter still lives (gpuguard.torch's atexit hook). */
+  void drop_python_state();
   /* The trace per device, times made wall-clock (snapshot.cpp). */
   std::vector<std::vector<cda::TraceEntry>> traces(int device_count);
 
@@ -129,6 +132,8 @@ public:
 
   /* For entry.cpp. */
   Adapter &core() { return core_; }
+  /* At the interpreter's exit: nothing Python owns is left to a later destructor. */
+  void at_exit();
   static void deleter(void *ptr);
 
 private:

@@ -76,6 +76,23 @@ void History::add_tracker(cda::AllocatorTraceTracker t) {
   trackers_on_.store(true);
 }
 
+void History::drop_python_state() {
+  std::deque<cda::TraceEntry> trace;
+  std::vector<cca::OutOfMemoryObserver> observers;
+  std::vector<cda::AllocatorTraceTracker> trackers;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    on_.store(false);
+    trackers_on_.store(false);
+    recorder_ = nullptr;
+    when_ = cda::RecordContext::NEVER;
+    trace.swap(trace_);
+    observers.swap(observers_);
+    trackers.swap(trackers_);
+  }
+  /* Destroyed here, outside the lock: a stack's destructor may call back into Python's side. */
+}
+
 std::vector<cca::OutOfMemoryObserver> History::observers() {
   std::lock_guard<std::mutex> g(mu_);
   return observers_;
