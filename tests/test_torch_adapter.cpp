@@ -1,6 +1,6 @@
 /* test_torch_adapter.cpp — the torch-free core of gpuguard's PyTorch backend
- * (bindings/python/gpuguard/torch/native/adapter*.cpp), built alone and run on the host backend with
- * stub runtime calls: the pool rules, the statistics, capture routing (announced and not), the
+ * (bindings/python/gpuguard/torch/native/adapter*.cpp), built alone and run on the host backend
+ * with stub runtime calls: the pool rules, the statistics, capture routing (announced and not), the
  * blocks a graph keeps, record_stream joins, and the trace file. No PyTorch, no GPU. */
 #include <sys/stat.h>
 #include <unistd.h>
@@ -296,6 +296,76 @@ static void test_out_of_memory_is_reported_and_counted(void **state) {
   gg_assert_ok(ad.check());
 }
 
+/* Every figure of memory_stats() with PyTorch's meaning: reserved = mapped, segments = chunks
+ * (allocated: mapped, freed: given back), inactive split = free stretches inside chunks that hold
+ * a live block, totals reset by reset_totals and peaks by reset_peaks. */
+static void test_every_figure_has_pytorchs_meaning(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  void *a = alloc(ad, 256 * 1024, nullptr);
+  void *b = alloc(ad, 256 * 1024, nullptr);
+  void *c = alloc(ad, 256 * 1024, nullptr);
+  gg_arena_t *arena = ad.device_arena_if_any(0);
+  gg_arena_stats_t s = stats_of(arena);
+  gg_torch::DeviceStats d = ad.stats(0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].current, s.bytes_mapped);
+  assert_int_equal(d.reserved_bytes[gg_torch::kLarge].current, s.bytes_mapped);
+  assert_int_equal(d.reserved_bytes[gg_torch::kSmall].current, 0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].allocated, s.bytes_mapped);
+  assert_int_equal(d.segment[gg_torch::kAll].current, s.n_chunks);
+  assert_int_equal(d.segment[gg_torch::kAll].allocated, s.n_maps);
+  assert_int_equal(d.num_device_alloc, s.n_maps);
+  assert_int_equal(d.max_split_size, -1);
+  assert_int_equal(d.oversize_allocations.current, 0);
+  int64_t free_before = d.inactive_split_bytes[gg_torch::kAll].current;
+  release(ad, b); /* a hole between two live blocks */
+  d = ad.stats(0);
+  assert_true(d.inactive_split[gg_torch::kAll].current >= 1);
+  assert_true(d.inactive_split_bytes[gg_torch::kAll].current >= free_before + 256 * 1024);
+  assert_true(d.inactive_split_bytes[gg_torch::kAll].current <=
+              d.reserved_bytes[gg_torch::kAll].current - d.allocated_bytes[gg_torch::kAll].current);
+  assert_int_equal(d.inactive_split_bytes[gg_torch::kAll].current,
+                   d.inactive_split_bytes[gg_torch::kAll].allocated -
+                       d.inactive_split_bytes[gg_torch::kAll].freed);
+  release(ad, a);
+  release(ad, c);
+  d = ad.stats(0);
+  assert_int_equal(d.inactive_split[gg_torch::kAll].current, 0); /* nothing live: releasable */
+  assert_int_equal(d.inactive_split_bytes[gg_torch::kAll].current, 0);
+  assert_true(d.inactive_split_bytes[gg_torch::kAll].peak >= 256 * 1024);
+  ad.reset_totals(0);
+  ad.reset_peaks(0);
+  d = ad.stats(0);
+  assert_int_equal(d.num_device_alloc, 0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].allocated, 0);
+  assert_int_equal(d.inactive_split_bytes[gg_torch::kAll].peak, 0);
+  int64_t mapped = d.reserved_bytes[gg_torch::kAll].current;
+  assert_true(mapped > 0);
+  gg_assert_ok(ad.empty_cache(PoolId{}));
+  d = ad.stats(0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].current, 0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].freed, mapped);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].peak, mapped); /* peaks stay until reset */
+  assert_int_equal(d.segment[gg_torch::kAll].current, 0);
+  assert_int_equal(d.num_device_free, stats_of(arena).n_unmaps);
+  assert_int_equal(d.num_device_free, d.segment[gg_torch::kAll].freed);
+  /* a pool's arena destroyed with its pool: its memory is counted as freed, not forgotten */
+  PoolId id{1, 0};
+  ad.begin_capture(0, id, [](Stream) { return true; });
+  void *p = alloc(ad, 3 * MiB, nullptr);
+  gg_assert_ok(ad.end_capture(0, id));
+  int64_t with_pool = ad.stats(0).reserved_bytes[gg_torch::kAll].current;
+  assert_true(with_pool >= int64_t(3 * MiB));
+  release(ad, p);
+  ad.release_pool(0, id);
+  gg_assert_ok(ad.empty_cache(PoolId{}));
+  d = ad.stats(0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].current, 0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].freed, mapped + with_pool);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].allocated, with_pool);
+  gg_assert_ok(ad.check());
+}
+
 /* GPUGUARD_PLUGIN_TRACE=PATH: PATH.PID, in bench_replay's format; set in main before any call. */
 static void test_trace_file_has_the_replay_format(void **state) {
   (void)state;
@@ -334,6 +404,7 @@ int main(void) {
       cmocka_unit_test(test_unannounced_capture_is_kept_for_its_graph),
       cmocka_unit_test(test_recorded_streams_are_joined_at_the_free),
       cmocka_unit_test(test_out_of_memory_is_reported_and_counted),
+      cmocka_unit_test(test_every_figure_has_pytorchs_meaning),
       cmocka_unit_test(test_trace_file_has_the_replay_format),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

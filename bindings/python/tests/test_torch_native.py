@@ -112,14 +112,45 @@ def test_backend_is_gpuguard_and_counts_exactly_under_threads() -> None:
         assert key in out["keys"], key
 
 
+STATS_KEYS = """
+import torch, json
+torch.empty(1, device='cuda')
+x = torch.empty(3 << 20, device='cuda')
+print("KEYS " + json.dumps([sorted(torch.cuda.memory_stats()), sorted(torch.accelerator.memory_stats())]))
+"""
+
+
 def test_memory_stats_has_every_key_of_pytorchs_own_allocator() -> None:
+    """torch.cuda.memory_stats() and torch.accelerator.memory_stats() report the same keys as under
+    PyTorch's own allocator (run without GPUGUARD_TORCH for the reference); the accelerator's reads
+    gpuguard's figures (it was empty: KeyError 'active_bytes.all.current' in test_memory_stats)."""
     need_gpu()
-    code = "import torch, json; torch.empty(1, device='cuda'); print(json.dumps(sorted(torch.cuda.memory_stats())))"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_env())
-    assert r.returncode == 0, r.stderr
-    theirs = set(json.loads(r.stdout.strip().splitlines()[-1]))
-    ours = set(run_script("torch.empty(1, device='cuda'); out['k'] = sorted(torch.cuda.memory_stats())")["k"])
-    assert theirs - ours == set(), sorted(theirs - ours)
+
+    def keys(**env: str) -> list:
+        r = subprocess.run([sys.executable, "-c", "import gpuguard._autostart as A\nA.run()\n" + STATS_KEYS],
+                           capture_output=True, text=True, timeout=300, env=_env(**env))
+        assert r.returncode == 0, r.stderr[-4000:]
+        return json.loads([x for x in r.stdout.splitlines() if x.startswith("KEYS ")][-1][5:])
+
+    theirs = keys(GPUGUARD_TORCH="0")
+    ours = keys(GPUGUARD_TORCH="1")
+    assert set(theirs[0]) == set(ours[0]), (sorted(set(theirs[0]) ^ set(ours[0])))
+    assert set(theirs[1]) == set(ours[1]), (sorted(set(theirs[1]) ^ set(ours[1])))
+    out = run_script("""
+        torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats(); torch.cuda.reset_accumulated_memory_stats()
+        before = torch.accelerator.memory_stats()["active_bytes.all.current"]
+        t = torch.randn(256, device="cuda")
+        out["up"] = torch.accelerator.memory_stats()["active_bytes.all.current"] - before
+        del t
+        torch.accelerator.empty_cache()
+        s = torch.accelerator.memory_stats()
+        out["freed"] = s["active_bytes.all.freed"]
+        out["same"] = s["allocated_bytes.all.current"] == torch.cuda.memory_stats()["allocated_bytes.all.current"]
+        out["reserved"] = s["reserved_bytes.all.current"]
+        out["ok"] = s["segment.all.current"] >= 0 and s["num_device_alloc"] >= s["num_device_free"] >= 0
+    """)
+    assert out["up"] == 1024 and out["freed"] == 1024 and out["same"] and out["ok"], out
+    assert out["reserved"] == 0, out  # empty_cache through torch.accelerator reached the backend
 
 
 EXIT_HISTORY = """

@@ -86,11 +86,34 @@ struct Stat {
 
 enum { kAll = 0, kSmall = 1, kLarge = 2 }; /* PyTorch's StatType order */
 
-/* The figures PyTorch's memory_stats() reads, per device: written by alloc and free only. */
+/* Every figure PyTorch's memory_stats() reports, per device, with PyTorch's meaning
+ * (c10::CachingDeviceAllocator::DeviceStats), as gpuguard's arenas give it:
+ *  - allocation, active, allocated_bytes, active_bytes, requested_bytes: PyTorch's blocks, by the
+ *    size class of the block (small: at most 1 MiB); written by alloc and free only. A block is
+ *    active from its allocation to its free (the arena keeps a freed block from reuse until its
+ *    stream is past it, as PyTorch's events do, but that memory is no longer counted as active).
+ *  - reserved_bytes, segment: the memory every arena of the device has mapped, and its chunks
+ *    (PyTorch's segments); allocated = mapped, freed = given back to the driver. All of it is
+ *    counted in the large pool (the arenas have no separate small pool).
+ *  - inactive_split, inactive_split_bytes: the free stretches inside mapped memory (PyTorch's
+ *    free blocks split from a segment), counted and summed at each read; allocated/freed are the
+ *    increases and decreases seen between reads, so current = allocated - freed since a reset.
+ *  - oversize_allocations, oversize_segments: 0 (no max_split_size: every block may be split).
+ *  - num_sync_all_streams: host waits for a stream the arenas made (to reuse or give back
+ *    memory released in stream order), PyTorch's synchronize-and-free-events;
+ *  - num_device_alloc, num_device_free: chunks mapped and unmapped (cuMemCreate / cuMemRelease).
+ *  - num_alloc_retries: an allocation retried after freeing unused pools; num_ooms: refusals.
+ *  - max_split_size: -1 (unlimited, PyTorch's default). */
 struct DeviceStats {
   Stat allocation[3], active[3], allocated_bytes[3], active_bytes[3], requested_bytes[3];
-  int64_t num_ooms = 0;
+  Stat segment[3], inactive_split[3], reserved_bytes[3], inactive_split_bytes[3];
+  Stat oversize_allocations, oversize_segments;
   int64_t num_alloc_retries = 0;
+  int64_t num_ooms = 0;
+  int64_t num_sync_all_streams = 0;
+  int64_t num_device_alloc = 0;
+  int64_t num_device_free = 0;
+  int64_t max_split_size = -1;
 };
 
 /* What the arenas of a device hold, summed (PyTorch's reserved and segment figures). */
@@ -210,9 +233,9 @@ public:
   int share_info(void *ptr, gg_arena_t **arena, size_t *size, int *device, uint64_t *ipc_id);
   void set_ipc_id(void *ptr, uint64_t id);
 
-  /* ---- statistics (adapter.cpp) */
-  DeviceStats stats(int device);
-  Reserved reserved(int device);
+  /* ---- statistics (adapter_stats.cpp) */
+  DeviceStats stats(int device); /* every figure of DeviceStats, filled */
+  Reserved reserved(int device); /* since creation (no reset applies) */
   void reset_peaks(int device);
   void reset_totals(int device);
   size_t note_oom(int device); /* counts it; the bytes allocated now */
@@ -257,6 +280,8 @@ private:
   int implicit_pool_locked(int device, Stream stream, uint64_t capture, Pool **out);
   void destroy_after_sync(int device, const std::vector<gg_arena_t *> &dead);
   void account_locked(const Block &b, bool add);
+  void free_stretches(int device, int64_t *count, int64_t *bytes);
+  void note_gone(int device, gg_arena_t *a);
   void trace(char op, const void *ptr, size_t size, Stream stream);
   static void graph_gone(void *user);
 
@@ -266,8 +291,13 @@ private:
   std::mutex make_mu_; /* two first allocations on a device make one arena */
   std::atomic<gg_arena_t *> arenas_[kMaxDevices] = {};
   bool owned_[kMaxDevices] = {}; /* made here (destroyed with the adapter) */
-  DeviceStats dev_[kMaxDevices];
-  int64_t reserved_base_[kMaxDevices] = {};
+  DeviceStats dev_[kMaxDevices]; /* the block figures; the rest is filled at each read */
+  struct Seen {                  /* per device: what the last read saw, and the reset's bases */
+    Reserved base;               /* totals at reset_totals */
+    int64_t reserved_peak = 0, segment_peak = 0;
+    Stat inactive, inactive_bytes;
+  } seen_[kMaxDevices];
+  Reserved gone_[kMaxDevices]; /* what arenas destroyed with their pools had mapped and done */
   std::unordered_map<void *, Block> blocks_;
   std::map<PoolId, std::unique_ptr<Pool>> pools_;
   struct Capture {

@@ -308,6 +308,7 @@ void Adapter::destroy_after_sync(int device, const std::vector<gg_arena_t *> &de
   }
   rt_.device_sync(device); /* a sticky error: the memory goes with the context anyway */
   for (gg_arena_t *a : dead) {
+    note_gone(device, a);
     gg_arena_destroy(a);
   }
 }

@@ -268,50 +268,43 @@ void Backend::recordStream(const c10::DataPtr &dp, c10::cuda::CUDAStream stream)
 
 namespace {
 
+void copy_stat(const Stat &from, c10::CachingAllocator::Stat *to) {
+  to->current = from.current;
+  to->peak = from.peak;
+  to->allocated = from.allocated;
+  to->freed = from.freed;
+}
+
 void copy_stats(const Stat (&from)[3], c10::CachingAllocator::StatArray &to) {
   for (size_t i = 0; i < 3; i++) {
-    to[i].current = from[i].current;
-    to[i].peak = from[i].peak;
-    to[i].allocated = from[i].allocated;
-    to[i].freed = from[i].freed;
+    copy_stat(from[i], &to[i]);
   }
 }
 
 } // namespace
 
+/* Field for field: the adapter fills every figure (adapter.h, DeviceStats, says what each means). */
 cda::DeviceStats Backend::getDeviceStats(c10::DeviceIndex device) {
-  using c10::CachingAllocator::StatType;
   check_device(device, "getDeviceStats");
   DeviceStats d = core_.stats(device);
-  Reserved r = core_.reserved(device);
   cda::DeviceStats out;
   copy_stats(d.allocation, out.allocation);
+  copy_stats(d.segment, out.segment);
   copy_stats(d.active, out.active);
+  copy_stats(d.inactive_split, out.inactive_split);
   copy_stats(d.allocated_bytes, out.allocated_bytes);
+  copy_stats(d.reserved_bytes, out.reserved_bytes);
   copy_stats(d.active_bytes, out.active_bytes);
+  copy_stats(d.inactive_split_bytes, out.inactive_split_bytes);
   copy_stats(d.requested_bytes, out.requested_bytes);
-  out.num_ooms = d.num_ooms;
   out.num_alloc_retries = d.num_alloc_retries;
-  c10::CachingAllocator::Stat reserved;
-  reserved.current = r.current;
-  reserved.peak = r.peak;
-  reserved.freed = r.freed;
-  reserved.allocated = r.current + r.freed;
-  c10::CachingAllocator::Stat segment;
-  segment.current = r.segments;
-  segment.peak = r.segments;
-  c10::CachingAllocator::Stat inactive;
-  inactive.current = std::max<int64_t>(r.current - r.in_use, 0);
-  inactive.peak = inactive.current;
-  for (StatType t : {StatType::AGGREGATE, StatType::LARGE_POOL}) {
-    out.reserved_bytes[size_t(t)] = reserved;
-    out.segment[size_t(t)] = segment;
-    out.inactive_split_bytes[size_t(t)] = inactive;
-  }
-  out.num_sync_all_streams = int64_t(r.waits); /* every host wait the arenas made */
-  out.num_device_alloc = r.maps; /* driver allocations, as PyTorch counts its cudaMalloc */
-  out.num_device_free = r.unmaps;
-  out.max_split_size = -1;
+  out.num_ooms = d.num_ooms;
+  copy_stat(d.oversize_allocations, &out.oversize_allocations);
+  copy_stat(d.oversize_segments, &out.oversize_segments);
+  out.num_sync_all_streams = d.num_sync_all_streams;
+  out.num_device_alloc = d.num_device_alloc;
+  out.num_device_free = d.num_device_free;
+  out.max_split_size = d.max_split_size;
   return out;
 }
 
