@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <thread>
@@ -366,6 +367,90 @@ static void test_every_figure_has_pytorchs_meaning(void **state) {
   gg_assert_ok(ad.check());
 }
 
+/* CUDA-graph trees: a checkpoint of a graph pool, the pool changed (a block freed, others made),
+ * then restored: the checkpoint's blocks live at their addresses, the others freed, and the delta
+ * as PyTorch's allocator gives it (freed: every block live before; made: every checkpoint block).
+ */
+static void test_checkpoint_round_trip(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  PoolId id{3, 0};
+  ad.begin_capture(0, id, [](Stream) { return true; });
+  void *a = alloc(ad, 4096, nullptr);
+  void *b = alloc(ad, 3 * MiB, nullptr);
+  void *c = alloc(ad, 1000, nullptr);
+  gg_torch::Checkpoint cp = ad.checkpoint(0, id);
+  assert_int_equal(cp.live.size(), 3);
+  release(ad, b);
+  void *d = alloc(ad, 2 * MiB, nullptr); /* may take b's place, in part */
+  void *e = alloc(ad, 512, nullptr);
+  gg_assert_ok(ad.end_capture(0, id));
+  int64_t before = ad.stats(0).allocated_bytes[gg_torch::kAll].current;
+  std::vector<void *> freed;
+  std::vector<void *> made;
+  gg_assert_ok(ad.restore(cp, &freed, &made));
+  std::sort(freed.begin(), freed.end());
+  std::vector<void *> want_freed{a, c, d, e};
+  std::sort(want_freed.begin(), want_freed.end());
+  assert_true(freed == want_freed);
+  std::vector<void *> want_made{a, b, c};
+  std::sort(want_made.begin(), want_made.end());
+  assert_true(made == want_made);
+  assert_true(ad.pool_blocks_are(0, id, {a, b, c}));
+  int64_t after = ad.stats(0).allocated_bytes[gg_torch::kAll].current;
+  assert_int_equal(after - before, int64_t(3 * MiB) - int64_t(2 * MiB) - 512);
+  size_t sz = 0;
+  assert_true(ad.block_size(c, &sz));
+  assert_int_equal(sz, 1024);
+  gg_assert_ok(ad.check());
+  /* the same checkpoint again: nothing moves, the delta is every block both ways */
+  gg_assert_ok(ad.restore(cp, &freed, &made));
+  assert_int_equal(freed.size(), 3);
+  assert_int_equal(made.size(), 3);
+  for (void *p : {a, b, c}) {
+    release(ad, p);
+  }
+  ad.release_pool(0, id);
+  assert_int_equal(ad.release_freeable(0), 1);
+  assert_int_equal(ad.restore(cp, &freed, &made), GG_ENOTFOUND); /* the pool is gone */
+  gg_assert_ok(ad.check());
+}
+
+/* A range of the checkpoint taken meanwhile by someone else (the MemPool's arena is the caller's):
+ * GG_ESTATE, the pool exactly as before the call. */
+static void test_checkpoint_restore_refused_leaves_the_pool(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  gg_arena_options_t o = host_defaults(32 * MiB);
+  o.flags = GG_ARENA_NO_STREAM;
+  gg_arena_t *mine = nullptr;
+  gg_assert_ok(gg_arena_create(&mine, &o));
+  PoolId id{9, 0};
+  ad.create_or_incref(0, id, nullptr);
+  gg_assert_ok(ad.pool_use_arena(0, id, mine));
+  ad.begin_capture(0, id, [](Stream) { return true; });
+  void *a = alloc(ad, 1 << 16, nullptr);
+  gg_torch::Checkpoint cp = ad.checkpoint(0, id);
+  release(ad, a);
+  void *keep = alloc(ad, 1 << 12, nullptr);
+  gg_assert_ok(ad.end_capture(0, id));
+  void *other = nullptr;
+  gg_assert_ok(gg_alloc(mine, 1 << 16, &other)); /* inside a's old range */
+  std::vector<void *> freed;
+  std::vector<void *> made;
+  assert_int_equal(ad.restore(cp, &freed, &made), GG_ESTATE);
+  assert_true(freed.empty() && made.empty());
+  assert_true(ad.pool_blocks_are(0, id, {keep}));
+  assert_int_equal(stats_of(mine).n_live, 2);
+  gg_assert_ok(ad.check());
+  gg_assert_ok(gg_free(mine, other));
+  release(ad, keep);
+  ad.release_pool(0, id);
+  ad.release_pool(0, id);
+  assert_int_equal(ad.release_freeable(0), 1);
+  gg_assert_ok(gg_arena_destroy(mine));
+}
+
 /* GPUGUARD_PLUGIN_TRACE=PATH: PATH.PID, in bench_replay's format; set in main before any call. */
 static void test_trace_file_has_the_replay_format(void **state) {
   (void)state;
@@ -405,6 +490,8 @@ int main(void) {
       cmocka_unit_test(test_recorded_streams_are_joined_at_the_free),
       cmocka_unit_test(test_out_of_memory_is_reported_and_counted),
       cmocka_unit_test(test_every_figure_has_pytorchs_meaning),
+      cmocka_unit_test(test_checkpoint_round_trip),
+      cmocka_unit_test(test_checkpoint_restore_refused_leaves_the_pool),
       cmocka_unit_test(test_trace_file_has_the_replay_format),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -484,6 +484,99 @@ def test_compile_reduce_overhead_runs() -> None:
     assert out["close"]
 
 
+COMPILE_SHAPES = """
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).cuda()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    f = torch.compile(m, mode="reduce-overhead")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    losses = []
+    for step in range(12):
+        n = (32, 64)[step % 2]
+        x = torch.randn(n, 64, device="cuda", generator=g)
+        y = torch.randn(n, 8, device="cuda", generator=g)
+        loss = (f(x) - y).square().mean()
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        losses.append(float(loss))
+    outs = []
+    with torch.no_grad():
+        for n in (32, 64, 32, 64):
+            x = torch.randn(n, 64, device="cuda", generator=g)
+            outs.append(float(f(x).double().sum()))
+    torch.cuda.synchronize()
+    out["losses"] = losses
+    out["outs"] = outs
+    out["backend"] = torch.cuda.get_allocator_backend()
+"""
+
+
+def test_compile_reduce_overhead_alternating_shapes_train_then_infer() -> None:
+    """Issue 41: CUDA-graph trees record a new path per input shape and rewind their pool to a
+    checkpoint (setCheckpointPoolState); the losses and outputs equal the default allocator's."""
+    need_gpu()
+    ours = run_script(COMPILE_SHAPES, timeout=600)
+    theirs = run_script(COMPILE_SHAPES, timeout=600, GPUGUARD_TORCH="0")
+    assert ours["backend"] == "gpuguard" and theirs["backend"] == "native"
+    for a, b in zip(ours["losses"] + ours["outs"], theirs["losses"] + theirs["outs"]):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(b)), (ours, theirs)
+
+
+CHECKPOINT = """
+    def graph_of(fn, pool=None):
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            outs = fn()
+        return g, outs
+
+    def segments(pool):
+        return [(s["address"], s["total_size"], s["allocated_size"], [(b["size"], b["state"]) for b in s["blocks"]])
+                for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == tuple(pool)]
+
+    def foo():
+        bufs = [torch.empty(512 * (i + 1), dtype=torch.uint8, device="cuda") for i in range(11)]
+        return bufs[5].add_(2), bufs[8]
+
+    g, outs = graph_of(foo)
+    pool = g.pool()
+    dev = outs[0].device.index
+    before = segments(pool)
+    live = sorted(o.untyped_storage().data_ptr() for o in outs)
+    state = torch._C._cuda_getCheckpointState(dev, pool)
+    g2, outs2 = graph_of(lambda: (torch.empty(4096, dtype=torch.uint8, device="cuda"),), pool=pool)
+    torch._C._cuda_setCheckpointPoolState(dev, state, [t.untyped_storage()._cdata for t in outs2], [])
+    del outs2
+    out["same"] = segments(pool) == before
+    out["live_ok"] = torch._C._cuda_checkPoolLiveAllocations(dev, pool, set(live))
+    state = torch._C._cuda_getCheckpointState(dev, pool)
+    torch._C._cuda_setCheckpointPoolState(dev, state, [], [])  # unchanged: a round trip
+    out["same2"] = segments(pool) == before
+    try:
+        torch._C._cuda_setCheckpointPoolState(dev, torch._C._cuda_getCheckpointState(dev, (12345, 0)), [], [])
+        out["bad"] = "accepted"
+    except RuntimeError as e:
+        out["bad"] = str(e)
+    del outs, g, g2
+    torch.cuda.synchronize(); torch.cuda.empty_cache()
+    out["rest"] = torch.cuda.memory_allocated()
+"""
+
+
+def test_checkpoint_round_trip_puts_blocks_back() -> None:
+    """getCheckpointState / setCheckpointPoolState / checkPoolLiveAllocations as TestBlockStateAbsorption
+    uses them: the pool's segments after the rewind equal those at the checkpoint; a bad state is a
+    RuntimeError, not a crash."""
+    need_gpu()
+    out = run_script(CHECKPOINT)
+    assert out["same"] and out["same2"] and out["live_ok"], out
+    assert "could not find pool" in out["bad"], out
+    assert out["rest"] == 0, out
+
+
 GPT2 = """
     try:
         import transformers

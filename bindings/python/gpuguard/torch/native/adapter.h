@@ -210,6 +210,20 @@ struct Range {
   int device;
 };
 
+/* A private pool's live blocks at one moment (CUDA-graph trees' checkpoints): what restore() puts
+ * back. Opaque to the facade. */
+struct Checkpoint {
+  struct Live {
+    void *ptr;
+    size_t requested;
+    Stream stream;
+    gg_arena_t *arena;
+  };
+  PoolId id;
+  int device = 0;
+  std::vector<Live> live; /* by address */
+};
+
 class Adapter {
 public:
   /* `defaults`: the options of the arenas it makes (backend, capacity, chunk size). */
@@ -254,6 +268,15 @@ public:
   std::vector<void *> pool_blocks(int device, PoolId id);
   bool pool_blocks_are(int device, PoolId id, const std::unordered_set<void *> &expected);
   std::vector<Range> ranges(PoolId id); /* {0, 0}: all */
+
+  /* ---- checkpoints (adapter_checkpoint.cpp): CUDA-graph trees rewinding a pool */
+  Checkpoint checkpoint(int device, PoolId id);
+  /* The pool as it was at `c`: every block live now is freed (its address into *freed), then every
+   * block of the checkpoint is allocated again at its address (into *made), as PyTorch's allocator
+   * returns it. 0; GG_ENOTFOUND: no such pool on the device; GG_ENOTSUP: a pool with its own
+   * allocator; GG_ESTATE: an arena of the checkpoint is no longer the pool's, or a range of it is
+   * not free (nothing changed in both cases, checked before anything is freed). */
+  int restore(const Checkpoint &c, std::vector<void *> *freed, std::vector<void *> *made);
   std::vector<BlockView> blocks_sorted();
   void drop_contexts(); /* every block's recorded stack released (at the interpreter's exit) */
 
@@ -282,6 +305,8 @@ private:
   void account_locked(const Block &b, bool add);
   void free_stretches(int device, int64_t *count, int64_t *bytes);
   void note_gone(int device, gg_arena_t *a);
+  std::vector<std::pair<void *, Block>> free_pool_locked(Pool &p);
+  int place_locked(Pool &p, void *ptr, Block b);
   void trace(char op, const void *ptr, size_t size, Stream stream);
   static void graph_gone(void *user);
 

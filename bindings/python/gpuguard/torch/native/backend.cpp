@@ -382,8 +382,7 @@ bool Backend::checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t
 namespace {
 
 struct State final : public cca::AllocatorState {
-  c10::MempoolId_t id;
-  std::unordered_set<void *> live;
+  Checkpoint at;
 };
 
 } // namespace
@@ -392,25 +391,39 @@ std::shared_ptr<cca::AllocatorState> Backend::getCheckpointState(c10::DeviceInde
                                                                  c10::MempoolId_t id) {
   check_device(device, "getCheckpointState");
   auto st = std::make_shared<State>();
-  st->id = id;
-  for (void *p : core_.pool_blocks(device, pool_id(id))) {
-    st->live.insert(p);
-  }
+  st->at = core_.checkpoint(device, pool_id(id));
   return st;
 }
 
-/* Unchanged since the checkpoint: nothing to rewind. Anything else would need blocks placed back at
- * their old addresses, which the arena does not do. */
+/* CUDA-graph trees rewinding a pool (a new path recorded, e.g. for new input shapes): the
+ * adapter puts the checkpoint's blocks back at their addresses and frees the rest; the delta is
+ * PyTorch's own: every block freed, and a DataPtr (with this backend's deleter) for each block
+ * made, which PyTorch hands to the live storages or releases. */
 cca::CheckpointDelta Backend::setCheckpointPoolState(c10::DeviceIndex device,
                                                      std::shared_ptr<cca::AllocatorState> pps) {
   check_device(device, "setCheckpointPoolState");
   auto *st = dynamic_cast<State *>(pps.get());
   GG_CHECK(st, "setCheckpointPoolState: the state was not made by gpuguard's backend");
-  GG_CHECK(core_.pool_blocks_are(device, pool_id(st->id), st->live),
-           "gpuguard's PyTorch backend cannot rewind a CUDA-graph pool to a checkpoint "
-           "(torch.compile mode='reduce-overhead' recording a second path, e.g. for new input "
-           "shapes): keep shapes static, mark them dynamic, or run without GPUGUARD_TORCH=1");
-  return {};
+  GG_CHECK(st->at.device == device, "setCheckpointPoolState: the checkpoint is of CUDA device ",
+           st->at.device, ", not ", int(device));
+  std::vector<void *> freed;
+  std::vector<void *> made;
+  int rc = core_.restore(st->at, &freed, &made);
+  GG_CHECK(rc != GG_ENOTFOUND, "setCheckpointPoolState: could not find pool (", st->at.id.first,
+           ", ", st->at.id.second, ") on CUDA device ", int(device));
+  GG_CHECK(rc != GG_ENOTSUP, "setCheckpointPoolState: pool (", st->at.id.first, ", ",
+           st->at.id.second, ") has its own allocator: its blocks cannot be put back");
+  GG_CHECK(rc == 0, "setCheckpointPoolState: pool (", st->at.id.first, ", ", st->at.id.second,
+           ") cannot be put back to the checkpoint (its memory was given back or is used "
+           "elsewhere): ",
+           gg_last_error());
+  cca::CheckpointDelta delta;
+  delta.ptrs_freed = std::move(freed);
+  for (void *p : made) {
+    delta.dataptrs_allocd.emplace_back(p, p, &Backend::deleter,
+                                       c10::Device(c10::DeviceType::CUDA, device));
+  }
+  return delta;
 }
 
 /* ---- the rest of PyTorch's interface --------------------------------------------------------- */
