@@ -58,6 +58,20 @@ int stub_stream_sync(Stream) { return ++g_stream_syncs, 0; }
 int stub_device_sync(int) { return ++g_device_syncs, 0; }
 void stub_relax(bool, int *) {}
 
+/* Events: done when the test says the streams are (g_streams_done). */
+bool g_streams_done = false;
+int g_events_live = 0;
+int stub_event_record(int, Stream, void **ev) {
+  *ev = new int(0);
+  g_events_live++;
+  return 0;
+}
+int stub_event_query(void *) { return g_streams_done ? 1 : 0; }
+void stub_event_destroy(void *ev) {
+  delete static_cast<int *>(ev);
+  g_events_live--;
+}
+
 /* The graph is destroyed: the runtime calls what was tied to it. */
 void destroy_graphs() {
   for (auto &h : g_graph_holders) {
@@ -67,8 +81,9 @@ void destroy_graphs() {
 }
 
 gg_torch::Runtime stub_runtime() {
-  return gg_torch::Runtime{stub_capture_id, stub_graph_retain, stub_stream_sync, stub_device_sync,
-                           stub_relax};
+  return gg_torch::Runtime{stub_capture_id,  stub_graph_retain, stub_stream_sync,
+                           stub_device_sync, stub_relax,        stub_event_record,
+                           stub_event_query, stub_event_destroy};
 }
 
 gg_arena_options_t host_defaults(size_t capacity) {
@@ -266,20 +281,50 @@ static void test_unannounced_capture_is_kept_for_its_graph(void **state) {
   gg_host_stream_destroy(s);
 }
 
-/* Tensor.record_stream: the arena's stream waits for the recorded stream before the block goes. */
-static void test_recorded_streams_are_joined_at_the_free(void **state) {
+/* Tensor.record_stream: the block goes back to its arena only once the streams it was recorded on
+ * are past its free (an event each), counting as active until then; no allocation gets it before.
+ * After that, an allocation of its size gets it back (PyTorch's test_record_stream). */
+static void test_recorded_streams_hold_the_block_until_done(void **state) {
   (void)state;
   Adapter ad(stub_runtime(), host_defaults(64 * MiB));
   void *side = nullptr;
   gg_assert_ok(gg_host_stream_create(&side));
-  void *p = alloc(ad, 4096, nullptr);
-  gg_assert_ok(ad.record_stream(p, side));
-  gg_assert_ok(ad.record_stream(p, side)); /* once is enough */
+  void *p = alloc(ad, 3 * MiB, side);
+  gg_assert_ok(ad.record_stream(p, nullptr));
+  gg_assert_ok(ad.record_stream(p, nullptr)); /* once is enough */
   int x = 0;
   assert_int_equal(ad.record_stream(&x, side), GG_ENOTFOUND);
-  gg_host_fault_set(nullptr); /* resets the op counters */
+  g_streams_done = false;
   release(ad, p);
-  assert_int_equal(gg_host_op_count("stream_wait"), 1);
+  assert_int_equal(g_events_live, 2); /* the recorded stream and its own */
+  gg_torch::DeviceStats d = ad.stats(0);
+  assert_int_equal(d.allocated_bytes[gg_torch::kAll].current, 0);
+  assert_int_equal(d.active_bytes[gg_torch::kAll].current,
+                   3 * MiB); /* still in use by the stream */
+  assert_int_equal(d.requested_bytes[gg_torch::kAll].current, 3 * MiB);
+  void *q = alloc(ad, 3 * MiB, side);
+  assert_ptr_not_equal(q, p); /* not reused too soon */
+  g_streams_done = true;
+  void *r = alloc(ad, 3 * MiB, side);
+  assert_ptr_equal(r, p); /* the streams are done: reused */
+  assert_int_equal(g_events_live, 0);
+  d = ad.stats(0);
+  assert_int_equal(d.active[gg_torch::kAll].current, 2);
+  assert_int_equal(d.active_bytes[gg_torch::kAll].current, 6 * MiB);
+  release(ad, q);
+  release(ad, r);
+  /* empty_cache waits for the device: nothing stays held */
+  void *t = alloc(ad, 3 * MiB, side);
+  gg_assert_ok(ad.record_stream(t, nullptr));
+  g_streams_done = false;
+  release(ad, t);
+  int syncs = g_device_syncs;
+  g_streams_done = true; /* what the device wait makes true */
+  gg_assert_ok(ad.empty_cache(PoolId{}));
+  assert_int_equal(g_device_syncs, syncs + 1);
+  assert_int_equal(ad.stats(0).active_bytes[gg_torch::kAll].current, 0);
+  assert_int_equal(g_events_live, 0);
+  gg_assert_ok(ad.check());
   gg_host_stream_destroy(side);
 }
 
@@ -365,6 +410,32 @@ static void test_every_figure_has_pytorchs_meaning(void **state) {
   assert_int_equal(d.reserved_bytes[gg_torch::kAll].freed, mapped + with_pool);
   assert_int_equal(d.reserved_bytes[gg_torch::kAll].allocated, with_pool);
   gg_assert_ok(ad.check());
+}
+
+/* PyTorch's roundup_power2_divisions (torch.cuda.memory._set_allocator_settings): a request above
+ * 512 * divisions takes the next division step between two powers of two, block and figures. */
+static void test_roundup_power2_divisions(void **state) {
+  (void)state;
+  using gg_torch::block_bytes;
+  assert_int_equal(block_bytes(84 * MiB, 0), 84 * MiB);
+  assert_int_equal(block_bytes(84 * MiB, 1), 84 * MiB);
+  assert_int_equal(block_bytes(84 * MiB, 4), 96 * MiB);
+  assert_int_equal(block_bytes(84 * MiB, 8), 88 * MiB);
+  assert_int_equal(block_bytes(400 * MiB, 2), 512 * MiB);
+  assert_int_equal(block_bytes(64 * MiB, 4), 64 * MiB); /* a power of two stays */
+  assert_int_equal(block_bytes(1000, 4), 1024);         /* not above 512 * 4: the quantum */
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  void *p = nullptr;
+  PoolId id;
+  gg_assert_ok(ad.alloc(5000, 0, nullptr, nullptr, &p, &id, 4));
+  size_t sz = 0;
+  assert_true(ad.block_size(p, &sz));
+  assert_int_equal(sz, 5120);
+  gg_torch::DeviceStats d = ad.stats(0);
+  assert_int_equal(d.active_bytes[gg_torch::kAll].allocated, 5120);
+  assert_int_equal(d.requested_bytes[gg_torch::kAll].allocated, 5000);
+  gg_assert_ok(ad.check());
+  release(ad, p);
 }
 
 /* CUDA-graph trees: a checkpoint of a graph pool, the pool changed (a block freed, others made),
@@ -487,9 +558,10 @@ int main(void) {
       cmocka_unit_test(test_announced_capture_fills_its_pool),
       cmocka_unit_test(test_mem_pool_draws_from_the_given_arena),
       cmocka_unit_test(test_unannounced_capture_is_kept_for_its_graph),
-      cmocka_unit_test(test_recorded_streams_are_joined_at_the_free),
+      cmocka_unit_test(test_recorded_streams_hold_the_block_until_done),
       cmocka_unit_test(test_out_of_memory_is_reported_and_counted),
       cmocka_unit_test(test_every_figure_has_pytorchs_meaning),
+      cmocka_unit_test(test_roundup_power2_divisions),
       cmocka_unit_test(test_checkpoint_round_trip),
       cmocka_unit_test(test_checkpoint_restore_refused_leaves_the_pool),
       cmocka_unit_test(test_trace_file_has_the_replay_format),

@@ -47,6 +47,11 @@ Adapter::Adapter(const Runtime &rt, const gg_arena_options_t &defaults)
     : rt_(rt), defaults_(defaults) {}
 
 Adapter::~Adapter() {
+  for (Recorded &r : recorded_) {
+    for (void *e : r.events) {
+      rt_.event_destroy(e);
+    }
+  }
   for (auto &kv : pools_) {
     for (auto &sa : kv.second->arenas) {
       gg_arena_destroy(sa.second);
@@ -149,6 +154,10 @@ int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool
   if (rc == 0) {
     rc = gg_alloc_on(a, n, stream, ptr);
   }
+  if (rc == GG_ENOMEM && n_recorded_.load()) {
+    drain_recorded(true); /* blocks waiting for the streams they were recorded on */
+    rc = gg_alloc_on(a, n, stream, ptr);
+  }
   if (rc == GG_ENOMEM && release_freeable(device) > 0) {
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -177,8 +186,22 @@ int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool
   return rc;
 }
 
+size_t block_bytes(size_t n, size_t divisions) {
+  constexpr size_t kMinBlock = 512; /* PyTorch's smallest block: the rule starts above 512 * d */
+  if (divisions > 1 && n > kMinBlock * divisions && (n & (n - 1)) != 0) {
+    size_t floor = size_t(1) << (63 - __builtin_clzll(n));
+    size_t step = floor >> (63 - __builtin_clzll(divisions));
+    if (step == 0) {
+      return floor << 1;
+    }
+    size_t down = n & ~(step - 1);
+    return rounded(down == n ? n : down + step);
+  }
+  return rounded(n);
+}
+
 int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> context, void **ptr,
-                   PoolId *pool_id) {
+                   PoolId *pool_id, size_t divisions) {
   *ptr = nullptr;
   if (bad_device(device)) {
     return GG_EINVAL;
@@ -190,6 +213,9 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
       n_held_.load(std::memory_order_relaxed)) {
     sweep();
   }
+  if (n_recorded_.load(std::memory_order_relaxed)) {
+    drain_recorded(false);
+  }
   /* Only while a capture may be under way does a call ask the driver (one announced, or any). */
   uint64_t capture = 0;
   if (n_announced_.load(std::memory_order_relaxed) || capture_any_.load(std::memory_order_relaxed)) {
@@ -199,6 +225,7 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
   }
   Pool *pool = nullptr;
   gg_arena_t *used = nullptr;
+  size_t bytes = block_bytes(n, divisions);
   int rc = 0;
   if (capture || n_announced_.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> g(mu_);
@@ -208,16 +235,16 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
     }
   }
   if (rc == 0 && pool) {
-    rc = pool_alloc(*pool, n, stream, ptr, &used);
+    rc = pool_alloc(*pool, bytes, stream, ptr, &used);
   } else if (rc == 0) {
-    rc = default_alloc(n, device, stream, ptr, &pool, &used);
+    rc = default_alloc(bytes, device, stream, ptr, &pool, &used);
   }
   if (rc < 0) {
     return rc;
   }
   Block b;
   b.requested = n;
-  b.size = rounded(n);
+  b.size = bytes;
   b.stream = stream;
   b.device = device;
   b.pool = pool;
@@ -242,28 +269,26 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
   return 0;
 }
 
-void Adapter::account_locked(const Block &b, bool add) {
+/* `active`: with the allocation figures, the active and requested ones (not for a free that waits
+ * for the streams the block was recorded on: it stays active until then, as in PyTorch's). */
+void Adapter::account_locked(const Block &b, bool add, bool active) {
   DeviceStats &d = dev_[b.device];
   int k = size_class(b.size);
+  auto move = [add](Stat &s, int64_t n) { add ? s.add(n) : s.sub(n); };
   for (int i : {int(kAll), k}) {
-    if (add) {
-      d.allocation[i].add(1);
-      d.active[i].add(1);
-      d.allocated_bytes[i].add(int64_t(b.size));
-      d.active_bytes[i].add(int64_t(b.size));
-      d.requested_bytes[i].add(int64_t(b.requested));
-    } else {
-      d.allocation[i].sub(1);
-      d.active[i].sub(1);
-      d.allocated_bytes[i].sub(int64_t(b.size));
-      d.active_bytes[i].sub(int64_t(b.size));
-      d.requested_bytes[i].sub(int64_t(b.requested));
+    move(d.allocation[i], 1);
+    move(d.allocated_bytes[i], int64_t(b.size));
+    if (active) {
+      move(d.active[i], 1);
+      move(d.active_bytes[i], int64_t(b.size));
+      move(d.requested_bytes[i], int64_t(b.requested));
     }
   }
 }
 
 int Adapter::free(void *ptr, Freed *out) {
   Block b;
+  bool later = false;
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = blocks_.find(ptr);
@@ -272,7 +297,10 @@ int Adapter::free(void *ptr, Freed *out) {
     }
     b = std::move(it->second);
     blocks_.erase(it);
-    account_locked(b, false);
+    /* recorded on other streams, outside any capture: given back once they are done with it */
+    later = !b.pool && b.extra && !b.extra->recorded.empty() && !n_announced_.load() &&
+            !capture_any_.load();
+    account_locked(b, false, !later);
   }
   out->device = b.device;
   out->requested = b.requested;
@@ -280,6 +308,13 @@ int Adapter::free(void *ptr, Freed *out) {
   out->pool = b.pool ? b.pool->id : PoolId{};
   out->ipc_id = b.extra ? b.extra->ipc_id : 0;
   out->context = b.extra ? b.extra->context : nullptr;
+  if (later && defer_free(ptr, b)) {
+    return 0;
+  }
+  if (later) { /* no event could be recorded: the arena's stream joins them instead */
+    std::lock_guard<std::mutex> g(mu_);
+    deactivate_locked(b);
+  }
   if (!b.pool) {
     trace('f', ptr, 0, b.stream);
     free_default(ptr, b);
@@ -398,7 +433,7 @@ int Adapter::check() {
     live[b.pool]++;
     blocks[b.device]++;
     bytes[b.device] += int64_t(b.size);
-    if (b.size != rounded(b.requested) || (!b.arena && !(b.pool && b.pool->custom))) {
+    if (b.size < rounded(b.requested) || b.size % kQuantum || (!b.arena && !(b.pool && b.pool->custom))) {
       return GG_ESTATE;
     }
   }

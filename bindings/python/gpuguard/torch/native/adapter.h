@@ -63,6 +63,10 @@ constexpr int kMaxDevices = 64;
 constexpr size_t kSmallMax = size_t(1) << 20; /* PyTorch's small pool: blocks of at most 1 MiB */
 constexpr size_t kQuantum = 256;              /* the arena rounds every block to this */
 
+/* The bytes a request of n takes: n rounded to the arena's quantum, or with PyTorch's
+ * roundup_power2_divisions (see Adapter::alloc) to the next division step. */
+size_t block_bytes(size_t n, size_t divisions);
+
 /* A pool's id as PyTorch names it (MempoolId_t); {0, 0} is the default pool. */
 struct PoolId {
   uint64_t first = 0;
@@ -134,6 +138,12 @@ struct Runtime {
   /* Switches this thread to the relaxed capture mode (begin) and back (end, with what begin saved),
    * around the arena calls a capture must not see as unsafe (reserving and mapping memory). */
   void (*relax)(bool begin, int *saved);
+  /* An event recorded now on `stream` of `device` (*event is the caller's until event_destroy).
+   * 0, or <0. */
+  int (*event_record)(int device, Stream stream, void **event);
+  /* 1: the work queued before the event is done; 0: not yet; <0: an error. */
+  int (*event_query)(void *event);
+  void (*event_destroy)(void *event);
 };
 
 /* A block PyTorch holds: the one record of it. What few blocks carry lives apart (Extra), so the
@@ -159,6 +169,19 @@ struct Custom {
   std::function<void *(size_t, Stream)> alloc;
   std::function<void(void *)> free;
   std::shared_ptr<void> owner; /* keeps the allocator alive as long as the pool */
+};
+
+/* A default-pool block freed while streams it was recorded on (Tensor.record_stream) may still
+ * use it: given back to its arena once an event recorded on each of them at the free is done, as
+ * PyTorch's allocator does (until then it counts as active, not allocated). */
+struct Recorded {
+  void *ptr;
+  gg_arena_t *arena;
+  Stream stream;
+  int device;
+  size_t size;
+  size_t requested;
+  std::vector<void *> events;
 };
 
 /* A default-pool block a capture's graph still reads: freed once the graph is gone. */
@@ -216,6 +239,7 @@ struct Checkpoint {
   struct Live {
     void *ptr;
     size_t requested;
+    size_t size; /* the block's, as the arena counts it */
     Stream stream;
     gg_arena_t *arena;
   };
@@ -239,8 +263,11 @@ public:
   std::vector<gg_arena_t *> arenas_of(int device); /* every arena serving the device, once each */
 
   /* ---- blocks (adapter.cpp): the only place that routes, counts and records */
+  /* `divisions`: PyTorch's roundup_power2_divisions for n (allocator settings); above 1, a request
+   * of more than 512 * divisions bytes takes the next of `divisions` steps between two powers of
+   * two (its block, and active_bytes, that size), as PyTorch's allocator rounds it. */
   int alloc(size_t n, int device, Stream stream, std::shared_ptr<void> context, void **ptr,
-            PoolId *pool);
+            PoolId *pool, size_t divisions = 0);
   int free(void *ptr, Freed *out);                  /* GG_ENOTFOUND: not a block of ours */
   int record_stream(void *ptr, Stream stream);      /* 0; GG_ENOTFOUND: not ours */
   bool block_size(void *ptr, size_t *size);
@@ -302,7 +329,10 @@ private:
   void sweep_locked(std::vector<Held> *out);
   int implicit_pool_locked(int device, Stream stream, uint64_t capture, Pool **out);
   void destroy_after_sync(int device, const std::vector<gg_arena_t *> &dead);
-  void account_locked(const Block &b, bool add);
+  void account_locked(const Block &b, bool add, bool active = true);
+  bool defer_free(void *ptr, const Block &b); /* adapter_recorded.cpp */
+  void deactivate_locked(const Block &b);     /* the active figures of a deferred free */
+  void drain_recorded(bool wait);
   void free_stretches(int device, int64_t *count, int64_t *bytes);
   void note_gone(int device, gg_arena_t *a);
   std::vector<std::pair<void *, Block>> free_pool_locked(Pool &p);
@@ -337,6 +367,8 @@ private:
   std::atomic<uint64_t> seen_deaths_{0};
   std::atomic<size_t> n_held_{0}; /* deferred_.size(), read without the lock */
   std::vector<Held> deferred_;      /* blocks of gone graphs whose stream captured again */
+  std::vector<Recorded> recorded_;  /* freed, waiting for the streams they were recorded on */
+  std::atomic<size_t> n_recorded_{0};
 };
 
 } // namespace gg_torch

@@ -9,8 +9,6 @@ namespace gg_torch {
 
 namespace {
 
-size_t rounded(size_t n) { return (n + kQuantum - 1) / kQuantum * kQuantum; }
-
 bool serves(const Pool &p, gg_arena_t *a) {
   if (p.given == a) {
     return true;
@@ -33,7 +31,7 @@ Checkpoint Adapter::checkpoint(int device, PoolId id) {
   for (const auto &kv : blocks_) {
     const Block &b = kv.second;
     if (b.device == device && b.pool && b.pool->id == id) {
-      c.live.push_back(Checkpoint::Live{kv.first, b.requested, b.stream, b.arena});
+      c.live.push_back(Checkpoint::Live{kv.first, b.requested, b.size, b.stream, b.arena});
     }
   }
   std::sort(c.live.begin(), c.live.end(),
@@ -69,7 +67,7 @@ std::vector<std::pair<void *, Block>> Adapter::free_pool_locked(Pool &p) {
 
 /* Block `b` at `ptr` again, exactly there: 0, or gg_alloc_at's error (nothing changed). */
 int Adapter::place_locked(Pool &p, void *ptr, Block b) {
-  int rc = gg_alloc_at(b.arena, ptr, b.requested);
+  int rc = gg_alloc_at(b.arena, ptr, b.size);
   if (rc < 0) {
     return rc;
   }
@@ -107,7 +105,7 @@ int Adapter::restore(const Checkpoint &c, std::vector<void *> *freed, std::vecto
     const Checkpoint::Live &l = c.live[k];
     Block b;
     b.requested = l.requested;
-    b.size = rounded(l.requested);
+    b.size = l.size;
     b.stream = l.stream;
     b.pool = &p;
     b.arena = l.arena;

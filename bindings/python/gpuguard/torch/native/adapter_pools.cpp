@@ -344,6 +344,9 @@ int Adapter::empty_cache(PoolId id) {
   bool all = id == PoolId{};
   bool capturing = n_announced_.load() > 0; /* no device synchronisation while a graph captures */
   sweep();
+  if (!capturing && n_recorded_.load()) {
+    drain_recorded(true);
+  }
   std::vector<std::pair<int, gg_arena_t *>> dead;
   std::vector<gg_arena_t *> trim;
   {

@@ -1,5 +1,6 @@
 /* backend.cpp (gpuguard.torch) — the facade's methods: each maps one of PyTorch's allocator calls
  * onto the adapter (facade.h says what lives where). */
+#include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -81,7 +82,9 @@ void *Backend::alloc_block(size_t n, int device, cudaStream_t stream) {
   auto ctx = history_.gather(cda::RecordContext::STATE);
   void *p = nullptr;
   PoolId pool;
-  int rc = n > size_t(SSIZE_MAX) ? GG_ENOMEM : core_.alloc(n, device, stream, ctx, &p, &pool);
+  size_t divisions = c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(n);
+  int rc = n > size_t(SSIZE_MAX) ? GG_ENOMEM
+                                 : core_.alloc(n, device, stream, ctx, &p, &pool, divisions);
   if (rc < 0) {
     fail(rc, n, device, stream);
   }
