@@ -89,6 +89,7 @@ void *Backend::alloc_block(size_t n, int device, cudaStream_t stream) {
     fail(rc, n, device, stream);
   }
   if (history_.on()) {
+    trace_segments(device, ctx);
     history_.record(cda::TraceEntry::ALLOC, device, p, n, stream, pool, ctx);
   }
   return p;
@@ -324,7 +325,11 @@ void Backend::resetPeakStats(c10::DeviceIndex device) {
 /* ---- pools ----------------------------------------------------------------------------------- */
 
 void Backend::emptyCache(c10::MempoolId_t id) {
+  auto ctx = history_.gather(cda::RecordContext::ALL); /* who gave the segments back */
   int rc = core_.empty_cache(pool_id(id));
+  for (int d = 0; history_.on() && d < std::min(device_count_, kMaxDevices); d++) {
+    trace_segments(d, ctx);
+  }
   GG_CHECK(rc == 0, "gpuguard: empty_cache could not give memory back: ", gg_last_error());
 }
 
@@ -435,6 +440,16 @@ void Backend::recordHistory(bool enabled, cda::CreateContextFn recorder, size_t 
                             cda::RecordContext when, bool clear,
                             const std::vector<std::string> &skip) {
   history_.configure(enabled, recorder, max_entries, when, clear, skip);
+  /* What is mapped now was mapped before the history: the baseline, traced as nothing. */
+  std::lock_guard<std::mutex> g(seg_mu_);
+  segments_.clear();
+  for (const Range &x : core_.ranges(PoolId{})) {
+    segments_[{x.device, x.addr}] = x.size;
+  }
+  for (int d = 0; d < kMaxDevices; d++) {
+    Reserved r = core_.reserved(d);
+    seg_sig_[d] = r.maps + r.unmaps;
+  }
 }
 
 void Backend::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
