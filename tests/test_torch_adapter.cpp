@@ -424,6 +424,8 @@ static void test_roundup_power2_divisions(void **state) {
   assert_int_equal(block_bytes(400 * MiB, 2), 512 * MiB);
   assert_int_equal(block_bytes(64 * MiB, 4), 64 * MiB); /* a power of two stays */
   assert_int_equal(block_bytes(1000, 4), 1024);         /* not above 512 * 4: the quantum */
+  assert_int_equal(block_bytes(8, 0), 512);             /* PyTorch's smallest block */
+  assert_int_equal(block_bytes(513, 0), 768);
   Adapter ad(stub_runtime(), host_defaults(64 * MiB));
   void *p = nullptr;
   PoolId id;

@@ -119,3 +119,41 @@ def test_record_stream_holds_the_block_until_the_stream_is_done() -> None:
     assert not out["too_soon"] and out["result"] == [1, 2, 3, 4], out
     assert out["held"] >= 256, out
     assert out["reused"], out
+
+
+BAD_INPUT = """
+    from gpuguard.torch import _native
+    x = torch.empty(1000, device="cuda")
+    errors = {}
+    def expect(name, fn):
+        try:
+            fn()
+            errors[name] = "accepted"
+        except Exception as e:
+            errors[name] = type(e).__name__
+    expect("delete_foreign", lambda: torch.cuda.caching_allocator_delete(0x1234500))
+    expect("delete_inside", lambda: torch.cuda.caching_allocator_delete(x.data_ptr() + 256))
+    expect("fraction", lambda: torch.cuda.set_per_process_memory_fraction(1.5))
+    expect("huge", lambda: torch.empty(1 << 62, dtype=torch.uint8, device="cuda"))
+    expect("skip", lambda: torch.cuda.memory._record_memory_history(context="all", skip_actions=["bogus"]))
+    expect("checkpoint_pool", lambda: torch._C._cuda_setCheckpointPoolState(
+        0, torch._C._cuda_getCheckpointState(0, (777, 0)), [], []))
+    expect("end_pool", lambda: torch._C._cuda_endAllocateToPool(0, (778, 0)))
+    torch.cuda.memory._record_memory_history(None)
+    out["errors"] = errors
+    out["check"] = _native.check()
+    y = torch.ones(1000, device="cuda")
+    out["sum"] = float(y.sum())
+    del x, y
+    out["allocated"] = torch.cuda.memory_allocated()
+"""
+
+
+def test_bad_input_is_a_clear_exception_and_the_tables_stay_whole() -> None:
+    """Bad input answered as PyTorch's allocator answers it (an exception), never a crash; the backend's
+    tables check out afterwards and allocation goes on."""
+    need_gpu()
+    out = run_script(BAD_INPUT)
+    for name, what in out["errors"].items():
+        assert what in ("RuntimeError", "OutOfMemoryError", "ValueError"), (name, out["errors"])
+    assert out["check"] == 0 and out["sum"] == 1000.0 and out["allocated"] == 0, out

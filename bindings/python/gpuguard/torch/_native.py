@@ -194,6 +194,7 @@ def load(torch: Any) -> ctypes.CDLL:
     lib.gg_torch_native_pool_arena.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_void_p]
     lib.gg_torch_native_pool_arena.restype = ctypes.c_int
     lib.gg_torch_native_at_exit.restype = ctypes.c_int
+    lib.gg_torch_native_check.restype = ctypes.c_int
     _loaded = lib
     return lib
 
@@ -239,6 +240,12 @@ def counters() -> dict:
     if _loaded.gg_torch_native_counters(v) != 0:
         return {}
     return {"n_pools": v[0], "n_pool_blocks": v[1], "n_blocks": v[2], "n_captures": v[3]}
+
+
+def check() -> int:
+    """The backend's tables walked against its figures: 0, or a negative GG_E* code (for tests)."""
+    from ..errors import GG_ESTATE
+    return GG_ESTATE if _loaded is None else int(_loaded.gg_torch_native_check())
 
 
 def pools() -> list:

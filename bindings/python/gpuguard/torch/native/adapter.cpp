@@ -188,6 +188,9 @@ int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool
 
 size_t block_bytes(size_t n, size_t divisions) {
   constexpr size_t kMinBlock = 512; /* PyTorch's smallest block: the rule starts above 512 * d */
+  if (n < kMinBlock) {
+    return kMinBlock; /* tiny tensors take 512 bytes, as in PyTorch's allocator (and figures) */
+  }
   if (divisions > 1 && n > kMinBlock * divisions && (n & (n - 1)) != 0) {
     size_t floor = size_t(1) << (63 - __builtin_clzll(n));
     size_t step = floor >> (63 - __builtin_clzll(divisions));

@@ -63,8 +63,9 @@ constexpr int kMaxDevices = 64;
 constexpr size_t kSmallMax = size_t(1) << 20; /* PyTorch's small pool: blocks of at most 1 MiB */
 constexpr size_t kQuantum = 256;              /* the arena rounds every block to this */
 
-/* The bytes a request of n takes: n rounded to the arena's quantum, or with PyTorch's
- * roundup_power2_divisions (see Adapter::alloc) to the next division step. */
+/* The bytes a request of n takes: 512 at least (PyTorch's smallest block), n rounded to the
+ * arena's quantum, or with PyTorch's roundup_power2_divisions (see Adapter::alloc) to the next
+ * division step. */
 size_t block_bytes(size_t n, size_t divisions);
 
 /* A pool's id as PyTorch names it (MempoolId_t); {0, 0} is the default pool. */

@@ -91,6 +91,12 @@ GG_TORCH_API int gg_torch_native_capture_query(int every_call) {
   return 0;
 }
 
+/* The backend's tables walked against its figures (every block once, counts and bytes per device
+ * and pool): 0, or GG_ESTATE with what broke in gg_last_error terms (for tests after bad input). */
+GG_TORCH_API int gg_torch_native_check(void) {
+  return g_backend ? g_backend->core().check() : GG_ESTATE;
+}
+
 /* 1 when this process's PyTorch allocator is gpuguard's backend. */
 GG_TORCH_API int gg_torch_native_active(void) { return g_backend != nullptr; }
 
