@@ -436,7 +436,8 @@ int Adapter::check() {
     live[b.pool]++;
     blocks[b.device]++;
     bytes[b.device] += int64_t(b.size);
-    if (b.size < rounded(b.requested) || b.size % kQuantum || (!b.arena && !(b.pool && b.pool->custom))) {
+    if (b.size < rounded(b.requested) || b.size % kQuantum ||
+        (!b.arena && !(b.pool && b.pool->custom))) {
       return GG_ESTATE;
     }
   }

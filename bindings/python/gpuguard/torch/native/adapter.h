@@ -100,8 +100,9 @@ enum { kAll = 0, kSmall = 1, kLarge = 2 }; /* PyTorch's StatType order */
  *  - reserved_bytes, segment: the memory every arena of the device has mapped, and its chunks
  *    (PyTorch's segments); allocated = mapped, freed = given back to the driver. All of it is
  *    counted in the large pool (the arenas have no separate small pool).
- *  - inactive_split, inactive_split_bytes: the free stretches inside mapped memory (PyTorch's
- *    free blocks split from a segment), counted and summed at each read; allocated/freed are the
+ *  - inactive_split, inactive_split_bytes: the free stretches inside mapped ranges that hold a
+ *    live block (PyTorch's free blocks split from a segment; a range with no live block can be
+ *    given back whole), counted and summed at each read; allocated/freed are the
  *    increases and decreases seen between reads, so current = allocated - freed since a reset.
  *  - oversize_allocations, oversize_segments: 0 (no max_split_size: every block may be split).
  *  - num_sync_all_streams: host waits for a stream the arenas made (to reuse or give back

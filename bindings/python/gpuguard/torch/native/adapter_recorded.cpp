@@ -1,7 +1,7 @@
 /* adapter_recorded.cpp (gpuguard.torch) — frees of blocks recorded on other streams
  * (Tensor.record_stream): the block goes back to its arena only once an event recorded on each of
  * those streams (and its own) at the free is done, so no allocation, on any stream, gets it while
- * they may still use it; and it counts as active until then. PyTorch's allocator does the same with its events. */
+ * they may still use it; it counts as active until then. PyTorch's allocator does the same. */
 #include "adapter.h"
 
 #include <cstdio>

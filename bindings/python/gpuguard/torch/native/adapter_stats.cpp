@@ -72,8 +72,8 @@ void Adapter::note_gone(int device, gg_arena_t *a) {
   gone.waits += s.n_stream_waits;
 }
 
-/* The free stretches inside the mapped chunks that hold a live block of the device: what
- * PyTorch calls inactive split blocks (a wholly free chunk can be given back: not counted). */
+/* The free stretches inside the mapped ranges that hold a live block of the device: what
+ * PyTorch calls inactive split blocks (a wholly free range can be given back: not counted). */
 void Adapter::free_stretches(int device, int64_t *count, int64_t *bytes) {
   *count = 0;
   *bytes = 0;

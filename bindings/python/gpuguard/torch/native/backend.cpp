@@ -83,8 +83,8 @@ void *Backend::alloc_block(size_t n, int device, cudaStream_t stream) {
   void *p = nullptr;
   PoolId pool;
   size_t divisions = c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(n);
-  int rc = n > size_t(SSIZE_MAX) ? GG_ENOMEM
-                                 : core_.alloc(n, device, stream, ctx, &p, &pool, divisions);
+  int rc =
+      n > size_t(SSIZE_MAX) ? GG_ENOMEM : core_.alloc(n, device, stream, ctx, &p, &pool, divisions);
   if (rc < 0) {
     fail(rc, n, device, stream);
   }
@@ -287,7 +287,7 @@ void copy_stats(const Stat (&from)[3], c10::CachingAllocator::StatArray &to) {
 
 } // namespace
 
-/* Field for field: the adapter fills every figure (adapter.h, DeviceStats, says what each means). */
+/* Field for field: the adapter fills every figure (adapter.h, DeviceStats: what each means). */
 cda::DeviceStats Backend::getDeviceStats(c10::DeviceIndex device) {
   check_device(device, "getDeviceStats");
   DeviceStats d = core_.stats(device);

@@ -52,7 +52,7 @@ GG_TORCH_API int gg_torch_native_install(size_t capacity, size_t chunk_size, cha
 }
 
 /* At the interpreter's exit (gpuguard.torch's atexit hook, with the GIL held): memory history off,
- * and every recorded stack, out-of-memory observer and trace tracker released while Python lives. */
+ * every recorded stack, out-of-memory observer and trace tracker released while Python lives. */
 GG_TORCH_API int gg_torch_native_at_exit(void) {
   if (!g_backend) {
     return GG_ESTATE;

@@ -168,9 +168,9 @@ private:
   std::atomic<bool> enabled_{true};
   double fractions_[kMaxDevices];
   std::unordered_set<void *> uncached_; /* cudaMalloc'd while caching was off */
-  std::mutex seg_mu_;                            /* segments_, seg_sig_ */
+  std::mutex seg_mu_;                   /* segments_, seg_sig_ */
   std::map<std::pair<int, uintptr_t>, size_t> segments_; /* (device, address) -> size, as traced */
-  int64_t seg_sig_[kMaxDevices] = {};            /* maps + unmaps when last traced */
+  int64_t seg_sig_[kMaxDevices] = {};                    /* maps + unmaps when last traced */
   ipc::Exporter exporter_;
   ipc::Importer importer_;
 };

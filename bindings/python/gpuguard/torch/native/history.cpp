@@ -25,8 +25,8 @@ std::shared_ptr<c10::GatheredContext> History::gather(cda::RecordContext at_leas
 void History::record(cda::TraceEntry::Action action, int device, void *addr, size_t size,
                      void *stream, PoolId pool, std::shared_ptr<c10::GatheredContext> ctx) {
   std::lock_guard<std::mutex> g(mu_);
-  cda::TraceEntry te(action, c10::DeviceIndex(device), reinterpret_cast<size_t>(addr), size,
-                     stream, mempool_id(pool), c10::getApproximateTime(),
+  cda::TraceEntry te(action, c10::DeviceIndex(device), reinterpret_cast<size_t>(addr), size, stream,
+                     mempool_id(pool), c10::getApproximateTime(),
                      when_ >= cda::RecordContext::ALLOC ? std::move(ctx) : nullptr,
                      compile_.empty() ? std::string() : compile_.back(), metadata_);
   for (auto &t : trackers_) {
@@ -74,7 +74,7 @@ void History::configure(bool enabled, cda::CreateContextFn recorder, size_t max_
                         cda::RecordContext when, bool clear,
                         const std::vector<std::string> &skip) {
   /* PyTorch's names (TraceEntry's actions); an unknown one is refused as PyTorch refuses it. */
-  static const char *const names[] = {"alloc",       "free_requested", "free_completed",
+  static const char *const names[] = {"alloc",         "free_requested", "free_completed",
                                       "segment_alloc", "segment_free",   "segment_map",
                                       "segment_unmap", "snapshot",       "oom"};
   bool skip_now[cda::TraceEntry::OOM + 1] = {};

@@ -124,8 +124,8 @@ void event_destroy(void *event) {
 } // namespace
 
 Runtime cuda_runtime() {
-  return Runtime{capture_id,   graph_retain, stream_sync,  device_sync,
-                 relax,        event_record, event_query, event_destroy};
+  return Runtime{capture_id, graph_retain, stream_sync, device_sync,
+                 relax,      event_record, event_query, event_destroy};
 }
 
 } // namespace gg_torch

@@ -71,8 +71,8 @@ void Backend::trace_segments(int device, std::shared_ptr<c10::GatheredContext> c
         now[{device, x.addr}] = x.size;
       }
     }
-    for (auto it = segments_.lower_bound({device, 0}); it != segments_.end() &&
-                                                       it->first.first == device;) {
+    for (auto it = segments_.lower_bound({device, 0});
+         it != segments_.end() && it->first.first == device;) {
       auto hit = now.find(it->first);
       if (hit == now.end() || hit->second != it->second) {
         unmapped.push_back({it->first.second, it->second});
