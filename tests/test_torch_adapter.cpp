@@ -1,10 +1,11 @@
 /* test_torch_adapter.cpp — the torch-free core of gpuguard's PyTorch backend
- * (bindings/python/gpuguard/torch/native/adapter*.cpp), built alone and run on the host backend with
- * stub runtime calls: the pool rules, the statistics, capture routing (announced and not), the
+ * (bindings/python/gpuguard/torch/native/adapter*.cpp), built alone and run on the host backend
+ * with stub runtime calls: the pool rules, the statistics, capture routing (announced and not), the
  * blocks a graph keeps, record_stream joins, and the trace file. No PyTorch, no GPU. */
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <thread>
@@ -57,6 +58,20 @@ int stub_stream_sync(Stream) { return ++g_stream_syncs, 0; }
 int stub_device_sync(int) { return ++g_device_syncs, 0; }
 void stub_relax(bool, int *) {}
 
+/* Events: done when the test says the streams are (g_streams_done). */
+bool g_streams_done = false;
+int g_events_live = 0;
+int stub_event_record(int, Stream, void **ev) {
+  *ev = new int(0);
+  g_events_live++;
+  return 0;
+}
+int stub_event_query(void *) { return g_streams_done ? 1 : 0; }
+void stub_event_destroy(void *ev) {
+  delete static_cast<int *>(ev);
+  g_events_live--;
+}
+
 /* The graph is destroyed: the runtime calls what was tied to it. */
 void destroy_graphs() {
   for (auto &h : g_graph_holders) {
@@ -66,8 +81,9 @@ void destroy_graphs() {
 }
 
 gg_torch::Runtime stub_runtime() {
-  return gg_torch::Runtime{stub_capture_id, stub_graph_retain, stub_stream_sync, stub_device_sync,
-                           stub_relax};
+  return gg_torch::Runtime{stub_capture_id,  stub_graph_retain, stub_stream_sync,
+                           stub_device_sync, stub_relax,        stub_event_record,
+                           stub_event_query, stub_event_destroy};
 }
 
 gg_arena_options_t host_defaults(size_t capacity) {
@@ -265,20 +281,50 @@ static void test_unannounced_capture_is_kept_for_its_graph(void **state) {
   gg_host_stream_destroy(s);
 }
 
-/* Tensor.record_stream: the arena's stream waits for the recorded stream before the block goes. */
-static void test_recorded_streams_are_joined_at_the_free(void **state) {
+/* Tensor.record_stream: the block goes back to its arena only once the streams it was recorded on
+ * are past its free (an event each), counting as active until then; no allocation gets it before.
+ * After that, an allocation of its size gets it back (PyTorch's test_record_stream). */
+static void test_recorded_streams_hold_the_block_until_done(void **state) {
   (void)state;
   Adapter ad(stub_runtime(), host_defaults(64 * MiB));
   void *side = nullptr;
   gg_assert_ok(gg_host_stream_create(&side));
-  void *p = alloc(ad, 4096, nullptr);
-  gg_assert_ok(ad.record_stream(p, side));
-  gg_assert_ok(ad.record_stream(p, side)); /* once is enough */
+  void *p = alloc(ad, 3 * MiB, side);
+  gg_assert_ok(ad.record_stream(p, nullptr));
+  gg_assert_ok(ad.record_stream(p, nullptr)); /* once is enough */
   int x = 0;
   assert_int_equal(ad.record_stream(&x, side), GG_ENOTFOUND);
-  gg_host_fault_set(nullptr); /* resets the op counters */
+  g_streams_done = false;
   release(ad, p);
-  assert_int_equal(gg_host_op_count("stream_wait"), 1);
+  assert_int_equal(g_events_live, 2); /* the recorded stream and its own */
+  gg_torch::DeviceStats d = ad.stats(0);
+  assert_int_equal(d.allocated_bytes[gg_torch::kAll].current, 0);
+  assert_int_equal(d.active_bytes[gg_torch::kAll].current,
+                   3 * MiB); /* still in use by the stream */
+  assert_int_equal(d.requested_bytes[gg_torch::kAll].current, 3 * MiB);
+  void *q = alloc(ad, 3 * MiB, side);
+  assert_ptr_not_equal(q, p); /* not reused too soon */
+  g_streams_done = true;
+  void *r = alloc(ad, 3 * MiB, side);
+  assert_ptr_equal(r, p); /* the streams are done: reused */
+  assert_int_equal(g_events_live, 0);
+  d = ad.stats(0);
+  assert_int_equal(d.active[gg_torch::kAll].current, 2);
+  assert_int_equal(d.active_bytes[gg_torch::kAll].current, 6 * MiB);
+  release(ad, q);
+  release(ad, r);
+  /* empty_cache waits for the device: nothing stays held */
+  void *t = alloc(ad, 3 * MiB, side);
+  gg_assert_ok(ad.record_stream(t, nullptr));
+  g_streams_done = false;
+  release(ad, t);
+  int syncs = g_device_syncs;
+  g_streams_done = true; /* what the device wait makes true */
+  gg_assert_ok(ad.empty_cache(PoolId{}));
+  assert_int_equal(g_device_syncs, syncs + 1);
+  assert_int_equal(ad.stats(0).active_bytes[gg_torch::kAll].current, 0);
+  assert_int_equal(g_events_live, 0);
+  gg_assert_ok(ad.check());
   gg_host_stream_destroy(side);
 }
 
@@ -294,6 +340,188 @@ static void test_out_of_memory_is_reported_and_counted(void **state) {
   assert_int_equal(ad.stats(0).num_ooms, 1);
   assert_int_equal(ad.alloc(16, -1, nullptr, nullptr, &p, &id), GG_EINVAL);
   gg_assert_ok(ad.check());
+}
+
+/* Every figure of memory_stats() with PyTorch's meaning: reserved = mapped, segments = chunks
+ * (allocated: mapped, freed: given back), inactive split = free stretches inside chunks that hold
+ * a live block, totals reset by reset_totals and peaks by reset_peaks. */
+static void test_every_figure_has_pytorchs_meaning(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  void *a = alloc(ad, 256 * 1024, nullptr);
+  void *b = alloc(ad, 256 * 1024, nullptr);
+  void *c = alloc(ad, 256 * 1024, nullptr);
+  gg_arena_t *arena = ad.device_arena_if_any(0);
+  gg_arena_stats_t s = stats_of(arena);
+  gg_torch::DeviceStats d = ad.stats(0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].current, s.bytes_mapped);
+  assert_int_equal(d.reserved_bytes[gg_torch::kLarge].current, s.bytes_mapped);
+  assert_int_equal(d.reserved_bytes[gg_torch::kSmall].current, 0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].allocated, s.bytes_mapped);
+  assert_int_equal(d.segment[gg_torch::kAll].current, s.n_chunks);
+  assert_int_equal(d.segment[gg_torch::kAll].allocated, s.n_maps);
+  assert_int_equal(d.num_device_alloc, s.n_maps);
+  assert_int_equal(d.max_split_size, -1);
+  assert_int_equal(d.oversize_allocations.current, 0);
+  int64_t free_before = d.inactive_split_bytes[gg_torch::kAll].current;
+  release(ad, b); /* a hole between two live blocks */
+  d = ad.stats(0);
+  assert_true(d.inactive_split[gg_torch::kAll].current >= 1);
+  assert_true(d.inactive_split_bytes[gg_torch::kAll].current >= free_before + 256 * 1024);
+  assert_true(d.inactive_split_bytes[gg_torch::kAll].current <=
+              d.reserved_bytes[gg_torch::kAll].current - d.allocated_bytes[gg_torch::kAll].current);
+  assert_int_equal(d.inactive_split_bytes[gg_torch::kAll].current,
+                   d.inactive_split_bytes[gg_torch::kAll].allocated -
+                       d.inactive_split_bytes[gg_torch::kAll].freed);
+  release(ad, a);
+  release(ad, c);
+  d = ad.stats(0);
+  assert_int_equal(d.inactive_split[gg_torch::kAll].current, 0); /* nothing live: releasable */
+  assert_int_equal(d.inactive_split_bytes[gg_torch::kAll].current, 0);
+  assert_true(d.inactive_split_bytes[gg_torch::kAll].peak >= 256 * 1024);
+  ad.reset_totals(0);
+  ad.reset_peaks(0);
+  d = ad.stats(0);
+  assert_int_equal(d.num_device_alloc, 0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].allocated, 0);
+  assert_int_equal(d.inactive_split_bytes[gg_torch::kAll].peak, 0);
+  int64_t mapped = d.reserved_bytes[gg_torch::kAll].current;
+  assert_true(mapped > 0);
+  gg_assert_ok(ad.empty_cache(PoolId{}));
+  d = ad.stats(0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].current, 0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].freed, mapped);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].peak, mapped); /* peaks stay until reset */
+  assert_int_equal(d.segment[gg_torch::kAll].current, 0);
+  assert_int_equal(d.num_device_free, stats_of(arena).n_unmaps);
+  assert_int_equal(d.num_device_free, d.segment[gg_torch::kAll].freed);
+  /* a pool's arena destroyed with its pool: its memory is counted as freed, not forgotten */
+  PoolId id{1, 0};
+  ad.begin_capture(0, id, [](Stream) { return true; });
+  void *p = alloc(ad, 3 * MiB, nullptr);
+  gg_assert_ok(ad.end_capture(0, id));
+  int64_t with_pool = ad.stats(0).reserved_bytes[gg_torch::kAll].current;
+  assert_true(with_pool >= int64_t(3 * MiB));
+  release(ad, p);
+  ad.release_pool(0, id);
+  gg_assert_ok(ad.empty_cache(PoolId{}));
+  d = ad.stats(0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].current, 0);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].freed, mapped + with_pool);
+  assert_int_equal(d.reserved_bytes[gg_torch::kAll].allocated, with_pool);
+  gg_assert_ok(ad.check());
+}
+
+/* PyTorch's roundup_power2_divisions (torch.cuda.memory._set_allocator_settings): a request above
+ * 512 * divisions takes the next division step between two powers of two, block and figures. */
+static void test_roundup_power2_divisions(void **state) {
+  (void)state;
+  using gg_torch::block_bytes;
+  assert_int_equal(block_bytes(84 * MiB, 0), 84 * MiB);
+  assert_int_equal(block_bytes(84 * MiB, 1), 84 * MiB);
+  assert_int_equal(block_bytes(84 * MiB, 4), 96 * MiB);
+  assert_int_equal(block_bytes(84 * MiB, 8), 88 * MiB);
+  assert_int_equal(block_bytes(400 * MiB, 2), 512 * MiB);
+  assert_int_equal(block_bytes(64 * MiB, 4), 64 * MiB); /* a power of two stays */
+  assert_int_equal(block_bytes(1000, 4), 1024);         /* not above 512 * 4: the quantum */
+  assert_int_equal(block_bytes(8, 0), 512);             /* PyTorch's smallest block */
+  assert_int_equal(block_bytes(513, 0), 768);
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  void *p = nullptr;
+  PoolId id;
+  gg_assert_ok(ad.alloc(5000, 0, nullptr, nullptr, &p, &id, 4));
+  size_t sz = 0;
+  assert_true(ad.block_size(p, &sz));
+  assert_int_equal(sz, 5120);
+  gg_torch::DeviceStats d = ad.stats(0);
+  assert_int_equal(d.active_bytes[gg_torch::kAll].allocated, 5120);
+  assert_int_equal(d.requested_bytes[gg_torch::kAll].allocated, 5000);
+  gg_assert_ok(ad.check());
+  release(ad, p);
+}
+
+/* CUDA-graph trees: a checkpoint of a graph pool, the pool changed (a block freed, others made),
+ * then restored: the checkpoint's blocks live at their addresses, the others freed, and the delta
+ * as PyTorch's allocator gives it (freed: every block live before; made: every checkpoint block).
+ */
+static void test_checkpoint_round_trip(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  PoolId id{3, 0};
+  ad.begin_capture(0, id, [](Stream) { return true; });
+  void *a = alloc(ad, 4096, nullptr);
+  void *b = alloc(ad, 3 * MiB, nullptr);
+  void *c = alloc(ad, 1000, nullptr);
+  gg_torch::Checkpoint cp = ad.checkpoint(0, id);
+  assert_int_equal(cp.live.size(), 3);
+  release(ad, b);
+  void *d = alloc(ad, 2 * MiB, nullptr); /* may take b's place, in part */
+  void *e = alloc(ad, 512, nullptr);
+  gg_assert_ok(ad.end_capture(0, id));
+  int64_t before = ad.stats(0).allocated_bytes[gg_torch::kAll].current;
+  std::vector<void *> freed;
+  std::vector<void *> made;
+  gg_assert_ok(ad.restore(cp, &freed, &made));
+  std::sort(freed.begin(), freed.end());
+  std::vector<void *> want_freed{a, c, d, e};
+  std::sort(want_freed.begin(), want_freed.end());
+  assert_true(freed == want_freed);
+  std::vector<void *> want_made{a, b, c};
+  std::sort(want_made.begin(), want_made.end());
+  assert_true(made == want_made);
+  assert_true(ad.pool_blocks_are(0, id, {a, b, c}));
+  int64_t after = ad.stats(0).allocated_bytes[gg_torch::kAll].current;
+  assert_int_equal(after - before, int64_t(3 * MiB) - int64_t(2 * MiB) - 512);
+  size_t sz = 0;
+  assert_true(ad.block_size(c, &sz));
+  assert_int_equal(sz, 1024);
+  gg_assert_ok(ad.check());
+  /* the same checkpoint again: nothing moves, the delta is every block both ways */
+  gg_assert_ok(ad.restore(cp, &freed, &made));
+  assert_int_equal(freed.size(), 3);
+  assert_int_equal(made.size(), 3);
+  for (void *p : {a, b, c}) {
+    release(ad, p);
+  }
+  ad.release_pool(0, id);
+  assert_int_equal(ad.release_freeable(0), 1);
+  assert_int_equal(ad.restore(cp, &freed, &made), GG_ENOTFOUND); /* the pool is gone */
+  gg_assert_ok(ad.check());
+}
+
+/* A range of the checkpoint taken meanwhile by someone else (the MemPool's arena is the caller's):
+ * GG_ESTATE, the pool exactly as before the call. */
+static void test_checkpoint_restore_refused_leaves_the_pool(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  gg_arena_options_t o = host_defaults(32 * MiB);
+  o.flags = GG_ARENA_NO_STREAM;
+  gg_arena_t *mine = nullptr;
+  gg_assert_ok(gg_arena_create(&mine, &o));
+  PoolId id{9, 0};
+  ad.create_or_incref(0, id, nullptr);
+  gg_assert_ok(ad.pool_use_arena(0, id, mine));
+  ad.begin_capture(0, id, [](Stream) { return true; });
+  void *a = alloc(ad, 1 << 16, nullptr);
+  gg_torch::Checkpoint cp = ad.checkpoint(0, id);
+  release(ad, a);
+  void *keep = alloc(ad, 1 << 12, nullptr);
+  gg_assert_ok(ad.end_capture(0, id));
+  void *other = nullptr;
+  gg_assert_ok(gg_alloc(mine, 1 << 16, &other)); /* inside a's old range */
+  std::vector<void *> freed;
+  std::vector<void *> made;
+  assert_int_equal(ad.restore(cp, &freed, &made), GG_ESTATE);
+  assert_true(freed.empty() && made.empty());
+  assert_true(ad.pool_blocks_are(0, id, {keep}));
+  assert_int_equal(stats_of(mine).n_live, 2);
+  gg_assert_ok(ad.check());
+  gg_assert_ok(gg_free(mine, other));
+  release(ad, keep);
+  ad.release_pool(0, id);
+  ad.release_pool(0, id);
+  assert_int_equal(ad.release_freeable(0), 1);
+  gg_assert_ok(gg_arena_destroy(mine));
 }
 
 /* GPUGUARD_PLUGIN_TRACE=PATH: PATH.PID, in bench_replay's format; set in main before any call. */
@@ -332,8 +560,12 @@ int main(void) {
       cmocka_unit_test(test_announced_capture_fills_its_pool),
       cmocka_unit_test(test_mem_pool_draws_from_the_given_arena),
       cmocka_unit_test(test_unannounced_capture_is_kept_for_its_graph),
-      cmocka_unit_test(test_recorded_streams_are_joined_at_the_free),
+      cmocka_unit_test(test_recorded_streams_hold_the_block_until_done),
       cmocka_unit_test(test_out_of_memory_is_reported_and_counted),
+      cmocka_unit_test(test_every_figure_has_pytorchs_meaning),
+      cmocka_unit_test(test_roundup_power2_divisions),
+      cmocka_unit_test(test_checkpoint_round_trip),
+      cmocka_unit_test(test_checkpoint_restore_refused_leaves_the_pool),
       cmocka_unit_test(test_trace_file_has_the_replay_format),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

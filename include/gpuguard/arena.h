@@ -179,6 +179,21 @@ GG_API int gg_alloc(gg_arena_t *arena, size_t size, void **ptr);
  *  in use, mapped, the capacity and the largest free block; GG_ESTATE after fork. */
 GG_API int gg_alloc_ex(gg_arena_t *arena, size_t size, size_t align, const char *tag, void **ptr);
 
+/** Allocates exactly the range [@p ptr, @p ptr + @p size) of the arena's mapped memory, when all of
+ *  it is free: for a caller that restores an earlier state of the arena (the blocks that were live
+ *  at a checkpoint, back at their addresses), which gg_alloc() cannot ask for. The block is freed
+ *  as any other (gg_free(), gg_free_on(), the end of its scope). Never maps memory and never waits
+ *  for a stream; free blocks held by threads' caches count as free. O(free blocks of the arena).
+ *  @param arena the arena.
+ *  @param ptr the block's address: a multiple of 256 inside memory the arena has mapped.
+ *  @param size bytes, more than 0 (rounded up to a multiple of 256, as gg_alloc() does).
+ *  @return 0; GG_EINVAL for a NULL arena or ptr, size 0, a ptr that is not a multiple of 256, a
+ *  range that overflows, or one not wholly inside mapped memory; GG_ESTATE when part of the range
+ * is not free (it overlaps a live block, or memory released in stream order that is not reusable
+ *  yet) or after fork; GG_ENOMEM when the host is out of memory. The arena is unchanged on error.
+ */
+GG_API int gg_alloc_at(gg_arena_t *arena, void *ptr, size_t size);
+
 /** Releases one block. Its memory is not handed out again until work queued on the arena's stream
  *  before this call has completed (at once with GG_ARENA_NO_STREAM). Makes no driver call, except
  *  one event record for a batch that has grown large.
@@ -226,8 +241,8 @@ GG_API int gg_arena_join_stream(gg_arena_t *arena, void *stream);
 
 /** The options the arena applies, as gg_arena_create() settled them: device, backend ("cuda" or
  *  "host", static text), capacity and chunk size rounded to the driver's granularity, stream, flags
- *  (GPUGUARD_BACKTRACE included) and name (the arena's own copy, valid while it lives). What a layer
- *  that makes a second arena like this one needs.
+ *  (GPUGUARD_BACKTRACE included) and name (the arena's own copy, valid while it lives). What a
+ * layer that makes a second arena like this one needs.
  *  @param arena the arena.
  *  @param[out] out filled on success.
  *  @return 0; GG_EINVAL for a NULL @p out or a handle that is not a live arena; GG_ESTATE after

@@ -87,21 +87,26 @@ typedef struct gg__request {
   char why[400]; /* why growing failed, for the out-of-memory message */
 } gg__request_t;
 
+/* Record b, just carved from free memory, as a live block of the innermost scope (the frame and map
+ * reservations made). */
+static void gg__use_block(gg_arena_t *a, gg__block_t *b, size_t asked, const char *tag) {
+  GG__ASSERT(b->state != GG__BLOCK_USED);
+  b->state = GG__BLOCK_USED;
+  b->req = asked;
+  b->tag = tag;
+  b->depth = a->n_frames - 1;
+  gg__frame_link(a, b);
+  gg__addr_map_put(gg__used_map(a, b->depth), b->addr, b);
+}
+
 /* Without reclaiming or mapping: best fit first (keeps top for large requests), then top. */
 static bool gg__take_free(gg_arena_t *a, gg__request_t *q) {
   gg__block_t *b = gg__freelist_fit(&a->freelist, q->size, q->align);
   if (b) {
     b = gg__freelist_carve(&a->freelist, b, q->size, q->align);
-    uintptr_t p = b->addr;
-    GG__ASSERT(b->state != GG__BLOCK_USED && (q->align < 2 || p % q->align == 0) &&
-               b->size == q->size);
-    b->state = GG__BLOCK_USED;
-    b->req = q->asked;
-    b->tag = q->tag;
-    b->depth = a->n_frames - 1;
-    gg__frame_link(a, b);
-    gg__addr_map_put(gg__used_map(a, b->depth), p, b);
-    q->ptr = p;
+    GG__ASSERT((q->align < 2 || b->addr % q->align == 0) && b->size == q->size);
+    gg__use_block(a, b, q->asked, q->tag);
+    q->ptr = b->addr;
     return true;
   }
   gg__block_t *t = a->freelist.top;
@@ -321,6 +326,87 @@ int gg_alloc(gg_arena_t *arena, size_t size, void **ptr) {
 
 int gg_alloc_ex(gg_arena_t *a, size_t size, size_t align, const char *tag, void **ptr) {
   return gg__alloc(a, size, align, tag, ptr, __builtin_return_address(0));
+}
+
+/* ---- a given range -------------------------------------------------------------------------- */
+
+/* Whether [p, end) lies inside mapped chunks (aliases of moved chunks are not the arena's memory).
+ */
+static bool gg__range_mapped(const gg_arena_t *a, uintptr_t p, uintptr_t end) {
+  size_t i = gg__chunk_index(a, p + 1);
+  if (i > 0) i--; /* the chunk holding p starts at or below it */
+  for (; i < a->n_chunks && p < end; i++) {
+    const gg__chunk_t *c = a->chunks[i];
+    if (c->alias) continue;
+    if (c->ptr > p) return false;
+    if (c->ptr + c->size > p) p = c->ptr + c->size;
+  }
+  return p >= end;
+}
+
+/* The listed free block holding [p, end), or NULL. Top is listed first, the bump log flushed, so
+ * every free byte is in the lists. O(free blocks). */
+static int gg__free_block_holding(gg_arena_t *a, uintptr_t p, uintptr_t end, gg__block_t **out) {
+  *out = NULL;
+  int rc = gg__bump_flush(a);
+  if (rc == 0) rc = gg__freelist_reserve(&a->freelist, 3);
+  if (rc < 0) return rc;
+  if (a->freelist.top) {
+    gg__freelist_drop_top(&a->freelist);
+    a->bump_new_run = true;
+  }
+  size_t n = a->freelist.count;
+  gg__block_t **all = malloc((n ? n : 1) * sizeof *all);
+  if (!all) return gg__err(GG_ENOMEM, "gg_alloc_at: out of host memory");
+  n = gg__freelist_list(&a->freelist, all, n);
+  for (size_t i = 0; i < n && !*out; i++)
+    if (all[i]->addr <= p && all[i]->addr + all[i]->size >= end) *out = all[i];
+  free(all);
+  return 0;
+}
+
+static int gg__alloc_at_locked(gg_arena_t *a, uintptr_t p, size_t n, size_t asked) {
+  gg__tcache_give_back_all(a, true); /* what threads' caches hold free is the arena's again */
+  gg__arena_quietly(a, gg__reclaim_step, NULL);
+  gg__block_t *b = NULL;
+  int rc = gg__free_block_holding(a, p, p + n, &b);
+  if (rc == 0) rc = gg__addr_map_reserve(gg__used_map(a, a->n_frames - 1), 1);
+  if (rc == 0) rc = gg__frame_reserve(a, a->n_frames - 1, 1);
+  if (rc < 0) return rc;
+  if (!b && !gg__range_mapped(a, p, p + n))
+    return gg__err(GG_EINVAL, "gg_alloc_at: [%p, %p) is not inside memory arena '%s' has mapped",
+                   (void *)p, (void *)(p + n), a->name);
+  if (!b)
+    return gg__err(GG_ESTATE,
+                   "gg_alloc_at: [%p, %p) is not free in arena '%s': it overlaps a live block, or "
+                   "memory released in stream order that its stream may still use",
+                   (void *)p, (void *)(p + n), a->name);
+  b = gg__freelist_carve_at(&a->freelist, b, p, n);
+  gg__use_block(a, b, asked, "");
+  gg__arena_count_alloc(a, n);
+  a->placed_open = a->open.count ? p : 0;
+  return 0;
+}
+
+int gg_alloc_at(gg_arena_t *a, void *ptr, size_t size) {
+  int rc = gg__arena_valid(a, "gg_alloc_at");
+  if (rc < 0) return rc;
+  uintptr_t p = (uintptr_t)ptr;
+  if (!ptr) return gg__err(GG_EINVAL, "gg_alloc_at: ptr is NULL");
+  if (size == 0) return gg__err(GG_EINVAL, "gg_alloc_at: size is 0");
+  if (p % GG__QUANTUM)
+    return gg__err(GG_EINVAL, "gg_alloc_at: %p is not a multiple of %zu bytes", ptr, GG__QUANTUM);
+  if (size > SIZE_MAX - GG__QUANTUM || p + gg__rounded_size(size) < p)
+    return gg__err(GG_EINVAL, "gg_alloc_at: %zu bytes at %p overflow the address space", size, ptr);
+  size_t n = gg__rounded_size(size);
+  rc = gg__arena_lock_counted(a, "gg_alloc_at");
+  if (rc < 0) return rc;
+  if (a->track) gg__arena_before_alloc(a);
+  rc = gg__alloc_at_locked(a, p, n, size);
+  if (rc == 0 && GG__UNLIKELY(gg__arena_records_sites(a)))
+    gg__site_note(a, p, __builtin_return_address(0));
+  gg__arena_leave(a);
+  return rc;
 }
 
 /* ---- free ------------------------------------------------------------------------------------ */

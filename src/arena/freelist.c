@@ -535,6 +535,13 @@ gg__block_t *gg__freelist_carve(gg__freelist_t *fl, gg__block_t *b, size_t n, si
     fl->bytes -= n;
     return u;
   }
+  return gg__freelist_carve_at(fl, b, p, n);
+}
+
+gg__block_t *gg__freelist_carve_at(gg__freelist_t *fl, gg__block_t *b, uintptr_t p, size_t n) {
+  uintptr_t end = b->addr + b->size;
+  GG__ASSERT(b->state == GG__BLOCK_FREE && n % GG__QUANTUM == 0 && p % GG__QUANTUM == 0 &&
+             p >= b->addr && p + n <= end);
   gg__freelist_remove(fl, b);
   /* b was maximal, so its pieces have no free neighbours. */
   if (p > b->addr) gg__freelist_put_plain(fl, b->addr, p - b->addr, b->seg);

@@ -154,6 +154,9 @@ gg__block_t *gg__freelist_fit(const gg__freelist_t *fl, size_t n, size_t a);
  * left of it free. Returns the record of the n bytes (b's own, or one from the reservation while b
  * stays listed as the rest), handed to the caller. Needs a reservation of 2. */
 gg__block_t *gg__freelist_carve(gg__freelist_t *fl, gg__block_t *b, size_t n, size_t a);
+/* Takes exactly [p, p+n) out of listed free block b (which must hold it), leaving the pieces before
+ * and after it free; returns b's record, now describing [p, p+n). Needs a reservation of 2. */
+gg__block_t *gg__freelist_carve_at(gg__freelist_t *fl, gg__block_t *b, uintptr_t p, size_t n);
 /* The largest listed free block, or NULL. */
 gg__block_t *gg__freelist_largest(const gg__freelist_t *fl);
 /* Makes listed block b the new top; the old top is listed (or goes back to the pool when empty).

@@ -11,6 +11,7 @@ path and libgpuguard's path, in a directory only the user may write (anything el
 build goes to a private temporary directory instead)."""
 from __future__ import annotations
 
+import atexit
 import ctypes
 import glob
 import hashlib
@@ -192,6 +193,8 @@ def load(torch: Any) -> ctypes.CDLL:
     lib.gg_torch_native_use_arena.restype = ctypes.c_int
     lib.gg_torch_native_pool_arena.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_void_p]
     lib.gg_torch_native_pool_arena.restype = ctypes.c_int
+    lib.gg_torch_native_at_exit.restype = ctypes.c_int
+    lib.gg_torch_native_check.restype = ctypes.c_int
     _loaded = lib
     return lib
 
@@ -212,7 +215,16 @@ def install(torch: Any, capacity: int = 0, chunk_size: int = 0, captures: str = 
                              + err.value.decode(errors="replace") + " (install it before the first CUDA tensor: "
                              "GPUGUARD_TORCH=1, or call gpuguard.torch.use_native() right after importing torch)",
                              GG_ESTATE, "GG_ESTATE")
+        # Registered now, so it runs after the atexit handlers of the program (last in, first out).
+        atexit.register(_at_exit, lib)
     lib.gg_torch_native_capture_query(1 if captures == "any" else 0)
+
+
+def _at_exit(lib: ctypes.CDLL) -> None:
+    """Releases what the backend holds of Python's (recorded stacks, out-of-memory observers, trace
+    trackers) while the interpreter lives, with the GIL held (a PYFUNCTYPE call keeps it)."""
+    call = ctypes.PYFUNCTYPE(ctypes.c_int)(("gg_torch_native_at_exit", lib))
+    call()
 
 
 def active() -> bool:
@@ -228,6 +240,12 @@ def counters() -> dict:
     if _loaded.gg_torch_native_counters(v) != 0:
         return {}
     return {"n_pools": v[0], "n_pool_blocks": v[1], "n_blocks": v[2], "n_captures": v[3]}
+
+
+def check() -> int:
+    """The backend's tables walked against its figures: 0, or a negative GG_E* code (for tests)."""
+    from ..errors import GG_ESTATE
+    return GG_ESTATE if _loaded is None else int(_loaded.gg_torch_native_check())
 
 
 def pools() -> list:

@@ -47,6 +47,11 @@ Adapter::Adapter(const Runtime &rt, const gg_arena_options_t &defaults)
     : rt_(rt), defaults_(defaults) {}
 
 Adapter::~Adapter() {
+  for (Recorded &r : recorded_) {
+    for (void *e : r.events) {
+      rt_.event_destroy(e);
+    }
+  }
   for (auto &kv : pools_) {
     for (auto &sa : kv.second->arenas) {
       gg_arena_destroy(sa.second);
@@ -149,6 +154,10 @@ int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool
   if (rc == 0) {
     rc = gg_alloc_on(a, n, stream, ptr);
   }
+  if (rc == GG_ENOMEM && n_recorded_.load()) {
+    drain_recorded(true); /* blocks waiting for the streams they were recorded on */
+    rc = gg_alloc_on(a, n, stream, ptr);
+  }
   if (rc == GG_ENOMEM && release_freeable(device) > 0) {
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -177,8 +186,25 @@ int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool
   return rc;
 }
 
+size_t block_bytes(size_t n, size_t divisions) {
+  constexpr size_t kMinBlock = 512; /* PyTorch's smallest block: the rule starts above 512 * d */
+  if (n < kMinBlock) {
+    return kMinBlock; /* tiny tensors take 512 bytes, as in PyTorch's allocator (and figures) */
+  }
+  if (divisions > 1 && n > kMinBlock * divisions && (n & (n - 1)) != 0) {
+    size_t floor = size_t(1) << (63 - __builtin_clzll(n));
+    size_t step = floor >> (63 - __builtin_clzll(divisions));
+    if (step == 0) {
+      return floor << 1;
+    }
+    size_t down = n & ~(step - 1);
+    return rounded(down == n ? n : down + step);
+  }
+  return rounded(n);
+}
+
 int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> context, void **ptr,
-                   PoolId *pool_id) {
+                   PoolId *pool_id, size_t divisions) {
   *ptr = nullptr;
   if (bad_device(device)) {
     return GG_EINVAL;
@@ -190,6 +216,9 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
       n_held_.load(std::memory_order_relaxed)) {
     sweep();
   }
+  if (n_recorded_.load(std::memory_order_relaxed)) {
+    drain_recorded(false);
+  }
   /* Only while a capture may be under way does a call ask the driver (one announced, or any). */
   uint64_t capture = 0;
   if (n_announced_.load(std::memory_order_relaxed) || capture_any_.load(std::memory_order_relaxed)) {
@@ -199,6 +228,7 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
   }
   Pool *pool = nullptr;
   gg_arena_t *used = nullptr;
+  size_t bytes = block_bytes(n, divisions);
   int rc = 0;
   if (capture || n_announced_.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> g(mu_);
@@ -208,16 +238,16 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
     }
   }
   if (rc == 0 && pool) {
-    rc = pool_alloc(*pool, n, stream, ptr, &used);
+    rc = pool_alloc(*pool, bytes, stream, ptr, &used);
   } else if (rc == 0) {
-    rc = default_alloc(n, device, stream, ptr, &pool, &used);
+    rc = default_alloc(bytes, device, stream, ptr, &pool, &used);
   }
   if (rc < 0) {
     return rc;
   }
   Block b;
   b.requested = n;
-  b.size = rounded(n);
+  b.size = bytes;
   b.stream = stream;
   b.device = device;
   b.pool = pool;
@@ -242,28 +272,26 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
   return 0;
 }
 
-void Adapter::account_locked(const Block &b, bool add) {
+/* `active`: with the allocation figures, the active and requested ones (not for a free that waits
+ * for the streams the block was recorded on: it stays active until then, as in PyTorch's). */
+void Adapter::account_locked(const Block &b, bool add, bool active) {
   DeviceStats &d = dev_[b.device];
   int k = size_class(b.size);
+  auto move = [add](Stat &s, int64_t n) { add ? s.add(n) : s.sub(n); };
   for (int i : {int(kAll), k}) {
-    if (add) {
-      d.allocation[i].add(1);
-      d.active[i].add(1);
-      d.allocated_bytes[i].add(int64_t(b.size));
-      d.active_bytes[i].add(int64_t(b.size));
-      d.requested_bytes[i].add(int64_t(b.requested));
-    } else {
-      d.allocation[i].sub(1);
-      d.active[i].sub(1);
-      d.allocated_bytes[i].sub(int64_t(b.size));
-      d.active_bytes[i].sub(int64_t(b.size));
-      d.requested_bytes[i].sub(int64_t(b.requested));
+    move(d.allocation[i], 1);
+    move(d.allocated_bytes[i], int64_t(b.size));
+    if (active) {
+      move(d.active[i], 1);
+      move(d.active_bytes[i], int64_t(b.size));
+      move(d.requested_bytes[i], int64_t(b.requested));
     }
   }
 }
 
 int Adapter::free(void *ptr, Freed *out) {
   Block b;
+  bool later = false;
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = blocks_.find(ptr);
@@ -272,7 +300,10 @@ int Adapter::free(void *ptr, Freed *out) {
     }
     b = std::move(it->second);
     blocks_.erase(it);
-    account_locked(b, false);
+    /* recorded on other streams, outside any capture: given back once they are done with it */
+    later = !b.pool && b.extra && !b.extra->recorded.empty() && !n_announced_.load() &&
+            !capture_any_.load();
+    account_locked(b, false, !later);
   }
   out->device = b.device;
   out->requested = b.requested;
@@ -280,6 +311,13 @@ int Adapter::free(void *ptr, Freed *out) {
   out->pool = b.pool ? b.pool->id : PoolId{};
   out->ipc_id = b.extra ? b.extra->ipc_id : 0;
   out->context = b.extra ? b.extra->context : nullptr;
+  if (later && defer_free(ptr, b)) {
+    return 0;
+  }
+  if (later) { /* no event could be recorded: the arena's stream joins them instead */
+    std::lock_guard<std::mutex> g(mu_);
+    deactivate_locked(b);
+  }
   if (!b.pool) {
     trace('f', ptr, 0, b.stream);
     free_default(ptr, b);
@@ -366,74 +404,6 @@ void Adapter::set_ipc_id(void *ptr, uint64_t id) {
   }
 }
 
-/* ---- statistics ------------------------------------------------------------------------------ */
-
-DeviceStats Adapter::stats(int device) {
-  std::lock_guard<std::mutex> g(mu_);
-  return dev_[device];
-}
-
-/* Reserved = every arena's mapped memory on the device; segments = their mapped chunks. */
-Reserved Adapter::reserved(int device) {
-  Reserved r;
-  for (gg_arena_t *a : arenas_of(device)) {
-    gg_arena_stats_t s{};
-    if (gg_arena_stats_quiet(a, &s) != 0) {
-      continue;
-    }
-    r.current += int64_t(s.bytes_mapped);
-    r.peak += int64_t(s.peak_mapped);
-    r.segments += int64_t(s.n_chunks);
-    r.in_use += int64_t(s.bytes_in_use);
-    r.waits += s.n_stream_waits;
-    r.maps += int64_t(s.n_maps);
-    r.unmaps += int64_t(s.n_unmaps);
-    r.freed += int64_t(s.bytes_trimmed);
-  }
-  r.peak = std::max(r.peak, r.current);
-  std::lock_guard<std::mutex> g(mu_);
-  r.freed = std::max<int64_t>(r.freed - reserved_base_[device], 0);
-  return r;
-}
-
-void Adapter::reset_peaks(int device) {
-  for (gg_arena_t *a : arenas_of(device)) {
-    gg_arena_reset_peak(a);
-  }
-  std::lock_guard<std::mutex> g(mu_);
-  DeviceStats &d = dev_[device];
-  for (Stat *s : {d.allocation, d.active, d.allocated_bytes, d.active_bytes, d.requested_bytes}) {
-    for (int i = 0; i < 3; i++) {
-      s[i].peak = s[i].current;
-    }
-  }
-}
-
-void Adapter::reset_totals(int device) {
-  int64_t trimmed = 0;
-  for (gg_arena_t *a : arenas_of(device)) {
-    gg_arena_stats_t s{};
-    trimmed += gg_arena_stats_quiet(a, &s) == 0 ? int64_t(s.bytes_trimmed) : 0;
-  }
-  std::lock_guard<std::mutex> g(mu_);
-  DeviceStats &d = dev_[device];
-  for (Stat *s : {d.allocation, d.active, d.allocated_bytes, d.active_bytes, d.requested_bytes}) {
-    for (int i = 0; i < 3; i++) {
-      s[i].allocated = 0;
-      s[i].freed = 0;
-    }
-  }
-  d.num_ooms = 0;
-  d.num_alloc_retries = 0;
-  reserved_base_[device] = trimmed;
-}
-
-size_t Adapter::note_oom(int device) {
-  std::lock_guard<std::mutex> g(mu_);
-  dev_[device].num_ooms++;
-  return size_t(dev_[device].allocated_bytes[kAll].current);
-}
-
 /* ---- diagnostics ----------------------------------------------------------------------------- */
 
 Adapter::Counters Adapter::counters() {
@@ -466,7 +436,8 @@ int Adapter::check() {
     live[b.pool]++;
     blocks[b.device]++;
     bytes[b.device] += int64_t(b.size);
-    if (b.size != rounded(b.requested) || (!b.arena && !(b.pool && b.pool->custom))) {
+    if (b.size < rounded(b.requested) || b.size % kQuantum ||
+        (!b.arena && !(b.pool && b.pool->custom))) {
       return GG_ESTATE;
     }
   }

@@ -63,6 +63,11 @@ constexpr int kMaxDevices = 64;
 constexpr size_t kSmallMax = size_t(1) << 20; /* PyTorch's small pool: blocks of at most 1 MiB */
 constexpr size_t kQuantum = 256;              /* the arena rounds every block to this */
 
+/* The bytes a request of n takes: 512 at least (PyTorch's smallest block), n rounded to the
+ * arena's quantum, or with PyTorch's roundup_power2_divisions (see Adapter::alloc) to the next
+ * division step. */
+size_t block_bytes(size_t n, size_t divisions);
+
 /* A pool's id as PyTorch names it (MempoolId_t); {0, 0} is the default pool. */
 struct PoolId {
   uint64_t first = 0;
@@ -86,11 +91,35 @@ struct Stat {
 
 enum { kAll = 0, kSmall = 1, kLarge = 2 }; /* PyTorch's StatType order */
 
-/* The figures PyTorch's memory_stats() reads, per device: written by alloc and free only. */
+/* Every figure PyTorch's memory_stats() reports, per device, with PyTorch's meaning
+ * (c10::CachingDeviceAllocator::DeviceStats), as gpuguard's arenas give it:
+ *  - allocation, active, allocated_bytes, active_bytes, requested_bytes: PyTorch's blocks, by the
+ *    size class of the block (small: at most 1 MiB); written by alloc and free only. A block is
+ *    active from its allocation to its free (the arena keeps a freed block from reuse until its
+ *    stream is past it, as PyTorch's events do, but that memory is no longer counted as active).
+ *  - reserved_bytes, segment: the memory every arena of the device has mapped, and its chunks
+ *    (PyTorch's segments); allocated = mapped, freed = given back to the driver. All of it is
+ *    counted in the large pool (the arenas have no separate small pool).
+ *  - inactive_split, inactive_split_bytes: the free stretches inside mapped ranges that hold a
+ *    live block (PyTorch's free blocks split from a segment; a range with no live block can be
+ *    given back whole), counted and summed at each read; allocated/freed are the
+ *    increases and decreases seen between reads, so current = allocated - freed since a reset.
+ *  - oversize_allocations, oversize_segments: 0 (no max_split_size: every block may be split).
+ *  - num_sync_all_streams: host waits for a stream the arenas made (to reuse or give back
+ *    memory released in stream order), PyTorch's synchronize-and-free-events;
+ *  - num_device_alloc, num_device_free: chunks mapped and unmapped (cuMemCreate / cuMemRelease).
+ *  - num_alloc_retries: an allocation retried after freeing unused pools; num_ooms: refusals.
+ *  - max_split_size: -1 (unlimited, PyTorch's default). */
 struct DeviceStats {
   Stat allocation[3], active[3], allocated_bytes[3], active_bytes[3], requested_bytes[3];
-  int64_t num_ooms = 0;
+  Stat segment[3], inactive_split[3], reserved_bytes[3], inactive_split_bytes[3];
+  Stat oversize_allocations, oversize_segments;
   int64_t num_alloc_retries = 0;
+  int64_t num_ooms = 0;
+  int64_t num_sync_all_streams = 0;
+  int64_t num_device_alloc = 0;
+  int64_t num_device_free = 0;
+  int64_t max_split_size = -1;
 };
 
 /* What the arenas of a device hold, summed (PyTorch's reserved and segment figures). */
@@ -111,6 +140,12 @@ struct Runtime {
   /* Switches this thread to the relaxed capture mode (begin) and back (end, with what begin saved),
    * around the arena calls a capture must not see as unsafe (reserving and mapping memory). */
   void (*relax)(bool begin, int *saved);
+  /* An event recorded now on `stream` of `device` (*event is the caller's until event_destroy).
+   * 0, or <0. */
+  int (*event_record)(int device, Stream stream, void **event);
+  /* 1: the work queued before the event is done; 0: not yet; <0: an error. */
+  int (*event_query)(void *event);
+  void (*event_destroy)(void *event);
 };
 
 /* A block PyTorch holds: the one record of it. What few blocks carry lives apart (Extra), so the
@@ -136,6 +171,19 @@ struct Custom {
   std::function<void *(size_t, Stream)> alloc;
   std::function<void(void *)> free;
   std::shared_ptr<void> owner; /* keeps the allocator alive as long as the pool */
+};
+
+/* A default-pool block freed while streams it was recorded on (Tensor.record_stream) may still
+ * use it: given back to its arena once an event recorded on each of them at the free is done, as
+ * PyTorch's allocator does (until then it counts as active, not allocated). */
+struct Recorded {
+  void *ptr;
+  gg_arena_t *arena;
+  Stream stream;
+  int device;
+  size_t size;
+  size_t requested;
+  std::vector<void *> events;
 };
 
 /* A default-pool block a capture's graph still reads: freed once the graph is gone. */
@@ -187,6 +235,21 @@ struct Range {
   int device;
 };
 
+/* A private pool's live blocks at one moment (CUDA-graph trees' checkpoints): what restore() puts
+ * back. Opaque to the facade. */
+struct Checkpoint {
+  struct Live {
+    void *ptr;
+    size_t requested;
+    size_t size; /* the block's, as the arena counts it */
+    Stream stream;
+    gg_arena_t *arena;
+  };
+  PoolId id;
+  int device = 0;
+  std::vector<Live> live; /* by address */
+};
+
 class Adapter {
 public:
   /* `defaults`: the options of the arenas it makes (backend, capacity, chunk size). */
@@ -202,17 +265,20 @@ public:
   std::vector<gg_arena_t *> arenas_of(int device); /* every arena serving the device, once each */
 
   /* ---- blocks (adapter.cpp): the only place that routes, counts and records */
+  /* `divisions`: PyTorch's roundup_power2_divisions for n (allocator settings); above 1, a request
+   * of more than 512 * divisions bytes takes the next of `divisions` steps between two powers of
+   * two (its block, and active_bytes, that size), as PyTorch's allocator rounds it. */
   int alloc(size_t n, int device, Stream stream, std::shared_ptr<void> context, void **ptr,
-            PoolId *pool);
+            PoolId *pool, size_t divisions = 0);
   int free(void *ptr, Freed *out);                  /* GG_ENOTFOUND: not a block of ours */
   int record_stream(void *ptr, Stream stream);      /* 0; GG_ENOTFOUND: not ours */
   bool block_size(void *ptr, size_t *size);
   int share_info(void *ptr, gg_arena_t **arena, size_t *size, int *device, uint64_t *ipc_id);
   void set_ipc_id(void *ptr, uint64_t id);
 
-  /* ---- statistics (adapter.cpp) */
-  DeviceStats stats(int device);
-  Reserved reserved(int device);
+  /* ---- statistics (adapter_stats.cpp) */
+  DeviceStats stats(int device); /* every figure of DeviceStats, filled */
+  Reserved reserved(int device); /* since creation (no reset applies) */
   void reset_peaks(int device);
   void reset_totals(int device);
   size_t note_oom(int device); /* counts it; the bytes allocated now */
@@ -231,7 +297,17 @@ public:
   std::vector<void *> pool_blocks(int device, PoolId id);
   bool pool_blocks_are(int device, PoolId id, const std::unordered_set<void *> &expected);
   std::vector<Range> ranges(PoolId id); /* {0, 0}: all */
+
+  /* ---- checkpoints (adapter_checkpoint.cpp): CUDA-graph trees rewinding a pool */
+  Checkpoint checkpoint(int device, PoolId id);
+  /* The pool as it was at `c`: every block live now is freed (its address into *freed), then every
+   * block of the checkpoint is allocated again at its address (into *made), as PyTorch's allocator
+   * returns it. 0; GG_ENOTFOUND: no such pool on the device; GG_ENOTSUP: a pool with its own
+   * allocator; GG_ESTATE: an arena of the checkpoint is no longer the pool's, or a range of it is
+   * not free (nothing changed in both cases, checked before anything is freed). */
+  int restore(const Checkpoint &c, std::vector<void *> *freed, std::vector<void *> *made);
   std::vector<BlockView> blocks_sorted();
+  void drop_contexts(); /* every block's recorded stack released (at the interpreter's exit) */
 
   /* ---- modes and diagnostics */
   void set_capture_any(bool on) { capture_any_.store(on); }
@@ -255,7 +331,14 @@ private:
   void sweep_locked(std::vector<Held> *out);
   int implicit_pool_locked(int device, Stream stream, uint64_t capture, Pool **out);
   void destroy_after_sync(int device, const std::vector<gg_arena_t *> &dead);
-  void account_locked(const Block &b, bool add);
+  void account_locked(const Block &b, bool add, bool active = true);
+  bool defer_free(void *ptr, const Block &b); /* adapter_recorded.cpp */
+  void deactivate_locked(const Block &b);     /* the active figures of a deferred free */
+  void drain_recorded(bool wait);
+  void free_stretches(int device, int64_t *count, int64_t *bytes);
+  void note_gone(int device, gg_arena_t *a);
+  std::vector<std::pair<void *, Block>> free_pool_locked(Pool &p);
+  int place_locked(Pool &p, void *ptr, Block b);
   void trace(char op, const void *ptr, size_t size, Stream stream);
   static void graph_gone(void *user);
 
@@ -265,8 +348,13 @@ private:
   std::mutex make_mu_; /* two first allocations on a device make one arena */
   std::atomic<gg_arena_t *> arenas_[kMaxDevices] = {};
   bool owned_[kMaxDevices] = {}; /* made here (destroyed with the adapter) */
-  DeviceStats dev_[kMaxDevices];
-  int64_t reserved_base_[kMaxDevices] = {};
+  DeviceStats dev_[kMaxDevices]; /* the block figures; the rest is filled at each read */
+  struct Seen {                  /* per device: what the last read saw, and the reset's bases */
+    Reserved base;               /* totals at reset_totals */
+    int64_t reserved_peak = 0, segment_peak = 0;
+    Stat inactive, inactive_bytes;
+  } seen_[kMaxDevices];
+  Reserved gone_[kMaxDevices]; /* what arenas destroyed with their pools had mapped and done */
   std::unordered_map<void *, Block> blocks_;
   std::map<PoolId, std::unique_ptr<Pool>> pools_;
   struct Capture {
@@ -281,6 +369,8 @@ private:
   std::atomic<uint64_t> seen_deaths_{0};
   std::atomic<size_t> n_held_{0}; /* deferred_.size(), read without the lock */
   std::vector<Held> deferred_;      /* blocks of gone graphs whose stream captured again */
+  std::vector<Recorded> recorded_;  /* freed, waiting for the streams they were recorded on */
+  std::atomic<size_t> n_recorded_{0};
 };
 
 } // namespace gg_torch

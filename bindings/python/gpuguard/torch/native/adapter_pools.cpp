@@ -308,6 +308,7 @@ void Adapter::destroy_after_sync(int device, const std::vector<gg_arena_t *> &de
   }
   rt_.device_sync(device); /* a sticky error: the memory goes with the context anyway */
   for (gg_arena_t *a : dead) {
+    note_gone(device, a);
     gg_arena_destroy(a);
   }
 }
@@ -343,6 +344,9 @@ int Adapter::empty_cache(PoolId id) {
   bool all = id == PoolId{};
   bool capturing = n_announced_.load() > 0; /* no device synchronisation while a graph captures */
   sweep();
+  if (!capturing && n_recorded_.load()) {
+    drain_recorded(true);
+  }
   std::vector<std::pair<int, gg_arena_t *>> dead;
   std::vector<gg_arena_t *> trim;
   {
@@ -470,6 +474,19 @@ std::vector<BlockView> Adapter::blocks_sorted() {
   std::sort(out.begin(), out.end(),
             [](const BlockView &a, const BlockView &b) { return a.addr < b.addr; });
   return out;
+}
+
+void Adapter::drop_contexts() {
+  std::vector<std::shared_ptr<void>> gone;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto &kv : blocks_) {
+      if (kv.second.extra && kv.second.extra->context) {
+        gone.push_back(std::move(kv.second.extra->context));
+      }
+    }
+  }
+  /* released here, outside the lock */
 }
 
 } // namespace gg_torch

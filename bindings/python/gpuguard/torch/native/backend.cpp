@@ -1,5 +1,6 @@
 /* backend.cpp (gpuguard.torch) — the facade's methods: each maps one of PyTorch's allocator calls
  * onto the adapter (facade.h says what lives where). */
+#include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -81,11 +82,14 @@ void *Backend::alloc_block(size_t n, int device, cudaStream_t stream) {
   auto ctx = history_.gather(cda::RecordContext::STATE);
   void *p = nullptr;
   PoolId pool;
-  int rc = n > size_t(SSIZE_MAX) ? GG_ENOMEM : core_.alloc(n, device, stream, ctx, &p, &pool);
+  size_t divisions = c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(n);
+  int rc =
+      n > size_t(SSIZE_MAX) ? GG_ENOMEM : core_.alloc(n, device, stream, ctx, &p, &pool, divisions);
   if (rc < 0) {
     fail(rc, n, device, stream);
   }
   if (history_.on()) {
+    trace_segments(device, ctx);
     history_.record(cda::TraceEntry::ALLOC, device, p, n, stream, pool, ctx);
   }
   return p;
@@ -268,50 +272,43 @@ void Backend::recordStream(const c10::DataPtr &dp, c10::cuda::CUDAStream stream)
 
 namespace {
 
+void copy_stat(const Stat &from, c10::CachingAllocator::Stat *to) {
+  to->current = from.current;
+  to->peak = from.peak;
+  to->allocated = from.allocated;
+  to->freed = from.freed;
+}
+
 void copy_stats(const Stat (&from)[3], c10::CachingAllocator::StatArray &to) {
   for (size_t i = 0; i < 3; i++) {
-    to[i].current = from[i].current;
-    to[i].peak = from[i].peak;
-    to[i].allocated = from[i].allocated;
-    to[i].freed = from[i].freed;
+    copy_stat(from[i], &to[i]);
   }
 }
 
 } // namespace
 
+/* Field for field: the adapter fills every figure (adapter.h, DeviceStats: what each means). */
 cda::DeviceStats Backend::getDeviceStats(c10::DeviceIndex device) {
-  using c10::CachingAllocator::StatType;
   check_device(device, "getDeviceStats");
   DeviceStats d = core_.stats(device);
-  Reserved r = core_.reserved(device);
   cda::DeviceStats out;
   copy_stats(d.allocation, out.allocation);
+  copy_stats(d.segment, out.segment);
   copy_stats(d.active, out.active);
+  copy_stats(d.inactive_split, out.inactive_split);
   copy_stats(d.allocated_bytes, out.allocated_bytes);
+  copy_stats(d.reserved_bytes, out.reserved_bytes);
   copy_stats(d.active_bytes, out.active_bytes);
+  copy_stats(d.inactive_split_bytes, out.inactive_split_bytes);
   copy_stats(d.requested_bytes, out.requested_bytes);
-  out.num_ooms = d.num_ooms;
   out.num_alloc_retries = d.num_alloc_retries;
-  c10::CachingAllocator::Stat reserved;
-  reserved.current = r.current;
-  reserved.peak = r.peak;
-  reserved.freed = r.freed;
-  reserved.allocated = r.current + r.freed;
-  c10::CachingAllocator::Stat segment;
-  segment.current = r.segments;
-  segment.peak = r.segments;
-  c10::CachingAllocator::Stat inactive;
-  inactive.current = std::max<int64_t>(r.current - r.in_use, 0);
-  inactive.peak = inactive.current;
-  for (StatType t : {StatType::AGGREGATE, StatType::LARGE_POOL}) {
-    out.reserved_bytes[size_t(t)] = reserved;
-    out.segment[size_t(t)] = segment;
-    out.inactive_split_bytes[size_t(t)] = inactive;
-  }
-  out.num_sync_all_streams = int64_t(r.waits); /* every host wait the arenas made */
-  out.num_device_alloc = r.maps; /* driver allocations, as PyTorch counts its cudaMalloc */
-  out.num_device_free = r.unmaps;
-  out.max_split_size = -1;
+  out.num_ooms = d.num_ooms;
+  copy_stat(d.oversize_allocations, &out.oversize_allocations);
+  copy_stat(d.oversize_segments, &out.oversize_segments);
+  out.num_sync_all_streams = d.num_sync_all_streams;
+  out.num_device_alloc = d.num_device_alloc;
+  out.num_device_free = d.num_device_free;
+  out.max_split_size = d.max_split_size;
   return out;
 }
 
@@ -328,7 +325,11 @@ void Backend::resetPeakStats(c10::DeviceIndex device) {
 /* ---- pools ----------------------------------------------------------------------------------- */
 
 void Backend::emptyCache(c10::MempoolId_t id) {
+  auto ctx = history_.gather(cda::RecordContext::ALL); /* who gave the segments back */
   int rc = core_.empty_cache(pool_id(id));
+  for (int d = 0; history_.on() && d < std::min(device_count_, kMaxDevices); d++) {
+    trace_segments(d, ctx);
+  }
   GG_CHECK(rc == 0, "gpuguard: empty_cache could not give memory back: ", gg_last_error());
 }
 
@@ -389,8 +390,7 @@ bool Backend::checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t
 namespace {
 
 struct State final : public cca::AllocatorState {
-  c10::MempoolId_t id;
-  std::unordered_set<void *> live;
+  Checkpoint at;
 };
 
 } // namespace
@@ -399,25 +399,39 @@ std::shared_ptr<cca::AllocatorState> Backend::getCheckpointState(c10::DeviceInde
                                                                  c10::MempoolId_t id) {
   check_device(device, "getCheckpointState");
   auto st = std::make_shared<State>();
-  st->id = id;
-  for (void *p : core_.pool_blocks(device, pool_id(id))) {
-    st->live.insert(p);
-  }
+  st->at = core_.checkpoint(device, pool_id(id));
   return st;
 }
 
-/* Unchanged since the checkpoint: nothing to rewind. Anything else would need blocks placed back at
- * their old addresses, which the arena does not do. */
+/* CUDA-graph trees rewinding a pool (a new path recorded, e.g. for new input shapes): the
+ * adapter puts the checkpoint's blocks back at their addresses and frees the rest; the delta is
+ * PyTorch's own: every block freed, and a DataPtr (with this backend's deleter) for each block
+ * made, which PyTorch hands to the live storages or releases. */
 cca::CheckpointDelta Backend::setCheckpointPoolState(c10::DeviceIndex device,
                                                      std::shared_ptr<cca::AllocatorState> pps) {
   check_device(device, "setCheckpointPoolState");
   auto *st = dynamic_cast<State *>(pps.get());
   GG_CHECK(st, "setCheckpointPoolState: the state was not made by gpuguard's backend");
-  GG_CHECK(core_.pool_blocks_are(device, pool_id(st->id), st->live),
-           "gpuguard's PyTorch backend cannot rewind a CUDA-graph pool to a checkpoint "
-           "(torch.compile mode='reduce-overhead' recording a second path, e.g. for new input "
-           "shapes): keep shapes static, mark them dynamic, or run without GPUGUARD_TORCH=1");
-  return {};
+  GG_CHECK(st->at.device == device, "setCheckpointPoolState: the checkpoint is of CUDA device ",
+           st->at.device, ", not ", int(device));
+  std::vector<void *> freed;
+  std::vector<void *> made;
+  int rc = core_.restore(st->at, &freed, &made);
+  GG_CHECK(rc != GG_ENOTFOUND, "setCheckpointPoolState: could not find pool (", st->at.id.first,
+           ", ", st->at.id.second, ") on CUDA device ", int(device));
+  GG_CHECK(rc != GG_ENOTSUP, "setCheckpointPoolState: pool (", st->at.id.first, ", ",
+           st->at.id.second, ") has its own allocator: its blocks cannot be put back");
+  GG_CHECK(rc == 0, "setCheckpointPoolState: pool (", st->at.id.first, ", ", st->at.id.second,
+           ") cannot be put back to the checkpoint (its memory was given back or is used "
+           "elsewhere): ",
+           gg_last_error());
+  cca::CheckpointDelta delta;
+  delta.ptrs_freed = std::move(freed);
+  for (void *p : made) {
+    delta.dataptrs_allocd.emplace_back(p, p, &Backend::deleter,
+                                       c10::Device(c10::DeviceType::CUDA, device));
+  }
+  return delta;
 }
 
 /* ---- the rest of PyTorch's interface --------------------------------------------------------- */
@@ -426,6 +440,16 @@ void Backend::recordHistory(bool enabled, cda::CreateContextFn recorder, size_t 
                             cda::RecordContext when, bool clear,
                             const std::vector<std::string> &skip) {
   history_.configure(enabled, recorder, max_entries, when, clear, skip);
+  /* What is mapped now was mapped before the history: the baseline, traced as nothing. */
+  std::lock_guard<std::mutex> g(seg_mu_);
+  segments_.clear();
+  for (const Range &x : core_.ranges(PoolId{})) {
+    segments_[{x.device, x.addr}] = x.size;
+  }
+  for (int d = 0; d < kMaxDevices; d++) {
+    Reserved r = core_.reserved(d);
+    seg_sig_[d] = r.maps + r.unmaps;
+  }
 }
 
 void Backend::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
@@ -434,6 +458,14 @@ void Backend::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
 
 void Backend::attachAllocatorTraceTracker(cda::AllocatorTraceTracker tracker) {
   history_.add_tracker(std::move(tracker));
+}
+
+/* Stacks hold Python code objects, observers and trackers Python callables: all go while the
+ * interpreter lives. The backend itself is never destroyed (entry.cpp), as PyTorch's own allocator
+ * never is, so nothing Python owns reaches a static destructor. */
+void Backend::at_exit() {
+  history_.drop_python_state();
+  core_.drop_contexts();
 }
 
 void Backend::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex to) {

@@ -3,6 +3,9 @@
  * for, and read counters for tests and diagnostics. Each returns 0 or a negative GG_E* code. */
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
+#include <c10/core/Allocator.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -11,6 +14,10 @@
 #define GG_TORCH_API extern "C" __attribute__((visibility("default")))
 
 using gg_torch::g_backend;
+
+namespace {
+std::shared_ptr<gg_torch::Backend> *g_owner = nullptr; /* never deleted (install says why) */
+} // namespace
 
 /* Makes gpuguard PyTorch's CUDA allocator (once; later calls do nothing). GG_ESTATE with PyTorch's
  * reason in err when it refuses (its allocator is initialised already). */
@@ -28,12 +35,35 @@ GG_TORCH_API int gg_torch_native_install(size_t capacity, size_t chunk_size, cha
     o.name = "torch";
     auto b = std::make_shared<gg_torch::Backend>(o);
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(b);
-    g_backend = b.get(); /* PyTorch holds the shared_ptr for the process's life */
+    /* PyTorch's shared_ptr is a static of libtorch_python: its destructor would run ours after the
+     * interpreter is gone and after libtorch_python's own statics (the list a recorded stack hands
+     * its frames to), while tensors freed later still call the deleter. One reference is never
+     * dropped, so the backend lives as long as the process, as PyTorch's own allocator does. */
+    g_owner = new std::shared_ptr<gg_torch::Backend>(b);
+    /* torch.accelerator (memory_stats, empty_cache, ...) asks the allocator registered for the
+     * device type, which changeCurrentAllocator leaves at PyTorch's own. */
+    c10::SetAllocator(c10::DeviceType::CUDA, b.get(), UINT8_MAX);
+    g_backend = b.get();
     return 0;
   } catch (const std::exception &e) {
     snprintf(err, errcap, "%s", e.what());
     return GG_ESTATE;
   }
+}
+
+/* At the interpreter's exit (gpuguard.torch's atexit hook, with the GIL held): memory history off,
+ * every recorded stack, out-of-memory observer and trace tracker released while Python lives. */
+GG_TORCH_API int gg_torch_native_at_exit(void) {
+  if (!g_backend) {
+    return GG_ESTATE;
+  }
+  try {
+    g_backend->at_exit();
+  } catch (const std::exception &e) {
+    fprintf(stderr, "gpuguard: releasing PyTorch's objects at exit: %s\n", e.what());
+    return GG_ESTATE;
+  }
+  return 0;
 }
 
 /* gpuguard.torch.use_arena: device's default pool draws from `arena` (before its first allocation
@@ -59,6 +89,12 @@ GG_TORCH_API int gg_torch_native_capture_query(int every_call) {
   }
   g_backend->core().set_capture_any(every_call != 0);
   return 0;
+}
+
+/* The backend's tables walked against its figures (every block once, counts and bytes per device
+ * and pool): 0, or GG_ESTATE with what broke in gg_last_error terms (for tests after bad input). */
+GG_TORCH_API int gg_torch_native_check(void) {
+  return g_backend ? g_backend->core().check() : GG_ESTATE;
 }
 
 /* 1 when this process's PyTorch allocator is gpuguard's backend. */

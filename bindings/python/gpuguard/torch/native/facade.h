@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,8 +53,16 @@ public:
   void add_tracker(cda::AllocatorTraceTracker t);
   std::vector<cca::OutOfMemoryObserver> observers();
   bool enabled() const { return on_.load(); }
+  /* Turns history off and drops every object Python may own (recorded stacks, observers,
+   * trackers), while the interpreter still lives (gpuguard.torch's atexit hook). */
+  void drop_python_state();
   /* The trace per device, times made wall-clock (snapshot.cpp). */
   std::vector<std::vector<cda::TraceEntry>> traces(int device_count);
+  /* torch.cuda.memory._set_memory_metadata and torch.compile's context: on every later entry. */
+  void set_metadata(const std::string &m);
+  std::string metadata();
+  void push_compile_context(const std::string &c);
+  void pop_compile_context();
 
 private:
   std::mutex mu_;
@@ -62,7 +71,9 @@ private:
   cda::CreateContextFn recorder_ = nullptr;
   cda::RecordContext when_ = cda::RecordContext::NEVER;
   size_t max_entries_ = 1;
-  bool skip_free_requested_ = false;
+  bool skip_[cda::TraceEntry::OOM + 1] = {}; /* skip_actions, by action */
+  std::string metadata_;
+  std::vector<std::string> compile_; /* a stack */
   std::deque<cda::TraceEntry> trace_;
   std::vector<cca::OutOfMemoryObserver> observers_;
   std::vector<cda::AllocatorTraceTracker> trackers_;
@@ -125,10 +136,16 @@ public:
                                                           c10::MempoolId_t id) override;
   cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
                                               std::shared_ptr<cca::AllocatorState> pps) override;
+  void setUserMetadata(const std::string &metadata) override { history_.set_metadata(metadata); }
+  std::string getUserMetadata() override { return history_.metadata(); }
+  void pushCompileContext(std::string &md) override { history_.push_compile_context(md); }
+  void popCompileContext() override { history_.pop_compile_context(); }
   std::string name() override { return "gpuguard"; }
 
   /* For entry.cpp. */
   Adapter &core() { return core_; }
+  /* At the interpreter's exit: nothing Python owns is left to a later destructor. */
+  void at_exit();
   static void deleter(void *ptr);
 
 private:
@@ -139,6 +156,9 @@ private:
   bool free_uncached(void *ptr);
   void apply_fraction(int device);
   [[noreturn]] void fail(int rc, size_t n, int device, cudaStream_t stream);
+  /* With history on: segment_map / segment_unmap entries for the chunks mapped or given back since
+   * the last look (snapshot.cpp). */
+  void trace_segments(int device, std::shared_ptr<c10::GatheredContext> ctx);
 
   Adapter core_;
   History history_;
@@ -148,6 +168,9 @@ private:
   std::atomic<bool> enabled_{true};
   double fractions_[kMaxDevices];
   std::unordered_set<void *> uncached_; /* cudaMalloc'd while caching was off */
+  std::mutex seg_mu_;                   /* segments_, seg_sig_ */
+  std::map<std::pair<int, uintptr_t>, size_t> segments_; /* (device, address) -> size, as traced */
+  int64_t seg_sig_[kMaxDevices] = {};                    /* maps + unmaps when last traced */
   ipc::Exporter exporter_;
   ipc::Importer importer_;
 };

@@ -83,10 +83,49 @@ void relax(bool begin, int *saved) {
   }
 }
 
+int event_record(int device, Stream stream, void **event) {
+  int cur = -1;
+  (void)cudaGetDevice(&cur);
+  (void)cudaSetDevice(device);
+  cudaEvent_t ev = nullptr;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) {
+    e = cudaEventRecord(ev, static_cast<cudaStream_t>(stream));
+    if (e != cudaSuccess) {
+      cudaEventDestroy(ev);
+    }
+  }
+  if (cur >= 0) {
+    (void)cudaSetDevice(cur);
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return GG_EDRIVER;
+  }
+  *event = ev;
+  return 0;
+}
+
+int event_query(void *event) {
+  cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (e == cudaSuccess) {
+    return 1;
+  }
+  (void)cudaGetLastError();
+  return e == cudaErrorNotReady ? 0 : GG_EDRIVER;
+}
+
+void event_destroy(void *event) {
+  if (cudaEventDestroy(static_cast<cudaEvent_t>(event)) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+}
+
 } // namespace
 
 Runtime cuda_runtime() {
-  return Runtime{capture_id, graph_retain, stream_sync, device_sync, relax};
+  return Runtime{capture_id, graph_retain, stream_sync, device_sync,
+                 relax,      event_record, event_query, event_destroy};
 }
 
 } // namespace gg_torch

@@ -52,6 +52,51 @@ cda::SegmentInfo segment_of(const Range &r, const std::vector<BlockView> &live, 
 
 } // namespace
 
+/* Chunks are PyTorch's expandable segments: each one mapped is a segment_map entry, each one given
+ * back a segment_unmap (with the stack of who gave it back, under context "all"). Compared with
+ * what was traced before only when the device's map and unmap counts moved. */
+void Backend::trace_segments(int device, std::shared_ptr<c10::GatheredContext> ctx) {
+  Reserved r = core_.reserved(device);
+  std::vector<std::pair<uintptr_t, size_t>> mapped;
+  std::vector<std::pair<uintptr_t, size_t>> unmapped;
+  {
+    std::lock_guard<std::mutex> g(seg_mu_);
+    if (r.maps + r.unmaps == seg_sig_[device]) {
+      return;
+    }
+    seg_sig_[device] = r.maps + r.unmaps;
+    std::map<std::pair<int, uintptr_t>, size_t> now;
+    for (const Range &x : core_.ranges(PoolId{})) {
+      if (x.device == device) {
+        now[{device, x.addr}] = x.size;
+      }
+    }
+    for (auto it = segments_.lower_bound({device, 0});
+         it != segments_.end() && it->first.first == device;) {
+      auto hit = now.find(it->first);
+      if (hit == now.end() || hit->second != it->second) {
+        unmapped.push_back({it->first.second, it->second});
+        it = segments_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const auto &kv : now) {
+      if (segments_.emplace(kv.first, kv.second).second) {
+        mapped.push_back({kv.first.second, kv.second});
+      }
+    }
+  }
+  for (const auto &u : unmapped) {
+    history_.record(cda::TraceEntry::SEGMENT_UNMAP, device, reinterpret_cast<void *>(u.first),
+                    u.second, nullptr, PoolId{}, ctx);
+  }
+  for (const auto &m : mapped) {
+    history_.record(cda::TraceEntry::SEGMENT_MAP, device, reinterpret_cast<void *>(m.first),
+                    m.second, nullptr, PoolId{}, ctx);
+  }
+}
+
 cca::SnapshotInfo Backend::snapshot(c10::MempoolId_t id, bool include_traces) {
   std::vector<Range> ranges = core_.ranges(pool_id(id));
   std::vector<BlockView> live = core_.blocks_sorted();
