@@ -1,8 +1,9 @@
 """gpuguard._autostart — ``GPUGUARD_TORCH=1`` without editing the script, as ``PYTORCH_CUDA_ALLOC_CONF`` works.
 
 The wheel installs ``gpuguard_torch.pth`` into site-packages; Python runs its one line at every start, and
-that line imports this module only when ``GPUGUARD_TORCH`` is set (so an interpreter without the variable
-pays for one dictionary lookup). Then:
+that line loads this module (through ``gpuguard/_pth.py``, without the package's ``__init__``) only when
+``GPUGUARD_TORCH`` or ``GPUGUARD_WORKERS`` is set (so an interpreter without them pays for two dictionary
+lookups), and runs :func:`run` once per process. Then:
 
 - the values are checked at once: a bad one stops the process with exit status 2 and a message naming
   the variable and the value;
@@ -23,9 +24,11 @@ pays for one dictionary lookup). Then:
 from __future__ import annotations
 
 import os
-import re
 import sys
-from typing import Any, Dict, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs ~2 ms at interpreter start: for the checker only
+    from typing import Any, Dict, Optional, Tuple
 
 VAR = "GPUGUARD_TORCH"
 OPTIONS = "GPUGUARD_TORCH_OPTIONS"
@@ -38,11 +41,21 @@ class ConfigError(ValueError):
     """A value of GPUGUARD_TORCH or GPUGUARD_TORCH_OPTIONS that is not understood."""
 
 
+def _split_size(text: str) -> Tuple[str, str]:
+    """"64 MiB" -> ("64", "M"): the digits and the unit letter (without the regular expressions module:
+    ~3 ms at interpreter start)."""
+    t = text.strip().upper()
+    if t.endswith("B"):
+        t = t[:-2] if t.endswith("IB") else t[:-1]
+    unit = t[-1:] if t[-1:] in ("K", "M", "G", "T") else ""
+    return t[:len(t) - len(unit)].strip(), unit
+
+
 def parse_size(text: str, what: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
-    if not m:
+    digits, unit = _split_size(text)
+    if not digits or not all("0" <= c <= "9" for c in digits):
         raise ConfigError(f"{OPTIONS}: {what}={text!r} is not a size (bytes, or a number with K, M, G or T)")
-    value = int(m.group(1)) * _UNITS[m.group(2)]
+    value = int(digits) * _UNITS[unit]
     if value <= 0 or value >= 1 << 62:
         raise ConfigError(f"{OPTIONS}: {what}={text!r} is out of range")
     return value
@@ -105,34 +118,16 @@ def _on_torch(torch: Any, cfg: Dict[str, Any]) -> None:
         sys.stderr.write(f"gpuguard: {VAR}=1: {e}; PyTorch's own allocator stays in place\n")
 
 
-class _TorchFinder:
-    """Finds ``torch`` through the other finders and runs ``_on_torch`` once its module has executed."""
-
-    def __init__(self, cfg: Dict[str, Any]) -> None:
-        self.cfg = cfg
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch":
-            return None
-        import importlib.util
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        original = loader.exec_module
-        cfg = self.cfg
-
-        def exec_module(module: Any) -> None:
-            original(module)
-            _on_torch(module, cfg)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
+_ran = False
 
 
 def run() -> None:
-    """Called by gpuguard_torch.pth when GPUGUARD_TORCH is set."""
+    """Called by gpuguard_torch.pth (through gpuguard/_pth.py) when GPUGUARD_TORCH or GPUGUARD_WORKERS is
+    set; once per process: a second call (site-packages processed twice) does nothing."""
+    global _ran
+    if _ran:
+        return
+    _ran = True
     try:
         cfg = parse(os.environ.get(VAR), os.environ.get(OPTIONS))
     except ConfigError as e:
@@ -140,13 +135,14 @@ def run() -> None:
         return
     if cfg is None:
         return
-    if "torch" in sys.modules:
-        _on_torch(sys.modules["torch"], cfg)
-    else:
-        sys.meta_path.insert(0, _TorchFinder(cfg))
+    after_import = _sibling("_postimport").after_import
+    after_import("torch", lambda torch: _on_torch(torch, cfg))
     if cfg["workers"]:
-        try:
-            from . import _workers  # type: ignore[attr-defined]
-        except ImportError:
-            return
-        _workers.install()
+        # Armed once multiprocessing is imported: a program that never imports it pays nothing.
+        after_import("multiprocessing.process", lambda _: _sibling("_workers").install())
+
+
+def _sibling(name: str) -> Any:
+    """gpuguard.<name>: as _pth.py loaded it (without the package's __init__), else imported."""
+    import importlib
+    return sys.modules.get("gpuguard." + name) or importlib.import_module("gpuguard." + name)

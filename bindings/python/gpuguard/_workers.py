@@ -12,13 +12,15 @@ child's sys.path is the parent's) arms it; the forkserver itself is armed throug
 Nothing here imports torch."""
 from __future__ import annotations
 
-import multiprocessing.process as _mpp
+import _thread
 import os
 import sys
-import threading
-from typing import Any, Callable, Tuple
 
-_lock = threading.Lock()
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs ~2 ms at interpreter start: for the checker only
+    from typing import Any, Callable, Tuple
+
+_lock = _thread.allocate_lock()
 _installed = False
 _armed_pid = 0
 
@@ -58,7 +60,8 @@ def install() -> None:
         if _installed:
             return
         _installed = True
-        base = _mpp.BaseProcess
+        import multiprocessing.process as mpp
+        base = mpp.BaseProcess
         bootstrap = base._bootstrap  # type: ignore[attr-defined]
         start = base.start
 
@@ -74,22 +77,28 @@ def install() -> None:
 
         base._bootstrap = _bootstrap  # type: ignore[attr-defined]
         base.start = _start  # type: ignore[method-assign]
-        _preload_in_forkserver()
+    _after_import("multiprocessing.forkserver", _preload_in_forkserver)
     if os.environ.get("TORCHELASTIC_RUN_ID") is not None and "LOCAL_RANK" in os.environ:
         _arm()  # a rank: its parent is the elastic agent; the agent's death ends it
 
 
-def _preload_in_forkserver() -> None:
+def _preload_in_forkserver(forkserver: Any) -> None:
     """The forkserver itself outlives a SIGKILLed parent (its workers keep it busy): it imports
     gpuguard._arm_forkserver at start, which arms it against the parent."""
     try:
-        from multiprocessing import forkserver
         fs = forkserver._forkserver  # type: ignore[attr-defined]
         mods = list(getattr(fs, "_preload_modules", None) or [])
         if "gpuguard._arm_forkserver" not in mods:
             fs._preload_modules = mods + ["gpuguard._arm_forkserver"]  # type: ignore[attr-defined]
     except Exception:  # another Python's internals: the workers are still armed against the forkserver
         pass
+
+
+def _after_import(name: str, callback: Callable[[Any], None]) -> None:
+    postimport: Any = sys.modules.get("gpuguard._postimport")  # loaded by the start-up hook
+    if postimport is None:
+        from . import _postimport as postimport  # imported with the package
+    postimport.after_import(name, callback)
 
 
 def _start_method() -> str:
