@@ -54,10 +54,12 @@ def _split_size(text: str) -> Tuple[str, str]:
 def parse_size(text: str, what: str) -> int:
     digits, unit = _split_size(text)
     if not digits or not all("0" <= c <= "9" for c in digits):
-        raise ConfigError(f"{OPTIONS}: {what}={text!r} is not a size (bytes, or a number with K, M, G or T)")
+        raise ConfigError(f"{OPTIONS}: {what}={_clip(text)!r} is not a size (bytes, or a number with K, M, G or T)")
+    if len(digits.lstrip("0")) > 19:  # int() refuses 4300 digits and more (a ValueError, not ours)
+        raise ConfigError(f"{OPTIONS}: {what}={_clip(text)!r} is out of range")
     value = int(digits) * _UNITS[unit]
     if value <= 0 or value >= 1 << 62:
-        raise ConfigError(f"{OPTIONS}: {what}={text!r} is out of range")
+        raise ConfigError(f"{OPTIONS}: {what}={_clip(text)!r} is out of range")
     return value
 
 
@@ -67,7 +69,7 @@ def parse(value: Optional[str], options: Optional[str]) -> Optional[Dict[str, An
     if v in _OFF:
         return None
     if v not in _ON:
-        raise ConfigError(f"{VAR}={value!r} is not understood: use 1 (or on, true, yes) to make gpuguard "
+        raise ConfigError(f"{VAR}={_clip(value)!r} is not understood: use 1 (or on, true, yes) to make gpuguard "
                           "PyTorch's CUDA allocator, 0 (or off) for PyTorch's own")
     cfg: Dict[str, Any] = {"capacity": 0, "chunk": 0, "backend": "native", "fallback": "none", "workers": True,
                            "captures": "announced"}
@@ -78,7 +80,7 @@ def parse(value: Optional[str], options: Optional[str]) -> Optional[Dict[str, An
         key = key.strip().lower()
         val = val.strip()
         if not sep:
-            raise ConfigError(f"{OPTIONS}={options!r}: {item.strip()!r} is not key=value")
+            raise ConfigError(f"{OPTIONS}={_clip(options)!r}: {_clip(item.strip())!r} is not key=value")
         if key in ("capacity", "chunk"):
             cfg[key] = parse_size(val, key)
         elif key == "backend" and val in ("native", "plugin"):
@@ -90,10 +92,15 @@ def parse(value: Optional[str], options: Optional[str]) -> Optional[Dict[str, An
         elif key == "captures" and val.lower() in ("announced", "any"):
             cfg[key] = val.lower()
         else:
-            raise ConfigError(f"{OPTIONS}={options!r}: {item.strip()!r} is not understood (keys: capacity=SIZE, "
+            raise ConfigError(f"{OPTIONS}={_clip(options)!r}: {_clip(item.strip())!r} is not understood (keys: capacity=SIZE, "
                               "chunk=SIZE, backend=native|plugin, fallback=none|torch, workers=on|off, "
                               "captures=announced|any)")
     return cfg
+
+
+def _clip(text: Optional[str]) -> Optional[str]:
+    """A value short enough to quote in one line."""
+    return text if text is None or len(text) <= 60 else text[:40] + f"... ({len(text)} characters)"
 
 
 def _fatal(msg: str) -> None:
@@ -132,6 +139,10 @@ def run() -> None:
         cfg = parse(os.environ.get(VAR), os.environ.get(OPTIONS))
     except ConfigError as e:
         _fatal(str(e))
+        return
+    except Exception as e:  # a bug of the parser must still stop the process, as a bad value does
+        _fatal(f"{VAR}={_clip(os.environ.get(VAR))!r}, {OPTIONS}={_clip(os.environ.get(OPTIONS))!r}: "
+               f"not understood ({type(e).__name__}: {e})")
         return
     if cfg is None:
         return

@@ -5,8 +5,10 @@ floor) is left as it is with one line and the script runs; bad values stop the p
 naming the variable and the value, never a traceback. No GPU, no real torch (stand-in packages)."""
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -52,3 +54,59 @@ def test_the_hook_runs_once_per_process(python: str, tmp_path: Path) -> None:
 def test_unset_variables_import_nothing_of_gpuguard(python: str) -> None:
     r = run(python, "import sys; print(sorted(m for m in sys.modules if m.startswith('gpuguard')))")
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"GPUGUARD_TORCH": "1", "GPUGUARD_TORCH_OPTIONS": "capacity=" + "9" * 5000}, "capacity="),
+    ({"GPUGUARD_TORCH": "1", "GPUGUARD_TORCH_OPTIONS": "chunk=1" + "0" * 30 + "G"}, "chunk="),
+    ({"GPUGUARD_TORCH": "1", "GPUGUARD_TORCH_OPTIONS": "workers=sometimes"}, "'workers=sometimes'"),
+])
+def test_bad_values_stop_the_process_with_exit_2(python: str, env: Dict[str, str], needle: str) -> None:
+    r = run(python, "print('ran on')", **env)
+    print("exit", r.returncode, "stderr:", r.stderr.strip()[:160])
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "ran on" not in r.stdout and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("gpuguard: ") and needle in r.stderr, r.stderr
+
+
+_KEYS = ["capacity", "chunk", "backend", "fallback", "workers", "captures", "", " Capacity ", "x"]
+_VALUES = ["", " ", "K", "G", "iB", "B", "native", "torch", "on", "off", "any", "-", "0", "1e9", "0x10", "+5",
+           "\x00", "é", "٣", "=", "7" * 4301]
+
+
+def _fuzz_text(rng: random.Random) -> str:
+    """Options that look like ours: key=value items of known and unknown keys, odd values and separators."""
+    items = []
+    for _ in range(rng.randint(0, 4)):
+        value = "".join(rng.choice(_VALUES + ["9" * rng.randint(1, 25)]) for _ in range(rng.randint(0, 3)))
+        items.append(rng.choice(_KEYS) + rng.choice(["=", "", "=="]) + value)
+    return rng.choice([",", ", ", ",,"]).join(items)
+
+
+def test_the_option_parser_only_ever_says_config_error() -> None:
+    from gpuguard import _autostart as A
+    rng = random.Random(42)
+    for _ in range(3000):
+        text = _fuzz_text(rng)
+        try:
+            cfg = A.parse("1", text)
+        except A.ConfigError:
+            continue
+        assert cfg is not None and 0 <= cfg["capacity"] < 1 << 62 and 0 <= cfg["chunk"] < 1 << 62, text
+
+
+def test_fuzzed_options_at_start_exit_0_or_2_without_traceback(python: str) -> None:
+    rng = random.Random(7)
+    texts = [_fuzz_text(rng).replace("\x00", "") for _ in range(12)]
+    script = textwrap.dedent("""
+        import subprocess, sys
+        for text in sys.argv[1:]:
+            env = {"GPUGUARD_TORCH": "1", "GPUGUARD_TORCH_OPTIONS": text}
+            r = subprocess.run([sys.executable, "-c", "pass"], capture_output=True, text=True, env=env)
+            print(r.returncode, "Traceback" in r.stderr, repr(text))
+    """)
+    r = subprocess.run([python, "-c", script, *texts], capture_output=True, text=True, timeout=300, env=clean_env())
+    assert r.returncode == 0, r.stderr
+    for line in r.stdout.splitlines():
+        code, traceback, _ = line.split(" ", 2)
+        assert code in ("0", "2") and traceback == "False", line
