@@ -109,7 +109,28 @@ def _fatal(msg: str) -> None:
     os._exit(2)  # a .pth line's exception would only be printed, and the script would run on without gpuguard
 
 
+def _unserved(torch: Any) -> str:
+    """Why gpuguard leaves this PyTorch as it is ("" when it serves it): a ROCm or CPU-only build (nothing
+    to do), or one older than the oldest PyTorch the backend is written for."""
+    version = getattr(torch, "version", None)
+    name = f"PyTorch {getattr(torch, '__version__', '(unknown version)')}"
+    if getattr(version, "hip", None):
+        return f"{name} is a ROCm build and gpuguard serves CUDA: left as it is"
+    if not getattr(version, "cuda", None):
+        return f"{name} has no CUDA (a CPU-only build): left as it is"
+    from gpuguard.torch import _native
+    floor = getattr(_native, "MIN_TORCH", None)
+    if floor and _native._torch_version(torch) < tuple(floor):
+        return (f"{name} is older than {'.'.join(map(str, floor))}, the oldest gpuguard's backend serves: "
+                "PyTorch's own allocator stays in place")
+    return ""
+
+
 def _on_torch(torch: Any, cfg: Dict[str, Any]) -> None:
+    why = _unserved(torch)
+    if why:
+        sys.stderr.write(f"gpuguard: {VAR}=1: {why}\n")
+        return
     import gpuguard.torch as ggt
     if cfg["backend"] == "plugin":
         import gpuguard

@@ -14,7 +14,7 @@ from typing import Dict, Optional
 
 import pytest
 
-from hookenv import clean_env, hooked_python
+from hookenv import clean_env, fake_torch, hooked_python
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the hook is tested on Linux")
 
@@ -54,6 +54,32 @@ def test_the_hook_runs_once_per_process(python: str, tmp_path: Path) -> None:
 def test_unset_variables_import_nothing_of_gpuguard(python: str) -> None:
     r = run(python, "import sys; print(sorted(m for m in sys.modules if m.startswith('gpuguard')))")
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("kind,version,cuda,hip,needle", [
+    ("cpu", "2.11.0+cpu", None, None, "no CUDA"),
+    ("rocm", "2.9.1+rocm6.4", None, "6.4.43482", "ROCm"),
+    ("rocm-with-cuda-field", "2.9.1+rocm6.4", "12.8", "6.4.43482", "ROCm"),
+])
+def test_a_pytorch_without_cuda_is_left_as_it_is(python: str, tmp_path: Path, kind: str, version: str,
+                                                 cuda: Optional[str], hip: Optional[str], needle: str) -> None:
+    torch_dir = fake_torch(tmp_path, version, cuda, hip)
+    code = "import torch, sys; print('ran', 'gpuguard.torch' in sys.modules)"
+    r = run(python, code, torch_dir, GPUGUARD_TORCH="1")
+    print(kind, "exit", r.returncode, "stderr:", r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ran False", r.stdout  # nothing installed, gpuguard.torch not even imported
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "left as it is" in lines[0], r.stderr
+
+
+def test_a_pytorch_older_than_the_backend_keeps_its_allocator(python: str, tmp_path: Path) -> None:
+    torch_dir = fake_torch(tmp_path, "1.13.1+cu117", "11.7", None)
+    r = run(python, "import torch; print('ran')", torch_dir, GPUGUARD_TORCH="1")
+    print("exit", r.returncode, "stderr:", r.stderr.strip())
+    assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "1.13.1" in lines[0] and "PyTorch's own allocator" in lines[0], r.stderr
 
 
 @pytest.mark.parametrize("env,needle", [
