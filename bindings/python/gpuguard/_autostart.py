@@ -11,10 +11,16 @@ lookups), and runs :func:`run` once per process. Then:
   exist), gpuguard becomes PyTorch's CUDA allocator backend (``gpuguard.torch.use_native``), with an
   arena made per device at its first allocation: a DataLoader worker that never touches CUDA makes none;
   a process that never imports torch never loads it;
+- a PyTorch without CUDA (CPU-only, ROCm) is left as it is, with one line on stderr; one older than the
+  backend's oldest keeps its own allocator, with one line;
 - worker processes (``multiprocessing`` children, DataLoader workers) die with the process that started
-  them and drop the device descriptors they inherited (``gpuguard._workers``).
+  them and drop the device descriptors they inherited (``gpuguard._workers``), armed when
+  ``multiprocessing`` is first imported: with ``GPUGUARD_WORKERS=1`` in any Python program (torch or
+  not, the allocator untouched), and with ``GPUGUARD_TORCH=1`` unless ``GPUGUARD_WORKERS=0`` or the
+  option ``workers=off`` says no (``GPUGUARD_WORKERS``, when set, decides).
 
-``GPUGUARD_TORCH``: ``1``/``on``/``true``/``yes`` or ``0``/``off``/``false``/``no`` (or empty: off).
+``GPUGUARD_TORCH`` and ``GPUGUARD_WORKERS``: ``1``/``on``/``true``/``yes`` or ``0``/``off``/``false``/``no``
+(or empty: off; unset).
 ``GPUGUARD_TORCH_OPTIONS``: comma-separated ``key=value``:
   ``capacity=SIZE`` (bytes per device arena; K/M/G/T suffixes; default the device's memory),
   ``chunk=SIZE`` (the arena's growth step), ``backend=native|plugin`` (``plugin``: the pluggable
@@ -32,6 +38,7 @@ if TYPE_CHECKING:  # typing costs ~2 ms at interpreter start: for the checker on
 
 VAR = "GPUGUARD_TORCH"
 OPTIONS = "GPUGUARD_TORCH_OPTIONS"
+WORKERS = "GPUGUARD_WORKERS"
 _ON = ("1", "on", "true", "yes")
 _OFF = ("", "0", "off", "false", "no")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -98,6 +105,24 @@ def parse(value: Optional[str], options: Optional[str]) -> Optional[Dict[str, An
     return cfg
 
 
+def parse_workers(value: Optional[str]) -> Optional[bool]:
+    """GPUGUARD_WORKERS: True or False, None when unset or empty; ConfigError for a bad value."""
+    v = (value or "").strip().lower()
+    if not v:
+        return None
+    if v in _ON or v in _OFF:
+        return v in _ON
+    raise ConfigError(f"{WORKERS}={_clip(value)!r} is not understood: use 1 (or on, true, yes) for worker "
+                      "processes that die with their parent, 0 (or off) to leave them as they are")
+
+
+def workers_wanted(workers: Optional[bool], cfg: Optional[Dict[str, Any]]) -> bool:
+    """Whether to arm workers: GPUGUARD_WORKERS when set, else GPUGUARD_TORCH=1 (unless workers=off)."""
+    if workers is not None:
+        return workers
+    return bool(cfg and cfg["workers"])
+
+
 def _clip(text: Optional[str]) -> Optional[str]:
     """A value short enough to quote in one line."""
     return text if text is None or len(text) <= 60 else text[:40] + f"... ({len(text)} characters)"
@@ -158,18 +183,18 @@ def run() -> None:
     _ran = True
     try:
         cfg = parse(os.environ.get(VAR), os.environ.get(OPTIONS))
+        workers = workers_wanted(parse_workers(os.environ.get(WORKERS)), cfg)
     except ConfigError as e:
         _fatal(str(e))
         return
     except Exception as e:  # a bug of the parser must still stop the process, as a bad value does
-        _fatal(f"{VAR}={_clip(os.environ.get(VAR))!r}, {OPTIONS}={_clip(os.environ.get(OPTIONS))!r}: "
-               f"not understood ({type(e).__name__}: {e})")
-        return
-    if cfg is None:
+        _fatal(f"{VAR}={_clip(os.environ.get(VAR))!r}, {OPTIONS}={_clip(os.environ.get(OPTIONS))!r}, "
+               f"{WORKERS}={_clip(os.environ.get(WORKERS))!r}: not understood ({type(e).__name__}: {e})")
         return
     after_import = _sibling("_postimport").after_import
-    after_import("torch", lambda torch: _on_torch(torch, cfg))
-    if cfg["workers"]:
+    if cfg is not None:
+        after_import("torch", lambda torch: _on_torch(torch, cfg))
+    if workers:
         # Armed once multiprocessing is imported: a program that never imports it pays nothing.
         after_import("multiprocessing.process", lambda _: _sibling("_workers").install())
 

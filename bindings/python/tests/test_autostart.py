@@ -83,6 +83,9 @@ def test_a_pytorch_older_than_the_backend_keeps_its_allocator(python: str, tmp_p
 
 
 @pytest.mark.parametrize("env,needle", [
+    ({"GPUGUARD_WORKERS": "maybe"}, "GPUGUARD_WORKERS='maybe'"),
+    ({"GPUGUARD_WORKERS": "2"}, "GPUGUARD_WORKERS='2'"),
+    ({"GPUGUARD_WORKERS": "1", "GPUGUARD_TORCH": "sure"}, "GPUGUARD_TORCH='sure'"),
     ({"GPUGUARD_TORCH": "1", "GPUGUARD_TORCH_OPTIONS": "capacity=" + "9" * 5000}, "capacity="),
     ({"GPUGUARD_TORCH": "1", "GPUGUARD_TORCH_OPTIONS": "chunk=1" + "0" * 30 + "G"}, "chunk="),
     ({"GPUGUARD_TORCH": "1", "GPUGUARD_TORCH_OPTIONS": "workers=sometimes"}, "'workers=sometimes'"),
@@ -93,6 +96,17 @@ def test_bad_values_stop_the_process_with_exit_2(python: str, env: Dict[str, str
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "ran on" not in r.stdout and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith("gpuguard: ") and needle in r.stderr, r.stderr
+
+
+def test_workers_switch_values() -> None:
+    from gpuguard import _autostart as A
+    assert A.parse_workers(None) is None and A.parse_workers(" ") is None
+    assert A.parse_workers("ON") is True and A.parse_workers("no") is False
+    torch_on = A.parse("1", "")
+    assert A.workers_wanted(None, torch_on) is True            # GPUGUARD_TORCH=1 implies it
+    assert A.workers_wanted(False, torch_on) is False          # unless GPUGUARD_WORKERS=0 says no
+    assert A.workers_wanted(None, A.parse("1", "workers=off")) is False
+    assert A.workers_wanted(True, None) is True and A.workers_wanted(None, None) is False
 
 
 _KEYS = ["capacity", "chunk", "backend", "fallback", "workers", "captures", "", " Capacity ", "x"]

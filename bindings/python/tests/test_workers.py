@@ -1,39 +1,65 @@
-"""gpuguard._workers.install(): multiprocessing children (fork, spawn, forkserver) of a trainer that is
-SIGKILLed die with it, without a change to the trainer's code; without install() they survive (what
-`gpuguard reap` then finds as stranded). Real processes on the host, CPU only."""
+"""Workers that die with their parent (gpuguard._workers): multiprocessing children (fork, spawn and
+forkserver; DataLoader workers are such children) of a parent that is SIGKILLed die with it, without a
+change to the parent's code, once armed: by ``_workers.install()``, or at start by the hook with
+``GPUGUARD_WORKERS=1`` or ``GPUGUARD_TORCH=1`` (tests/hookenv.py: a venv with the hook, as an installed
+wheel has it). Unarmed, they survive (what `gpuguard reap` then finds as stranded). Real processes on
+the host, CPU only; every test kills what it leaves."""
+from __future__ import annotations
+
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
+from typing import Dict, List
 
 import pytest
 
-import gpuguard
+from hookenv import PKG, clean_env, hooked_python
 
-# Where the gpuguard under test lives (the source tree, or the installed wheel): the children import it.
-PKG = os.path.dirname(os.path.dirname(os.path.abspath(gpuguard.__file__)))
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="death signals are Linux's")
 
+METHODS = ("fork", "spawn", "forkserver")
+
+# argv: how it is armed ("install" or not), when the parent goes ("after-start": once every worker runs
+# its target; "kill-during-start" / "exit-during-start": right after Process.start() returns), the
+# start methods, and a directory where each worker leaves a file once its target runs.
 TRAINER = textwrap.dedent("""
-    import multiprocessing as mp, sys, time
-    if sys.argv[1] == "1":
+    import multiprocessing as mp, os, signal, sys, time
+    if sys.argv[1] == "install":
         from gpuguard import _workers
         _workers.install()
-    def work():
+    def work(ready):
+        open(os.path.join(ready, str(os.getpid())), "w").close()
         time.sleep(60)
+    def started(method, ready):
+        p = mp.get_context(method).Process(target=work, args=(ready,))
+        p.start()
+        return p.pid
     if __name__ == "__main__":
-        kids = []
-        for method in ("fork", "spawn", "forkserver"):
-            p = mp.get_context(method).Process(target=work)
-            p.start()
-            kids.append(p.pid)
+        when, methods, ready = sys.argv[2], sys.argv[3].split(","), sys.argv[4]
+        kids = [started(m, ready) for m in methods]
         print(" ".join(map(str, kids)), flush=True)
+        if when == "kill-during-start":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if when == "exit-during-start":
+            os._exit(0)  # exits at once: multiprocessing's exit handler would wait for the workers
+        deadline = time.monotonic() + 60
+        while len(os.listdir(ready)) < len(kids) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print("running", flush=True)
         time.sleep(60)
 """)
 
 
-def _state(pid):
+@pytest.fixture(scope="module")
+def hooked(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return hooked_python(tmp_path_factory.mktemp("venv"))
+
+
+def _state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/status") as f:
             return next(line.split()[1] for line in f if line.startswith("State:"))
@@ -41,48 +67,74 @@ def _state(pid):
         return "gone"
 
 
-def _run(tmp_path, install):
-    script = tmp_path / "trainer.py"
+def _dead(pid: int) -> bool:
+    return _state(pid) in ("Z", "X", "gone")
+
+
+def _states_after(kids: List[int], seconds: float) -> Dict[int, str]:
+    """Waits up to ``seconds`` for every worker to die; their states then; kills the survivors."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(_dead(k) for k in kids):
+        time.sleep(0.05)
+    states = {k: _state(k) for k in kids}
+    for k in kids:
+        if not _dead(k):
+            os.kill(k, signal.SIGKILL)
+    return states
+
+
+def run_trainer(tmp_path: Path, python: str, arm: str, when: str, methods: str, **env: str) -> List[int]:
+    """Runs TRAINER; once it has gone (SIGKILLed by us after its workers run, or by itself), returns the
+    workers' pids."""
+    script, ready = tmp_path / "trainer.py", tmp_path / "ready"
     script.write_text(TRAINER)
-    env = dict(os.environ, PYTHONPATH=PKG + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    trainer = subprocess.Popen([sys.executable, str(script), "1" if install else "0"], stdout=subprocess.PIPE,
-                               env=env, text=True)
+    ready.mkdir()
+    e = clean_env(**env)
+    if python == sys.executable:
+        e["PYTHONPATH"] = PKG
+    trainer = subprocess.Popen([python, str(script), arm, when, methods, str(ready)], stdout=subprocess.PIPE,
+                               env=e, text=True)
+    assert trainer.stdout is not None
     kids = [int(k) for k in trainer.stdout.readline().split()]
-    assert len(kids) == 3
-    time.sleep(0.5)  # each child reaches its target (spawn children import the script first)
-    trainer.send_signal(signal.SIGKILL)
-    trainer.wait()
+    try:
+        if when == "after-start":
+            assert trainer.stdout.readline().strip() == "running"
+            trainer.send_signal(signal.SIGKILL)
+    finally:
+        trainer.wait(timeout=120)
+        trainer.stdout.close()
+    assert len(kids) == len(methods.split(",")), kids
     return kids
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="death signals are Linux's")
-def test_workers_die_with_a_sigkilled_trainer(tmp_path):
-    kids = _run(tmp_path, install=True)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_state(k) not in ("Z", "gone") for k in kids):
-        time.sleep(0.02)
-    states = {k: _state(k) for k in kids}
-    for k in kids:
-        if states[k] not in ("Z", "gone"):
-            os.kill(k, signal.SIGKILL)
-    assert all(s in ("Z", "gone") for s in states.values()), states
+ARMED = {  # how a parent arms its workers: (python, argv's arm, environment)
+    "install": ("sys", "install", {}),
+    "GPUGUARD_WORKERS=1": ("hook", "-", {"GPUGUARD_WORKERS": "1"}),
+    "GPUGUARD_TORCH=1": ("hook", "-", {"GPUGUARD_TORCH": "1"}),
+}
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="death signals are Linux's")
-def test_without_install_workers_survive(tmp_path):
-    kids = _run(tmp_path, install=False)
+@pytest.mark.parametrize("how", list(ARMED))
+def test_workers_die_with_a_sigkilled_parent(tmp_path: Path, hooked: str, how: str) -> None:
+    where, arm, env = ARMED[how]
+    python = sys.executable if where == "sys" else hooked
+    kids = run_trainer(tmp_path, python, arm, "after-start", ",".join(METHODS), **env)
+    states = _states_after(kids, 10)
+    assert all(s in ("Z", "X", "gone") for s in states.values()), dict(zip(METHODS, states.values()))
+
+
+@pytest.mark.parametrize("env", [{}, {"GPUGUARD_TORCH": "1", "GPUGUARD_WORKERS": "0"},
+                                 {"GPUGUARD_TORCH": "1", "GPUGUARD_TORCH_OPTIONS": "workers=off"}])
+def test_unarmed_workers_survive(tmp_path: Path, hooked: str, env: Dict[str, str]) -> None:
+    kids = run_trainer(tmp_path, hooked, "-", "after-start", ",".join(METHODS), **env)
     time.sleep(0.5)
-    states = {k: _state(k) for k in kids}
-    for k in kids:
-        if states[k] not in ("Z", "gone"):
-            os.kill(k, signal.SIGKILL)
-    assert all(s not in ("Z", "gone") for s in states.values()), states
+    states = _states_after(kids, 0)
+    assert not any(s in ("Z", "X", "gone") for s in states.values()), dict(zip(METHODS, states.values()))
 
 
-def test_install_is_idempotent_and_arm_worker_runs():
-    from gpuguard import _workers, proc
+def test_install_is_idempotent() -> None:
+    from gpuguard import _workers
     _workers.install()
     _workers.install()
     import multiprocessing.process as mpp
     assert mpp.BaseProcess._bootstrap.__name__ == "_bootstrap"
-    assert proc.arm_worker.__doc__
