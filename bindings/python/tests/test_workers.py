@@ -35,7 +35,11 @@ TRAINER = textwrap.dedent("""
         open(os.path.join(ready, str(os.getpid())), "w").close()
         time.sleep(60)
     def started(method, ready):
-        p = mp.get_context(method).Process(target=work, args=(ready,))
+        if method.startswith("default-"):  # multiprocessing.Process, of the default context
+            mp.set_start_method(method[len("default-"):], force=True)
+            p = mp.Process(target=work, args=(ready,))
+        else:
+            p = mp.get_context(method).Process(target=work, args=(ready,))
         p.start()
         return p.pid
     if __name__ == "__main__":
@@ -121,6 +125,18 @@ def test_workers_die_with_a_sigkilled_parent(tmp_path: Path, hooked: str, how: s
     kids = run_trainer(tmp_path, python, arm, "after-start", ",".join(METHODS), **env)
     states = _states_after(kids, 10)
     assert all(s in ("Z", "X", "gone") for s in states.values()), dict(zip(METHODS, states.values()))
+
+
+@pytest.mark.parametrize("when", ["kill-during-start", "exit-during-start"])
+@pytest.mark.parametrize("method", METHODS + ("default-spawn",))
+def test_workers_die_when_the_parent_goes_during_their_start(tmp_path: Path, hooked: str, method: str,
+                                                             when: str) -> None:
+    """The parent is SIGKILLed, or exits (status 0), right after Process.start() returns, while the
+    worker is still starting (a spawn child is importing the interpreter): the worker must not arm
+    itself against the reaper it was handed to, and must not run on."""
+    kids = run_trainer(tmp_path, hooked, "-", when, method, GPUGUARD_WORKERS="1")
+    states = _states_after(kids, 10)
+    assert all(s in ("Z", "X", "gone") for s in states.values()), (method, when, states)
 
 
 @pytest.mark.parametrize("env", [{}, {"GPUGUARD_TORCH": "1", "GPUGUARD_WORKERS": "0"},
