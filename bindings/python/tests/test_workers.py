@@ -154,3 +154,59 @@ def test_install_is_idempotent() -> None:
     _workers.install()
     import multiprocessing.process as mpp
     assert mpp.BaseProcess._bootstrap.__name__ == "_bootstrap"
+
+
+JOINED = textwrap.dedent("""
+    import multiprocessing as mp, sys
+    def work():
+        pass
+    if __name__ == "__main__":
+        for method in sys.argv[1].split(","):
+            p = mp.get_context(method).Process(target=work)
+            p.start()
+            p.join(60)
+            print(method, p.exitcode, flush=True)
+""")
+
+
+@pytest.mark.parametrize("value", ["garbage", "0", "1", "-5", "99999999999", "parent-of-the-test"])
+def test_an_inherited_or_garbage_parent_pid_does_not_kill_workers(tmp_path: Path, hooked: str, value: str) -> None:
+    """GPUGUARD_PARENT_PID left in the environment (by an outer launcher, or garbage) is not read by
+    the workers' arming: every worker runs to its end."""
+    if value == "parent-of-the-test":
+        value = str(os.getppid())
+    script = tmp_path / "joined.py"
+    script.write_text(JOINED)
+    r = subprocess.run([hooked, str(script), ",".join(METHODS)], capture_output=True, text=True, timeout=300,
+                       env=clean_env(GPUGUARD_WORKERS="1", GPUGUARD_PARENT_PID=value))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:3] == [f"{m} 0" for m in METHODS], (value, r.stdout, r.stderr)
+
+
+ARM_CHILD = "import sys, gpuguard; gpuguard.arm_child(); print('armed')"
+
+
+def _arm_child_exit(value: str, python_under: str = "") -> int:
+    """The exit status of an exec'd program calling gpuguard.arm_child() with GPUGUARD_PARENT_PID=value
+    (through a Python that execs it in turn when ``python_under``: a grandchild inheriting the value)."""
+    code = ARM_CHILD if not python_under else (
+        "import subprocess, sys; sys.exit(-subprocess.run([sys.executable, '-c', %r]).returncode)" % ARM_CHILD)
+    env = dict(os.environ, GPUGUARD_PARENT_PID=value, PYTHONPATH=PKG)
+    return subprocess.run([sys.executable, "-c", code], env=env, timeout=60).returncode
+
+
+@pytest.mark.parametrize("value", ["garbage", "0", "1", "-5", "99999999999", "12abc", "parent-of-the-test",
+                                   "this-test"])
+def test_arm_child_ignores_a_parent_pid_that_is_not_its_parent(value: str) -> None:
+    """The C library's gg_proc_arm_child in an exec'd program: GPUGUARD_PARENT_PID is used only when it
+    names the real parent; garbage or a live process that is not the parent is ignored (was: SIGKILL)."""
+    value = {"parent-of-the-test": str(os.getppid()), "this-test": str(os.getpid())}.get(value, value)
+    assert _arm_child_exit(value) == 0
+
+
+def test_arm_child_still_dies_for_a_named_parent_that_is_gone() -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert _arm_child_exit(str(gone.pid)) == -signal.SIGKILL  # named, gone, not handed down: it died early
+    # One generation: a grandchild inheriting the value from its parent, which has it too, ignores it.
+    assert _arm_child_exit(str(gone.pid), python_under="grandchild") == 0
