@@ -36,14 +36,21 @@ _PR_SET_PDEATHSIG = 1
 _lock = _thread.allocate_lock()
 _installed = False
 _armed_pid = 0
-# The pid of the process that last forked this memory image, written in that process just before the
-# fork: a fork child reads its real parent here even when the parent died before the child could look.
-_forked_by = 0
+# The pid of the process that last forked this memory image, and whether its forking thread was its
+# main thread, written in that process just before the fork: a fork child reads its real parent here
+# even when the parent died before the child could look.
+_forked_by = (0, True)
 
 
 def _before_fork() -> None:
     global _forked_by
-    _forked_by = os.getpid()
+    _forked_by = (os.getpid(), _on_main_thread())
+
+
+def _on_main_thread() -> bool:
+    """Whether the calling thread is the main one (which lives as long as the process)."""
+    threading = sys.modules.get("threading")  # not imported: no thread was started through it
+    return threading is None or threading.current_thread() is threading.main_thread()
 
 
 os.register_at_fork(before=_before_fork)
@@ -59,21 +66,29 @@ def _start_time(pid: int) -> Optional[int]:
         return None
 
 
-def _me() -> Tuple[int, int]:
-    """This process as its children must know it: pid and start time (0: unknown)."""
-    return os.getpid(), _start_time(os.getpid()) or 0
+def _me() -> Tuple[int, int, bool]:
+    """This process as the children it starts now must know it: pid, start time (0: unknown), and
+    whether they are started from its main thread."""
+    return os.getpid(), _start_time(os.getpid()) or 0, _on_main_thread()
 
 
-def _arm(pid: int, start: int) -> None:
+def _arm(pid: int, start: int, main_thread: bool) -> None:
     """Ties this process to its parent ``pid`` (started at ``start``, 0: unchecked), once per process;
     dies at once when its parent is not that process any more. A failure is said on stderr, never raised
-    into the worker."""
+    into the worker.
+
+    The death signal follows the thread that forked us, not its process (Linux's rule): a worker
+    started from another thread (a ProcessPoolExecutor's, a thread that ends once it has started it)
+    would die with that thread. Those are tied to the process instead, by a thread waiting on it."""
     global _armed_pid
     if _armed_pid == os.getpid():
         return
     _armed_pid = os.getpid()
     try:
-        _death_signal()
+        if main_thread:
+            _death_signal()
+        else:
+            _watch(pid)
         # Armed first, checked second: a parent dying in between is seen here, one dying later by the kernel.
         if os.getppid() != pid or (start and _start_time(pid) not in (start, None)):
             os.kill(os.getpid(), _SIGKILL)
@@ -87,6 +102,29 @@ def _death_signal() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
+def _watch(pid: int) -> None:
+    """A daemon thread that SIGKILLs this process once process ``pid`` has ended: it waits on a pidfd
+    (Linux 5.3, Python 3.9), else looks at getppid() every 0.2 s. The caller then checks that ``pid`` is
+    still its parent: the pidfd, opened first, is then known to name it."""
+    import threading
+    try:
+        fd = os.pidfd_open(pid)  # type: ignore[attr-defined,unused-ignore]
+    except (AttributeError, OSError):
+        fd = -1
+    threading.Thread(target=_die_after, args=(pid, fd), name="gpuguard-parent-watch", daemon=True).start()
+
+
+def _die_after(pid: int, fd: int) -> None:
+    if fd >= 0:
+        import select
+        select.select([fd], [], [])  # readable once the process has ended
+    else:
+        import time
+        while os.getppid() == pid:
+            time.sleep(0.2)
+    os.kill(os.getpid(), _SIGKILL)
 
 
 def _close_device_fds() -> int:
@@ -103,24 +141,30 @@ def _close_device_fds() -> int:
     return closed
 
 
-def _arm_on_load(pid: int = 0, start: int = 0, method: str = "spawn") -> "_ArmToken":
+def _arm_on_load(pid: int = 0, start: int = 0, main_thread: bool = True, method: str = "spawn") -> "_ArmToken":
     """Runs in a spawn or forkserver child when its Process object is unpickled."""
     install()
     if method == "forkserver":  # forked by the forkserver, which is armed against the process that started it
-        _arm(_forked_by or os.getppid(), 0)
+        _arm_forked()
     else:
-        _arm(pid or os.getppid(), start)
-    return _ArmToken(pid, start, method)
+        _arm(pid or os.getppid(), start, main_thread)
+    return _ArmToken(pid, start, main_thread, method)
+
+
+def _arm_forked() -> None:
+    """In a fork child (of this process's image, or of the forkserver): armed against the forker."""
+    pid, main_thread = _forked_by
+    _arm(pid or os.getppid(), 0, main_thread)
 
 
 class _ArmToken:
     """Carried by a Process started by spawn or forkserver: unpickling it arms the child against the
     process that started it (spawn) or the forkserver (forkserver)."""
 
-    def __init__(self, pid: int, start: int, method: str) -> None:
-        self.args = (pid, start, method)
+    def __init__(self, pid: int, start: int, main_thread: bool, method: str) -> None:
+        self.args = (pid, start, main_thread, method)
 
-    def __reduce__(self) -> Tuple[Callable[..., "_ArmToken"], Tuple[int, int, str]]:
+    def __reduce__(self) -> Tuple[Callable[..., "_ArmToken"], Tuple[int, int, bool, str]]:
         return (_arm_on_load, self.args)
 
 
@@ -138,7 +182,7 @@ def install() -> None:
         start = base.start
 
         def _bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
-            _arm(_forked_by or os.getppid(), 0)  # in the child, before its target
+            _arm_forked()  # in the child, before its target
             return bootstrap(self, *args, **kwargs)
 
         def _start(self: Any) -> None:
@@ -151,8 +195,7 @@ def install() -> None:
         base.start = _start  # type: ignore[method-assign]
     _after_import("multiprocessing.forkserver", _forkserver_knows_us)
     if os.environ.get("TORCHELASTIC_RUN_ID") is not None and "LOCAL_RANK" in os.environ:
-        ppid = os.getppid()
-        _arm(ppid, 0)  # a rank: its parent is the elastic agent; the agent's death ends it
+        _arm(os.getppid(), 0, True)  # a rank: its parent is the elastic agent; the agent's death ends it
 
 
 def _forkserver_knows_us(forkserver: Any) -> None:
@@ -169,7 +212,7 @@ def _forkserver_knows_us(forkserver: Any) -> None:
 
         def named_ensure_running() -> None:
             with _lock:  # one variable for every thread: held while a forkserver may be started
-                os.environ[FORKSERVER_PARENT] = "%d:%d" % _me()
+                os.environ[FORKSERVER_PARENT] = "%d:%d:%d" % _me()
                 try:
                     ensure_running()
                 finally:
@@ -183,12 +226,11 @@ def _forkserver_knows_us(forkserver: Any) -> None:
 
 def arm_forkserver() -> None:
     """In the forkserver, at its start: armed against the process that started it."""
-    named = os.environ.pop(FORKSERVER_PARENT, "")  # one generation: its workers do not inherit it
-    pid, _, start = named.partition(":")
-    if pid.isdigit() and start.isdigit() and int(pid) > 1:
-        _arm(int(pid), int(start))
+    named = os.environ.pop(FORKSERVER_PARENT, "").split(":")  # one generation: its workers do not inherit it
+    if len(named) == 3 and all(n.isdigit() for n in named) and int(named[0]) > 1:
+        _arm(int(named[0]), int(named[1]), named[2] == "1")
     else:
-        _arm(os.getppid(), 0)
+        _arm(os.getppid(), 0, True)
 
 
 def _after_import(name: str, callback: Callable[[Any], None]) -> None:

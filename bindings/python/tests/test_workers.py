@@ -210,3 +210,72 @@ def test_arm_child_still_dies_for_a_named_parent_that_is_gone() -> None:
     assert _arm_child_exit(str(gone.pid)) == -signal.SIGKILL  # named, gone, not handed down: it died early
     # One generation: a grandchild inheriting the value from its parent, which has it too, ignores it.
     assert _arm_child_exit(str(gone.pid), python_under="grandchild") == 0
+
+
+THREADED = textwrap.dedent("""
+    import concurrent.futures as cf, multiprocessing as mp, sys, threading, time
+    def square(x):
+        return x * x
+    def in_a_thread(fn):
+        t = threading.Thread(target=fn)
+        t.start()
+        t.join()  # the thread has ended: workers it started must not die with it
+    if __name__ == "__main__":
+        ctx, box = mp.get_context(sys.argv[1]), {}
+        def start_one():
+            box["p"] = ctx.Process(target=time.sleep, args=(1.0,))
+            box["p"].start()
+        def start_pool():
+            box["pool"] = cf.ProcessPoolExecutor(2, mp_context=ctx)
+            box["pool"].submit(square, 2).result()
+        in_a_thread(start_one)
+        box["p"].join(60)
+        print("process", box["p"].exitcode, flush=True)
+        in_a_thread(start_pool)
+        time.sleep(0.5)
+        try:
+            print("pool", sum(box["pool"].map(square, range(10))), flush=True)
+        except Exception as e:
+            print("pool", type(e).__name__, flush=True)
+        box["pool"].shutdown()
+""")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_workers_started_from_a_thread_outlive_the_thread(tmp_path: Path, hooked: str, method: str) -> None:
+    """The death signal follows the forking thread: workers (and the forkserver) started from a thread
+    that ends must live on, tied to the process instead; ProcessPoolExecutor keeps working."""
+    script = tmp_path / "threaded.py"
+    script.write_text(THREADED)
+    r = subprocess.run([hooked, str(script), method], capture_output=True, text=True, timeout=300,
+                       env=clean_env(GPUGUARD_WORKERS="1"))
+    print(method, r.stdout.split("\n"))
+    assert r.stdout.split("\n")[:2] == ["process 0", "pool 285"], (r.stdout, r.stderr[-2000:])
+
+
+def test_a_worker_started_from_a_thread_dies_with_its_sigkilled_parent(tmp_path: Path, hooked: str) -> None:
+    """Tied to the process, a thread-started worker still dies with it."""
+    script = tmp_path / "threaded_kill.py"
+    script.write_text(textwrap.dedent("""
+        import multiprocessing as mp, os, signal, threading, time
+        if __name__ == "__main__":
+            box = {}
+            def start():
+                box["pids"] = []
+                for method in ("fork", "spawn", "forkserver"):
+                    p = mp.get_context(method).Process(target=time.sleep, args=(60,))
+                    p.start()
+                    box["pids"].append(p.pid)
+            t = threading.Thread(target=start)
+            t.start()
+            t.join()
+            print(" ".join(map(str, box["pids"])), flush=True)
+            time.sleep(1.0)  # the workers are armed, the thread is gone
+            os.kill(os.getpid(), signal.SIGKILL)
+    """))
+    r = subprocess.run([hooked, str(script)], capture_output=True, text=True, timeout=120,
+                       env=clean_env(GPUGUARD_WORKERS="1"))
+    kids = [int(k) for k in r.stdout.split()]
+    assert len(kids) == 3, (r.stdout, r.stderr)
+    states = _states_after(kids, 10)
+    assert all(s in ("Z", "X", "gone") for s in states.values()), dict(zip(METHODS, states.values()))
