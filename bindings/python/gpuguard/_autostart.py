@@ -195,6 +195,7 @@ def run() -> None:
     if cfg is not None:
         after_import("torch", lambda torch: _on_torch(torch, cfg))
     if workers:
+        _sibling("_workers").arm_if_rank()
         # Armed once multiprocessing is imported: a program that never imports it pays nothing.
         after_import("multiprocessing.process", lambda _: _sibling("_workers").install())
 

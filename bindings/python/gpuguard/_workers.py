@@ -4,7 +4,8 @@ when ``multiprocessing`` is first imported), every multiprocessing child started
 spawn and forkserver; so PyTorch DataLoader workers and ``torch.multiprocessing.spawn`` children too)
 is armed before its target runs: SIGKILL when its parent dies, and no inherited /dev/nvidia* descriptors
 (which would keep the dead parent's device memory held). A torch.distributed rank started by torchrun
-(TORCHELASTIC_RUN_ID in its environment) arms itself against its agent.
+(TORCHELASTIC_RUN_ID in its environment, not in its parent's) arms itself against its agent; what a
+rank starts itself (a detached helper, a subprocess) is left alone.
 
 Against which parent: the process that started the worker, named by pid and start time as the parent
 saw itself, never as the child finds it later (by then a dead parent's child has been handed to a
@@ -194,8 +195,27 @@ def install() -> None:
         base._bootstrap = _bootstrap  # type: ignore[attr-defined]
         base.start = _start  # type: ignore[method-assign]
     _after_import("multiprocessing.forkserver", _forkserver_knows_us)
-    if os.environ.get("TORCHELASTIC_RUN_ID") is not None and "LOCAL_RANK" in os.environ:
-        _arm(os.getppid(), 0, True)  # a rank: its parent is the elastic agent; the agent's death ends it
+    arm_if_rank()
+
+
+def arm_if_rank() -> None:
+    """Arms this process against its parent when it is a torch.distributed rank that torchrun's agent
+    started: TORCHELASTIC_RUN_ID and LOCAL_RANK in its environment, and not in its parent's (the agent's
+    own environment lacks them; the agent sets them for the ranks only). What a rank starts itself (a
+    checkpoint upload detached with start_new_session, a plain subprocess) inherits the variables from
+    a parent that has them too, and is left alone, as is any process whose parent's environment cannot
+    be read. A new session is no sign either way: torchrun starts its ranks in sessions of their own."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None or "LOCAL_RANK" not in os.environ:
+        return
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/environ", "rb") as f:
+            parent_env = f.read().split(b"\0")
+    except OSError:
+        return
+    if b"TORCHELASTIC_RUN_ID=" + os.fsencode(run_id) not in parent_env:
+        _arm(ppid, 0, True)  # the agent starts ranks from its main thread
 
 
 def _forkserver_knows_us(forkserver: Any) -> None:

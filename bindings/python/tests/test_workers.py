@@ -279,3 +279,58 @@ def test_a_worker_started_from_a_thread_dies_with_its_sigkilled_parent(tmp_path:
     assert len(kids) == 3, (r.stdout, r.stderr)
     states = _states_after(kids, 10)
     assert all(s in ("Z", "X", "gone") for s in states.values()), dict(zip(METHODS, states.values()))
+
+
+# A stand-in for torchrun's agent: starts one rank as torchrun does (the rank's variables in its
+# environment only, a session of its own), prints the rank's output, then waits or SIGKILLs itself.
+AGENT = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    rank_env = dict(os.environ, TORCHELASTIC_RUN_ID="run-1", LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
+    rank = subprocess.Popen([sys.executable, sys.argv[1], sys.argv[2]], env=rank_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    print(rank.pid, rank.stdout.readline().strip(), flush=True)
+    if sys.argv[3] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    rank.wait(60)
+""")
+# The rank starts a detached helper (a checkpoint upload: start_new_session, imports multiprocessing
+# as such tools do) and a plain child, prints their pids, and exits ("exit") or lives on ("live").
+RANK = textwrap.dedent("""
+    import subprocess, sys, time
+    helper = "import multiprocessing, time; time.sleep(60)"
+    quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    detached = subprocess.Popen([sys.executable, "-c", helper], start_new_session=True, **quiet)
+    plain = subprocess.Popen([sys.executable, "-c", helper], **quiet)
+    time.sleep(1.0)  # both have started and run the hook
+    print(detached.pid, plain.pid, flush=True)
+    if sys.argv[1] == "live":
+        time.sleep(60)
+""")
+
+
+def _agent(tmp_path: Path, hooked: str, rank_does: str, agent_does: str) -> List[int]:
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "rank.py").write_text(RANK)
+    r = subprocess.run([hooked, str(tmp_path / "agent.py"), str(tmp_path / "rank.py"), rank_does, agent_does],
+                       capture_output=True, text=True, timeout=120, env=clean_env(GPUGUARD_WORKERS="1"))
+    pids = [int(p) for p in r.stdout.split()]
+    assert len(pids) == 3, (r.stdout, r.stderr)
+    return pids
+
+
+def test_a_ranks_detached_helper_outlives_the_rank(tmp_path: Path, hooked: str) -> None:
+    """What a rank starts (a helper in a new session, a plain child) inherits TORCHELASTIC_RUN_ID and
+    LOCAL_RANK, but is not a rank: it must not be armed against the rank, which has exited."""
+    rank, detached, plain = _agent(tmp_path, hooked, "exit", "wait")
+    time.sleep(1.0)
+    states = _states_after([detached, plain], 0)
+    assert _dead(rank)
+    assert not any(s in ("Z", "X", "gone") for s in states.values()), {"detached": states[detached],
+                                                                          "plain": states[plain]}
+
+
+def test_a_rank_dies_with_its_sigkilled_agent(tmp_path: Path, hooked: str) -> None:
+    rank, detached, plain = _agent(tmp_path, hooked, "live", "kill")
+    states = _states_after([rank], 10)
+    _states_after([detached, plain], 0)
+    assert states[rank] in ("Z", "X", "gone"), states
