@@ -53,9 +53,9 @@ def get_cmake_dir() -> str:
 cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
 
 
-# The start-up hook (gpuguard/_pth.py) loads these two before the package, so the import system did not
+# The start-up hook (gpuguard/_pth.py) loads these three before the package, so the import system did not
 # make them its attributes: ``gpuguard._workers`` must still work after ``import gpuguard``.
-for _hooked in ("_autostart", "_workers"):
+for _hooked in ("_autostart", "_postimport", "_workers"):
     if __name__ + "." + _hooked in _sys.modules:
         globals()[_hooked] = _sys.modules[__name__ + "." + _hooked]
 
