@@ -162,11 +162,14 @@ GG_API int gg_proc_adopt_ex(gg_guard_t *guard, pid_t pid, unsigned long long sta
  *
  *  The expected parent is the pid that called fork(), captured by a pthread_atfork handler before
  *  the fork (so it is known even if the parent is already gone). In a program that was exec'd
- *  rather than forked with gpuguard loaded, it is GPUGUARD_PARENT_PID when set, else getppid() at
- *  this call (then not race-free: a parent that died before the call cannot be told from a reaper).
- *  If the parent is already gone (we were reparented), this process kills itself with SIGKILL at
- *  once, as the death signal would have. The death signal is tied to the parent's forking thread
- *  (Linux's rule): fork from a thread that lives as long as the process.
+ *  rather than forked with gpuguard loaded, it is GPUGUARD_PARENT_PID (a parent sets it in the
+ *  environment of the program it execs) when that names our parent: a pid that is our parent now,
+ *  or one that is gone while our present parent did not hand the same value down; garbage, a live
+ *  process older than us that is not our parent, or a value inherited from further up is ignored.
+ *  Else it is getppid() at this call (then not race-free: a parent that died before the call cannot
+ *  be told from a reaper). If the parent is already gone (we were reparented), this process kills
+ *  itself with SIGKILL at once, as the death signal would have. The death signal is tied to the
+ *  parent's forking thread (Linux's rule): fork from a thread that lives as long as the process.
  *  @return 0; GG_EIO when prctl fails. Not async-signal-safe only because of getenv. */
 GG_API int gg_proc_arm_child(void);
 

@@ -3,6 +3,7 @@
  * snapshot. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -769,12 +770,35 @@ int gg_proc_adopt_ex(gg_guard_t *guard, pid_t pid, unsigned long long start_time
   return gg__proc_track(guard, pid, pidfd, info.start, GG__FOUND_TRACKED);
 }
 
+/* GPUGUARD_PARENT_PID names the parent of a program it exec'd, for a parent that may die before the
+ * program arms. It is used only when it can name our real parent: a valid pid that is our parent
+ * now, or one that is gone (or reused by a process younger than us) while our parent now did not
+ * hand the variable down (its own environment lacks the same value: one generation). Anything else
+ * (garbage, a live process older than us that is not our parent, a value inherited from further up)
+ * is ignored, and the parent is getppid(). */
+static pid_t gg__named_parent(void) {
+  pid_t now = getppid();
+  const char *env = gg__env("GPUGUARD_PARENT_PID");
+  if (!env) return now;
+  char *end = NULL;
+  errno = 0;
+  long named = strtol(env, &end, 10);
+  if (errno != 0 || end == env || *end != '\0' || named <= 1 || named > INT_MAX) return now;
+  if ((pid_t)named == now) return now;
+  gg__pinfo_t them, me;
+  if (gg__proc_read_stat((pid_t)named, &them) == 0 && gg__proc_read_stat(getpid(), &me) == 0 &&
+      them.start <= me.start)
+    return now; /* alive and older than us, and not our parent: another generation's */
+  char handed[32];
+  if (gg__proc_environ_get(now, "GPUGUARD_PARENT_PID", handed, sizeof handed) == 0 &&
+      strcmp(handed, env) == 0)
+    return now; /* our parent has the same value: it was handed down, not meant for us */
+  return (pid_t)named;
+}
+
 int gg_proc_arm_child(void) {
   pid_t parent = gg__parent_at_fork;
-  if (parent <= 0) {
-    const char *env = gg__env("GPUGUARD_PARENT_PID");
-    parent = env ? (pid_t)atol(env) : getppid();
-  }
+  if (parent <= 0) parent = gg__named_parent();
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
     return gg__err(GG_EIO, "gg_proc_arm_child: prctl(PR_SET_PDEATHSIG): %s", strerror(errno));
   /* Armed first, checked second: a parent dying in between is seen here, one dying later by the

@@ -19,7 +19,7 @@ echo "auditwheel: consistent with manylinux_2_${tag}_x86_64, nothing to graft" >
   { cat "$out/repair.log"; fail "auditwheel repair"; }
 fixed=$(ls "$out"/*manylinux_2_28_x86_64*.whl) || fail "no manylinux_2_28 wheel in $out"
 "$venv/bin/python" -c "import sys, zipfile; sys.exit(any('.libs/' in n for n in zipfile.ZipFile(sys.argv[1]).namelist()))" "$fixed" || fail "auditwheel grafted libraries into the wheel"
-for f in gpuguard/torch/native/adapter.cpp gpuguard/torch/native/facade.h gpuguard_torch.pth; do # the backend's sources
+for f in gpuguard/torch/native/adapter.cpp gpuguard/torch/native/facade.h gpuguard_torch.pth gpuguard/_pth.py; do # sources, the hook
   "$venv/bin/python" -c "import sys, zipfile; sys.exit(sys.argv[2] not in zipfile.ZipFile(sys.argv[1]).namelist())" \
     "$fixed" "$f" || fail "the wheel lacks $f"
 done

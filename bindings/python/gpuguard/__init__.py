@@ -6,6 +6,7 @@ modules, imported on demand: ``import gpuguard`` never imports torch or cupy."""
 from __future__ import annotations
 
 import os as _os
+import sys as _sys
 
 from ._lib import version
 from ._version import __version__ as __version__
@@ -50,6 +51,13 @@ def get_cmake_dir() -> str:
 #: library, headers and CMake package: ``cmake -DCMAKE_PREFIX_PATH=$(python -c "import gpuguard;
 #: print(gpuguard.cmake_prefix_path)")``.
 cmake_prefix_path = _os.path.dirname(_os.path.abspath(__file__))
+
+
+# The start-up hook (gpuguard/_pth.py) loads these three before the package, so the import system did not
+# make them its attributes: ``gpuguard._workers`` must still work after ``import gpuguard``.
+for _hooked in ("_autostart", "_postimport", "_workers"):
+    if __name__ + "." + _hooked in _sys.modules:
+        globals()[_hooked] = _sys.modules[__name__ + "." + _hooked]
 
 
 def load_ipython_extension(shell: object) -> None:

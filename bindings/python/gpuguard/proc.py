@@ -141,7 +141,9 @@ def arm_worker() -> int:
     by a launcher): it gets SIGKILL when its parent dies (:func:`arm_child`; a parent already gone ends it
     at once), and drops the /dev/nvidia* descriptors it inherited (:func:`close_device_fds`), which
     would otherwise keep the parent's device memory held after the parent died. Returns how many
-    descriptors were closed. ``GPUGUARD_TORCH=1`` does this in every worker (gpuguard._workers)."""
+    descriptors were closed. ``GPUGUARD_WORKERS=1`` (or ``GPUGUARD_TORCH=1``) does the same in every
+    multiprocessing worker without a change to the script (gpuguard._workers: tied to the parent process
+    rather than its forking thread, and to the parent named when the worker was started)."""
     C.gg_proc_arm_child()
     return int(C.gg_proc_close_device_fds())
 
