@@ -94,8 +94,9 @@ int cli_color_mode(const char *text);
 bool cli_color_on(int mode, int fd);
 /* -i/--id N: a device number; false after a usage message. */
 bool cli_device_arg(const char *text, int *device);
-/* --grace TIME for run and reap: milliseconds, at most the library's GG_PROC_GRACE_MAX_MS; false
- * after a usage message. */
+/* --grace TIME for run and reap, in milliseconds: 500ms, 2s, 1m or a bare number of seconds; at
+ * most the library's GG_PROC_GRACE_MAX_MS; a bare number above 600 is refused with a hint to write
+ * Nms. false after a usage message. */
 bool cli_grace(const char *text, long *out);
 /* No NVIDIA GPU here: the library runs on its simulated host device and NVML is not there
  * either. */

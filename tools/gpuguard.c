@@ -34,12 +34,15 @@ static const command_t commands[] = {
      "be read, 2 usage error, 3 no NVIDIA GPU on this machine (neither NVML nor the CUDA driver "
      "loads).\n"},
     {"run",
-     "[--grace MS] [--receipt PATH] [--device N] [--pid-ns[=auto|on|off]] [--torch] -- CMD ARGS...",
+     "[--grace TIME] [--receipt PATH] [--device N] [--pid-ns[=auto|on|off]] [--torch] -- CMD "
+     "ARGS...",
      "Runs CMD as a guarded job; when it ends or the runner is signalled, nothing of it is left.",
      cmd_run,
-     "  --grace TIME    how long the job has to end after SIGTERM before SIGKILL: 500ms, 2s (a "
-     "bare\n"
-     "                  number is milliseconds; default 2s, at most 600s)\n"
+     "  --grace TIME    how long the job has to end after its one SIGTERM before SIGKILL: 500ms, "
+     "2s,\n"
+     "                  1m or a bare number of seconds (default 2s, at most 600s; a bare number "
+     "above\n"
+     "                  600 is refused: write Nms for milliseconds)\n"
      "  --receipt PATH  write a JSON receipt: what was sent to whom, how each ended, device free "
      "memory\n"
      "                  before and after ('-' for stdout)\n"
@@ -74,9 +77,9 @@ static const command_t commands[] = {
      "Ends your stranded workers and the orphans of dead gpuguard sessions.", cmd_reap,
      "  -n, --dry-run  list them, do nothing\n"
      "  -y, --yes      end them without asking (otherwise asks on a terminal, lists elsewhere)\n"
-     "  --grace TIME   time between SIGTERM and SIGKILL: 500ms, 2s (a bare number is "
-     "milliseconds;\n"
-     "                 default 2s, at most 600s)\n"
+     "  --grace TIME   time between SIGTERM and SIGKILL: 500ms, 2s, 1m or a bare number of "
+     "seconds\n"
+     "                 (default 2s, at most 600s; a bare number above 600 is refused)\n"
      "  --all-users    as root: other users' stranded workers too\n"
      "  --pid PID...   end these processes instead, whatever their class (the only way to end a\n"
      "                 detached one); pid 1, this process and its ancestors, kernel threads and "
