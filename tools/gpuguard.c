@@ -128,7 +128,7 @@ static const command_t commands[] = {
      "GPUGUARD_LIBRARY is set to this command's library unless it is set already).\n"},
     {"watch",
      "[--interval TIME] [--count N] [-i N] [--color=WHEN] [--record FILE] | [--prom-file PATH] "
-     "[--listen [ADDR][:PORT]] [--all-users]",
+     "[--listen [ADDR][:PORT]] [--top K] [--command-labels] [--all-users]",
      "A live view of devices, processes and gpuguard sessions; or a Prometheus exporter.",
      cmd_watch,
      "  --interval TIME     time between refreshes: 500ms, 10s, 1m (a bare number is seconds; "
@@ -152,9 +152,16 @@ static const command_t commands[] = {
      "                      interface (a warning says so). The default port is 9402 (DCGM's "
      "exporter\n"
      "                      has 9400); port 0 picks a free one, printed on stderr\n"
-     "  --all-users         include other users' command lines in gpuguard_process_info (left out "
-     "by\n"
-     "                      default, as ps hides them)\n"
+     "  --top K             per-process series (memory, info) for the K largest holders of each "
+     "GPU\n"
+     "                      and every stranded or orphaned process (default 10); the rest are "
+     "counted\n"
+     "                      in gpuguard_class_memory_used_bytes and "
+     "gpuguard_process_series_omitted\n"
+     "  --command-labels    a command label on gpuguard_process_info for your own processes "
+     "(none by\n"
+     "                      default: command lines carry arguments; for single-user machines)\n"
+     "  --all-users         other users' command lines too (implies --command-labels)\n"
      "  -h, --help          this help\n"
      "On a terminal the view fits the width and redraws in place: q quits, any other key "
      "refreshes.\n"
