@@ -20,7 +20,7 @@ echo; echo "==> gpuguard run -- (a worker: sleep 600) + $trainer, interrupted af
 # Job control on while it starts: a script's background job otherwise starts with SIGINT ignored, and
 # gpuguard run keeps signals ignored at start ignored (as nohup needs), so Ctrl-C's signal would do nothing.
 set -m
-$g run --grace 1000 --receipt $b/receipt.json -- sh -c "sleep 600 & exec $trainer" &
+$g run --grace 1s --receipt $b/receipt.json -- sh -c "sleep 600 & exec $trainer" &
 runner=$!
 set +m
 sleep 3

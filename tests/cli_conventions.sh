@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# cli_conventions.sh — the command line's conventions: durations with units on --grace (bare number:
-# milliseconds) and --interval (bare number: seconds); -y/-n on reap and -V; --color=auto|always|never;
+# cli_conventions.sh — the command line's conventions: durations with units on --grace and
+# --interval (a bare number: seconds on both); -y/-n on reap and -V; --color=auto|always|never;
 # a device filter -i N on ps, info, check and watch (one that does not exist: exit 2); on the host backend without a GPU, `ps --json` lists no
 # device (the simulated one holds nothing) and exits 3 like `ps`; `plot` runs GPUGUARD_PYTHON.
 # Arguments: build dir, source dir.
@@ -24,7 +24,7 @@ for v in 10ms 2h 5x ms '' -1s 1e3 nan inf 0x10; do expect_rc 2 $g watch --interv
 grep -q "\-\-interval" "$tmp/err" || fail "a bad --interval does not name the option"
 expect_rc 0 $g run --pid-ns=off --grace 300ms -- sh -c 'trap "" TERM; sleep 5 & sleep 0.1; kill -TERM $$ 2>/dev/null; exit 0'
 expect_rc 0 $g run --pid-ns=off --grace 1s -- true
-expect_rc 0 $g run --pid-ns=off --grace 1500 -- true
+expect_rc 0 $g run --pid-ns=off --grace 1.5 -- true
 for v in 11m 2ks -5ms 1.5.0s; do expect_rc 2 $g run --grace "$v" -- true; done
 grep -q "\-\-grace '1.5.0s'" "$tmp/err" || fail "a bad --grace is not named"
 expect_rc 0 $g reap --grace 250ms --dry-run

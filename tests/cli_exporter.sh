@@ -2,8 +2,8 @@
 # cli_exporter.sh — `gpuguard watch`'s exporter as DCGM users and a hostile network see it, with the
 # stand-in NVML (two GPUs): the GPUs NVML numbers (whatever CUDA_VISIBLE_DEVICES says) with DCGM's
 # labels (gpu, UUID, pci_bus_id, device, modelName, Hostname), gpuguard_build_info, a scrape-success
-# gauge, command lines on gpuguard_process_info only, counted with promtool's linter and parsed by
-# prometheus_client; idle connections cannot delay a scrape; loopback unless an address is given, a
+# gauge, no command line in any label unless asked for (--command-labels), checked with promtool's
+# linter and parsed by prometheus_client; idle connections cannot delay a scrape; loopback unless an address is given, a
 # warning otherwise; ports outside 0..65535 or not numbers refused naming the port; the default port;
 # another user's command line left out unless --all-users; a failed --prom-file write tried again.
 # Arguments: build dir, source dir.
@@ -81,9 +81,9 @@ mem = {(s.labels["gpu"], s.labels["pid"]): s for s in fams["gpuguard_process_mem
 assert mem[("0", mine)].value == 1048576 and mem[("1", mine)].value == 4096, mem
 assert all("command" not in s.labels and "user" not in s.labels for s in mem.values()), mem
 info = {(s.labels["gpu"], s.labels["pid"]): s.labels for s in fams["gpuguard_process_info"].samples}
-assert info[("0", mine)]["command"] == "sleep 60", info
+assert all("command" not in s for s in info.values()), info  # no command label by default
 if other != "0":
-    assert info[("0", other)]["command"] == "" and info[("0", other)]["user"] == "nobody", info[("0", other)]
+    assert info[("0", other)]["user"] == "nobody", info[("0", other)]
     assert b"hunter2" not in body, "another user's command line is in /metrics"
 print("exporter: NVML numbering, DCGM labels, build info, collector success, _info series")
 PY
@@ -95,6 +95,17 @@ promtool check metrics <"$tmp/scrape.prom" >"$tmp/lint.txt" 2>&1 || true
 sed 's/UUID=/uuid=/g; s/modelName=/model_name=/g; s/Hostname=/hostname=/g' "$tmp/scrape.prom" |
   promtool check metrics || fail "promtool check metrics"
 echo "exporter: promtool check metrics clean"
+# --command-labels: this user's command lines as labels, never another user's.
+serve "$tmp/b0.err" --listen 127.0.0.1:0 --command-labels
+python3 - "$url" "$mine" <<'PY' || fail "--command-labels"
+import sys, urllib.request
+from prometheus_client.parser import text_string_to_metric_families
+body = urllib.request.urlopen(sys.argv[1], timeout=20).read().decode()
+assert "hunter2" not in body, "another user's command line with --command-labels"
+info = [s.labels for f in text_string_to_metric_families(body) if f.name == "gpuguard_process_info" for s in f.samples]
+assert any(l["pid"] == sys.argv[2] and l.get("command") == "sleep 60" for l in info), info
+PY
+echo "exporter: --command-labels gives this user's command lines, no other user's"
 if [ -n "$other" ]; then
   serve "$tmp/b.err" --listen 127.0.0.1:0 --all-users
   python3 -c 'import sys, urllib.request as u; b = u.urlopen(sys.argv[1], timeout=20).read(); assert b"hunter2" in b' "$url" ||

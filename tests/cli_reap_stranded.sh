@@ -101,7 +101,7 @@ for k in $kids; do alive $k || fail "--dry-run ended $k"; done
 "$g" reap > "$tmp/noterm" < /dev/null
 grep -q "run with --yes" "$tmp/noterm" || fail "reap without a terminal did not just list"
 t0=$(date +%s%N)
-"$g" reap --yes --grace 500 > "$tmp/reap" || { cat "$tmp/reap"; fail "reap --yes failed"; }
+"$g" reap --yes --grace 500ms > "$tmp/reap" || { cat "$tmp/reap"; fail "reap --yes failed"; }
 for k in $kids; do
   grep -q "^$k: sent TERM" "$tmp/reap" || { cat "$tmp/reap"; fail "no line for $k"; }
   for _ in $(seq 1 100); do alive $k || break; sleep 0.02; done
@@ -179,7 +179,7 @@ for _ in $(seq 1 300); do pgrep -f "^sleep 64$" >/dev/null && break; sleep 0.02;
 keep_pids "$(pgrep -f "^sleep 64$")"
 kill -9 $runner; wait $runner 2>/dev/null || true
 ls "$GPUGUARD_REGISTRY_DIR"/*.rec >/dev/null 2>&1 || fail "the runner left no record to prune"
-"$g" reap --yes --grace 300 > "$tmp/r0"
+"$g" reap --yes --grace 300ms > "$tmp/r0"
 [ -z "$(ls "$GPUGUARD_REGISTRY_DIR"/*.rec 2>/dev/null)" ] || { ls "$GPUGUARD_REGISTRY_DIR"; fail "reap left the dead leader's record"; }
 echo "registry: reap removed the SIGKILLed runner's record with its orphan"
 if ldd "$lib" 2>/dev/null | grep -q 'lib[at]san'; then
@@ -220,11 +220,11 @@ kids=$(cat "$tmp/kids"); trainer=$(cat "$tmp/trainer"); keep_pids "$kids" "$trai
 kill -9 $trainer; sleep 0.3
 spec=""; for k in $kids; do spec="$spec$k:1048576,"; done
 export FAKE_NVML_PROCS=${spec%,}
-"$g" reap --yes --grace 300 > "$tmp/r1"
+"$g" reap --yes --grace 300ms > "$tmp/r1"
 for k in $kids; do alive $k || { cat "$tmp/r1"; fail "reap without --all-users ended uid $other's $k"; }; done
 set +e; "$g" reap --yes --pid ${kids%% *} > "$tmp/r2"; rc=$?; set -e
 [ $rc = 1 ] && grep -q "another user's process" "$tmp/r2" || { cat "$tmp/r2"; fail "--pid of another user's process"; }
 alive ${kids%% *} || fail "--pid without --all-users ended another user's process"
-"$g" reap --yes --all-users --grace 300 > "$tmp/r3"
+"$g" reap --yes --all-users --grace 300ms > "$tmp/r3"
 for k in $kids; do for _ in $(seq 1 100); do alive $k || break; sleep 0.02; done; alive $k && { cat "$tmp/r3"; fail "--all-users left $k"; }; done
 echo "another user's stranded workers: untouched by reap and --pid, ended by reap --all-users as root"

@@ -60,7 +60,7 @@ else
   echo "SKIP part: a job in another PID namespace (needs root and unshare)"
 fi
 
-"$g" reap --yes --grace 300 > "$tmp/reap" 2>&1 || { cat "$tmp/reap"; fail "reap failed"; }
+"$g" reap --yes --grace 300ms > "$tmp/reap" 2>&1 || { cat "$tmp/reap"; fail "reap failed"; }
 for _ in $(seq 1 300); do [ -d /proc/$orphan ] || break; sleep 0.02; done
 [ ! -d /proc/$orphan ] || { cat "$tmp/reap"; fail "the real orphan $orphan was not ended"; }
 kill -0 $spoof 2>/dev/null || { cat "$tmp/reap"; fail "case A: reap killed the live runner given a dead session's id"; }
@@ -87,7 +87,7 @@ keep_pids "$mine" "$theirs"
 [ "$(ps -o pgid= -p $mine)" = "$(ps -o pgid= -p $theirs)" ] || fail "the two are not in one group"
 kill -9 $runner; wait $runner 2>/dev/null || true
 for _ in $(seq 1 300); do grep -q "^PPid:[[:space:]]*1$" /proc/$mine/status 2>/dev/null && break; sleep 0.02; done
-"$g" reap --yes --grace 300 > "$tmp/reap2" 2>&1 || { cat "$tmp/reap2"; fail "reap failed"; }
+"$g" reap --yes --grace 300ms > "$tmp/reap2" 2>&1 || { cat "$tmp/reap2"; fail "reap failed"; }
 for _ in $(seq 1 300); do [ -d /proc/$mine ] || break; sleep 0.02; done
 [ ! -d /proc/$mine ] || { cat "$tmp/reap2"; fail "case C: our orphan $mine was not ended"; }
 kill -0 $theirs 2>/dev/null || { cat "$tmp/reap2"; fail "case C: reap signalled another user's process ($theirs)"; }

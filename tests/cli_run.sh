@@ -69,7 +69,7 @@ done
 
 # 2. SIGTERM to the runner ends the job: a TERM-ignoring shell, its children, a setsid double-fork.
 for mode in $modes; do
-$g run --pid-ns=$mode --grace 300 --receipt "$tmp/r2.json" -- sh -c 'trap "" TERM; sleep 62.5 & setsid sh -c "sleep 62.5 &" ; wait' &
+$g run --pid-ns=$mode --grace 300ms --receipt "$tmp/r2.json" -- sh -c 'trap "" TERM; sleep 62.5 & setsid sh -c "sleep 62.5 &" ; wait' &
 runner=$!
 keep_pids "$runner"
 for i in $(seq 1 500); do [ "$(pids_of 'sleep 62.5' | wc -l)" -ge 2 ] && break; sleep 0.02; done
@@ -83,7 +83,7 @@ t=$(( $(ms) - t0 ))
 [ -z "$(pids_of 'sleep 62.5')" ] || fail "--pid-ns=$mode: left behind after SIGTERM: $(pids_of 'sleep 62.5')"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["runner_signal"]==15 and d["exit_code"]==137 and d["exit"]["signal"]==9 and d["pid_ns"] is (sys.argv[2]=="on"), d' "$tmp/r2.json" $mode
 # A job that catches SIGTERM and exits 0 makes the runner exit 0.
-$g run --pid-ns=$mode --grace 2000 -- sh -c 'trap "exit 0" TERM; sleep 66 & wait' &
+$g run --pid-ns=$mode --grace 2s -- sh -c 'trap "exit 0" TERM; sleep 66 & wait' &
 runner=$!
 keep_pids "$runner"
 for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 66')" ] && break; sleep 0.02; done
@@ -114,7 +114,7 @@ $g reap --dry-run > "$tmp/dry"
 grep -q "^orphan $orphan " "$tmp/dry" || { cat "$tmp/dry"; fail "reap --dry-run does not list $orphan"; }
 grep -q "^orphan $plain \|^orphan $(pids_of 'sleep 65.25') " "$tmp/dry" && fail "reap lists a process that is no orphan"
 [ -d /proc/$orphan ] || fail "--dry-run ended the orphan"
-$g reap --yes --grace 200 > "$tmp/yes"
+$g reap --yes --grace 200ms > "$tmp/yes"
 for i in $(seq 1 500); do [ -d /proc/$orphan ] || break; sleep 0.02; done
 [ ! -d /proc/$orphan ] || { cat "$tmp/yes"; fail "reap --yes left $orphan alive"; }
 kill -0 $plain || fail "reap ended a process with no session"
@@ -139,19 +139,19 @@ if [ "$modes" = "off on" ]; then
   echo "reap: after a SIGKILLed --pid-ns=on runner nothing is left (the kernel ended the namespace)"
 fi
 # 4. --grace: the CLI and the library agree on one maximum (GG_PROC_GRACE_MAX_MS, 600000 ms).
-set +e; $g run --grace 700000 -- true 2>"$tmp/grace"; rc=$?; set -e
-[ $rc = 2 ] || fail "run --grace 700000 exited $rc, wanted 2 (usage)"
-grep -q "0 to 600000" "$tmp/grace" || fail "run --grace 700000 did not say the range: $(cat "$tmp/grace")"
-set +e; $g reap --grace 700000 --dry-run >/dev/null 2>&1; rc=$?; set -e
-[ $rc = 2 ] || fail "reap --grace 700000 exited $rc, wanted 2"
-$g run --grace 600000 --receipt "$tmp/r4.json" -- true || fail "run --grace 600000 (the maximum) failed"
+set +e; $g run --grace 700000ms -- true 2>"$tmp/grace"; rc=$?; set -e
+[ $rc = 2 ] || fail "run --grace 700000ms exited $rc, wanted 2 (usage)"
+grep -q "0 to 600 s" "$tmp/grace" || fail "run --grace 700000ms did not say the range: $(cat "$tmp/grace")"
+set +e; $g reap --grace 700000ms --dry-run >/dev/null 2>&1; rc=$?; set -e
+[ $rc = 2 ] || fail "reap --grace 700000ms exited $rc, wanted 2"
+$g run --grace 600 --receipt "$tmp/r4.json" -- true || fail "run --grace 600 (the maximum) failed"
 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["teardown"]["grace_ms"]==600000, d' "$tmp/r4.json"
-echo "grace: 700000 refused with exit 2, 600000 accepted and used"
+echo "grace: 700000ms refused with exit 2, 600 (seconds) accepted and used"
 
 # 5. Every signal that would end the runner by default ends the job too (forwarded, then teardown).
 for mode in $modes; do
 for sig in USR1 USR2 ALRM PIPE XCPU VTALRM PROF RTMIN; do
-  $g run --pid-ns=$mode --grace 300 -- sh -c 'sleep 67.5 & wait' &
+  $g run --pid-ns=$mode --grace 300ms -- sh -c 'sleep 67.5 & wait' &
   runner=$!
   keep_pids "$runner"
   for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 67.5')" ] && break; sleep 0.02; done
@@ -167,7 +167,7 @@ echo "signals (--pid-ns=$mode): USR1 USR2 ALRM PIPE XCPU VTALRM PROF RTMIN to th
 # 0, so the runner exits 0 and the receipt names the signal. A signal held or dropped on the way would
 # leave the job to the teardown after --grace (exit 137); one that ended the keeper, 128+N.
 for sig in USR1 ALRM PIPE XCPU VTALRM XFSZ IO PWR STKFLT RTMAX; do
-  $g run --pid-ns=$mode --grace 3000 --receipt "$tmp/r5.json" -- sh -c "trap 'exit 0' $(kill -l $sig); sleep 67.75 & wait" &
+  $g run --pid-ns=$mode --grace 3s --receipt "$tmp/r5.json" -- sh -c "trap 'exit 0' $(kill -l $sig); sleep 67.75 & wait" &
   runner=$!
   keep_pids "$runner"
   for i in $(seq 1 500); do [ -n "$(pids_of 'sleep 67.75')" ] && break; sleep 0.02; done
@@ -185,7 +185,7 @@ done
 # 6. UTF-8 in the receipt: command lines pass through as text, bytes that are not text become U+FFFD.
 # (--pid-ns=off: the receipt lists the renamed sleep only where the runner's teardown ends it.)
 for mode in $modes; do
-$g run --pid-ns=$mode --grace 200 --receipt "$tmp/r6.json" -- bash -c '(exec -a naïve-café sleep 68.5) & sleep 0.3' naïve-café $'\xff' 2>/dev/null
+$g run --pid-ns=$mode --grace 200ms --receipt "$tmp/r6.json" -- bash -c '(exec -a naïve-café sleep 68.5) & sleep 0.3' naïve-café $'\xff' 2>/dev/null
 python3 -m json.tool "$tmp/r6.json" >/dev/null || fail "the receipt is not valid JSON"
 python3 - "$tmp/r6.json" $mode <<'PY'
 import json, sys

@@ -104,12 +104,15 @@ int nvmlDeviceGetPciInfo_v3(void *dev, unsigned char *pci) {
   return 0;
 }
 
+/* Up to FAKE_MAX processes a device: bench/bench_scrape.py lists 200. */
+#define FAKE_MAX 512
+
 static int fake_list(const char *env, unsigned *count, void *infos) {
   const char *spec = getenv(env);
-  unsigned pids[64];
-  unsigned long long mem[64];
+  unsigned pids[FAKE_MAX];
+  unsigned long long mem[FAKE_MAX];
   unsigned n = 0;
-  for (const char *p = spec ? spec : ""; *p && n < 64;) {
+  for (const char *p = spec ? spec : ""; *p && n < FAKE_MAX;) {
     char *end;
     pids[n] = (unsigned)strtoul(p, &end, 10);
     p = end + (*end == ':');

@@ -36,7 +36,7 @@ sleep 0.5
 nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader,nounits >"$tmp/apps.csv"
 
 # The exporter itself sees only the last GPU through CUDA; its series must still follow NVML.
-CUDA_VISIBLE_DEVICES=$last $g watch --listen 127.0.0.1:0 2>"$tmp/listen.err" &
+CUDA_VISIBLE_DEVICES=$last $g watch --listen 127.0.0.1:0 --command-labels 2>"$tmp/listen.err" &
 keep_pids "$!"
 for _ in $(seq 1 250); do grep -q "serving http://" "$tmp/listen.err" && break; sleep 0.02; done
 url=$(grep -o 'http://[^ ]*/metrics' "$tmp/listen.err") || fail "no address: $(cat "$tmp/listen.err")"

@@ -23,7 +23,7 @@ base=$(free_mib)
 echo "device free memory before: $base MiB"
 
 # 1. The trainer is SIGKILLed under `gpuguard run`: the runner ends its workers.
-$g run --pid-ns=off --grace 2000 --receipt "$tmp/r1.json" -- python3 "$src/tests/gpu_job.py" "$tmp/ready1" &
+$g run --pid-ns=off --grace 2s --receipt "$tmp/r1.json" -- python3 "$src/tests/gpu_job.py" "$tmp/ready1" &
 runner=$!
 wait_file "$tmp/ready1"
 echo "job 1 holds: $(( base - $(free_mib) )) MiB (trainer + 3 workers: $(cat "$tmp/ready1"))"
@@ -63,7 +63,7 @@ for w in $workers; do
 done
 $g reap --dry-run
 t0=$(ms)
-$g reap --yes --grace 1000
+$g reap --yes --grace 1s
 for _ in $(seq 1 100); do [ -z "$(holders "$tmp/ready2")" ] && break; sleep 0.05; done
 [ -z "$(holders "$tmp/ready2")" ] || fail "reap left holders: $(holders "$tmp/ready2")"
 for _ in $(seq 1 100); do [ "$(free_mib)" -ge $((base - 64)) ] && break; sleep 0.05; done

@@ -94,16 +94,16 @@ for mode in on off; do
   fi
 done
 # When the job ends, what is left of the namespace gets --grace after SIGTERM (it had one second once):
-# a leftover that needs 1.5 s to finish after TERM finishes with --grace 4000, and is cut short by 500.
+# a leftover that needs 1.5 s to finish after TERM finishes with --grace 4s, and is cut short by 500ms.
 left='trap "sleep 1.5; echo finished > $0; exit 0" TERM; while :; do sleep 0.05; done'
-for grace in 4000 500; do
+for grace in 4000ms 500ms; do
   rm -f "$tmp/left.$grace"
   "$g" run --pid-ns=on --grace $grace -- sh -c "sh -c '$left' $tmp/left.$grace & sleep 0.3" 2>/dev/null ||
     fail "the job with a leftover failed (--grace $grace)"
-  if [ $grace = 4000 ]; then
-    [ -e "$tmp/left.$grace" ] || fail "--pid-ns: the leftover did not get --grace 4000 to finish"
+  if [ $grace = 4000ms ]; then
+    [ -e "$tmp/left.$grace" ] || fail "--pid-ns: the leftover did not get --grace 4s to finish"
   else
-    [ ! -e "$tmp/left.$grace" ] || fail "--pid-ns: the leftover outlived --grace 500"
+    [ ! -e "$tmp/left.$grace" ] || fail "--pid-ns: the leftover outlived --grace 500ms"
   fi
 done
 echo "--pid-ns: leftovers get --grace after SIGTERM"

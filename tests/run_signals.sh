@@ -80,8 +80,8 @@ def drain_wait(pid, fd, limit=15):
 
 # 1 and 3. Ctrl-C on a real pty: CMD (python, which survives SIGINT here) gets it once and goes on.
 for mode in modes:
-  # --grace 10000: the count alone (item: once, not 2-3 times); --grace 300: no kill deadline either.
-  for grace in ("10000", "300"):
+  # --grace 10s: the count alone (item: once, not 2-3 times); --grace 300ms: no kill deadline either.
+  for grace in ("10s", "300ms"):
     pid, fd = pty.fork()
     if pid == 0:
         os.execv(g, [g, "run", "--pid-ns=" + mode, "--grace", grace, "--", "python3", "-c",
@@ -127,9 +127,9 @@ def group(pgid):
     return [int(x) for x in out]
 
 for mode in modes:
-    # --grace 10000: how many copies arrive; --grace 300: a signal CMD lives through starts no deadline.
-    for how, grace in (("group", "10000"), ("each", "10000"), ("runner", "10000"), ("runner", "300"),
-                       ("usr1", "300"), ("group", "300")):
+    # --grace 10s: how many copies arrive; --grace 300ms: a signal CMD lives through starts no deadline.
+    for how, grace in (("group", "10s"), ("each", "10s"), ("runner", "10s"), ("runner", "300ms"),
+                       ("usr1", "300ms"), ("group", "300ms")):
         p = start(mode, grace)
         if how == "group":
             os.killpg(p.pid, rt)
@@ -174,7 +174,7 @@ hup_job = ("import signal, sys, time\n"
            "sys.exit(0)\n")
 for mode in modes:
     for how in ("runner", "group"):
-        p = subprocess.Popen(["nohup", g, "run", "--pid-ns=" + mode, "--grace", "300", "--", "python3", "-c",
+        p = subprocess.Popen(["nohup", g, "run", "--pid-ns=" + mode, "--grace", "300ms", "--", "python3", "-c",
                               hup_job], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         line = p.stdout.readline()
         if line.split() != [b"ready", b"True"]:

@@ -212,11 +212,24 @@ int cli_gpu_exists(const char *cmd, int gpu) {
   return EXIT_USAGE;
 }
 
-/* --grace for run and reap: the library's own limit, so what the CLI accepts the teardown
- * accepts. */
+/* --grace for run and reap: seconds when bare, as timeout(1), docker stop -t and Slurm's KillWait
+ * count; at most the library's own limit, so what the CLI accepts the teardown accepts. A bare
+ * number above that limit is most likely an old script's milliseconds (the unit once was ms):
+ * refused with the spelling that keeps its meaning, rather than waited for (5000 would be 83
+ * minutes). */
 bool cli_grace(const char *text, long *out) {
+  const double max_s = GG_PROC_GRACE_MAX_MS / 1e3;
+  bool bare = *text && strspn(text, "0123456789.") == strlen(text);
+  if (bare && strtod(text, NULL) > max_s) {
+    char why[256];
+    snprintf(why, sizeof why,
+             "--grace '%s': a bare number is seconds, at most %g; did you mean %sms?", text, max_s,
+             text);
+    bad_usage("%s", why);
+    return false;
+  }
   double ms;
-  if (!cli_duration("--grace", text, 1, 0, GG_PROC_GRACE_MAX_MS, &ms)) return false;
+  if (!cli_duration("--grace", text, 1000, 0, GG_PROC_GRACE_MAX_MS, &ms)) return false;
   *out = lround(ms);
   return true;
 }

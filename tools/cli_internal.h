@@ -75,15 +75,16 @@ int cmd_watch(int argc, char **argv);
  * rules without taking DCGM's (or node_exporter's 9100, or nvidia_gpu_exporter's 9835). */
 #define EXPORTER_DEFAULT_PORT 9402
 typedef struct exporter exporter_t;
-/* Writes the report (gg_report bits `what`) to a new temporary file in path's directory (O_EXCL:
- * nothing planted there is followed) and renames it over path. 0, or 1 after a message. */
-int exporter_write_file(const char *path, unsigned what);
+/* Writes the report (gg_report bits `what`, per-process series bounded by top as gg_report_ex
+ * bounds them) to a new temporary file in path's directory (O_EXCL: nothing planted there is
+ * followed) and renames it over path. 0, or 1 after a message. */
+int exporter_write_file(const char *path, unsigned what, unsigned top);
 /* Splits --listen's value into host ("" for loopback) and port; 0, or 1 after a message. */
 int exporter_parse_listen(const char *spec, char *host, size_t hcap, unsigned *port);
 /* Listens on --listen's value: "ADDR:PORT", "[V6ADDR]:PORT", ":PORT" or "PORT" (loopback), "ADDR"
  * (the default port); port 0 picks one. Says where on stderr, and warns when the address is not a
  * loopback one. NULL after a message. */
-exporter_t *exporter_open(const char *spec, unsigned what);
+exporter_t *exporter_open(const char *spec, unsigned what, unsigned top);
 /* Serves clients (/metrics, / linking it, else 404), many at once, each bounded in request size and
  * time, until deadline_ms (CLOCK_MONOTONIC milliseconds) or a byte arrives on wake_fd. Returns that
  * byte, 'c' after a /metrics answer was sent whole, 0 when the time is up. */
@@ -106,8 +107,9 @@ bool cli_device_arg(const char *text, int *device);
 /* Whether device `gpu` (-1: none asked for) exists among cli_devices(): 0; EXIT_USAGE after a line
  * saying it does not; 1 after the error when the devices cannot be counted. */
 int cli_gpu_exists(const char *cmd, int gpu);
-/* --grace TIME for run and reap: milliseconds, at most the library's GG_PROC_GRACE_MAX_MS; false
- * after a usage message. */
+/* --grace TIME for run and reap, in milliseconds: 500ms, 2s, 1m or a bare number of seconds; at
+ * most the library's GG_PROC_GRACE_MAX_MS; a bare number above 600 is refused with a hint to write
+ * Nms. false after a usage message. */
 bool cli_grace(const char *text, long *out);
 /* No NVIDIA GPU here: the library runs on its simulated host device and NVML is not there
  * either. */

@@ -127,8 +127,10 @@ int cmd_ps(int argc, char **argv) {
     if (no_gpu)
       rc = printf("{\"version\":\"%s\",\"devices\":[],\"processes\":[]}\n", gg_version()) < 0;
     else
-      rc = gg_report_gpu(stdout, GG_FORMAT_JSON,
-                         GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF, only) < 0;
+      rc = gg_report_ex(stdout, GG_FORMAT_JSON,
+                        GG_REPORT_DEVICES | GG_REPORT_PROCESSES | GG_REPORT_NOT_SELF |
+                            (all ? GG_REPORT_ALL_COMMANDS : 0),
+                        only, GG_REPORT_TOP_DEFAULT) < 0;
     if (rc) fprintf(stderr, "gpuguard ps: %s\n", gg_last_error());
   } else {
     rc = print_processes(stdout, all, why, &no_gpu, only, color);

@@ -549,15 +549,18 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r, canary_
 }
 
 /* Phase 5: end what is left of the job. After a signal the job has had its grace period already:
- * the rest get what is left of it. A descendant forked by a dying process after the teardown's last
- * look is reparented to us (the subreaper): look again until nothing is left, a few times at
- * most. */
-static int run_teardown(long grace, double deadline, gg_proc_receipt_t **receipt) {
+ * when CMD ended in it, the rest get what is left of it; when the grace ran out (or a second signal
+ * came), SIGKILL at once, as stderr said: a second SIGTERM would run CMD's handler again (twice,
+ * three times through the keeper and the init of a PID namespace). A descendant forked by a dying
+ * process after the teardown's last look is reparented to us (the subreaper): look again until
+ * nothing is left, a few times at most. */
+static int run_teardown(long grace, double deadline, bool cmd_ended, gg_proc_receipt_t **receipt) {
   long left = grace;
   if (deadline >= 0) {
     left = (long)(deadline - gg__now_ms());
     left = left < 100 ? 100 : left > grace ? grace : left;
   }
+  if (deadline >= 0 && !cmd_ended) left = 0;
   int trc = gg_proc_teardown_ex(NULL, (int)left, receipt);
   size_t termed = 0, killed = 0;
   for (size_t i = 0; *receipt && i < (*receipt)->count; i++) {
@@ -641,7 +644,7 @@ int cmd_run(int argc, char **argv) {
   double deadline = run_wait(&set, o.grace, &r, &canary);
   canary_stop(&canary); /* before the teardown, which would count it as the job's */
   gg_proc_receipt_t *receipt = NULL;
-  int trc = run_teardown(o.grace, deadline, &receipt);
+  int trc = run_teardown(o.grace, deadline, r.reaped, &receipt);
   run_conclude(&r, receipt);
   fix_job_entry(receipt, &o, &r);
   if (env.have_dev &&

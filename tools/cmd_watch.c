@@ -444,6 +444,8 @@ typedef struct watch_opts {
   int color;  /* cli_color_mode: 0 never, 1 always, 2 auto */
   int device; /* -i N: the view shows that device only; -1 all */
   bool all_users;
+  bool commands; /* --command-labels: this user's command lines as labels */
+  long top;      /* --top K: per-process series per GPU besides stranded/orphaned ones */
 } watch_opts_t;
 
 static int parse(int argc, char **argv, watch_opts_t *w) {
@@ -456,9 +458,12 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
                                         {"record", required_argument, 0, 'r'},
                                         {"id", required_argument, 0, 'i'},
                                         {"all-users", no_argument, 0, 'a'},
+                                        {"command-labels", no_argument, 0, 'L'},
+                                        {"top", required_argument, 0, 'T'},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
-  *w = (watch_opts_t){.interval = 2.0, .count = -1, .color = 2, .device = -1};
+  *w = (watch_opts_t){
+      .interval = 2.0, .count = -1, .color = 2, .device = -1, .top = GG_REPORT_TOP_DEFAULT};
   int o;
   while ((o = next_opt(argc, argv, longs)) != -1) {
     char *end = NULL;
@@ -493,6 +498,13 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
       if (!cli_device_arg(optarg, &w->device)) return EXIT_USAGE;
     } else if (o == 'a') {
       w->all_users = true;
+    } else if (o == 'L') {
+      w->commands = true;
+    } else if (o == 'T') {
+      errno = 0;
+      w->top = strtol(optarg, &end, 10);
+      if (errno || end == optarg || *end || w->top < 0 || w->top > 100000)
+        return bad_usage("--top '%s': a number of processes from 0 to 100000 expected", optarg);
     } else if (o == 'r') {
       if (!*optarg) return bad_usage("%s", "--record needs a path");
       w->record = optarg;
@@ -545,13 +557,14 @@ static int wait_event(double deadline, bool keys, int listen_fd) {
  * must not end /metrics); the status is 1 when the last write failed. --count counts intervals, or
  * answered scrapes when nothing is written per interval. SIGTERM/SIGINT end it with 0. */
 static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
-  unsigned what = GG_REPORT_ALL | GG_REPORT_NOT_SELF | (w->all_users ? GG_REPORT_ALL_COMMANDS : 0);
+  unsigned what = GG_REPORT_ALL | GG_REPORT_NOT_SELF | (w->all_users ? GG_REPORT_ALL_COMMANDS : 0) |
+                  (w->commands ? GG_REPORT_COMMANDS : 0);
   if (cli_no_gpu())
     fputs("gpuguard watch: no NVIDIA GPU on this machine (neither CUDA nor NVML): exporting no "
           "device "
           "series (gpuguard_devices{source=\"none\"} 0), never the simulated host device\n",
           stderr);
-  exporter_t *ex = w->listen ? exporter_open(w->listen, what) : NULL;
+  exporter_t *ex = w->listen ? exporter_open(w->listen, what, (unsigned)w->top) : NULL;
   if (w->listen && !ex) return 1;
   bool ticking = w->prom || w->record, failing = false;
   long done = 0;
@@ -559,7 +572,7 @@ static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
   for (;;) {
     if (ticking && (gg__now_ms() / 1e3) >= next) {
       if (w->prom) {
-        bool failed = exporter_write_file(w->prom, what) != 0;
+        bool failed = exporter_write_file(w->prom, what, (unsigned)w->top) != 0;
         if (failed && !failing)
           fprintf(stderr, "gpuguard watch: --prom-file %s: trying again every %.3g s\n", w->prom,
                   w->interval);

@@ -20,10 +20,12 @@
 #define REQUEST_MAX    8192 /* a scrape's request is a few hundred bytes */
 #define READ_LIMIT_MS  2000 /* a client that has not sent its request by then is dropped */
 #define WRITE_LIMIT_MS 5000 /* one that does not take its answer by then, too */
-#define MAX_CLIENTS    64   /* connections served at once; more are closed at once */
+#define MAX_CLIENTS    64 /* connections served at once; a new one beyond evicts the oldest idle */
+#define ACCEPT_BURST   8  /* connections taken per turn of the poll loop */
 
 typedef struct client {
   int fd;          /* -1: a free slot */
+  double since;    /* monotonic ms when accepted: the oldest idle one is evicted first */
   double deadline; /* monotonic ms: reading, then writing, must be done by then */
   char *req;       /* REQUEST_MAX bytes while reading */
   size_t got;
@@ -34,17 +36,17 @@ typedef struct client {
 
 struct exporter {
   int lfd;
-  unsigned what;
+  unsigned what, top;
   client_t c[MAX_CLIENTS];
 };
 
 /* The report, rendered into memory once per answer: what a scrape reads is one consistent
  * reading. */
-static char *render(unsigned what, size_t *len) {
+static char *render(unsigned what, unsigned top, size_t *len) {
   char *buf = NULL;
   FILE *f = open_memstream(&buf, len);
   if (!f) return NULL;
-  int rc = gg_report(f, GG_FORMAT_PROMETHEUS, what);
+  int rc = gg_report_ex(f, GG_FORMAT_PROMETHEUS, what, -1, top);
   if (fclose(f) != 0 || rc < 0) {
     fprintf(stderr, "gpuguard watch: the report failed: %s\n",
             rc < 0 ? gg_last_error() : strerror(errno));
@@ -56,7 +58,7 @@ static char *render(unsigned what, size_t *len) {
 
 /* ---- textfile -------------------------------------------------------------------------------- */
 
-int exporter_write_file(const char *path, unsigned what) {
+int exporter_write_file(const char *path, unsigned what, unsigned top) {
   char tmp[4096];
   if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp) {
     fprintf(stderr, "gpuguard watch: --prom-file path too long\n");
@@ -71,7 +73,7 @@ int exporter_write_file(const char *path, unsigned what) {
     return 1;
   }
   size_t len = 0;
-  char *text = render(what, &len);
+  char *text = render(what, top, &len);
   bool ok = text != NULL && fchmod(fd, 0644) == 0; /* node_exporter runs as another user */
   for (size_t off = 0; ok && off < len;) {
     ssize_t w = write(fd, text + off, len - off);
@@ -214,7 +216,7 @@ static int listen_on(const char *spec) {
   return fd;
 }
 
-exporter_t *exporter_open(const char *spec, unsigned what) {
+exporter_t *exporter_open(const char *spec, unsigned what, unsigned top) {
   exporter_t *ex = calloc(1, sizeof *ex);
   if (!ex) {
     fprintf(stderr, "gpuguard watch: out of memory\n");
@@ -222,6 +224,7 @@ exporter_t *exporter_open(const char *spec, unsigned what) {
   }
   for (int i = 0; i < MAX_CLIENTS; i++) ex->c[i].fd = -1;
   ex->what = what;
+  ex->top = top;
   ex->lfd = listen_on(spec);
   if (ex->lfd < 0) {
     free(ex);
@@ -299,7 +302,7 @@ static void answer(exporter_t *ex, client_t *c) {
     respond(c, "200 OK", "text/html; charset=utf-8", "", index_page, sizeof index_page - 1, head);
   } else if (strcmp(target, "/metrics") == 0) {
     size_t len = 0;
-    char *body = render(ex->what, &len);
+    char *body = render(ex->what, ex->top, &len);
     if (body) {
       respond(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "", body, len, head);
       c->metrics = true;
@@ -309,24 +312,6 @@ static void answer(exporter_t *ex, client_t *c) {
   } else {
     static const char msg[] = "not found: gpuguard serves /metrics (and / links to it)\n";
     respond(c, "404 Not Found", "text/plain", "", msg, sizeof msg - 1, head);
-  }
-}
-
-/* Takes every waiting connection into a free slot; with none free, the connection is closed at once
- * (a scraper retries; an idle crowd cannot hold the exporter). */
-static void accept_all(exporter_t *ex) {
-  for (;;) {
-    int fd = accept4(ex->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;
-    client_t *slot = NULL;
-    for (int i = 0; i < MAX_CLIENTS && !slot; i++)
-      if (ex->c[i].fd < 0) slot = &ex->c[i];
-    char *req = slot ? malloc(REQUEST_MAX) : NULL;
-    if (!req) {
-      close(fd);
-      continue;
-    }
-    *slot = (client_t){.fd = fd, .deadline = gg__now_ms() + READ_LIMIT_MS, .req = req};
   }
 }
 
@@ -366,6 +351,46 @@ static int step(exporter_t *ex, client_t *c) {
   return done;
 }
 
+/* A slot for a new connection: a free one, else the one that has waited longest without sending
+ * its whole request (an idle or slow client), else the oldest of all. Refusing the newcomer instead
+ * let a crowd of idle connections, renewed as each timed out, keep every scrape out (0 of 10). A
+ * scraper sends its request at once, so it is never the oldest idle one for long. */
+static client_t *free_slot(exporter_t *ex) {
+  client_t *idle = NULL, *oldest = NULL;
+  for (int i = 0; i < MAX_CLIENTS; i++) {
+    client_t *c = &ex->c[i];
+    if (c->fd < 0) return c;
+    if (c->req && (!idle || c->since < idle->since)) idle = c;
+    if (!oldest || c->since < oldest->since) oldest = c;
+  }
+  client_t *victim = idle ? idle : oldest;
+  drop(victim);
+  return victim;
+}
+
+/* Takes waiting connections into slots, and reads at once what each has sent: a scraper's request
+ * is usually there already, which makes it busy, not idle. At most ACCEPT_BURST a call, so that the
+ * poll loop reads the clients in between: under a flood whose every evicted connection comes back
+ * at once, a scraper whose request was a moment late would otherwise be evicted within one call.
+ * Returns how many /metrics answers were sent whole. */
+static int accept_all(exporter_t *ex) {
+  int answered = 0;
+  for (int burst = 0; burst < ACCEPT_BURST; burst++) {
+    int fd = accept4(ex->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return answered;
+    char *req = malloc(REQUEST_MAX);
+    if (!req) {
+      close(fd);
+      continue;
+    }
+    client_t *slot = free_slot(ex);
+    double now = gg__now_ms();
+    *slot = (client_t){.fd = fd, .since = now, .deadline = now + READ_LIMIT_MS, .req = req};
+    answered += step(ex, slot);
+  }
+  return answered;
+}
+
 int exporter_serve(exporter_t *ex, double deadline_ms, int wake_fd) {
   struct pollfd p[MAX_CLIENTS + 2];
   int idx[MAX_CLIENTS + 2];
@@ -396,7 +421,7 @@ int exporter_serve(exporter_t *ex, double deadline_ms, int wake_fd) {
     int answered = 0;
     for (int k = 2; k < n; k++)
       if (p[k].revents) answered += step(ex, &ex->c[idx[k]]);
-    if (p[1].revents & POLLIN) accept_all(ex);
+    if (p[1].revents & POLLIN) answered += accept_all(ex);
     if (answered) return 'c';
   }
 }

@@ -34,12 +34,15 @@ static const command_t commands[] = {
      "be read, 2 usage error, 3 no NVIDIA GPU on this machine (neither NVML nor the CUDA driver "
      "loads).\n"},
     {"run",
-     "[--grace MS] [--receipt PATH] [--device N] [--pid-ns[=auto|on|off]] [--torch] -- CMD ARGS...",
+     "[--grace TIME] [--receipt PATH] [--device N] [--pid-ns[=auto|on|off]] [--torch] -- CMD "
+     "ARGS...",
      "Runs CMD as a guarded job; when it ends or the runner is signalled, nothing of it is left.",
      cmd_run,
-     "  --grace TIME    how long the job has to end after SIGTERM before SIGKILL: 500ms, 2s (a "
-     "bare\n"
-     "                  number is milliseconds; default 2s, at most 600s)\n"
+     "  --grace TIME    how long the job has to end after its one SIGTERM before SIGKILL: 500ms, "
+     "2s,\n"
+     "                  1m or a bare number of seconds (default 2s, at most 600s; a bare number "
+     "above\n"
+     "                  600 is refused: write Nms for milliseconds)\n"
      "  --receipt PATH  write a JSON receipt: what was sent to whom, how each ended, device free "
      "memory\n"
      "                  before and after ('-' for stdout)\n"
@@ -74,9 +77,9 @@ static const command_t commands[] = {
      "Ends your stranded workers and the orphans of dead gpuguard sessions.", cmd_reap,
      "  -n, --dry-run  list them, do nothing\n"
      "  -y, --yes      end them without asking (otherwise asks on a terminal, lists elsewhere)\n"
-     "  --grace TIME   time between SIGTERM and SIGKILL: 500ms, 2s (a bare number is "
-     "milliseconds;\n"
-     "                 default 2s, at most 600s)\n"
+     "  --grace TIME   time between SIGTERM and SIGKILL: 500ms, 2s, 1m or a bare number of "
+     "seconds\n"
+     "                 (default 2s, at most 600s; a bare number above 600 is refused)\n"
      "  --all-users    as root: other users' stranded workers too\n"
      "  --pid PID...   end these processes instead, whatever their class (the only way to end a\n"
      "                 detached one); pid 1, this process and its ancestors, kernel threads and "
@@ -126,7 +129,7 @@ static const command_t commands[] = {
      "GPUGUARD_LIBRARY is set to this command's library unless it is set already).\n"},
     {"watch",
      "[--interval TIME] [--count N] [-i N] [--color=WHEN] [--record FILE] | [--prom-file PATH] "
-     "[--listen [ADDR][:PORT]] [--all-users]",
+     "[--listen [ADDR][:PORT]] [--top K] [--command-labels] [--all-users]",
      "A live view of devices, processes and gpuguard sessions; or a Prometheus exporter.",
      cmd_watch,
      "  --interval TIME     time between refreshes: 500ms, 10s, 1m (a bare number is seconds; "
@@ -150,9 +153,16 @@ static const command_t commands[] = {
      "                      interface (a warning says so). The default port is 9402 (DCGM's "
      "exporter\n"
      "                      has 9400); port 0 picks a free one, printed on stderr\n"
-     "  --all-users         include other users' command lines in gpuguard_process_info (left out "
-     "by\n"
-     "                      default, as ps hides them)\n"
+     "  --top K             per-process series (memory, info) for the K largest holders of each "
+     "GPU\n"
+     "                      and every stranded or orphaned process (default 10); the rest are "
+     "counted\n"
+     "                      in gpuguard_class_memory_used_bytes and "
+     "gpuguard_process_series_omitted\n"
+     "  --command-labels    a command label on gpuguard_process_info for your own processes "
+     "(none by\n"
+     "                      default: command lines carry arguments; for single-user machines)\n"
+     "  --all-users         other users' command lines too (implies --command-labels)\n"
      "  -h, --help          this help\n"
      "On a terminal the view fits the width and redraws in place: q quits, any other key "
      "refreshes.\n"

@@ -32,9 +32,18 @@
 /** A modifier: leave the calling process out of the process list (a monitoring tool's own device
  *  descriptors are not worth a row). */
 #define GG_REPORT_NOT_SELF 0x8u
-/** A modifier for Prometheus text: include other users' command lines in `gpuguard_process_info`
- *  (left out by default, as `gpuguard ps` hides them: flags may carry secrets). */
+/** A modifier: other users' command lines too. Without it they are left out of the JSON report
+ *  (`"command": ""`) whatever the process's class, as `gpuguard ps` hides them: flags may carry
+ *  secrets, and a root exporter classes other users' processes stranded or detached, not foreign.
+ *  In Prometheus text it implies GG_REPORT_COMMANDS. */
 #define GG_REPORT_ALL_COMMANDS 0x10u
+/** A modifier for Prometheus text: a `command` label on `gpuguard_process_info` for the calling
+ *  user's processes. None by default: a command line carries arguments (tokens), and a label
+ *  that changes with every job makes new series. Since 0.2. */
+#define GG_REPORT_COMMANDS 0x20u
+/** Per-process Prometheus series per device when gg_report() is not told otherwise: the largest
+ *  holders; every stranded or orphaned process has its series besides. */
+#define GG_REPORT_TOP_DEFAULT 10u
 
 /** Output formats of gg_report(). */
 typedef enum gg_format {
@@ -53,11 +62,20 @@ GG_BEGIN_DECLS
  *  failed). Thread-safe. */
 GG_API int gg_report(FILE *out, gg_format_t format, unsigned what);
 
-/** gg_report() of one GPU: its device and its processes only (arenas as gg_report() gives them).
+/** gg_report() of one GPU or all, with a bound on the per-process Prometheus series.
  *  The JSON report numbers GPUs as gg_gpu_count() does where NVML is there, as Prometheus does.
- *  @param gpu the GPU's number; -1 every GPU (gg_report() itself).
+ *  Per device, the @p top_k processes holding the most memory, and every stranded or orphaned
+ *  one, get series of their own (`gpuguard_process_memory_used_bytes`, `gpuguard_process_info`);
+ *  the rest are counted in `gpuguard_class_memory_used_bytes` and
+ *  `gpuguard_process_series_omitted`.
+ *  @param out where the report goes.
+ *  @param format GG_FORMAT_JSON or GG_FORMAT_PROMETHEUS.
+ *  @param what GG_REPORT_* bits.
+ *  @param gpu the GPU's number; -1 every GPU (what gg_report() gives).
+ *  @param top_k per-process series per device besides the stranded and orphaned ones; 0 keeps only
+ *  those. Ignored for JSON, which lists every process.
  *  @return as gg_report(); GG_ENODEV when the report has no GPU of that number. */
-GG_API int gg_report_gpu(FILE *out, gg_format_t format, unsigned what, int gpu);
+GG_API int gg_report_ex(FILE *out, gg_format_t format, unsigned what, int gpu, unsigned top_k);
 
 /** Writes @p s as one JSON string literal (quotes included) to @p f: the library's own JSON writer,
  *  shared with its reports and receipts so every JSON gpuguard writes escapes text the same way.

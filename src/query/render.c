@@ -13,6 +13,7 @@
 #include "core/json_internal.h"
 #include "core/vec_internal.h"
 #include "backend/backend.h"
+#include "query/labels_internal.h"
 #include "query/query_internal.h"
 
 /* Prometheus label value: backslash, double quote and newline escaped, as the exposition format
@@ -249,7 +250,7 @@ static void gg__json_devices(FILE *f, const gg__devrow_t *rows, int n) {
 }
 
 /* The "processes" array: every device's processes, one array. */
-static void gg__json_processes(FILE *f, const gg__devrow_t *rows, int n) {
+static void gg__json_processes(FILE *f, const gg__devrow_t *rows, int n, unsigned what) {
   fputs(",\"processes\":[", f);
   bool first = true;
   for (int i = 0; i < n; i++)
@@ -268,8 +269,11 @@ static void gg__json_processes(FILE *f, const gg__devrow_t *rows, int n) {
       gg__json_fputs(f, gg_process_class_name(p->cls));
       fprintf(f, ",\"orphan\":%s,\"session\":", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
       gg__json_fputs(f, p->session);
+      /* another user's command line may carry secrets; a root reader sees it classed stranded or
+       * detached, not foreign, so the uid decides */
+      bool hide = p->uid != geteuid() && !(what & GG_REPORT_ALL_COMMANDS);
       fputs(",\"command\":", f);
-      gg__json_fputs(f, p->command);
+      gg__json_fputs(f, hide ? "" : p->command);
       fputs(",\"why\":", f);
       gg__json_fputs(f, p->why);
       fputc('}', f);
@@ -303,7 +307,7 @@ static void gg__json(FILE *f, unsigned what, const gg__devrow_t *rows, int n,
   fprintf(f, "{\"version\":");
   gg__json_fputs(f, gg_version());
   if (what & GG_REPORT_DEVICES) gg__json_devices(f, rows, n);
-  if (what & GG_REPORT_PROCESSES) gg__json_processes(f, rows, n);
+  if (what & GG_REPORT_PROCESSES) gg__json_processes(f, rows, n, what);
   if (what & GG_REPORT_ARENAS) gg__json_arenas(f, ar);
   fputs("}\n", f);
 }
@@ -316,6 +320,7 @@ typedef struct gg__promctx {
   int n;
   char hostname[256];
   unsigned what;
+  unsigned top_k; /* per-process series per device, besides every stranded or orphaned one */
 } gg__promctx_t;
 
 /* The labels every device series starts with, as NVIDIA's DCGM exporter writes them, so that both
@@ -492,60 +497,146 @@ static void gg__prom_devices(FILE *f, const gg__promctx_t *c) {
   }
 }
 
-/* Memory per process keyed by pid alone; what describes the process (user, class, command line) is
- * on a separate gpuguard_process_info series, so a class change or a long command line does not
- * multiply the memory series. Other users' command lines (secrets in flags) are left out unless
- * GG_REPORT_ALL_COMMANDS asks for them, as `ps` hides them. */
+/* Which processes of one device get series of their own: every stranded or orphaned one (what an
+ * operator must act on, however small), then the top_k largest holders. A busy node's hundreds of
+ * short-lived workers would otherwise make new series every scrape. keep[j] is set for those. */
+typedef struct gg__rank {
+  size_t j;
+  long long bytes;
+} gg__rank_t;
+
+static int gg__by_bytes_desc(const void *a, const void *b) {
+  long long x = ((const gg__rank_t *)a)->bytes, y = ((const gg__rank_t *)b)->bytes;
+  return (x < y) - (x > y);
+}
+
+static size_t gg__keep_procs(const gg__devrow_t *r, unsigned top_k, bool *keep) {
+  gg__rank_t *rank = malloc((r->nprocs ? r->nprocs : 1) * sizeof *rank);
+  size_t kept = 0;
+  for (size_t j = 0; j < r->nprocs; j++) {
+    gg_process_class_t cls = r->procs[j].cls;
+    keep[j] = cls == GG_PROCESS_STRANDED || cls == GG_PROCESS_ORPHAN;
+    kept += keep[j];
+    if (rank) rank[j] = (gg__rank_t){j, r->procs[j].used_bytes};
+  }
+  if (!rank) return kept; /* out of memory: the ones to act on, still */
+  qsort(rank, r->nprocs, sizeof *rank, gg__by_bytes_desc);
+  for (size_t k = 0; k < r->nprocs && k < top_k; k++)
+    if (!keep[rank[k].j]) {
+      keep[rank[k].j] = true;
+      kept++;
+    }
+  free(rank);
+  return kept;
+}
+
+/* One gpuguard_process_info series: who the process is, and what it belongs to (hpc_job as DCGM's
+ * exporter names the Slurm job, since a "job" label would be renamed exported_job by Prometheus,
+ * whose own job label names the scrape target; pod_uid, pod and namespace for a Kubernetes pod). No
+ * command line unless asked for; never another user's unless GG_REPORT_ALL_COMMANDS. */
+static void gg__prom_info(FILE *f, const gg__promctx_t *c, const gg__devrow_t *r,
+                          const gg_process_t *p) {
+  fputs("gpuguard_process_info{", f);
+  gg__prom_dev_labels(f, c, r, r->info.index);
+  fprintf(f, ",pid=\"%d\",user=", p->pid);
+  gg__prom_label(f, p->user);
+  fputs(",class=", f);
+  gg__prom_label(f, gg_process_class_name(p->cls));
+  fprintf(f, ",orphan=\"%s\"", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
+  gg__workload_t w;
+  gg__workload_of(p->pid, &w);
+  const char *const names[] = {"hpc_job", "pod_uid", "pod", "namespace"};
+  const char *const values[] = {w.job, w.pod_uid, w.pod, w.namespace};
+  for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+    if (values[k][0]) fprintf(f, ",%s=\"%s\"", names[k], values[k]); /* checked: digits, DNS */
+  bool all = c->what & GG_REPORT_ALL_COMMANDS;
+  bool mine = p->uid == geteuid();
+  if (all || (mine && (c->what & GG_REPORT_COMMANDS))) {
+    fputs(",command=", f);
+    gg__prom_label(f, p->command);
+  }
+  fputs("} 1\n", f);
+}
+
+/* Memory per process keyed by pid alone, for the processes gg__keep_procs picks; what describes the
+ * process is on gpuguard_process_info, so a class change does not multiply the memory series. Per
+ * class, every process counts: gpuguard_class_memory_used_bytes (what `used - sum` by gpu leaves
+ * is memory no process explains) and gpuguard_processes. */
 static void gg__prom_processes(FILE *f, const gg__promctx_t *c) {
+  bool **keep = calloc(c->n > 0 ? (size_t)c->n : 1, sizeof *keep);
+  if (!keep) return;
+  for (int i = 0; i < c->n; i++) {
+    keep[i] = calloc(c->rows[i].nprocs ? c->rows[i].nprocs : 1, sizeof **keep);
+    if (keep[i]) gg__keep_procs(&c->rows[i], c->top_k, keep[i]);
+  }
   for (int pass = 0; pass < 2; pass++) {
     bool head = false;
     for (int i = 0; i < c->n; i++)
-      for (size_t j = 0; j < c->rows[i].nprocs; j++) {
+      for (size_t j = 0; keep[i] && j < c->rows[i].nprocs; j++) {
         const gg_process_t *p = &c->rows[i].procs[j];
-        if (pass == 0 && p->used_bytes < 0) continue;
+        if (!keep[i][j] || (pass == 0 && p->used_bytes < 0)) continue;
         if (!head && pass == 0)
           gg__prom_head(f, "gpuguard_process_memory_used_bytes", "gauge",
-                        "Device memory the driver accounts to a process (absent when unknown).");
+                        "Device memory the driver accounts to a process (absent when unknown); "
+                        "the largest holders and every stranded or orphaned process.");
         if (!head && pass == 1)
-          gg__prom_head(
-              f, "gpuguard_process_info", "gauge",
-              "A process holding the device: user, class and command line; the value is always 1.");
+          gg__prom_head(f, "gpuguard_process_info", "gauge",
+                        "A process holding the device: user, class, Slurm job, Kubernetes pod; "
+                        "the value is always 1.");
         head = true;
-        fprintf(f, "%s{",
-                pass == 0 ? "gpuguard_process_memory_used_bytes" : "gpuguard_process_info");
-        gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
-        fprintf(f, ",pid=\"%d\"", p->pid);
-        if (pass == 0) {
-          fprintf(f, "} %lld\n", p->used_bytes);
+        if (pass == 1) {
+          gg__prom_info(f, c, &c->rows[i], p);
           continue;
         }
-        bool hide = p->cls == GG_PROCESS_FOREIGN && !(c->what & GG_REPORT_ALL_COMMANDS);
-        fputs(",user=", f);
-        gg__prom_label(f, p->user);
-        fputs(",class=", f);
-        gg__prom_label(f, gg_process_class_name(p->cls));
-        fprintf(f, ",orphan=\"%s\",command=", p->cls == GG_PROCESS_ORPHAN ? "true" : "false");
-        gg__prom_label(f, hide ? "" : p->command);
-        fputs("} 1\n", f);
+        fputs("gpuguard_process_memory_used_bytes{", f);
+        gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
+        fprintf(f, ",pid=\"%d\"} %lld\n", p->pid, p->used_bytes);
       }
+  }
+  static const struct {
+    const char *name, *help;
+  } m[] = {
+      {"gpuguard_processes", "Processes holding the device, by class."},
+      {"gpuguard_class_memory_used_bytes",
+       "Device memory the driver accounts to the processes of each class (every process)."},
+  };
+  for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
+    bool head = false;
+    for (int i = 0; i < c->n; i++) {
+      if (c->rows[i].rc < 0) continue;
+      if (!head) gg__prom_head(f, m[k].name, "gauge", m[k].help);
+      head = true;
+      for (int cls = GG_PROCESS_UNKNOWN; cls <= GG_PROCESS_DETACHED; cls++) {
+        double v = 0;
+        for (size_t j = 0; j < c->rows[i].nprocs; j++) {
+          const gg_process_t *p = &c->rows[i].procs[j];
+          if (p->cls != (gg_process_class_t)cls) continue;
+          v += k == 0 ? 1 : p->used_bytes > 0 ? (double)p->used_bytes : 0;
+        }
+        fprintf(f, "%s{", m[k].name);
+        gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
+        fprintf(f, ",class=\"%s\"", gg_process_class_name((gg_process_class_t)cls));
+        if (k == 0) fprintf(f, ",orphan=\"%s\"", cls == GG_PROCESS_ORPHAN ? "true" : "false");
+        fprintf(f, "} %.15g\n", v);
+      }
+    }
   }
   bool head = false;
   for (int i = 0; i < c->n; i++) {
     if (c->rows[i].rc < 0) continue;
-    if (!head) {
-      gg__prom_head(f, "gpuguard_processes", "gauge", "Processes holding the device, by class.");
-      head = true;
-    }
-    for (int k = GG_PROCESS_UNKNOWN; k <= GG_PROCESS_DETACHED; k++) {
-      unsigned long count = 0;
-      for (size_t j = 0; j < c->rows[i].nprocs; j++)
-        count += c->rows[i].procs[j].cls == (gg_process_class_t)k;
-      fputs("gpuguard_processes{", f);
-      gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
-      fprintf(f, ",class=\"%s\",orphan=\"%s\"} %lu\n", gg_process_class_name((gg_process_class_t)k),
-              k == GG_PROCESS_ORPHAN ? "true" : "false", count);
-    }
+    size_t omitted = 0;
+    for (size_t j = 0; j < c->rows[i].nprocs; j++) omitted += !keep[i] || !keep[i][j];
+    if (!head)
+      gg__prom_head(f, "gpuguard_process_series_omitted", "gauge",
+                    "Processes holding the device that have no series of their own (beyond the "
+                    "largest holders; counted in gpuguard_class_memory_used_bytes).");
+    head = true;
+    fputs("gpuguard_process_series_omitted{", f);
+    gg__prom_dev_labels(f, c, &c->rows[i], c->rows[i].info.index);
+    fprintf(f, "} %zu\n", omitted);
   }
+  for (int i = 0; i < c->n; i++) free(keep[i]);
+  free(keep);
 }
 
 /* The devices for Prometheus: NVML's (every GPU, numbered as DCGM numbers them); without NVML, the
@@ -586,9 +677,9 @@ static int gg__collect_json(unsigned what, gg__devrow_t **rows, int *n) {
   return gg__collect(what, rows, n);
 }
 
-static void gg__prom(FILE *f, unsigned what, const gg__devrow_t *rows, int n, const char *source,
-                     int collect_rc, const gg__arows_t *ar) {
-  gg__promctx_t c = {.rows = rows, .n = n, .what = what};
+static void gg__prom(FILE *f, unsigned what, unsigned top_k, const gg__devrow_t *rows, int n,
+                     const char *source, int collect_rc, const gg__arows_t *ar) {
+  gg__promctx_t c = {.rows = rows, .n = n, .what = what, .top_k = top_k};
   if (gethostname(c.hostname, sizeof c.hostname) != 0) c.hostname[0] = '\0';
   c.hostname[sizeof c.hostname - 1] = '\0';
   gg__prom_head(f, "gpuguard_build_info", "gauge",
@@ -640,16 +731,17 @@ static int gg__keep_gpu(gg__devrow_t *rows, int *n, int gpu) {
   int had = *n;
   *n = kept;
   return kept ? 0
-              : gg__err(GG_ENODEV, "gg_report_gpu: GPU %d does not exist (this machine has %d)",
+              : gg__err(GG_ENODEV, "gg_report_ex: GPU %d does not exist (this machine has %d)",
                         gpu, had);
 }
 
 int gg_report(FILE *out, gg_format_t format, unsigned what) {
-  return gg_report_gpu(out, format, what, -1);
+  return gg_report_ex(out, format, what, -1, GG_REPORT_TOP_DEFAULT);
 }
 
-int gg_report_gpu(FILE *out, gg_format_t format, unsigned what, int gpu) {
-  const unsigned known = GG_REPORT_ALL | GG_REPORT_NOT_SELF | GG_REPORT_ALL_COMMANDS;
+int gg_report_ex(FILE *out, gg_format_t format, unsigned what, int gpu, unsigned top_k) {
+  const unsigned known =
+      GG_REPORT_ALL | GG_REPORT_NOT_SELF | GG_REPORT_ALL_COMMANDS | GG_REPORT_COMMANDS;
   if (!out) return gg__err(GG_EINVAL, "gg_report: out is NULL");
   if (format != GG_FORMAT_JSON && format != GG_FORMAT_PROMETHEUS)
     return gg__err(GG_EINVAL, "gg_report: unknown format %d", (int)format);
@@ -675,7 +767,7 @@ int gg_report_gpu(FILE *out, gg_format_t format, unsigned what, int gpu) {
   if (format == GG_FORMAT_JSON)
     gg__json(out, what, rows, n, &ar);
   else
-    gg__prom(out, what, rows, n, source, rc, &ar);
+    gg__prom(out, what, top_k, rows, n, source, rc, &ar);
   gg__release(rows, n);
   free(ar.rows);
   if (fflush(out) != 0 || ferror(out))

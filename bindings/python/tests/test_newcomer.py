@@ -118,10 +118,13 @@ def test_monitor_http_idle_clients_are_bounded():
 
 def test_monitor_json_leaves_out_other_users_commands():
     from gpuguard.diagnostics.monitoring import _public
-    s = {"processes": [{"pid": 1, "class": "foreign", "command": "trainer --token=hunter2"},
-                       {"pid": 2, "class": "unknown", "command": "mine"}]}
+    # The uid decides, not the class: as root, another user's process is classed stranded or detached.
+    other = os.geteuid() + 1
+    s = {"processes": [{"pid": 1, "uid": other, "class": "foreign", "command": "trainer --token=hunter2"},
+                       {"pid": 3, "uid": other, "class": "detached", "command": "serve --token=hunter2"},
+                       {"pid": 2, "uid": os.geteuid(), "class": "unknown", "command": "mine"}]}
     out = _public(s)
-    assert out["processes"][0]["command"] == "" and out["processes"][1]["command"] == "mine"
+    assert [p["command"] for p in out["processes"]] == ["", "", "mine"], out
     assert s["processes"][0]["command"].endswith("hunter2")  # the sample itself is left as it was
     assert "hunter2" not in json.dumps(out)
 

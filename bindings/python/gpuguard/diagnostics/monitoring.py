@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import sys
 import threading
 import time
@@ -88,37 +89,83 @@ def _write_textfile(path: str, text: str) -> None:
 
 
 class _BoundedHTTPServer(ThreadingHTTPServer):
-    """At most ``max_handlers`` connections at once, each with ``_Handler.timeout`` to send its request:
-    idle connections cannot park threads and descriptors in the job without bound (enough of them made
-    the job's own ``open()`` fail with EMFILE). A connection beyond the cap is closed at once."""
+    """At most ``max_handlers`` connections at once: idle connections cannot park threads and
+    descriptors in the job without bound (enough of them made the job's own ``open()`` fail with
+    EMFILE). Beyond the cap, the oldest connection that has not sent its request yet is evicted for
+    the new one: refusing the newcomer let a crowd of idle connections, renewed as each timed out,
+    keep every scrape out (0 of 6). Each connection has ``deadline`` seconds in all, however slowly
+    its bytes come (a socket timeout alone restarts with every byte)."""
 
     daemon_threads = True
     max_handlers = 8
+    deadline = 5.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(self.max_handlers)
+        self._lock = threading.Lock()
+        self._conns: Dict[Any, List[Any]] = {}  # socket -> [accepted at (monotonic), request read]
+
+    def busy(self, request: Any) -> None:
+        """The handler has read the request: no longer idle, not evicted for a newcomer."""
+        with self._lock:
+            if request in self._conns:
+                self._conns[request][1] = True
+
+    def _cut(self, request: Any) -> None:
+        try:
+            request.shutdown(socket.SHUT_RDWR)  # the handler's read or write returns at once
+        except OSError:
+            pass
+
+    def service_actions(self) -> None:  # serve_forever calls it every poll interval
+        now = time.monotonic()
+        with self._lock:
+            late = [r for r, (t0, _) in self._conns.items() if now - t0 > self.deadline]
+        for r in late:
+            self._cut(r)
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        self.service_actions()
         if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
+            with self._lock:
+                idle = sorted((t0, id(r), r) for r, (t0, read) in self._conns.items() if not read)
+            if idle:
+                self._cut(idle[0][2])
+            # the evicted handler ends at once and gives its slot back
+            if not (idle and self._slots.acquire(timeout=1.0)):
+                self.shutdown_request(request)
+                return
+        with self._lock:
+            self._conns[request] = [time.monotonic(), False]
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._forget(request)
             raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet: a connection cut for its deadline or evicted fails its write; that is no news for
+        the job's stderr."""
+
+    def _forget(self, request: Any) -> None:
+        with self._lock:
+            self._conns.pop(request, None)
+        self._slots.release()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._forget(request)
 
 
 def _public(sample: Dict[str, Any]) -> Dict[str, Any]:
-    """The sample for /json: other users' command lines left out, as ``gpuguard ps`` and /metrics do."""
-    procs = [dict(p, command="") if p.get("class") == "foreign" else p for p in sample.get("processes", [])]
+    """The sample for /json: other users' command lines left out, as ``gpuguard ps`` and /metrics do.
+    The uid decides, not the class: a monitor running as root classes other users' processes
+    stranded or detached, not foreign (the library's report leaves them out too)."""
+    me = os.geteuid()
+    procs = [dict(p, command="") if p.get("uid") != me else p for p in sample.get("processes", [])]
     return dict(sample, processes=procs) if "processes" in sample else sample
 
 
@@ -132,6 +179,7 @@ class _Http:
             timeout = 2.0  # seconds to send the request; the socket's timeout for the answer too
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                cast(_BoundedHTTPServer, self.server).busy(self.request)
                 if self.path.split("?")[0] in ("/metrics", "/"):
                     body, ctype = mon.last_prometheus.encode(), "text/plain; version=0.0.4; charset=utf-8"
                 elif self.path.split("?")[0] == "/json":
