@@ -25,6 +25,7 @@
 #define GG__JOBNS_MAX      8             /* PID namespaces of its jobs a record names */
 
 static pthread_mutex_t gg__reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t gg__reg_rel_lock = PTHREAD_MUTEX_INITIALIZER; /* gg__reg_absolute's */
 static char gg__session[40];
 static char gg__role[16];
 /* For the fatal path: the record's full path, written before gg__reg_owner publishes it. A forked
@@ -34,14 +35,50 @@ static atomic_int gg__reg_owner;
 
 /* fork() while another thread holds the lock must not leave it held forever in the child
  * (fork.c). */
-static void gg__registry_fork_prepare(void) { pthread_mutex_lock(&gg__reg_lock); }
-static void gg__registry_fork_parent(void) { pthread_mutex_unlock(&gg__reg_lock); }
-static void gg__registry_fork_child(void) { pthread_mutex_unlock(&gg__reg_lock); }
+static void gg__registry_fork_prepare(void) {
+  pthread_mutex_lock(&gg__reg_lock);
+  pthread_mutex_lock(&gg__reg_rel_lock);
+}
+static void gg__registry_fork_parent(void) {
+  pthread_mutex_unlock(&gg__reg_rel_lock);
+  pthread_mutex_unlock(&gg__reg_lock);
+}
+static void gg__registry_fork_child(void) {
+  pthread_mutex_unlock(&gg__reg_rel_lock);
+  pthread_mutex_unlock(&gg__reg_lock);
+}
 GG__FORK_REGISTER(GG__FORK_REGISTRY, gg__registry_fork_prepare, gg__registry_fork_parent,
                   gg__registry_fork_child)
 
 void gg__registry_fatal_unlink(void) {
   if (atomic_load(&gg__reg_owner) == (int)getpid()) unlink(gg__reg_path);
+}
+
+/* A relative GPUGUARD_REGISTRY_DIR is resolved against the working directory of its first use,
+ * once: after a chdir the same value must still name the directory the record was written to (else
+ * the record stays behind, and reap takes the session's live helpers for a dead leader's orphans).
+ */
+static char gg__reg_rel[PATH_MAX];
+static char gg__reg_abs[PATH_MAX];
+
+static int gg__reg_absolute(const char *env, size_t len, char *buf, size_t cap) {
+  pthread_mutex_lock(&gg__reg_rel_lock);
+  bool known = strlen(gg__reg_rel) == len && strncmp(gg__reg_rel, env, len) == 0;
+  if (!known) {
+    char cwd[PATH_MAX];
+    int n = -1;
+    if (getcwd(cwd, sizeof cwd) && len < sizeof gg__reg_rel)
+      n = snprintf(gg__reg_abs, sizeof gg__reg_abs, "%s/%.*s", strcmp(cwd, "/") ? cwd : "",
+                   (int)len, env);
+    known = n > 0 && (size_t)n < sizeof gg__reg_abs;
+    if (known) {
+      memcpy(gg__reg_rel, env, len);
+      gg__reg_rel[len] = '\0';
+    }
+  }
+  int n = known ? snprintf(buf, cap, "%s", gg__reg_abs) : -1;
+  pthread_mutex_unlock(&gg__reg_rel_lock);
+  return n;
 }
 
 /* Where the directory is; mkdir'ed when missing. */
@@ -55,7 +92,10 @@ static int gg__reg_path_of(char *buf, size_t cap) {
      * to. */
     size_t len = strlen(env);
     while (len > 1 && env[len - 1] == '/') len--;
-    n = snprintf(buf, cap, "%.*s", (int)len, env);
+    if (env[0] == '/')
+      n = snprintf(buf, cap, "%.*s", (int)len, env);
+    else
+      n = gg__reg_absolute(env, len, buf, cap);
   } else if (xdg)
     n = snprintf(buf, cap, "%s/gpuguard", xdg);
   else if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode))
