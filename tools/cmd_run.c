@@ -49,6 +49,7 @@ typedef struct job_result {
   bool reaped;
   int runner_sig; /* the signal that ended the runner's wait, 0 if none */
   int exit_code;
+  char start_error[512]; /* why CMD could not be started; empty when it was */
 } job_result_t;
 
 /* What the runner saw of the device and the session, for the receipt. */
@@ -177,7 +178,10 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
     fputs(i ? "," : "", f);
     gg_json_write_string(f, cmd[i]);
   }
-  fprintf(f, "],\"pid\":%d,\"session\":", (int)r->pid);
+  if (r->pid > 0)
+    fprintf(f, "],\"pid\":%d,\"session\":", (int)r->pid);
+  else
+    fputs("],\"pid\":null,\"session\":", f);
   gg_json_write_string(f, env->session);
   if (r->reaped && WIFEXITED(r->status))
     fprintf(f, ",\"exit\":{\"status\":%d,\"signal\":null}", WEXITSTATUS(r->status));
@@ -189,8 +193,12 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
     fprintf(f, ",\"runner_signal\":%d", r->runner_sig);
   else
     fputs(",\"runner_signal\":null", f);
-  fprintf(f, ",\"exit_code\":%d,\"pid_ns\":%s,\"device\":", r->exit_code,
-          o->in_ns ? "true" : "false");
+  fprintf(f, ",\"exit_code\":%d,\"start_error\":", r->exit_code);
+  if (r->start_error[0])
+    gg_json_write_string(f, r->start_error);
+  else
+    fputs("null", f);
+  fprintf(f, ",\"pid_ns\":%s,\"device\":", o->in_ns ? "true" : "false");
   if (env->have_dev) {
     fprintf(f, "{\"index\":%d,\"backend\":", env->dev.index);
     gg_json_write_string(f, env->dev.backend);
@@ -476,7 +484,8 @@ static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
     }
   }
   if (rc == 0) return -1;
-  fprintf(stderr, "gpuguard run: %s\n", gg_last_error());
+  snprintf(r->start_error, sizeof r->start_error, "%s", gg_last_error());
+  fprintf(stderr, "gpuguard run: %s\n", r->start_error);
   gg_registry_unregister();
   return rc == GG_ENOTFOUND ? 127 : 126;
 }
@@ -636,6 +645,11 @@ int cmd_run(int argc, char **argv) {
   rc = run_start(&o, &env, &r);
   if (rc >= 0) {
     canary_stop(&canary);
+    /* The old receipt went when the options were checked: one that says why is put in its place. */
+    r.exit_code = rc;
+    o.in_ns = false;
+    env.have_dev = false; /* no job, no figures after it */
+    if (o.receipt_path) write_receipt(&o, &r, NULL, &env);
     return rc;
   }
   double deadline = run_wait(&set, o.grace, &r, &canary);
