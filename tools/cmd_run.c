@@ -426,12 +426,20 @@ static bool canary_saw(canary_t *c, const siginfo_t *si) {
   }
 }
 
+/* The wait loop reaps every child, the canary too when something killed it: its pid is forgotten
+ * then, since it may name another user's process by the time the job ends. Its notes are still
+ * read (the pipe stays open until canary_stop). */
+static void canary_reaped(canary_t *c, pid_t pid) {
+  if (c->pid > 0 && pid == c->pid) c->pid = -1;
+}
+
 static void canary_stop(canary_t *c) {
-  if (c->pid < 0) return;
-  kill(c->pid, SIGKILL);
-  while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR) {
+  if (c->pid > 0) {
+    kill(c->pid, SIGKILL); /* not reaped yet, so the pid is still the canary's */
+    while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR) {
+    }
   }
-  close(c->fd);
+  if (c->fd >= 0) close(c->fd);
   c->pid = -1;
   c->fd = -1;
 }
@@ -528,11 +536,13 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r, canary_
       int st;
       pid_t p;
       /* as subreaper, orphaned descendants come here too */
-      while ((p = waitpid(-1, &st, WNOHANG)) > 0)
+      while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
+        canary_reaped(canary, p);
         if (p == r->pid) {
           r->status = st;
           r->reaped = true;
         }
+      }
       continue;
     }
     bool in_group = getpgid(r->pid) == getpgrp();
