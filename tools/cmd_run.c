@@ -592,6 +592,11 @@ static int run_teardown(long grace, double deadline, gg_proc_receipt_t **receipt
     fprintf(stderr,
             "gpuguard run: SIGKILL sent to %zu process%s still running after the grace period\n",
             killed, killed == 1 ? "" : "es");
+  for (size_t i = 0; *receipt && i < (*receipt)->count; i++)
+    if ((*receipt)->procs[i].end == GG_PROC_SKIPPED && (*receipt)->procs[i].sent == 0)
+      fprintf(stderr,
+              "gpuguard run: skipped %d (%s): not signalled, another user's or not the job's\n",
+              (int)(*receipt)->procs[i].pid, (*receipt)->procs[i].command);
   for (int round = 0; round < 3; round++) {
     gg_proc_receipt_t *more = NULL;
     gg_proc_teardown_ex(NULL, 0, &more);

@@ -228,7 +228,8 @@ typedef struct gg_proc_outcome {
 /** What a teardown did, process by process. Free with gg_proc_receipt_free(). */
 typedef struct gg_proc_receipt {
   size_t count;             /**< entries in procs */
-  size_t n_alive;           /**< how many could not be ended */
+  size_t n_alive;           /**< how many could not be ended: alive after SIGKILL, or another
+                                 user's descendant skipped while it runs (not root) */
   int grace_ms;             /**< the grace period asked for */
   double elapsed_ms;        /**< how long the teardown took */
   gg_proc_outcome_t *procs; /**< count entries */
