@@ -163,6 +163,11 @@ static int check_once(const check_opts_t *c) {
     if (c->json) puts("{\"ok\":false,\"no_gpu\":true,\"problems\":[]}");
     return EXIT_NO_GPU;
   }
+  if (!cli_registry_usable("check")) {
+    free(rows);
+    if (c->json) puts("{\"ok\":false,\"registry\":false,\"problems\":[]}");
+    return 1;
+  }
   int ndev = 0;
   if (c->device >= 0 && (gg_device_count(&ndev) != 0 || c->device >= ndev)) {
     free(rows);

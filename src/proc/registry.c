@@ -18,6 +18,7 @@
 
 #include "core/internal.h"
 #include "proc/procfs_internal.h"
+#include "proc/registry_dir_internal.h"
 #include "proc/registry_internal.h"
 
 #define GG__REC_MAX        4096          /* a record larger than this is not one of ours */
@@ -25,7 +26,6 @@
 #define GG__JOBNS_MAX      8             /* PID namespaces of its jobs a record names */
 
 static pthread_mutex_t gg__reg_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t gg__reg_rel_lock = PTHREAD_MUTEX_INITIALIZER; /* gg__reg_absolute's */
 static char gg__session[40];
 static char gg__role[16];
 /* For the fatal path: the record's full path, written before gg__reg_owner publishes it. A forked
@@ -37,14 +37,14 @@ static atomic_int gg__reg_owner;
  * (fork.c). */
 static void gg__registry_fork_prepare(void) {
   pthread_mutex_lock(&gg__reg_lock);
-  pthread_mutex_lock(&gg__reg_rel_lock);
+  gg__registry_dir_lock(true);
 }
 static void gg__registry_fork_parent(void) {
-  pthread_mutex_unlock(&gg__reg_rel_lock);
+  gg__registry_dir_lock(false);
   pthread_mutex_unlock(&gg__reg_lock);
 }
 static void gg__registry_fork_child(void) {
-  pthread_mutex_unlock(&gg__reg_rel_lock);
+  gg__registry_dir_lock(false);
   pthread_mutex_unlock(&gg__reg_lock);
 }
 GG__FORK_REGISTER(GG__FORK_REGISTRY, gg__registry_fork_prepare, gg__registry_fork_parent,
@@ -52,109 +52,6 @@ GG__FORK_REGISTER(GG__FORK_REGISTRY, gg__registry_fork_prepare, gg__registry_for
 
 void gg__registry_fatal_unlink(void) {
   if (atomic_load(&gg__reg_owner) == (int)getpid()) unlink(gg__reg_path);
-}
-
-/* A relative GPUGUARD_REGISTRY_DIR is resolved against the working directory of its first use,
- * once: after a chdir the same value must still name the directory the record was written to (else
- * the record stays behind, and reap takes the session's live helpers for a dead leader's orphans).
- */
-static char gg__reg_rel[PATH_MAX];
-static char gg__reg_abs[PATH_MAX];
-
-static int gg__reg_absolute(const char *env, size_t len, char *buf, size_t cap) {
-  pthread_mutex_lock(&gg__reg_rel_lock);
-  bool known = strlen(gg__reg_rel) == len && strncmp(gg__reg_rel, env, len) == 0;
-  if (!known) {
-    char cwd[PATH_MAX];
-    int n = -1;
-    if (getcwd(cwd, sizeof cwd) && len < sizeof gg__reg_rel)
-      n = snprintf(gg__reg_abs, sizeof gg__reg_abs, "%s/%.*s", strcmp(cwd, "/") ? cwd : "",
-                   (int)len, env);
-    known = n > 0 && (size_t)n < sizeof gg__reg_abs;
-    if (known) {
-      memcpy(gg__reg_rel, env, len);
-      gg__reg_rel[len] = '\0';
-    }
-  }
-  int n = known ? snprintf(buf, cap, "%s", gg__reg_abs) : -1;
-  pthread_mutex_unlock(&gg__reg_rel_lock);
-  return n;
-}
-
-/* Where the directory is; mkdir'ed when missing. */
-static int gg__reg_path_of(char *buf, size_t cap) {
-  const char *env = gg__env("GPUGUARD_REGISTRY_DIR");
-  const char *xdg = gg__env("XDG_RUNTIME_DIR");
-  struct stat st;
-  int n;
-  if (env) {
-    /* "dir/" would make open(O_NOFOLLOW) follow a symlink at dir: the slash names what it points
-     * to. */
-    size_t len = strlen(env);
-    while (len > 1 && env[len - 1] == '/') len--;
-    if (env[0] == '/')
-      n = snprintf(buf, cap, "%.*s", (int)len, env);
-    else
-      n = gg__reg_absolute(env, len, buf, cap);
-  } else if (xdg)
-    n = snprintf(buf, cap, "%s/gpuguard", xdg);
-  else if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode))
-    n = snprintf(buf, cap, "/dev/shm/gpuguard-%u", (unsigned)geteuid());
-  else
-    n = snprintf(buf, cap, "/tmp/gpuguard-%u", (unsigned)geteuid());
-  if (n < 0 || (size_t)n >= cap)
-    return gg__err(GG_EINVAL, "gg_registry_dir: path does not fit in %zu bytes", cap);
-  return 0;
-}
-
-/* Opens the directory, refusing anything another user could have planted or can write into. */
-static int gg__reg_open(char *path, size_t cap, int *dfd) {
-  int rc = gg__reg_path_of(path, cap);
-  if (rc != 0) return rc;
-  if (mkdir(path, 0700) != 0 && errno != EEXIST)
-    return gg__err(GG_EIO, "gg_registry_dir: cannot create '%s': %s", path, strerror(errno));
-  int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  struct stat st;
-  if (fd < 0) {
-    int e = errno;
-    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
-      return gg__err(
-          GG_EPERM, "gg_registry_dir: '%s' is a symlink; refusing it (someone may have planted it)",
-          path);
-    if (e == ENOTDIR) return gg__err(GG_EPERM, "gg_registry_dir: '%s' is not a directory", path);
-    return gg__err(GG_EIO, "gg_registry_dir: cannot open '%s': %s", path, strerror(e));
-  }
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    return gg__err(GG_EIO, "gg_registry_dir: cannot stat '%s': %s", path, strerror(errno));
-  }
-  if (st.st_uid != geteuid()) {
-    close(fd);
-    return gg__err(GG_EPERM,
-                   "gg_registry_dir: '%s' is owned by uid %u, not by us (%u); refusing it", path,
-                   (unsigned)st.st_uid, (unsigned)geteuid());
-  }
-  if (st.st_mode & 077) {
-    close(fd);
-    return gg__err(
-        GG_EPERM,
-        "gg_registry_dir: '%s' has mode %04o: group or others can reach it; it must be 0700", path,
-        (unsigned)(st.st_mode & 07777));
-  }
-  *dfd = fd;
-  return 0;
-}
-
-int gg_registry_dir(char *buf, size_t cap) {
-  if (!buf || cap == 0) return gg__err(GG_EINVAL, "gg_registry_dir: NULL or empty buffer");
-  char path[PATH_MAX];
-  int dfd, rc = gg__reg_open(path, sizeof path, &dfd);
-  if (rc != 0) return rc;
-  close(dfd);
-  if (strlen(path) >= cap)
-    return gg__err(GG_EINVAL, "gg_registry_dir: '%s' does not fit in %zu bytes", path, cap);
-  gg__strlcpy(buf, path, cap);
-  return 0;
 }
 
 static bool gg__ends_rec(const char *name) {
