@@ -27,6 +27,10 @@
  * when its I/O completes, which may be never. Trap: an unbounded wait here hangs the supervisor. */
 #define GG__KILL_WAIT_MS 250
 
+/* Walks of /proc per discovery: one per level of a tree listed deepest first. The bound only stops
+ * a tree that grows faster than it is walked (a fork bomb); phase 3 walks again after SIGTERM. */
+#define GG__DISCOVER_ROUNDS 1024
+
 typedef struct gg__target {
   gg__kid_t kid; /* pid, pidfd (owned), start, found; slot when it came from the set */
   pid_t ppid, pgrp;
@@ -190,9 +194,11 @@ static int gg__consider(const gg__pinfo_t *p, void *user) {
   return 0;
 }
 
-/* Walks /proc until nothing new turns up (a descendant's descendant may be listed before it). */
+/* Walks /proc until nothing new turns up: a descendant's descendant may be listed before it (its
+ * pid is smaller once the pid counter has wrapped), so a chain of N levels can take N walks (16
+ * walks left the deeper levels of such a chain running). */
 static int gg__discover(gg__td_t *td) {
-  for (int round = 0; round < 16; round++) {
+  for (int round = 0; round < GG__DISCOVER_ROUNDS; round++) {
     gg__walk_t w = {td, false};
     int rc = gg__proc_walk(gg__consider, &w);
     if (td->err) return td->err;
