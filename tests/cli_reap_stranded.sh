@@ -94,6 +94,8 @@ echo "bad --pid: garbage/0/negative/out of range -> exit 2; 1, our shell, kthrea
 setsid bash -c "exec -a \"\$(printf 'evil\033[2J\033[Hforged')\" sleep 62 & echo \$! > '$tmp/evil'"
 for _ in $(seq 1 200); do [ -s "$tmp/evil" ] && break; sleep 0.02; done
 evil=$(cat "$tmp/evil"); keep_pids "$evil"
+# $! is known before the child has exec'd under its forged name: wait for it (a loaded machine).
+for _ in $(seq 1 200); do tr '\0' ' ' <"/proc/$evil/cmdline" 2>/dev/null | grep -q '^evil' && break; sleep 0.02; done
 "$g" reap --dry-run --pid "$evil" > "$tmp/esc" 2>&1 || true
 grep -q $'\033' "$tmp/esc" && fail "reap printed an escape sequence"
 grep -q 'evil\\x1B\[2J' "$tmp/esc" || { cat "$tmp/esc"; fail "reap did not show the command as safe text"; }
