@@ -133,7 +133,7 @@ grep -q "cannot be written" "$tmp/err" || fail "unwritable --receipt not said be
 mkdir "$tmp/adir"; expect_rc 2 $g run --receipt "$tmp/adir" -- touch "$tmp/started"
 [ ! -e "$tmp/started" ] || fail "the job ran although an option was bad"
 expect_rc 127 $g run --receipt "$tmp/never.json" -- /nonexistent/cmd
-[ ! -e "$tmp/never.json" ] || fail "a receipt file was left for a job that never started"
+grep -q '"start_error":"' "$tmp/never.json" || fail "a job that never started has no receipt saying why"
 # The receipt tells the job's truth: its command, its parent, its exit status; a background child that
 # outlived it is "reparented", not "orphan"; stderr says when the grace period starts and SIGKILL goes.
 tag=$$ # in the sleeps' durations: other worktrees run this script at once

@@ -14,13 +14,17 @@ command -v python3 >/dev/null || { echo "SKIP: needs python3"; exit 77; }
 # The stand-in NVML names pids of our /proc; outside the initial PID namespace they would not be joined.
 [ "$(readlink /proc/self/ns/pid)" = "pid:[4026531836]" ] || { echo "SKIP: not in the initial PID namespace"; exit 77; }
 tmp=$(mktemp -d)
-chmod 755 "$tmp"
 unset GPUGUARD_SESSION
 export GPUGUARD_REGISTRY_DIR="$tmp/reg" GPUGUARD_NVML_LIBRARY="$build/tests/libfake_nvml.so"
 keep=()
 # Adds to the pids killed at exit; an argument may name several, a word each (pgrep's output).
 keep_pids() { local w p; for w in "$@"; do for p in $w; do keep+=("$p"); done; done; }
-cleanup() { for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+owork=
+cleanup() {
+  for p in "${keep[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+  [ -z "$owork" ] || rm -rf "$owork"
+}
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 alive() { [ -d /proc/$1 ] && ! grep -q '^State:.*Z' /proc/$1/status 2>/dev/null; }
@@ -29,7 +33,7 @@ alive() { [ -d /proc/$1 ] && ! grep -q '^State:.*Z' /proc/$1/status 2>/dev/null;
 if grep -qa "GPUGUARD_TEST_" "$lib"; then fail "libgpuguard.so reads GPUGUARD_TEST_* switches"; fi
 echo "item 25: no GPUGUARD_TEST_* in libgpuguard.so"
 
-cp "$src/tests/stranded_trainer.py" "$tmp/trainer.py" # in $tmp: the second uid below runs it too
+cp "$src/tests/stranded_trainer.py" "$tmp/trainer.py"
 # The trainer in a session of its own whose parent exits: what a crashed job leaves behind.
 setsid sh -c "python3 '$tmp/trainer.py' '$tmp/kids' & echo \$! > '$tmp/trainer'" 
 for _ in $(seq 1 500); do [ -s "$tmp/kids" ] && break; sleep 0.02; done
@@ -90,6 +94,8 @@ echo "bad --pid: garbage/0/negative/out of range -> exit 2; 1, our shell, kthrea
 setsid bash -c "exec -a \"\$(printf 'evil\033[2J\033[Hforged')\" sleep 62 & echo \$! > '$tmp/evil'"
 for _ in $(seq 1 200); do [ -s "$tmp/evil" ] && break; sleep 0.02; done
 evil=$(cat "$tmp/evil"); keep_pids "$evil"
+# $! is known before the child has exec'd under its forged name: wait for it (a loaded machine).
+for _ in $(seq 1 200); do tr '\0' ' ' <"/proc/$evil/cmdline" 2>/dev/null | grep -q '^evil' && break; sleep 0.02; done
 "$g" reap --dry-run --pid "$evil" > "$tmp/esc" 2>&1 || true
 grep -q $'\033' "$tmp/esc" && fail "reap printed an escape sequence"
 grep -q 'evil\\x1B\[2J' "$tmp/esc" || { cat "$tmp/esc"; fail "reap did not show the command as safe text"; }
@@ -211,12 +217,19 @@ id gpuguard-other >/dev/null 2>&1 || useradd --system --no-create-home --shell /
 other=$(id -u gpuguard-other)
 py=/usr/bin/python3 # a shim under /root (pyenv) is not the other user's to run
 setpriv --reuid=$other --regid=$other --clear-groups $py -c pass 2>/dev/null || { echo "SKIP part: uid $other cannot run $py"; exit 0; }
-rm -f "$tmp/kids"
-chmod 777 "$tmp"
-setsid sh -c "setpriv --reuid=$other --regid=$other --clear-groups $py '$tmp/trainer.py' '$tmp/kids' & echo \$! > '$tmp/trainer'"
-for _ in $(seq 1 500); do [ -s "$tmp/kids" ] && break; sleep 0.02; done
-[ -s "$tmp/kids" ] || fail "the other user's trainer never started"
-kids=$(cat "$tmp/kids"); trainer=$(cat "$tmp/trainer"); keep_pids "$kids" "$trainer"
+# The second uid works in a directory of its own that it can enter, whatever the checkout's and
+# $TMPDIR's parents allow (a clone under a 0700 directory): its spawn children chdir to the trainer's
+# working directory, and one it cannot enter kills them at start (PermissionError).
+owork=$(mktemp -d /tmp/gpuguard-other.XXXXXX)
+chmod 755 "$owork"
+cp "$src/tests/stranded_trainer.py" "$owork/trainer.py"
+chown "$other:$other" "$owork"
+setpriv --reuid=$other --regid=$other --clear-groups sh -c "cd '$owork' && test -r trainer.py" ||
+  { rm -rf "$owork"; echo "SKIP part: uid $other cannot enter $owork"; exit 0; }
+setsid sh -c "cd '$owork' && setpriv --reuid=$other --regid=$other --clear-groups $py trainer.py kids & echo \$! > '$tmp/trainer'"
+for _ in $(seq 1 500); do [ -s "$owork/kids" ] && break; sleep 0.02; done
+[ -s "$owork/kids" ] || fail "the other user's trainer never started"
+kids=$(cat "$owork/kids"); trainer=$(cat "$tmp/trainer"); keep_pids "$kids" "$trainer"
 kill -9 $trainer; sleep 0.3
 spec=""; for k in $kids; do spec="$spec$k:1048576,"; done
 export FAKE_NVML_PROCS=${spec%,}

@@ -2,8 +2,8 @@
 # run_receipt.sh BUILD SRC — files the CLI writes by path: `run --receipt` replaces the receipt in one
 # rename (a hard link to the old one keeps the old text), removes the old receipt when the job starts
 # (a SIGKILLed runner leaves none, never the previous run's), exits with CMD's status when the receipt
-# cannot be written; a symlink, a FIFO or a directory as --receipt (or as `watch --record`) is refused
-# at once, and the file it names is left alone.
+# cannot be written, and holds the start error when CMD cannot start; a symlink, a FIFO or a directory
+# as --receipt (or as `watch --record`) is refused at once, and the file it names is left alone.
 set -euo pipefail
 build=$1
 g=$build/gpuguard
@@ -74,5 +74,21 @@ done
 $g watch --record "$tmp/ok.jsonl" --count 1 --interval 0.05 >/dev/null
 grep -q '"type":"meta"' "$tmp/ok.jsonl" || bad "watch --record to a new file wrote no timeline"
 echo "receipt and --record: a symlink, a FIFO, a directory refused at once; the victim untouched"
+# 5. A command that cannot start (not found: 127; not runnable: 126) still gets a receipt, with the
+# start error, in place of the old one.
+printf '#!/bin/sh\n' >"$tmp/noexec"
+chmod 644 "$tmp/noexec"
+for c in "$tmp/no-such-program:127" "$tmp/noexec:126"; do
+  echo '{"old":true}' >"$tmp/s.json"
+  set +e; $g run --pid-ns=off --receipt "$tmp/s.json" -- "${c%:*}" 2>/dev/null; rc=$?; set -e
+  [ "$rc" = "${c##*:}" ] || bad "run -- ${c%:*}: exit $rc, wanted ${c##*:}"
+  if [ ! -s "$tmp/s.json" ]; then
+    bad "run -- ${c%:*}: no receipt after a failed start"
+  else
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["exit_code"]==int(sys.argv[2]) and d["exit"] is None and d["start_error"] and d["teardown"] is None, d' \
+      "$tmp/s.json" "${c##*:}" || bad "run -- ${c%:*}: the receipt is not the failed start's: $(cat "$tmp/s.json")"
+  fi
+done
+echo "receipt: a command that cannot start gets one, with the start error"
 [ $failed = 0 ] || { echo "run_receipt: $failed failed"; exit 1; }
 echo "run_receipt: ok"

@@ -148,6 +148,19 @@ static void test_orphan_of_a_dead_leader(void **state) {
   kill(worker, SIGKILL);
 }
 
+/* Waits until pid has exec'd into a program whose thread name starts with comm. */
+static void wait_comm(pid_t pid, const char *comm) {
+  char path[64], got[64] = "";
+  snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+  for (int i = 0; i < 5000 && strncmp(got, comm, strlen(comm)) != 0; i++) {
+    FILE *f = fopen(path, "r");
+    if (!f || !fgets(got, sizeof got, f)) got[0] = '\0';
+    if (f) fclose(f);
+    if (strncmp(got, comm, strlen(comm)) != 0) usleep(2000);
+  }
+  if (strncmp(got, comm, strlen(comm)) != 0) fail_msg("pid %d never ran %s", (int)pid, comm);
+}
+
 /* Starts argv (with env, NULL: ours) as the grandchild of a middle process that makes a new session
  * and exits: the grandchild is handed to this process, a subreaper of another session, as a worker
  * of a dead job is handed to systemd --user or a launcher's subreaper. Returns its pid once it has
@@ -176,16 +189,24 @@ static pid_t start_stranded(const char *const *argv, const char *const *env, con
   assert_int_equal(read(fds[0], &w, sizeof w), sizeof w);
   waitpid(mid, NULL, 0);
   close(fds[0]), close(fds[1]);
-  char path[64], got[64] = "";
-  snprintf(path, sizeof path, "/proc/%d/comm", (int)w);
-  for (int i = 0; i < 5000 && strncmp(got, comm, strlen(comm)) != 0; i++) {
-    FILE *f = fopen(path, "r");
-    if (!f || !fgets(got, sizeof got, f)) got[0] = '\0';
-    if (f) fclose(f);
-    if (strncmp(got, comm, strlen(comm)) != 0) usleep(2000);
-  }
-  assert_true(strncmp(got, comm, strlen(comm)) == 0);
+  wait_comm(w, comm);
   return w;
+}
+
+/* The two processes handed to us (the subreaper) whose command line has `marker`. */
+static void two_left_to_us(const char *marker, pid_t kids[2]) {
+  int nk = 0;
+  DIR *d = opendir("/proc");
+  for (struct dirent *e; d && (e = readdir(d)) && nk < 2;) {
+    gg__pinfo_t info;
+    pid_t p = (pid_t)atoi(e->d_name);
+    char cmd[256];
+    if (p <= 0 || gg__proc_read_stat(p, &info) != 0 || info.ppid != getpid()) continue;
+    gg__proc_cmdline(p, cmd, sizeof cmd);
+    if (strstr(cmd, marker)) kids[nk++] = p;
+  }
+  if (d) closedir(d);
+  assert_int_equal(nk, 2);
 }
 
 /* The interpreter itself (python3 in PATH may be a pyenv shim, a shell script, for a while). */
@@ -306,19 +327,7 @@ static void test_dataloader_rank_and_fork_siblings(void **state) {
   pid_t parent = start_stranded(pool, NULL, "python");
   waitpid(parent, NULL, 0); /* it exits, leaving its two forked children to us */
   pid_t kids[2];
-  int nk = 0;
-  DIR *d = opendir("/proc");
-  for (struct dirent *e; d && (e = readdir(d)) && nk < 2;) {
-    gg__pinfo_t info;
-    pid_t p = (pid_t)atoi(e->d_name);
-    char cmd[256];
-    if (p <= 0 || p == parent || gg__proc_read_stat(p, &info) != 0 || info.ppid != getpid())
-      continue;
-    gg__proc_cmdline(p, cmd, sizeof cmd);
-    if (strstr(cmd, "os.fork()")) kids[nk++] = p;
-  }
-  if (d) closedir(d);
-  assert_int_equal(nk, 2);
+  two_left_to_us("os.fork()", kids);
   r = describe(kids[0]);
   assert_int_equal(r.cls, GG_PROCESS_STRANDED);
   assert_non_null(strstr(r.why, "forked"));
@@ -348,6 +357,104 @@ static void test_nohup_detached(void **state) {
   assert_int_equal(r.cls, GG_PROCESS_DETACHED);
   assert_non_null(strstr(r.why, "nohup"));
   stop(p);
+}
+
+/* Reads a pid a child wrote into path, waiting up to 10 s. */
+static pid_t read_pid(const char *path) {
+  pid_t pid = 0;
+  for (int i = 0; i < 5000 && pid <= 0; i++) {
+    FILE *f = fopen(path, "r");
+    if (!f || fscanf(f, "%d", &pid) != 1) pid = 0;
+    if (f) fclose(f);
+    if (pid <= 0) usleep(2000);
+  }
+  if (pid <= 0) fail_msg("no pid in %s", path);
+  return pid;
+}
+
+/* A torchrun rank whose parent is not Python (a bash wrapper, `torchrun --no-python`) is the live
+ * agent's while the agent lives: only a dead launcher strands it. The agent here is a Python
+ * program named torchrun that starts the rank through sh, in a new session, as torchrun does. */
+static void test_rank_under_wrapper_of_live_agent(void **state) {
+  (void)state;
+  if (!have_python()) skip();
+  assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  char agent_py[96], out[96], code[1024];
+  snprintf(agent_py, sizeof agent_py, "%s/torchrun", regdir);
+  snprintf(out, sizeof out, "%s/rank.pid", regdir);
+  snprintf(
+      code, sizeof code,
+      "import os, subprocess, sys, time\n"
+      "env = dict(os.environ, TORCHELASTIC_RUN_ID='job1', LOCAL_RANK='0', WORLD_SIZE='1')\n"
+      "rank = \"import os, time; open('%s', 'w').write(str(os.getpid())); time.sleep(30)\"\n"
+      "subprocess.Popen(['sh', '-c', '\"$0\" -c \"$1\"; true', sys.executable, rank], env=env,\n"
+      "                 start_new_session=True)\n"
+      "time.sleep(30)\n",
+      out);
+  FILE *f = fopen(agent_py, "w");
+  assert_non_null(f);
+  fputs(code, f);
+  fclose(f);
+  pid_t agent = fork();
+  if (agent == 0) {
+    execl(python, python, agent_py, (char *)NULL);
+    _exit(127);
+  }
+  pid_t rank = read_pid(out);
+  wait_comm(rank, "python");
+  gg_process_t r = describe(rank);
+  if (r.cls != GG_PROCESS_UNKNOWN)
+    fail_msg("a rank of a live agent is %s: %s", gg_process_class_name(r.cls), r.why);
+  stop(agent); /* the agent dies: sh is handed to us (a subreaper, not Python), the rank stranded */
+  gg__pinfo_t info;
+  gg_assert_ok(gg__proc_read_stat(rank, &info));
+  wait_reparented(info.ppid, agent);
+  r = describe(rank);
+  assert_int_equal(r.cls, GG_PROCESS_STRANDED);
+  assert_non_null(strstr(r.why, "launcher is gone"));
+  kill(rank, SIGKILL);
+  kill(info.ppid, SIGKILL);
+  waitpid(info.ppid, NULL, 0);
+}
+
+/* Explicit signs of a program left running on purpose win over what it inherited: a `nohup` server
+ * whose environment has LOCAL_RANK and WORLD_SIZE, and two identical `nohup python` programs of one
+ * group, each left by a shell that is gone, are detached (never reaped unless named), not stranded.
+ * (A `setsid nohup` one is judged by its parent, PID 1 once its shell is gone, which a test cannot
+ * arrange; nohup alone puts the evidence in the same order.) */
+static void test_detach_beats_inherited_evidence(void **state) {
+  (void)state;
+  if (!have_python()) skip();
+  char path[4096], cmd[1024];
+  snprintf(path, sizeof path, "PATH=%s", getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+  const char *env[] = {path, "LOCAL_RANK=0", "WORLD_SIZE=2", NULL};
+  snprintf(cmd, sizeof cmd, "exec nohup %s -c 'import time; time.sleep(30)' >/dev/null 2>&1",
+           python);
+  const char *server[] = {"sh", "-c", cmd, NULL};
+  pid_t w = start_stranded(server, env, "python");
+  gg_process_t r = describe(w);
+  if (r.cls != GG_PROCESS_DETACHED)
+    fail_msg("a nohup'd server with LOCAL_RANK is %s: %s", gg_process_class_name(r.cls), r.why);
+  assert_non_null(strstr(r.why, "nohup"));
+  stop(w);
+
+  snprintf(cmd, sizeof cmd,
+           "for i in 1 2; do nohup %s -c 'import time; time.sleep(30) # serve' >/dev/null 2>&1 & "
+           "done; sleep 0.3",
+           python);
+  const char *twice[] = {"sh", "-c", cmd, NULL};
+  pid_t sh = start_stranded(twice, NULL, "sh");
+  waitpid(sh, NULL, 0); /* the shell exits, leaving both to us */
+  pid_t kids[2];
+  two_left_to_us("# serve", kids);
+  wait_comm(kids[0], "python");
+  wait_comm(kids[1], "python");
+  r = describe(kids[0]);
+  gg_process_class_t cls = r.cls;
+  stop(kids[0]);
+  stop(kids[1]);
+  if (cls != GG_PROCESS_DETACHED)
+    fail_msg("two nohup'd copies of one program are %s: %s", gg_process_class_name(cls), r.why);
 }
 
 static void test_describe_bad_input(void **state) {
@@ -441,6 +548,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_spawn_child_stranded, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dataloader_rank_and_fork_siblings, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nohup_detached, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rank_under_wrapper_of_live_agent, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_detach_beats_inherited_evidence, setup, teardown),
       cmocka_unit_test_setup_teardown(test_describe_bad_input, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reap_pid_reused, setup, teardown),
   };

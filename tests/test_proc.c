@@ -536,6 +536,8 @@ static void test_adopt(void **state) {
   gg_assert_fails(gg_proc_adopt(NULL, -1), GG_EINVAL, "pid -1");
   gg_assert_fails(gg_proc_adopt(NULL, 1), GG_EPERM, "pid 1");
   gg_assert_fails(gg_proc_adopt(NULL, getpid()), GG_EINVAL, "this process");
+  /* an ancestor (the shell or launcher that started us): its teardown would end our own parent */
+  gg_assert_fails(gg_proc_adopt(NULL, getppid()), GG_EPERM, "ancestor");
   gg_assert_fails(gg_proc_adopt(NULL, unused_pid()), GG_ENOTFOUND, "no process");
   if (geteuid() == 0) { /* a process of another user */
     pid_t foreign = fork();

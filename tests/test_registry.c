@@ -255,6 +255,32 @@ static void test_default_location(void **state) {
   unsetenv("XDG_RUNTIME_DIR");
 }
 
+/* A relative GPUGUARD_REGISTRY_DIR names the directory it named at first use: after a chdir the
+ * record is still removed from where it was written (a record left there would make reap take the
+ * session's live helpers for a dead leader's orphans), and the directory is said as an absolute
+ * path. */
+static void test_relative_dir_survives_chdir(void **state) {
+  (void)state;
+  char here[4096], elsewhere[96], sub[160], got[4096], path[4200];
+  assert_non_null(getcwd(here, sizeof here));
+  snprintf(elsewhere, sizeof elsewhere, "%s/elsewhere", dir);
+  assert_int_equal(mkdir(elsewhere, 0700), 0);
+  assert_int_equal(chdir(dir), 0);
+  setenv("GPUGUARD_REGISTRY_DIR", "reg", 1);
+  gg_assert_ok(gg_registry_register("0"));
+  snprintf(sub, sizeof sub, "%s/reg", dir);
+  snprintf(path, sizeof path, "%s/%d.rec", sub, (int)getpid());
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  assert_int_equal(chdir(elsewhere), 0);
+  gg_assert_ok(gg_registry_unregister());
+  bool left = stat(path, &st) == 0;
+  gg_assert_ok(gg_registry_dir(got, sizeof got));
+  assert_int_equal(chdir(here), 0);
+  if (left) fail_msg("the record %s was left behind after a chdir", path);
+  assert_string_equal(got, sub);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_register_list_unregister, setup, teardown),
@@ -264,6 +290,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_garbage_skipped, setup, teardown),
       cmocka_unit_test_setup_teardown(test_unsafe_dir_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(test_default_location, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_relative_dir_survives_chdir, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -140,9 +140,69 @@ static void test_fatal_path_spares_foreign_member_subreaper(void **state) {
   run_fatal_case(false);
 }
 
+/* Not root: a descendant of the job that runs as another user cannot be ended; it is listed as
+ * skipped and counted as left (n_alive), never reported as "0 left" while it runs. In a child that
+ * drops to uid 65534 after its tracked child's own child became uid 65533. Exits 0 when the receipt
+ * says so, else a code naming the step. */
+static int unprivileged_case(int sync_fd[2]) {
+  pid_t kid = fork();
+  if (kid == 0) {
+    pid_t grandkid = fork();
+    if (grandkid == 0) {
+      if (setgid(65533) != 0 || setuid(65533) != 0) _exit(3);
+      pause();
+      _exit(0);
+    }
+    pid_t twice[2] = {grandkid, grandkid}; /* one for the case, one for the test's cleanup */
+    if (write(sync_fd[1], twice, sizeof twice) != sizeof twice) _exit(4);
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(5);
+    pause();
+    _exit(0);
+  }
+  pid_t grandkid = 0;
+  if (read(sync_fd[0], &grandkid, sizeof grandkid) != sizeof grandkid) return 20;
+  usleep(100000); /* both have changed uid */
+  if (setgid(65534) != 0 || setuid(65534) != 0) return 21;
+  if (gg_proc_adopt(NULL, kid) != 0) return 22;
+  gg_proc_receipt_t *r = NULL;
+  gg_proc_teardown_ex(NULL, 500, &r);
+  if (!r) return 23;
+  int rc = 0;
+  const gg_proc_outcome_t *g = NULL;
+  for (size_t i = 0; i < r->count; i++)
+    if (r->procs[i].pid == grandkid) g = &r->procs[i];
+  if (!g)
+    rc = 24; /* not listed */
+  else if (g->end != GG_PROC_SKIPPED || g->sent != 0)
+    rc = 25;
+  else if (r->n_alive != 1)
+    rc = 26; /* "0 left" while it runs */
+  gg_proc_receipt_free(r);
+  return rc;
+}
+
+static void test_unprivileged_skips_and_counts_foreign_descendant(void **state) {
+  (void)state;
+  if (geteuid() != 0) skip();
+  int sync_fd[2];
+  assert_int_equal(pipe(sync_fd), 0);
+  pid_t c = fork();
+  if (c == 0) _exit(unprivileged_case(sync_fd));
+  int st = 0;
+  assert_int_equal(waitpid(c, &st, 0), c);
+  pid_t grandkid = 0;
+  if (read(sync_fd[0], &grandkid, sizeof grandkid) == sizeof grandkid && grandkid > 1)
+    kill(grandkid, SIGKILL);
+  close(sync_fd[0]);
+  close(sync_fd[1]);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_foreign_member_of_a_group_is_spared),
+      cmocka_unit_test(test_unprivileged_skips_and_counts_foreign_descendant),
       cmocka_unit_test(test_group_of_ours_is_signalled),
       cmocka_unit_test(test_fatal_path_spares_foreign_member_tracked),
       cmocka_unit_test(test_fatal_path_spares_foreign_member_subreaper),

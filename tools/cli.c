@@ -300,3 +300,15 @@ int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *e
 bool cli_reapable(const gg_process_t *p) {
   return p->cls == GG_PROCESS_STRANDED || p->cls == GG_PROCESS_ORPHAN;
 }
+
+/* reap and check judge orphans by the session registry: without it a dead session's orphans look
+ * like nothing at all, and "no orphans" would be a lie. Says so on stderr; false when unusable. */
+bool cli_registry_usable(const char *cmd) {
+  char dir[4096];
+  if (gg_registry_dir(dir, sizeof dir) == 0) return true;
+  fprintf(stderr,
+          "gpuguard %s: the session registry cannot be used, so orphans of dead sessions cannot be "
+          "told: %s\n",
+          cmd, gg_last_error());
+  return false;
+}

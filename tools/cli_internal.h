@@ -59,6 +59,8 @@ int cli_device_telemetry(bool gpus, int i, gg_device_telemetry_t *t);
 int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs);
 /* Whether `gpuguard reap` (as this user; with --all-users as root) ends what this row is. */
 bool cli_reapable(const gg_process_t *p);
+/* Whether the session registry can be read; says why on stderr, naming cmd, when not. */
+bool cli_registry_usable(const char *cmd);
 
 /* ---- the commands, one file each (cmd_NAME.c) ------------------------------------------------ */
 int cmd_ps(int argc, char **argv);

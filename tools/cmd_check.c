@@ -169,6 +169,11 @@ static int check_once(const check_opts_t *c) {
     if (c->json) puts("{\"ok\":false,\"no_gpu\":true,\"problems\":[]}");
     return EXIT_NO_GPU;
   }
+  if (!cli_registry_usable("check")) {
+    free(rows);
+    if (c->json) puts("{\"ok\":false,\"registry\":false,\"problems\":[]}");
+    return 1;
+  }
   FILE *f = stdout;
   unsigned problems = 0;
   if (c->json) fprintf(f, "{\"allow_bytes\":%lld,\"problems\":[", c->allow);

@@ -27,7 +27,14 @@ int cmd_plot(int argc, char **argv) {
   memcpy(&addr, &fn, sizeof addr); /* ISO C's way from a function pointer to an address */
   if (!getenv("GPUGUARD_LIBRARY") && dladdr(addr, &info) && info.dli_fname)
     setenv("GPUGUARD_LIBRARY", info.dli_fname, 1);
+  /* `python3 -c` puts the current directory ('') first on sys.path, so a gpuguard/ package
+   * planted where the user stands (a shared /tmp, a downloaded tree) would run, as root too.
+   * PYTHONSAFEPATH (3.11) keeps it off; older interpreters ignore it, so the script drops it
+   * itself before importing anything that is not built in. */
+  setenv("PYTHONSAFEPATH", "1", 1);
   static const char boot[] = "import sys\n"
+                             "if sys.path and sys.path[0] in ('', '.'):\n"
+                             "    del sys.path[0]\n"
                              "try:\n"
                              "    from gpuguard.diagnostics.plot import main\n"
                              "except ImportError as e:\n"

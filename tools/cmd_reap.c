@@ -170,6 +170,7 @@ static gg_process_t *reap_named(const reap_opts_t *o, size_t *n, bool *refused) 
  * fit. 0 (*rows NULL without memory), or 1 after a message. */
 static int reap_listed(const reap_opts_t *o, gg_process_t **rows, size_t *n) {
   size_t count = 0, cap = 64;
+  if (!cli_registry_usable("reap")) return 1;
   for (int attempt = 0; attempt < 4; attempt++) {
     gg_process_t *grown = realloc(*rows, cap * sizeof **rows);
     if (!grown) break;

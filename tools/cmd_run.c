@@ -49,6 +49,7 @@ typedef struct job_result {
   bool reaped;
   int runner_sig; /* the signal that ended the runner's wait, 0 if none */
   int exit_code;
+  char start_error[512]; /* why CMD could not be started; empty when it was */
 } job_result_t;
 
 /* What the runner saw of the device and the session, for the receipt. */
@@ -177,7 +178,10 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
     fputs(i ? "," : "", f);
     gg_json_write_string(f, cmd[i]);
   }
-  fprintf(f, "],\"pid\":%d,\"session\":", (int)r->pid);
+  if (r->pid > 0)
+    fprintf(f, "],\"pid\":%d,\"session\":", (int)r->pid);
+  else
+    fputs("],\"pid\":null,\"session\":", f);
   gg_json_write_string(f, env->session);
   if (r->reaped && WIFEXITED(r->status))
     fprintf(f, ",\"exit\":{\"status\":%d,\"signal\":null}", WEXITSTATUS(r->status));
@@ -189,8 +193,12 @@ static int write_receipt(run_opts_t *o, const job_result_t *r, const gg_proc_rec
     fprintf(f, ",\"runner_signal\":%d", r->runner_sig);
   else
     fputs(",\"runner_signal\":null", f);
-  fprintf(f, ",\"exit_code\":%d,\"pid_ns\":%s,\"device\":", r->exit_code,
-          o->in_ns ? "true" : "false");
+  fprintf(f, ",\"exit_code\":%d,\"start_error\":", r->exit_code);
+  if (r->start_error[0])
+    gg_json_write_string(f, r->start_error);
+  else
+    fputs("null", f);
+  fprintf(f, ",\"pid_ns\":%s,\"device\":", o->in_ns ? "true" : "false");
   if (env->have_dev) {
     fprintf(f, "{\"index\":%d,\"backend\":", env->dev.index);
     gg_json_write_string(f, env->dev.backend);
@@ -418,12 +426,20 @@ static bool canary_saw(canary_t *c, const siginfo_t *si) {
   }
 }
 
+/* The wait loop reaps every child, the canary too when something killed it: its pid is forgotten
+ * then, since it may name another user's process by the time the job ends. Its notes are still
+ * read (the pipe stays open until canary_stop). */
+static void canary_reaped(canary_t *c, pid_t pid) {
+  if (c->pid > 0 && pid == c->pid) c->pid = -1;
+}
+
 static void canary_stop(canary_t *c) {
-  if (c->pid < 0) return;
-  kill(c->pid, SIGKILL);
-  while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR) {
+  if (c->pid > 0) {
+    kill(c->pid, SIGKILL); /* not reaped yet, so the pid is still the canary's */
+    while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR) {
+    }
   }
-  close(c->fd);
+  if (c->fd >= 0) close(c->fd);
   c->pid = -1;
   c->fd = -1;
 }
@@ -476,7 +492,8 @@ static int run_start(run_opts_t *o, run_env_t *env, job_result_t *r) {
     }
   }
   if (rc == 0) return -1;
-  fprintf(stderr, "gpuguard run: %s\n", gg_last_error());
+  snprintf(r->start_error, sizeof r->start_error, "%s", gg_last_error());
+  fprintf(stderr, "gpuguard run: %s\n", r->start_error);
   gg_registry_unregister();
   return rc == GG_ENOTFOUND ? 127 : 126;
 }
@@ -519,11 +536,13 @@ static double run_wait(const sigset_t *set, long grace, job_result_t *r, canary_
       int st;
       pid_t p;
       /* as subreaper, orphaned descendants come here too */
-      while ((p = waitpid(-1, &st, WNOHANG)) > 0)
+      while ((p = waitpid(-1, &st, WNOHANG)) > 0) {
+        canary_reaped(canary, p);
         if (p == r->pid) {
           r->status = st;
           r->reaped = true;
         }
+      }
       continue;
     }
     bool in_group = getpgid(r->pid) == getpgrp();
@@ -576,6 +595,11 @@ static int run_teardown(long grace, double deadline, bool cmd_ended, gg_proc_rec
     fprintf(stderr,
             "gpuguard run: SIGKILL sent to %zu process%s still running after the grace period\n",
             killed, killed == 1 ? "" : "es");
+  for (size_t i = 0; *receipt && i < (*receipt)->count; i++)
+    if ((*receipt)->procs[i].end == GG_PROC_SKIPPED && (*receipt)->procs[i].sent == 0)
+      fprintf(stderr,
+              "gpuguard run: skipped %d (%s): not signalled, another user's or not the job's\n",
+              (int)(*receipt)->procs[i].pid, (*receipt)->procs[i].command);
   for (int round = 0; round < 3; round++) {
     gg_proc_receipt_t *more = NULL;
     gg_proc_teardown_ex(NULL, 0, &more);
@@ -639,6 +663,11 @@ int cmd_run(int argc, char **argv) {
   rc = run_start(&o, &env, &r);
   if (rc >= 0) {
     canary_stop(&canary);
+    /* The old receipt went when the options were checked: one that says why is put in its place. */
+    r.exit_code = rc;
+    o.in_ns = false;
+    env.have_dev = false; /* no job, no figures after it */
+    if (o.receipt_path) write_receipt(&o, &r, NULL, &env);
     return rc;
   }
   double deadline = run_wait(&set, o.grace, &r, &canary);

@@ -3,6 +3,7 @@
  * once (one poll loop, no thread), each bounded in request size and time, so idle or slow clients
  * cannot delay a scrape. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -58,6 +59,40 @@ static char *render(unsigned what, unsigned top, size_t *len) {
 
 /* ---- textfile -------------------------------------------------------------------------------- */
 
+/* Whether name is base followed by ".tmp." and mkostemp's six letters or digits. */
+static bool is_our_temp(const char *name, const char *base, size_t blen) {
+  if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp.", 5) != 0) return false;
+  const char *x = name + blen + 5;
+  size_t n = 0;
+  while (n < 7 && ((x[n] >= 'a' && x[n] <= 'z') || (x[n] >= 'A' && x[n] <= 'Z') ||
+                   (x[n] >= '0' && x[n] <= '9')))
+    n++;
+  return n == 6 && x[6] == '\0';
+}
+
+/* A write cut short by SIGKILL (the exporter stopped, an OOM kill) leaves its PATH.tmp.XXXXXX
+ * behind, one per kill, forever. Ours (same user), regular and untouched for a minute are removed:
+ * a write under way, ours or a second exporter's, is younger than that. */
+static void sweep_stale_temps(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
+  const char *base = slash ? slash + 1 : path;
+  size_t blen = strlen(base);
+  DIR *d = opendir(dir);
+  if (!d) return;
+  time_t now = time(NULL);
+  for (struct dirent *e; (e = readdir(d));) {
+    struct stat st;
+    if (!is_our_temp(e->d_name, base, blen) ||
+        fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+      continue;
+    if (S_ISREG(st.st_mode) && st.st_uid == geteuid() && now - st.st_mtime > 60)
+      unlinkat(dirfd(d), e->d_name, 0);
+  }
+  closedir(d);
+}
+
 int exporter_write_file(const char *path, unsigned what, unsigned top) {
   char tmp[4096];
   if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp) {
@@ -67,14 +102,18 @@ int exporter_write_file(const char *path, unsigned what, unsigned top) {
   /* mkostemp: a fresh random name, O_CREAT|O_EXCL, so a symlink (or anything) planted there is
    * never written through; the name ends in the random part, which a textfile collector (*.prom)
    * skips. */
-  int fd = mkostemp(tmp, O_CLOEXEC);
-  if (fd < 0) {
-    fprintf(stderr, "gpuguard watch: cannot write %s: %s\n", tmp, strerror(errno));
-    return 1;
-  }
+  /* The text first: the temporary file then lives for a write and a rename, not for the report
+   * too, and a kill leaves one behind more rarely. */
   size_t len = 0;
   char *text = render(what, top, &len);
-  bool ok = text != NULL && fchmod(fd, 0644) == 0; /* node_exporter runs as another user */
+  int fd = text ? mkostemp(tmp, O_CLOEXEC) : -1;
+  if (text && fd < 0) {
+    fprintf(stderr, "gpuguard watch: cannot write %s: %s\n", tmp, strerror(errno));
+    free(text);
+    return 1;
+  }
+  if (!text) return 1;             /* render said why */
+  bool ok = fchmod(fd, 0644) == 0; /* node_exporter runs as another user */
   for (size_t off = 0; ok && off < len;) {
     ssize_t w = write(fd, text + off, len - off);
     if (w < 0 && errno == EINTR) continue;
@@ -97,6 +136,7 @@ int exporter_write_file(const char *path, unsigned what, unsigned top) {
     unlink(tmp);
     return 1;
   }
+  sweep_stale_temps(path);
   return 0;
 }
 

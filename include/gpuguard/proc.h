@@ -144,7 +144,8 @@ GG_API int gg_proc_spawn(gg_guard_t *guard, const char *const argv[],
  *  @param guard the owning guard, or NULL for the default set.
  *  @param pid the process.
  *  @return 0 (also when the set already holds it); GG_EINVAL for pid <= 0 or this process;
- *  GG_EPERM for pid 1 or a process of another user; GG_ENOTFOUND when no such process lives;
+ *  GG_EPERM for pid 1, an ancestor of this process or a process of another user; GG_ENOTFOUND
+ *  when no such process lives;
  *  GG_EINVAL when another set holds it; GG_ESTATE when guard's set was inherited through fork().
  *  Thread-safe. */
 GG_API int gg_proc_adopt(gg_guard_t *guard, pid_t pid);
@@ -231,7 +232,8 @@ typedef struct gg_proc_outcome {
 /** What a teardown did, process by process. Free with gg_proc_receipt_free(). */
 typedef struct gg_proc_receipt {
   size_t count;             /**< entries in procs */
-  size_t n_alive;           /**< how many could not be ended */
+  size_t n_alive;           /**< how many could not be ended: alive after SIGKILL, or another
+                                 user's descendant skipped while it runs (not root) */
   int grace_ms;             /**< the grace period asked for */
   double elapsed_ms;        /**< how long the teardown took */
   gg_proc_outcome_t *procs; /**< count entries */

@@ -725,6 +725,8 @@ int gg_proc_adopt_ex(gg_guard_t *guard, pid_t pid, unsigned long long start_time
                    (int)pid);
   if (pid == 1) return gg__err(GG_EPERM, "gg_proc_adopt: pid 1 (init) is never adopted");
   if (pid == getpid()) return gg__err(GG_EINVAL, "gg_proc_adopt: pid %d is this process", (int)pid);
+  if (gg__proc_is_ancestor(pid)) /* its teardown would end what started us, our shell say */
+    return gg__err(GG_EPERM, "gg_proc_adopt: pid %d is an ancestor of this process", (int)pid);
   int live = gg__check_key(guard, "gg_proc_adopt");
   if (live < 0) return live;
   uid_t uid;

@@ -67,10 +67,12 @@ static int gg__enter(int *direct) {
 }
 
 /* [AS-safe] In the namespace's first process: a /proc of its own, so `ps` and /proc/PID inside name
- * the namespace's pids. Mounts stay in the new mount namespace (private propagation). Best effort:
- * a job without it still runs, with the parent's /proc. */
+ * the namespace's pids. Slave propagation, not private: the new /proc stays in the new mount
+ * namespace, while mounts the host makes later (an automount, NFS, a scratch volume) still reach
+ * the job, as they would without the namespace. Best effort: a job without it still runs, with the
+ * parent's /proc. */
 static void gg__mount_proc(void) {
-  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return;
+  if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0) return;
   mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 }
 

@@ -80,6 +80,17 @@ int gg__proc_read_stat(pid_t pid, gg__pinfo_t *out) {
 
 int gg__proc_read_self(gg__pinfo_t *out) { return gg__stat_at("/proc/self/stat", getpid(), out); }
 
+bool gg__proc_is_ancestor(pid_t pid) {
+  gg__pinfo_t info;
+  pid_t p = getppid();
+  for (int depth = 0; depth < 4096 && p > 0; depth++) {
+    if (p == pid) return true;
+    if (gg__proc_read_stat(p, &info) != 0) return false;
+    p = info.ppid;
+  }
+  return false;
+}
+
 static int gg__stat_at(const char *path, pid_t pid, gg__pinfo_t *out) {
   char buf[1024];
   ssize_t len = gg__read_small(path, buf, sizeof buf);

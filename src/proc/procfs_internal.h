@@ -21,6 +21,8 @@ int gg__proc_read_stat(pid_t pid, gg__pinfo_t *out);
  * to another pid namespace than ours (unshare --pid without remounting /proc): /proc/PID would be
  * another process there. */
 int gg__proc_read_self(gg__pinfo_t *out);
+/* Whether pid is this process's parent, or its parent's, and so on up to PID 1. */
+bool gg__proc_is_ancestor(pid_t pid);
 /* [AS-safe] Real uid of PID from /proc/PID/status. 0 or -errno. */
 int gg__proc_uid(pid_t pid, uid_t *uid);
 /* The inode of PID's pid namespace (readlink /proc/PID/ns/pid: "pid:[INODE]"; PID 0: this process,

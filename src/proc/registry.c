@@ -18,6 +18,7 @@
 
 #include "core/internal.h"
 #include "proc/procfs_internal.h"
+#include "proc/registry_dir_internal.h"
 #include "proc/registry_internal.h"
 
 #define GG__REC_MAX        4096          /* a record larger than this is not one of ours */
@@ -34,87 +35,23 @@ static atomic_int gg__reg_owner;
 
 /* fork() while another thread holds the lock must not leave it held forever in the child
  * (fork.c). */
-static void gg__registry_fork_prepare(void) { pthread_mutex_lock(&gg__reg_lock); }
-static void gg__registry_fork_parent(void) { pthread_mutex_unlock(&gg__reg_lock); }
-static void gg__registry_fork_child(void) { pthread_mutex_unlock(&gg__reg_lock); }
+static void gg__registry_fork_prepare(void) {
+  pthread_mutex_lock(&gg__reg_lock);
+  gg__registry_dir_lock(true);
+}
+static void gg__registry_fork_parent(void) {
+  gg__registry_dir_lock(false);
+  pthread_mutex_unlock(&gg__reg_lock);
+}
+static void gg__registry_fork_child(void) {
+  gg__registry_dir_lock(false);
+  pthread_mutex_unlock(&gg__reg_lock);
+}
 GG__FORK_REGISTER(GG__FORK_REGISTRY, gg__registry_fork_prepare, gg__registry_fork_parent,
                   gg__registry_fork_child)
 
 void gg__registry_fatal_unlink(void) {
   if (atomic_load(&gg__reg_owner) == (int)getpid()) unlink(gg__reg_path);
-}
-
-/* Where the directory is; mkdir'ed when missing. */
-static int gg__reg_path_of(char *buf, size_t cap) {
-  const char *env = gg__env("GPUGUARD_REGISTRY_DIR");
-  const char *xdg = gg__env("XDG_RUNTIME_DIR");
-  struct stat st;
-  int n;
-  if (env) {
-    /* "dir/" would make open(O_NOFOLLOW) follow a symlink at dir: the slash names what it points
-     * to. */
-    size_t len = strlen(env);
-    while (len > 1 && env[len - 1] == '/') len--;
-    n = snprintf(buf, cap, "%.*s", (int)len, env);
-  } else if (xdg)
-    n = snprintf(buf, cap, "%s/gpuguard", xdg);
-  else if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode))
-    n = snprintf(buf, cap, "/dev/shm/gpuguard-%u", (unsigned)geteuid());
-  else
-    n = snprintf(buf, cap, "/tmp/gpuguard-%u", (unsigned)geteuid());
-  if (n < 0 || (size_t)n >= cap)
-    return gg__err(GG_EINVAL, "gg_registry_dir: path does not fit in %zu bytes", cap);
-  return 0;
-}
-
-/* Opens the directory, refusing anything another user could have planted or can write into. */
-static int gg__reg_open(char *path, size_t cap, int *dfd) {
-  int rc = gg__reg_path_of(path, cap);
-  if (rc != 0) return rc;
-  if (mkdir(path, 0700) != 0 && errno != EEXIST)
-    return gg__err(GG_EIO, "gg_registry_dir: cannot create '%s': %s", path, strerror(errno));
-  int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  struct stat st;
-  if (fd < 0) {
-    int e = errno;
-    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
-      return gg__err(
-          GG_EPERM, "gg_registry_dir: '%s' is a symlink; refusing it (someone may have planted it)",
-          path);
-    if (e == ENOTDIR) return gg__err(GG_EPERM, "gg_registry_dir: '%s' is not a directory", path);
-    return gg__err(GG_EIO, "gg_registry_dir: cannot open '%s': %s", path, strerror(e));
-  }
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    return gg__err(GG_EIO, "gg_registry_dir: cannot stat '%s': %s", path, strerror(errno));
-  }
-  if (st.st_uid != geteuid()) {
-    close(fd);
-    return gg__err(GG_EPERM,
-                   "gg_registry_dir: '%s' is owned by uid %u, not by us (%u); refusing it", path,
-                   (unsigned)st.st_uid, (unsigned)geteuid());
-  }
-  if (st.st_mode & 077) {
-    close(fd);
-    return gg__err(
-        GG_EPERM,
-        "gg_registry_dir: '%s' has mode %04o: group or others can reach it; it must be 0700", path,
-        (unsigned)(st.st_mode & 07777));
-  }
-  *dfd = fd;
-  return 0;
-}
-
-int gg_registry_dir(char *buf, size_t cap) {
-  if (!buf || cap == 0) return gg__err(GG_EINVAL, "gg_registry_dir: NULL or empty buffer");
-  char path[PATH_MAX];
-  int dfd, rc = gg__reg_open(path, sizeof path, &dfd);
-  if (rc != 0) return rc;
-  close(dfd);
-  if (strlen(path) >= cap)
-    return gg__err(GG_EINVAL, "gg_registry_dir: '%s' does not fit in %zu bytes", path, cap);
-  gg__strlcpy(buf, path, cap);
-  return 0;
 }
 
 static bool gg__ends_rec(const char *name) {

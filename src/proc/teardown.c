@@ -27,12 +27,17 @@
  * when its I/O completes, which may be never. Trap: an unbounded wait here hangs the supervisor. */
 #define GG__KILL_WAIT_MS 250
 
+/* Walks of /proc per discovery: one per level of a tree listed deepest first. The bound only stops
+ * a tree that grows faster than it is walked (a fork bomb); phase 3 walks again after SIGTERM. */
+#define GG__DISCOVER_ROUNDS 1024
+
 typedef struct gg__target {
   gg__kid_t kid; /* pid, pidfd (owned), start, found; slot when it came from the set */
   pid_t ppid, pgrp;
   char state;   /* at discovery */
   bool exited;  /* pidfd readable, or gone/zombie in /proc */
   bool skipped; /* identity did not match: never signalled */
+  bool foreign; /* skipped as another user's process, still running when found */
   gg_proc_outcome_t out;
 } gg__target_t;
 
@@ -74,6 +79,12 @@ static bool gg__mine(pid_t pid) {
   uid_t uid;
   return gg__proc_uid(pid, &uid) == 0 && uid == getuid();
 }
+
+/* A process the teardown found through the job's own tree (a tracked one, a descendant, one handed
+ * to us as subreaper) is the job's whatever its uid: as root, one that dropped privileges (setpriv,
+ * gosu, su-exec) is ended with the rest. Another user's member of a group is not: a group can be
+ * joined without being the job's, so it only gets our members' signals (gg__signal_group). */
+static bool gg__ours_to_end(pid_t pid) { return geteuid() == 0 || gg__mine(pid); }
 
 /* Exited yet? Never blocks. A zombie counts: it holds no memory and SIGKILL cannot do more. */
 static bool gg__poll_exited(gg__target_t *t) {
@@ -154,7 +165,10 @@ static int gg__consider(const gg__pinfo_t *p, void *user) {
   if (found < 0) return 0;
   for (size_t i = 0; i < td->n_others; i++)
     if (td->others[i] == p->pid) return 0; /* another guard's child */
-  if (p->state == 'Z' || p->state == 'X' || !gg__mine(p->pid)) return 0;
+  if (p->state == 'Z' || p->state == 'X') return 0;
+  /* Another user's descendant we cannot end is listed, skipped, and counted as left. */
+  bool foreign = found == GG__FOUND_GROUP ? !gg__mine(p->pid) : !gg__ours_to_end(p->pid);
+  if (foreign && found == GG__FOUND_GROUP) return 0;
   /* Open the pidfd first, then confirm the pid still names what we read: then the pidfd is
    * exact. */
   int fd = gg__pidfd_open(p->pid);
@@ -176,13 +190,17 @@ static int gg__consider(const gg__pinfo_t *p, void *user) {
   t->ppid = p->ppid;
   t->pgrp = p->pgrp;
   t->state = p->state;
+  t->skipped = foreign;
+  t->foreign = foreign;
   w->added = true;
   return 0;
 }
 
-/* Walks /proc until nothing new turns up (a descendant's descendant may be listed before it). */
+/* Walks /proc until nothing new turns up: a descendant's descendant may be listed before it (its
+ * pid is smaller once the pid counter has wrapped), so a chain of N levels can take N walks (16
+ * walks left the deeper levels of such a chain running). */
 static int gg__discover(gg__td_t *td) {
-  for (int round = 0; round < 16; round++) {
+  for (int round = 0; round < GG__DISCOVER_ROUNDS; round++) {
     gg__walk_t w = {td, false};
     int rc = gg__proc_walk(gg__consider, &w);
     if (td->err) return td->err;
@@ -274,8 +292,10 @@ static int gg__take_tracked(gg__td_t *td, const void *key, gg__kid_t *kids, size
     if (t->kid.pidfd < 0) {
       if (gg__proc_read_stat(t->kid.pid, &info) != 0)
         t->exited = true; /* gone: nothing to signal */
-      else if (info.start != t->kid.start || !gg__mine(t->kid.pid))
+      else if (info.start != t->kid.start)
         t->skipped = true;
+      else if (!gg__ours_to_end(t->kid.pid))
+        t->skipped = t->foreign = true;
     }
   }
   return 0;
@@ -337,6 +357,14 @@ static int gg__make_receipt(const gg__td_t *td, size_t alive, int grace_ms, doub
   }
   r->count = td->n;
   for (size_t i = 0; i < td->n; i++) r->procs[i] = td->t[i].out;
+  /* Another user's process skipped and still running is left too: never "0 left" while it runs. */
+  for (size_t i = 0; i < td->n; i++) {
+    const gg__target_t *t = &td->t[i];
+    gg__pinfo_t info;
+    if (t->foreign && gg__proc_read_stat(t->kid.pid, &info) == 0 && info.start == t->kid.start &&
+        info.state != 'Z' && info.state != 'X')
+      alive++;
+  }
   r->n_alive = alive;
   r->grace_ms = grace_ms;
   r->elapsed_ms = gg__now_ms() - t0;

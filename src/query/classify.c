@@ -102,9 +102,12 @@ static int gg__sib_visit(const gg__pinfo_t *info, void *user) {
 /* Worker evidence: 0 none, 1 a worker, 2 a worker only a Python launcher starts (torchrun's agent).
  * From the command line of a Python worker, DataLoader's thread name, a launcher's
  * environment, or fork siblings (several Python processes of one group with one command line, all
- * left to the same reaper: a multiprocessing pool forked by a parent that is gone). */
+ * left to the same reaper: a multiprocessing pool forked by a parent that is gone). The last two
+ * are *inherited: any program started from a rank's shell has the environment, and two copies of
+ * one program started by one script are siblings. */
 static int gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, bool parent_gone,
-                               char *why, size_t cap) {
+                               char *why, size_t cap, bool *inherited) {
+  *inherited = true; /* set false below by the evidence a program cannot inherit */
   char argv[4096], comm[64], val[64];
   ssize_t len = gg__proc_argv(row->pid, argv, sizeof argv);
   const char *args[64];
@@ -113,6 +116,7 @@ static int gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, b
   const char *kind = gg__worker_argv(args, n);
   if (kind && python) {
     gg__why_add(why, cap, "%s", kind);
+    *inherited = false;
     return 1;
   }
   if (gg__proc_comm(row->pid, comm, sizeof comm) == 0 &&
@@ -120,6 +124,7 @@ static int gg__worker_evidence(const gg_process_t *row, const gg__pinfo_t *st, b
     if (python) {
       gg__why_add(why, cap, "%s (thread name %s)",
                   comm[0] == 'p' ? "a PyTorch DataLoader worker" : "a Ray worker", comm);
+      *inherited = false;
       return 1;
     }
     gg__why_add(why, cap, "thread name %s, but the program is not Python: not believed", comm);
@@ -220,25 +225,34 @@ static bool gg__under_multiplexer(pid_t pid, char *why, size_t cap) {
   return false;
 }
 
-/* Signs that a process was left running on purpose, for one whose parent is gone. */
-static bool gg__detached_evidence(const gg_process_t *row, const gg__pinfo_t *st, char *why,
-                                  size_t cap) {
-  bool any = false;
+/* Signs that a process was left running on purpose, for one whose parent is gone: a mask of
+ * GG__DET_*, 0 for none. */
+enum {
+  GG__DET_NS_INIT = 1,  /* PID 1 of its own PID namespace */
+  GG__DET_NOHUP = 2,    /* ignores SIGHUP */
+  GG__DET_SESSION = 4,  /* leads its own session */
+  GG__DET_SERVICE = 8,  /* a systemd service's */
+  GG__DET_TERMINAL = 16 /* under tmux or screen */
+};
+
+static unsigned gg__detached_evidence(const gg_process_t *row, const gg__pinfo_t *st, char *why,
+                                      size_t cap) {
+  unsigned any = 0;
   pid_t outer, inner;
   int levels = 0;
   if (gg__proc_nspid(row->pid, &outer, &inner, &levels) == 0 && levels > 1 && inner == 1) {
     gg__why_add(why, cap, "PID 1 of its own PID namespace (a container's init)");
-    any = true;
+    any |= GG__DET_NS_INIT;
   }
   unsigned long long ign = 0;
   if (gg__proc_sigign(row->pid, &ign) == 0 && (ign & 1ULL)) /* bit 0: SIGHUP */
   {
     gg__why_add(why, cap, "ignores SIGHUP (nohup)");
-    any = true;
+    any |= GG__DET_NOHUP;
   }
   if (st->sid == st->pid) {
     gg__why_add(why, cap, "leads its own session (setsid, a daemon)");
-    any = true;
+    any |= GG__DET_SESSION;
   }
   char cg[256];
   if (gg__proc_cgroup(row->pid, cg, sizeof cg) == 0) {
@@ -246,10 +260,10 @@ static bool gg__detached_evidence(const gg_process_t *row, const gg__pinfo_t *st
     leaf = leaf ? leaf + 1 : cg;
     if (gg__ends_with(leaf, ".service") && strncmp(leaf, "user@", 5) != 0) {
       gg__why_add(why, cap, "a systemd service (%s)", leaf);
-      any = true;
+      any |= GG__DET_SERVICE;
     }
   }
-  if (gg__under_multiplexer(st->ppid, why, cap)) any = true;
+  if (gg__under_multiplexer(st->ppid, why, cap)) any |= GG__DET_TERMINAL;
   return any;
 }
 
@@ -258,6 +272,69 @@ static bool gg__kept_on_purpose(pid_t pid, pid_t ppid, char *why, size_t cap) {
   bool any = gg__proc_sigign(pid, &ign) == 0 && (ign & 1ULL);
   if (any) gg__why_add(why, cap, "ignores SIGHUP (nohup)");
   return gg__under_multiplexer(ppid, why, cap) || any;
+}
+
+/* Whether PID's command line names torch's launcher: torchrun, or python -m torch.distributed.run
+ * (or .launch). */
+static bool gg__is_torchrun(pid_t pid) {
+  char argv[4096];
+  ssize_t len = gg__proc_argv(pid, argv, sizeof argv);
+  const char *args[16];
+  int n = len > 0 ? gg__split_argv(argv, len, args, 16) : 0;
+  for (int i = 1; i < n; i++) {
+    const char *base = strrchr(args[i], '/');
+    base = base ? base + 1 : args[i];
+    if (strcmp(base, "torchrun") == 0) return true;
+    if (strcmp(args[i - 1], "-m") == 0 && (strcmp(args[i], "torch.distributed.run") == 0 ||
+                                           strcmp(args[i], "torch.distributed.launch") == 0))
+      return true;
+  }
+  return false;
+}
+
+/* For a torchrun rank whose parent lives: whether its elastic agent does. The agent is Python, and
+ * either named torchrun on its command line or not itself a process of the rank's run (a rank's own
+ * subprocess carries the run's TORCHELASTIC_RUN_ID). Between rank and agent there may be wrappers
+ * (a bash script, `torchrun --no-python`, the rank that started a subprocess), all of one session:
+ * the agent starts each rank in a new session, so the first session boundary up the ancestry must
+ * be the agent. A boundary crossed onto anything else, a parent that started after its child (a
+ * reused pid), or PID 1 passed: the agent is gone, and the wrapper was handed to a subreaper. */
+static bool gg__agent_alive(pid_t pid, const gg__pinfo_t *st, char *why, size_t cap) {
+  char run[128] = "";
+  gg__proc_environ_get(pid, "TORCHELASTIC_RUN_ID", run, sizeof run);
+  gg__pinfo_t child = *st;
+  for (int depth = 0; depth < 32 && child.ppid > 0; depth++) {
+    pid_t p = child.ppid;
+    gg__pinfo_t info;
+    if (gg__proc_read_stat(p, &info) != 0 || info.state == 'Z' || info.start > child.start) break;
+    char theirs[128] = "";
+    bool same_run = gg__proc_environ_get(p, "TORCHELASTIC_RUN_ID", theirs, sizeof theirs) == 0 &&
+                    strcmp(theirs, run) == 0;
+    if (gg__is_python(p) && (gg__is_torchrun(p) || !same_run)) return true;
+    char comm[64] = "?";
+    gg__proc_comm(p, comm, sizeof comm);
+    if (info.sid != child.sid || p == 1) {
+      gg__why_set(why, cap,
+                  "its launcher is gone (its ancestry reaches %d, %s, not a torchrun agent)",
+                  (int)p, comm);
+      return false;
+    }
+    child = info;
+  }
+  gg__why_set(why, cap, "its launcher is gone (no torchrun agent among its ancestors)");
+  return false;
+}
+
+/* Explicit signs of being left running on purpose outweigh inherited signs of a worker (a rank's
+ * environment, siblings): an `nohup` server started from a rank's shell, two copies of one program
+ * started by one script, are detached, never reaped unless named. A session of its own is no such
+ * sign for a torchrun rank (the agent starts every rank so). Signs a program cannot inherit (a
+ * spawn child's command line) still make a worker stranded, under nohup too: a pool's children
+ * inherit their trainer's ignored SIGHUP. */
+static bool gg__detach_wins(int is_worker, bool inherited, unsigned det) {
+  if (!inherited) return false;
+  if (is_worker == 2) det &= ~(unsigned)GG__DET_SESSION;
+  return det != 0;
 }
 
 gg_process_class_t gg__classify_unsessioned(gg_process_t *row) {
@@ -270,25 +347,21 @@ gg_process_class_t gg__classify_unsessioned(gg_process_t *row) {
   }
   char parent[96] = "", worker[192] = "", detached[160] = "";
   bool gone = gg__parent_gone(row, &st, parent, sizeof parent);
-  int is_worker = gg__worker_evidence(row, &st, gone, worker, sizeof worker);
-  /* torchrun's agent is Python: a rank under any other program was handed to it (a subreaper, also
-   * when the rank leads its own session, which the session rule cannot see through). */
-  if (!gone && is_worker == 2 && !gg__is_python(st.ppid)) {
-    char comm[64] = "?";
-    gg__proc_comm(st.ppid, comm, sizeof comm);
-    gg__why_set(parent, sizeof parent, "its launcher is gone (now under %d, %s, not Python)",
-                (int)st.ppid, comm);
+  bool inherited = true;
+  int is_worker = gg__worker_evidence(row, &st, gone, worker, sizeof worker, &inherited);
+  /* torchrun's agent is Python: a rank whose parent lives is stranded only when no agent lives
+   * above it (a wrapper between them, or the rank's own subprocess, is no launcher). */
+  if (!gone && is_worker == 2 && !gg__agent_alive(row->pid, &st, parent, sizeof parent))
     gone = true;
-  }
   row->why[0] = '\0';
-  if (gone && is_worker) {
+  unsigned det = gone ? gg__detached_evidence(row, &st, detached, sizeof detached)
+                      : gg__kept_on_purpose(row->pid, st.ppid, detached, sizeof detached);
+  if (gone && is_worker && !gg__detach_wins(is_worker, inherited, det)) {
     gg__why_set(row->why, sizeof row->why, "%s; %s", worker, parent);
     return GG_PROCESS_STRANDED;
   }
   /* With its parent alive nothing is stranded; a terminal multiplexer still says it was kept on
    * purpose. */
-  bool det = gone ? gg__detached_evidence(row, &st, detached, sizeof detached)
-                  : gg__kept_on_purpose(row->pid, st.ppid, detached, sizeof detached);
   if (det || gone) {
     gg__why_set(row->why, sizeof row->why, "%s%s%s%s%s%s", worker, worker[0] ? "; " : "", detached,
                 det && gone ? "; " : "", parent,
