@@ -24,8 +24,13 @@ std::shared_ptr<c10::GatheredContext> History::gather(cda::RecordContext at_leas
 void History::record(cda::TraceEntry::Action action, int device, void *addr, size_t size,
                      void *stream, PoolId pool, std::shared_ptr<c10::GatheredContext> ctx) {
   std::lock_guard<std::mutex> g(mu_);
-  cda::TraceEntry te(action, c10::DeviceIndex(device), reinterpret_cast<size_t>(addr), size,
-                     stream, mempool_id(pool), c10::getApproximateTime(),
+#if GG_TORCH_AT_LEAST(2, 11)
+  void *st = stream;
+#else
+  auto st = static_cast<cudaStream_t>(stream); /* typed before 2.11 */
+#endif
+  cda::TraceEntry te(action, c10::DeviceIndex(device), reinterpret_cast<size_t>(addr), size, st,
+                     mempool_id(pool), c10::getApproximateTime(),
                      when_ >= cda::RecordContext::ALLOC ? std::move(ctx) : nullptr);
   for (auto &t : trackers_) {
     t(te);
