@@ -180,8 +180,16 @@ def build(minor: str, cache: str, lib: str, out: str, jobs: int) -> str:
              "-I", os.path.join(ROOT, "include")]
     srcs = sorted(glob.glob(os.path.join(NATIVE, "*.cpp")))
 
+    # An object newer than every input (the backend's sources and headers, gpuguard's headers, this
+    # script, the extracted PyTorch) is kept: a re-run with nothing changed only links and checks.
+    inputs = glob.glob(os.path.join(NATIVE, "*")) + glob.glob(os.path.join(ROOT, "include", "gpuguard", "*.h")) \
+        + [os.path.abspath(__file__), os.path.join(ROOT, "cmake", "glibc_compat.h"), os.path.join(tree, ".complete")]
+    newest = max(os.path.getmtime(f) for f in inputs)
+
     def compile_one(src: str) -> str:
         obj = os.path.join(objdir, os.path.basename(src)[:-4] + ".o")
+        if os.path.exists(obj) and os.path.getmtime(obj) > newest:
+            return obj
         run(["nice", "-n", "10", cxx, *flags, "-c", src, "-o", obj], f"PyTorch {minor}: compiling {src}")
         return obj
 

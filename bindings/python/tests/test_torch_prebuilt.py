@@ -116,13 +116,14 @@ def test_a_version_without_a_prebuilt_backend_says_it_builds_in_one_line(tmp_pat
 
 def test_an_older_pytorch_runs_on_its_own_allocator_with_one_line(tmp_path):
     r = run(tmp_path, stand_in(tmp_path, "2.7.1+cu126", "12.6"), """
-        import torch
+        import os, torch
         from gpuguard import _autostart
         from gpuguard.torch import backend
+        os.environ["GPUGUARD_TORCH"] = "1"  # set here, so that the wheel's .pth line stays out of it
         _autostart.run()
         assert backend() == "native", backend()
         print("script ran")
-    """, GPUGUARD_TORCH="1")
+    """)
     assert r.returncode == 0 and r.stdout.strip() == "script ran", r.stdout + r.stderr
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and "2.7.1" in lines[0] and "own allocator" in lines[0], r.stderr
