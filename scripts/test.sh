@@ -2,7 +2,9 @@
 # scripts/test.sh — the README's test command: installs what it needs, then builds and passes every test:
 # the layer check, a -Werror build with the whole CTest suite, the suite again under AddressSanitizer+UBSan
 # in the debug build (GPUGUARD_DEBUG=ON), the threaded tests under ThreadSanitizer, valgrind on the core
-# suites, the Python sdist and the wheel built from it (checked with auditwheel: manylinux_2_28; headers
+# suites, the PyTorch backend prebuilt per PyTorch version (2.8-2.11, against each version's wheel, which
+# is downloaded once into build/torch-prebuilt-cache) and load-checked, the Python sdist and the wheel
+# built from it, carrying those backends (checked with auditwheel: manylinux_2_28; headers
 # and CMake package used by a consumer) installed in a fresh venv with the Python tests run against it,
 # the Doxygen reference (warnings are errors), a static check with cppcheck, and the layout and lint
 # checks (clang-format, shellcheck, ruff, mypy). Build trees go under build/ci-*; each step's full output goes
