@@ -106,7 +106,7 @@ logged venv sh -c "python3 -m venv '$venv' && '$venv/bin/python' -m pip install 
 # (downloaded once into build/torch-prebuilt-cache, about 3.6 GB; a failed download stops here), each
 # compiled -Werror, linked --no-undefined and load-checked without a GPU; the wheel carries them.
 tp0=$(date +%s)
-logged torch-prebuilt python3 scripts/torch_prebuilt.py --lib build/ci-release/libgpuguard.so.0 \
+logged torch-prebuilt "$venv/bin/python" scripts/torch_prebuilt.py --lib build/ci-release/libgpuguard.so.0 \
   --out "$wd/torch-prebuilt" --cache build/torch-prebuilt-cache
 grep -oE "^torch_prebuilt: PyTorch [^ ]+ \(CUDA [0-9.]+\): [^:]+" "$logs/torch-prebuilt.log" | sed 's/^torch_prebuilt: /    /'
 echo "    prebuilt PyTorch backends: built and load-checked in $(($(date +%s) - tp0)) s"
