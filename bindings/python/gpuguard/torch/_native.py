@@ -1,9 +1,12 @@
 """gpuguard.torch._native — gpuguard as PyTorch's CUDA allocator backend (the C++ sources in ``native/``:
-a torch-free adapter core and a thin CUDAAllocator facade over it): built once per PyTorch version
-against its headers, cached, loaded and installed with PyTorch's own ``changeCurrentAllocator`` before
-the first CUDA allocation.
+a torch-free adapter core and a thin CUDAAllocator facade over it), loaded and installed with PyTorch's
+own ``changeCurrentAllocator`` before the first CUDA allocation.
 
-The build needs a C++ compiler (``$CXX``, ``c++`` or ``g++``), PyTorch's headers (in every PyTorch wheel),
+The wheel carries it prebuilt for the PyTorch versions of PREBUILT (``prebuilt/``, built by
+scripts/torch_prebuilt.py against each version's wheel from the package index): the one matching the
+running PyTorch's major.minor and CUDA major is loaded as it is, no compiler needed. Any other PyTorch
+(2.8 or later) gets it built once at first use against its headers, with one line saying so. That build
+needs a C++ compiler (``$CXX``, ``c++`` or ``g++``), PyTorch's headers (in every PyTorch wheel),
 the CUDA runtime's headers (``CUDA_HOME``, ``/usr/local/cuda`` or the ``nvidia-cuda-runtime`` wheel PyTorch
 depends on) and gpuguard's headers (in the gpuguard wheel). It takes ~10 s once; the library is cached
 under ``$XDG_CACHE_HOME/gpuguard`` (``~/.cache/gpuguard``), keyed by the source, PyTorch's version and
@@ -28,12 +31,19 @@ _DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 # Every source and header of the backend (the cache key hashes them all); the .cpp files are compiled.
 _SOURCES = sorted(glob.glob(os.path.join(_DIR, "*.cpp")) + glob.glob(os.path.join(_DIR, "*.h")))
 _CPP = [f for f in _SOURCES if f.endswith(".cpp")]
+# The versions the release wheel carries prebuilt (scripts/torch_prebuilt.py builds the same list).
+PREBUILT = ("2.8", "2.9", "2.10", "2.11")
+_PREBUILT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prebuilt")
 _loaded: Optional[ctypes.CDLL] = None
 _why_not = ""
 
 
 class NativeUnavailable(RuntimeError):
     """The backend cannot be built or loaded here; the message says what is missing and how to get it."""
+
+
+class Unsupported(NativeUnavailable):
+    """This PyTorch is older than the backend serves: PyTorch's own allocator stays, whatever the options."""
 
 
 def why_not() -> str:
@@ -86,7 +96,7 @@ def _gpuguard_include() -> Optional[str]:
     return None
 
 
-MIN_TORCH = (2, 11)
+MIN_TORCH = (2, 8)
 
 
 def _torch_version(torch: Any) -> tuple:
@@ -97,12 +107,41 @@ def _torch_version(torch: Any) -> tuple:
     return tuple(parts)
 
 
+def prebuilt_name(torch: Any) -> Optional[str]:
+    """The prebuilt backend's file name for this PyTorch (major.minor, CUDA major), or None for a PyTorch
+    without CUDA or built with the old C++ ABI (the prebuilt ones use the new one, as PyTorch's wheels)."""
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    if not cuda or int(getattr(getattr(torch, "_C", None), "_GLIBCXX_USE_CXX11_ABI", 1)) != 1:
+        return None
+    major, minor = _torch_version(torch)[:2]
+    return f"libgpuguard_torch-{major}.{minor}-cu{str(cuda).split('.')[0]}.so"
+
+
+def prebuilt(torch: Any) -> Optional[str]:
+    """The path of the prebuilt backend this wheel carries for this PyTorch, or None."""
+    name = prebuilt_name(torch)
+    path = os.path.join(_PREBUILT_DIR, name) if name else ""
+    return path if name and os.path.isfile(path) else None
+
+
+def _carried() -> str:
+    names = sorted(glob.glob(os.path.join(_PREBUILT_DIR, "libgpuguard_torch-*.so")))
+    if not names:
+        return "this gpuguard carries no prebuilt backends (built without them: docs/python.md)"
+    tags = [os.path.basename(n)[len("libgpuguard_torch-"):-len(".so")] for n in names]
+    return "prebuilt for " + ", ".join(tags)
+
+
+def _no_prebuilt(torch: Any) -> str:
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    return f"no prebuilt backend for PyTorch {torch.__version__} with CUDA {cuda} ({_carried()})"
+
+
 def _build(torch: Any) -> str:
     if _torch_version(torch) < MIN_TORCH:
-        raise NativeUnavailable(
-            f"gpuguard's PyTorch backend is written against PyTorch's allocator interface of "
-            f"{MIN_TORCH[0]}.{MIN_TORCH[1]} and later; this is PyTorch {torch.__version__}: upgrade PyTorch, or "
-            "set GPUGUARD_TORCH_OPTIONS=fallback=torch to run on PyTorch's own allocator")
+        raise Unsupported(
+            f"gpuguard's PyTorch backend serves PyTorch {MIN_TORCH[0]}.{MIN_TORCH[1]} and later; this is PyTorch "
+            f"{torch.__version__} (upgrade PyTorch for gpuguard's)")
     tdir = os.path.dirname(os.path.abspath(torch.__file__))
     inc, libdir = os.path.join(tdir, "include"), os.path.join(tdir, "lib")
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
@@ -119,7 +158,7 @@ def _build(torch: Any) -> str:
     if not gg_inc:
         missing.append("gpuguard's headers (gpuguard/include in the wheel; or set GPUGUARD_INCLUDE_DIR)")
     if missing:
-        raise NativeUnavailable("gpuguard's PyTorch backend is built on first use and needs " + "; ".join(missing))
+        raise NativeUnavailable(f"gpuguard: {_no_prebuilt(torch)}; building it here needs " + "; ".join(missing))
     lib = os.path.realpath(_lib.path)
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
     h = hashlib.sha256()
@@ -136,6 +175,8 @@ def _build(torch: Any) -> str:
         if _cachedir.usable(out):
             return out
         raise NativeUnavailable(f"gpuguard: refusing {out}: not a regular file of this user, or writable by others")
+    sys.stderr.write(f"gpuguard: {_no_prebuilt(torch)}: building it for this PyTorch once (about 15 s), "
+                     f"cached in {cache}\n")
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
     os.close(fd)
     cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
@@ -165,8 +206,9 @@ def load(torch: Any) -> ctypes.CDLL:
     global _loaded, _why_not
     if _loaded is not None:
         return _loaded
+    path = "the PyTorch backend"
     try:
-        path = _build(torch)
+        path = prebuilt(torch) or _build(torch)
         lib = ctypes.CDLL(path)
         own = _cxxruntime.defining_file(lib, "__cxa_throw")
         if own is not None and own == os.path.realpath(path):
@@ -178,7 +220,7 @@ def load(torch: Any) -> ctypes.CDLL:
         _why_not = str(e)
         raise
     except OSError as e:
-        _why_not = f"gpuguard: loading the PyTorch backend failed: {e}"
+        _why_not = f"gpuguard: loading {path} failed: {e}"
         raise NativeUnavailable(_why_not) from e
     lib.gg_torch_native_install.argtypes = [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
     lib.gg_torch_native_install.restype = ctypes.c_int

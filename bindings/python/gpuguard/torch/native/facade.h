@@ -21,12 +21,10 @@
 #include <vector>
 
 #include "adapter.h"
+#include "compat.h"
 #include "ipc.h"
 
 namespace gg_torch {
-
-namespace cca = c10::cuda::CUDACachingAllocator;
-namespace cda = c10::CachingDeviceAllocator;
 
 inline PoolId pool_id(c10::MempoolId_t id) { return PoolId{id.first, id.second}; }
 inline c10::MempoolId_t mempool_id(PoolId id) { return {id.first, id.second}; }
@@ -99,16 +97,18 @@ public:
   void raw_delete(void *ptr) override;
   double getMemoryFraction(c10::DeviceIndex device) override;
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override;
+#if GG_TORCH_AT_LEAST(2, 10)
   std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
     return {};
   }
+#endif
   void cacheInfo(c10::DeviceIndex device, size_t *largest) override;
   void *getBaseAllocation(void *ptr, size_t *size) override;
   void recordStream(const c10::DataPtr &dp, c10::cuda::CUDAStream stream) override;
   cda::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;
   void resetPeakStats(c10::DeviceIndex device) override;
-  cca::SnapshotInfo snapshot(c10::MempoolId_t id, bool include_traces) override;
+  cca::SnapshotInfo snapshot(c10::MempoolId_t id, bool include_traces) GG_OVERRIDE_2_11;
   void emptyCache(c10::MempoolId_t id) override;
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id,
                            std::function<bool(cudaStream_t)> filter) override;
@@ -116,9 +116,9 @@ public:
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t id) override;
   int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t id) override;
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
-                          std::shared_ptr<cca::CUDAAllocator> allocator) override;
-  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t id, bool use_on_oom) override;
-  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t id) override;
+                          std::shared_ptr<cca::CUDAAllocator> allocator) GG_OVERRIDE_2_11;
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t id, bool use_on_oom) GG_OVERRIDE_2_11;
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t id) GG_OVERRIDE_2_11;
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t id,
                                 const std::unordered_set<void *> &expected) override;
   cca::ShareableHandle shareIpcHandle(void *ptr) override;
@@ -126,7 +126,7 @@ public:
   bool isHistoryEnabled() override { return history_.enabled(); }
   void recordHistory(bool enabled, cda::CreateContextFn recorder, size_t max_entries,
                      cda::RecordContext when, bool clear,
-                     const std::vector<std::string> &skip) override;
+                     const std::vector<std::string> &skip) GG_OVERRIDE_2_11;
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override;
   void attachAllocatorTraceTracker(cda::AllocatorTraceTracker tracker) override;
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex to) override;
@@ -141,6 +141,19 @@ public:
   void pushCompileContext(std::string &md) override { history_.push_compile_context(md); }
   void popCompileContext() override { history_.pop_compile_context(); }
   std::string name() override { return "gpuguard"; }
+#if !GG_TORCH_AT_LEAST(2, 11)
+  /* PyTorch 2.8 to 2.10's signatures, forwarded to 2.11's above. */
+  cca::SnapshotInfo snapshot(c10::MempoolId_t id) override { return snapshot(id, true); }
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t id) override { setUseOnOOM(device, id, true); }
+  void recordHistory(bool enabled, cda::CreateContextFn recorder, size_t max_entries, cda::RecordContext when,
+                     bool clear) override {
+    recordHistory(enabled, recorder, max_entries, when, clear, {});
+  }
+  /* The pool's MemPool owns its allocator there: a shared_ptr that owns nothing. */
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id, cca::CUDAAllocator *allocator) override {
+    createOrIncrefPool(device, id, std::shared_ptr<cca::CUDAAllocator>(std::shared_ptr<void>(), allocator));
+  }
+#endif
 
   /* For entry.cpp. */
   Adapter &core() { return core_; }

@@ -25,10 +25,20 @@ std::shared_ptr<c10::GatheredContext> History::gather(cda::RecordContext at_leas
 void History::record(cda::TraceEntry::Action action, int device, void *addr, size_t size,
                      void *stream, PoolId pool, std::shared_ptr<c10::GatheredContext> ctx) {
   std::lock_guard<std::mutex> g(mu_);
-  cda::TraceEntry te(action, c10::DeviceIndex(device), reinterpret_cast<size_t>(addr), size, stream,
+#if GG_TORCH_AT_LEAST(2, 11)
+  void *st = stream;
+#else
+  auto st = static_cast<cudaStream_t>(stream); /* typed before 2.11 */
+#endif
+  cda::TraceEntry te(action, c10::DeviceIndex(device), reinterpret_cast<size_t>(addr), size, st,
                      mempool_id(pool), c10::getApproximateTime(),
                      when_ >= cda::RecordContext::ALLOC ? std::move(ctx) : nullptr,
-                     compile_.empty() ? std::string() : compile_.back(), metadata_);
+                     compile_.empty() ? std::string() : compile_.back()
+#if GG_TORCH_AT_LEAST(2, 10)
+                         ,
+                     metadata_ /* user metadata on every entry since 2.10 */
+#endif
+  );
   for (auto &t : trackers_) {
     t(te);
   }
@@ -71,8 +81,7 @@ void History::pop_compile_context() {
 }
 
 void History::configure(bool enabled, cda::CreateContextFn recorder, size_t max_entries,
-                        cda::RecordContext when, bool clear,
-                        const std::vector<std::string> &skip) {
+                        cda::RecordContext when, bool clear, const std::vector<std::string> &skip) {
   /* PyTorch's names (TraceEntry's actions); an unknown one is refused as PyTorch refuses it. */
   static const char *const names[] = {"alloc",         "free_requested", "free_completed",
                                       "segment_alloc", "segment_free",   "segment_map",

@@ -114,7 +114,9 @@ cca::SnapshotInfo Backend::snapshot(c10::MempoolId_t id, bool include_traces) {
   out.config_metadata.expandable_segments = true;
   out.config_metadata.release_lock_on_malloc = false;
   out.config_metadata.pinned_use_host_register = false;
+#if GG_TORCH_AT_LEAST(2, 9)
   out.config_metadata.graph_capture_record_stream_reuse = false;
+#endif
   out.config_metadata.last_allocator_settings = "gpuguard";
   return out;
 }

@@ -1,0 +1,45 @@
+/* compat.h (gpuguard.torch) — the differences between the PyTorch versions the backend is built for
+ * (2.8 to 2.11; scripts/torch_prebuilt.py builds each), so that the rest is written against 2.11's
+ * interface once. Types: where they moved. Virtual methods whose signature changed: facade.h declares
+ * 2.11's, overriding only from 2.11 (GG_OVERRIDE_2_11), and forwards the older signature to it. */
+#ifndef GG_TORCH_COMPAT_H
+#define GG_TORCH_COMPAT_H
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/version.h>
+
+#define GG_TORCH_AT_LEAST(major, minor)                                                          \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+#if GG_TORCH_AT_LEAST(2, 11)
+#define GG_OVERRIDE_2_11 override
+#else
+#define GG_OVERRIDE_2_11
+#endif
+
+#if !GG_TORCH_AT_LEAST(2, 9)
+/* 2.8 has the pool id in c10::cuda only; 2.9 added c10's. */
+namespace c10 {
+using MempoolId_t = c10::cuda::MempoolId_t;
+}
+#endif
+
+namespace gg_torch {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+/* The trace and history types moved from CUDACachingAllocator to CachingDeviceAllocator in 2.11. */
+namespace cda {
+using namespace c10::CachingDeviceAllocator;
+#if !GG_TORCH_AT_LEAST(2, 11)
+using cca::AllocatorTraceTracker;
+using cca::BlockInfo;
+using cca::CreateContextFn;
+using cca::RecordContext;
+using cca::SegmentInfo;
+using cca::TraceEntry;
+#endif
+} // namespace cda
+
+} // namespace gg_torch
+
+#endif
