@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "gpuguard/proc.h"
 #include "proc/registry_dir_internal.h"
 
 static pthread_mutex_t gg__reg_rel_lock = PTHREAD_MUTEX_INITIALIZER; /* gg__reg_absolute's */
