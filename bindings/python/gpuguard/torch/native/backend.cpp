@@ -1,6 +1,5 @@
 /* backend.cpp (gpuguard.torch) — the facade's methods: each maps one of PyTorch's allocator calls
  * onto the adapter (facade.h says what lives where). */
-#include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -82,7 +81,7 @@ void *Backend::alloc_block(size_t n, int device, cudaStream_t stream) {
   auto ctx = history_.gather(cda::RecordContext::STATE);
   void *p = nullptr;
   PoolId pool;
-  size_t divisions = c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(n);
+  size_t divisions = roundup_divisions(n);
   int rc =
       n > size_t(SSIZE_MAX) ? GG_ENOMEM : core_.alloc(n, device, stream, ctx, &p, &pool, divisions);
   if (rc < 0) {
@@ -141,11 +140,10 @@ bool Backend::free_block(void *ptr) {
       format_size(allocated) + " is allocated by PyTorch, and " +
       format_size(reserved > allocated ? reserved - allocated : 0) +
       " is reserved by PyTorch but unallocated. gpuguard: " + detail + " (in use " +
-      format_size(s.bytes_in_use) + ", mapped " + format_size(s.bytes_mapped) +
-      ", pending reuse " + format_size(s.bytes_pending) + ", capacity " +
-      format_size(s.bytes_reserved) + ", largest free block " +
-      format_size(s.largest_free_block) + ", fragmentation " + std::to_string(s.fragmentation) +
-      ")";
+      format_size(s.bytes_in_use) + ", mapped " + format_size(s.bytes_mapped) + ", pending reuse " +
+      format_size(s.bytes_pending) + ", capacity " + format_size(s.bytes_reserved) +
+      ", largest free block " + format_size(s.largest_free_block) + ", fragmentation " +
+      std::to_string(s.fragmentation) + ")";
   C10_THROW_ERROR(OutOfMemoryError, msg);
 }
 
@@ -342,8 +340,9 @@ void Backend::beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id,
 
 void Backend::endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id) {
   check_device(device, "endAllocateToPool");
-  GG_CHECK(core_.end_capture(device, pool_id(id)) == 0, "endAllocateToPool: no allocation to pool (",
-           id.first, ", ", id.second, ") is under way on device ", int(device));
+  GG_CHECK(core_.end_capture(device, pool_id(id)) == 0,
+           "endAllocateToPool: no allocation to pool (", id.first, ", ", id.second,
+           ") is under way on device ", int(device));
 }
 
 /* A pool without uses and without live blocks is freeable, as in PyTorch's own allocator: its
@@ -364,9 +363,9 @@ void Backend::createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
   std::shared_ptr<Custom> custom;
   if (allocator && allocator.get() != this) {
     cca::CUDAAllocator *a = allocator.get();
-    custom = std::make_shared<Custom>(Custom{
-        [a](size_t n, Stream s) { return a->raw_alloc_with_stream(n, cudaStream_t(s)); },
-        [a](void *p) { a->raw_delete(p); }, std::move(allocator)});
+    custom = std::make_shared<Custom>(
+        Custom{[a](size_t n, Stream s) { return a->raw_alloc_with_stream(n, cudaStream_t(s)); },
+               [a](void *p) { a->raw_delete(p); }, std::move(allocator)});
   }
   core_.create_or_incref(device, pool_id(id), std::move(custom));
 }

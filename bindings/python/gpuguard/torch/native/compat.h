@@ -1,15 +1,25 @@
 /* compat.h (gpuguard.torch) — the differences between the PyTorch versions the backend is built for
  * (2.8 to 2.11; scripts/torch_prebuilt.py builds each), so that the rest is written against 2.11's
- * interface once. Types: where they moved. Virtual methods whose signature changed: facade.h declares
- * 2.11's, overriding only from 2.11 (GG_OVERRIDE_2_11), and forwards the older signature to it. */
+ * interface once. Types: where they moved. Virtual methods whose signature changed: facade.h
+ * declares 2.11's, overriding only from 2.11 (GG_OVERRIDE_2_11), and forwards the older signature
+ * to it. */
 #ifndef GG_TORCH_COMPAT_H
 #define GG_TORCH_COMPAT_H
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/version.h>
 
-#define GG_TORCH_AT_LEAST(major, minor)                                                          \
-  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+#define GG_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||     \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+#if GG_TORCH_AT_LEAST(2, 10)
+#include <c10/core/AllocatorConfig.h>
+#define GG_OVERRIDE_2_10 override
+#else
+#include <c10/cuda/CUDAAllocatorConfig.h>
+#define GG_OVERRIDE_2_10
+#endif
 
 #if GG_TORCH_AT_LEAST(2, 11)
 #define GG_OVERRIDE_2_11 override
@@ -39,6 +49,17 @@ using cca::SegmentInfo;
 using cca::TraceEntry;
 #endif
 } // namespace cda
+
+/* PyTorch's roundup_power2_divisions for a request of n bytes (PYTORCH_CUDA_ALLOC_CONF), read where
+ * each version keeps it: the CUDA allocator's config before 2.10, the accelerator's since (the
+ * CUDA one is deprecated there). */
+inline size_t roundup_divisions(size_t n) {
+#if GG_TORCH_AT_LEAST(2, 10)
+  return c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(n);
+#else
+  return cca::CUDAAllocatorConfig::roundup_power2_divisions(n);
+#endif
+}
 
 } // namespace gg_torch
 

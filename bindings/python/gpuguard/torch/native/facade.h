@@ -136,22 +136,28 @@ public:
                                                           c10::MempoolId_t id) override;
   cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
                                               std::shared_ptr<cca::AllocatorState> pps) override;
-  void setUserMetadata(const std::string &metadata) override { history_.set_metadata(metadata); }
-  std::string getUserMetadata() override { return history_.metadata(); }
+  void setUserMetadata(const std::string &metadata) GG_OVERRIDE_2_10 {
+    history_.set_metadata(metadata);
+  }
+  std::string getUserMetadata() GG_OVERRIDE_2_10 { return history_.metadata(); }
   void pushCompileContext(std::string &md) override { history_.push_compile_context(md); }
   void popCompileContext() override { history_.pop_compile_context(); }
   std::string name() override { return "gpuguard"; }
 #if !GG_TORCH_AT_LEAST(2, 11)
   /* PyTorch 2.8 to 2.10's signatures, forwarded to 2.11's above. */
   cca::SnapshotInfo snapshot(c10::MempoolId_t id) override { return snapshot(id, true); }
-  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t id) override { setUseOnOOM(device, id, true); }
-  void recordHistory(bool enabled, cda::CreateContextFn recorder, size_t max_entries, cda::RecordContext when,
-                     bool clear) override {
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    setUseOnOOM(device, id, true);
+  }
+  void recordHistory(bool enabled, cda::CreateContextFn recorder, size_t max_entries,
+                     cda::RecordContext when, bool clear) override {
     recordHistory(enabled, recorder, max_entries, when, clear, {});
   }
   /* The pool's MemPool owns its allocator there: a shared_ptr that owns nothing. */
-  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id, cca::CUDAAllocator *allocator) override {
-    createOrIncrefPool(device, id, std::shared_ptr<cca::CUDAAllocator>(std::shared_ptr<void>(), allocator));
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                          cca::CUDAAllocator *allocator) override {
+    createOrIncrefPool(device, id,
+                       std::shared_ptr<cca::CUDAAllocator>(std::shared_ptr<void>(), allocator));
   }
 #endif
 
@@ -180,8 +186,8 @@ private:
   int device_count_ = 0;
   std::atomic<bool> enabled_{true};
   double fractions_[kMaxDevices];
-  std::unordered_set<void *> uncached_; /* cudaMalloc'd while caching was off */
-  std::mutex seg_mu_;                   /* segments_, seg_sig_ */
+  std::unordered_set<void *> uncached_;                  /* cudaMalloc'd while caching was off */
+  std::mutex seg_mu_;                                    /* segments_, seg_sig_ */
   std::map<std::pair<int, uintptr_t>, size_t> segments_; /* (device, address) -> size, as traced */
   int64_t seg_sig_[kMaxDevices] = {};                    /* maps + unmaps when last traced */
   ipc::Exporter exporter_;

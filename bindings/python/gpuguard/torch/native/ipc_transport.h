@@ -7,7 +7,7 @@
 
 #include <atomic>
 #include <cstddef>
-#include <condition_variable>
+#include <pthread.h>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -153,9 +153,28 @@ private:
     std::weak_ptr<void> ptr;
     std::exception_ptr error;
   };
+  /* A condition variable over pthreads: std::condition_variable::wait binds GLIBCXX_3.4.30 when
+   * built with GCC 12, newer than the libstdc++ the PyTorch wheels ask for (3.4.22), so a prebuilt
+   * backend using it would not load where PyTorch does. */
+  class Cond {
+  public:
+    Cond() { pthread_cond_init(&c_, nullptr); }
+    ~Cond() { pthread_cond_destroy(&c_); }
+    Cond(const Cond &) = delete;
+    Cond &operator=(const Cond &) = delete;
+    template <class Pred> void wait(std::unique_lock<std::mutex> &lock, Pred done) {
+      while (!done()) {
+        pthread_cond_wait(&c_, lock.mutex()->native_handle());
+      }
+    }
+    void notify_all() { pthread_cond_broadcast(&c_); }
+
+  private:
+    pthread_cond_t c_;
+  };
   struct State {
     std::mutex mu;
-    std::condition_variable cv; /* a slot is done, or gone */
+    Cond cv; /* a slot is done, or gone */
     std::map<std::string, std::shared_ptr<Slot>> slots;
   };
   std::shared_ptr<void> track(const std::string &key, const std::shared_ptr<Slot> &slot,
