@@ -42,7 +42,7 @@ inline char gg__libc_single_threaded = 0;
 }
 #endif
 
-/* stat, fstat, lstat: functions since 2.33; before, inline wrappers of __xstat and friends (version
+/* stat, fstat, lstat, fstatat: functions since 2.33; before, inline wrappers of __xstat and friends (version
  * argument 1 on x86_64), which every glibc still exports. After <sys/stat.h>, so its declarations stay
  * as they are; `struct stat` is no call, and the macros leave it alone. */
 #include <sys/stat.h>
@@ -52,6 +52,7 @@ extern "C" { /* glibc's own C symbols, also when included into C++ (the PyTorch 
 extern int __xstat(int ver, const char *path, struct stat *buf);
 extern int __lxstat(int ver, const char *path, struct stat *buf);
 extern int __fxstat(int ver, int fd, struct stat *buf);
+extern int __fxstatat(int ver, int dirfd, const char *path, struct stat *buf, int flag);
 #ifdef __cplusplus
 }
 #endif
@@ -60,7 +61,11 @@ static inline int gg__compat_lstat(const char *path, struct stat *buf) { return 
 static inline int gg__compat_fstat(int fd, struct stat *buf) { return __fxstat(1, fd, buf); }
 #define stat(path, buf)  gg__compat_stat(path, buf)
 #define lstat(path, buf) gg__compat_lstat(path, buf)
+static inline int gg__compat_fstatat(int dirfd, const char *path, struct stat *buf, int flag) {
+  return __fxstatat(1, dirfd, path, buf, flag);
+}
 #define fstat(fd, buf)   gg__compat_fstat(fd, buf)
+#define fstatat(dirfd, path, buf, flag) gg__compat_fstatat(dirfd, path, buf, flag)
 
 #endif
 #endif
