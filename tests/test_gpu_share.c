@@ -54,7 +54,7 @@ static int importer(int sock) {
   header_t h;
   if (read(sock, &h, sizeof h) != (ssize_t)sizeof h) return 10;
   gg_import_t *imp = NULL;
-  if (gg_import_open(&imp, 0, h.sum) != 0) {
+  if (gg_import_open(&imp, "cuda", 0, h.sum) != 0) {
     fprintf(stderr, "importer: %s\n", gg_last_error());
     return 11;
   }

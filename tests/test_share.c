@@ -81,13 +81,18 @@ static void test_import_refused(void **state) {
   (void)state;
   gg_test_use_host(NULL, NULL);
   gg_import_t *imp = (gg_import_t *)&imp;
-  gg_assert_fails(gg_import_open(NULL, 0, 4096), GG_EINVAL, "imp is NULL");
-  gg_assert_fails(gg_import_open(&imp, 0, 0), GG_EINVAL, "size is 0");
+  gg_assert_fails(gg_import_open(NULL, NULL, 0, 4096), GG_EINVAL, "imp is NULL");
+  gg_assert_fails(gg_import_open(&imp, NULL, 0, 0), GG_EINVAL, "size is 0");
   assert_null(imp);
-  gg_assert_fails(gg_import_open(&imp, 0, 2 * MiB), GG_ENOTSUP,
+  gg_assert_fails(gg_import_open(&imp, NULL, 0, 2 * MiB), GG_ENOTSUP,
                   "the host backend cannot map memory of another process");
   assert_null(imp);
-  gg_assert_fails(gg_import_open(&imp, 3, 2 * MiB), GG_ENODEV, "device 3 does not exist");
+  gg_assert_fails(gg_import_open(&imp, NULL, 3, 2 * MiB), GG_ENODEV, "device 3 does not exist");
+  /* Named, the backend is that one whatever GPUGUARD_BACKEND says (a receiver maps with the
+   * exporter's family); a name no backend has is refused. */
+  gg_assert_fails(gg_import_open(&imp, "host", 0, 2 * MiB), GG_ENOTSUP, "host backend cannot map");
+  gg_assert_fails(gg_import_open(&imp, "bogus", 0, 2 * MiB), GG_EINVAL, "bogus");
+  assert_null(imp);
   gg_share_piece_t piece = {0, 2 * MiB};
   gg_assert_fails(gg_import_map(NULL, &piece), GG_EINVAL, "imp is NULL");
   assert_null(gg_import_ptr(NULL));

@@ -53,11 +53,15 @@ typedef struct gg_import gg_import_t;
 /** Reserves @p size bytes of address space on @p device for pieces to be mapped with
  *  gg_import_map().
  *  @param[out] imp receives the handle.
+ *  @param backend the backend the exporting arena ran on (gg_arena_backend() there: "cuda"), so
+ *  that the receiver maps with the same family whatever GPUGUARD_BACKEND says here; NULL picks
+ *  the backend as gg_arena_create() does (the environment, else auto).
  *  @param device the device (as the backend numbers it).
  *  @param size the sum of the pieces' sizes.
- *  @return 0; GG_EINVAL for NULL @p imp or a size of 0; GG_ENODEV without the device; GG_ENOTSUP on
- *  a backend that cannot import; GG_EDRIVER or GG_ENOMEM with the driver's error. */
-GG_API int gg_import_open(gg_import_t **imp, int device, size_t size);
+ *  @return 0; GG_EINVAL for NULL @p imp, a size of 0 or an unknown backend name; GG_ENODEV without
+ *  the device; GG_ENOTSUP on a backend that cannot import; GG_EDRIVER or GG_ENOMEM with the
+ *  driver's error. */
+GG_API int gg_import_open(gg_import_t **imp, const char *backend, int device, size_t size);
 
 /** Maps the next piece (in the order they were exported) after those mapped before. The descriptor
  *  stays the caller's and may be closed as soon as this returns. Once every byte is mapped, the

@@ -87,13 +87,13 @@ struct gg_import {
   size_t *sizes; /* each mapped piece's size, in order: unmapped one by one */
 };
 
-int gg_import_open(gg_import_t **imp, int device, size_t size) {
+int gg_import_open(gg_import_t **imp, const char *backend, int device, size_t size) {
   if (!imp) return gg__err(GG_EINVAL, "gg_import_open: imp is NULL");
   *imp = NULL;
   if (!size) return gg__err(GG_EINVAL, "gg_import_open: size is 0");
   gg_import_t *m = calloc(1, sizeof *m);
   if (!m) return gg__err(GG_ENOMEM, "gg_import_open: out of host memory");
-  int rc = gg__dev_open(NULL, device, &m->dev);
+  int rc = gg__dev_open(backend, device, &m->dev);
   if (rc < 0) {
     free(m);
     return rc;

@@ -63,7 +63,9 @@ int import_open(void **out, size_t size) {
     (void)cudaGetLastError();
     return GG_EDRIVER;
   }
-  return gg_import_open(&imp->imp, imp->device, size);
+  /* Always CUDA, as the backend's own arenas (entry.cpp): GPUGUARD_BACKEND may name another
+   * backend for the rest of the process (tests run the library on the host backend). */
+  return gg_import_open(&imp->imp, "cuda", imp->device, size);
 }
 
 int import_map(void *imp, const gg_share_piece_t *piece) {
