@@ -60,9 +60,9 @@ static result_t summarize(double *v, int n) {
 
 /* ---- allocators under test: one alloc+free pair each ----------------------------------------- */
 
-/* A_ORDERED: what gpuguard's PyTorch backend calls for its default pool (gg_alloc_on / gg_free_on on
- * the arena's stream): stream-ordered, so a block freed on the stream is reusable at once by later work on it,
- * as with cudaMallocAsync. */
+/* A_ORDERED: what gpuguard's PyTorch backend calls for its default pool (gg_alloc_on / gg_free_on
+ * on the arena's stream): stream-ordered, so a block freed on the stream is reusable at once by
+ * later work on it, as with cudaMallocAsync. */
 typedef enum { A_GG, A_GG_NOSTREAM, A_ORDERED, A_MALLOC, A_ASYNC, A_COUNT } alloc_kind_t;
 static gg_arena_t *arena[3];
 
@@ -157,7 +157,8 @@ static void bench_pairs(void) {
   printf("\n## alloc+free pair latency, ns (median of batch means / p99 of single pairs), same "
          "sizes and order "
          "for every allocator\n\n");
-  printf("| size | gpuguard | gpuguard no-stream | gpuguard stream-ordered (PyTorch's path) | cudaMalloc | "
+  printf("| size | gpuguard | gpuguard no-stream | gpuguard stream-ordered (PyTorch's path) | "
+         "cudaMalloc | "
          "cudaMallocAsync "
          "| cudaMalloc / gpuguard | async / gpuguard | async / ordered | gpuguard events per 1000 "
          "pairs "
@@ -274,7 +275,8 @@ static void bench_churn(void) {
   printf("\n## 64 live blocks, free a random one and allocate a new one (16 B..4 MiB, "
          "log-uniform), ns per "
          "free+alloc (median of batch means / p99 of single steps)\n\n");
-  printf("| gpuguard | gpuguard no-stream | gpuguard stream-ordered | cudaMalloc | cudaMallocAsync | async "
+  printf("| gpuguard | gpuguard no-stream | gpuguard stream-ordered | cudaMalloc | cudaMallocAsync "
+         "| async "
          "/ gpuguard | "
          "async / ordered |\n|---|---|---|---|---|---|---|\n");
   result_t r[A_COUNT] = {};
@@ -697,7 +699,9 @@ int main(void) {
   for (int k = 0; k < 3; k++) {
     gg_arena_options_t o;
     gg_arena_options_init(&o);
-    o.stream = (void *)stream, o.flags = k == 1 ? GG_ARENA_NO_STREAM : k == 2 ? GG_ARENA_KEEP_HOLES : 0;
+    o.stream = (void *)stream, o.flags = k == 1   ? GG_ARENA_NO_STREAM
+                                         : k == 2 ? GG_ARENA_KEEP_HOLES
+                                                  : 0;
     o.name = k == 0 ? "bench" : k == 1 ? "bench-nostream" : "bench-ordered";
     GG(gg_arena_create(&arena[k], &o));
   }

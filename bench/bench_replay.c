@@ -1,8 +1,8 @@
 /* bench_replay.c — plays a recorded allocation trace (bench/torch_trace.py writes one from a real
- * PyTorch training run) through a gpuguard arena the way gpuguard's PyTorch backend calls it for its
- * default pool (gg_alloc_on / gg_free_on on the arena's stream, GG_ARENA_KEEP_HOLES), once per chunk
- * size, and prints a table:
- * peak mapped / peak in use, what trim leaves mapped, waits, and the time per call.
+ * PyTorch training run) through a gpuguard arena the way gpuguard's PyTorch backend calls it for
+ * its default pool (gg_alloc_on / gg_free_on on the arena's stream, GG_ARENA_KEEP_HOLES), once per
+ * chunk size, and prints a table: peak mapped / peak in use, what trim leaves mapped, waits, and
+ * the time per call.
  *
  *   bench_replay [--catch-up N|step] [--no-steady-waits] [--max-ratio R] [--max-moves N]
  *                TRACE[.gz] [CHUNK ...]

@@ -1,6 +1,7 @@
 /* test_backend_support.c — what a framework's allocator backend (gpuguard's PyTorch backend) asks
- * of the library, on the host backend: a limit below the capacity (PyTorch's memory fraction); the mapped ranges for
- * snapshots; and statistics read without touching the stream (safe while a stream captures). */
+ * of the library, on the host backend: a limit below the capacity (PyTorch's memory fraction); the
+ * mapped ranges for snapshots; and statistics read without touching the stream (safe while a stream
+ * captures). */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>

@@ -71,7 +71,8 @@ int cmd_info(int argc, char **argv) {
   if (format < 0) {
     int rc = print_devices(stdout, only);
     if (rc) return rc;
-  } else if (gg_report_ex(stdout, (gg_format_t)format, GG_REPORT_DEVICES, only, GG_REPORT_TOP_DEFAULT) < 0) {
+  } else if (gg_report_ex(stdout, (gg_format_t)format, GG_REPORT_DEVICES, only,
+                          GG_REPORT_TOP_DEFAULT) < 0) {
     fprintf(stderr, "gpuguard info: %s\n", gg_last_error());
     return 1;
   }

@@ -170,9 +170,10 @@ struct gg_arena {
   bool on_live;
   bool ordered_released; /* stream-ordered releases no granule records: unmapping must wait for the
                             stream */
-  void *join_event; /* recorded on one stream for another to wait on (gg_alloc_on/gg_free_on on other streams)
-                     */
-  gg__sites_t *sites; /* allocation sites (GG_ARENA_BACKTRACE), or NULL; set at creation only */
+  void *join_event;      /* recorded on one stream for another to wait on (gg_alloc_on/gg_free_on on
+                          * other streams)
+                          */
+  gg__sites_t *sites;    /* allocation sites (GG_ARENA_BACKTRACE), or NULL; set at creation only */
 
   /* Stream-ordered releases (gg_free_on) make memory reusable at once, in stream order, but it
    * may be unmapped only once the work queued before the release is done. Each granule of the range

@@ -258,9 +258,10 @@ int gg__arena_wait_pending(gg_arena_t *a) {
  * and number at least GG__ORD_CLOSE_FREES: growth needs whole free chunks known idle, and a step's
  * frees are then covered by events a few dozen times a step, not only by the one made as growth
  * asks. The count keeps alloc+free pairs of large blocks from paying a record each (~2 us on an
- * H200; on the host backend 64 MiB gg_alloc_on/gg_free_on pairs went from ~0.4 to ~2 us without it). A bound in
- * time instead (one close a millisecond) did the same for pairs, but replayed traces, which run
- * faster than a GPU, then closed epochs too seldom (a decoder trace: peak ratio 1.0045 -> 1.039).
+ * H200; on the host backend 64 MiB gg_alloc_on/gg_free_on pairs went from ~0.4 to ~2 us without
+ * it). A bound in time instead (one close a millisecond) did the same for pairs, but replayed
+ * traces, which run faster than a GPU, then closed epochs too seldom (a decoder trace: peak
+ * ratio 1.0045 -> 1.039).
  */
 #define GG__ORD_CLOSE_FREES 16
 

@@ -14,18 +14,10 @@ static const struct {
   const char *name;
   size_t size;
 } gg__sizes[] = {
-    GG__SIZE(gg_arena_options_t),
-    GG__SIZE(gg_arena_stats_t),
-    GG__SIZE(gg_scope_t),
-    GG__SIZE(gg_block_info_t),
-    GG__SIZE(gg_guard_options_t),
-    GG__SIZE(gg_spawn_options_t),
-    GG__SIZE(gg_proc_outcome_t),
-    GG__SIZE(gg_proc_receipt_t),
-    GG__SIZE(gg_session_record_t),
-    GG__SIZE(gg_device_info_t),
-    GG__SIZE(gg_process_t),
-    GG__SIZE(gg_device_telemetry_t),
+    GG__SIZE(gg_arena_options_t), GG__SIZE(gg_arena_stats_t),   GG__SIZE(gg_scope_t),
+    GG__SIZE(gg_block_info_t),    GG__SIZE(gg_guard_options_t), GG__SIZE(gg_spawn_options_t),
+    GG__SIZE(gg_proc_outcome_t),  GG__SIZE(gg_proc_receipt_t),  GG__SIZE(gg_session_record_t),
+    GG__SIZE(gg_device_info_t),   GG__SIZE(gg_process_t),       GG__SIZE(gg_device_telemetry_t),
 };
 
 size_t gg_sizeof(const char *type_name) {

@@ -731,8 +731,8 @@ static int gg__keep_gpu(gg__devrow_t *rows, int *n, int gpu) {
   int had = *n;
   *n = kept;
   return kept ? 0
-              : gg__err(GG_ENODEV, "gg_report_ex: GPU %d does not exist (this machine has %d)",
-                        gpu, had);
+              : gg__err(GG_ENODEV, "gg_report_ex: GPU %d does not exist (this machine has %d)", gpu,
+                        had);
 }
 
 int gg_report(FILE *out, gg_format_t format, unsigned what) {

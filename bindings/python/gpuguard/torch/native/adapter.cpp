@@ -1,5 +1,5 @@
-/* adapter.cpp (gpuguard.torch) — the core's arenas, block table and statistics: every allocation and
- * free of gpuguard's PyTorch backend passes here once (see adapter.h for the rules). */
+/* adapter.cpp (gpuguard.torch) — the core's arenas, block table and statistics: every allocation
+ * and free of gpuguard's PyTorch backend passes here once (see adapter.h for the rules). */
 #include "adapter.h"
 
 #include <algorithm>
@@ -221,7 +221,8 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
   }
   /* Only while a capture may be under way does a call ask the driver (one announced, or any). */
   uint64_t capture = 0;
-  if (n_announced_.load(std::memory_order_relaxed) || capture_any_.load(std::memory_order_relaxed)) {
+  if (n_announced_.load(std::memory_order_relaxed) ||
+      capture_any_.load(std::memory_order_relaxed)) {
     if (rt_.capture_id(stream, &capture) < 0) {
       capture = 0;
     }

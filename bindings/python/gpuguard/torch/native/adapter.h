@@ -200,12 +200,12 @@ struct Pool {
   int use_count = 0;
   size_t live = 0;
   bool use_on_oom = false;
-  bool implicit = false;              /* made for a capture nobody announced */
-  std::atomic<bool> dead{false};      /* implicit: its graph is gone (set by the runtime's thread) */
-  gg_arena_t *given = nullptr;        /* mem_pool(arena): the user's arena serves it */
-  std::shared_ptr<Custom> custom;     /* MemPool(allocator=...) */
+  bool implicit = false;          /* made for a capture nobody announced */
+  std::atomic<bool> dead{false};  /* implicit: its graph is gone (set by the runtime's thread) */
+  gg_arena_t *given = nullptr;    /* mem_pool(arena): the user's arena serves it */
+  std::shared_ptr<Custom> custom; /* MemPool(allocator=...) */
   std::vector<std::pair<Stream, gg_arena_t *>> arenas; /* its own, one per stream */
-  std::vector<Held> held;             /* implicit: default-pool blocks its graph reads */
+  std::vector<Held> held; /* implicit: default-pool blocks its graph reads */
 };
 
 /* What a free hands back to the facade (for history records and IPC). */
@@ -261,7 +261,7 @@ public:
   /* ---- arenas (adapter.cpp) */
   int device_arena(int device, gg_arena_t **out); /* the default pool's, made at first use */
   gg_arena_t *device_arena_if_any(int device) const;
-  int use_arena(int device, gg_arena_t *arena);   /* gpuguard.torch.use_arena */
+  int use_arena(int device, gg_arena_t *arena);    /* gpuguard.torch.use_arena */
   std::vector<gg_arena_t *> arenas_of(int device); /* every arena serving the device, once each */
 
   /* ---- blocks (adapter.cpp): the only place that routes, counts and records */
@@ -270,8 +270,8 @@ public:
    * two (its block, and active_bytes, that size), as PyTorch's allocator rounds it. */
   int alloc(size_t n, int device, Stream stream, std::shared_ptr<void> context, void **ptr,
             PoolId *pool, size_t divisions = 0);
-  int free(void *ptr, Freed *out);                  /* GG_ENOTFOUND: not a block of ours */
-  int record_stream(void *ptr, Stream stream);      /* 0; GG_ENOTFOUND: not ours */
+  int free(void *ptr, Freed *out);             /* GG_ENOTFOUND: not a block of ours */
+  int record_stream(void *ptr, Stream stream); /* 0; GG_ENOTFOUND: not ours */
   bool block_size(void *ptr, size_t *size);
   int share_info(void *ptr, gg_arena_t **arena, size_t *size, int *device, uint64_t *ipc_id);
   void set_ipc_id(void *ptr, uint64_t id);
@@ -323,7 +323,8 @@ private:
   Pool &pool_locked(int device, PoolId id);
   int pool_alloc(Pool &p, size_t n, Stream stream, void **ptr, gg_arena_t **used);
   int pool_arena(Pool &p, Stream stream, gg_arena_t **out);
-  int default_alloc(size_t n, int device, Stream stream, void **ptr, Pool **pool, gg_arena_t **used);
+  int default_alloc(size_t n, int device, Stream stream, void **ptr, Pool **pool,
+                    gg_arena_t **used);
   void free_default(void *ptr, const Block &b);
   void free_pooled(void *ptr, const Block &b);
   bool hold_for_graph(void *ptr, const Block &b);
@@ -367,9 +368,9 @@ private:
   std::atomic<bool> capture_any_{false};
   std::atomic<uint64_t> deaths_{0}; /* graphs gone: a change means "sweep" */
   std::atomic<uint64_t> seen_deaths_{0};
-  std::atomic<size_t> n_held_{0}; /* deferred_.size(), read without the lock */
-  std::vector<Held> deferred_;      /* blocks of gone graphs whose stream captured again */
-  std::vector<Recorded> recorded_;  /* freed, waiting for the streams they were recorded on */
+  std::atomic<size_t> n_held_{0};  /* deferred_.size(), read without the lock */
+  std::vector<Held> deferred_;     /* blocks of gone graphs whose stream captured again */
+  std::vector<Recorded> recorded_; /* freed, waiting for the streams they were recorded on */
   std::atomic<size_t> n_recorded_{0};
 };
 

@@ -1,5 +1,6 @@
 /* adapter_pools.cpp (gpuguard.torch) — the core's private pools and captures: CUDA graph pools,
- * MemPools, captures nobody announced, and the default-pool blocks a graph keeps (see adapter.h). */
+ * MemPools, captures nobody announced, and the default-pool blocks a graph keeps (see adapter.h).
+ */
 #include "adapter.h"
 
 #include <algorithm>
@@ -188,7 +189,8 @@ bool Adapter::hold_for_graph(void *ptr, const Block &b) {
 }
 
 /* Pools whose graph is gone lose the graph's use; the blocks they held go back to their arenas in
- * stream order, once their stream no longer captures (a free then would touch a capturing stream). */
+ * stream order, once their stream no longer captures (a free then would touch a capturing stream).
+ */
 void Adapter::sweep_locked(std::vector<Held> *out) {
   seen_deaths_.store(deaths_.load(std::memory_order_acquire)); /* first: a later death is seen */
   for (auto &kv : pools_) {

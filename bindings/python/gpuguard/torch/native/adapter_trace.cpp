@@ -1,6 +1,7 @@
-/* adapter_trace.cpp (gpuguard.torch) — GPUGUARD_PLUGIN_TRACE=PATH: every default-pool allocation and
- * free, one line each (`a PTR SIZE STREAM`, `f PTR STREAM`), the format bench/bench_replay and
- * gpuguard.diagnostics.snapshot read. Each process writes PATH.PID, so workers never share a file. */
+/* adapter_trace.cpp (gpuguard.torch) — GPUGUARD_PLUGIN_TRACE=PATH: every default-pool allocation
+ * and free, one line each (`a PTR SIZE STREAM`, `f PTR STREAM`), the format bench/bench_replay and
+ * gpuguard.diagnostics.snapshot read. Each process writes PATH.PID, so workers never share a file.
+ */
 #include "adapter.h"
 
 #include <fcntl.h>
@@ -28,8 +29,8 @@ void trace_open() {
     return;
   }
   std::string name = std::string(path) + "." + std::to_string(long(getpid()));
-  int fd = open(name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
-                0600);
+  int fd =
+      open(name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
   struct stat st {};
   if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
     close(fd);

@@ -16,7 +16,8 @@ int capture_id(Stream stream, uint64_t *id) {
     (void)cudaGetLastError();
     return GG_EDRIVER;
   }
-  /* An invalidated capture still holds its id: its graph may not be made, nothing is kept for it. */
+  /* An invalidated capture still holds its id: its graph may not be made, nothing is kept for it.
+   */
   *id = status == cudaStreamCaptureStatusActive ? uint64_t(cid) : 0;
   return 0;
 }
@@ -28,7 +29,8 @@ int graph_retain(Stream stream, void (*done)(void *), void *user) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long cid = 0;
   cudaGraph_t graph = nullptr;
-  cudaError_t e = cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, &cid, &graph);
+  cudaError_t e =
+      cudaStreamGetCaptureInfo(static_cast<cudaStream_t>(stream), &status, &cid, &graph);
   if (e == cudaSuccess && (status != cudaStreamCaptureStatusActive || !graph)) {
     return GG_ESTATE;
   }
@@ -75,8 +77,8 @@ int device_sync(int device) {
 }
 
 void relax(bool begin, int *saved) {
-  cudaStreamCaptureMode mode = begin ? cudaStreamCaptureModeRelaxed
-                                     : static_cast<cudaStreamCaptureMode>(*saved);
+  cudaStreamCaptureMode mode =
+      begin ? cudaStreamCaptureModeRelaxed : static_cast<cudaStreamCaptureMode>(*saved);
   cudaThreadExchangeStreamCaptureMode(&mode);
   if (begin) {
     *saved = int(mode);
