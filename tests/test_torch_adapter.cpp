@@ -2,7 +2,11 @@
  * (bindings/python/gpuguard/torch/native/adapter*.cpp), built alone and run on the host backend
  * with stub runtime calls: the pool rules, the statistics, capture routing (announced and not), the
  * blocks a graph keeps, record_stream joins, and the trace file. No PyTorch, no GPU. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -548,6 +552,87 @@ static void test_trace_file_has_the_replay_format(void **state) {
   assert_true(lines.back() == "f " + std::string(buf) + " (nil)\n");
 }
 
+/* GPUGUARD_PLUGIN_TRACE in hostile places (issue 42 item 18): what another user planted at the
+ * name a process will trace to (a symlink to a file it must not write, a FIFO nobody reads) is
+ * refused, the first allocation does not hang, and two processes each write a file of their own.
+ * Each case is a child that opens the trace for the first time (the parent never traces before this
+ * test), told its pid's name is ready through a pipe. Returns the child's status. */
+static int trace_in_child(const std::string &base, void (*plant)(const std::string &)) {
+  int go[2];
+  assert_int_equal(pipe(go), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    char c;
+    close(go[1]);
+    if (read(go[0], &c, 1) != 1) _exit(3);
+    alarm(10); /* a trace open that blocks (a FIFO) fails the case instead of the suite */
+    Adapter ad(stub_runtime(), host_defaults(16 * MiB));
+    void *p = alloc(ad, 512, nullptr);
+    release(ad, p);
+    _exit(0);
+  }
+  close(go[0]);
+  if (plant) plant(base + "." + std::to_string(pid));
+  assert_int_equal(write(go[1], "x", 1), 1);
+  close(go[1]);
+  int st = 0;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  return st;
+}
+
+static std::string g_victim; /* the file a planted link points at */
+
+static void plant_link(const std::string &name) {
+  assert_int_equal(symlink(g_victim.c_str(), name.c_str()), 0);
+}
+static void plant_fifo(const std::string &name) { assert_int_equal(mkfifo(name.c_str(), 0600), 0); }
+
+static void test_trace_refuses_links_and_fifos_per_process(void **state) {
+  (void)state;
+  std::string base = getenv("GPUGUARD_PLUGIN_TRACE");
+  g_victim = base + ".victim";
+  FILE *v = fopen(g_victim.c_str(), "w");
+  assert_non_null(v);
+  fputs("keep me\n", v);
+  fclose(v);
+  int st = trace_in_child(base, plant_link);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  char line[64] = "";
+  v = fopen(g_victim.c_str(), "r");
+  assert_non_null(v);
+  assert_non_null(fgets(line, sizeof line, v));
+  fclose(v);
+  assert_string_equal(line, "keep me\n"); /* the link was not followed */
+  st = trace_in_child(base, plant_fifo);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0); /* not killed by the alarm: no hang */
+  /* Two processes: a file each, neither truncating the other's. */
+  for (int i = 0; i < 2; i++) {
+    st = trace_in_child(base, nullptr);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  size_t files = 0;
+  std::string dir = base.substr(0, base.rfind('/'));
+  DIR *d = opendir(dir.c_str());
+  assert_non_null(d);
+  for (struct dirent *e; (e = readdir(d));) {
+    std::string n = std::string(dir) + "/" + e->d_name;
+    struct stat sb;
+    if (lstat(n.c_str(), &sb) == 0 && S_ISREG(sb.st_mode) && n != g_victim) {
+      FILE *f = fopen(n.c_str(), "r");
+      assert_non_null(f);
+      assert_non_null(fgets(line, sizeof line, f));
+      assert_int_equal(std::string(line).rfind("# gpuguard plugin trace, pid ", 0), 0);
+      fclose(f);
+      files++;
+    }
+    if (e->d_name[0] != '.') unlink(n.c_str());
+  }
+  closedir(d);
+  assert_int_equal(files,
+                   2); /* one per tracing process; nothing written through the link or FIFO */
+}
+
 int main(void) {
   setenv("GPUGUARD_HOST_POPULATE", "0", 1);
   char dir[] = "/tmp/gg-adapter-XXXXXX";
@@ -555,6 +640,7 @@ int main(void) {
   std::string trace = std::string(dir) + "/trace";
   setenv("GPUGUARD_PLUGIN_TRACE", trace.c_str(), 1);
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_trace_refuses_links_and_fifos_per_process), /* first: no trace yet */
       cmocka_unit_test(test_default_pool_counts_each_block_once),
       cmocka_unit_test(test_use_arena_serves_the_default_pool),
       cmocka_unit_test(test_announced_capture_fills_its_pool),
