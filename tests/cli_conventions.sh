@@ -51,7 +51,7 @@ expect_rc 0 $g watch -i 0 --count 1 --interval 50ms; grep -q "gpuguard host devi
 expect_rc 2 $g watch -i 3 --count 1 --interval 50ms; grep -q "no such GPU" "$tmp/err" || fail "watch -i 3"
 expect_rc 2 $g check -i 3; grep -q "no such GPU" "$tmp/err" || fail "check -i 3"
 expect_rc 2 $g ps -i 3; grep -q "no such GPU" "$tmp/err" || fail "ps -i 3"
-expect_rc 2 $g watch -i 0 --listen 127.0.0.1:0
+expect_rc 2 $g watch -i 3 --listen 127.0.0.1:0; grep -q "no such GPU" "$tmp/err" || fail "watch -i 3 --listen"
 expect_rc 3 $g ps -i 0
 
 # No GPU: ps and ps --json agree, and the JSON names no (simulated) device.

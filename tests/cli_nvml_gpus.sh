@@ -77,7 +77,12 @@ for c in "ps" "ps --json" "check" "check --json" "info" "info --json" "info --pr
   expect_rc 2 $g $c -i 2
   expect_rc 2 $g $c -i GPU-fa4e0000-0000-4000-8000-000000000009
 done
-echo "-i N|UUID on ps, check, info, watch and reap, with --json and --prom; a GPU that does not exist is exit 2"
+# The exporter takes -i too: the textfile then has GPU 1's series only.
+expect_rc 0 $g watch --prom-file "$tmp/one.prom" -i GPU-fa4e0000-0000-4000-8000-000000000001 --count 1
+grep -q 'gpuguard_device_memory_total_bytes{gpu="1"' "$tmp/one.prom" &&
+  ! grep -q '{gpu="0"' "$tmp/one.prom" || fail "watch --prom-file -i UUID: $(cat "$tmp/one.prom")"
+expect_rc 2 $g watch --prom-file "$tmp/none.prom" -i 2 --count 1
+echo "-i N|UUID on ps, check, info, watch (view and exporter) and reap, with --json and --prom; a GPU that does not exist is exit 2"
 
 # Memory no process explains, from NVML's own used memory: 4 GiB used on each GPU, 2 GiB listed on
 # GPU 1, 1 GiB on GPU 0.

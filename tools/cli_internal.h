@@ -78,15 +78,15 @@ int cmd_watch(int argc, char **argv);
 #define EXPORTER_DEFAULT_PORT 9402
 typedef struct exporter exporter_t;
 /* Writes the report (gg_report bits `what`, per-process series bounded by top as gg_report_ex
- * bounds them) to a new temporary file in path's directory (O_EXCL: nothing planted there is
- * followed) and renames it over path. 0, or 1 after a message. */
-int exporter_write_file(const char *path, unsigned what, unsigned top);
+ * bounds them; gpu: one GPU's series, -1 every GPU) to a new temporary file in path's directory
+ * (O_EXCL: nothing planted there is followed) and renames it over path. 0, or 1 after a message. */
+int exporter_write_file(const char *path, unsigned what, unsigned top, int gpu);
 /* Splits --listen's value into host ("" for loopback) and port; 0, or 1 after a message. */
 int exporter_parse_listen(const char *spec, char *host, size_t hcap, unsigned *port);
 /* Listens on --listen's value: "ADDR:PORT", "[V6ADDR]:PORT", ":PORT" or "PORT" (loopback), "ADDR"
  * (the default port); port 0 picks one. Says where on stderr, and warns when the address is not a
  * loopback one. NULL after a message. */
-exporter_t *exporter_open(const char *spec, unsigned what, unsigned top);
+exporter_t *exporter_open(const char *spec, unsigned what, unsigned top, int gpu);
 /* Serves clients (/metrics, / linking it, else 404), many at once, each bounded in request size and
  * time, until deadline_ms (CLOCK_MONOTONIC milliseconds) or a byte arrives on wake_fd. Returns that
  * byte, 'c' after a /metrics answer was sent whole, 0 when the time is up. */

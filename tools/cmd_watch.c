@@ -513,9 +513,6 @@ static int parse(int argc, char **argv, watch_opts_t *w) {
     }
   }
   if (optind < argc) return bad_usage("unexpected argument '%s'", argv[optind]);
-  if (w->device >= 0 && (w->prom || w->listen))
-    return bad_usage(
-        "%s", "-i selects a device for the view; the exporter covers every GPU (as DCGM's does)");
   int bad = cli_gpu_exists("watch", w->device);
   return bad ? bad : -1;
 }
@@ -564,7 +561,7 @@ static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
           "device "
           "series (gpuguard_devices{source=\"none\"} 0), never the simulated host device\n",
           stderr);
-  exporter_t *ex = w->listen ? exporter_open(w->listen, what, (unsigned)w->top) : NULL;
+  exporter_t *ex = w->listen ? exporter_open(w->listen, what, (unsigned)w->top, w->device) : NULL;
   if (w->listen && !ex) return 1;
   bool ticking = w->prom || w->record, failing = false;
   long done = 0;
@@ -572,7 +569,7 @@ static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
   for (;;) {
     if (ticking && (gg__now_ms() / 1e3) >= next) {
       if (w->prom) {
-        bool failed = exporter_write_file(w->prom, what, (unsigned)w->top) != 0;
+        bool failed = exporter_write_file(w->prom, what, (unsigned)w->top, w->device) != 0;
         if (failed && !failing)
           fprintf(stderr, "gpuguard watch: --prom-file %s: trying again every %.3g s\n", w->prom,
                   w->interval);

@@ -38,16 +38,17 @@ typedef struct client {
 struct exporter {
   int lfd;
   unsigned what, top;
+  int gpu; /* -i: one GPU's series only; -1 every GPU */
   client_t c[MAX_CLIENTS];
 };
 
 /* The report, rendered into memory once per answer: what a scrape reads is one consistent
  * reading. */
-static char *render(unsigned what, unsigned top, size_t *len) {
+static char *render(unsigned what, unsigned top, int gpu, size_t *len) {
   char *buf = NULL;
   FILE *f = open_memstream(&buf, len);
   if (!f) return NULL;
-  int rc = gg_report_ex(f, GG_FORMAT_PROMETHEUS, what, -1, top);
+  int rc = gg_report_ex(f, GG_FORMAT_PROMETHEUS, what, gpu, top);
   if (fclose(f) != 0 || rc < 0) {
     fprintf(stderr, "gpuguard watch: the report failed: %s\n",
             rc < 0 ? gg_last_error() : strerror(errno));
@@ -93,7 +94,7 @@ static void sweep_stale_temps(const char *path) {
   closedir(d);
 }
 
-int exporter_write_file(const char *path, unsigned what, unsigned top) {
+int exporter_write_file(const char *path, unsigned what, unsigned top, int gpu) {
   char tmp[4096];
   if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp) {
     fprintf(stderr, "gpuguard watch: --prom-file path too long\n");
@@ -105,7 +106,7 @@ int exporter_write_file(const char *path, unsigned what, unsigned top) {
   /* The text first: the temporary file then lives for a write and a rename, not for the report
    * too, and a kill leaves one behind more rarely. */
   size_t len = 0;
-  char *text = render(what, top, &len);
+  char *text = render(what, top, gpu, &len);
   int fd = text ? mkostemp(tmp, O_CLOEXEC) : -1;
   if (text && fd < 0) {
     fprintf(stderr, "gpuguard watch: cannot write %s: %s\n", tmp, strerror(errno));
@@ -256,7 +257,7 @@ static int listen_on(const char *spec) {
   return fd;
 }
 
-exporter_t *exporter_open(const char *spec, unsigned what, unsigned top) {
+exporter_t *exporter_open(const char *spec, unsigned what, unsigned top, int gpu) {
   exporter_t *ex = calloc(1, sizeof *ex);
   if (!ex) {
     fprintf(stderr, "gpuguard watch: out of memory\n");
@@ -265,6 +266,7 @@ exporter_t *exporter_open(const char *spec, unsigned what, unsigned top) {
   for (int i = 0; i < MAX_CLIENTS; i++) ex->c[i].fd = -1;
   ex->what = what;
   ex->top = top;
+  ex->gpu = gpu;
   ex->lfd = listen_on(spec);
   if (ex->lfd < 0) {
     free(ex);
@@ -342,7 +344,7 @@ static void answer(exporter_t *ex, client_t *c) {
     respond(c, "200 OK", "text/html; charset=utf-8", "", index_page, sizeof index_page - 1, head);
   } else if (strcmp(target, "/metrics") == 0) {
     size_t len = 0;
-    char *body = render(ex->what, ex->top, &len);
+    char *body = render(ex->what, ex->top, ex->gpu, &len);
     if (body) {
       respond(c, "200 OK", "text/plain; version=0.0.4; charset=utf-8", "", body, len, head);
       c->metrics = true;
