@@ -38,7 +38,8 @@ typedef struct client {
 struct exporter {
   int lfd;
   unsigned what, top;
-  int gpu; /* -i: one GPU's series only; -1 every GPU */
+  int gpu;     /* -i: one GPU's series only; -1 every GPU */
+  int pending; /* /metrics answers sent whole and not yet returned as 'c' */
   client_t c[MAX_CLIENTS];
 };
 
@@ -437,6 +438,11 @@ int exporter_serve(exporter_t *ex, double deadline_ms, int wake_fd) {
   struct pollfd p[MAX_CLIENTS + 2];
   int idx[MAX_CLIENTS + 2];
   for (;;) {
+    /* One 'c' per answer: two clients answered in one round are two scrapes (--count). */
+    if (ex->pending > 0) {
+      ex->pending--;
+      return 'c';
+    }
     double now = gg__now_ms(), until = deadline_ms;
     int n = 0;
     p[n++] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
@@ -464,6 +470,6 @@ int exporter_serve(exporter_t *ex, double deadline_ms, int wake_fd) {
     for (int k = 2; k < n; k++)
       if (p[k].revents) answered += step(ex, &ex->c[idx[k]]);
     if (p[1].revents & POLLIN) answered += accept_all(ex);
-    if (answered) return 'c';
+    ex->pending += answered;
   }
 }
