@@ -56,6 +56,9 @@ void gg__proc_fatal_kill(int sig, void *user);
  * -errno when /proc cannot be read (then nothing is signalled). The caller proves the group is the
  * one it means. */
 int gg__proc_signal_group(pid_t pgrp, int sig);
+/* In a forked image, the pid of the process that forked it (0 in an image that was exec'd):
+ * proc_self.c's gg_proc_arm_child() arms against it. */
+pid_t gg__proc_parent_at_fork(void);
 
 /* The guard layer vouches for a guard key before a child is recorded for it: fn returns 0 when key
  * is a live guard that is not being torn down, else GG_EINVAL / GG_ESTATE with a message naming

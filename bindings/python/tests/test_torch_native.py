@@ -1,7 +1,7 @@
 """gpuguard's PyTorch backend (GPUGUARD_TORCH=1 / gpuguard.torch.use_native) on a real GPU: each test runs
 a short script in a fresh interpreter (PyTorch's allocator is chosen once per process) and checks what it
-printed. Needs torch with CUDA and a device; skips saying so otherwise. The configuration checks at the
-bottom run anywhere."""
+printed. Needs torch with CUDA and a device; skips saying so otherwise. The configuration checks of
+GPUGUARD_TORCH and its options, which run anywhere, are in test_torch_options.py."""
 from __future__ import annotations
 
 import json
@@ -777,44 +777,3 @@ def test_captures_any_sees_a_capture_pytorch_did_not_announce(mode: str) -> None
         # the driver refuses that inside a capture, so the allocation fails loudly instead.
         assert out["seen"] == 0, out
         assert "CAPTURE" in out["error"] or out["end"] != 0, out
-
-
-@pytest.mark.parametrize("value,opts,needle", [
-    ("maybe", "", "GPUGUARD_TORCH='maybe'"),
-    ("1", "capacity=lots", "capacity='lots'"),
-    ("1", "chunk=0", "chunk='0'"),
-    ("1", "backend=fast", "'backend=fast'"),
-    ("1", "capacity", "'capacity' is not key=value"),
-    ("1", "captures=some", "'captures=some'"),
-])
-def test_bad_values_stop_the_process_naming_variable_and_value(value: str, opts: str, needle: str) -> None:
-    env = _env(GPUGUARD_TORCH=value, GPUGUARD_TORCH_OPTIONS=opts)
-    r = subprocess.run([sys.executable, "-c", "import gpuguard._autostart as A; A.run(); print('ran on')"],
-                       capture_output=True, text=True, timeout=60, env=env)
-    assert r.returncode == 2, (r.stdout, r.stderr)
-    assert "ran on" not in r.stdout
-    assert needle in r.stderr, r.stderr
-
-
-def test_parse_accepts_the_documented_forms() -> None:
-    from gpuguard import _autostart as A
-    assert A.parse(None, None) is None and A.parse("0", "") is None and A.parse(" off ", "x") is None
-    cfg = A.parse("1", "capacity=40G, chunk=64MiB,backend=native,fallback=torch,workers=off")
-    assert cfg == {"capacity": 40 << 30, "chunk": 64 << 20, "backend": "native", "fallback": "torch",
-                   "workers": False, "captures": "announced"}
-    assert A.parse("1", "captures=Any")["captures"] == "any"
-
-
-def test_unset_variable_imports_nothing_of_gpuguard() -> None:
-    """What the .pth line does when GPUGUARD_TORCH is unset: no gpuguard module is imported."""
-    pth = os.path.join(os.path.dirname(PKG), "python", "gpuguard_torch.pth")
-    with open(pth) as f:
-        line = f.read().strip()
-    env = _env()
-    env.pop("GPUGUARD_TORCH", None)
-    r = subprocess.run([sys.executable, "-c", line + "\nimport sys; print(any(m.startswith('gpuguard') for m in sys.modules))"],
-                       capture_output=True, text=True, timeout=60, env=env)
-    assert r.returncode == 0 and r.stdout.strip() == "False", (r.stdout, r.stderr)
-    r = subprocess.run([sys.executable, "-c", line + "\nimport sys; print('gpuguard._autostart' in sys.modules)"],
-                       capture_output=True, text=True, timeout=60, env=dict(env, GPUGUARD_TORCH="1"))
-    assert r.returncode == 0 and r.stdout.strip() == "True", (r.stdout, r.stderr)
