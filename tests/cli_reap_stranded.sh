@@ -188,7 +188,7 @@ ls "$GPUGUARD_REGISTRY_DIR"/*.rec >/dev/null 2>&1 || fail "the runner left no re
 "$g" reap --yes --grace 300ms > "$tmp/r0"
 [ -z "$(ls "$GPUGUARD_REGISTRY_DIR"/*.rec 2>/dev/null)" ] || { ls "$GPUGUARD_REGISTRY_DIR"; fail "reap left the dead leader's record"; }
 echo "registry: reap removed the SIGKILLed runner's record with its orphan"
-if ldd "$lib" 2>/dev/null | grep -q 'lib[at]san'; then
+if ldd "$lib" 2>/dev/null | grep 'lib[at]san' >/dev/null; then # all of ldd's output read: no SIGPIPE under pipefail
   echo "SKIP part: namespaced jobs registering through ctypes (a sanitizer build's library needs its runtime preloaded)"
 elif "$g" run --pid-ns=on -- true 2>/dev/null; then
   cat > "$tmp/reg.py" <<'PY'

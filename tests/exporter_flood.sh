@@ -86,7 +86,10 @@ echo "exporter: scrapes answered during a flood of 100 slow connections: $got"
 kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
 
 # The Python monitor: 8 connections at once; 10 slow ones, opened once.
-if [ -f "$build/libgpuguard.so" ]; then
+# A sanitizer build's library cannot be loaded into python3 (its runtime would have to come first).
+sanitized=$(sed -n 's/^GPUGUARD_SANITIZE:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
+[ -z "$sanitized" ] || echo "SKIP part: the Python monitor (a $sanitized build's library is not loaded into python3)"
+if [ -z "$sanitized" ] && [ -f "$build/libgpuguard.so" ]; then
   cat >"$tmp/mon.py" <<'PY'
 import subprocess, sys, time
 import gpuguard

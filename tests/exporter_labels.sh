@@ -129,7 +129,10 @@ if pod != "0":
     print("labels: pod_uid=%s pod=%s namespace=%s from the cgroup and the pod's own root" % (uid, l["pod"], l["namespace"]))
 PY
 # The Python monitor's /json, as root: the other user's command line left out there too.
-if [ -n "$other" ] && [ -f "$build/libgpuguard.so" ]; then
+# A sanitizer build's library cannot be loaded into python3 (its runtime would have to come first).
+sanitized=$(sed -n 's/^GPUGUARD_SANITIZE:[A-Z]*=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
+[ -z "$sanitized" ] || echo "SKIP part: the Python monitor (a $sanitized build's library is not loaded into python3)"
+if [ -z "$sanitized" ] && [ -n "$other" ] && [ -f "$build/libgpuguard.so" ]; then
   GPUGUARD_LIBRARY=$build/libgpuguard.so PYTHONPATH=$src/bindings/python python3 - "$other" <<'PY'
 import json, sys, time, urllib.request
 import gpuguard

@@ -534,16 +534,26 @@ int fetch(const Ops &ops, const std::string &wire, int timeout_ms, void **imp, v
  * the cache while mappings do. */
 std::shared_ptr<void> Cache::track(const std::string &key, const std::shared_ptr<Slot> &slot,
                                    std::shared_ptr<void> mapping) {
-  std::shared_ptr<State> st = st_;
+  /* The deleter holds the cache's state and the slot weakly: a shared_ptr keeps its deleter until
+   * its last weak_ptr goes, and the slot's weak_ptr to this very pointer made a cycle through any
+   * strong capture (LeakSanitizer: every entry leaked). A cache gone first has nothing to forget.
+   */
+  std::weak_ptr<State> st = st_;
+  std::weak_ptr<Slot> weak_slot = slot;
   void *p = mapping.get();
-  return std::shared_ptr<void>(p, [st, key, slot, mapping](void *) mutable {
+  return std::shared_ptr<void>(p, [st, key, weak_slot, mapping](void *) mutable {
     mapping.reset();
-    std::lock_guard<std::mutex> g(st->mu);
-    auto it = st->slots.find(key);
-    if (it != st->slots.end() && it->second == slot) {
-      st->slots.erase(it);
+    std::shared_ptr<State> state = st.lock();
+    if (!state) {
+      return;
     }
-    st->cv.notify_all();
+    std::shared_ptr<Slot> mine = weak_slot.lock();
+    std::lock_guard<std::mutex> g(state->mu);
+    auto it = state->slots.find(key);
+    if (it != state->slots.end() && it->second == mine) {
+      state->slots.erase(it);
+    }
+    state->cv.notify_all();
   });
 }
 
