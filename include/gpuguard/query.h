@@ -154,6 +154,7 @@ GG_API int gg_gpu_processes(int gpu, gg_process_t *rows, size_t cap, size_t *cou
 GG_API int gg_gpu_telemetry(int gpu, gg_device_telemetry_t *t);
 
 /** The GPU that @p id names, as nvidia-smi's -i takes it: its number or its UUID ("GPU-...").
+ *  @param id the GPU's number or UUID.
  *  @param[out] gpu receives the number.
  *  @return 0; GG_EINVAL for NULL; GG_ENODEV when no GPU has that number or UUID (the message says
  *  how many there are), or there is no GPU at all. Thread-safe. */
