@@ -212,7 +212,9 @@ int gg__freelist_reserve_slow(gg__freelist_t *fl, size_t k) {
 
 gg__block_t *gg__freelist_take_record(gg__freelist_t *fl) {
   gg__block_t *b = fl->spare;
-  GG__ASSERT(b && fl->n_spare > 0 && b->state == GG__BLOCK_SPARE); /* taken without a reservation */
+  /* Taken without a reservation: a spare exists (n_spare counts the list b heads). */
+  GG__ASSERT(fl->n_spare > 0);
+  GG__ASSERT(b->state == GG__BLOCK_SPARE);
   fl->spare = b->r;
   fl->n_spare--;
   memset(b, 0, sizeof *b);
