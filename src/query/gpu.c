@@ -76,18 +76,7 @@ static int gg__gpu_info_driver(const gg__family_t *g, int gpu, gg_device_info_t 
   if (rc < 0) return rc;
   size_t free_b = 0, total_b = 0;
   rc = d->ops->mem_info(d, &free_b, &total_b);
-  if (rc == 0) {
-    gg__strlcpy(info->backend, g->name, sizeof info->backend);
-    gg__strlcpy(info->name, d->props.name, sizeof info->name);
-    gg__strlcpy(info->uuid, d->props.uuid, sizeof info->uuid);
-    info->total_bytes = total_b;
-    info->free_bytes = free_b;
-    info->used_bytes = total_b - free_b;
-    info->cc_major = d->props.cc_major;
-    info->cc_minor = d->props.cc_minor;
-    info->driver_version = d->props.driver_version;
-    info->vmm_supported = d->props.vmm;
-  }
+  if (rc == 0) gg__fill_info(info, gpu, g, &d->props, free_b, total_b);
   gg__dev_close(d);
   return rc;
 }

@@ -18,8 +18,8 @@ int gg_device_count(int *count) {
   return gg__dev_count(NULL, count);
 }
 
-static void gg__fill_info(gg_device_info_t *info, int device, const gg__family_t *f,
-                          const gg__dev_props_t *p, size_t free_b, size_t total_b) {
+void gg__fill_info(gg_device_info_t *info, int device, const gg__family_t *f,
+                   const gg__dev_props_t *p, size_t free_b, size_t total_b) {
   memset(info, 0, sizeof *info);
   info->index = device;
   gg__strlcpy(info->backend, f->name, sizeof info->backend);

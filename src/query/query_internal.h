@@ -18,6 +18,10 @@ int gg__process_list_at(const char *uuid, int device, struct gg_process *rows, s
 /* A GPU the driver in this process sees too (info->uuid): its backend and what only the driver says
  * (gpu.c). One it does not see (CUDA_VISIBLE_DEVICES, no CUDA here) keeps the telemetry's name. */
 void gg__gpu_driver_view(const gg__family_t *g, gg_device_info_t *info);
+/* A device's public description from its family, properties and memory (query.c): the struct is
+ * cleared first and its index set to `device`. */
+void gg__fill_info(gg_device_info_t *info, int device, const gg__family_t *f,
+                   const gg__dev_props_t *p, size_t free_b, size_t total_b);
 /* The telemetry's readings as the public struct gives them (watts, -1 unknown). */
 void gg__telemetry_from(gg_device_telemetry_t *t, int index, const gg__readings_t *r);
 

@@ -198,6 +198,9 @@ def install() -> None:
     arm_if_rank()
 
 
+_rank_checked = False
+
+
 def arm_if_rank() -> None:
     """Arms this process against its parent when it is a torch.distributed rank that torchrun's agent
     started: TORCHELASTIC_RUN_ID and LOCAL_RANK in its environment, and not in its parent's (the agent's
@@ -205,6 +208,10 @@ def arm_if_rank() -> None:
     checkpoint upload detached with start_new_session, a plain subprocess) inherits the variables from
     a parent that has them too, and is left alone, as is any process whose parent's environment cannot
     be read. A new session is no sign either way: torchrun starts its ranks in sessions of their own."""
+    global _rank_checked
+    if _rank_checked:  # the hook asks at start and install() again: the parent's environment is read once
+        return
+    _rank_checked = True
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id is None or "LOCAL_RANK" not in os.environ:
         return

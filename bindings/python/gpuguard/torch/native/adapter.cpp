@@ -39,12 +39,12 @@ size_t rounded(size_t n) { return (n + kQuantum - 1) / kQuantum * kQuantum; }
 
 int size_class(size_t size) { return size <= kSmallMax ? kSmall : kLarge; }
 
-bool bad_device(int device) { return device < 0 || device >= kMaxDevices; }
-
 } // namespace
 
 Adapter::Adapter(const Runtime &rt, const gg_arena_options_t &defaults)
-    : rt_(rt), defaults_(defaults) {}
+    : rt_(rt), defaults_(defaults) {
+  trace_init();
+}
 
 Adapter::~Adapter() {
   for (Recorded &r : recorded_) {

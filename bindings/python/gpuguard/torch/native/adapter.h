@@ -60,6 +60,8 @@ namespace gg_torch {
 using Stream = void *;
 
 constexpr int kMaxDevices = 64;
+/* A device number the adapter has no slot for. */
+inline bool bad_device(int device) { return device < 0 || device >= kMaxDevices; }
 constexpr size_t kSmallMax = size_t(1) << 20; /* PyTorch's small pool: blocks of at most 1 MiB */
 constexpr size_t kQuantum = 256;              /* the arena rounds every block to this */
 
@@ -124,7 +126,7 @@ struct DeviceStats {
 
 /* What the arenas of a device hold, summed (PyTorch's reserved and segment figures). */
 struct Reserved {
-  int64_t current = 0, peak = 0, freed = 0, segments = 0, in_use = 0, maps = 0, unmaps = 0;
+  int64_t current = 0, peak = 0, freed = 0, segments = 0, maps = 0, unmaps = 0;
   uint64_t waits = 0;
 };
 
@@ -341,6 +343,7 @@ private:
   std::vector<std::pair<void *, Block>> free_pool_locked(Pool &p);
   int place_locked(Pool &p, void *ptr, Block b);
   void trace(char op, const void *ptr, size_t size, Stream stream);
+  static void trace_init(); /* opens GPUGUARD_PLUGIN_TRACE's file once per process */
   static void graph_gone(void *user);
 
   Runtime rt_;

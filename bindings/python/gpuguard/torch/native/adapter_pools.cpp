@@ -3,6 +3,8 @@
  */
 #include "adapter.h"
 
+#include <map>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -146,11 +148,14 @@ void Adapter::free_pooled(void *ptr, const Block &b) {
   if (pool->implicit) {
     trace('f', ptr, 0, b.stream);
   }
-  uint64_t capture = 0;
-  bool capturing = rt_.capture_id(b.stream, &capture) == 0 && capture;
-  if (b.extra && !capturing) {
+  if (b.extra && !b.extra->recorded.empty()) {
+    uint64_t capture =
+        0; /* asked only here: a free of a block no other stream used needs nothing */
+    bool capturing = rt_.capture_id(b.stream, &capture) == 0 && capture;
     for (Stream s : b.extra->recorded) {
-      rt_.stream_sync(s); /* a pool block used on another stream */
+      if (!capturing) {
+        rt_.stream_sync(s); /* a pool block used on another stream */
+      }
     }
   }
   if (pool->custom) {
@@ -376,8 +381,13 @@ int Adapter::empty_cache(PoolId id) {
       ++it;
     }
   }
+  /* One synchronisation per device, whatever number of its pools died. */
+  std::map<int, std::vector<gg_arena_t *>> by_device;
   for (auto &da : dead) {
-    destroy_after_sync(da.first, {da.second});
+    by_device[da.first].push_back(da.second);
+  }
+  for (auto &kv : by_device) {
+    destroy_after_sync(kv.first, kv.second);
   }
   for (gg_arena_t *a : trim) {
     gg_arena_trim(a, 0);

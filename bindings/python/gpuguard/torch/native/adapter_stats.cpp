@@ -8,8 +8,6 @@ namespace gg_torch {
 
 namespace {
 
-bool bad_device(int device) { return device < 0 || device >= kMaxDevices; }
-
 /* A figure that is only read, never counted as it changes: moved to `now`, the change counted
  * as allocated or freed. */
 void move_to(Stat *s, int64_t now) {
@@ -42,7 +40,6 @@ Reserved Adapter::reserved(int device) {
     r.current += int64_t(s.bytes_mapped);
     r.peak += int64_t(s.peak_mapped);
     r.segments += int64_t(s.n_chunks);
-    r.in_use += int64_t(s.bytes_in_use);
     r.waits += s.n_stream_waits;
     r.maps += int64_t(s.n_maps);
     r.unmaps += int64_t(s.n_unmaps);

@@ -52,8 +52,11 @@ void trace_open() {
 
 } // namespace
 
+void Adapter::trace_init() { std::call_once(trace_once, trace_open); }
+
+/* On every default-pool call: a pointer test while tracing is off (trace_init ran in the
+ * constructor, before any call could reach here). */
 void Adapter::trace(char op, const void *ptr, size_t size, Stream stream) {
-  std::call_once(trace_once, trace_open);
   if (!trace_file) {
     return;
   }
