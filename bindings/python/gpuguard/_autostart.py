@@ -147,12 +147,32 @@ def _unserved(torch: Any) -> str:
         return f"{name} is a ROCm build and gpuguard serves CUDA: left as it is"
     if not getattr(version, "cuda", None):
         return f"{name} has no CUDA (a CPU-only build): left as it is"
+    asked = _conf_backend()
+    if asked:
+        return (f"{asked[0]} asks for PyTorch's {asked[1]} backend: it serves this process (unset that "
+                "setting for gpuguard's)")
     from gpuguard.torch import _native
     floor = getattr(_native, "MIN_TORCH", None)
     if floor and _native._torch_version(torch) < tuple(floor):
         return (f"{name} is older than {'.'.join(map(str, floor))}, the oldest gpuguard's backend serves: "
                 "PyTorch's own allocator stays in place")
     return ""
+
+
+def _conf_backend() -> Optional[Tuple[str, str]]:
+    """(variable, backend) when PyTorch's own allocator settings name a backend other than its default,
+    read as PyTorch's CUDA allocator reads them (PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF): the user chose
+    that allocator for this process, so gpuguard steps aside rather than override the choice."""
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        conf = os.environ.get(var)
+        if conf is None:
+            continue
+        for item in conf.split(","):
+            key, _, val = item.partition(":")
+            if key.strip() == "backend" and val.strip() not in ("", "native"):
+                return var, val.strip()
+        return None
+    return None
 
 
 def _on_torch(torch: Any, cfg: Dict[str, Any]) -> None:

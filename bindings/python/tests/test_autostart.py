@@ -73,6 +73,37 @@ def test_a_pytorch_without_cuda_is_left_as_it_is(python: str, tmp_path: Path, ki
     assert len(lines) == 1 and needle in lines[0] and "left as it is" in lines[0], r.stderr
 
 
+@pytest.mark.parametrize("var,conf", [
+    ("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync"),
+    ("PYTORCH_ALLOC_CONF", "max_split_size_mb:20, backend: cudaMallocAsync ,release_lock_on_cudamalloc:none"),
+])
+def test_pytorchs_own_backend_setting_wins(python: str, tmp_path: Path, var: str, conf: str) -> None:
+    """test_cuda.py's test_allocator_backend: a process whose PyTorch settings ask for cudaMallocAsync gets
+    it, with one line saying so, and gpuguard.torch is never imported."""
+    torch_dir = fake_torch(tmp_path, "2.11.0+cu130", "13.0", None)
+    code = "import torch, sys; print('ran', 'gpuguard.torch' in sys.modules)"
+    r = run(python, code, torch_dir, GPUGUARD_TORCH="1", **{var: conf})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ran False", r.stdout
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and var in lines[0] and "cudaMallocAsync backend" in lines[0], r.stderr
+
+
+def test_conf_backend_reads_settings_as_pytorch_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuguard import _autostart as A
+    for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(var, raising=False)
+    assert A._conf_backend() is None
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:native,expandable_segments:True")
+    assert A._conf_backend() is None  # PyTorch's default backend, named: gpuguard still serves
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage,backend:cudaMallocAsync")
+    assert A._conf_backend() == ("PYTORCH_CUDA_ALLOC_CONF", "cudaMallocAsync")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")  # read only without the CUDA one
+    assert A._conf_backend() == ("PYTORCH_CUDA_ALLOC_CONF", "cudaMallocAsync")
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    assert A._conf_backend() is None
+
+
 def test_a_pytorch_older_than_the_backend_keeps_its_allocator(python: str, tmp_path: Path) -> None:
     torch_dir = fake_torch(tmp_path, "1.13.1+cu117", "11.7", None)
     r = run(python, "import torch; print('ran')", torch_dir, GPUGUARD_TORCH="1")

@@ -54,10 +54,16 @@ def emit():
 """
 
 
-def run_script(body: str, timeout: int = 300, **env: str) -> dict:
+def run_script_raw(body: str, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
+    """The script after the prelude, in a fresh interpreter under GPUGUARD_TORCH=1: its exit and output."""
     code = PRELUDE + textwrap.dedent(body) + "\nemit()\n"
     e = _env(**{"GPUGUARD_TORCH": "1", **env})
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=e)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=e)
+
+
+def run_script(body: str, timeout: int = 300, **env: str) -> dict:
+    """run_script_raw, which must exit 0: the `out` dict it printed."""
+    r = run_script_raw(body, timeout, **env)
     assert r.returncode == 0, f"rc={r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-6000:]}"
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])

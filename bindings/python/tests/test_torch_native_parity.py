@@ -3,7 +3,7 @@
 in a fresh interpreter under GPUGUARD_TORCH=1 (test_torch_native.py's helpers); needs a GPU."""
 from __future__ import annotations
 
-from test_torch_native import need_gpu, run_script
+from test_torch_native import need_gpu, run_script, run_script_raw
 
 SNAPSHOT_ACTIONS = """
     def trace(skip=None, context="all", meta=""):
@@ -53,6 +53,7 @@ def test_snapshot_actions_skip_metadata_and_free_segment_stack() -> None:
 
 
 SETTINGS = """
+    torch.cuda.init()  # memory_stats() is {} before CUDA starts (test_cuda.py's process has started it)
     torch.cuda.memory.empty_cache()
     n = 21 * 1024 * 1024
     key = "active_bytes.all.allocated"
@@ -157,3 +158,32 @@ def test_bad_input_is_a_clear_exception_and_the_tables_stay_whole() -> None:
     for name, what in out["errors"].items():
         assert what in ("RuntimeError", "OutOfMemoryError", "ValueError"), (name, out["errors"])
     assert out["check"] == 0 and out["sum"] == 1000.0 and out["allocated"] == 0, out
+
+
+FRACTION = """
+    d = torch._C._cuda_getDevice()
+    out["fraction"] = torch.cuda.memory.get_per_process_memory_fraction(d)
+    total = torch.cuda.get_device_properties(d).total_memory
+    x = torch.empty(int(total * 0.05), dtype=torch.uint8, device="cuda")  # under a tenth: fine
+    try:
+        torch.empty(int(total * 0.08), dtype=torch.uint8, device="cuda")  # 0.13 in all: over it
+        out["oom"] = False
+    except torch.OutOfMemoryError:
+        out["oom"] = True
+    del x
+    torch.cuda.set_per_process_memory_fraction(1.0, d)  # the call overrides the setting
+    out["after_set"] = torch.cuda.memory.get_per_process_memory_fraction(d)
+    y = torch.empty(int(total * 0.08), dtype=torch.uint8, device="cuda")
+    out["backend"] = torch.cuda.get_allocator_backend()
+"""
+
+
+def test_per_process_memory_fraction_setting_bounds_the_arena() -> None:
+    """test_allocator_memory_fraction_setting: PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:F is the
+    device arena's bound from its first allocation, get_per_process_memory_fraction reports it, and a
+    value outside [0, 1] stops the process with PyTorch's own message."""
+    need_gpu()
+    out = run_script(FRACTION, PYTORCH_CUDA_ALLOC_CONF="per_process_memory_fraction:0.1")
+    assert out == {"fraction": 0.1, "oom": True, "after_set": 1.0, "backend": "gpuguard"}, out
+    bad = run_script_raw("torch.empty(1, device='cuda')", PYTORCH_CUDA_ALLOC_CONF="per_process_memory_fraction:1.1")
+    assert bad.returncode != 0 and "per_process_memory_fraction is invalid" in bad.stderr, bad.stderr[-2000:]

@@ -92,11 +92,22 @@ int Adapter::device_arena(int device, gg_arena_t **out) {
     if (rc < 0) {
       return rc;
     }
+    if (limits_[device] && gg_arena_set_limit(a, limits_[device]) < 0) {
+      fprintf(stderr, "gpuguard: the memory fraction of device %d: %s\n", device, gg_last_error());
+    }
     owned_[device] = true;
     arenas_[device].store(a, std::memory_order_release);
   }
   *out = a;
   return 0;
+}
+
+void Adapter::set_first_limit(int device, size_t bytes) {
+  if (bad_device(device)) {
+    return;
+  }
+  std::lock_guard<std::mutex> g(make_mu_);
+  limits_[device] = bytes;
 }
 
 int Adapter::use_arena(int device, gg_arena_t *arena) {
@@ -154,7 +165,7 @@ int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool
   if (rc == 0) {
     rc = gg_alloc_on(a, n, stream, ptr);
   }
-  if (rc == GG_ENOMEM && n_recorded_.load()) {
+  if (rc == GG_ENOMEM && n_recorded_.load() && !capturing_maybe()) {
     drain_recorded(true); /* blocks waiting for the streams they were recorded on */
     rc = gg_alloc_on(a, n, stream, ptr);
   }
@@ -216,7 +227,9 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
       n_held_.load(std::memory_order_relaxed)) {
     sweep();
   }
-  if (n_recorded_.load(std::memory_order_relaxed)) {
+  /* Never while a graph may capture: asking a recorded event's state then would end the capture
+   * (the events were recorded outside it). The blocks wait for the next call after it. */
+  if (n_recorded_.load(std::memory_order_relaxed) && !capturing_maybe()) {
     drain_recorded(false);
   }
   /* Only while a capture may be under way does a call ask the driver (one announced, or any). */

@@ -313,6 +313,14 @@ public:
 
   /* ---- modes and diagnostics */
   void set_capture_any(bool on) { capture_any_.store(on); }
+  /** The limit the device's arena gets when it is made (PyTorch's per_process_memory_fraction
+   *  setting); an arena made already keeps its own. */
+  void set_first_limit(int device, size_t bytes);
+  /** Whether a graph may be capturing now: one announced, or captures that are not announced. */
+  bool capturing_maybe() const {
+    return n_announced_.load(std::memory_order_relaxed) ||
+           capture_any_.load(std::memory_order_relaxed);
+  }
   struct Counters {
     uint64_t n_pools, n_pool_blocks, n_blocks, n_captures;
   };
@@ -351,10 +359,11 @@ private:
   std::mutex mu_;
   std::mutex make_mu_; /* two first allocations on a device make one arena */
   std::atomic<gg_arena_t *> arenas_[kMaxDevices] = {};
-  bool owned_[kMaxDevices] = {}; /* made here (destroyed with the adapter) */
-  DeviceStats dev_[kMaxDevices]; /* the block figures; the rest is filled at each read */
-  struct Seen {                  /* per device: what the last read saw, and the reset's bases */
-    Reserved base;               /* totals at reset_totals */
+  bool owned_[kMaxDevices] = {};    /* made here (destroyed with the adapter) */
+  size_t limits_[kMaxDevices] = {}; /* set on the device's arena when it is made (0: none) */
+  DeviceStats dev_[kMaxDevices];    /* the block figures; the rest is filled at each read */
+  struct Seen {                     /* per device: what the last read saw, and the reset's bases */
+    Reserved base;                  /* totals at reset_totals */
     int64_t reserved_peak = 0, segment_peak = 0;
     Stat inactive, inactive_bytes;
   } seen_[kMaxDevices];

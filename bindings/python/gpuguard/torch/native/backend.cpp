@@ -179,8 +179,22 @@ void Backend::copy_data(void *dest, const void *src, std::size_t count) const {
   C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
 }
 
+/* PyTorch's per_process_memory_fraction setting bounds each device's arena from its first
+ * allocation, as it bounds PyTorch's own allocator; set_per_process_memory_fraction overrides it.
+ */
 void Backend::init(int device_count) {
   device_count_ = device_count;
+  double f = conf_memory_fraction();
+  for (int d = 0; f >= 0 && f < 1.0 && d < device_count && d < kMaxDevices; d++) {
+    cudaDeviceProp prop;
+    C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, d));
+    size_t limit = size_t(f * double(prop.totalGlobalMem));
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      fractions_[d] = f;
+    }
+    core_.set_first_limit(d, limit == 0 ? 1 : limit);
+  }
   initialized_.store(true);
 }
 

@@ -13,11 +13,11 @@
   (TORCH_VERSION_MAJOR > (major) ||     \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #if GG_TORCH_AT_LEAST(2, 10)
 #include <c10/core/AllocatorConfig.h>
 #define GG_OVERRIDE_2_10 override
 #else
-#include <c10/cuda/CUDAAllocatorConfig.h>
 #define GG_OVERRIDE_2_10
 #endif
 
@@ -58,6 +58,17 @@ inline size_t roundup_divisions(size_t n) {
   return c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions(n);
 #else
   return cca::CUDAAllocatorConfig::roundup_power2_divisions(n);
+#endif
+}
+
+/* per_process_memory_fraction from PYTORCH_ALLOC_CONF (2.10 on; 1.0 before, where it does not
+ * exist). Reading it parses the settings: an invalid value raises PyTorch's own error, as under its
+ * allocator. */
+inline double conf_memory_fraction() {
+#if GG_TORCH_AT_LEAST(2, 10)
+  return cca::CUDAAllocatorConfig::per_process_memory_fraction();
+#else
+  return 1.0;
 #endif
 }
 
