@@ -48,8 +48,9 @@ else
 fi
 
 want 1 && {
-# 1. the backend's tests, then the binding's other PyTorch tests
+# 1. the backend's tests (its own, PyTorch parity, prebuilt loads), then the binding's other PyTorch tests
 timeout 900 python3 -m pytest -q -rs -p no:cacheprovider bindings/python/tests/test_torch_native.py \
+  bindings/python/tests/test_torch_native_parity.py bindings/python/tests/test_torch_prebuilt.py \
   2>&1 | tee "$out/pytest-native.log" | tail -25
 note "test_torch_native: $(grep -E '[0-9]+ (passed|failed)' "$out/pytest-native.log" | tail -1)"
 timeout 900 python3 -m pytest -q -rs -p no:cacheprovider bindings/python/tests/test_torch.py \
@@ -76,10 +77,10 @@ if want 3 && [ -f .ext/test_cuda.py ]; then
   [ -n "$wheel" ] || cp bindings/python/gpuguard_torch.pth "$hook/sitecustomize.py"
   xdist=()
   python3 -c "import xdist" 2>/dev/null && xdist=(-n 1)
-  for alloc in default gpuguard; do
+  for alloc in ${GG_TEST_CUDA_ALLOCS:-default gpuguard}; do
     m=0
     [ $alloc = gpuguard ] && m=1
-    (cd .ext && PYTHONPATH=$hook:$PYTHONPATH GPUGUARD_TORCH=$m timeout 1500 python3 -m pytest -q \
+    (cd .ext && PYTHONPATH=$hook:$PYTHONPATH GPUGUARD_TORCH=$m timeout "${GG_TEST_CUDA_TIMEOUT:-1500}" python3 -m pytest -q \
        -p no:cacheprovider "${xdist[@]}" --timeout 300 -k "$sel" test_cuda.py -rfE 2>&1) >"$out/test_cuda-$alloc.log"
     backend=$(PYTHONPATH=$hook:$PYTHONPATH GPUGUARD_TORCH=$m python3 -c \
       'import torch; torch.empty(1, device="cuda"); print(torch.cuda.get_allocator_backend())' 2>&1 | tail -1)

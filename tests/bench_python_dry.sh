@@ -11,9 +11,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
-"$py" "$bench" --parts w --dry --rounds 3 --workloads gpt2,vit --trace "$tmp/tr" >"$tmp/out" 2>&1 ||
+"$py" "$bench" --parts w --dry --rounds 3 --workloads gpt2,gptbf16 --trace "$tmp/tr" >"$tmp/out" 2>&1 ||
   { cat "$tmp/out"; fail "the dry run exited $?"; }
-for w in gpt2 vit; do
+for w in gpt2 gptbf16; do
   for a in "PyTorch default" expandable_segments cudaMallocAsync gpuguard; do
     n=$(grep -c "^  run [123]: $w .*$a .*median .* ms (queued in" "$tmp/out" || true)
     [ "$n" = 3 ] || { cat "$tmp/out"; fail "$w / $a: $n runs reported, not 3"; }
