@@ -288,6 +288,28 @@ static void test_unannounced_capture_is_kept_for_its_graph(void **state) {
 /* Tensor.record_stream: the block goes back to its arena only once the streams it was recorded on
  * are past its free (an event each), counting as active until then; no allocation gets it before.
  * After that, an allocation of its size gets it back (PyTorch's test_record_stream). */
+static void test_recorded_small_block_is_reused_once_done(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  void *side = nullptr;
+  gg_assert_ok(gg_host_stream_create(&side));
+  void *keep = alloc(ad, 16, nullptr);
+  void *p = alloc(ad, 16, side);
+  gg_assert_ok(ad.record_stream(p, nullptr));
+  g_streams_done = false;
+  release(ad, p);
+  void *q = alloc(ad, 16, side);
+  assert_ptr_not_equal(q, p);
+  g_streams_done = true;
+  void *r = alloc(ad, 16, side);
+  assert_ptr_equal(r, p);
+  release(ad, q);
+  release(ad, r);
+  release(ad, keep);
+  gg_assert_ok(ad.check());
+  gg_host_stream_destroy(side);
+}
+
 static void test_recorded_streams_hold_the_block_until_done(void **state) {
   (void)state;
   Adapter ad(stub_runtime(), host_defaults(64 * MiB));
@@ -647,6 +669,7 @@ int main(void) {
       cmocka_unit_test(test_mem_pool_draws_from_the_given_arena),
       cmocka_unit_test(test_unannounced_capture_is_kept_for_its_graph),
       cmocka_unit_test(test_recorded_streams_hold_the_block_until_done),
+      cmocka_unit_test(test_recorded_small_block_is_reused_once_done),
       cmocka_unit_test(test_out_of_memory_is_reported_and_counted),
       cmocka_unit_test(test_every_figure_has_pytorchs_meaning),
       cmocka_unit_test(test_roundup_power2_divisions),

@@ -187,3 +187,27 @@ def test_per_process_memory_fraction_setting_bounds_the_arena() -> None:
     assert out == {"fraction": 0.1, "oom": True, "after_set": 1.0, "backend": "gpuguard"}, out
     bad = run_script_raw("torch.empty(1, device='cuda')", PYTORCH_CUDA_ALLOC_CONF="per_process_memory_fraction:1.1")
     assert bad.returncode != 0 and "per_process_memory_fraction is invalid" in bad.stderr, bad.stderr[-2000:]
+
+
+PROFILER = """
+    import json
+    from torch.cuda._memory_viz import _profile_to_snapshot
+    def make_tensors():  # the frame the profiler's memory events must carry
+        x = torch.rand(128, 128, device="cuda")
+        return x * x + x * x
+    with torch.profiler.profile(with_stack=True, profile_memory=True, record_shapes=True) as prof:
+        make_tensors()
+    snap = _profile_to_snapshot(prof)
+    out["frame"] = "make_tensors" in json.dumps(snap)
+    trace = [e for dev in snap["device_traces"] for e in dev]
+    out["allocs"] = sum(1 for e in trace if e["action"] == "alloc")
+    out["frees"] = sum(1 for e in trace if e["action"] == "free_completed")
+"""
+
+
+def test_profiler_sees_every_block_with_its_stack() -> None:
+    """test_memory_profiler_viz: under torch.profiler(profile_memory=True) each allocation and free is
+    reported to the profiler, with the Python stack that made it."""
+    need_gpu()
+    out = run_script(PROFILER)
+    assert out["frame"] and out["allocs"] >= 3 and out["frees"] >= 2, out

@@ -320,6 +320,7 @@ int Adapter::free(void *ptr, Freed *out) {
     account_locked(b, false, !later);
   }
   out->device = b.device;
+  out->size = b.size;
   out->requested = b.requested;
   out->stream = b.stream;
   out->pool = b.pool ? b.pool->id : PoolId{};

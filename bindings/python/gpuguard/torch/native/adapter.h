@@ -213,6 +213,7 @@ struct Pool {
 /* What a free hands back to the facade (for history records and IPC). */
 struct Freed {
   int device = 0;
+  size_t size = 0; /* the block's, as PyTorch's figures count it */
   size_t requested = 0;
   Stream stream = nullptr;
   PoolId pool;
@@ -281,6 +282,7 @@ public:
   /* ---- statistics (adapter_stats.cpp) */
   DeviceStats stats(int device); /* every figure of DeviceStats, filled */
   Reserved reserved(int device); /* since creation (no reset applies) */
+  int64_t allocated(int device); /* allocated_bytes.all.current */
   void reset_peaks(int device);
   void reset_totals(int device);
   size_t note_oom(int device); /* counts it; the bytes allocated now */

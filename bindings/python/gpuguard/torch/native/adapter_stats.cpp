@@ -27,6 +27,14 @@ void fill(Stat (&to)[3], const Stat &large) {
 } // namespace
 
 /* Every arena of the device now, plus what the arenas destroyed with their pools had. */
+int64_t Adapter::allocated(int device) {
+  if (bad_device(device)) {
+    return 0;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  return dev_[device].allocated_bytes[kAll].current;
+}
+
 Reserved Adapter::reserved(int device) {
   Reserved r;
   if (bad_device(device)) {

@@ -91,7 +91,20 @@ void *Backend::alloc_block(size_t n, int device, cudaStream_t stream) {
     trace_segments(device, ctx);
     history_.record(cda::TraceEntry::ALLOC, device, p, n, stream, pool, ctx);
   }
+  if (c10::memoryProfilingEnabled()) {
+    size_t size = n;
+    core_.block_size(p, &size);
+    profile(p, int64_t(size), device);
+  }
   return p;
+}
+
+/* torch.profiler(profile_memory=True): each block allocated (+) and freed (-), with the device's
+ * allocated and reserved bytes after it, as PyTorch's allocators report them. */
+void Backend::profile(void *ptr, int64_t bytes, int device) {
+  c10::reportMemoryUsageToProfiler(ptr, bytes, size_t(core_.allocated(device)),
+                                   size_t(core_.reserved(device).current),
+                                   c10::Device(c10::DeviceType::CUDA, c10::DeviceIndex(device)));
 }
 
 bool Backend::free_block(void *ptr) {
@@ -106,6 +119,9 @@ bool Backend::free_block(void *ptr) {
   }
   if (history_.on()) {
     history_.record_free(f.device, ptr, f.requested, f.stream, f.pool, ctx);
+  }
+  if (c10::memoryProfilingEnabled()) {
+    profile(ptr, -int64_t(f.size), f.device);
   }
   return true;
 }

@@ -174,6 +174,7 @@ private:
   void *alloc_uncached(size_t n);
   bool free_uncached(void *ptr);
   void apply_fraction(int device);
+  void profile(void *ptr, int64_t bytes, int device);
   [[noreturn]] void fail(int rc, size_t n, int device, cudaStream_t stream);
   /* With history on: segment_map / segment_unmap entries for the chunks mapped or given back since
    * the last look (snapshot.cpp). */
