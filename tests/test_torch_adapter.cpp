@@ -70,7 +70,8 @@ int stub_event_record(int, Stream, void **ev) {
   g_events_live++;
   return 0;
 }
-int stub_event_query(void *) { return g_streams_done ? 1 : 0; }
+int g_event_queries = 0;
+int stub_event_query(void *) { return ++g_event_queries, g_streams_done ? 1 : 0; }
 void stub_event_destroy(void *ev) {
   delete static_cast<int *>(ev);
   g_events_live--;
@@ -306,6 +307,33 @@ static void test_recorded_small_block_is_reused_once_done(void **state) {
   release(ad, q);
   release(ad, r);
   release(ad, keep);
+  gg_assert_ok(ad.check());
+  gg_host_stream_destroy(side);
+}
+
+/* Many recorded frees pending on busy streams: an allocation asks one event per stream, not one per
+ * block (events of one stream complete in order), and all go back once the streams are done. */
+static void test_pending_recorded_frees_cost_one_query_per_stream(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  void *side = nullptr;
+  gg_assert_ok(gg_host_stream_create(&side));
+  g_streams_done = false;
+  for (int i = 0; i < 50; i++) {
+    void *p = alloc(ad, 4096, side);
+    gg_assert_ok(ad.record_stream(p, nullptr));
+    release(ad, p);
+  }
+  assert_int_equal(g_events_live, 100);
+  g_event_queries = 0;
+  void *q = alloc(ad, 4096, side);
+  assert_in_range(g_event_queries, 1, 2); /* 50 before */
+  assert_int_equal(ad.stats(0).active[gg_torch::kAll].current, 51);
+  g_streams_done = true;
+  release(ad, alloc(ad, 4096, side));
+  assert_int_equal(g_events_live, 0);
+  assert_int_equal(ad.stats(0).active[gg_torch::kAll].current, 1);
+  release(ad, q);
   gg_assert_ok(ad.check());
   gg_host_stream_destroy(side);
 }
@@ -670,6 +698,7 @@ int main(void) {
       cmocka_unit_test(test_unannounced_capture_is_kept_for_its_graph),
       cmocka_unit_test(test_recorded_streams_hold_the_block_until_done),
       cmocka_unit_test(test_recorded_small_block_is_reused_once_done),
+      cmocka_unit_test(test_pending_recorded_frees_cost_one_query_per_stream),
       cmocka_unit_test(test_out_of_memory_is_reported_and_counted),
       cmocka_unit_test(test_every_figure_has_pytorchs_meaning),
       cmocka_unit_test(test_roundup_power2_divisions),

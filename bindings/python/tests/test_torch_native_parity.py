@@ -211,3 +211,28 @@ def test_profiler_sees_every_block_with_its_stack() -> None:
     need_gpu()
     out = run_script(PROFILER)
     assert out["frame"] and out["allocs"] >= 3 and out["frees"] >= 2, out
+
+
+COMPILE_CONTEXT = """
+    torch.cuda.memory._record_memory_history(context="all", compile_context=True)
+    x = torch.randn(64, device="cuda")  # outside any compiled region
+    f = torch.compile(lambda t: (t * 2).sin() + 1)
+    f(x)
+    trace = torch.cuda.memory._snapshot()["device_traces"][0]
+    out["first"] = trace[0]["compile_context"]
+    seen = []
+    for e in trace:
+        c = e["compile_context"]
+        if c != "N/A" and (not seen or seen[-1] != c):
+            seen.append(c)
+    out["regions"] = seen
+"""
+
+
+def test_trace_entries_name_their_compiled_region() -> None:
+    """test_memory_compile_regions: an entry made outside torch.compile's regions says "N/A" (what tools
+    skip), one made inside says which region."""
+    need_gpu()
+    out = run_script(COMPILE_CONTEXT)
+    assert out["first"] == "N/A", out
+    assert out["regions"] and all(r.startswith("Torch-Compiled Region") for r in out["regions"]), out

@@ -186,6 +186,7 @@ struct Recorded {
   size_t size;
   size_t requested;
   std::vector<void *> events;
+  std::vector<Stream> on; /* the stream each event was recorded on */
 };
 
 /* A default-pool block a capture's graph still reads: freed once the graph is gone. */

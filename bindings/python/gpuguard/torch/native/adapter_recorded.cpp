@@ -4,6 +4,7 @@
  * they may still use it; it counts as active until then. PyTorch's allocator does the same. */
 #include "adapter.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace gg_torch {
@@ -19,7 +20,7 @@ void Adapter::deactivate_locked(const Block &b) {
 
 /* False when an event cannot be recorded (the caller frees in stream order at once). */
 bool Adapter::defer_free(void *ptr, const Block &b) {
-  Recorded r{ptr, b.arena, b.stream, b.device, b.size, b.requested, {}};
+  Recorded r{ptr, b.arena, b.stream, b.device, b.size, b.requested, {}, {}};
   std::vector<Stream> users = b.extra->recorded;
   users.push_back(b.stream); /* its own too: once all are done, no work uses it */
   for (Stream s : users) {
@@ -31,6 +32,7 @@ bool Adapter::defer_free(void *ptr, const Block &b) {
       return false;
     }
     r.events.push_back(ev);
+    r.on.push_back(s);
   }
   std::lock_guard<std::mutex> g(mu_);
   recorded_.push_back(std::move(r));
@@ -58,10 +60,18 @@ void Adapter::drain_recorded(bool wait) {
   std::vector<Recorded> go;
   {
     std::lock_guard<std::mutex> g(mu_);
+    /* A stream runs its work in order: once one of its events is not done, none recorded on it
+     * later is, so each call asks at most one pending event per stream (not one per block). */
+    std::vector<Stream> busy;
     for (auto it = recorded_.begin(); it != recorded_.end();) {
       bool done = true;
-      for (void *e : it->events) {
-        done = done && rt_.event_query(e) != 0; /* an error: the memory goes with the context */
+      for (size_t k = 0; k < it->events.size() && done; k++) {
+        Stream s = it->on[k];
+        done = std::find(busy.begin(), busy.end(), s) == busy.end() &&
+               rt_.event_query(it->events[k]) != 0; /* an error: the memory goes with the context */
+        if (!done) {
+          busy.push_back(s);
+        }
       }
       if (!done) {
         ++it;

@@ -22,6 +22,9 @@ std::shared_ptr<c10::GatheredContext> History::gather(cda::RecordContext at_leas
   return fn ? fn() : nullptr; /* outside the lock: the recorder may take the GIL */
 }
 
+/* What a trace entry made outside torch.compile's regions says (PyTorch's word; tools skip it). */
+static const char kNoCompileContext[] = "N/A";
+
 void History::record(cda::TraceEntry::Action action, int device, void *addr, size_t size,
                      void *stream, PoolId pool, std::shared_ptr<c10::GatheredContext> ctx) {
   std::lock_guard<std::mutex> g(mu_);
@@ -33,7 +36,7 @@ void History::record(cda::TraceEntry::Action action, int device, void *addr, siz
   cda::TraceEntry te(action, c10::DeviceIndex(device), reinterpret_cast<size_t>(addr), size, st,
                      mempool_id(pool), c10::getApproximateTime(),
                      when_ >= cda::RecordContext::ALLOC ? std::move(ctx) : nullptr,
-                     compile_.empty() ? std::string() : compile_.back()
+                     compile_.empty() ? std::string(kNoCompileContext) : compile_.back()
 #if GG_TORCH_AT_LEAST(2, 10)
                          ,
                      metadata_ /* user metadata on every entry since 2.10 */
