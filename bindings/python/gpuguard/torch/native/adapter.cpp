@@ -14,18 +14,6 @@ void assert_failed(const char *what, const char *file, int line) {
   abort();
 }
 
-void Stat::add(int64_t n) {
-  current += n;
-  allocated += n;
-  peak = std::max(peak, current);
-}
-
-void Stat::sub(int64_t n) {
-  current -= n;
-  freed += n;
-  GG_TORCH_ASSERT(current >= 0);
-}
-
 Block::Extra &Block::more() {
   if (!extra) {
     extra = std::make_unique<Extra>();
@@ -286,21 +274,59 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
   return 0;
 }
 
+namespace {
+
+template <bool kIn> void move(Stat &s, int64_t n) {
+  if (kIn) {
+    s.add(n);
+  } else {
+    s.sub(n);
+  }
+}
+
+/* A block's allocation figures (allocation, allocated_bytes), in its size class and in all. */
+template <bool kIn> void move_allocated(DeviceStats &d, int k, const Block &b) {
+  move<kIn>(d.allocation[kAll], 1);
+  move<kIn>(d.allocation[k], 1);
+  move<kIn>(d.allocated_bytes[kAll], int64_t(b.size));
+  move<kIn>(d.allocated_bytes[k], int64_t(b.size));
+}
+
+/* Its active figures (active, active_bytes, requested_bytes). */
+template <bool kIn> void move_active(DeviceStats &d, int k, const Block &b) {
+  move<kIn>(d.active[kAll], 1);
+  move<kIn>(d.active[k], 1);
+  move<kIn>(d.active_bytes[kAll], int64_t(b.size));
+  move<kIn>(d.active_bytes[k], int64_t(b.size));
+  move<kIn>(d.requested_bytes[kAll], int64_t(b.requested));
+  move<kIn>(d.requested_bytes[k], int64_t(b.requested));
+}
+
+} // namespace
+
 /* `active`: with the allocation figures, the active and requested ones (not for a free that waits
- * for the streams the block was recorded on: it stays active until then, as in PyTorch's). */
+ * for the streams the block was recorded on: it stays active until then, as in PyTorch's). Every
+ * allocation and free passes here: straight-line code, no per-figure branch. */
 void Adapter::account_locked(const Block &b, bool add, bool active) {
   DeviceStats &d = dev_[b.device];
   int k = size_class(b.size);
-  auto move = [add](Stat &s, int64_t n) { add ? s.add(n) : s.sub(n); };
-  for (int i : {int(kAll), k}) {
-    move(d.allocation[i], 1);
-    move(d.allocated_bytes[i], int64_t(b.size));
+  if (add) {
+    move_allocated<true>(d, k, b);
     if (active) {
-      move(d.active[i], 1);
-      move(d.active_bytes[i], int64_t(b.size));
-      move(d.requested_bytes[i], int64_t(b.requested));
+      move_active<true>(d, k, b);
+    }
+  } else {
+    move_allocated<false>(d, k, b);
+    if (active) {
+      move_active<false>(d, k, b);
     }
   }
+}
+
+/* A recorded block the streams are done with: no longer active (its allocation went at its free).
+ */
+void Adapter::deactivate_locked(const Block &b) {
+  move_active<false>(dev_[b.device], size_class(b.size), b);
 }
 
 int Adapter::free(void *ptr, Freed *out) {

@@ -87,8 +87,16 @@ struct Stat {
   int64_t peak = 0;
   int64_t allocated = 0;
   int64_t freed = 0;
-  void add(int64_t n);
-  void sub(int64_t n);
+  void add(int64_t n) {
+    current += n;
+    allocated += n;
+    peak = current > peak ? current : peak;
+  }
+  void sub(int64_t n) {
+    current -= n;
+    freed += n;
+    GG_TORCH_ASSERT(current >= 0);
+  }
 };
 
 enum { kAll = 0, kSmall = 1, kLarge = 2 }; /* PyTorch's StatType order */

@@ -9,15 +9,6 @@
 
 namespace gg_torch {
 
-void Adapter::deactivate_locked(const Block &b) {
-  DeviceStats &d = dev_[b.device];
-  for (int i : {int(kAll), b.size <= kSmallMax ? int(kSmall) : int(kLarge)}) {
-    d.active[i].sub(1);
-    d.active_bytes[i].sub(int64_t(b.size));
-    d.requested_bytes[i].sub(int64_t(b.requested));
-  }
-}
-
 /* False when an event cannot be recorded (the caller frees in stream order at once). */
 bool Adapter::defer_free(void *ptr, const Block &b) {
   Recorded r{ptr, b.arena, b.stream, b.device, b.size, b.requested, {}, {}};
