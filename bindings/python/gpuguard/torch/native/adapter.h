@@ -354,6 +354,8 @@ private:
   int implicit_pool_locked(int device, Stream stream, uint64_t capture, Pool **out);
   void destroy_after_sync(int device, const std::vector<gg_arena_t *> &dead);
   void account_locked(const Block &b, bool add, bool active = true);
+  bool insert_locked(void *ptr, Block &&b);
+  Block remove_locked(std::unordered_map<void *, Block>::iterator it);
   bool defer_free(void *ptr, const Block &b); /* adapter_recorded.cpp */
   void deactivate_locked(const Block &b);     /* the active figures of a deferred free */
   void drain_recorded(bool wait);
@@ -380,6 +382,8 @@ private:
   } seen_[kMaxDevices];
   Reserved gone_[kMaxDevices]; /* what arenas destroyed with their pools had mapped and done */
   std::unordered_map<void *, Block> blocks_;
+  static constexpr size_t kSpareNodes = 1024;
+  std::vector<std::unordered_map<void *, Block>::node_type> spare_; /* nodes for blocks_, reused */
   std::map<PoolId, std::unique_ptr<Pool>> pools_;
   struct Capture {
     int device;

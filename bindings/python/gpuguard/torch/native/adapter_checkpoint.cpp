@@ -73,7 +73,7 @@ int Adapter::place_locked(Pool &p, void *ptr, Block b) {
   }
   account_locked(b, true);
   p.live++;
-  bool fresh = blocks_.emplace(ptr, std::move(b)).second;
+  bool fresh = insert_locked(ptr, std::move(b));
   GG_TORCH_ASSERT(fresh);
   (void)fresh;
   return 0;
