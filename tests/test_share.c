@@ -77,6 +77,33 @@ static void test_export_counts_and_refuses(void **state) {
   gg_assert_ok(gg_arena_destroy(a));
 }
 
+/* The walk under the range fails: its message is said once, whole, under the export's name, and
+ * pinned word for word so the wording cannot drift between the walk and the export. */
+static void test_export_walk_message(void **state) {
+  (void)state;
+  gg_arena_t *a = host_arena(2 * MiB);
+  gg_arena_t *b = host_arena(2 * MiB);
+  void *q = NULL;
+  gg_assert_ok(gg_alloc(b, 4096, &q));
+  size_t total = 0;
+  char want[128];
+  /* A block of another arena: a hole at its first byte. */
+  assert_int_equal(gg_arena_export(a, q, 4096, 0, NULL, 0, &total, NULL), GG_ENOTFOUND);
+  snprintf(want, sizeof want, "GG_ENOTFOUND: gg_arena_export: %p is not mapped by the arena", q);
+  assert_string_equal(gg_last_error(), want);
+  /* A range that wraps around the address space. */
+  assert_int_equal(gg_arena_export(a, q, SIZE_MAX, 0, NULL, 0, &total, NULL), GG_EINVAL);
+  snprintf(want, sizeof want, "GG_EINVAL: gg_arena_export: bad range %p + %zu", q,
+           (size_t)SIZE_MAX);
+  assert_string_equal(gg_last_error(), want);
+  /* The walk's own name stays on its own calls. */
+  assert_int_equal(gg_arena_foreach_mapping(a, q, 4096, NULL, NULL), GG_EINVAL);
+  assert_string_equal(gg_last_error(), "GG_EINVAL: gg_arena_foreach_mapping: visit is NULL");
+  gg_assert_ok(gg_free(b, q));
+  gg_assert_ok(gg_arena_destroy(b));
+  gg_assert_ok(gg_arena_destroy(a));
+}
+
 static void test_import_refused(void **state) {
   (void)state;
   gg_test_use_host(NULL, NULL);
@@ -103,6 +130,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_export_arguments),
       cmocka_unit_test(test_export_counts_and_refuses),
+      cmocka_unit_test(test_export_walk_message),
       cmocka_unit_test(test_import_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -77,10 +77,19 @@ int cmd_watch(int argc, char **argv);
  * rules without taking DCGM's (or node_exporter's 9100, or nvidia_gpu_exporter's 9835). */
 #define EXPORTER_DEFAULT_PORT 9402
 typedef struct exporter exporter_t;
+/* --prom-file's textfile and what its writes keep between them: when its directory is next swept
+ * for the temporary files of killed exporters. Zero-initialise all but path. */
+typedef struct prom_file {
+  const char *path;
+  bool swept;           /* the first write has swept */
+  double next_sweep_ms; /* CLOCK_MONOTONIC: the next write at or after this sweeps again */
+} prom_file_t;
 /* Writes the report (gg_report bits `what`, per-process series bounded by top as gg_report_ex
- * bounds them; gpu: one GPU's series, -1 every GPU) to a new temporary file in path's directory
- * (O_EXCL: nothing planted there is followed) and renames it over path. 0, or 1 after a message. */
-int exporter_write_file(const char *path, unsigned what, unsigned top, int gpu);
+ * bounds them; gpu: one GPU's series, -1 every GPU) to a new temporary file in pf->path's directory
+ * (O_EXCL: nothing planted there is followed) and renames it over the path; the first write, and
+ * then one now and again, first removes stale temporary files killed exporters left. 0, or 1 after
+ * a message. */
+int exporter_write_file(prom_file_t *pf, unsigned what, unsigned top, int gpu);
 /* Splits --listen's value into host ("" for loopback) and port; 0, or 1 after a message. */
 int exporter_parse_listen(const char *spec, char *host, size_t hcap, unsigned *port);
 /* Listens on --listen's value: "ADDR:PORT", "[V6ADDR]:PORT", ":PORT" or "PORT" (loopback), "ADDR"

@@ -564,12 +564,13 @@ static int run_exporter(const watch_opts_t *w, recorder_t *rec) {
   exporter_t *ex = w->listen ? exporter_open(w->listen, what, (unsigned)w->top, w->device) : NULL;
   if (w->listen && !ex) return 1;
   bool ticking = w->prom || w->record, failing = false;
+  prom_file_t prom = {.path = w->prom};
   long done = 0;
   double next = (gg__now_ms() / 1e3);
   for (;;) {
     if (ticking && (gg__now_ms() / 1e3) >= next) {
       if (w->prom) {
-        bool failed = exporter_write_file(w->prom, what, (unsigned)w->top, w->device) != 0;
+        bool failed = exporter_write_file(&prom, what, (unsigned)w->top, w->device) != 0;
         if (failed && !failing)
           fprintf(stderr, "gpuguard watch: --prom-file %s: trying again every %.3g s\n", w->prom,
                   w->interval);

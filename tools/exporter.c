@@ -73,29 +73,52 @@ static bool is_our_temp(const char *name, const char *base, size_t blen) {
 }
 
 /* A write cut short by SIGKILL (the exporter stopped, an OOM kill) leaves its PATH.tmp.XXXXXX
- * behind, one per kill, forever. Ours (same user), regular and untouched for a minute are removed:
- * a write under way, ours or a second exporter's, is younger than that. */
-static void sweep_stale_temps(const char *path) {
+ * behind, one per kill, forever. Ours (same user), regular and untouched for STALE_S are removed:
+ * a write under way, ours or a second exporter's, is younger than that. Returns whether one of our
+ * names was kept for being too young: a kill just before this exporter started, judged later. */
+#define STALE_S 60
+static bool sweep_stale_temps(const char *path) {
   const char *slash = strrchr(path, '/');
   char dir[4096];
   snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
   const char *base = slash ? slash + 1 : path;
   size_t blen = strlen(base);
   DIR *d = opendir(dir);
-  if (!d) return;
+  if (!d) return false;
   time_t now = time(NULL);
+  bool young = false;
   for (struct dirent *e; (e = readdir(d));) {
     struct stat st;
     if (!is_our_temp(e->d_name, base, blen) ||
         fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
       continue;
-    if (S_ISREG(st.st_mode) && st.st_uid == geteuid() && now - st.st_mtime > 60)
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) continue;
+    if (now - st.st_mtime > STALE_S)
       unlinkat(dirfd(d), e->d_name, 0);
+    else
+      young = true;
   }
   closedir(d);
+  return young;
 }
 
-int exporter_write_file(const char *path, unsigned what, unsigned top, int gpu) {
+/* Stale names appear only when an exporter is killed, so the directory is read at the first write
+ * and then rarely, not at every write (a textfile directory holds node_exporter's other files, and
+ * writes come every interval): again just after a kept name turns stale, else every
+ * SWEEP_EVERY_S, which catches a second exporter on the same path killed while this one runs. */
+#define SWEEP_EVERY_S 600
+static void sweep_when_due(prom_file_t *pf) {
+  double now = gg__now_ms();
+  if (pf->swept && now < pf->next_sweep_ms) return;
+  bool young = sweep_stale_temps(pf->path);
+  pf->swept = true;
+  pf->next_sweep_ms = now + (young ? STALE_S + 1 : SWEEP_EVERY_S) * 1e3;
+}
+
+int exporter_write_file(prom_file_t *pf, unsigned what, unsigned top, int gpu) {
+  const char *path = pf->path;
+  /* Before the write: freeing what a killed exporter left can only help a write short of space. */
+  sweep_when_due(pf);
   char tmp[4096];
   if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp) {
     fprintf(stderr, "gpuguard watch: --prom-file path too long\n");
@@ -138,7 +161,6 @@ int exporter_write_file(const char *path, unsigned what, unsigned top, int gpu) 
     unlink(tmp);
     return 1;
   }
-  sweep_stale_temps(path);
   return 0;
 }
 

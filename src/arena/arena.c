@@ -542,16 +542,16 @@ int gg_arena_foreach_chunk(gg_arena_t *a, gg_chunk_visitor_t visit, void *user) 
   return 0;
 }
 
-int gg_arena_foreach_mapping(gg_arena_t *a, const void *ptr, size_t size,
-                             gg_mapping_visitor_t visit, void *user) {
+int gg__arena_walk_mappings(gg_arena_t *a, const void *ptr, size_t size, const char *call,
+                            gg_mapping_visitor_t visit, void *user) {
   uintptr_t lo = (uintptr_t)ptr;
   if (!visit) {
-    return gg__err(GG_EINVAL, "gg_arena_foreach_mapping: visit is NULL");
+    return gg__err(GG_EINVAL, "%s: visit is NULL", call);
   }
   if (size == 0 || lo + size < lo) {
-    return gg__err(GG_EINVAL, "gg_arena_foreach_mapping: bad range %p + %zu", ptr, size);
+    return gg__err(GG_EINVAL, "%s: bad range %p + %zu", call, ptr, size);
   }
-  int rc = gg__arena_enter(a, "gg_arena_foreach_mapping");
+  int rc = gg__arena_enter(a, call);
   if (rc < 0) {
     return rc;
   }
@@ -573,8 +573,12 @@ int gg_arena_foreach_mapping(gg_arena_t *a, const void *ptr, size_t size,
   }
   gg__arena_leave(a);
   if (covered < hi) {
-    return gg__err(GG_ENOTFOUND, "gg_arena_foreach_mapping: %p is not mapped by the arena",
-                   (void *)covered);
+    return gg__err(GG_ENOTFOUND, "%s: %p is not mapped by the arena", call, (void *)covered);
   }
   return 0;
+}
+
+int gg_arena_foreach_mapping(gg_arena_t *a, const void *ptr, size_t size,
+                             gg_mapping_visitor_t visit, void *user) {
+  return gg__arena_walk_mappings(a, ptr, size, "gg_arena_foreach_mapping", visit, user);
 }

@@ -246,6 +246,10 @@ static inline int gg__arena_enter(gg_arena_t *a, const char *call) {
   int rc = gg__arena_valid(a, call);
   return rc < 0 ? rc : gg__arena_lock_counted(a, call);
 }
+/* gg_arena_foreach_mapping's walk, its errors said as `call`'s: a public call built on the walk
+ * (gg_arena_export) reports a bad range or a hole under its own name, composed once. */
+int gg__arena_walk_mappings(gg_arena_t *a, const void *ptr, size_t size, const char *call,
+                            gg_mapping_visitor_t visit, void *user);
 /* Unlocks and uncounts the call (gg__arena_enter's other half). */
 static inline void gg__arena_leave_unchecked(gg_arena_t *a) {
   pthread_mutex_unlock(&a->lock);

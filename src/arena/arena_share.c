@@ -2,7 +2,6 @@
  * mapped from descriptors another process exported. The device work is the backend's (export_fd,
  * import_fd, import_access, import_unmap); here are the arena's chunks, batches and checks. */
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "arena/arena_base_impl.h"
@@ -56,14 +55,10 @@ int gg_arena_export(gg_arena_t *arena, const void *ptr, size_t size, size_t firs
     return gg__err(GG_EINVAL, "gg_arena_export: pieces is NULL but cap is %zu", cap);
   gg__export_walk_t w = {
       .a = arena, .ptr = (uintptr_t)ptr, .first = first, .cap = cap, .pieces = pieces};
-  int rc = gg_arena_foreach_mapping(arena, ptr, size, gg__export_visit, &w);
-  if (rc < 0 && w.rc == 0) { /* the walk's own error, said as this call's */
-    static const char walk[] = "gg_arena_foreach_mapping: ";
-    char why[256];
-    gg__strlcpy(why, gg_last_error(), sizeof why);
-    const char *said = strstr(why, walk);
-    w.rc = gg__err(rc, "gg_arena_export: %s", said ? said + sizeof walk - 1 : why);
-  }
+  /* The walk says its own errors (a bad range, a hole, a dead arena) as this call's; a visit that
+   * failed stopped it, which is no error of the walk's, and left its status in w.rc. */
+  int rc = gg__arena_walk_mappings(arena, ptr, size, "gg_arena_export", gg__export_visit, &w);
+  if (rc < 0) w.rc = rc;
   if (w.rc == 0 && first >= w.n)
     w.rc = gg__err(GG_EINVAL, "gg_arena_export: first piece %zu is beyond the last (%zu piece%s)",
                    first, w.n, w.n == 1 ? "" : "s");
