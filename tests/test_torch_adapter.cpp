@@ -47,7 +47,9 @@ std::vector<std::pair<void (*)(void *), void *>> g_graph_holders; /* graph_retai
 int g_device_syncs = 0;
 int g_stream_syncs = 0;
 
+int g_capture_queries = 0;
 int stub_capture_id(Stream s, uint64_t *id) {
+  g_capture_queries++;
   auto it = g_capturing.find(s);
   *id = it == g_capturing.end() ? 0 : it->second;
   return 0;
@@ -208,10 +210,13 @@ static void test_announced_capture_fills_its_pool(void **state) {
   PoolId id{0, 1};
   ad.begin_capture(0, id, [side](Stream s) { return s == side; });
   PoolId got;
+  g_capture_queries = 0;
   void *in_pool = alloc(ad, 8192, side, &got);
   assert_true(got == id);
+  assert_int_equal(g_capture_queries, 0); /* the filter took it: the driver is not asked */
   void *outside = alloc(ad, 8192, nullptr, &got);
   assert_true(got == PoolId{});
+  assert_int_equal(g_capture_queries, 1); /* no filter took it: is its stream capturing? */
   assert_int_equal(ad.pool_use_count(id), 1);
   assert_int_equal(ad.counters().n_captures, 1);
   gg_assert_ok(ad.end_capture(0, id));

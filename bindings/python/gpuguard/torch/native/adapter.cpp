@@ -220,25 +220,10 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
   if (n_recorded_.load(std::memory_order_relaxed) && !capturing_maybe()) {
     drain_recorded(false);
   }
-  /* Only while a capture may be under way does a call ask the driver (one announced, or any). */
-  uint64_t capture = 0;
-  if (n_announced_.load(std::memory_order_relaxed) ||
-      capture_any_.load(std::memory_order_relaxed)) {
-    if (rt_.capture_id(stream, &capture) < 0) {
-      capture = 0;
-    }
-  }
   Pool *pool = nullptr;
   gg_arena_t *used = nullptr;
   size_t bytes = block_bytes(n, divisions);
-  int rc = 0;
-  if (capture || n_announced_.load(std::memory_order_relaxed)) {
-    std::lock_guard<std::mutex> g(mu_);
-    pool = route_locked(device, stream, capture);
-    if (!pool && capture) {
-      rc = implicit_pool_locked(device, stream, capture, &pool);
-    }
-  }
+  int rc = capturing_maybe() ? route(device, stream, &pool) : 0;
   if (rc == 0 && pool) {
     rc = pool_alloc(*pool, bytes, stream, ptr, &used);
   } else if (rc == 0) {

@@ -341,6 +341,8 @@ public:
 
 private:
   Pool *route_locked(int device, Stream stream, uint64_t capture);
+  int route(int device, Stream stream, Pool **out);
+  Pool *implicit_of_locked(uint64_t capture);
   Pool &pool_locked(int device, PoolId id);
   int pool_alloc(Pool &p, size_t n, Stream stream, void **ptr, gg_arena_t **used);
   int pool_arena(Pool &p, Stream stream, gg_arena_t **out);

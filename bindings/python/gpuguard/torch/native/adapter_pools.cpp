@@ -65,11 +65,41 @@ Pool *Adapter::route_locked(int device, Stream stream, uint64_t capture) {
       return &pool_locked(device, it->id);
     }
   }
-  if (!capture) {
-    return nullptr;
-  }
+  return capture ? implicit_of_locked(capture) : nullptr;
+}
+
+/* The live pool of the capture `capture` the backend made for it, if any. */
+Pool *Adapter::implicit_of_locked(uint64_t capture) {
   auto it = pools_.find(PoolId{kImplicit, capture});
   return it == pools_.end() || it->second->dead.load() ? nullptr : it->second.get();
+}
+
+/* Only while a capture may be under way. The announced pools' filters come first: they ask what
+ * they need themselves (use_mem_pool's asks nothing of the driver), so an allocation they take
+ * makes no capture query of its own; the driver is asked only for a stream none of them takes,
+ * or for every call with captures=any (a capture PyTorch did not announce). */
+int Adapter::route(int device, Stream stream, Pool **out) {
+  bool any = capture_any_.load(std::memory_order_relaxed);
+  if (!any) {
+    std::lock_guard<std::mutex> g(mu_);
+    *out = route_locked(device, stream, 0);
+    if (*out) {
+      return 0;
+    }
+  }
+  uint64_t capture = 0;
+  if (rt_.capture_id(stream, &capture) < 0) {
+    capture = 0;
+  }
+  if (!capture && !any) {
+    return 0; /* the filters said no already */
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  *out = any ? route_locked(device, stream, capture) : implicit_of_locked(capture);
+  if (!*out && capture) {
+    return implicit_pool_locked(device, stream, capture, out);
+  }
+  return 0;
 }
 
 int Adapter::implicit_pool_locked(int device, Stream stream, uint64_t capture, Pool **out) {
