@@ -257,7 +257,7 @@ int cli_device_telemetry(bool gpus, int i, gg_device_telemetry_t *t) {
 }
 
 /* Gathered before printing so a failure prints no half table. */
-int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs) {
+int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs, int only) {
   int n = 0;
   *out = NULL;
   *nout = 0;
@@ -271,7 +271,12 @@ int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *e
     if (errs) fprintf(errs, "gpuguard: %s\n", gg_last_error());
     return 1;
   }
-  for (int dev = 0; dev < n; dev++) {
+  int lo = 0, hi = n;
+  if (only >= 0) { /* -i: the GPU asked for is the only one read */
+    lo = only;
+    hi = only < n ? only + 1 : only;
+  }
+  for (int dev = lo; dev < hi; dev++) {
     size_t count = 0, cap = 8;
     for (int attempt = 0; attempt < 4; attempt++) {
       gg_process_t *grown = realloc(*out, (*nout + cap) * sizeof **out);

@@ -53,10 +53,10 @@ int cli_devices(bool *gpus, int *n);
 int cli_device_info(bool gpus, int i, gg_device_info_t *d);
 /* gg_gpu_telemetry() or gg_device_telemetry(), as cli_devices() chose. */
 int cli_device_telemetry(bool gpus, int i, gg_device_telemetry_t *t);
-/* Every process holding any device, except this one (the CLI's own device descriptors are not
- * news). Returns 0, or 1 after a message to errs (NULL: none); *no_gpu is set when there is no
- * NVIDIA GPU. */
-int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs);
+/* Every process holding any device (only >= 0: device `only` alone, none when it does not exist),
+ * except this one (the CLI's own device descriptors are not news). Returns 0, or 1 after a message
+ * to errs (NULL: none); *no_gpu is set when there is no NVIDIA GPU. */
+int cli_gather_processes(gg_process_t **out, size_t *nout, bool *no_gpu, FILE *errs, int only);
 /* Whether `gpuguard reap` (as this user; with --all-users as root) ends what this row is. */
 bool cli_reapable(const gg_process_t *p);
 /* Whether the session registry can be read; says why on stderr, naming cmd, when not. */

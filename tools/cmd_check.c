@@ -156,7 +156,7 @@ static int check_once(const check_opts_t *c) {
   bool no_gpu = false;
   int bad = cli_gpu_exists("check", c->device);
   if (bad) return bad;
-  if (cli_gather_processes(&rows, &n, &no_gpu, stderr) != 0) {
+  if (cli_gather_processes(&rows, &n, &no_gpu, stderr, -1) != 0) {
     free(rows);
     if (!no_gpu) { /* fail closed: what cannot be read is not "ok" */
       fputs("gpuguard check: the GPUs' processes could not be read: not ok\n", stderr);

@@ -80,7 +80,8 @@ int cmd_info(int argc, char **argv) {
   int n = 0, bad = 0;
   gg_device_info_t d;
   bool gpus = false;
-  for (int i = 0; cli_devices(&gpus, &n) == 0 && i < n; i++)
-    bad += (only < 0 || i == only) && cli_device_info(gpus, i, &d) < 0;
+  if (cli_devices(&gpus, &n) != 0) n = 0; /* counted once, not once per device */
+  for (int i = only >= 0 ? only : 0; i < n && (only < 0 || i == only); i++)
+    bad += cli_device_info(gpus, i, &d) < 0;
   return bad ? 1 : 0;
 }

@@ -17,7 +17,7 @@ static const char *class_label(const gg_process_t *p) {
 static int print_processes(FILE *f, bool all_users, bool why, bool *no_gpu, int only, int color) {
   gg_process_t *rows;
   size_t n;
-  if (cli_gather_processes(&rows, &n, no_gpu, stderr) != 0) {
+  if (cli_gather_processes(&rows, &n, no_gpu, stderr, only) != 0) {
     free(rows);
     return 1;
   }
@@ -119,7 +119,7 @@ int cmd_ps(int argc, char **argv) {
     gg_process_t *rows = NULL;
     size_t n = 0;
     /* Fail closed as the table does: a GPU whose processes cannot be read is not listed as free. */
-    bool unreadable = cli_gather_processes(&rows, &n, &no_gpu, stderr) != 0 && !no_gpu;
+    bool unreadable = cli_gather_processes(&rows, &n, &no_gpu, stderr, only) != 0 && !no_gpu;
     free(rows);
     if (unreadable) return 1;
     /* No GPU: no devices and no processes, as the exit status says; never the simulated host

@@ -184,7 +184,8 @@ static void draw_processes(screen_t *s, int only) {
   gg_process_t *rows = NULL;
   size_t n = 0;
   bool no_gpu = false;
-  if (cli_gather_processes(&rows, &n, &no_gpu, NULL) != 0) { /* no stderr: it is this screen */
+  /* no stderr: it is this screen */
+  if (cli_gather_processes(&rows, &n, &no_gpu, NULL, only) != 0) {
     sc_put(s, SGR_DIM,
            no_gpu ? "(no NVIDIA GPU here: nothing holds GPU memory)" : "(processes unreadable)");
     sc_endl(s);

@@ -48,13 +48,12 @@ const gg__family_t *gg__gpu_family(void) {
   for (size_t i = 0; real > 1 && i < GG__NFAMILIES; i++) {
     const gg__family_t *f = gg__table[i];
     if (f->simulated || !f->telemetry) continue;
-    gg__mon_dev_t *devs = NULL;
+    gg__mon_dev_t one;
     int n = 0;
     gg__err_saved_t saved;
     gg__err_save(&saved);
-    bool loads = f->telemetry->devices(&devs, &n) == 0;
+    bool loads = f->telemetry->device(-1, &one, &n) == 0; /* the count alone: no device is read */
     gg__err_restore(&saved);
-    free(devs);
     if (loads) return f;
   }
   return first;

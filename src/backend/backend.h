@@ -167,6 +167,9 @@ typedef struct gg__telemetry {
   int (*readings)(const char *uuid, int index, gg__readings_t *t);
   /* Every device, in the library's order; *out malloc'ed (free it). */
   int (*devices)(gg__mon_dev_t **out, int *count);
+  /* The device count, and device `index` alone into *out when 0 <= index < *count (else *out is
+   * untouched): what one GPU's question needs, without reading every device. */
+  int (*device)(int index, gg__mon_dev_t *out, int *count);
 } gg__telemetry_t;
 
 /* ---- the table of backends ------------------------------------------------------------------- */

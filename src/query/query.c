@@ -472,12 +472,13 @@ int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count) {
   /* The device memory each holds, where the driver says. */
   gg__err_saved_t saved;
   gg__err_save(&saved);
+  gg__gpus_t gpus = {0}; /* counted once for every GPU's question */
   int ndev = 0;
-  if (w.n && gg_gpu_count(&ndev) != 0) ndev = 0;
+  if (w.n && gg__gpus_load(&gpus, "gg_gpu_count", GG__GPUS_COUNT) == 0) ndev = gpus.n;
   for (int d = 0; d < ndev; d++) {
     gg_process_t got[64];
     size_t n = 0;
-    if (gg_gpu_processes(d, got, 64, &n) != 0) continue;
+    if (gg__gpus_processes(&gpus, d, got, 64, &n) != 0) continue;
     for (size_t i = 0; i < n && i < 64; i++)
       for (size_t j = 0; j < w.n && j < w.cap; j++)
         if (rows[j].pid == got[i].pid && rows[j].start_time == got[i].start_time) {
@@ -485,6 +486,7 @@ int gg_orphan_list(gg_process_t *rows, size_t cap, size_t *count) {
           rows[j].device = d;
         }
   }
+  gg__gpus_free(&gpus);
   gg__err_restore(&saved);
   *count = w.n;
   return 0;
@@ -531,8 +533,9 @@ int gg_reap_list(unsigned flags, gg_process_t *rows, size_t cap, size_t *count) 
   if (n > cap) n = cap;
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  int ndev = 0; /* every GPU NVML reports, whether CUDA here sees it or not */
-  if (gg_gpu_count(&ndev) != 0) ndev = 0;
+  gg__gpus_t gpus; /* every GPU NVML reports, whether CUDA here sees it or not; counted once */
+  int ndev = 0;
+  if (gg__gpus_load(&gpus, "gg_gpu_count", GG__GPUS_COUNT) == 0) ndev = gpus.n;
   uid_t me = getuid();
   pid_t self = getpid();
   size_t want = 32;
@@ -543,10 +546,11 @@ int gg_reap_list(unsigned flags, gg_process_t *rows, size_t cap, size_t *count) 
       gg_process_t *grown = realloc(got, want * sizeof *grown);
       if (!grown) {
         free(got);
+        gg__gpus_free(&gpus);
         return gg__err(GG_ENOMEM, "gg_reap_list: out of host memory");
       }
       got = grown;
-      if (gg_gpu_processes(d, got, want, &k) != 0) k = 0;
+      if (gg__gpus_processes(&gpus, d, got, want, &k) != 0) k = 0;
       if (k <= want) break;
       want = k + 16;
     }
@@ -559,6 +563,7 @@ int gg_reap_list(unsigned flags, gg_process_t *rows, size_t cap, size_t *count) 
     }
   }
   free(got);
+  gg__gpus_free(&gpus);
   gg__err_restore(&saved);
   *count = total;
   return 0;

@@ -87,73 +87,86 @@ static void gg__collect_procs(gg__devrow_t *r, unsigned what, const char *uuid, 
 
 /* The devices as the GPU family's telemetry numbers them (NVML: what nvidia-smi and DCGM call
  * `gpu`): every GPU of the machine, whatever CUDA_VISIBLE_DEVICES hides, also where there is NVML
- * but no CUDA (a container given only the `utility` capability). GG_ENOTSUP without telemetry. */
-static int gg__collect_nvml(unsigned what, gg__devrow_t **rows, int *nrows) {
-  const gg__telemetry_t *tel = gg__gpu_family()->telemetry;
-  gg__mon_dev_t *d = NULL;
-  int n = 0;
+ * but no CUDA (a container given only the `utility` capability). GG_ENOTSUP without telemetry. One
+ * reading of the telemetry and one driver question per GPU for the whole report; with gpu >= 0
+ * only that GPU is read (*rows empty when it does not exist). *total: the machine's GPUs. */
+static int gg__collect_nvml(unsigned what, int gpu, gg__devrow_t **rows, int *nrows, int *total) {
+  gg__gpus_t s;
   *rows = NULL;
   *nrows = 0;
-  if (!tel) return gg__err(GG_ENOTSUP, "gg_report: no telemetry");
-  int rc = tel->devices(&d, &n);
-  if (rc < 0) return rc;
-  gg__devrow_t *r = calloc(n > 0 ? (size_t)n : 1, sizeof *r);
-  if (!r) {
-    free(d);
-    return gg__err(GG_ENOMEM, "gg_report: out of host memory");
+  *total = 0;
+  int rc = gg__gpus_telemetry(&s, gpu >= 0 ? gpu : GG__GPUS_ALL);
+  if (rc < 0 && !s.fam->telemetry) rc = gg__err(GG_ENOTSUP, "gg_report: no telemetry");
+  gg__devrow_t *r = rc < 0 ? NULL : calloc(s.ndevs > 0 ? (size_t)s.ndevs : 1, sizeof *r);
+  if (rc == 0 && !r) rc = gg__err(GG_ENOMEM, "gg_report: out of host memory");
+  if (rc < 0) {
+    gg__gpus_free(&s);
+    return rc;
   }
-  for (int i = 0; i < n; i++) {
-    r[i].minor = d[i].minor;
-    r[i].info.index = i;
-    r[i].rc = d[i].rc;
-    if (d[i].rc < 0) {
-      gg__strlcpy(r[i].error, d[i].error, sizeof r[i].error);
+  for (int k = 0; k < s.ndevs; k++) {
+    const gg__mon_dev_t *d = &s.devs[k];
+    int i = s.first + k;
+    r[k].minor = d->minor;
+    r[k].info.index = i;
+    r[k].rc = d->rc;
+    if (d->rc < 0) {
+      gg__strlcpy(r[k].error, d->error, sizeof r[k].error);
       continue;
     }
-    gg__strlcpy(r[i].info.backend, tel->name, sizeof r[i].info.backend);
-    gg__strlcpy(r[i].info.name, d[i].name, sizeof r[i].info.name);
-    gg__strlcpy(r[i].info.uuid, d[i].uuid, sizeof r[i].info.uuid);
-    gg__gpu_driver_view(gg__gpu_family(), &r[i].info);
-    gg__strlcpy(r[i].pci, d[i].pci_bus_id, sizeof r[i].pci);
-    if (d[i].have_memory) {
-      r[i].info.total_bytes = d[i].total;
-      r[i].info.free_bytes = d[i].free_b;
-      r[i].info.used_bytes = d[i].total - d[i].free_b;
+    gg__strlcpy(r[k].info.backend, s.fam->telemetry->name, sizeof r[k].info.backend);
+    gg__strlcpy(r[k].info.name, d->name, sizeof r[k].info.name);
+    gg__strlcpy(r[k].info.uuid, d->uuid, sizeof r[k].info.uuid);
+    gg__gpus_driver_view(&s, &r[k].info);
+    gg__strlcpy(r[k].pci, d->pci_bus_id, sizeof r[k].pci);
+    if (d->have_memory) {
+      r[k].info.total_bytes = d->total;
+      r[k].info.free_bytes = d->free_b;
+      r[k].info.used_bytes = d->total - d->free_b;
     }
-    gg__telemetry_from(&r[i].tel, i, &d[i].tel);
+    gg__telemetry_from(&r[k].tel, i, &d->tel);
     if (what & GG_REPORT_PROCESSES)
-      gg__collect_procs(&r[i], what, d[i].uuid[0] ? d[i].uuid : NULL, i, true);
+      gg__collect_procs(&r[k], what, d->uuid[0] ? d->uuid : NULL, i, true);
   }
-  free(d);
   *rows = r;
-  *nrows = n;
+  *nrows = s.ndevs;
+  *total = s.n;
+  gg__gpus_free(&s);
   return 0;
 }
 
-/* The devices of the backend gpuguard uses (CUDA's ordinals, or the simulated host device). */
-static int gg__collect(unsigned what, gg__devrow_t **rows, int *nrows) {
+/* The devices of the backend gpuguard uses (CUDA's ordinals, or the simulated host device); with
+ * gpu >= 0 that device alone (none when it does not exist). *total: how many there are. */
+static int gg__collect(unsigned what, int gpu, gg__devrow_t **rows, int *nrows, int *total) {
   int n = 0, rc = gg_device_count(&n);
   *rows = NULL;
   *nrows = 0;
+  *total = 0;
   if (rc < 0) return rc;
-  gg__devrow_t *r = calloc(n > 0 ? (size_t)n : 1, sizeof *r);
+  int lo = 0, hi = n;
+  if (gpu >= 0) { /* that device alone, or none */
+    lo = gpu;
+    hi = gpu < n ? gpu + 1 : gpu;
+  }
+  gg__devrow_t *r = calloc(hi > lo ? (size_t)(hi - lo) : 1, sizeof *r);
   if (!r) return gg__err(GG_ENOMEM, "gg_report: out of host memory");
-  for (int i = 0; i < n; i++) {
-    r[i].minor = -1;
-    r[i].rc = gg_device_info(i, &r[i].info);
-    r[i].info.index = i; /* also where the reading failed */
-    if (r[i].rc < 0) {
-      gg__strlcpy(r[i].error, gg_last_error(), sizeof r[i].error);
+  for (int i = lo; i < hi; i++) {
+    gg__devrow_t *row = &r[i - lo];
+    row->minor = -1;
+    row->rc = gg_device_info(i, &row->info);
+    row->info.index = i; /* also where the reading failed */
+    if (row->rc < 0) {
+      gg__strlcpy(row->error, gg_last_error(), sizeof row->error);
       continue;
     }
     gg__err_saved_t saved;
     gg__err_save(&saved);
-    gg_device_telemetry(i, &r[i].tel); /* no NVML (the host backend): every reading stays -1 */
+    gg_device_telemetry(i, &row->tel); /* no NVML (the host backend): every reading stays -1 */
     gg__err_restore(&saved);
-    if (what & GG_REPORT_PROCESSES) gg__collect_procs(&r[i], what, NULL, i, false);
+    if (what & GG_REPORT_PROCESSES) gg__collect_procs(row, what, NULL, i, false);
   }
   *rows = r;
-  *nrows = n;
+  *nrows = hi > lo ? hi - lo : 0;
+  *total = n;
   return 0;
 }
 
@@ -350,6 +363,26 @@ static const gg__devrow_t *gg__row_of(const gg__promctx_t *c, const char *uuid) 
   return NULL;
 }
 
+/* The device an arena's series are labelled with: its row among the report's (NVML's numbering),
+ * else its own description under gpuguard's ordinal (own.info cleared when unreadable). */
+typedef struct gg__arena_dev {
+  const gg__devrow_t *row;
+  gg__devrow_t own;
+} gg__arena_dev_t;
+
+static void gg__arena_dev(const gg__promctx_t *c, const gg__arow_t *a, gg__arena_dev_t *out) {
+  gg_device_info_t d;
+  gg__err_saved_t saved;
+  gg__err_save(&saved);
+  bool known = a->device >= 0 && gg_device_info(a->device, &d) == 0;
+  gg__err_restore(&saved);
+  const gg__family_t *fam = gg__family(a->backend);
+  out->row = known && fam && !fam->simulated ? gg__row_of(c, d.uuid) : NULL;
+  memset(&out->own, 0, sizeof out->own);
+  out->own.minor = -1;
+  if (known) out->own.info = d;
+}
+
 /* One gauge (or counter) per arena statistic, labelled with the arena's device, name, a unique
  * arena_id (two unnamed arenas are two series), backend and this process's pid. No arena: no
  * families (an empty family tells a scraper nothing). */
@@ -389,28 +422,23 @@ static void gg__prom_arenas(FILE *f, const gg__promctx_t *c, const gg__arows_t *
        offsetof(gg_arena_stats_t, bytes_trimmed), ULL},
   };
   if (ar->n == 0) return;
+  /* Each arena's device is asked about once, not once per statistic. */
+  gg__arena_dev_t *devs = malloc(ar->n * sizeof *devs);
+  for (size_t i = 0; devs && i < ar->n; i++) gg__arena_dev(c, &ar->rows[i], &devs[i]);
   for (size_t k = 0; k < sizeof m / sizeof m[0]; k++) {
     gg__prom_head(f, m[k].name, m[k].type, m[k].help);
     for (size_t i = 0; i < ar->n; i++) {
       const gg__arow_t *a = &ar->rows[i];
       const char *field = (const char *)&a->st + m[k].off;
       fprintf(f, "%s{", m[k].name);
-      gg_device_info_t d;
-      gg__err_saved_t saved;
-      gg__err_save(&saved);
-      bool known = a->device >= 0 && gg_device_info(a->device, &d) == 0;
-      gg__err_restore(&saved);
-      const gg__family_t *fam = gg__family(a->backend);
-      const gg__devrow_t *row = known && fam && !fam->simulated ? gg__row_of(c, d.uuid) : NULL;
-      if (row) {
-        gg__prom_dev_labels(f, c, row, row->info.index);
-      } else { /* a device NVML does not list (the simulated host device): gpuguard's ordinal */
-        gg__devrow_t own;
-        memset(&own, 0, sizeof own);
-        own.minor = -1;
-        if (known) own.info = d;
-        gg__prom_dev_labels(f, c, &own, a->device);
-      }
+      gg__arena_dev_t one;
+      if (!devs) /* no room to keep them: asked again */
+        gg__arena_dev(c, a, &one);
+      const gg__arena_dev_t *ad = devs ? &devs[i] : &one;
+      if (ad->row)
+        gg__prom_dev_labels(f, c, ad->row, ad->row->info.index);
+      else /* a device NVML does not list (the simulated host device): gpuguard's ordinal */
+        gg__prom_dev_labels(f, c, &ad->own, a->device);
       fprintf(f, ",pid=\"%d\",arena=", (int)getpid());
       gg__prom_label(f, a->name);
       fprintf(f, ",arena_id=\"%012llx\",backend=", a->id);
@@ -430,6 +458,7 @@ static void gg__prom_arenas(FILE *f, const gg__promctx_t *c, const gg__arows_t *
       }
     }
   }
+  free(devs);
 }
 
 /* A device reading as a gauge: the family is written only when some device has the reading. */
@@ -641,9 +670,10 @@ static void gg__prom_processes(FILE *f, const gg__promctx_t *c) {
 
 /* The devices for Prometheus: NVML's (every GPU, numbered as DCGM numbers them); without NVML, the
  * CUDA devices; never the simulated host device, which is no GPU of this machine. */
-static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const char **source) {
+static int gg__collect_prom(unsigned what, int gpu, gg__devrow_t **rows, int *n, int *total,
+                            const char **source) {
   const gg__telemetry_t *tel = gg__gpu_family()->telemetry;
-  int rc = gg__collect_nvml(what, rows, n);
+  int rc = gg__collect_nvml(what, gpu, rows, n, total);
   *source = tel ? tel->name : "none";
   if (rc != GG_ENOTSUP) return rc;
   const char *backend = NULL;
@@ -653,11 +683,12 @@ static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const ch
   gg__err_restore(&saved);
   if (brc == 0 && !gg__family(backend)->simulated) {
     *source = backend;
-    return gg__collect(what, rows, n);
+    return gg__collect(what, gpu, rows, n, total);
   }
   *source = "none";
   *rows = NULL;
   *n = 0;
+  *total = 0;
   return 0;
 }
 
@@ -665,16 +696,16 @@ static int gg__collect_prom(unsigned what, gg__devrow_t **rows, int *n, const ch
  * with backend "cuda" where CUDA sees it, else "nvml"); without NVML, gpuguard's own (CUDA's
  * ordinals, or the simulated host device). GPUGUARD_BACKEND=host asked for keeps the host device.
  */
-static int gg__collect_json(unsigned what, gg__devrow_t **rows, int *n) {
+static int gg__collect_json(unsigned what, int gpu, gg__devrow_t **rows, int *n, int *total) {
   const gg__family_t *asked = gg__family(gg__env("GPUGUARD_BACKEND"));
   gg__err_saved_t saved;
   gg__err_save(&saved);
-  if (!(asked && asked->simulated) && gg__collect_nvml(what, rows, n) == 0) {
-    if (*n > 0) return 0;
+  if (!(asked && asked->simulated) && gg__collect_nvml(what, gpu, rows, n, total) == 0) {
+    if (*total > 0) return 0;
     gg__release(*rows, *n);
   }
   gg__err_restore(&saved);
-  return gg__collect(what, rows, n);
+  return gg__collect(what, gpu, rows, n, total);
 }
 
 static void gg__prom(FILE *f, unsigned what, unsigned top_k, const gg__devrow_t *rows, int n,
@@ -714,27 +745,6 @@ static void gg__prom(FILE *f, unsigned what, unsigned top_k, const gg__devrow_t 
   if (what & GG_REPORT_ARENAS) gg__prom_arenas(f, &c, ar);
 }
 
-/* Keeps only the row of device `gpu` (-1: every row). GG_ENODEV when no row has that number; no
- * row at all (no GPU) is a report of its own. */
-static int gg__keep_gpu(gg__devrow_t *rows, int *n, int gpu) {
-  if (gpu < 0 || *n == 0) return 0;
-  int kept = 0;
-  for (int i = 0; i < *n; i++) {
-    if (rows[i].info.index == gpu && kept == 0) {
-      gg__devrow_t keep = rows[i];
-      rows[i] = rows[0];
-      rows[0] = keep;
-      kept = 1;
-    }
-  }
-  for (int i = kept; i < *n; i++) free(rows[i].procs);
-  int had = *n;
-  *n = kept;
-  return kept ? 0
-              : gg__err(GG_ENODEV, "gg_report_ex: GPU %d does not exist (this machine has %d)", gpu,
-                        had);
-}
-
 int gg_report(FILE *out, gg_format_t format, unsigned what) {
   return gg_report_ex(out, format, what, -1, GG_REPORT_TOP_DEFAULT);
 }
@@ -747,19 +757,20 @@ int gg_report_ex(FILE *out, gg_format_t format, unsigned what, int gpu, unsigned
     return gg__err(GG_EINVAL, "gg_report: unknown format %d", (int)format);
   if (what & ~known) return gg__err(GG_EINVAL, "gg_report: unknown report bits %#x", what & ~known);
   gg__devrow_t *rows = NULL;
-  int n = 0, rc = 0;
+  int n = 0, total = 0, rc = 0;
   const char *source = "none";
   if (what & (GG_REPORT_DEVICES | GG_REPORT_PROCESSES)) {
+    /* A GPU asked for is the only one read. A failed reading is a 0 success gauge. */
     if (format == GG_FORMAT_PROMETHEUS) {
-      rc = gg__collect_prom(what, &rows, &n, &source); /* a failed reading is a 0 success gauge */
+      rc = gg__collect_prom(what, gpu, &rows, &n, &total, &source);
     } else {
-      rc = gg__collect_json(what, &rows, &n);
+      rc = gg__collect_json(what, gpu, &rows, &n, &total);
       if (rc < 0) return rc;
     }
-    int krc = gg__keep_gpu(rows, &n, gpu);
-    if (krc < 0) {
+    if (gpu >= 0 && total > 0 && n == 0) { /* no GPU at all is a report of its own */
       gg__release(rows, n);
-      return krc;
+      return gg__err(GG_ENODEV, "gg_report_ex: GPU %d does not exist (this machine has %d)", gpu,
+                     total);
     }
   }
   gg__arows_t ar = {0};

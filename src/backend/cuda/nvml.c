@@ -259,6 +259,58 @@ static int gg__nvml_readings(const char *uuid, int index, gg__readings_t *t) {
 /* nvmlPciInfo_t (v2 and v3 agree on the start): busIdLegacy[16], five unsigned ints, busId[32]. */
 #define GG__NVML_PCI_BUSID_OFF 36
 
+/* Device i of an open NVML into *e: its identity, memory and readings, or rc < 0 with the error. */
+static void gg__nvml_read_dev(gg__nvml_t *n, unsigned i, gg__mon_dev_t *e) {
+  nvmlDevice_t dev = NULL;
+  e->index = (int)i;
+  e->minor = -1;
+  e->have_memory = false;
+  e->tel.util_gpu = e->tel.util_memory = e->tel.temperature_c = -1;
+  e->tel.power_mw = e->tel.power_limit_mw = -1;
+  nvmlReturn_t r = n->by_index(i, &dev);
+  if (r != NVML_SUCCESS) {
+    e->rc = gg__err(GG_EDRIVER, "NVML device %u: %s (%d)", i,
+                    n->error_string ? n->error_string(r) : "?", r);
+    gg__strlcpy(e->error, gg_last_error(), sizeof e->error);
+    return;
+  }
+  if (n->name && n->name(dev, e->name, sizeof e->name) != NVML_SUCCESS) e->name[0] = '\0';
+  if (n->uuid && n->uuid(dev, e->uuid, sizeof e->uuid) != NVML_SUCCESS) e->uuid[0] = '\0';
+  e->name[sizeof e->name - 1] = e->uuid[sizeof e->uuid - 1] = '\0';
+  unsigned m = 0;
+  if (n->minor && n->minor(dev, &m) == NVML_SUCCESS) e->minor = (int)m;
+  unsigned char pci[256];
+  memset(pci, 0, sizeof pci);
+  if (n->pci && n->pci(dev, pci) == NVML_SUCCESS) {
+    memcpy(e->pci_bus_id, pci + GG__NVML_PCI_BUSID_OFF, sizeof e->pci_bus_id - 1);
+    e->pci_bus_id[sizeof e->pci_bus_id - 1] = '\0';
+  }
+  unsigned long long mem[3] = {0, 0, 0};
+  if (n->memory && n->memory(dev, mem) == NVML_SUCCESS && mem[1] <= mem[0]) {
+    e->have_memory = true;
+    e->total = (size_t)mem[0];
+    e->free_b = (size_t)mem[1];
+  }
+  gg__nvml_read_telemetry(n, dev, &e->tel);
+}
+
+/* The device count of an open NVML; on failure NVML is closed and the error returned. */
+static int gg__nvml_count(gg__nvml_t *n, unsigned *c) {
+  *c = 0;
+  nvmlReturn_t r = NVML_SUCCESS;
+  if (n->count) {
+    r = n->count(c);
+  } else { /* an NVML without the count call: probe the indices */
+    nvmlDevice_t probe;
+    while (*c < 64 && n->by_index(*c, &probe) == NVML_SUCCESS) (*c)++;
+  }
+  if (r == NVML_SUCCESS) return 0;
+  int rc = gg__err(GG_EDRIVER, "nvmlDeviceGetCount failed: %s (%d)",
+                   n->error_string ? n->error_string(r) : "?", r);
+  gg__nvml_close(n);
+  return rc;
+}
+
 static int gg__nvml_devices(gg__mon_dev_t **out, int *count) {
   *out = NULL;
   *count = 0;
@@ -266,60 +318,33 @@ static int gg__nvml_devices(gg__mon_dev_t **out, int *count) {
   int rc = gg__nvml_open(&n);
   if (rc < 0) return rc;
   unsigned c = 0;
-  nvmlReturn_t r = NVML_SUCCESS;
-  if (n.count) {
-    r = n.count(&c);
-  } else { /* an NVML without the count call: probe the indices */
-    nvmlDevice_t probe;
-    while (c < 64 && n.by_index(c, &probe) == NVML_SUCCESS) c++;
-  }
-  if (r != NVML_SUCCESS) {
-    rc = gg__err(GG_EDRIVER, "nvmlDeviceGetCount failed: %s (%d)",
-                 n.error_string ? n.error_string(r) : "?", r);
-    gg__nvml_close(&n);
-    return rc;
-  }
+  rc = gg__nvml_count(&n, &c);
+  if (rc < 0) return rc;
   gg__mon_dev_t *d = calloc(c ? c : 1, sizeof *d);
   if (!d) {
     gg__nvml_close(&n);
     return gg__err(GG_ENOMEM, "NVML device list: out of host memory");
   }
-  for (unsigned i = 0; i < c; i++) {
-    gg__mon_dev_t *e = &d[i];
-    nvmlDevice_t dev = NULL;
-    e->index = (int)i;
-    e->minor = -1;
-    e->have_memory = false;
-    e->tel.util_gpu = e->tel.util_memory = e->tel.temperature_c = -1;
-    e->tel.power_mw = e->tel.power_limit_mw = -1;
-    r = n.by_index(i, &dev);
-    if (r != NVML_SUCCESS) {
-      e->rc = gg__err(GG_EDRIVER, "NVML device %u: %s (%d)", i,
-                      n.error_string ? n.error_string(r) : "?", r);
-      gg__strlcpy(e->error, gg_last_error(), sizeof e->error);
-      continue;
-    }
-    if (n.name && n.name(dev, e->name, sizeof e->name) != NVML_SUCCESS) e->name[0] = '\0';
-    if (n.uuid && n.uuid(dev, e->uuid, sizeof e->uuid) != NVML_SUCCESS) e->uuid[0] = '\0';
-    e->name[sizeof e->name - 1] = e->uuid[sizeof e->uuid - 1] = '\0';
-    unsigned m = 0;
-    if (n.minor && n.minor(dev, &m) == NVML_SUCCESS) e->minor = (int)m;
-    unsigned char pci[256];
-    memset(pci, 0, sizeof pci);
-    if (n.pci && n.pci(dev, pci) == NVML_SUCCESS) {
-      memcpy(e->pci_bus_id, pci + GG__NVML_PCI_BUSID_OFF, sizeof e->pci_bus_id - 1);
-      e->pci_bus_id[sizeof e->pci_bus_id - 1] = '\0';
-    }
-    unsigned long long mem[3] = {0, 0, 0};
-    if (n.memory && n.memory(dev, mem) == NVML_SUCCESS && mem[1] <= mem[0]) {
-      e->have_memory = true;
-      e->total = (size_t)mem[0];
-      e->free_b = (size_t)mem[1];
-    }
-    gg__nvml_read_telemetry(&n, dev, &e->tel);
-  }
+  for (unsigned i = 0; i < c; i++) gg__nvml_read_dev(&n, i, &d[i]);
   gg__nvml_close(&n);
   *out = d;
+  *count = (int)c;
+  return 0;
+}
+
+static int gg__nvml_device(int index, gg__mon_dev_t *out, int *count) {
+  *count = 0;
+  gg__nvml_t n;
+  int rc = gg__nvml_open(&n);
+  if (rc < 0) return rc;
+  unsigned c = 0;
+  rc = gg__nvml_count(&n, &c);
+  if (rc < 0) return rc;
+  if (index >= 0 && (unsigned)index < c) {
+    memset(out, 0, sizeof *out);
+    gg__nvml_read_dev(&n, (unsigned)index, out);
+  }
+  gg__nvml_close(&n);
   *count = (int)c;
   return 0;
 }
@@ -330,4 +355,5 @@ const gg__telemetry_t gg__nvml_telemetry = {
     .memory = gg__nvml_memory,
     .readings = gg__nvml_readings,
     .devices = gg__nvml_devices,
+    .device = gg__nvml_device,
 };
