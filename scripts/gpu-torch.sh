@@ -9,6 +9,7 @@
 #      expecttest comes as a wheel in .whl/ where pip cannot reach PyPI;
 #   4. the workload benchmark (bench_python part w, --rounds R, default 3).
 # Logs and a summary go to $OUT (or build/gpu-logs). Usage: [GG_STAGES="1 2 3 4"] scripts/gpu-torch.sh [--quick]
+# Also: GG_TEST_CUDA_ALLOCS (stage 3: "default gpuguard"), GG_TEST_CUDA_TIMEOUT, GG_W_ALLOCATORS, GG_W_WORKLOADS.
 # A wheel in .whl/gg/ is installed and tested as a user runs it (see below).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -24,6 +25,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     export PYTHONPATH=/tmp/gg-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 summary=()
+# Part w's subset: a run of every allocator on every workload takes ~9 s a process, so a 10-minute
+# call fits about 60 runs (e.g. GG_W_ALLOCATORS=default,gpuguard GG_W_WORKLOADS=gptbf16,gpt2).
+wflags=()
+[ -n "${GG_W_ALLOCATORS:-}" ] && wflags+=(--allocators "$GG_W_ALLOCATORS")
+[ -n "${GG_W_WORKLOADS:-}" ] && wflags+=(--workloads "$GG_W_WORKLOADS")
 note() { summary+=("$1"); echo "-- $1"; }
 # With a gpuguard wheel in .whl/gg/ (the manylinux wheel the README's test command builds), the wheel is
 # pip-installed into this Python environment, .pth hook and all, exactly as a user installs it, and every
@@ -62,7 +68,7 @@ want 2 && {
 # 2. third-party code, unchanged, one round per allocator
 steps=30
 [ $quick = 1 ] && steps=10
-timeout 900 python3 bench/bench_python.py --parts w --rounds 1 --steps $steps 2>&1 | tee "$out/thirdparty.log" | tail -40
+timeout 900 python3 bench/bench_python.py --parts w --rounds 1 --steps $steps "${wflags[@]}" 2>&1 | tee "$out/thirdparty.log" | tail -40
 note "third-party (bench_python w, 1 round): exit ${PIPESTATUS[0]}"
 
 }
@@ -96,7 +102,7 @@ fi
 
 # 4. the workload benchmark
 if [ $quick = 0 ] && want 4; then
-  timeout 1200 python3 bench/bench_python.py --parts w --rounds "${ROUNDS:-3}" 2>&1 | tee "$out/bench-w.log" | tail -60
+  timeout 1200 python3 bench/bench_python.py --parts w --rounds "${ROUNDS:-3}" "${wflags[@]}" 2>&1 | tee "$out/bench-w.log" | tail -60
   note "bench_python w: exit ${PIPESTATUS[0]}"
 fi
 echo
