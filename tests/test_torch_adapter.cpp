@@ -64,18 +64,27 @@ int stub_stream_sync(Stream) { return ++g_stream_syncs, 0; }
 int stub_device_sync(int) { return ++g_device_syncs, 0; }
 void stub_relax(bool, int *) {}
 
-/* Events: done when the test says the streams are (g_streams_done). */
+/* Events: done when the test says the streams are (g_streams_done); with g_one_busy, only the
+ * events of that one stream are not. */
 bool g_streams_done = false;
+bool g_one_busy = false;
+Stream g_busy_stream = nullptr;
 int g_events_live = 0;
-int stub_event_record(int, Stream, void **ev) {
-  *ev = new int(0);
+int stub_event_record(int, Stream s, void **ev) {
+  *ev = new Stream(s);
   g_events_live++;
   return 0;
 }
 int g_event_queries = 0;
-int stub_event_query(void *) { return ++g_event_queries, g_streams_done ? 1 : 0; }
+int stub_event_query(void *ev) {
+  g_event_queries++;
+  if (g_one_busy) {
+    return *static_cast<Stream *>(ev) == g_busy_stream ? 0 : 1;
+  }
+  return g_streams_done ? 1 : 0;
+}
 void stub_event_destroy(void *ev) {
-  delete static_cast<int *>(ev);
+  delete static_cast<Stream *>(ev);
   g_events_live--;
 }
 
@@ -333,6 +342,13 @@ static void test_pending_recorded_frees_cost_one_query_per_stream(void **state) 
   g_event_queries = 0;
   void *q = alloc(ad, 4096, side);
   assert_in_range(g_event_queries, 1, 2); /* 50 before */
+  /* The stream asked first (the recorded one) done, the block's own busy: still one a stream. */
+  g_one_busy = true;
+  g_busy_stream = side;
+  g_event_queries = 0;
+  release(ad, alloc(ad, 4096, nullptr));
+  assert_int_equal(g_event_queries, 2); /* 51 with a busy list that only grew */
+  g_one_busy = false;
   assert_int_equal(ad.stats(0).active[gg_torch::kAll].current, 51);
   g_streams_done = true;
   release(ad, alloc(ad, 4096, side));

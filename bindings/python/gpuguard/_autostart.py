@@ -167,11 +167,12 @@ def _conf_backend() -> Optional[Tuple[str, str]]:
         conf = os.environ.get(var)
         if conf is None:
             continue
-        for item in conf.split(","):
+        chosen = ""
+        for item in conf.split(","):  # a key named twice: the last one counts, as in PyTorch
             key, _, val = item.partition(":")
-            if key.strip() == "backend" and val.strip() not in ("", "native"):
-                return var, val.strip()
-        return None
+            if key.strip() == "backend":
+                chosen = val.strip()
+        return (var, chosen) if chosen not in ("", "native") else None
     return None
 
 

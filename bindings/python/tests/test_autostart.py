@@ -96,6 +96,8 @@ def test_conf_backend_reads_settings_as_pytorch_does(monkeypatch: pytest.MonkeyP
     assert A._conf_backend() is None
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:native,expandable_segments:True")
     assert A._conf_backend() is None  # PyTorch's default backend, named: gpuguard still serves
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync,backend:native")
+    assert A._conf_backend() is None  # named twice: the last one counts
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage,backend:cudaMallocAsync")
     assert A._conf_backend() == ("PYTORCH_CUDA_ALLOC_CONF", "cudaMallocAsync")
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")  # read only without the CUDA one

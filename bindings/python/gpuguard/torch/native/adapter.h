@@ -323,7 +323,7 @@ public:
   void drop_contexts(); /* every block's recorded stack released (at the interpreter's exit) */
 
   /* ---- modes and diagnostics */
-  void set_capture_any(bool on) { capture_any_.store(on); }
+  void set_capture_any(bool on);
   /** The limit the device's arena gets when it is made (PyTorch's per_process_memory_fraction
    *  setting); an arena made already keeps its own. */
   void set_first_limit(int device, size_t bytes);
@@ -357,10 +357,11 @@ private:
   void destroy_after_sync(int device, const std::vector<gg_arena_t *> &dead);
   void account_locked(const Block &b, bool add, bool active = true);
   bool insert_locked(void *ptr, Block &&b);
+  bool quiet_locked(bool asked) const;
   Block remove_locked(std::unordered_map<void *, Block>::iterator it);
   bool defer_free(void *ptr, const Block &b); /* adapter_recorded.cpp */
   void deactivate_locked(const Block &b);     /* the active figures of a deferred free */
-  void drain_recorded(bool wait);
+  void drain_recorded(bool wait, bool asked = false);
   void free_stretches(int device, int64_t *count, int64_t *bytes);
   void note_gone(int device, gg_arena_t *a);
   std::vector<std::pair<void *, Block>> free_pool_locked(Pool &p);

@@ -95,7 +95,7 @@ int Adapter::route(int device, Stream stream, Pool **out) {
     return 0; /* the filters said no already */
   }
   std::lock_guard<std::mutex> g(mu_);
-  *out = any ? route_locked(device, stream, capture) : implicit_of_locked(capture);
+  *out = route_locked(device, stream, capture); /* the filters again: one may be newer */
   if (!*out && capture) {
     return implicit_pool_locked(device, stream, capture, out);
   }
@@ -382,7 +382,7 @@ int Adapter::empty_cache(PoolId id) {
   bool capturing = n_announced_.load() > 0; /* no device synchronisation while a graph captures */
   sweep();
   if (!capturing && n_recorded_.load()) {
-    drain_recorded(true);
+    drain_recorded(true, true);
   }
   std::vector<std::pair<int, gg_arena_t *>> dead;
   std::vector<gg_arena_t *> trim;

@@ -31,37 +31,58 @@ bool Adapter::defer_free(void *ptr, const Block &b) {
   return true;
 }
 
-/* Gives back the recorded blocks whose streams are done; `wait`: every one, after waiting for
- * their devices (empty_cache, an allocation out of memory). */
-void Adapter::drain_recorded(bool wait) {
-  if (wait) {
-    bool devices[kMaxDevices] = {};
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      for (const Recorded &r : recorded_) {
-        devices[r.device] = true;
-      }
-    }
-    for (int d = 0; d < kMaxDevices; d++) {
-      if (devices[d]) {
-        rt_.device_sync(d);
-      }
-    }
+/* Frees already waiting go back first: while every call may ask the driver about captures, the
+ * allocations no longer give them back (a capture PyTorch did not announce may be under way). */
+void Adapter::set_capture_any(bool on) {
+  if (on && !capture_any_.load()) {
+    drain_recorded(false);
   }
+  capture_any_.store(on);
+}
+
+/* Whether no capture may be under way. Under mu_, which begin_capture takes too: an allocation
+ * that read the flags unlocked may find a capture begun since, whose global mode an event query
+ * or a device synchronisation would end (PyTorch checks under its allocator's lock as well). */
+bool Adapter::quiet_locked(bool asked) const {
+  return captures_.empty() && (asked || !capture_any_.load());
+}
+
+/* Gives back the recorded blocks whose streams are done; `wait`: every one, after waiting for
+ * their devices (empty_cache, an allocation out of memory), holding the lock so that no capture
+ * begins meanwhile. Nothing while a capture may be under way: they wait for a later call.
+ * `asked`: empty_cache, which synchronises anyway, also with captures=any (none announced). */
+void Adapter::drain_recorded(bool wait, bool asked) {
   std::vector<Recorded> go;
   {
     std::lock_guard<std::mutex> g(mu_);
+    if (!quiet_locked(asked)) {
+      return;
+    }
+    if (wait) {
+      bool devices[kMaxDevices] = {};
+      for (const Recorded &r : recorded_) {
+        devices[r.device] = true;
+      }
+      for (int d = 0; d < kMaxDevices; d++) {
+        if (devices[d]) {
+          rt_.device_sync(d);
+        }
+      }
+    }
     /* A stream runs its work in order: once one of its events is not done, none recorded on it
-     * later is, so each call asks at most one pending event per stream (not one per block). */
+     * later is. So a block waiting on a stream already seen busy is skipped unasked, and each call
+     * asks at most one pending event per stream, plus the done ones of the blocks it frees. */
     std::vector<Stream> busy;
+    auto is_busy = [&busy](Stream s) {
+      return std::find(busy.begin(), busy.end(), s) != busy.end();
+    };
     for (auto it = recorded_.begin(); it != recorded_.end();) {
-      bool done = true;
+      bool done = std::none_of(it->on.begin(), it->on.end(), is_busy);
       for (size_t k = 0; k < it->events.size() && done; k++) {
-        Stream s = it->on[k];
-        done = std::find(busy.begin(), busy.end(), s) == busy.end() &&
-               rt_.event_query(it->events[k]) != 0; /* an error: the memory goes with the context */
+        /* an error: the memory goes with the context */
+        done = rt_.event_query(it->events[k]) != 0;
         if (!done) {
-          busy.push_back(s);
+          busy.push_back(it->on[k]);
         }
       }
       if (!done) {

@@ -210,6 +210,9 @@ void Backend::init(int device_count) {
       fractions_[d] = f;
     }
     core_.set_first_limit(d, limit == 0 ? 1 : limit);
+    if (core_.device_arena_if_any(d)) {
+      apply_fraction(d); /* made already (use_arena): bounded now, as set_per_process... does */
+    }
   }
   initialized_.store(true);
 }
