@@ -348,8 +348,7 @@ int Adapter::free(void *ptr, Freed *out) {
     }
     b = remove_locked(it);
     /* recorded on other streams, outside any capture: given back once they are done with it */
-    later = !b.pool && b.extra && !b.extra->recorded.empty() && !n_announced_.load() &&
-            !capture_any_.load();
+    later = !b.pool && b.extra && !b.extra->recorded.empty() && !capturing_maybe();
     account_locked(b, false, !later);
   }
   out->device = b.device;

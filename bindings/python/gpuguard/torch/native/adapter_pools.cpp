@@ -203,8 +203,7 @@ void Adapter::free_pooled(void *ptr, const Block &b) {
 /* A default-pool block freed while its stream captures: the graph reads it at every replay, so the
  * capture's pool keeps it until the graph is gone. Only asked while a capture may be under way. */
 bool Adapter::hold_for_graph(void *ptr, const Block &b) {
-  if (!n_announced_.load(std::memory_order_relaxed) &&
-      !capture_any_.load(std::memory_order_relaxed)) {
+  if (!capturing_maybe()) {
     return false;
   }
   uint64_t capture = 0;

@@ -195,6 +195,13 @@ void Backend::copy_data(void *dest, const void *src, std::size_t count) const {
   C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
 }
 
+/* The arena limit of a memory fraction: a share of the device's memory, never 0 (which means no
+ * limit to an arena; a fraction of 0 allows nothing, as in PyTorch). */
+static size_t fraction_limit(double f, size_t total) {
+  size_t limit = size_t(f * double(total));
+  return limit == 0 ? 1 : limit;
+}
+
 /* PyTorch's per_process_memory_fraction setting bounds each device's arena from its first
  * allocation, as it bounds PyTorch's own allocator; set_per_process_memory_fraction overrides it.
  */
@@ -204,12 +211,11 @@ void Backend::init(int device_count) {
   for (int d = 0; f >= 0 && f < 1.0 && d < device_count && d < kMaxDevices; d++) {
     cudaDeviceProp prop;
     C10_CUDA_CHECK(cudaGetDeviceProperties(&prop, d));
-    size_t limit = size_t(f * double(prop.totalGlobalMem));
     {
       std::lock_guard<std::mutex> g(mu_);
       fractions_[d] = f;
     }
-    core_.set_first_limit(d, limit == 0 ? 1 : limit);
+    core_.set_first_limit(d, fraction_limit(f, prop.totalGlobalMem));
     if (core_.device_arena_if_any(d)) {
       apply_fraction(d); /* made already (use_arena): bounded now, as set_per_process... does */
     }
@@ -256,8 +262,7 @@ void Backend::apply_fraction(int device) {
     c10::cuda::CUDAGuard guard(device);
     C10_CUDA_CHECK(cudaMemGetInfo(&device_free, &total));
   }
-  size_t limit = size_t(f * double(total));
-  GG_CHECK(gg_arena_set_limit(a, limit == 0 ? 1 : limit) == 0,
+  GG_CHECK(gg_arena_set_limit(a, fraction_limit(f, total)) == 0,
            "gpuguard: setMemoryFraction: ", gg_last_error());
 }
 
