@@ -5,8 +5,9 @@
 
 (a) Python overhead per call: scope enter+exit and alloc+free through the binding (goal <= 2 us each);
     runs on any backend (the host backend without a GPU).
-(b) torch.empty + del through the gpuguard allocator (MemPool form; and the global use_arena form, in its
-    own process) against PyTorch's caching allocator in the same run, 256 B .. 64 MiB.
+(b) torch.empty + del through gpuguard's native backend, a MemPool and the global use_arena form against
+    PyTorch's caching allocator and expandable_segments, 256 B .. 64 MiB and a mix with 256 tensors live:
+    each column its own process, the columns interleaved --rounds times (--cpus pins them), medians.
 (c) a transformer training loop (nn.TransformerEncoder, 8 layers, d_model 1024, AdamW, 120 steps, sequence
     length drawn from 64..2048 and batch from 4..16 with one seed), each allocator in its own process:
     peak reserved / peak allocated, and what the allocator and the driver still hold after the model is
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -122,49 +124,47 @@ SIZES = [256, 4096, 65536, MiB, 16 * MiB, 64 * MiB]
 
 
 def _empty_loop(torch, sizes, n: int) -> dict:
-    out = {}
-    for size in sizes:
-        k = max(50, n // (1 + size // MiB))
-        for _ in range(50):
-            t = torch.empty(size, dtype=torch.uint8, device="cuda")
-            del t
-        torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(k):
-                t = torch.empty(size, dtype=torch.uint8, device="cuda")
-                del t
-            torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - t0) / k)
-        out[str(size)] = best * 1e6
-    out["mix"] = _mix_loop(torch, n)
-    return out
-
-
-def _mix_loop(torch, n: int) -> float:
-    """us per allocation and free with 256 tensors live, a random one replaced each time by one of a
-    log-uniform size, 512 B..32 MiB (the same sizes in every process): where a training step's host time
-    goes, unlike a pair that reuses one block."""
+    """Best of 3 for each size and the mix, the three passes each over every case in turn: a process
+    whose speed shifts part-way (the H200's VM does that) then shifts every case alike."""
     import random
     rng = random.Random(0)
-    k = max(1000, n * 2)
-    sizes = [int(512 * 2 ** (rng.random() * 16)) for _ in range(k)]
-    slots = [rng.randrange(256) for _ in range(k)]
+    k_mix = max(1000, n * 2)
+    mix_sizes = [int(512 * 2 ** (rng.random() * 16)) for _ in range(k_mix)]
+    mix_slots = [rng.randrange(256) for _ in range(k_mix)]
     live = [torch.empty(512, dtype=torch.uint8, device="cuda") for _ in range(256)]
-    best = float("inf")
-    for _ in range(3):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for size, j in zip(sizes, slots):
+
+    def pairs(size: int, k: int) -> None:
+        for _ in range(k):
+            t = torch.empty(size, dtype=torch.uint8, device="cuda")
+            del t
+
+    def mix() -> None:
+        """256 tensors live, a random one replaced each time by one of a log-uniform size, 512 B..32 MiB
+        (the same sizes in every process): where a training step's host time goes, unlike a pair that
+        reuses one block."""
+        for size, j in zip(mix_sizes, mix_slots):
             live[j] = torch.empty(size, dtype=torch.uint8, device="cuda")
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / k)
+
+    cases = [(str(size), lambda size=size, k=max(50, n // (1 + size // MiB)): pairs(size, k),
+              max(50, n // (1 + size // MiB))) for size in sizes] + [("mix", mix, k_mix)]
+    for size in sizes:
+        pairs(size, 50)
+    out = {name: float("inf") for name, _, _ in cases}
+    for _ in range(3):
+        for name, fn, k in cases:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            out[name] = min(out[name], (time.perf_counter() - t0) / k)
     del live
-    return best * 1e6
+    return {name: best * 1e6 for name, best in out.items()}
 
 
 def child_b(mode: str, quick: bool) -> dict:
+    cpus = {int(c) for c in os.environ.get("GG_BENCH_W_CPUS", "").split(",") if c}
+    if cpus:  # before torch starts its threads: they inherit the mask
+        os.sched_setaffinity(0, cpus)
     import torch
     import gpuguard
     import gpuguard.torch as ggt
@@ -189,24 +189,39 @@ def child_b(mode: str, quick: bool) -> dict:
 
 
 def part_b(args: argparse.Namespace) -> None:
-    res = child("b-pool", args, {})
-    res.update(child("b-expandable", args, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}))
+    """Each column is its own process; on the H200's VM one process's figures move by up to ~1.3 us a
+    pair from the next one's (a whole process, or half of one, runs at one speed or the other, under
+    every allocator alike). So the columns run interleaved, ``--rounds`` times, the first column of a
+    round rotating, each pinned to ``--cpus`` when given, and the table gives each cell's median over
+    the rounds; the mix's ratio per round comes below it."""
+    cols = [("pytorch caching", "b-pool", {}),
+            ("expandable_segments", "b-expandable", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})]
     if w_gpuguard_native():
-        res.update(child("b-native", args, {"GPUGUARD_TORCH": "1"}))
-        res.update(child("b-mempool", args, {}))
-        res.update(child("b-global", args, {}))
-    base = res["pytorch caching"]
-    cols = [(k, label) for k, label in (("expandable_segments", "expandable_segments"),
-                                        ("gpuguard native", "gpuguard native (GPUGUARD_TORCH=1)"),
-                                        ("gpuguard MemPool", "gpuguard MemPool"),
-                                        ("gpuguard global", "gpuguard global use_arena")) if k in res]
+        cols += [("gpuguard native", "b-native", {"GPUGUARD_TORCH": "1"}),
+                 ("gpuguard MemPool", "b-mempool", {}), ("gpuguard global", "b-global", {})]
+    pin = {"GG_BENCH_W_CPUS": ",".join(map(str, args.cpu_list))} if args.cpu_list else {}
+    runs: dict = {}
+    rounds = max(1, args.rounds)
+    for rnd in range(rounds):
+        for i in range(len(cols)):
+            key, mode, env = cols[(i + rnd) % len(cols)]
+            runs.setdefault(key, []).append(child(mode, args, {**env, **pin})[key])
+    med = {k: {s: statistics.median(r[s] for r in rs) for s in rs[0]} for k, rs in runs.items()}
+    base = med["pytorch caching"]
+    labels = {"expandable_segments": "expandable_segments", "gpuguard native": "gpuguard native (GPUGUARD_TORCH=1)",
+              "gpuguard MemPool": "gpuguard MemPool", "gpuguard global": "gpuguard global use_arena"}
+    shown = [k for k, _, _ in cols[1:]]
     rows = []
     for size in SIZES + ["mix"]:
         s = str(size)
         rows.append([_fmt_size(size) if size != "mix" else "mix: 256 live, 512 B..32 MiB",
-                     f"{base[s]:.2f}"] + [f"{res[k][s]:.2f} ({res[k][s] / base[s]:.2f}x)" for k, _ in cols])
-    table("(b) torch.empty + del, us per pair (ratio to PyTorch's caching allocator)",
-          ["size", "PyTorch caching"] + [label for _, label in cols], rows)
+                     f"{base[s]:.2f}"] + [f"{med[k][s]:.2f} ({med[k][s] / base[s]:.2f}x)" for k in shown])
+    table(f"(b) torch.empty + del, us per pair, median of {rounds} interleaved runs a column "
+          "(ratio to PyTorch's caching allocator)", ["size", "PyTorch caching"] + [labels[k] for k in shown], rows)
+    per_round = [" / ".join(f"{rs[r]['mix'] / runs['pytorch caching'][r]['mix']:.2f}x" for r in range(rounds))
+                 for rs in (runs[k] for k in shown)]
+    print("mix, each round's ratio to that round's PyTorch caching: " +
+          "; ".join(f"{labels[k]} {v}" for k, v in zip(shown, per_round)))
 
 
 def _fmt_size(n: int) -> str:
@@ -437,7 +452,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="short run (fewer iterations, 20 training steps)")
     ap.add_argument("--parts", default="a,b,c,d,s", help="comma-separated subset of a,b,c,d,s,w")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="(d), (w): runs of each allocator, alternating (default 3)")
+                    help="(b), (d), (w): runs of each allocator, alternating (default 3)")
     ap.add_argument("--workloads", default="gpt2,gptce,gptbf16,vit,resnet",
                     help="(w): comma-separated subset of gpt2,gptce,gptbf16,vit,resnet")
     ap.add_argument("--steps", type=int, default=30, help="(w): training steps a run (default 30)")
@@ -451,11 +466,11 @@ def main() -> int:
                     help="(w): gpuguard's form: the native backend (GPUGUARD_TORCH=1), use_arena, or auto "
                          "(native when gpuguard.torch.native_available(), else use_arena)")
     ap.add_argument("--cpus", default="none",
-                    help="(w): CPUs every run is pinned to: none (the default), auto (the last four, where "
+                    help="(b), (w): CPUs every run is pinned to: none (the default), auto (the last four, where "
                          "there are 8 or more) or a comma-separated list")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    args.cpu_list = w_cpus(args.cpus) if not args.child and "w" in args.parts.split(",") else []
+    args.cpu_list = w_cpus(args.cpus) if not args.child and {"b", "w"} & set(args.parts.split(",")) else []
     if args.child and args.child.startswith("w:"):
         print(json.dumps(child_w(args.child, args)))
         return 0
