@@ -16,21 +16,7 @@
 #include <vector>
 
 #include "torch/native/adapter.h"
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wshadow" /* see adapter.h */
-#endif
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-extern "C" { /* neither this cmocka nor gg_test.h has C++ linkage markers */
-#include <cmocka.h>
-
-#include "gg_test.h"
-}
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
+#include "gg_test.hpp"
 
 using gg_torch::Adapter;
 using gg_torch::PoolId;
@@ -103,12 +89,7 @@ gg_torch::Runtime stub_runtime() {
 }
 
 gg_arena_options_t host_defaults(size_t capacity) {
-  gg_arena_options_t o;
-  gg_arena_options_init(&o);
-  o.backend = "host";
-  o.capacity = capacity;
-  o.chunk_size = 2 * MiB;
-  return o;
+  return gg_test_host_options(capacity, 2 * MiB);
 }
 
 gg_arena_stats_t stats_of(gg_arena_t *a) {

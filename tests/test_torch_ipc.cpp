@@ -22,21 +22,7 @@
 #include <vector>
 
 #include "torch/native/ipc_transport.h"
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wshadow" /* see adapter.h */
-#endif
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-extern "C" { /* neither this cmocka nor gg_test.h has C++ linkage markers */
-#include <cmocka.h>
-
-#include "gg_test.h"
-}
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
+#include "gg_test.hpp"
 
 using gg_torch::ipc::Cache;
 using gg_torch::ipc::Ops;

@@ -44,6 +44,12 @@ Adapter::~Adapter() {
     for (auto &sa : kv.second->arenas) {
       gg_arena_destroy(sa.second);
     }
+    for (auto &seg : kv.second->segments) {
+      try {
+        kv.second->custom->free(reinterpret_cast<void *>(seg.first));
+      } catch (...) { /* a destructor goes on: the memory goes with the process */
+      }
+    }
   }
   for (int d = 0; d < kMaxDevices; d++) {
     if (owned_[d]) {
@@ -80,10 +86,11 @@ int Adapter::device_arena(int device, gg_arena_t **out) {
     if (rc < 0) {
       return rc;
     }
-    if (limits_[device] && gg_arena_set_limit(a, limits_[device]) < 0) {
+    owned_[device] = true;
+    std::lock_guard<std::mutex> held(mu_); /* the limit leaves room for the custom segments held */
+    if (limit_arena_locked(device, a) < 0) {
       fprintf(stderr, "gpuguard: the memory fraction of device %d: %s\n", device, gg_last_error());
     }
-    owned_[device] = true;
     arenas_[device].store(a, std::memory_order_release);
   }
   *out = a;
@@ -94,7 +101,7 @@ void Adapter::set_first_limit(int device, size_t bytes) {
   if (bad_device(device)) {
     return;
   }
-  std::lock_guard<std::mutex> g(make_mu_);
+  std::lock_guard<std::mutex> g(mu_);
   limits_[device] = bytes;
 }
 
@@ -176,8 +183,13 @@ int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool
       }
     }
   }
+  *used = nullptr; /* a pool's arena, set by pool_alloc; none for a custom allocator's block */
   for (Pool *p : spare) {
-    if (pool_alloc(*p, n, stream, ptr, used) == 0) {
+    /* A custom allocator's pool lends a block it has cached, never a new segment (PyTorch's rule:
+     * get_free_block only). */
+    int got =
+        p->custom ? custom_alloc(*p, n, stream, ptr, false) : pool_alloc(*p, n, stream, ptr, used);
+    if (got == 0) {
       *pool = p;
       return 0;
     }
@@ -492,6 +504,9 @@ int Adapter::check() {
     if (kv.second->live != live[kv.second.get()] || kv.first != kv.second->id) {
       return GG_ESTATE;
     }
+  }
+  if (check_segments_locked() < 0) {
+    return GG_ESTATE;
   }
   for (int d = 0; d < kMaxDevices; d++) {
     if (dev_[d].allocation[kAll].current != blocks[d] ||

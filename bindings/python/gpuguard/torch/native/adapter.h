@@ -17,7 +17,11 @@
  *    graph (graph_retain): released when the graph is destroyed.
  *  - A default-pool block freed while its stream captures is kept for that capture's graph (its
  *    replays read it) and freed in stream order once the graph is gone.
- * Lock order: the adapter's lock, then an arena's. */
+ *  - A MemPool with its own allocator (MemPool(allocator=...)) takes segments of PyTorch's sizes
+ *    from it and cuts its blocks from them; a freed block stays cached in its segment, and a
+ *    segment goes back whole (empty_cache, or with its pool). The segments count in the device's
+ *    reserved figures and, with its arena's mapped bytes, against its limit (memory fraction).
+ * Lock order: make_mu_ (making a device's arena), the adapter's lock, then an arena's. */
 #ifndef GG_TORCH_ADAPTER_H
 #define GG_TORCH_ADAPTER_H
 
@@ -183,6 +187,37 @@ struct Custom {
   std::shared_ptr<void> owner; /* keeps the allocator alive as long as the pool */
 };
 
+/* PyTorch's segment for a request of n bytes (its get_allocation_size): 2 MiB for a block of at
+ * most 1 MiB, 20 MiB below 10 MiB, else n rounded up to 2 MiB. A custom allocator's pool asks for
+ * memory in these sizes and splits its blocks from them. */
+size_t segment_bytes(size_t n);
+
+/* A segment a pool's custom allocator gave (adapter_custom.cpp): blocks are cut from its free
+ * ranges, and it goes back to the allocator only whole, at empty_cache or with its pool.
+ * Invariants: the free ranges lie inside the segment, never overlap nor touch (coalesced), and
+ * live + the free ranges' bytes = size. */
+struct Segment {
+  size_t size = 0;
+  size_t live = 0;                  /* bytes of its live blocks */
+  Stream stream = nullptr;          /* its blocks are reused on this stream only, as in PyTorch */
+  bool small = false;               /* PyTorch's small pool: blocks of at most 1 MiB */
+  std::map<uintptr_t, size_t> free; /* start -> bytes */
+};
+
+/* A segment taken from its pool, on its way back to the allocator that gave it. */
+struct Spent {
+  uintptr_t addr;
+  size_t size;
+  int device;
+  std::shared_ptr<Custom> custom;
+};
+
+/* What the custom allocators' segments of a device add to its reserved and segment figures. */
+struct SegmentTotals {
+  int64_t bytes = 0, count = 0, peak = 0, maps = 0, unmaps = 0, freed = 0;
+  int64_t asking = 0; /* bytes asked of an allocator now: already counted against the limit */
+};
+
 /* A default-pool block freed while streams it was recorded on (Tensor.record_stream) may still
  * use it: given back to its arena once an event recorded on each of them at the free is done, as
  * PyTorch's allocator does (until then it counts as active, not allocated). */
@@ -215,6 +250,7 @@ struct Pool {
   std::atomic<bool> dead{false};  /* implicit: its graph is gone (set by the runtime's thread) */
   gg_arena_t *given = nullptr;    /* mem_pool(arena): the user's arena serves it */
   std::shared_ptr<Custom> custom; /* MemPool(allocator=...) */
+  std::map<uintptr_t, Segment> segments; /* custom: what its allocator gave, by address */
   std::vector<std::pair<Stream, gg_arena_t *>> arenas; /* its own, one per stream */
   std::vector<Held> held; /* implicit: default-pool blocks its graph reads */
 };
@@ -245,6 +281,7 @@ struct Range {
   size_t size;
   PoolId owner;
   int device;
+  bool custom = false; /* a custom allocator's segment (not expandable) */
 };
 
 /* A private pool's live blocks at one moment (CUDA-graph trees' checkpoints): what restore() puts
@@ -327,6 +364,10 @@ public:
   /** The limit the device's arena gets when it is made (PyTorch's per_process_memory_fraction
    *  setting); an arena made already keeps its own. */
   void set_first_limit(int device, size_t bytes);
+  /** The device's limit now (set_per_process_memory_fraction): what its arena maps and the custom
+   *  allocators' segments together may not pass; the arena's limit leaves room for the segments
+   *  held. 0; an error of gg_arena_set_limit. */
+  int set_limit(int device, size_t bytes);
   /** Whether a graph may be capturing now: one announced, or captures that are not announced. */
   bool capturing_maybe() const {
     return n_announced_.load(std::memory_order_relaxed) ||
@@ -366,6 +407,16 @@ private:
   void note_gone(int device, gg_arena_t *a);
   std::vector<std::pair<void *, Block>> free_pool_locked(Pool &p);
   int place_locked(Pool &p, void *ptr, Block b);
+  /* custom allocators' segments (adapter_custom.cpp) */
+  int custom_alloc(Pool &p, size_t n, Stream stream, void **ptr, bool grow);
+  bool cut_locked(Pool &p, size_t n, Stream stream, void **ptr);
+  void custom_free_locked(Pool &p, void *ptr, size_t n);
+  int reserve_locked(int device, int64_t bytes);
+  void add_segment_locked(Pool &p, void *base, size_t bytes, Stream stream, bool small);
+  int limit_arena_locked(int device, gg_arena_t *a);
+  void take_spent_locked(Pool &p, std::vector<Spent> *out);
+  void give_back(const std::vector<Spent> &spent);
+  int check_segments_locked();
   void trace(char op, const void *ptr, size_t size, Stream stream);
   static void trace_init(); /* opens GPUGUARD_PLUGIN_TRACE's file once per process */
   static void graph_gone(void *user);
@@ -376,7 +427,7 @@ private:
   std::mutex make_mu_; /* two first allocations on a device make one arena */
   std::atomic<gg_arena_t *> arenas_[kMaxDevices] = {};
   bool owned_[kMaxDevices] = {};    /* made here (destroyed with the adapter) */
-  size_t limits_[kMaxDevices] = {}; /* set on the device's arena when it is made (0: none) */
+  size_t limits_[kMaxDevices] = {}; /* arena + custom segments, set_limit (0: none); mu_ */
   DeviceStats dev_[kMaxDevices];    /* the block figures; the rest is filled at each read */
   struct Seen {                     /* per device: what the last read saw, and the reset's bases */
     Reserved base;                  /* totals at reset_totals */
@@ -384,6 +435,7 @@ private:
     Stat inactive, inactive_bytes;
   } seen_[kMaxDevices];
   Reserved gone_[kMaxDevices]; /* what arenas destroyed with their pools had mapped and done */
+  SegmentTotals custom_[kMaxDevices]; /* custom allocators' segments held; mu_ */
   std::unordered_map<void *, Block> blocks_;
   static constexpr size_t kSpareNodes = 1024;
   std::vector<std::unordered_map<void *, Block>::node_type> spare_; /* nodes for blocks_, reused */

@@ -160,8 +160,7 @@ int Adapter::pool_arena(Pool &p, Stream stream, gg_arena_t **out) {
 int Adapter::pool_alloc(Pool &p, size_t n, Stream stream, void **ptr, gg_arena_t **used) {
   *used = nullptr;
   if (p.custom) {
-    *ptr = p.custom->alloc(n, stream);
-    return *ptr ? 0 : GG_ENOMEM;
+    return custom_alloc(p, n, stream, ptr, true);
   }
   gg_arena_t *a = nullptr;
   int rc = pool_arena(p, stream, &a);
@@ -188,14 +187,15 @@ void Adapter::free_pooled(void *ptr, const Block &b) {
       }
     }
   }
-  if (pool->custom) {
-    pool->custom->free(ptr);
-  } else if (pool->given) {
+  if (pool->given) {
     gg_free_on(b.arena, ptr, b.stream);
   } else if (b.arena) {
     gg_free(b.arena, ptr);
   }
   std::lock_guard<std::mutex> g(mu_);
+  if (pool->custom) {
+    custom_free_locked(*pool, ptr, b.size); /* cached in its segment: no allocator call */
+  }
   GG_TORCH_ASSERT(pool->live > 0);
   pool->live--;
 }
@@ -307,7 +307,7 @@ void Adapter::create_or_incref(int device, PoolId id, std::shared_ptr<Custom> cu
   std::lock_guard<std::mutex> g(mu_);
   Pool &p = pool_locked(device, id);
   p.use_count++;
-  if (custom) {
+  if (custom && p.segments.empty()) { /* a segment goes back to the allocator that gave it */
     p.custom = std::move(custom);
   }
 }
@@ -353,6 +353,7 @@ void Adapter::destroy_after_sync(int device, const std::vector<gg_arena_t *> &de
 size_t Adapter::release_freeable(int device) {
   sweep();
   std::vector<gg_arena_t *> dead;
+  std::vector<Spent> spent;
   size_t n = 0;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -368,11 +369,13 @@ size_t Adapter::release_freeable(int device) {
       for (auto &sa : p.arenas) {
         dead.push_back(sa.second);
       }
+      take_spent_locked(p, &spent);
       it = pools_.erase(it);
       n++;
     }
   }
   destroy_after_sync(device, dead);
+  give_back(spent);
   return n;
 }
 
@@ -385,6 +388,7 @@ int Adapter::empty_cache(PoolId id) {
   }
   std::vector<std::pair<int, gg_arena_t *>> dead;
   std::vector<gg_arena_t *> trim;
+  std::vector<Spent> spent;
   {
     std::lock_guard<std::mutex> g(mu_);
     for (auto it = pools_.begin(); it != pools_.end();) {
@@ -397,6 +401,7 @@ int Adapter::empty_cache(PoolId id) {
         for (auto &sa : p.arenas) {
           dead.push_back({p.device, sa.second});
         }
+        take_spent_locked(p, &spent);
         it = pools_.erase(it);
         continue;
       }
@@ -405,6 +410,9 @@ int Adapter::empty_cache(PoolId id) {
       if (!(all && p.use_count > 0)) {
         for (auto &sa : p.arenas) {
           trim.push_back(sa.second);
+        }
+        if (!capturing) { /* a segment goes back after a device synchronisation */
+          take_spent_locked(p, &spent);
         }
       }
       ++it;
@@ -418,6 +426,7 @@ int Adapter::empty_cache(PoolId id) {
   for (auto &kv : by_device) {
     destroy_after_sync(kv.first, kv.second);
   }
+  give_back(spent);
   for (gg_arena_t *a : trim) {
     gg_arena_trim(a, 0);
   }
@@ -493,6 +502,9 @@ std::vector<Range> Adapter::ranges(PoolId id) {
       }
       for (auto &sa : kv.second->arenas) {
         pa.push_back({kv.first, {kv.second->device, sa.second}});
+      }
+      for (auto &seg : kv.second->segments) {
+        out.push_back(Range{seg.first, seg.second.size, kv.first, kv.second->device, true});
       }
     }
   }

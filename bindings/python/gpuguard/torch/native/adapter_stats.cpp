@@ -54,6 +54,13 @@ Reserved Adapter::reserved(int device) {
     r.freed += int64_t(s.bytes_trimmed);
   }
   std::lock_guard<std::mutex> g(mu_);
+  const SegmentTotals &c = custom_[device]; /* the custom allocators' segments held and given */
+  r.current += c.bytes;
+  r.peak += c.peak;
+  r.segments += c.count;
+  r.maps += c.maps;
+  r.unmaps += c.unmaps;
+  r.freed += c.freed;
   const Reserved &gone = gone_[device];
   r.freed += gone.freed;
   r.maps += gone.maps;
@@ -87,7 +94,7 @@ void Adapter::free_stretches(int device, int64_t *count, int64_t *bytes) {
   {
     std::lock_guard<std::mutex> g(mu_);
     for (const auto &kv : blocks_) {
-      if (kv.second.device == device && kv.second.arena) {
+      if (kv.second.device == device) { /* an arena's block, or a custom segment's */
         uintptr_t at = reinterpret_cast<uintptr_t>(kv.first);
         live.push_back({at, at + kv.second.size});
       }
@@ -178,6 +185,7 @@ void Adapter::reset_peaks(int device) {
       st[i].peak = st[i].current;
     }
   }
+  custom_[device].peak = custom_[device].bytes;
   Seen &s = seen_[device];
   s.reserved_peak = r.current;
   s.segment_peak = r.segments;

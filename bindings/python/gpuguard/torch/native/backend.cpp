@@ -262,7 +262,8 @@ void Backend::apply_fraction(int device) {
     c10::cuda::CUDAGuard guard(device);
     C10_CUDA_CHECK(cudaMemGetInfo(&device_free, &total));
   }
-  GG_CHECK(gg_arena_set_limit(a, fraction_limit(f, total)) == 0,
+  /* The adapter lowers the arena's share by what custom allocators' pools hold on the device. */
+  GG_CHECK(core_.set_limit(device, fraction_limit(f, total)) == 0,
            "gpuguard: setMemoryFraction: ", gg_last_error());
 }
 

@@ -15,7 +15,7 @@ cda::SegmentInfo segment_of(const Range &r, const std::vector<BlockView> &live, 
   seg.address = r.addr;
   seg.total_size = r.size;
   seg.is_large = true;
-  seg.is_expandable = true;
+  seg.is_expandable = !r.custom; /* a custom allocator's segment is what it gave, whole */
   seg.owner_private_pool_id = mempool_id(r.owner);
   uintptr_t at = r.addr;
   uintptr_t end = r.addr + r.size;

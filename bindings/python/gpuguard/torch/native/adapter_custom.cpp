@@ -1,0 +1,328 @@
+/* adapter_custom.cpp (gpuguard.torch) — the segments of MemPools with their own allocator
+ * (MemPool(allocator=...), e.g. ncclMemAlloc or cudaMallocManaged): taken in PyTorch's segment
+ * sizes, blocks cut from them first fit by address, freed blocks cached and coalesced, a segment
+ * given back only whole, and every segment counted against the device's limit (see adapter.h). */
+#include "adapter.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+
+namespace gg_torch {
+
+namespace {
+
+constexpr size_t kMiB = size_t(1) << 20;
+constexpr size_t kSmallSegment = 2 * kMiB;  /* PyTorch's kSmallBuffer */
+constexpr size_t kLargeSegment = 20 * kMiB; /* kLargeBuffer */
+constexpr size_t kMinLargeAlloc = 10 * kMiB;
+constexpr size_t kRoundLarge = 2 * kMiB;
+constexpr size_t kLimitStep = 512;
+
+uintptr_t addr_of(const void *p) { return reinterpret_cast<uintptr_t>(p); }
+
+} // namespace
+
+size_t segment_bytes(size_t n) {
+  if (n <= kSmallMax) {
+    return kSmallSegment;
+  }
+  if (n < kMinLargeAlloc) {
+    return kLargeSegment;
+  }
+  return (n + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+
+/* ---- the limit ------------------------------------------------------------------------------- */
+
+/* The device's arena may map what the limit leaves once the custom segments held (and asked for)
+ * are counted. Never 0, which would mean no limit to the arena. */
+int Adapter::limit_arena_locked(int device, gg_arena_t *a) {
+  size_t limit = limits_[device];
+  if (!limit || !a) {
+    return 0;
+  }
+  const SegmentTotals &c = custom_[device];
+  size_t custom = size_t(c.bytes + c.asking);
+  size_t room = limit > custom ? limit - custom : 1;
+  return gg_arena_set_limit(a, room);
+}
+
+int Adapter::set_limit(int device, size_t bytes) {
+  if (bad_device(device)) {
+    return GG_EINVAL;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  limits_[device] = bytes;
+  return limit_arena_locked(device, arenas_[device].load());
+}
+
+/* Room under the device's limit for a new segment, counted at once (asking) so that two threads
+ * cannot both take the last of it. The arena's limit is lowered before its mapped bytes are read:
+ * it cannot grow into the room between the two. GG_ENOMEM: no room. */
+int Adapter::reserve_locked(int device, int64_t bytes) {
+  SegmentTotals &c = custom_[device];
+  c.asking += bytes;
+  size_t limit = limits_[device];
+  if (!limit) {
+    return 0;
+  }
+  gg_arena_t *a = arenas_[device].load();
+  limit_arena_locked(device, a);
+  gg_arena_stats_t s{};
+  if (a && gg_arena_stats_quiet(a, &s) != 0) {
+    s.bytes_mapped = 0;
+  }
+  /* A fraction's limit can fall a byte short of the sum it was made from (PyTorch's own test sets
+   * (80 MiB + reserved) / total, one time in 20 a byte less once multiplied back): segments are
+   * whole 2 MiB, so the limit counts to the next 512 bytes. */
+  size_t room = (limit + kLimitStep - 1) / kLimitStep * kLimitStep;
+  if (s.bytes_mapped + size_t(c.bytes + c.asking) <= room) {
+    return 0;
+  }
+  c.asking -= bytes;
+  limit_arena_locked(device, a);
+  return GG_ENOMEM;
+}
+
+/* ---- blocks ---------------------------------------------------------------------------------- */
+
+/* First fit by address among the pool's segments of the stream and size class: the block is cut
+ * from the front of the first free range that holds it. */
+bool Adapter::cut_locked(Pool &p, size_t n, Stream stream, void **ptr) {
+  bool small = n <= kSmallMax;
+  for (auto &kv : p.segments) {
+    Segment &s = kv.second;
+    if (s.stream != stream || s.small != small) {
+      continue;
+    }
+    auto it =
+        std::find_if(s.free.begin(), s.free.end(),
+                     [n](const std::pair<const uintptr_t, size_t> &r) { return r.second >= n; });
+    if (it == s.free.end()) {
+      continue;
+    }
+    uintptr_t at = it->first;
+    size_t rest = it->second - n;
+    s.free.erase(it);
+    if (rest) {
+      s.free.emplace(at + n, rest);
+    }
+    s.live += n;
+    GG_TORCH_ASSERT(at >= kv.first && at + n <= kv.first + s.size);
+    GG_TORCH_ASSERT(s.live <= s.size);
+    *ptr = reinterpret_cast<void *>(at);
+    return true;
+  }
+  return false;
+}
+
+void Adapter::add_segment_locked(Pool &p, void *base, size_t bytes, Stream stream, bool small) {
+  SegmentTotals &c = custom_[p.device];
+  c.asking -= int64_t(bytes);
+  c.bytes += int64_t(bytes);
+  c.count++;
+  c.maps++;
+  c.peak = std::max(c.peak, c.bytes);
+  GG_TORCH_ASSERT(c.asking >= 0);
+  Segment s;
+  s.size = bytes;
+  s.stream = stream;
+  s.small = small;
+  s.free.emplace(addr_of(base), bytes);
+  auto ins = p.segments.emplace(addr_of(base), std::move(s));
+  GG_TORCH_ASSERT(ins.second); /* an allocator never hands out live memory twice */
+  auto next = std::next(ins.first);
+  GG_TORCH_ASSERT(next == p.segments.end() || next->first >= addr_of(base) + bytes);
+  (void)next;
+}
+
+/* A block of the pool's cached segments; else, with `grow`, a new segment of PyTorch's size from
+ * the pool's allocator, if the device's limit has room. The allocator is called without the lock
+ * (cudaMalloc-like calls are slow and may synchronise). */
+int Adapter::custom_alloc(Pool &p, size_t n, Stream stream, void **ptr, bool grow) {
+  size_t bytes = segment_bytes(n);
+  std::shared_ptr<Custom> custom;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (cut_locked(p, n, stream, ptr)) {
+      return 0;
+    }
+    if (!grow) {
+      return GG_ENOMEM;
+    }
+    int rc = reserve_locked(p.device, int64_t(bytes));
+    if (rc < 0) {
+      return rc;
+    }
+    custom = p.custom;
+  }
+  void *base = nullptr;
+  try {
+    base = custom->alloc(bytes, stream);
+  } catch (...) {
+    std::lock_guard<std::mutex> g(mu_);
+    custom_[p.device].asking -= int64_t(bytes);
+    limit_arena_locked(p.device, arenas_[p.device].load());
+    throw;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  if (!base) {
+    custom_[p.device].asking -= int64_t(bytes);
+    limit_arena_locked(p.device, arenas_[p.device].load());
+    return GG_ENOMEM;
+  }
+  bool small = n <= kSmallMax;
+  add_segment_locked(p, base, bytes, stream, small);
+  bool cut = cut_locked(p, n, stream, ptr); /* the new segment holds it, if no other does */
+  GG_TORCH_ASSERT(cut);
+  return cut ? 0 : GG_ESTATE;
+}
+
+/* The block's bytes back to the free ranges of its segment, joined with the ranges it touches. */
+void Adapter::custom_free_locked(Pool &p, void *ptr, size_t n) {
+  uintptr_t at = addr_of(ptr);
+  auto seg = p.segments.upper_bound(at);
+  GG_TORCH_ASSERT(seg != p.segments.begin()); /* the block table holds only blocks we cut */
+  if (seg == p.segments.begin()) {
+    return;
+  }
+  --seg;
+  Segment &s = seg->second;
+  GG_TORCH_ASSERT(at + n <= seg->first + s.size && s.live >= n);
+  auto next = s.free.lower_bound(at);
+  GG_TORCH_ASSERT(next == s.free.end() || next->first >= at + n);
+  uintptr_t start = at;
+  size_t len = n;
+  if (next != s.free.begin()) {
+    auto prev = std::prev(next);
+    GG_TORCH_ASSERT(prev->first + prev->second <= at);
+    if (prev->first + prev->second == at) {
+      start = prev->first;
+      len += prev->second;
+      s.free.erase(prev);
+    }
+  }
+  if (next != s.free.end() && next->first == at + n) {
+    len += next->second;
+    s.free.erase(next);
+  }
+  s.free.emplace(start, len);
+  s.live -= n;
+}
+
+/* ---- giving segments back -------------------------------------------------------------------- */
+
+/* Takes the pool's wholly free segments out of it; they stay counted until give_back. */
+void Adapter::take_spent_locked(Pool &p, std::vector<Spent> *out) {
+  for (auto it = p.segments.begin(); it != p.segments.end();) {
+    const Segment &s = it->second;
+    if (s.live) {
+      ++it;
+      continue;
+    }
+    GG_TORCH_ASSERT(s.free.size() == 1 && s.free.begin()->first == it->first &&
+                    s.free.begin()->second == s.size);
+    out->push_back(Spent{it->first, s.size, p.device, p.custom});
+    it = p.segments.erase(it);
+  }
+}
+
+/* To their allocators, once each device has finished what may still use them (a block freed in
+ * stream order, a kernel queued before), then out of the figures and the limit. */
+void Adapter::give_back(const std::vector<Spent> &spent) {
+  if (spent.empty()) {
+    return;
+  }
+  std::set<int> devices;
+  for (const Spent &x : spent) {
+    devices.insert(x.device);
+  }
+  for (int d : devices) {
+    rt_.device_sync(d); /* a sticky error: the memory goes with the context anyway */
+  }
+  for (const Spent &x : spent) {
+    x.custom->free(reinterpret_cast<void *>(x.addr));
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  for (const Spent &x : spent) {
+    SegmentTotals &c = custom_[x.device];
+    c.bytes -= int64_t(x.size);
+    c.count--;
+    c.unmaps++;
+    c.freed += int64_t(x.size);
+    GG_TORCH_ASSERT(c.bytes >= 0 && c.count >= 0);
+  }
+  for (int d : devices) {
+    limit_arena_locked(d, arenas_[d].load()); /* the arena gets the room back */
+  }
+}
+
+/* ---- diagnostics ----------------------------------------------------------------------------- */
+
+/* Every segment against its rules, every custom block inside a segment of its pool and in no free
+ * range, and the devices' totals against the segments held. */
+int Adapter::check_segments_locked() {
+  std::map<uintptr_t, size_t> live; /* segment address -> bytes of the blocks in it */
+  for (const auto &kv : blocks_) {
+    const Block &b = kv.second;
+    if (!b.pool || !b.pool->custom) {
+      continue;
+    }
+    uintptr_t at = addr_of(kv.first);
+    auto seg = b.pool->segments.upper_bound(at);
+    if (seg == b.pool->segments.begin()) {
+      return GG_ESTATE;
+    }
+    --seg;
+    const Segment &s = seg->second;
+    if (at + b.size > seg->first + s.size) {
+      return GG_ESTATE;
+    }
+    auto r = s.free.upper_bound(at);
+    if (r != s.free.end() && r->first < at + b.size) {
+      return GG_ESTATE;
+    }
+    if (r != s.free.begin() && std::prev(r)->first + std::prev(r)->second > at) {
+      return GG_ESTATE;
+    }
+    live[seg->first] += b.size;
+  }
+  int64_t bytes[kMaxDevices] = {};
+  int64_t count[kMaxDevices] = {};
+  for (const auto &kv : pools_) {
+    const Pool &p = *kv.second;
+    uintptr_t prev_end = 0;
+    for (const auto &sk : p.segments) {
+      const Segment &s = sk.second;
+      uintptr_t end = sk.first + s.size;
+      if (!p.custom || sk.first < prev_end || s.live != live[sk.first]) {
+        return GG_ESTATE;
+      }
+      size_t free = 0;
+      uintptr_t at = sk.first; /* where the previous free range ends */
+      for (const auto &r : s.free) {
+        bool touches = free && r.first == at; /* not coalesced */
+        if (r.second == 0 || r.first < at || touches || r.first + r.second > end) {
+          return GG_ESTATE;
+        }
+        free += r.second;
+        at = r.first + r.second;
+      }
+      if (free + s.live != s.size) {
+        return GG_ESTATE;
+      }
+      bytes[p.device] += int64_t(s.size);
+      count[p.device]++;
+      prev_end = end;
+    }
+  }
+  for (int d = 0; d < kMaxDevices; d++) {
+    if (custom_[d].bytes != bytes[d] || custom_[d].count != count[d] || custom_[d].asking) {
+      return GG_ESTATE;
+    }
+  }
+  return 0;
+}
+
+} // namespace gg_torch
