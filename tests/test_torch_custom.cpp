@@ -267,6 +267,35 @@ static void test_fraction_bounds_the_segments(void **state) {
   gg_assert_ok(ad.check());
 }
 
+/* The fraction covers the private pools' own arenas too (PyTorch's memory_reserved() counts them,
+ * and a fraction is set over it): memory a graph's pool maps is no room for the default pool; once
+ * that pool is gone, an allocation out of memory counts again and gets the room back. */
+static void test_fraction_counts_private_pools(void **state) {
+  (void)state;
+  Adapter ad(runtime(), host(256 * MiB));
+  void *held = nullptr;
+  PoolId id;
+  gg_assert_ok(ad.alloc(6 * MiB, 0, nullptr, nullptr, &held, &id));
+  ad.create_or_incref(0, kPoolA, nullptr); /* a graph's pool: an arena of its own */
+  void *g = in_pool(ad, kPoolA, 30 * MiB);
+  size_t limit = size_t(reserved(ad)) + 20 * MiB;
+  gg_assert_ok(ad.set_limit(0, limit));
+  void *p = nullptr;
+  assert_int_equal(ad.alloc(30 * MiB, 0, nullptr, nullptr, &p, &id), GG_ENOMEM);
+  gg_assert_ok(ad.alloc(16 * MiB, 0, nullptr, nullptr, &p, &id));
+  assert_true(size_t(reserved(ad)) <= limit);
+  release(ad, g);
+  ad.release_pool(0, kPoolA); /* the graph is gone: its pool is freeable */
+  void *q = nullptr;
+  gg_assert_ok(
+      ad.alloc(30 * MiB, 0, nullptr, nullptr, &q, &id)); /* its room is the arena's again */
+  assert_true(size_t(reserved(ad)) <= limit);
+  release(ad, q);
+  release(ad, p);
+  release(ad, held);
+  gg_assert_ok(ad.check());
+}
+
 /* Bad input is an error, never a crash: a block freed twice, an address inside a segment that is
  * no block, an address of nobody's; an allocator that fails leaves nothing counted. */
 static void test_bad_frees_and_failed_allocators(void **state) {
@@ -300,6 +329,7 @@ int main(void) {
       cmocka_unit_test_setup(test_empty_cache_gives_back_only_free_segments, reset),
       cmocka_unit_test_setup(test_released_pool_frees_its_segments, reset),
       cmocka_unit_test_setup(test_fraction_bounds_the_segments, reset),
+      cmocka_unit_test_setup(test_fraction_counts_private_pools, reset),
       cmocka_unit_test_setup(test_bad_frees_and_failed_allocators, reset),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

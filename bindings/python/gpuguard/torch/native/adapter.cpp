@@ -171,6 +171,9 @@ int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool
     }
     rc = gg_alloc_on(a, n, stream, ptr);
   }
+  if (rc == GG_ENOMEM && relimit(device)) {
+    rc = gg_alloc_on(a, n, stream, ptr);
+  }
   if (rc != GG_ENOMEM) {
     return rc;
   }

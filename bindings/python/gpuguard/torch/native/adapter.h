@@ -414,6 +414,8 @@ private:
   int reserve_locked(int device, int64_t bytes);
   void add_segment_locked(Pool &p, void *base, size_t bytes, Stream stream, bool small);
   int limit_arena_locked(int device, gg_arena_t *a);
+  size_t held_beside_locked(int device);
+  bool relimit(int device);
   void take_spent_locked(Pool &p, std::vector<Spent> *out);
   void give_back(const std::vector<Spent> &spent);
   int check_segments_locked();

@@ -35,17 +35,50 @@ size_t segment_bytes(size_t n) {
 
 /* ---- the limit ------------------------------------------------------------------------------- */
 
-/* The device's arena may map what the limit leaves once the custom segments held (and asked for)
- * are counted. Never 0, which would mean no limit to the arena. */
+/* What the device's pools hold beside its arena: custom segments held and asked for, and what the
+ * pools' own arenas (CUDA graphs, MemPools) have mapped now. PyTorch's fraction covers all of it,
+ * as its memory_reserved() does (a graph an earlier test left alive counts). */
+size_t Adapter::held_beside_locked(int device) {
+  const SegmentTotals &c = custom_[device];
+  size_t held = size_t(c.bytes + c.asking);
+  for (auto &kv : pools_) {
+    if (kv.second->device != device) {
+      continue;
+    }
+    for (auto &sa : kv.second->arenas) {
+      gg_arena_stats_t s{};
+      if (gg_arena_stats_quiet(sa.second, &s) == 0) {
+        held += s.bytes_mapped;
+      }
+    }
+  }
+  return held;
+}
+
+/* The device's arena may map what the limit leaves once what is held beside it is counted (as of
+ * now: a pool's arena that grows later is counted at the next limit or custom segment). Never 0,
+ * which would mean no limit to the arena. */
 int Adapter::limit_arena_locked(int device, gg_arena_t *a) {
   size_t limit = limits_[device];
   if (!limit || !a) {
     return 0;
   }
-  const SegmentTotals &c = custom_[device];
-  size_t custom = size_t(c.bytes + c.asking);
-  size_t room = limit > custom ? limit - custom : 1;
+  size_t beside = held_beside_locked(device);
+  size_t room = limit > beside ? limit - beside : 1;
   return gg_arena_set_limit(a, room);
+}
+
+/* Out of memory under a limit: the arena's share counted again (a pool counted in it may be gone
+ * since). True when that left it more room. */
+bool Adapter::relimit(int device) {
+  std::lock_guard<std::mutex> g(mu_);
+  gg_arena_t *a = arenas_[device].load();
+  size_t before = 0;
+  if (!limits_[device] || !a || gg_arena_get_limit(a, &before) < 0) {
+    return false;
+  }
+  size_t after = 0;
+  return limit_arena_locked(device, a) == 0 && gg_arena_get_limit(a, &after) == 0 && after > before;
 }
 
 int Adapter::set_limit(int device, size_t bytes) {
@@ -77,7 +110,7 @@ int Adapter::reserve_locked(int device, int64_t bytes) {
    * (80 MiB + reserved) / total, one time in 20 a byte less once multiplied back): segments are
    * whole 2 MiB, so the limit counts to the next 512 bytes. */
   size_t room = (limit + kLimitStep - 1) / kLimitStep * kLimitStep;
-  if (s.bytes_mapped + size_t(c.bytes + c.asking) <= room) {
+  if (s.bytes_mapped + held_beside_locked(device) <= room) {
     return 0;
   }
   c.asking -= bytes;
