@@ -218,10 +218,11 @@ def part_b(args: argparse.Namespace) -> None:
                      f"{base[s]:.2f}"] + [f"{med[k][s]:.2f} ({med[k][s] / base[s]:.2f}x)" for k in shown])
     table(f"(b) torch.empty + del, us per pair, median of {rounds} interleaved runs a column "
           "(ratio to PyTorch's caching allocator)", ["size", "PyTorch caching"] + [labels[k] for k in shown], rows)
-    per_round = [" / ".join(f"{rs[r]['mix'] / runs['pytorch caching'][r]['mix']:.2f}x" for r in range(rounds))
-                 for rs in (runs[k] for k in shown)]
-    print("mix, each round's ratio to that round's PyTorch caching: " +
-          "; ".join(f"{labels[k]} {v}" for k, v in zip(shown, per_round)))
+    every = [[_fmt_size(size) if size != "mix" else "mix"] +
+             [" / ".join(f"{r[str(size)]:.2f}" for r in runs[k]) for k in ["pytorch caching"] + shown]
+             for size in SIZES + ["mix"]]
+    table("(b) every run, in round order (us per pair)", ["size", "PyTorch caching"] + [labels[k] for k in shown],
+          every)
 
 
 def _fmt_size(n: int) -> str:
