@@ -15,6 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-build/gpu-logs}
 mkdir -p "$out"
+out_abs=$(cd "$out" && pwd)
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 stages=${GG_STAGES:-1 2 3 4} # which of the numbered parts below run
@@ -86,8 +87,10 @@ if want 3 && [ -f .ext/test_cuda.py ]; then
   for alloc in ${GG_TEST_CUDA_ALLOCS:-default gpuguard}; do
     m=0
     [ $alloc = gpuguard ] && m=1
-    (cd .ext && PYTHONPATH=$hook:$PYTHONPATH GPUGUARD_TORCH=$m timeout "${GG_TEST_CUDA_TIMEOUT:-1500}" python3 -m pytest -q \
-       -p no:cacheprovider "${xdist[@]}" --timeout 300 -k "$sel" test_cuda.py -rfE 2>&1) >"$out/test_cuda-$alloc.log"
+    # gg_pytest_counters: after each test, what the backend still holds (pools, blocks, captures)
+    (cd .ext && PYTHONPATH=$hook:$PWD/../scripts:$PYTHONPATH GPUGUARD_TORCH=$m GG_COUNTERS_LOG="$out_abs/counters-$alloc.log" \
+       timeout "${GG_TEST_CUDA_TIMEOUT:-1500}" python3 -m pytest -q -p no:cacheprovider -p gg_pytest_counters \
+       "${xdist[@]}" --timeout 300 -k "$sel" test_cuda.py -rfE 2>&1) >"$out/test_cuda-$alloc.log"
     backend=$(PYTHONPATH=$hook:$PYTHONPATH GPUGUARD_TORCH=$m python3 -c \
       'import torch; torch.empty(1, device="cuda"); print(torch.cuda.get_allocator_backend())' 2>&1 | tail -1)
     note "test_cuda.py ($alloc, backend $backend): $(grep -E '[0-9]+ (passed|failed)' "$out/test_cuda-$alloc.log" | tail -1)"
