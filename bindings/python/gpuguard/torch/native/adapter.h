@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -417,7 +418,7 @@ private:
   size_t held_beside_locked(int device);
   bool relimit(int device);
   void take_spent_locked(Pool &p, std::vector<Spent> *out);
-  void give_back(const std::vector<Spent> &spent);
+  std::exception_ptr give_back(const std::vector<Spent> &spent); /* an allocator's error */
   int check_segments_locked();
   void trace(char op, const void *ptr, size_t size, Stream stream);
   static void trace_init(); /* opens GPUGUARD_PLUGIN_TRACE's file once per process */

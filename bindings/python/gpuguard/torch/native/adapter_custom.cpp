@@ -262,10 +262,12 @@ void Adapter::take_spent_locked(Pool &p, std::vector<Spent> *out) {
 }
 
 /* To their allocators, once each device has finished what may still use them (a block freed in
- * stream order, a kernel queued before), then out of the figures and the limit. */
-void Adapter::give_back(const std::vector<Spent> &spent) {
+ * stream order, a kernel queued before), then out of the figures and the limit. A free that throws
+ * (c10::Error out of PyTorch) stops nothing: every segment has left its pool and goes out of the
+ * figures; the first error is returned, for the caller to throw once its own work is done. */
+std::exception_ptr Adapter::give_back(const std::vector<Spent> &spent) {
   if (spent.empty()) {
-    return;
+    return nullptr;
   }
   std::set<int> devices;
   for (const Spent &x : spent) {
@@ -274,8 +276,15 @@ void Adapter::give_back(const std::vector<Spent> &spent) {
   for (int d : devices) {
     rt_.device_sync(d); /* a sticky error: the memory goes with the context anyway */
   }
+  std::exception_ptr first;
   for (const Spent &x : spent) {
-    x.custom->free(reinterpret_cast<void *>(x.addr));
+    try {
+      x.custom->free(reinterpret_cast<void *>(x.addr));
+    } catch (...) {
+      if (!first) {
+        first = std::current_exception();
+      }
+    }
   }
   std::lock_guard<std::mutex> g(mu_);
   for (const Spent &x : spent) {
@@ -289,6 +298,7 @@ void Adapter::give_back(const std::vector<Spent> &spent) {
   for (int d : devices) {
     limit_arena_locked(d, arenas_[d].load()); /* the arena gets the room back */
   }
+  return first;
 }
 
 /* ---- diagnostics ----------------------------------------------------------------------------- */
