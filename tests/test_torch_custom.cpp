@@ -361,6 +361,32 @@ static void test_a_throwing_free_leaves_nothing_counted(void **state) {
   gg_assert_ok(ad.check());
 }
 
+/* A segment goes back to the allocator that gave it, even when the pool got another allocator
+ * while that call was under way (it had no segment then, so create_or_incref took the new one). */
+static void test_a_segment_goes_back_to_its_allocator(void **state) {
+  (void)state;
+  Adapter ad(runtime(), host(64 * MiB));
+  int other_frees = 0;
+  std::shared_ptr<gg_torch::Custom> other = fake();
+  other->free = [&other_frees](void *) { other_frees++; };
+  std::shared_ptr<gg_torch::Custom> mine = fake();
+  auto inner = mine->alloc;
+  mine->alloc = [&ad, inner, other](size_t n, Stream s) {
+    ad.create_or_incref(0, kPoolA, other); /* another MemPool of the same id, meanwhile */
+    return inner(n, s);
+  };
+  ad.create_or_incref(0, kPoolA, mine);
+  mine.reset();
+  release(ad, in_pool(ad, kPoolA, 4096));
+  ad.release_pool(0, kPoolA);
+  ad.release_pool(0, kPoolA);
+  gg_assert_ok(ad.empty_cache(kPoolA));
+  assert_int_equal(other_frees, 0);
+  assert_int_equal(g_fake.frees, 1);
+  assert_true(g_fake.live.empty());
+  gg_assert_ok(ad.check());
+}
+
 int main(void) {
   setenv("GPUGUARD_HOST_POPULATE", "0", 1);
   const struct CMUnitTest tests[] = {
@@ -372,6 +398,7 @@ int main(void) {
       cmocka_unit_test_setup(test_fraction_counts_private_pools, reset),
       cmocka_unit_test_setup(test_bad_frees_and_failed_allocators, reset),
       cmocka_unit_test_setup(test_a_throwing_free_leaves_nothing_counted, reset),
+      cmocka_unit_test_setup(test_a_segment_goes_back_to_its_allocator, reset),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
