@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <vector>
 
 #include "torch/native/adapter.h"
@@ -50,6 +51,7 @@ struct Fake {
   std::vector<size_t> asked; /* the size of each alloc call */
   int frees = 0;
   bool fail = false;
+  int throw_frees = 0; /* the next frees that throw (as c10::Error out of PyTorch would) */
 } g_fake;
 
 std::shared_ptr<gg_torch::Custom> fake() {
@@ -67,6 +69,10 @@ std::shared_ptr<gg_torch::Custom> fake() {
   c->free = [](void *p) {
     g_fake.frees++;
     assert_int_equal(g_fake.live.erase(reinterpret_cast<uintptr_t>(p)), 1);
+    if (g_fake.throw_frees > 0) {
+      g_fake.throw_frees--;
+      throw std::runtime_error("the allocator's free failed");
+    }
   };
   return c;
 }
@@ -321,6 +327,66 @@ static void test_bad_frees_and_failed_allocators(void **state) {
   gg_assert_ok(ad.check());
 }
 
+/* An allocator's free that throws (a c10::Error out of PyTorch) neither stops the other segments
+ * going back nor leaves them counted: the error comes out of empty_cache once the figures and the
+ * arena's limit are right again. */
+static void test_a_throwing_free_leaves_nothing_counted(void **state) {
+  (void)state;
+  Adapter ad(runtime(), host(64 * MiB));
+  size_t limit = 40 * MiB;
+  gg_assert_ok(ad.set_limit(0, limit));
+  void *held = nullptr;
+  PoolId id;
+  gg_assert_ok(ad.alloc(2 * MiB, 0, nullptr, nullptr, &held, &id)); /* the arena is made */
+  ad.create_or_incref(0, kPoolA, fake());
+  release(ad, in_pool(ad, kPoolA, 4 * MiB));
+  release(ad, in_pool(ad, kPoolA, 4096));
+  assert_int_equal(reserved(ad), 2 * MiB + 22 * MiB);
+  g_fake.throw_frees = 1;
+  bool threw = false;
+  try {
+    ad.empty_cache(kPoolA);
+  } catch (const std::runtime_error &) {
+    threw = true;
+  }
+  assert_true(threw);
+  assert_int_equal(g_fake.frees, 2); /* the second segment went back too */
+  assert_true(g_fake.live.empty());
+  assert_int_equal(reserved(ad), 2 * MiB);
+  gg_assert_ok(ad.check());
+  size_t arena_limit = 0;
+  gg_assert_ok(gg_arena_get_limit(ad.device_arena_if_any(0), &arena_limit));
+  assert_int_equal(arena_limit, limit); /* the room back: no segment is held any more */
+  release(ad, held);
+  gg_assert_ok(ad.check());
+}
+
+/* A segment goes back to the allocator that gave it, even when the pool got another allocator
+ * while that call was under way (it had no segment then, so create_or_incref took the new one). */
+static void test_a_segment_goes_back_to_its_allocator(void **state) {
+  (void)state;
+  Adapter ad(runtime(), host(64 * MiB));
+  int other_frees = 0;
+  std::shared_ptr<gg_torch::Custom> other = fake();
+  other->free = [&other_frees](void *) { other_frees++; };
+  std::shared_ptr<gg_torch::Custom> mine = fake();
+  auto inner = mine->alloc;
+  mine->alloc = [&ad, inner, other](size_t n, Stream s) {
+    ad.create_or_incref(0, kPoolA, other); /* another MemPool of the same id, meanwhile */
+    return inner(n, s);
+  };
+  ad.create_or_incref(0, kPoolA, mine);
+  mine.reset();
+  release(ad, in_pool(ad, kPoolA, 4096));
+  ad.release_pool(0, kPoolA);
+  ad.release_pool(0, kPoolA);
+  gg_assert_ok(ad.empty_cache(kPoolA));
+  assert_int_equal(other_frees, 0);
+  assert_int_equal(g_fake.frees, 1);
+  assert_true(g_fake.live.empty());
+  gg_assert_ok(ad.check());
+}
+
 int main(void) {
   setenv("GPUGUARD_HOST_POPULATE", "0", 1);
   const struct CMUnitTest tests[] = {
@@ -331,6 +397,8 @@ int main(void) {
       cmocka_unit_test_setup(test_fraction_bounds_the_segments, reset),
       cmocka_unit_test_setup(test_fraction_counts_private_pools, reset),
       cmocka_unit_test_setup(test_bad_frees_and_failed_allocators, reset),
+      cmocka_unit_test_setup(test_a_throwing_free_leaves_nothing_counted, reset),
+      cmocka_unit_test_setup(test_a_segment_goes_back_to_its_allocator, reset),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -46,7 +46,7 @@ Adapter::~Adapter() {
     }
     for (auto &seg : kv.second->segments) {
       try {
-        kv.second->custom->free(reinterpret_cast<void *>(seg.first));
+        seg.second.custom->free(reinterpret_cast<void *>(seg.first));
       } catch (...) { /* a destructor goes on: the memory goes with the process */
       }
     }

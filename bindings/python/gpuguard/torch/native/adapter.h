@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -202,6 +203,7 @@ struct Segment {
   Stream stream = nullptr;          /* its blocks are reused on this stream only, as in PyTorch */
   bool small = false;               /* PyTorch's small pool: blocks of at most 1 MiB */
   std::map<uintptr_t, size_t> free; /* start -> bytes */
+  std::shared_ptr<Custom> custom;   /* the allocator that gave it, and takes it back */
 };
 
 /* A segment taken from its pool, on its way back to the allocator that gave it. */
@@ -412,12 +414,13 @@ private:
   bool cut_locked(Pool &p, size_t n, Stream stream, void **ptr);
   void custom_free_locked(Pool &p, void *ptr, size_t n);
   int reserve_locked(int device, int64_t bytes);
-  void add_segment_locked(Pool &p, void *base, size_t bytes, Stream stream, bool small);
+  void add_segment_locked(Pool &p, void *base, size_t bytes, Stream stream, bool small,
+                          std::shared_ptr<Custom> custom);
   int limit_arena_locked(int device, gg_arena_t *a);
   size_t held_beside_locked(int device);
   bool relimit(int device);
   void take_spent_locked(Pool &p, std::vector<Spent> *out);
-  void give_back(const std::vector<Spent> &spent);
+  std::exception_ptr give_back(const std::vector<Spent> &spent); /* an allocator's error */
   int check_segments_locked();
   void trace(char op, const void *ptr, size_t size, Stream stream);
   static void trace_init(); /* opens GPUGUARD_PLUGIN_TRACE's file once per process */

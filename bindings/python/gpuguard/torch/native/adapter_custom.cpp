@@ -150,7 +150,10 @@ bool Adapter::cut_locked(Pool &p, size_t n, Stream stream, void **ptr) {
   return false;
 }
 
-void Adapter::add_segment_locked(Pool &p, void *base, size_t bytes, Stream stream, bool small) {
+/* `custom`: the allocator that gave it, which may no longer be the pool's (create_or_incref gives
+ * a pool with no segment the allocator of its newest MemPool, while this one's call ran). */
+void Adapter::add_segment_locked(Pool &p, void *base, size_t bytes, Stream stream, bool small,
+                                 std::shared_ptr<Custom> custom) {
   SegmentTotals &c = custom_[p.device];
   c.asking -= int64_t(bytes);
   c.bytes += int64_t(bytes);
@@ -162,6 +165,7 @@ void Adapter::add_segment_locked(Pool &p, void *base, size_t bytes, Stream strea
   s.size = bytes;
   s.stream = stream;
   s.small = small;
+  s.custom = std::move(custom);
   s.free.emplace(addr_of(base), bytes);
   auto ins = p.segments.emplace(addr_of(base), std::move(s));
   GG_TORCH_ASSERT(ins.second); /* an allocator never hands out live memory twice */
@@ -206,7 +210,7 @@ int Adapter::custom_alloc(Pool &p, size_t n, Stream stream, void **ptr, bool gro
     return GG_ENOMEM;
   }
   bool small = n <= kSmallMax;
-  add_segment_locked(p, base, bytes, stream, small);
+  add_segment_locked(p, base, bytes, stream, small, std::move(custom));
   bool cut = cut_locked(p, n, stream, ptr); /* the new segment holds it, if no other does */
   GG_TORCH_ASSERT(cut);
   return cut ? 0 : GG_ESTATE;
@@ -256,16 +260,18 @@ void Adapter::take_spent_locked(Pool &p, std::vector<Spent> *out) {
     }
     GG_TORCH_ASSERT(s.free.size() == 1 && s.free.begin()->first == it->first &&
                     s.free.begin()->second == s.size);
-    out->push_back(Spent{it->first, s.size, p.device, p.custom});
+    out->push_back(Spent{it->first, s.size, p.device, s.custom});
     it = p.segments.erase(it);
   }
 }
 
 /* To their allocators, once each device has finished what may still use them (a block freed in
- * stream order, a kernel queued before), then out of the figures and the limit. */
-void Adapter::give_back(const std::vector<Spent> &spent) {
+ * stream order, a kernel queued before), then out of the figures and the limit. A free that throws
+ * (c10::Error out of PyTorch) stops nothing: every segment has left its pool and goes out of the
+ * figures; the first error is returned, for the caller to throw once its own work is done. */
+std::exception_ptr Adapter::give_back(const std::vector<Spent> &spent) {
   if (spent.empty()) {
-    return;
+    return nullptr;
   }
   std::set<int> devices;
   for (const Spent &x : spent) {
@@ -274,8 +280,15 @@ void Adapter::give_back(const std::vector<Spent> &spent) {
   for (int d : devices) {
     rt_.device_sync(d); /* a sticky error: the memory goes with the context anyway */
   }
+  std::exception_ptr first;
   for (const Spent &x : spent) {
-    x.custom->free(reinterpret_cast<void *>(x.addr));
+    try {
+      x.custom->free(reinterpret_cast<void *>(x.addr));
+    } catch (...) {
+      if (!first) {
+        first = std::current_exception();
+      }
+    }
   }
   std::lock_guard<std::mutex> g(mu_);
   for (const Spent &x : spent) {
@@ -289,6 +302,7 @@ void Adapter::give_back(const std::vector<Spent> &spent) {
   for (int d : devices) {
     limit_arena_locked(d, arenas_[d].load()); /* the arena gets the room back */
   }
+  return first;
 }
 
 /* ---- diagnostics ----------------------------------------------------------------------------- */
@@ -329,7 +343,7 @@ int Adapter::check_segments_locked() {
     for (const auto &sk : p.segments) {
       const Segment &s = sk.second;
       uintptr_t end = sk.first + s.size;
-      if (!p.custom || sk.first < prev_end || s.live != live[sk.first]) {
+      if (!s.custom || sk.first < prev_end || s.live != live[sk.first]) {
         return GG_ESTATE;
       }
       size_t free = 0;

@@ -375,7 +375,9 @@ size_t Adapter::release_freeable(int device) {
     }
   }
   destroy_after_sync(device, dead);
-  give_back(spent);
+  if (std::exception_ptr e = give_back(spent)) {
+    std::rethrow_exception(e); /* the figures are right: only the allocator's error is left */
+  }
   return n;
 }
 
@@ -426,7 +428,7 @@ int Adapter::empty_cache(PoolId id) {
   for (auto &kv : by_device) {
     destroy_after_sync(kv.first, kv.second);
   }
-  give_back(spent);
+  std::exception_ptr error = give_back(spent);
   for (gg_arena_t *a : trim) {
     gg_arena_trim(a, 0);
   }
@@ -436,6 +438,9 @@ int Adapter::empty_cache(PoolId id) {
     if (a && rc == 0) {
       rc = gg_arena_trim(a, 0);
     }
+  }
+  if (error) {
+    std::rethrow_exception(error); /* a custom allocator's, once the rest is given back */
   }
   return rc;
 }
