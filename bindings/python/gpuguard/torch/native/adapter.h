@@ -397,7 +397,7 @@ private:
   void sweep();
   void sweep_locked(std::vector<Held> *out);
   int implicit_pool_locked(int device, Stream stream, uint64_t capture, Pool **out);
-  void destroy_after_sync(int device, const std::vector<gg_arena_t *> &dead);
+  void destroy_arenas(int device, const std::vector<gg_arena_t *> &dead); /* device synced */
   void account_locked(const Block &b, bool add, bool active = true);
   bool insert_locked(void *ptr, Block &&b);
   bool quiet_locked(bool asked) const;
@@ -420,7 +420,8 @@ private:
   size_t held_beside_locked(int device);
   bool relimit(int device);
   void take_spent_locked(Pool &p, std::vector<Spent> *out);
-  std::exception_ptr give_back(const std::vector<Spent> &spent); /* an allocator's error */
+  /* Segments freed by their allocators, the device synchronised already: an allocator's error. */
+  std::exception_ptr give_back(const std::vector<Spent> &spent);
   int check_segments_locked();
   void trace(char op, const void *ptr, size_t size, Stream stream);
   static void trace_init(); /* opens GPUGUARD_PLUGIN_TRACE's file once per process */

@@ -265,10 +265,11 @@ void Adapter::take_spent_locked(Pool &p, std::vector<Spent> *out) {
   }
 }
 
-/* To their allocators, once each device has finished what may still use them (a block freed in
- * stream order, a kernel queued before), then out of the figures and the limit. A free that throws
- * (c10::Error out of PyTorch) stops nothing: every segment has left its pool and goes out of the
- * figures; the first error is returned, for the caller to throw once its own work is done. */
+/* To their allocators (the caller synchronised each device under the lock first: what may still use
+ * them, a block freed in stream order, a kernel queued before, is done), then out of the figures
+ * and the limit. A free that throws (c10::Error out of PyTorch) stops nothing: every segment has
+ * left its pool and goes out of the figures; the first error is returned, for the caller to throw
+ * once its own work is done. */
 std::exception_ptr Adapter::give_back(const std::vector<Spent> &spent) {
   if (spent.empty()) {
     return nullptr;
@@ -276,9 +277,6 @@ std::exception_ptr Adapter::give_back(const std::vector<Spent> &spent) {
   std::set<int> devices;
   for (const Spent &x : spent) {
     devices.insert(x.device);
-  }
-  for (int d : devices) {
-    rt_.device_sync(d); /* a sticky error: the memory goes with the context anyway */
   }
   std::exception_ptr first;
   for (const Spent &x : spent) {

@@ -4,6 +4,7 @@
 #include "adapter.h"
 
 #include <map>
+#include <set>
 
 #include <algorithm>
 #include <cstdio>
@@ -338,11 +339,8 @@ void Adapter::touch_pool(int device, PoolId id) {
 }
 
 /* Destroys arenas of freeable pools once the device has finished what may still use them. */
-void Adapter::destroy_after_sync(int device, const std::vector<gg_arena_t *> &dead) {
-  if (dead.empty()) {
-    return;
-  }
-  rt_.device_sync(device); /* a sticky error: the memory goes with the context anyway */
+/* A dead pool's arenas, once the device was synchronised (under the lock: see release_freeable). */
+void Adapter::destroy_arenas(int device, const std::vector<gg_arena_t *> &dead) {
   for (gg_arena_t *a : dead) {
     note_gone(device, a);
     gg_arena_destroy(a);
@@ -373,8 +371,14 @@ size_t Adapter::release_freeable(int device) {
       it = pools_.erase(it);
       n++;
     }
+    if (!dead.empty() || !spent.empty()) {
+      /* Under the lock begin_capture takes: no capture can have begun since the check above (a
+       * device synchronisation would end it). The memory has no live block: once the device has
+       * caught up, nothing queued later can use it, so no second synchronisation is needed. */
+      rt_.device_sync(device);
+    }
   }
-  destroy_after_sync(device, dead);
+  destroy_arenas(device, dead);
   if (std::exception_ptr e = give_back(spent)) {
     std::rethrow_exception(e); /* the figures are right: only the allocator's error is left */
   }
@@ -391,8 +395,10 @@ int Adapter::empty_cache(PoolId id) {
   std::vector<std::pair<int, gg_arena_t *>> dead;
   std::vector<gg_arena_t *> trim;
   std::vector<Spent> spent;
+  std::set<int> synced; /* devices synchronised under the lock */
   {
     std::lock_guard<std::mutex> g(mu_);
+    capturing = capturing || !captures_.empty(); /* again, under the lock begin_capture takes */
     for (auto it = pools_.begin(); it != pools_.end();) {
       Pool &p = *it->second;
       if (!all && p.id != id) {
@@ -419,14 +425,24 @@ int Adapter::empty_cache(PoolId id) {
       }
       ++it;
     }
+    /* One synchronisation per device, whatever number of its pools died, made before the lock
+     * goes: a capture begun after it cannot be ended by it (see release_freeable). */
+    for (auto &da : dead) {
+      synced.insert(da.first);
+    }
+    for (const Spent &x : spent) {
+      synced.insert(x.device);
+    }
+    for (int d : synced) {
+      rt_.device_sync(d);
+    }
   }
-  /* One synchronisation per device, whatever number of its pools died. */
   std::map<int, std::vector<gg_arena_t *>> by_device;
   for (auto &da : dead) {
     by_device[da.first].push_back(da.second);
   }
   for (auto &kv : by_device) {
-    destroy_after_sync(kv.first, kv.second);
+    destroy_arenas(kv.first, kv.second);
   }
   std::exception_ptr error = give_back(spent);
   for (gg_arena_t *a : trim) {
