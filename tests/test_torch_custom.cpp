@@ -251,9 +251,14 @@ static void test_fraction_bounds_the_segments(void **state) {
   assert_int_equal(ad.alloc(40 * MiB, 0, nullptr, nullptr, &c, &id), GG_ENOMEM);
   release(ad, a);
   release(ad, b);
+  int uses = ad.pool_use_count(kPoolB);
   gg_assert_ok(ad.alloc(30 * MiB, 0, nullptr, nullptr, &c, &id));
   assert_ptr_equal(c, b); /* in pool_use's cached segment */
   assert_true(id == kPoolB);
+  /* The fallback held a use on each pool it tried (none freed under it), and gave every one back.
+   */
+  assert_int_equal(ad.pool_use_count(kPoolB), uses);
+  assert_int_equal(ad.pool_use_count(kPoolA), uses);
   void *d = nullptr;
   assert_int_equal(ad.alloc(30 * MiB, 0, nullptr, nullptr, &d, &id), GG_ENOMEM);
   assert_int_equal(in_pool(ad, kPoolB, 30 * MiB, &d), GG_ENOMEM); /* a new segment: no room */

@@ -153,7 +153,7 @@ std::vector<gg_arena_t *> Adapter::arenas_of(int device) {
  * PyTorch's allocator does too — free the pools nobody uses, retry, then try the pools that serve
  * out-of-memory allocations (MemPool use_on_oom). */
 int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool **pool,
-                           gg_arena_t **used) {
+                           gg_arena_t **used, bool *pinned) {
   gg_arena_t *a = nullptr;
   int rc = device_arena(device, &a);
   *used = a;
@@ -177,27 +177,41 @@ int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool
   if (rc != GG_ENOMEM) {
     return rc;
   }
+  /* Each such pool is used without the lock: a use held on it keeps another thread's empty_cache
+   * or release from freeing it meanwhile. The one that serves keeps its use until alloc() has
+   * counted the block in it (*pinned); the others give theirs back here. */
   std::vector<Pool *> spare;
   {
     std::lock_guard<std::mutex> g(mu_);
     for (auto &kv : pools_) {
       if (kv.second->use_on_oom && kv.second->device == device) {
+        kv.second->use_count++;
         spare.push_back(kv.second.get());
       }
     }
   }
   *used = nullptr; /* a pool's arena, set by pool_alloc; none for a custom allocator's block */
+  Pool *served = nullptr;
   for (Pool *p : spare) {
     /* A custom allocator's pool lends a block it has cached, never a new segment (PyTorch's rule:
      * get_free_block only). */
     int got =
         p->custom ? custom_alloc(*p, n, stream, ptr, false) : pool_alloc(*p, n, stream, ptr, used);
     if (got == 0) {
-      *pool = p;
-      return 0;
+      served = p;
+      break;
     }
   }
-  return rc;
+  std::lock_guard<std::mutex> g(mu_);
+  for (Pool *p : spare) {
+    if (p != served) {
+      GG_TORCH_ASSERT(p->use_count > 0);
+      p->use_count--;
+    }
+  }
+  *pool = served;
+  *pinned = served != nullptr;
+  return served ? 0 : rc;
 }
 
 size_t block_bytes(size_t n, size_t divisions) {
@@ -237,12 +251,13 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
   }
   Pool *pool = nullptr;
   gg_arena_t *used = nullptr;
+  bool pinned = false; /* a use_on_oom pool served it and holds a use until the block counts */
   size_t bytes = block_bytes(n, divisions);
   int rc = capturing_maybe() ? route(device, stream, &pool) : 0;
   if (rc == 0 && pool) {
     rc = pool_alloc(*pool, bytes, stream, ptr, &used);
   } else if (rc == 0) {
-    rc = default_alloc(bytes, device, stream, ptr, &pool, &used);
+    rc = default_alloc(bytes, device, stream, ptr, &pool, &used, &pinned);
   }
   if (rc < 0) {
     return rc;
@@ -265,6 +280,10 @@ int Adapter::alloc(size_t n, int device, Stream stream, std::shared_ptr<void> co
   if (pool) {
     pool->live++;
     *pool_id = pool->id;
+    if (pinned) {
+      GG_TORCH_ASSERT(pool->use_count > 0);
+      pool->use_count--; /* the block keeps the pool now */
+    }
   } else {
     *pool_id = PoolId{};
   }

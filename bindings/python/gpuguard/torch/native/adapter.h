@@ -389,8 +389,8 @@ private:
   Pool &pool_locked(int device, PoolId id);
   int pool_alloc(Pool &p, size_t n, Stream stream, void **ptr, gg_arena_t **used);
   int pool_arena(Pool &p, Stream stream, gg_arena_t **out);
-  int default_alloc(size_t n, int device, Stream stream, void **ptr, Pool **pool,
-                    gg_arena_t **used);
+  int default_alloc(size_t n, int device, Stream stream, void **ptr, Pool **pool, gg_arena_t **used,
+                    bool *pinned);
   void free_default(void *ptr, const Block &b);
   void free_pooled(void *ptr, const Block &b);
   bool hold_for_graph(void *ptr, const Block &b);
