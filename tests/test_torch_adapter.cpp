@@ -224,6 +224,46 @@ static void test_announced_capture_fills_its_pool(void **state) {
   gg_host_stream_destroy(side);
 }
 
+/* A pool's block another stream used (record_stream), freed during the capture: in the graph that
+ * stream's reads are ordered before a later node only once it joins, so the block is not handed
+ * out again until the capture ends (PyTorch's rule), then it is. */
+static void test_recorded_block_freed_in_a_capture_waits_for_its_end(void **state) {
+  (void)state;
+  Adapter ad(stub_runtime(), host_defaults(64 * MiB));
+  void *cap = nullptr;
+  void *other = nullptr;
+  gg_assert_ok(gg_host_stream_create(&cap));
+  gg_assert_ok(gg_host_stream_create(&other));
+  PoolId id{0, 7};
+  ad.begin_capture(0, id, [cap](Stream s) { return s == cap; });
+  g_capturing[cap] = 42;
+  PoolId got;
+  void *x = alloc(ad, 512, cap, &got);
+  gg_assert_ok(ad.record_stream(x, other));
+  release(ad, x);
+  gg_assert_ok(ad.check());       /* still the pool's: it counts in its live blocks */
+  for (int i = 0; i < 200; i++) { /* the pool's cache cycles through every free block it has */
+    void *y = alloc(ad, 512, cap, &got);
+    assert_ptr_not_equal(y, x);
+    release(ad, y);
+  }
+  g_capturing.erase(cap);
+  gg_assert_ok(ad.end_capture(0, id));
+  ad.begin_capture(0, id, [cap](Stream s) { return s == cap; }); /* a second graph, same pool */
+  void *y = alloc(ad, 512, cap, &got); /* the first call after the capture gives x back */
+  assert_true(got == id);
+  assert_true(ad.pool_blocks_are(0, id, {y})); /* x no longer counts: free in the pool's arena */
+  gg_assert_ok(ad.check());
+  release(ad, y);
+  gg_assert_ok(ad.end_capture(0, id));
+  gg_assert_ok(ad.check());
+  ad.release_pool(0, id);
+  ad.release_pool(0, id);
+  assert_int_equal(ad.release_freeable(0), 1);
+  gg_host_stream_destroy(other);
+  gg_host_stream_destroy(cap);
+}
+
 /* mem_pool(arena): a MemPool whose blocks come from the caller's arena. */
 static void test_mem_pool_draws_from_the_given_arena(void **state) {
   (void)state;
@@ -704,6 +744,7 @@ int main(void) {
       cmocka_unit_test(test_out_of_memory_is_reported_and_counted),
       cmocka_unit_test(test_every_figure_has_pytorchs_meaning),
       cmocka_unit_test(test_roundup_power2_divisions),
+      cmocka_unit_test(test_recorded_block_freed_in_a_capture_waits_for_its_end),
       cmocka_unit_test(test_checkpoint_round_trip),
       cmocka_unit_test(test_checkpoint_restore_refused_leaves_the_pool),
       cmocka_unit_test(test_trace_file_has_the_replay_format),

@@ -522,6 +522,11 @@ int Adapter::check() {
       return GG_ESTATE;
     }
   }
+  for (const Held &h : deferred_) {
+    if (h.pool) {
+      live[h.pool]++; /* freed in a capture after record_stream: the pool's until it ends */
+    }
+  }
   for (const auto &kv : pools_) {
     if (kv.second->live != live[kv.second.get()] || kv.first != kv.second->id) {
       return GG_ESTATE;

@@ -234,11 +234,15 @@ struct Recorded {
   std::vector<Stream> on; /* the stream each event was recorded on */
 };
 
-/* A default-pool block a capture's graph still reads: freed once the graph is gone. */
+/* A default-pool block a capture's graph still reads: freed once the graph is gone. Also a pool's
+ * block other streams used (record_stream), freed while a capture is under way: held until that
+ * capture ends (`pool`, `size`), as PyTorch's allocator defers it. */
 struct Held {
   void *ptr;
   gg_arena_t *arena;
   Stream stream;
+  struct Pool *pool = nullptr; /* a pool's block: it still counts in pool->live until freed */
+  size_t size = 0;
 };
 
 /* A private pool: CUDA graphs, torch.cuda.MemPool, and captures nobody announced. */
@@ -393,6 +397,7 @@ private:
                     bool *pinned);
   void free_default(void *ptr, const Block &b);
   void free_pooled(void *ptr, const Block &b);
+  void release_pooled(const Held &h);
   bool hold_for_graph(void *ptr, const Block &b);
   void sweep();
   void sweep_locked(std::vector<Held> *out);
@@ -457,7 +462,8 @@ private:
   std::atomic<uint64_t> deaths_{0}; /* graphs gone: a change means "sweep" */
   std::atomic<uint64_t> seen_deaths_{0};
   std::atomic<size_t> n_held_{0};  /* deferred_.size(), read without the lock */
-  std::vector<Held> deferred_;     /* blocks of gone graphs whose stream captured again */
+  std::vector<Held> deferred_;     /* blocks of gone graphs whose stream captured again; pool blocks
+                                      other streams used, freed in a capture: until it ends */
   std::vector<Recorded> recorded_; /* freed, waiting for the streams they were recorded on */
   std::atomic<size_t> n_recorded_{0};
 };

@@ -309,29 +309,37 @@ std::exception_ptr Adapter::give_back(const std::vector<Spent> &spent) {
  * range, and the devices' totals against the segments held. */
 int Adapter::check_segments_locked() {
   std::map<uintptr_t, size_t> live; /* segment address -> bytes of the blocks in it */
-  for (const auto &kv : blocks_) {
-    const Block &b = kv.second;
-    if (!b.pool || !b.pool->custom) {
-      continue;
-    }
-    uintptr_t at = addr_of(kv.first);
-    auto seg = b.pool->segments.upper_bound(at);
-    if (seg == b.pool->segments.begin()) {
-      return GG_ESTATE;
+  /* A block inside a segment of its pool and in no free range. */
+  auto in_segment = [&live](const Pool &p, uintptr_t at, size_t size) {
+    auto seg = p.segments.upper_bound(at);
+    if (seg == p.segments.begin()) {
+      return false;
     }
     --seg;
     const Segment &s = seg->second;
-    if (at + b.size > seg->first + s.size) {
-      return GG_ESTATE;
+    if (at + size > seg->first + s.size) {
+      return false;
     }
     auto r = s.free.upper_bound(at);
-    if (r != s.free.end() && r->first < at + b.size) {
-      return GG_ESTATE;
+    if (r != s.free.end() && r->first < at + size) {
+      return false;
     }
     if (r != s.free.begin() && std::prev(r)->first + std::prev(r)->second > at) {
+      return false;
+    }
+    live[seg->first] += size;
+    return true;
+  };
+  for (const auto &kv : blocks_) {
+    const Block &b = kv.second;
+    if (b.pool && b.pool->custom && !in_segment(*b.pool, addr_of(kv.first), b.size)) {
       return GG_ESTATE;
     }
-    live[seg->first] += b.size;
+  }
+  for (const Held &h : deferred_) { /* freed in a capture, waiting for its end */
+    if (h.pool && h.pool->custom && !in_segment(*h.pool, addr_of(h.ptr), h.size)) {
+      return GG_ESTATE;
+    }
   }
   int64_t bytes[kMaxDevices] = {};
   int64_t count[kMaxDevices] = {};

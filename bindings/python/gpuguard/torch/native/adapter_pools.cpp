@@ -178,24 +178,40 @@ void Adapter::free_pooled(void *ptr, const Block &b) {
   if (pool->implicit) {
     trace('f', ptr, 0, b.stream);
   }
+  Held h{ptr, b.arena, b.stream, pool, b.size};
   if (b.extra && !b.extra->recorded.empty()) {
     uint64_t capture =
         0; /* asked only here: a free of a block no other stream used needs nothing */
-    bool capturing = rt_.capture_id(b.stream, &capture) == 0 && capture;
+    if (rt_.capture_id(b.stream, &capture) == 0 && capture) {
+      /* In the graph, the other streams' work on it is ordered after this free only once they
+       * join the capturing stream: reused now, a later node could write it while theirs still
+       * read it. So it waits for the capture's end, as in PyTorch's allocator (whose option
+       * graph_capture_record_stream_reuse, which reuses it once the graph shows the joins, is not
+       * built here). */
+      std::lock_guard<std::mutex> g(mu_);
+      deferred_.push_back(h);
+      n_held_.store(deferred_.size(), std::memory_order_relaxed);
+      return;
+    }
     for (Stream s : b.extra->recorded) {
-      if (!capturing) {
-        rt_.stream_sync(s); /* a pool block used on another stream */
-      }
+      rt_.stream_sync(s); /* a pool block used on another stream */
     }
   }
+  release_pooled(h);
+}
+
+/* A pool's block back to where it came from: the user's arena in stream order, the pool's own
+ * arena, or its custom segment. */
+void Adapter::release_pooled(const Held &h) {
+  Pool *pool = h.pool;
   if (pool->given) {
-    gg_free_on(b.arena, ptr, b.stream);
-  } else if (b.arena) {
-    gg_free(b.arena, ptr);
+    gg_free_on(h.arena, h.ptr, h.stream);
+  } else if (h.arena) {
+    gg_free(h.arena, h.ptr);
   }
   std::lock_guard<std::mutex> g(mu_);
   if (pool->custom) {
-    custom_free_locked(*pool, ptr, b.size); /* cached in its segment: no allocator call */
+    custom_free_locked(*pool, h.ptr, h.size); /* cached in its segment: no allocator call */
   }
   GG_TORCH_ASSERT(pool->live > 0);
   pool->live--;
@@ -253,6 +269,8 @@ void Adapter::sweep() {
     uint64_t capture = 0;
     if (rt_.capture_id(h.stream, &capture) == 0 && capture) {
       later.push_back(h);
+    } else if (h.pool) {
+      release_pooled(h);
     } else {
       gg_free_on(h.arena, h.ptr, h.stream);
     }
