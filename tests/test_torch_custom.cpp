@@ -278,6 +278,34 @@ static void test_fraction_bounds_the_segments(void **state) {
   gg_assert_ok(ad.check());
 }
 
+/* The out-of-memory fallback tries the use_on_oom pools in turn: a custom pool's block served after
+ * a pool with its own arena had no room is a custom allocator's block, tied to no arena (the arena
+ * the failed try used would be handed to IPC and freed into). */
+static void test_oom_fallback_custom_block_has_no_arena(void **state) {
+  (void)state;
+  Adapter ad(runtime(), host(64 * MiB));
+  ad.create_or_incref(0, kPoolA, nullptr); /* its own arena, tried first */
+  ad.create_or_incref(0, kPoolB, fake());
+  ad.set_use_on_oom(0, kPoolA, true);
+  ad.set_use_on_oom(0, kPoolB, true);
+  release(ad, in_pool(ad, kPoolB, 100 * MiB)); /* a cached segment larger than any arena */
+  void *c = nullptr;
+  PoolId id;
+  gg_assert_ok(ad.alloc(100 * MiB, 0, nullptr, nullptr, &c, &id));
+  assert_true(id == kPoolB);
+  gg_arena_t *arena = nullptr;
+  size_t size = 0;
+  int device = 0;
+  uint64_t ipc = 0;
+  assert_int_equal(ad.share_info(c, &arena, &size, &device, &ipc), GG_ENOTSUP);
+  release(ad, c);
+  gg_assert_ok(ad.check());
+  ad.release_pool(0, kPoolA);
+  ad.release_pool(0, kPoolB);
+  gg_assert_ok(ad.empty_cache(PoolId{}));
+  assert_int_equal(g_fake.frees, 1);
+}
+
 /* The fraction covers the private pools' own arenas too (PyTorch's memory_reserved() counts them,
  * and a fraction is set over it): memory a graph's pool maps is no room for the default pool; once
  * that pool is gone, an allocation out of memory counts again and gets the room back. */
@@ -401,6 +429,7 @@ int main(void) {
       cmocka_unit_test_setup(test_released_pool_frees_its_segments, reset),
       cmocka_unit_test_setup(test_fraction_bounds_the_segments, reset),
       cmocka_unit_test_setup(test_fraction_counts_private_pools, reset),
+      cmocka_unit_test_setup(test_oom_fallback_custom_block_has_no_arena, reset),
       cmocka_unit_test_setup(test_bad_frees_and_failed_allocators, reset),
       cmocka_unit_test_setup(test_a_throwing_free_leaves_nothing_counted, reset),
       cmocka_unit_test_setup(test_a_segment_goes_back_to_its_allocator, reset),

@@ -190,15 +190,18 @@ int Adapter::default_alloc(size_t n, int device, Stream stream, void **ptr, Pool
       }
     }
   }
-  *used = nullptr; /* a pool's arena, set by pool_alloc; none for a custom allocator's block */
+  *used = nullptr; /* the serving pool's arena; none for a custom allocator's block */
   Pool *served = nullptr;
   for (Pool *p : spare) {
     /* A custom allocator's pool lends a block it has cached, never a new segment (PyTorch's rule:
-     * get_free_block only). */
-    int got =
-        p->custom ? custom_alloc(*p, n, stream, ptr, false) : pool_alloc(*p, n, stream, ptr, used);
+     * get_free_block only). The arena of a pool tried before and out of room is not this block's.
+     */
+    gg_arena_t *arena = nullptr;
+    int got = p->custom ? custom_alloc(*p, n, stream, ptr, false)
+                        : pool_alloc(*p, n, stream, ptr, &arena);
     if (got == 0) {
       served = p;
+      *used = arena;
       break;
     }
   }
