@@ -250,7 +250,10 @@ static void test_recorded_block_freed_in_a_capture_waits_for_its_end(void **stat
   g_capturing.erase(cap);
   gg_assert_ok(ad.end_capture(0, id));
   ad.begin_capture(0, id, [cap](Stream s) { return s == cap; }); /* a second graph, same pool */
+  int syncs = g_stream_syncs;
   void *y = alloc(ad, 512, cap, &got); /* the first call after the capture gives x back */
+  /* once the stream it was recorded on is done: work queued there outside the capture may read x */
+  assert_int_equal(g_stream_syncs, syncs + 1);
   assert_true(got == id);
   assert_true(ad.pool_blocks_are(0, id, {y})); /* x no longer counts: free in the pool's arena */
   gg_assert_ok(ad.check());

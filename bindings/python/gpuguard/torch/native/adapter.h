@@ -243,6 +243,7 @@ struct Held {
   Stream stream;
   struct Pool *pool = nullptr; /* a pool's block: it still counts in pool->live until freed */
   size_t size = 0;
+  std::vector<Stream> recorded; /* a pool's block: the streams joined before it is freed */
 };
 
 /* A private pool: CUDA graphs, torch.cuda.MemPool, and captures nobody announced. */

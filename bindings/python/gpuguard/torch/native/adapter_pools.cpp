@@ -178,7 +178,7 @@ void Adapter::free_pooled(void *ptr, const Block &b) {
   if (pool->implicit) {
     trace('f', ptr, 0, b.stream);
   }
-  Held h{ptr, b.arena, b.stream, pool, b.size};
+  Held h{ptr, b.arena, b.stream, pool, b.size, {}};
   if (b.extra && !b.extra->recorded.empty()) {
     uint64_t capture =
         0; /* asked only here: a free of a block no other stream used needs nothing */
@@ -188,8 +188,9 @@ void Adapter::free_pooled(void *ptr, const Block &b) {
        * read it. So it waits for the capture's end, as in PyTorch's allocator (whose option
        * graph_capture_record_stream_reuse, which reuses it once the graph shows the joins, is not
        * built here). */
+      h.recorded = b.extra->recorded; /* eager work queued there may still read it */
       std::lock_guard<std::mutex> g(mu_);
-      deferred_.push_back(h);
+      deferred_.push_back(std::move(h));
       n_held_.store(deferred_.size(), std::memory_order_relaxed);
       return;
     }
@@ -235,7 +236,7 @@ bool Adapter::hold_for_graph(void *ptr, const Block &b) {
   } else if (implicit_pool_locked(b.device, b.stream, capture, &p) < 0) {
     return false; /* no graph to tie it to: freed as always */
   }
-  p->held.push_back(Held{ptr, b.arena, b.stream});
+  p->held.push_back(Held{ptr, b.arena, b.stream, nullptr, 0, {}});
   return true;
 }
 
@@ -270,6 +271,9 @@ void Adapter::sweep() {
     if (rt_.capture_id(h.stream, &capture) == 0 && capture) {
       later.push_back(h);
     } else if (h.pool) {
+      for (Stream s : h.recorded) {
+        rt_.stream_sync(s); /* as a free outside a capture: what was queued before it is done */
+      }
       release_pooled(h);
     } else {
       gg_free_on(h.arena, h.ptr, h.stream);
