@@ -248,21 +248,31 @@ static void test_recorded_block_freed_in_a_capture_waits_for_its_end(void **stat
     release(ad, y);
   }
   g_capturing.erase(cap);
+  PoolId next{0, 8};
+  ad.begin_capture(0, next, [](Stream) { return false; }); /* another capture, announced */
   gg_assert_ok(ad.end_capture(0, id));
-  ad.begin_capture(0, id, [cap](Stream s) { return s == cap; }); /* a second graph, same pool */
   int syncs = g_stream_syncs;
-  void *y = alloc(ad, 512, cap, &got); /* the first call after the capture gives x back */
-  /* once the stream it was recorded on is done: work queued there outside the capture may read x */
+  void *d1 = alloc(ad, 512, nullptr, &got); /* a call that sweeps */
+  /* x goes back once the stream it was recorded on is done (work queued there outside the capture
+   * may read it), and that stream is synchronised only while no capture may be under way */
+  assert_int_equal(g_stream_syncs, syncs);
+  gg_assert_ok(ad.end_capture(0, next));
+  void *d2 = alloc(ad, 512, nullptr, &got);
   assert_int_equal(g_stream_syncs, syncs + 1);
+  ad.begin_capture(0, id, [cap](Stream s) { return s == cap; }); /* a second graph, same pool */
+  void *y = alloc(ad, 512, cap, &got);
   assert_true(got == id);
   assert_true(ad.pool_blocks_are(0, id, {y})); /* x no longer counts: free in the pool's arena */
   gg_assert_ok(ad.check());
   release(ad, y);
+  release(ad, d1);
+  release(ad, d2);
   gg_assert_ok(ad.end_capture(0, id));
   gg_assert_ok(ad.check());
   ad.release_pool(0, id);
   ad.release_pool(0, id);
-  assert_int_equal(ad.release_freeable(0), 1);
+  ad.release_pool(0, next);
+  assert_int_equal(ad.release_freeable(0), 2);
   gg_host_stream_destroy(other);
   gg_host_stream_destroy(cap);
 }

@@ -270,6 +270,8 @@ void Adapter::sweep() {
     uint64_t capture = 0;
     if (rt_.capture_id(h.stream, &capture) == 0 && capture) {
       later.push_back(h);
+    } else if (h.pool && !h.recorded.empty() && capturing_maybe()) {
+      later.push_back(h); /* its streams are synchronised first: never while a capture may run */
     } else if (h.pool) {
       for (Stream s : h.recorded) {
         rt_.stream_sync(s); /* as a free outside a capture: what was queued before it is done */
