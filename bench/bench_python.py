@@ -145,8 +145,9 @@ def _empty_loop(torch, sizes, n: int) -> dict:
         for size, j in zip(mix_sizes, mix_slots):
             live[j] = torch.empty(size, dtype=torch.uint8, device="cuda")
 
-    cases = [(str(size), lambda size=size, k=max(50, n // (1 + size // MiB)): pairs(size, k),
-              max(50, n // (1 + size // MiB))) for size in sizes] + [("mix", mix, k_mix)]
+    counts = {size: max(50, n // (1 + size // MiB)) for size in sizes}  # fewer pairs for larger sizes
+    cases = [(str(size), lambda size=size: pairs(size, counts[size]), counts[size]) for size in sizes] + \
+        [("mix", mix, k_mix)]
     for size in sizes:
         pairs(size, 50)
     out = {name: float("inf") for name, _, _ in cases}

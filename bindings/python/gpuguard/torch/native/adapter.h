@@ -420,6 +420,7 @@ private:
   bool cut_locked(Pool &p, size_t n, Stream stream, void **ptr);
   void custom_free_locked(Pool &p, void *ptr, size_t n);
   int reserve_locked(int device, int64_t bytes);
+  void unreserve_locked(int device, int64_t bytes);
   void add_segment_locked(Pool &p, void *base, size_t bytes, Stream stream, bool small,
                           std::shared_ptr<Custom> custom);
   int limit_arena_locked(int device, gg_arena_t *a);

@@ -113,9 +113,14 @@ int Adapter::reserve_locked(int device, int64_t bytes) {
   if (s.bytes_mapped + held_beside_locked(device) <= room) {
     return 0;
   }
-  c.asking -= bytes;
-  limit_arena_locked(device, a);
+  unreserve_locked(device, bytes);
   return GG_ENOMEM;
+}
+
+/* A reserve that brought no segment: its room goes back to the arena. */
+void Adapter::unreserve_locked(int device, int64_t bytes) {
+  custom_[device].asking -= bytes;
+  limit_arena_locked(device, arenas_[device].load());
 }
 
 /* ---- blocks ---------------------------------------------------------------------------------- */
@@ -199,14 +204,12 @@ int Adapter::custom_alloc(Pool &p, size_t n, Stream stream, void **ptr, bool gro
     base = custom->alloc(bytes, stream);
   } catch (...) {
     std::lock_guard<std::mutex> g(mu_);
-    custom_[p.device].asking -= int64_t(bytes);
-    limit_arena_locked(p.device, arenas_[p.device].load());
+    unreserve_locked(p.device, int64_t(bytes));
     throw;
   }
   std::lock_guard<std::mutex> g(mu_);
   if (!base) {
-    custom_[p.device].asking -= int64_t(bytes);
-    limit_arena_locked(p.device, arenas_[p.device].load());
+    unreserve_locked(p.device, int64_t(bytes));
     return GG_ENOMEM;
   }
   bool small = n <= kSmallMax;

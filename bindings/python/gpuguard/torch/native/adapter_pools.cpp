@@ -194,16 +194,17 @@ void Adapter::free_pooled(void *ptr, const Block &b) {
       n_held_.store(deferred_.size(), std::memory_order_relaxed);
       return;
     }
-    for (Stream s : b.extra->recorded) {
-      rt_.stream_sync(s); /* a pool block used on another stream */
-    }
+    h.recorded = b.extra->recorded;
   }
   release_pooled(h);
 }
 
 /* A pool's block back to where it came from: the user's arena in stream order, the pool's own
- * arena, or its custom segment. */
+ * arena, or its custom segment; first the streams it was recorded on finish what they queued. */
 void Adapter::release_pooled(const Held &h) {
+  for (Stream s : h.recorded) {
+    rt_.stream_sync(s); /* a pool block used on another stream */
+  }
   Pool *pool = h.pool;
   if (pool->given) {
     gg_free_on(h.arena, h.ptr, h.stream);
@@ -273,9 +274,6 @@ void Adapter::sweep() {
     } else if (h.pool && !h.recorded.empty() && capturing_maybe()) {
       later.push_back(h); /* its streams are synchronised first: never while a capture may run */
     } else if (h.pool) {
-      for (Stream s : h.recorded) {
-        rt_.stream_sync(s); /* as a free outside a capture: what was queued before it is done */
-      }
       release_pooled(h);
     } else {
       gg_free_on(h.arena, h.ptr, h.stream);
@@ -362,7 +360,6 @@ void Adapter::touch_pool(int device, PoolId id) {
   pool_locked(device, id);
 }
 
-/* Destroys arenas of freeable pools once the device has finished what may still use them. */
 /* A dead pool's arenas, once the device was synchronised (under the lock: see release_freeable). */
 void Adapter::destroy_arenas(int device, const std::vector<gg_arena_t *> &dead) {
   for (gg_arena_t *a : dead) {
